@@ -1,0 +1,222 @@
+"""The plain data that crosses rooms: model records, plans, requests and chunks.
+
+These are frozen dataclasses owned by the core. The server translates OpenAI and Ollama
+wire formats to and from them; the worker pipe carries them as dicts (``to_dict`` /
+``from_dict``). Nothing here imports a runtime or a UI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Format(str, enum.Enum):
+    GGUF = "gguf"
+    MLX = "mlx"
+    MLC = "mlc"
+
+
+class Source(str, enum.Enum):
+    """Where a model's files came from; decides whether localrun may delete them."""
+
+    IMPORTED = "imported"  # a local path registered in place
+    HUB = "hub"  # pulled by localrun into the HF cache
+    HF_CACHE = "hf-cache"  # found in the HF cache, fetched by another tool
+    OLLAMA = "ollama"
+    LMSTUDIO = "lmstudio"
+    BUILTIN = "builtin"  # the embedded default model
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """One registered model, as the index stores it."""
+
+    name: str
+    format: Format
+    path: str  # the file a runtime loads (first shard for split GGUF) or the model folder
+    files: tuple[FileEntry, ...] = ()
+    source: Source = Source.IMPORTED
+    owned: bool = False  # True only for files localrun itself downloaded
+    repo: str | None = None
+    revision: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    added_at: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["format"] = self.format.value
+        d["source"] = self.source.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelRecord":
+        d = dict(d)
+        d["format"] = Format(d["format"])
+        d["source"] = Source(d.get("source", "imported"))
+        d["files"] = tuple(FileEntry(**f) for f in d.get("files", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int
+    kv_cache: int
+    overhead: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.overhead
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How and where a model runs, and why. Built by the planner, carried to the worker."""
+
+    runtime: str
+    device: str = "cpu"
+    n_gpu_layers: int = 0
+    n_ctx: int = 2048
+    n_threads: int = 2
+    n_batch: int = 512
+    kv_type: str = "f16"
+    memory: MemoryEstimate | None = None
+    verdict: str = "fits"  # fits | tight | wont-fit
+    reasons: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        d = dict(d)
+        if d.get("memory"):
+            d["memory"] = MemoryEstimate(**d["memory"])
+        d["reasons"] = tuple(d.get("reasons", ()))
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling knobs shared by every runtime. ``None`` means the runtime's default."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[Message, ...]
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ChatRequest":
+        s = dict(d.get("sampling") or {})
+        s["stop"] = tuple(s.get("stop") or ())
+        return cls(messages=tuple(Message(**m) for m in d["messages"]), sampling=Sampling(**s))
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    prompt: str
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompletionRequest":
+        s = dict(d.get("sampling") or {})
+        s["stop"] = tuple(s.get("stop") or ())
+        return cls(prompt=d["prompt"], sampling=Sampling(**s))
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a streamed answer. The last chunk has ``finish_reason`` and ``usage``."""
+
+    text: str = ""
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    usage: Usage | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"text": self.text}
+        if self.finish_reason is not None:
+            d["finish_reason"] = self.finish_reason
+        if self.usage is not None:
+            d["usage"] = dataclasses.asdict(self.usage)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Chunk":
+        u = d.get("usage")
+        return cls(text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None)
+
+
+class Cancel:
+    """A flag a generation loop checks every decode step. Thread-safe, cheap to poll."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+def fold(chunks) -> tuple[str, str | None, Usage]:
+    """Join a chunk stream into (text, finish_reason, usage): the non-streaming answer."""
+    parts: list[str] = []
+    finish, usage = None, Usage()
+    for c in chunks:
+        parts.append(c.text)
+        if c.finish_reason:
+            finish = c.finish_reason
+        if c.usage:
+            usage = c.usage
+    return "".join(parts), finish, usage

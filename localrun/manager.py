@@ -1,0 +1,324 @@
+"""ModelManager: the one owner of every loaded model.
+
+The server, the TUI and the CLI all go through it; none of them talks to a runtime. It
+loads a model on first use by name (store → planner → worker), bounds each model's queue,
+unloads idle models after their keep-alive, caps how many are loaded (evicting the least
+recently used idle one, never one with requests in flight), and restarts a worker that
+died on the next request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from localrun.errors import LocalrunError, ModelNotFound, Overloaded
+from localrun.settings import Settings
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
+
+log = logging.getLogger(__name__)
+
+Planner = Callable[[ModelRecord], Plan]
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    record: ModelRecord
+    plan: Plan
+    handle: Any
+    loaded_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    keep_alive_s: float = 300.0  # negative: never unload on idle
+    pinned: bool = False
+    active: int = 0  # requests admitted (queued or running)
+
+    def idle_s(self) -> float:
+        return 0.0 if self.active else time.monotonic() - self.last_used
+
+    def ttl_left_s(self) -> float | None:
+        if self.pinned or self.keep_alive_s < 0:
+            return None
+        return max(0.0, self.keep_alive_s - self.idle_s()) if not self.active else self.keep_alive_s
+
+    def info(self) -> dict[str, Any]:
+        mem = self.plan.memory.total if self.plan.memory else None
+        return {
+            "name": self.name,
+            "runtime": self.plan.runtime,
+            "device": self.plan.device,
+            "pid": self.handle.pid,
+            "n_ctx": self.plan.n_ctx,
+            "memory_bytes": mem,
+            "loaded_at": self.loaded_at,
+            "idle_s": round(self.idle_s(), 1),
+            "ttl_left_s": None if self.ttl_left_s() is None else round(self.ttl_left_s(), 1),
+            "pinned": self.pinned,
+            "active": self.active,
+        }
+
+
+def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Plan:
+    """Plan with this machine's hardware and runtimes (detected once per process)."""
+    from localrun.planner import plan_placement
+
+    hw, statuses = machine_facts(settings)
+    return plan_placement(record, hw, statuses, overrides=overrides, settings=settings)
+
+
+_FACTS: dict[str, Any] = {}
+
+
+def machine_facts(settings: Settings, *, refresh: bool = False):
+    """The hardware profile and runtime statuses, cached: detection is not free."""
+    if refresh or "hw" not in _FACTS:
+        from localrun.hardware import detect_hardware
+        from localrun.probes import probe_runtimes
+
+        hw = detect_hardware()
+        _FACTS["hw"] = hw
+        _FACTS["statuses"] = probe_runtimes(hw, settings=settings)
+    return _FACTS["hw"], _FACTS["statuses"]
+
+
+class ModelManager:
+    def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None):
+        self.settings = settings
+        self.store = store
+        self._planner = planner
+        self._events = events
+        self._models: dict[str, LoadedModel] = {}
+        self._lock = threading.RLock()
+        self._load_locks: dict[str, threading.Lock] = {}
+        self._stop = threading.Event()
+        self.worker_restarts = 0
+        self._reaper = threading.Thread(target=self._reap_loop, name="keep-alive", daemon=True)
+        self._reaper.start()
+
+    # -- planning and loading ------------------------------------------------------------
+    def plan_for(self, record: ModelRecord) -> Plan:
+        if self._planner is not None:
+            return self._planner(record)
+        return default_plan(record, self.settings)
+
+    def _emit(self, event: dict) -> None:
+        if self._events:
+            try:
+                self._events(event)
+            except Exception:  # noqa: BLE001 - a listener's bug must not break loading
+                log.exception("event listener failed")
+
+    def _start_handle(self, record: ModelRecord, plan: Plan):
+        from localrun.runtimes import get_runtime
+        from localrun.worker.host import InProcessHandle, WorkerHandle
+
+        runtime = get_runtime(plan.runtime)
+        if getattr(runtime, "in_worker", True):
+            safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
+            log_path = self.settings.data_dir / "logs" / f"worker-{safe}.log"
+            return WorkerHandle(record, plan, log_path=log_path)
+        return InProcessHandle(record, plan, runtime.load(record, plan))
+
+    def load(self, name: str, *, keep_alive_s: float | None = None, pin: bool | None = None) -> LoadedModel:
+        """Load ``name`` if it is not loaded (or its worker died); return it."""
+        record = self.store.resolve(name)
+        key = record.name
+        with self._lock:
+            lock = self._load_locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                lm = self._models.get(key)
+                if lm is not None and not lm.handle.alive:
+                    log.warning("worker for %s died; starting a new one", key)
+                    self._models.pop(key, None)
+                    self.worker_restarts += 1
+                    lm = None
+            if lm is None:
+                plan = self.plan_for(record)
+                self._make_room(plan)
+                t0 = time.monotonic()
+                handle = self._start_handle(record, plan)
+                lm = LoadedModel(key, record, plan, handle, keep_alive_s=self.settings.runtime.keep_alive_s)
+                with self._lock:
+                    self._models[key] = lm
+                log.info("loaded %s with %s on %s in %.2f s", key, plan.runtime, plan.device, time.monotonic() - t0)
+                self._emit({"event": "loaded", "model": key})
+            if keep_alive_s is not None:
+                lm.keep_alive_s = keep_alive_s
+            if pin is not None:
+                lm.pinned = pin
+            lm.last_used = time.monotonic()
+            return lm
+
+    def _make_room(self, plan: Plan) -> None:
+        """Evict idle, unpinned models (least recently used first) until the cap and memory allow the new one."""
+        need = plan.memory.total if plan.memory else 0
+        while True:
+            with self._lock:
+                loaded = list(self._models.values())
+            over_cap = len(loaded) >= self.settings.runtime.max_loaded_models
+            short = need and self._available_memory() is not None and need > self._available_memory()
+            if not (over_cap or short):
+                return
+            victims = sorted((m for m in loaded if not m.active and not m.pinned), key=lambda m: m.last_used)
+            if not victims:
+                if over_cap:
+                    raise Overloaded(
+                        f"{len(loaded)} models are loaded and none is idle (cap {self.settings.runtime.max_loaded_models})",
+                        hint="retry when a request finishes, unload a model, or raise runtime.max_loaded_models",
+                    )
+                return  # memory looks short but nothing can go: let the load try
+            why = "the loaded-model cap" if over_cap else "memory for the new model"
+            log.info("evicting %s (idle %.0f s) to make room: %s", victims[0].name, victims[0].idle_s(), why)
+            self.unload(victims[0].name, reason=f"evicted for {why}")
+
+    @staticmethod
+    def _available_memory() -> int | None:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        return int(psutil.virtual_memory().available)
+
+    def unload(self, name: str, *, reason: str = "unloaded") -> bool:
+        with self._lock:
+            lm = self._models.pop(name, None)
+            if lm is None:
+                try:
+                    lm = self._models.pop(self.store.resolve(name).name, None)
+                except LocalrunError:
+                    lm = None
+        if lm is None:
+            return False
+        lm.handle.close()
+        log.info("%s: %s", lm.name, reason)
+        self._emit({"event": "unloaded", "model": lm.name, "reason": reason})
+        return True
+
+    def set_pin(self, name: str, pinned: bool) -> None:
+        self.load(name, pin=pinned)
+
+    def loaded(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [m.info() for m in self._models.values()]
+
+    def is_loaded(self, name: str) -> bool:
+        with self._lock:
+            return name in self._models
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        with self._lock:
+            names = list(self._models)
+        for name in names:
+            self.unload(name, reason="shutting down")
+
+    def _reap_loop(self) -> None:
+        while not self._stop.wait(1.0):
+            with self._lock:
+                expired = [m.name for m in self._models.values() if m.ttl_left_s() == 0.0]
+            for name in expired:
+                self.unload(name, reason="keep-alive expired")
+
+    # -- requests --------------------------------------------------------------------------
+    def _admit(self, lm: LoadedModel) -> None:
+        with self._lock:
+            if lm.active >= self.settings.server.queue_size:
+                raise Overloaded(
+                    f"{lm.name} has {lm.active} requests queued (limit {self.settings.server.queue_size})",
+                    hint="retry in a moment",
+                )
+            lm.active += 1
+
+    def _release(self, lm: LoadedModel) -> None:
+        with self._lock:
+            lm.active -= 1
+            lm.last_used = time.monotonic()
+
+    @staticmethod
+    def _payload(req: ChatRequest | CompletionRequest) -> tuple[str, dict]:
+        return ("chat" if isinstance(req, ChatRequest) else "complete"), {"req": req.to_dict()}
+
+    def stream(self, name: str, req: ChatRequest | CompletionRequest, cancel: Cancel | None = None, *, keep_alive_s: float | None = None) -> Iterator[Chunk]:
+        """Blocking chunk stream for the CLI and the TUI's workers."""
+        from localrun.worker.host import iter_chunks
+
+        lm = self.load(name, keep_alive_s=keep_alive_s)
+        self._admit(lm)
+        try:
+            op, payload = self._payload(req)
+            yield from iter_chunks(lm.handle, op, payload, cancel)
+        finally:
+            self._release(lm)
+
+    async def astream(self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None) -> AsyncIterator[Chunk]:
+        """Asyncio chunk stream for the server. Closing it early cancels the generation."""
+        import asyncio
+
+        from localrun.worker.host import aiter_chunks
+
+        lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
+        self._admit(lm)
+        try:
+            op, payload = self._payload(req)
+            async for chunk in aiter_chunks(lm.handle, op, payload):
+                yield chunk
+        finally:
+            self._release(lm)
+
+    async def aopen(self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None) -> "OpenStream":
+        """Load and admit before any byte is sent, so load errors and 503s become proper HTTP errors.
+
+        The returned stream must be iterated or ``aclose``d; either way its slot is released once.
+        """
+        import asyncio
+
+        lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
+        self._admit(lm)
+        op, payload = self._payload(req)
+        return OpenStream(self, lm, op, payload)
+
+    def embed(self, name: str, texts: list[str]) -> list[list[float]]:
+        from localrun.worker.host import call_result
+
+        lm = self.load(name)
+        self._admit(lm)
+        try:
+            return call_result(lm.handle, "embed", {"texts": list(texts)})
+        finally:
+            self._release(lm)
+
+    def resolve(self, name: str) -> ModelRecord:
+        return self.store.resolve(name)
+
+
+class OpenStream:
+    """An admitted request whose chunks have not been read yet (see ``ModelManager.aopen``)."""
+
+    def __init__(self, manager: ModelManager, lm: LoadedModel, op: str, payload: dict):
+        self.record = lm.record
+        self.plan = lm.plan
+        self.capabilities = lm.handle.capabilities
+        self._manager, self._lm, self._op, self._payload = manager, lm, op, payload
+        self._released = False
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._manager._release(self._lm)
+
+    async def __aiter__(self) -> AsyncIterator[Chunk]:
+        from localrun.worker.host import aiter_chunks
+
+        try:
+            async for chunk in aiter_chunks(self._lm.handle, self._op, self._payload):
+                yield chunk
+        finally:
+            self._release()
+
+    async def aclose(self) -> None:
+        self._release()

@@ -1,0 +1,335 @@
+"""The parent's handle on a loaded model: a worker subprocess, or a thread for runtimes
+that need no isolation (the fake runtime, HTTP-backed runtimes).
+
+Both handles offer the same small interface — ``submit(op, payload, sink)``,
+``cancel(rid)``, ``close()`` — and the adaptors ``iter_chunks`` (blocking) and
+``aiter_chunks`` (asyncio) turn a submission into a chunk stream. Events reach a sink
+from the handle's reader thread; the adaptors move them onto a queue without a
+thread-pool hop per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from localrun.errors import LocalrunError, RuntimeUnavailable, WorkerCrashed
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[str, Any], None]  # (event, data): "chunk" Chunk | "result" Any | "end" None | "error" LocalrunError
+
+
+class WorkerHandle:
+    """A model loaded in its own process. Dies alone; its open requests get WorkerCrashed."""
+
+    def __init__(self, record: ModelRecord, plan: Plan, *, log_path: Path, load_timeout_s: float = 600.0):
+        self.record = record
+        self.plan = plan
+        self.log_path = log_path
+        self.capabilities: frozenset[str] = frozenset()
+        self._ids = itertools.count(1)
+        self._sinks: dict[int, Sink] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._load_error: LocalrunError | None = None
+        self.alive = False
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        env = dict(os.environ)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localrun.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            env=env,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the parent only
+        )
+        self.pid = self.proc.pid
+        from localrun.worker.protocol import FrameWriter
+
+        self._writer = FrameWriter(self.proc.stdin)
+        self._reader = threading.Thread(target=self._read_loop, name=f"worker-{self.pid}", daemon=True)
+        self._reader.start()
+        self._writer.send({"op": "load", "runtime": plan.runtime, "record": record.to_dict(), "plan": plan.to_dict()})
+        if not self._ready.wait(load_timeout_s):
+            self.kill()
+            raise RuntimeUnavailable(f"{record.name}: the worker did not finish loading in {load_timeout_s:.0f} s")
+        if self._load_error is not None:
+            self.kill()
+            raise self._load_error
+        if not self.alive:
+            raise RuntimeUnavailable(
+                f"{record.name}: the worker exited while loading ({self._exit_text()})",
+                hint=f"see {log_path}",
+            )
+
+    # -- reading -----------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        from localrun.worker.protocol import read_frame
+
+        stream = self.proc.stdout
+        try:
+            while True:
+                msg = read_frame(stream)
+                if msg is None:
+                    break
+                self._dispatch(msg)
+        except (OSError, ValueError) as exc:
+            log.warning("worker %s pipe broke: %s", self.pid, exc)
+        finally:
+            self._on_exit()
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "chunk":
+            sink = self._sinks.get(msg["id"])
+            if sink:
+                sink("chunk", Chunk.from_dict(msg["c"]))
+        elif ev in ("end", "error", "result"):
+            with self._lock:
+                sink = self._sinks.pop(msg["id"], None) if ev != "result" else self._sinks.get(msg["id"])
+            if sink:
+                if ev == "error":
+                    sink("error", LocalrunError.from_dict(msg["error"]))
+                elif ev == "result":
+                    sink("result", msg["data"])
+                else:
+                    sink("end", None)
+        elif ev == "ready":
+            self.capabilities = frozenset(msg["info"].get("capabilities", ()))
+            self.alive = True
+            self._ready.set()
+        elif ev == "load_error":
+            self._load_error = LocalrunError.from_dict(msg["error"])
+            self._ready.set()
+
+    def _exit_text(self) -> str:
+        code = self.proc.poll()
+        if code is None:
+            return "still running"
+        if code < 0:
+            import signal
+
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def _on_exit(self) -> None:
+        self.alive = False
+        self._ready.set()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        with self._lock:
+            sinks, self._sinks = self._sinks, {}
+        if sinks:
+            err = WorkerCrashed(
+                f"the worker running {self.record.name} stopped ({self._exit_text()}) during the request",
+                hint=f"retry; the next request starts a new worker. Worker log: {self.log_path}",
+            )
+            for sink in sinks.values():
+                sink("error", err)
+        self._log_file.close()
+
+    # -- requests ----------------------------------------------------------------------
+    def submit(self, op: str, payload: dict[str, Any], sink: Sink) -> int:
+        rid = next(self._ids)
+        with self._lock:
+            if not self.alive:
+                raise WorkerCrashed(f"the worker running {self.record.name} is not running ({self._exit_text()})")
+            self._sinks[rid] = sink
+        try:
+            self._writer.send({"op": op, "id": rid, **payload})
+        except OSError as exc:
+            with self._lock:
+                self._sinks.pop(rid, None)
+            raise WorkerCrashed(f"cannot reach the worker running {self.record.name}: {exc}") from exc
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        if self.alive:
+            try:
+                self._writer.send({"op": "cancel", "id": rid})
+            except OSError:
+                log.debug("cancel of %s: worker already gone", rid)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sinks)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to stop (cancelling what runs), then make sure it has."""
+        if self.proc.poll() is None:
+            try:
+                self._writer.send({"op": "shutdown"})
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("worker %s did not stop in %.0f s; killing it", self.pid, timeout_s)
+                self.kill()
+        self._reader.join(timeout=timeout_s)
+
+
+class InProcessHandle:
+    """A session run on threads in this process, for runtimes with nothing native to isolate."""
+
+    def __init__(self, record: ModelRecord, plan: Plan, session):
+        self.record = record
+        self.plan = plan
+        self.session = session
+        self.pid = os.getpid()
+        self.capabilities = frozenset(getattr(session, "capabilities", ()))
+        self.alive = True
+        self._ids = itertools.count(1)
+        self._cancels: dict[int, Cancel] = {}
+        self._serial = threading.Lock() if not getattr(session, "concurrent", False) else None
+
+    def submit(self, op: str, payload: dict[str, Any], sink: Sink) -> int:
+        rid = next(self._ids)
+        cancel = self._cancels[rid] = Cancel()
+        threading.Thread(target=self._run, args=(rid, op, payload, sink, cancel), daemon=True).start()
+        return rid
+
+    def _run(self, rid: int, op: str, payload: dict[str, Any], sink: Sink, cancel: Cancel) -> None:
+        lock = self._serial or _NullLock()
+        try:
+            with lock:
+                if op == "embed":
+                    sink("result", self.session.embed(payload["texts"]))
+                else:
+                    req = (ChatRequest if op == "chat" else CompletionRequest).from_dict(payload["req"])
+                    stream = self.session.chat(req, cancel) if op == "chat" else self.session.complete(req, cancel)
+                    for chunk in stream:
+                        sink("chunk", chunk)
+            sink("end", None)
+        except LocalrunError as exc:
+            sink("error", exc)
+        except Exception as exc:  # noqa: BLE001 - a runtime bug becomes this request's error, not a dead thread
+            log.exception("request %s failed in %s", rid, self.record.name)
+            sink("error", LocalrunError(f"{type(exc).__name__}: {exc}"))
+        finally:
+            self._cancels.pop(rid, None)
+
+    def cancel(self, rid: int) -> None:
+        c = self._cancels.get(rid)
+        if c:
+            c.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._cancels)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        for c in list(self._cancels.values()):
+            c.set()
+        deadline = time.monotonic() + timeout_s
+        while self._cancels and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.alive = False
+        self.session.close()
+
+
+class _NullLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_END = object()
+
+
+def iter_chunks(handle, op: str, payload: dict[str, Any], cancel: Cancel | None = None) -> Iterator[Chunk]:
+    """Blocking chunk stream. Closing the generator early (or ``cancel``) cancels the request."""
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    rid = handle.submit(op, payload, lambda ev, data: q.put((ev, data)))
+    done = False
+    try:
+        while True:
+            try:
+                ev, data = q.get(timeout=0.05)
+            except queue.Empty:
+                if cancel is not None and cancel.is_set():
+                    handle.cancel(rid)
+                    cancel = None  # sent once; the worker ends the stream with "cancelled"
+                continue
+            if ev == "chunk":
+                yield data
+            elif ev == "error":
+                done = True
+                raise data
+            else:
+                done = True
+                return
+    finally:
+        if not done:
+            handle.cancel(rid)
+
+
+async def aiter_chunks(handle, op: str, payload: dict[str, Any]) -> AsyncIterator[Chunk]:
+    """Asyncio chunk stream. Leaving the loop early (a client gone) cancels the request."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+
+    def sink(ev: str, data: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, (ev, data))
+        except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
+            log.debug("dropping %s event: event loop closed", ev)
+
+    rid = handle.submit(op, payload, sink)
+    done = False
+    try:
+        while True:
+            ev, data = await q.get()
+            if ev == "chunk":
+                yield data
+            elif ev == "error":
+                done = True
+                raise data
+            else:
+                done = True
+                return
+    finally:
+        if not done:
+            handle.cancel(rid)
+
+
+def call_result(handle, op: str, payload: dict[str, Any], timeout_s: float = 600.0) -> Any:
+    """Run a non-streaming op (embed) and return its result."""
+    q: queue.SimpleQueue = queue.SimpleQueue()
+    handle.submit(op, payload, lambda ev, data: q.put((ev, data)))
+    result = None
+    while True:
+        ev, data = q.get(timeout=timeout_s)
+        if ev == "result":
+            result = data
+        elif ev == "error":
+            raise data
+        elif ev == "end":
+            return result

@@ -1,0 +1,117 @@
+"""The loop inside a worker process: load one model, then serve requests until told to stop.
+
+Requests run one at a time on a request thread, in arrival order, unless the session
+declares ``concurrent = True`` (a batching scheduler): then each request gets its own
+thread and the session interleaves them. The reading loop stays free to take ``cancel``
+at any moment; a cancel sets the request's flag, which the session polls every step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from typing import Any, BinaryIO
+
+from localrun.errors import LocalrunError
+from localrun.types import Cancel, ChatRequest, CompletionRequest, ModelRecord, Plan
+from localrun.worker.protocol import FrameWriter, read_frame
+
+log = logging.getLogger(__name__)
+
+
+def _error_dict(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, LocalrunError):
+        return exc.to_dict()
+    return {"kind": "LocalrunError", "message": f"{type(exc).__name__}: {exc}", "hint": None, "param": None}
+
+
+class WorkerServer:
+    def __init__(self, writer: FrameWriter):
+        self.writer = writer
+        self.session = None
+        self.cancels: dict[int, Cancel] = {}
+        self.jobs: queue.Queue = queue.Queue()
+
+    def load(self, msg: dict[str, Any]) -> None:
+        from localrun.runtimes import get_runtime
+
+        try:
+            runtime = get_runtime(msg["runtime"])
+            self.session = runtime.load(ModelRecord.from_dict(msg["record"]), Plan.from_dict(msg["plan"]))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+            log.debug("load failed", exc_info=True)
+            self.writer.send({"ev": "load_error", "error": _error_dict(exc)})
+            raise SystemExit(3) from None
+        info = {"pid": os.getpid(), "capabilities": sorted(getattr(self.session, "capabilities", ()))}
+        self.writer.send({"ev": "ready", "info": info})
+
+    def run_request(self, msg: dict[str, Any]) -> None:
+        rid = msg["id"]
+        cancel = self.cancels.setdefault(rid, Cancel())
+        try:
+            if msg["op"] == "embed":
+                self.writer.send({"ev": "result", "id": rid, "data": self.session.embed(msg["texts"])})
+            else:
+                if msg["op"] == "chat":
+                    stream = self.session.chat(ChatRequest.from_dict(msg["req"]), cancel)
+                else:
+                    stream = self.session.complete(CompletionRequest.from_dict(msg["req"]), cancel)
+                send = self.writer.send
+                for chunk in stream:
+                    send({"ev": "chunk", "id": rid, "c": chunk.to_dict()})
+            self.writer.send({"ev": "end", "id": rid})
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes the request's error event
+            log.debug("request %s failed", rid, exc_info=True)
+            self.writer.send({"ev": "error", "id": rid, "error": _error_dict(exc)})
+        finally:
+            self.cancels.pop(rid, None)
+
+    def serial_loop(self) -> None:
+        while True:
+            msg = self.jobs.get()
+            if msg is None:
+                return
+            self.run_request(msg)
+
+    def serve(self, stdin: BinaryIO) -> int:
+        concurrent = bool(getattr(self.session, "concurrent", False))
+        if not concurrent:
+            threading.Thread(target=self.serial_loop, name="requests", daemon=True).start()
+        while True:
+            msg = read_frame(stdin)
+            if msg is None or msg.get("op") == "shutdown":
+                break
+            op = msg.get("op")
+            if op == "cancel":
+                self.cancels.setdefault(msg["id"], Cancel()).set()
+            elif op in ("chat", "complete", "embed"):
+                self.cancels.setdefault(msg["id"], Cancel())
+                if concurrent:
+                    threading.Thread(target=self.run_request, args=(msg,), daemon=True).start()
+                else:
+                    self.jobs.put(msg)
+        for c in list(self.cancels.values()):
+            c.set()
+        return 0
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
+    level = os.environ.get("LOCALRUN_WORKER_LOG", "WARNING").upper()
+    logging.basicConfig(level=level, format="worker %(process)d %(levelname)s %(name)s: %(message)s")
+    writer = FrameWriter(stdout)
+    server = WorkerServer(writer)
+    first = read_frame(stdin)
+    if not first or first.get("op") != "load":
+        return 2
+    server.load(first)
+    code = server.serve(stdin)
+    session = server.session
+    if session is not None:
+        try:
+            session.close()
+        except Exception:  # noqa: BLE001 - the process is ending; log and exit anyway
+            log.warning("closing the session failed", exc_info=True)
+    # Skip interpreter teardown: native libraries sometimes crash in their destructors.
+    os._exit(code)

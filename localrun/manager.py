@@ -64,8 +64,10 @@ class LoadedModel:
 
 def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Plan:
     """Plan with this machine's hardware and runtimes (detected once per process)."""
-    from localrun.planner import plan_placement
+    from localrun.planner import PlanOverrides, plan_placement
 
+    if overrides is None and settings.runtime.force:
+        overrides = PlanOverrides(runtime=settings.runtime.force)
     hw, statuses = machine_facts(settings)
     return plan_placement(record, hw, statuses, overrides=overrides, settings=settings)
 

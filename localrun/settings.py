@@ -86,6 +86,8 @@ class RuntimeSettings(BaseModel):
     """How many models may be loaded at once."""
     keep_alive_s: float = Field(300.0)
     """Idle time after which a model is unloaded; negative keeps it forever."""
+    force: str | None = None
+    """Run every model with this runtime (e.g. "fake" for tests, "ollama"); the planner still checks it can."""
 
 
 class HubSettings(BaseModel):

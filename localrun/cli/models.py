@@ -1,0 +1,99 @@
+"""Model store commands: import, ls, rm (pull, search and verify join when the hub lands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from localrun.cli import settings_from
+from localrun.cli.output import console, err_console, human_bytes
+
+
+def open_store(ctx: click.Context):
+    from localrun.modelstore.store import ModelStore
+
+    return ModelStore(settings_from(ctx))
+
+
+@click.command("import")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", help="Name to register it under (default: from the file name).")
+@click.option("--replace", is_flag=True, help="Replace a model registered under the same name.")
+@click.pass_context
+def import_cmd(ctx: click.Context, path: Path, name: str | None, replace: bool) -> None:
+    """Register a local GGUF file (or MLX folder) in place, without copying it."""
+    store = open_store(ctx)
+    record = store.import_path(path, name=name, replace=replace)
+    meta = record.metadata
+    console().print(
+        f"imported [bold]{record.name}[/] · {record.format.value} · {meta.get('architecture', '?')} · "
+        f"{meta.get('quant') or '?'} · {human_bytes(record.size)}",
+        highlight=False,
+    )
+
+
+def _row(record) -> dict:
+    meta = record.metadata
+    return {
+        "name": record.name,
+        "format": record.format.value,
+        "architecture": meta.get("architecture"),
+        "quant": meta.get("quant"),
+        "size": record.size,
+        "context_length": meta.get("context_length"),
+        "source": record.source.value,
+        "owned": record.owned,
+        "path": record.path,
+    }
+
+
+@click.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--all", "show_all", is_flag=True, help="Also list models other tools keep on disk (HF cache, Ollama, LM Studio).")
+@click.pass_context
+def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List registered models."""
+    store = open_store(ctx)
+    records = list(store.list())
+    extra = []
+    if show_all:
+        from localrun.modelstore.discovery import discover_all
+
+        known = {r.path for r in records}
+        extra = [r for r in discover_all(store.settings) if r.path not in known]
+    rows = [_row(r) for r in records] + [dict(_row(r), registered=False) for r in extra]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        err_console().print("no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("Name", "Format", "Arch", "Quant", "Size", "Context", "Source"):
+        table.add_column(col, justify="right" if col in ("Size", "Context") else "left")
+    for row in rows:
+        name = row["name"] if row.get("registered", True) else f"[dim]{row['name']}[/]"
+        ctx_len = f"{row['context_length']:,}" if row.get("context_length") else "—"
+        table.add_row(name, row["format"], row["architecture"] or "—", row["quant"] or "—", human_bytes(row["size"]), ctx_len, row["source"])
+    console().print(table)
+    total = sum(r["size"] for r in rows if r.get("registered", True) and r["owned"])
+    err_console().print(f"{len(records)} registered · {human_bytes(total)} downloaded by localrun", highlight=False)
+
+
+@click.command("rm")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def rm_cmd(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Remove models. Deletes only files localrun downloaded and no other model uses."""
+    store = open_store(ctx)
+    for name in names:
+        record = store.remove(name)
+        kept = "" if record.owned else " (files left in place: localrun did not download them)"
+        console().print(f"removed [bold]{record.name}[/]{kept}", highlight=False)
+
+
+COMMANDS = [import_cmd, ls_cmd, rm_cmd]

@@ -1,0 +1,128 @@
+"""The worker process and its pipe: streams, cancel, crashes, load errors.
+
+These run real subprocesses: the fake runtime inside a worker for speed, and real
+llama.cpp on the tiny GGUF for the crash and cancel paths that matter most.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from localrun.errors import UnknownRuntime, WorkerCrashed
+from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling
+from localrun.worker.host import WorkerHandle, iter_chunks
+from tests.conftest import needs_llama
+
+
+def _handle(tmp_path, runtime="fake", path="/nonexistent", **options):
+    record = ModelRecord(name="m", format=Format.GGUF, path=str(path))
+    plan = Plan(runtime=runtime, n_ctx=256, n_threads=2, options=options)
+    return WorkerHandle(record, plan, log_path=tmp_path / "worker.log", load_timeout_s=60)
+
+
+def _chat(text="hello there", max_tokens=16, temperature=0.0):
+    return {"req": ChatRequest(messages=(Message("user", text),), sampling=Sampling(max_tokens=max_tokens, temperature=temperature)).to_dict()}
+
+
+def test_fake_runtime_streams_through_a_worker_process(tmp_path):
+    h = _handle(tmp_path)
+    try:
+        assert h.pid != os.getpid()
+        chunks = list(iter_chunks(h, "chat", _chat(max_tokens=5)))
+        assert chunks[-1].finish_reason in ("length", "stop")
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 5
+        assert "".join(c.text for c in chunks)
+    finally:
+        h.close()
+    assert h.proc.poll() is not None, "closing the handle must end the worker process"
+
+
+def test_unknown_runtime_in_worker_is_a_load_error_naming_the_runtimes(tmp_path):
+    with pytest.raises(UnknownRuntime) as info:
+        _handle(tmp_path, runtime="nope")
+    assert "nope" in info.value.message and "llama.cpp" in (info.value.hint or "")
+
+
+def test_several_requests_multiplexed_on_one_pipe_each_get_their_own_stream(tmp_path):
+    h = _handle(tmp_path, fake_delay_s=0.001)
+    try:
+        streams = [iter_chunks(h, "chat", _chat(f"question {i}", max_tokens=3 + i)) for i in range(3)]
+        results = [list(s) for s in streams]
+        for i, chunks in enumerate(results):
+            assert chunks[-1].usage.completion_tokens <= 3 + i
+            assert chunks[-1].finish_reason is not None
+    finally:
+        h.close()
+
+
+def test_kill_9_mid_stream_becomes_an_error_within_2_s(tmp_path):
+    h = _handle(tmp_path, fake_delay_s=0.05)
+    try:
+        stream = iter_chunks(h, "chat", _chat(max_tokens=10_000))
+        next(stream)
+        os.kill(h.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerCrashed) as info:
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 2.0
+        assert "SIGKILL" in info.value.message
+        assert not h.alive
+        with pytest.raises(WorkerCrashed):
+            h.submit("chat", _chat(), lambda ev, data: None)
+    finally:
+        h.close()
+
+
+def test_cancel_ends_the_stream_with_cancelled(tmp_path):
+    h = _handle(tmp_path, fake_delay_s=0.01)
+    try:
+        cancel = Cancel()
+        got = []
+        for chunk in iter_chunks(h, "chat", _chat(max_tokens=10_000), cancel):
+            got.append(chunk)
+            if len(got) == 3:
+                cancel.set()
+        assert got[-1].finish_reason == "cancelled"
+        assert len(got) < 20
+    finally:
+        h.close()
+
+
+@needs_llama
+def test_llama_worker_cancel_stops_within_a_step(tmp_path, tiny_gguf):
+    h = _handle(tmp_path, runtime="llama.cpp", path=tiny_gguf)
+    try:
+        req = {"req": CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=200, temperature=0.0)).to_dict()}
+        cancel = Cancel()
+        got = []
+        for chunk in iter_chunks(h, "complete", req, cancel):
+            got.append(chunk)
+            if len(got) == 2:
+                cancel.set()
+        assert got[-1].finish_reason == "cancelled"
+        assert got[-1].usage is None or got[-1].usage.completion_tokens < 200
+    finally:
+        h.close()
+
+
+@needs_llama
+@pytest.mark.gemma
+def test_llama_worker_kill_9_mid_stream_with_gemma(tmp_path, gemma_gguf):
+    h = _handle(tmp_path, runtime="llama.cpp", path=gemma_gguf)
+    try:
+        req = {"req": CompletionRequest(prompt="Once upon a time", sampling=Sampling(max_tokens=400, temperature=0.0)).to_dict()}
+        stream = iter_chunks(h, "complete", req)
+        next(stream)
+        os.kill(h.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerCrashed):
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        h.close()

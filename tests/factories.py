@@ -192,6 +192,10 @@ U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
 _SCALAR_FMT = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q", I64: "q", F64: "d"}
 
 
+class Raw(bytes):
+    """Bytes emitted verbatim in place of an encoded key or value, to lie about a length."""
+
+
 def gguf_string(s: str | bytes, *, length: int | None = None) -> bytes:
     """A GGUF string; ``length`` overrides the declared length to lie about it."""
     b = s.encode() if isinstance(s, str) else s
@@ -200,6 +204,8 @@ def gguf_string(s: str | bytes, *, length: int | None = None) -> bytes:
 
 def gguf_value(vtype: int, value: Any, *, sub_type: int | None = None) -> bytes:
     """The bytes of a value of type ``vtype`` (without the type tag)."""
+    if isinstance(value, Raw):
+        return bytes(value)
     if vtype == STRING:
         return gguf_string(value)
     if vtype == ARRAY:
@@ -231,7 +237,7 @@ class RawGGUF:
         out += struct.pack("<Q", len(self.tensors) if self.tensor_count is None else self.tensor_count)
         out += struct.pack("<Q", len(self.kvs) if self.kv_count is None else self.kv_count)
         for key, vtype, value, sub_type in self.kvs:
-            out += gguf_string(key)
+            out += bytes(key) if isinstance(key, Raw) else gguf_string(key)
             out += struct.pack("<I", vtype)
             out += gguf_value(vtype, value, sub_type=sub_type)
         for name, ne, ttype, offset in self.tensors:

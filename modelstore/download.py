@@ -1,0 +1,353 @@
+"""The downloader: one file from the hub into the Hugging Face cache layout, verified.
+
+Why not ``hf_hub_download``: it checks only a file's size, trusts any blob already in the
+cache, and since 1.18 deletes its partial file on failure, so a killed multi-GB pull starts
+over. This module keeps the layout (``blobs/<etag>`` + ``snapshots/<commit>/<path>``
+relative symlinks + ``refs/<revision>``, the same ``.locks/`` lock files) so both tools see
+and reuse each other's files, and adds what the layout lacks:
+
+* a lock per file, so concurrent pulls of one file download it once;
+* ``blobs/<etag>.incomplete`` kept across processes, resumed with ``Range`` after Ctrl-C or
+  kill -9 (the bytes already there are hashed first, then the stream continues the hash);
+* sha256 (LFS files) or git sha1 (small files) computed while streaming and checked before
+  ``os.replace`` puts the blob at its final name: nothing unverified ever sits there;
+* a blob found already in the cache is re-hashed before it is reused, never trusted blind.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from localrun.errors import AccessDenied, DownloadFailed, InvalidName, ModelNotFound
+from localrun.modelstore.hub import RemoteFile
+from localrun.modelstore.names import safe_join, safe_relpath
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SIZE = 1024 * 1024
+RETRIES = 5
+_ETAG_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress report for one file. ``phase``: checking | waiting | downloading | done."""
+
+    file: str
+    done: int
+    total: int
+    speed: float = 0.0  # bytes/s over this transfer
+    eta: float | None = None  # seconds left at that speed
+    phase: str = "downloading"
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    path: Path  # the snapshot path (a symlink into blobs/ where links work)
+    blob: Path
+    sha256: str
+    size: int
+    fetched: int  # bytes that came over the network for this file
+    reused: bool  # the verified blob was already in the cache
+
+
+class CacheLayout:
+    """One repo's folder in the HF cache; every path it hands out is proven inside the cache."""
+
+    def __init__(self, cache_dir: str | Path, repo: str) -> None:
+        self.cache_dir = Path(cache_dir)
+        self.repo = repo
+        self.folder_name = "models--" + repo.replace("/", "--")
+        safe_relpath(self.folder_name)
+
+    @property
+    def folder(self) -> Path:
+        return self.cache_dir / self.folder_name
+
+    def _inside(self, rel: str) -> Path:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        return safe_join(self.cache_dir, f"{self.folder_name}/{rel}")
+
+    def blob(self, etag: str) -> Path:
+        if not _ETAG_RE.match(etag):
+            raise InvalidName(f"{self.repo}: invalid blob id {etag[:80]!r}")
+        return self._inside(f"blobs/{etag}")
+
+    def snapshot(self, commit: str, path: str) -> Path:
+        return self._inside(f"snapshots/{commit}/{safe_relpath(path)}")
+
+    def snapshot_dir(self, commit: str) -> Path:
+        return self._inside(f"snapshots/{commit}")
+
+    def lock(self, etag: str) -> Path:
+        return safe_join(self.cache_dir, f".locks/{self.folder_name}/{etag}.lock")
+
+    def read_ref(self, revision: str) -> str | None:
+        try:
+            value = self._inside(f"refs/{safe_relpath(revision)}").read_text().strip()
+        except OSError:
+            return None
+        return value if re.fullmatch(r"[0-9a-f]{40}", value) else None
+
+    def write_ref(self, revision: str, commit: str) -> None:
+        """refs/<revision> names the commit a branch or tag was at, as huggingface_hub does."""
+        if revision == commit:
+            return
+        path = self._inside(f"refs/{safe_relpath(revision)}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_text(commit)
+        os.replace(tmp, path)
+
+    def link(self, commit: str, path: str, blob: Path) -> Path:
+        """Point snapshots/<commit>/<path> at the blob (relative symlink; a copy where links fail)."""
+        snap = self.snapshot(commit, path)
+        snap.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(snap):
+            if snap.is_dir() and not snap.is_symlink():
+                raise InvalidName(f"{self.repo}: {path!r} is a folder in the cache, not a file")
+            if snap.exists() and os.path.samefile(snap, blob):
+                return snap
+        tmp = snap.with_name(f".{snap.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            os.symlink(os.path.relpath(blob, snap.parent), tmp)
+        except OSError:  # Windows without symlink rights: huggingface_hub copies too
+            shutil.copyfile(blob, tmp)
+        os.replace(tmp, snap)
+        return snap
+
+
+class _Digest:
+    """sha256 always; git sha1 too when the listing gave only a git oid (non-LFS file)."""
+
+    def __init__(self, rf: RemoteFile) -> None:
+        self.rf = rf
+        self.sha256 = hashlib.sha256()
+        self.sha1 = None if rf.sha256 else hashlib.sha1(b"blob %d\0" % rf.size)
+
+    def update(self, data) -> None:
+        self.sha256.update(data)
+        if self.sha1 is not None:
+            self.sha1.update(data)
+
+    def mismatch(self) -> str | None:
+        """None when the bytes match the listing, else what was expected and what came."""
+        if self.rf.sha256:
+            got = self.sha256.hexdigest()
+            return None if got == self.rf.sha256 else f"sha256 {got}, expected {self.rf.sha256}"
+        if self.rf.oid and self.sha1 is not None:
+            got = self.sha1.hexdigest()
+            return None if got == self.rf.oid else f"git oid {got}, expected {self.rf.oid}"
+        return None  # nothing to compare but the size, which the caller checked
+
+
+def _write(f: BinaryIO, data) -> None:
+    """The one place bytes hit the disk (tests inject ENOSPC here)."""
+    f.write(data)
+
+
+def _hash_file(path: Path, rf: RemoteFile, limit: int | None, progress: ProgressCallback | None) -> tuple[_Digest, int]:
+    digest, done = _Digest(rf), 0
+    with open(path, "rb") as f:
+        while limit is None or done < limit:
+            block = f.read(CHUNK_SIZE if limit is None else min(CHUNK_SIZE * 8, limit - done))
+            if not block:
+                break
+            digest.update(block)
+            done += len(block)
+            if progress:
+                progress(Progress(rf.path, done, rf.size, phase="checking"))
+    return digest, done
+
+
+def _check_space(folder: Path, need: int, what: str) -> None:
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise DownloadFailed(f"not enough disk space for {what}: need {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free in {folder}",
+                             hint="free some space, or point HF_HUB_CACHE at a larger disk")
+
+
+class _Transfer:
+    """Streams one file into its .incomplete, resuming and retrying; holds the running hash.
+
+    State (``offset``, ``digest``) always describes exactly the bytes in the partial file,
+    so a resume after any failure continues from a consistent point.
+    """
+
+    def __init__(self, client, url: str, headers: dict, rf: RemoteFile, partial: Path, repo: str,
+                 progress: ProgressCallback | None, chunk_size: int, retries: int, digest: _Digest, offset: int) -> None:
+        self.client, self.url, self.headers, self.rf, self.partial, self.repo = client, url, headers, rf, partial, repo
+        self.progress, self.chunk_size, self.retries = progress, chunk_size, retries
+        self.digest, self.offset, self.fetched = digest, offset, 0
+        self.where = f"{repo}/{rf.path}"
+
+    def restart(self) -> None:
+        with open(self.partial, "wb"):
+            pass
+        self.digest, self.offset = _Digest(self.rf), 0
+
+    def run(self) -> None:
+        import httpx
+
+        attempt, began, began_at = 0, time.monotonic(), self.offset
+        while self.offset < self.rf.size:
+            headers = {**self.headers, "Accept-Encoding": "identity"}
+            if self.offset:
+                headers["Range"] = f"bytes={self.offset}-"
+            try:
+                with self.client.stream("GET", self.url, headers=headers) as resp:
+                    if self._accept(resp):
+                        self._receive(resp, began, began_at)
+                if self.offset < self.rf.size:
+                    raise httpx.RemoteProtocolError("the body ended early")
+            except (httpx.TransportError, _Retry) as exc:
+                attempt += 1
+                if attempt > self.retries:
+                    raise DownloadFailed(f"{self.where}: download broke off at {self.offset} of {self.rf.size} bytes: {exc}",
+                                         hint="run the pull again: it resumes from the bytes already on disk") from exc
+                logger.info("%s: %s at byte %d, retrying (%d/%d)", self.rf.path, exc, self.offset, attempt, self.retries)
+                time.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
+
+    def _accept(self, resp) -> bool:
+        """Decide what a response means for the bytes we hold; False: nothing to read from it."""
+        code = resp.status_code
+        if code in (401, 403):
+            raise AccessDenied(f"{self.where}: the hub refused the download ({code})",
+                               hint="for a gated or private repo accept its terms on the hub, then run `hf auth login` or set HF_TOKEN")
+        if code == 404:
+            raise ModelNotFound(f"{self.where}: the file is not on the hub at this revision", hint="list the repo again; it may have changed")
+        if code == 429 or code >= 500:
+            raise _Retry(f"the hub answered {code}")
+        if code == 416 and self.offset:
+            logger.warning("%s: the hub refused a resume at %d; starting over", self.where, self.offset)
+            self.restart()
+            raise _Retry("range not satisfiable")
+        if code == 206 and self.offset:
+            m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
+            if m and int(m[1]) == self.offset and m[3] in ("*", str(self.rf.size)):
+                return True
+            logger.warning("%s: Content-Range %r does not continue byte %d; starting over", self.where, resp.headers.get("Content-Range"), self.offset)
+            self.restart()
+            raise _Retry("inconsistent Content-Range")
+        if code != 200:
+            raise DownloadFailed(f"{self.where}: the hub answered {code}", hint="check HF_ENDPOINT and try again")
+        if self.offset:
+            logger.info("%s: the server ignored Range; starting over from byte 0", self.where)
+            self.restart()
+        return True
+
+    def _receive(self, resp, began: float, began_at: int) -> None:
+        last_report, size = 0.0, self.rf.size
+        try:
+            with open(self.partial, "r+b" if self.partial.exists() else "wb") as f:
+                f.seek(self.offset)
+                for chunk in resp.iter_raw(self.chunk_size):
+                    if self.offset + len(chunk) > size:
+                        raise DownloadFailed(f"{self.where}: the server sent more than the {size} bytes the listing gives",
+                                             hint="the mirror serves a different file; check HF_ENDPOINT")
+                    _write(f, chunk)
+                    self.digest.update(chunk)
+                    self.offset += len(chunk)
+                    self.fetched += len(chunk)
+                    now = time.monotonic()
+                    if self.progress and (now - last_report >= 0.1 or self.offset == size):
+                        last_report = now
+                        speed = (self.offset - began_at) / max(now - began, 1e-6)
+                        self.progress(Progress(self.rf.path, self.offset, size, speed, (size - self.offset) / speed if speed else None))
+                if self.offset == size:
+                    f.flush()
+                    os.fsync(f.fileno())
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise DownloadFailed(f"disk full while writing {self.rf.path} ({self.offset} of {size} bytes kept)",
+                                     hint="free some space and pull again: it resumes where it stopped") from exc
+            raise DownloadFailed(f"cannot write {self.partial}: {exc}", hint="check the cache folder's permissions") from exc
+
+
+class _Retry(Exception):
+    """A transient answer (429, 5xx, a confused range): back off and ask again."""
+
+
+def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, client, headers: dict | None = None,
+               progress: ProgressCallback | None = None, chunk_size: int = CHUNK_SIZE, retries: int = RETRIES) -> FetchResult:
+    """Make ``snapshots/<commit>/<rf.path>`` a verified copy of the hub's file and return it.
+
+    Raises DownloadFailed (network, disk, hash mismatch), AccessDenied (401/403),
+    ModelNotFound (404) or InvalidName (a name that would leave the cache).
+    """
+    from filelock import FileLock, Timeout
+
+    blob = layout.blob(rf.etag)
+    partial = blob.with_name(blob.name + ".incomplete")
+    lock_path = layout.lock(rf.etag)
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path))
+    while True:
+        try:
+            lock.acquire(timeout=0.5)
+            break
+        except Timeout:
+            if progress:
+                progress(Progress(rf.path, 0, rf.size, phase="waiting"))
+    try:
+        if os.path.exists(blob):
+            digest, size = _hash_file(blob, rf, None, progress)
+            if size == rf.size and digest.mismatch() is None:
+                snap = layout.link(commit, rf.path, blob)
+                if progress:
+                    progress(Progress(rf.path, size, rf.size, phase="done"))
+                return FetchResult(snap, blob, digest.sha256.hexdigest(), size, 0, True)
+            logger.warning("%s: cached blob %s does not match the hub; fetching it again", rf.path, blob)
+            blob.unlink()
+        return _download(layout, commit, rf, url, blob, partial, client, headers or {}, progress, chunk_size, retries)
+    finally:
+        lock.release()
+
+
+def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: Path, partial: Path, client, headers: dict,
+              progress: ProgressCallback | None, chunk_size: int, retries: int) -> FetchResult:
+    offset = partial.stat().st_size if partial.exists() else 0
+    digest = _Digest(rf)
+    if offset > rf.size:
+        partial.write_bytes(b"")
+        offset = 0
+    if offset:
+        digest, offset = _hash_file(partial, rf, offset, progress)
+        logger.info("%s: resuming at byte %d of %d", rf.path, offset, rf.size)
+    _check_space(blob.parent, rf.size - offset, rf.path)
+    partial.touch(exist_ok=True)
+    transfer = _Transfer(client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset)
+    resumed = offset > 0
+    while True:
+        transfer.run()
+        problem = transfer.digest.mismatch()
+        if problem is None:
+            break
+        if resumed:  # the kept bytes may be the bad ones: one clean try from zero
+            logger.warning("%s: resumed file does not verify (%s); starting over", rf.path, problem)
+            resumed = False
+            transfer.restart()
+            continue
+        partial.unlink(missing_ok=True)
+        raise DownloadFailed(f"{layout.repo}/{rf.path}: the downloaded bytes do not match the hub's listing ({problem}); nothing was kept",
+                             hint="run the pull again; if it repeats, the mirror or a proxy is altering the file")
+    os.replace(partial, blob)
+    snap = layout.link(commit, rf.path, blob)
+    if progress:
+        progress(Progress(rf.path, rf.size, rf.size, phase="done"))
+    return FetchResult(snap, blob, transfer.digest.sha256.hexdigest(), rf.size, transfer.fetched, False)

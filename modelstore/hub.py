@@ -1,0 +1,230 @@
+"""Talking to the hub: where it is, who we are, what a repo holds, and search.
+
+Listing goes through huggingface_hub's ``HfApi`` (imported inside functions, so importing
+localrun stays fast). Everything that arrives from the network is validated here, where
+it is parsed: file names with :func:`~localrun.modelstore.names.safe_relpath`, commit
+hashes and hashes by shape. A listing with one bad name is refused whole, because a hub
+that sends such a name is not one to take bytes from.
+
+huggingface_hub reads its environment once, at import; localrun reads ``HF_ENDPOINT``,
+``HF_TOKEN``, ``HF_HUB_OFFLINE`` and the cache location on every call instead, and passes
+endpoint and token explicitly, so settings and tests that change them take effect.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from localrun.errors import AccessDenied, DownloadFailed, InvalidName, ModelNotFound
+from localrun.modelstore.names import safe_relpath
+from localrun.types import Format
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_TRUE = {"1", "on", "yes", "true"}
+#: What `search(format=…)` filters on: the hub tag each format's repos carry.
+FORMAT_TAGS = {Format.GGUF: "gguf", Format.MLX: "mlx", Format.MLC: "mlc-llm"}
+
+
+def hub_endpoint(settings=None) -> str:
+    """settings.hub.endpoint, else HF_ENDPOINT, else huggingface.co (no trailing slash)."""
+    configured = getattr(getattr(settings, "hub", None), "endpoint", None)
+    return (configured or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def hub_offline(settings=None, offline: bool = False) -> bool:
+    if offline or getattr(getattr(settings, "hub", None), "offline", False):
+        return True
+    return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_cache_dir() -> Path:
+    """HF_HUB_CACHE → HUGGINGFACE_HUB_CACHE → HF_HOME/hub → XDG_CACHE_HOME/huggingface/hub → ~/.cache/…"""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.path.expandvars(os.environ[var])).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+def hub_token() -> str | None:
+    """HF_TOKEN > HUGGING_FACE_HUB_TOKEN > the token file `hf auth login` writes."""
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        value = os.environ.get(var, "").strip()
+        if value:
+            return value
+    path = os.environ.get("HF_TOKEN_PATH")
+    token_file = Path(path).expanduser() if path else Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "token"
+    try:
+        return token_file.read_text().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a repo listing. ``sha256`` is set for LFS files, ``oid`` (git sha1) always."""
+
+    path: str
+    size: int
+    sha256: str | None
+    oid: str | None
+
+    @property
+    def etag(self) -> str:
+        """The name the HF cache gives this file's blob: sha256 for LFS, else the git oid."""
+        return self.sha256 or self.oid or ""
+
+
+@dataclass(frozen=True)
+class RepoListing:
+    repo: str
+    revision: str  # as asked for: a branch, a tag or a commit
+    commit: str  # the 40-hex commit it resolved to
+    files: tuple[RemoteFile, ...]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(f.path for f in self.files)
+
+    def get(self, path: str) -> RemoteFile | None:
+        return next((f for f in self.files if f.path == path), None)
+
+
+@dataclass(frozen=True)
+class RepoSummary:
+    """One search hit."""
+
+    name: str
+    downloads: int
+    likes: int
+    updated: datetime | None
+    tags: tuple[str, ...] = ()
+    gated: bool = False
+
+
+def validate_commit(value: object, *, where: str) -> str:
+    if not isinstance(value, str) or not _COMMIT_RE.match(value):
+        raise InvalidName(f"{where}: the hub sent an invalid commit hash {str(value)[:80]!r}", hint="check HF_ENDPOINT points at a real hub")
+    return value
+
+
+def remote_file_from_listing(path: object, size: object, sha256: object, oid: object, *, repo: str) -> RemoteFile:
+    """Validate one listing entry; every field is untrusted."""
+    rel = str(safe_relpath(path))
+    if rel != path:
+        raise InvalidName(f"{repo}: listing has a non-canonical file name {str(path)[:120]!r}")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0 or size > 1 << 50:
+        raise InvalidName(f"{repo}: listing gives {rel!r} an impossible size {size!r}")
+    if sha256 is not None and (not isinstance(sha256, str) or not _SHA256_RE.match(sha256)):
+        raise InvalidName(f"{repo}: listing gives {rel!r} an invalid sha256 {str(sha256)[:80]!r}")
+    if oid is not None and (not isinstance(oid, str) or not _COMMIT_RE.match(oid)):
+        oid = None  # only used to verify small non-LFS files; without it they get size checks
+    return RemoteFile(rel, size, sha256, oid)
+
+
+def _translate(exc: Exception, repo: str, revision: str | None, endpoint: str, token: str | None) -> Exception:
+    """huggingface_hub / transport errors -> LocalrunError a person can act on."""
+    from huggingface_hub import errors as hf_errors
+    from huggingface_hub.utils import httpx as hf_httpx
+
+    login = "run `hf auth login` or set HF_TOKEN" + (" (the token sent was refused)" if token else "")
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, hf_errors.GatedRepoError) or status == 403:
+        return AccessDenied(f"{repo} is gated or private and this account has no access to it", hint=f"accept its terms on the hub, then {login}")
+    if status == 401:
+        return AccessDenied(f"{repo} is not accessible: it does not exist, or it is private or gated", hint=f"check the name; if it is private or gated, {login}")
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
+        return ModelNotFound(f"{repo} has no revision {revision!r}", hint="check --revision (a branch, tag or commit)")
+    if isinstance(exc, hf_errors.RepositoryNotFoundError) or status == 404:
+        return ModelNotFound(f"no repo {repo} on {endpoint}", hint="check the name; `localrun search` finds repos")
+    if isinstance(exc, (hf_httpx.TransportError, OSError)):
+        return DownloadFailed(f"cannot reach the hub at {endpoint}: {exc}", hint="check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already downloaded")
+    if isinstance(exc, hf_errors.HfHubHTTPError):
+        return DownloadFailed(f"the hub at {endpoint} answered {status} for {repo}: {str(exc).splitlines()[0]}", hint="try again later")
+    return exc
+
+
+class HubClient:
+    """Listing and search against one endpoint with one token."""
+
+    def __init__(self, *, endpoint: str | None = None, token: str | None = None, settings=None) -> None:
+        self.endpoint = (endpoint or hub_endpoint(settings)).rstrip("/")
+        self.token = token if token is not None else hub_token()
+
+    def _api(self):
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self.token or False)
+
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def file_url(self, repo: str, commit: str, path: str) -> str:
+        from urllib.parse import quote
+
+        return f"{self.endpoint}/{repo}/resolve/{commit}/{quote(path)}"
+
+    def list_repo(self, repo: str, revision: str | None = None) -> RepoListing:
+        """Resolve ``revision`` to a commit and list every file at it, with sizes and LFS sha256."""
+        rev = revision or "main"
+        api = self._api()
+        try:
+            info = api.model_info(repo, revision=rev)
+            commit = validate_commit(info.sha, where=repo)
+            entries = list(api.list_repo_tree(repo, recursive=True, revision=commit))
+        except InvalidName:
+            raise
+        except Exception as exc:
+            translated = _translate(exc, repo, rev, self.endpoint, self.token)
+            if translated is exc:
+                raise
+            raise translated from exc
+        files = []
+        for e in entries:
+            if not hasattr(e, "size"):  # a folder
+                safe_relpath(e.path)
+                continue
+            lfs = getattr(e, "lfs", None)
+            files.append(remote_file_from_listing(e.path, e.size, lfs.sha256 if lfs else None, getattr(e, "blob_id", None), repo=repo))
+        seen: set[str] = set()
+        for f in files:
+            if f.path.lower() in seen:  # would collide on case-insensitive file systems
+                raise InvalidName(f"{repo}: listing names {f.path!r} twice (ignoring case)")
+            seen.add(f.path.lower())
+        logger.debug("listed %s@%s (%s): %d files", repo, rev, commit, len(files))
+        return RepoListing(repo, rev, commit, tuple(files))
+
+    def search(self, query: str, *, format: Format | str | None = None, limit: int = 20) -> list[RepoSummary]:
+        tag = FORMAT_TAGS.get(Format(format)) if format else None
+        api = self._api()
+        try:
+            hits = list(api.list_models(search=query or None, filter=tag, sort="downloads", limit=limit,
+                                        expand=["downloads", "likes", "lastModified", "tags", "gated"]))
+        except Exception as exc:
+            translated = _translate(exc, f"search {query!r}", None, self.endpoint, self.token)
+            if translated is exc:
+                raise
+            raise translated from exc
+        return [
+            RepoSummary(name=m.id, downloads=m.downloads or 0, likes=m.likes or 0, updated=m.last_modified,
+                        tags=tuple(m.tags or ()), gated=bool(m.gated))
+            for m in hits
+        ]
+
+
+def search(query: str, *, format: Format | str | None = None, limit: int = 20, settings=None) -> list[RepoSummary]:
+    """Repos on the hub matching ``query``, most downloaded first; ``format`` narrows by tag."""
+    if hub_offline(settings):
+        raise DownloadFailed("cannot search the hub in offline mode", hint="unset HF_HUB_OFFLINE to search")
+    return HubClient(settings=settings).search(query, format=format, limit=limit)

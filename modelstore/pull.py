@@ -1,0 +1,265 @@
+"""`localrun pull`: a ref → a plan (files, sizes, quant) → verified files → an index record.
+
+:func:`plan_pull` lists the repo and decides, so a front end can show what will come down
+(and how much) before a byte moves; :func:`pull` carries a plan out. Files go to the
+standard Hugging Face cache (see :mod:`localrun.modelstore.download`), so other tools see
+them and what they fetched is reused. Offline (``HF_HUB_OFFLINE=1`` or ``offline=True``)
+the same refs resolve against the cache alone, and anything missing is named.
+
+Code never rides along silently: an MLX repo with ``*.py`` files or a ``model_file`` /
+``auto_map`` key in ``config.json`` is refused unless ``trust_remote_code``; an MLC repo's
+native libraries (``.so``/``.dylib``/``.dll``) unless ``allow_native``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound
+from localrun.modelstore.download import CacheLayout, FetchResult, ProgressCallback, _check_space, _hash_file, fetch_file
+from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
+from localrun.modelstore.refs import HubRef, Selection, model_name_for, parse_ref, select_files
+from localrun.types import FileEntry, Format, ModelRecord, Source
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILES = ("config.json", "mlc-chat-config.json")
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+_HEX_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    path: str
+    size: int
+    sha256: str | None
+    cached: bool  # a blob with this hash is already in the cache (it is re-hashed before use)
+    partial: int  # bytes of an interrupted download already on disk
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """Everything decided before downloading; pass it to :func:`pull` to carry it out."""
+
+    ref: HubRef
+    name: str
+    repo: str
+    revision: str
+    commit: str
+    format: Format
+    quant: str | None
+    primary: str  # repo path a runtime loads; "" for MLX/MLC (the snapshot folder)
+    files: tuple[PlannedFile, ...]
+    endpoint: str
+    cache_dir: str
+    offline: bool
+    trust_remote_code: bool = False
+    allow_native: bool = False
+    listing: RepoListing | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def download_bytes(self) -> int:
+        return sum(f.size - f.partial for f in self.files if not f.cached)
+
+    def describe(self) -> list[str]:
+        """Lines a CLI or TUI can print before asking to go ahead."""
+        head = f"{self.repo}@{self.commit[:10]} → {self.name} ({self.format.value}" + (f", {self.quant})" if self.quant else ")")
+        lines = [head]
+        for f in self.files:
+            state = "cached" if f.cached else (f"resume at {human_size(f.partial)}" if f.partial else "new")
+            lines.append(f"  {f.path}  {human_size(f.size)}  [{state}]")
+        lines.append(f"  total {human_size(self.total_bytes)}, to download {human_size(self.download_bytes)}")
+        return lines
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} TB"
+
+
+def _refuse_code(ref: HubRef, sel: Selection, trust_remote_code: bool, allow_native: bool) -> None:
+    if sel.code_files and not trust_remote_code:
+        raise InvalidModelFile(f"{ref.repo} ships Python code ({', '.join(sel.code_files[:5])}); refusing to download it",
+                               hint="pass trust_remote_code (--trust-remote-code) only if you trust the publisher")
+    if sel.native_files and not allow_native:
+        raise InvalidModelFile(f"{ref.repo} ships native libraries ({', '.join(sel.native_files[:5])}); refusing to download them",
+                               hint="MLC compiles its own library on first use; pass allow_native (--allow-native) only if you trust the publisher")
+
+
+def _listing_from_cache(layout: CacheLayout, repo: str, revision: str | None) -> RepoListing:
+    """What the local cache holds for ``repo`` at ``revision``, in the shape of a hub listing."""
+    rev = revision or "main"
+    commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else layout.read_ref(rev)
+    where = f"the local cache ({layout.cache_dir})"
+    if commit is None or not layout.snapshot_dir(commit).is_dir():
+        raise ModelNotFound(f"offline: {repo}@{rev} is not in {where}",
+                            hint="connect and pull it first, or unset HF_HUB_OFFLINE / drop --offline")
+    root = layout.snapshot_dir(commit)
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not Path(dirpath, d).is_symlink()]
+        for fn in filenames:
+            full = Path(dirpath, fn)
+            rel = full.relative_to(root).as_posix()
+            if not full.exists():
+                continue  # a dangling link: treated as missing
+            etag = os.path.basename(os.readlink(full)) if full.is_symlink() else ""
+            etag = etag if _HEX_RE.match(etag) else ""
+            files.append(RemoteFile(rel, full.stat().st_size, etag if len(etag) == 64 else None, etag if len(etag) == 40 else None))
+    return RepoListing(repo, rev, commit, tuple(sorted(files, key=lambda f: f.path)))
+
+
+def plan_pull(ref: str | HubRef, *, settings=None, revision: str | None = None, offline: bool = False,
+              trust_remote_code: bool = False, allow_native: bool = False, hub: HubClient | None = None) -> PullPlan:
+    """List the repo (or the cache, offline) and choose the files; downloads nothing."""
+    if isinstance(ref, str):
+        ref = parse_ref(ref, revision=revision)
+    elif revision:
+        ref = HubRef(ref.repo, ref.quant, ref.file, revision)
+    offline = hub_offline(settings, offline)
+    cache_dir = hub_cache_dir()
+    layout = CacheLayout(cache_dir, ref.repo)
+    client = hub or HubClient(settings=settings)
+    listing = _listing_from_cache(layout, ref.repo, ref.revision) if offline else client.list_repo(ref.repo, ref.revision)
+    try:
+        sel = select_files(ref, listing.paths, include_code=trust_remote_code, include_native=allow_native)
+    except ModelNotFound as exc:
+        if not offline:
+            raise
+        raise ModelNotFound(f"offline: {exc.message}", hint="connect and pull it, or unset HF_HUB_OFFLINE / drop --offline") from None
+    _refuse_code(ref, sel, trust_remote_code, allow_native)
+    planned = []
+    for path in sorted(sel.files, key=lambda p: (p not in CONFIG_FILES, p)):
+        rf = listing.get(path)
+        blob = layout.blob(rf.etag) if rf.etag else None
+        partial = blob.with_name(blob.name + ".incomplete") if blob else None
+        planned.append(PlannedFile(path, rf.size, rf.sha256, bool(blob and os.path.exists(blob)),
+                                   partial.stat().st_size if partial and partial.exists() else 0))
+    return PullPlan(ref=ref, name=model_name_for(ref.repo, sel), repo=ref.repo, revision=listing.revision, commit=listing.commit,
+                    format=sel.format, quant=sel.quant, primary=sel.primary, files=tuple(planned), endpoint=client.endpoint,
+                    cache_dir=str(cache_dir), offline=offline, trust_remote_code=trust_remote_code, allow_native=allow_native,
+                    listing=listing)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise InvalidModelFile(f"{what} is larger than {MAX_CONFIG_BYTES} bytes", hint="this is not a normal model config")
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidModelFile(f"{what} is not valid JSON: {exc}", hint="the repo is broken; try another") from None
+    if not isinstance(data, dict):
+        raise InvalidModelFile(f"{what} is not a JSON object", hint="the repo is broken; try another")
+    return data
+
+
+def _check_config(plan: PullPlan, path: Path) -> None:
+    """Refuse an MLX config that makes the loader import code, before any weight is fetched."""
+    if plan.format is not Format.MLX or plan.trust_remote_code:
+        return
+    config = _read_json(path, f"{plan.repo}/config.json")
+    keys = [k for k in ("model_file", "auto_map") if k in config]
+    if keys:
+        raise InvalidModelFile(f"{plan.repo}/config.json sets {', '.join(keys)}, which makes the loader import Python code; refusing",
+                               hint="pass trust_remote_code (--trust-remote-code) only if you trust the publisher")
+
+
+def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchResult:
+    from localrun.errors import VerificationFailed
+
+    snap = layout.snapshot(commit, rf.path)
+    digest, size = _hash_file(snap, rf, None, None)
+    problem = digest.mismatch() if size == rf.size else f"{size} bytes, expected {rf.size}"
+    if problem:
+        raise VerificationFailed(f"{layout.repo}/{rf.path} in the cache does not match its hash ({problem})",
+                                 hint="delete it and pull again when online")
+    return FetchResult(snap, Path(os.path.realpath(snap)), digest.sha256.hexdigest(), size, 0, True)
+
+
+def _metadata(plan: PullPlan, primary: Path) -> dict:
+    hub = {"endpoint": plan.endpoint, "revision": plan.revision, "commit": plan.commit}
+    if plan.format is Format.GGUF:
+        from localrun.modelstore.gguf_meta import read_gguf_metadata
+
+        meta = read_gguf_metadata(primary).as_dict()
+        meta["quant"] = plan.quant or meta.get("quant")
+    elif plan.format is Format.MLX:
+        config = _read_json(primary / "config.json", f"{plan.repo}/config.json")
+        q = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
+        meta = {"architecture": config.get("model_type"), "quant": f"{q['bits']}bit" if isinstance(q.get("bits"), int) else None,
+                "context_length": config.get("max_position_embeddings")}
+    else:
+        config = _read_json(primary / "mlc-chat-config.json", f"{plan.repo}/mlc-chat-config.json")
+        meta = {"architecture": config.get("model_type"), "quant": config.get("quantization"),
+                "context_length": config.get("context_window_size")}
+    meta["hub"] = hub
+    return meta
+
+
+def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, offline: bool = False,
+         progress: ProgressCallback | None = None, trust_remote_code: bool = False, allow_native: bool = False) -> ModelRecord:
+    """Fetch (or find, offline) a model's files, verify every one and register the model.
+
+    Raises InvalidName, ModelNotFound, AccessDenied, DownloadFailed, VerificationFailed,
+    InvalidModelFile; on any of them no unverified file is left at a final path.
+    """
+    import httpx
+
+    settings = getattr(store, "settings", None)
+    plan = ref if isinstance(ref, PullPlan) else plan_pull(ref, settings=settings, revision=revision, offline=offline,
+                                                          trust_remote_code=trust_remote_code, allow_native=allow_native)
+    layout = CacheLayout(plan.cache_dir, plan.repo)
+    listing = plan.listing or HubClient(settings=settings).list_repo(plan.repo, plan.commit)
+    if not plan.offline:
+        _check_space(layout.cache_dir, plan.download_bytes, f"{plan.repo} ({len(plan.files)} files)")
+        layout.write_ref(plan.revision, plan.commit)
+    client = HubClient(settings=settings, endpoint=plan.endpoint)
+    results: dict[str, FetchResult] = {}
+    with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0),
+                      headers={"User-Agent": "localrun/0.1; hf_hub-compatible"}) as http:
+        for pf in plan.files:
+            rf = listing.get(pf.path)
+            if plan.offline:
+                results[pf.path] = _fetch_offline(layout, plan.commit, rf)
+            else:
+                results[pf.path] = fetch_file(layout, plan.commit, rf, client.file_url(plan.repo, plan.commit, rf.path),
+                                              client=http, headers=client.auth_headers(), progress=progress)
+            if pf.path == "config.json":
+                _check_config(plan, results[pf.path].path)
+    fetched = sum(r.fetched for r in results.values())
+    logger.info("pulled %s: %d files, %d bytes fetched", plan.name, len(results), fetched)
+    primary = results[plan.primary].path if plan.primary else layout.snapshot_dir(plan.commit)
+    record = ModelRecord(
+        name=plan.name, format=plan.format, path=str(primary),
+        files=tuple(FileEntry(str(r.path), r.size, r.sha256) for r in results.values()),
+        source=Source.HUB, owned=True, repo=plan.repo, revision=plan.commit,
+        metadata=_metadata(plan, primary), added_at=time.time(),
+    )
+    return _register(store, record)
+
+
+def _register(store, record: ModelRecord) -> ModelRecord:
+    """Add the record; a re-pull of the same model replaces its entry (same name, same repo)."""
+    try:
+        store.index.add(record)
+    except ModelExists:
+        existing = store.index.get(record.name)
+        if existing is not None and existing.repo != record.repo:
+            raise ModelExists(f"the name {record.name} is taken by {existing.repo or existing.path}",
+                              hint=f"remove it first (localrun rm {record.name})") from None
+        store.index.remove(record.name)
+        store.index.add(record)
+    return record

@@ -271,12 +271,12 @@ def iter_chunks(handle, op: str, payload: dict[str, Any], cancel: Cancel | None 
     done = False
     try:
         while True:
+            if cancel is not None and cancel.is_set():
+                handle.cancel(rid)
+                cancel = None  # sent once; the worker ends the stream with "cancelled"
             try:
                 ev, data = q.get(timeout=0.05)
             except queue.Empty:
-                if cancel is not None and cancel.is_set():
-                    handle.cancel(rid)
-                    cancel = None  # sent once; the worker ends the stream with "cancelled"
                 continue
             if ev == "chunk":
                 yield data

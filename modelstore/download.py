@@ -330,7 +330,6 @@ def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: 
         digest, offset = _hash_file(partial, rf, offset, progress)
         logger.info("%s: resuming at byte %d of %d", rf.path, offset, rf.size)
     _check_space(blob.parent, rf.size - offset, rf.path)
-    partial.touch(exist_ok=True)
     transfer = _Transfer(client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset)
     resumed = offset > 0
     while True:
@@ -346,6 +345,8 @@ def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: 
         partial.unlink(missing_ok=True)
         raise DownloadFailed(f"{layout.repo}/{rf.path}: the downloaded bytes do not match the hub's listing ({problem}); nothing was kept",
                              hint="run the pull again; if it repeats, the mirror or a proxy is altering the file")
+    if not partial.exists():  # an empty file: nothing was streamed
+        partial.touch()
     os.replace(partial, blob)
     snap = layout.link(commit, rf.path, blob)
     if progress:

@@ -252,14 +252,12 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
 
 
 def _register(store, record: ModelRecord) -> ModelRecord:
-    """Add the record; a re-pull of the same model replaces its entry (same name, same repo)."""
+    """Add the record; a re-pull of the same repo replaces its entry, another owner's name is kept."""
     try:
-        store.index.add(record)
+        return store.index.add(record)
     except ModelExists:
-        existing = store.index.get(record.name)
+        existing = store.index.find(record.name)
         if existing is not None and existing.repo != record.repo:
             raise ModelExists(f"the name {record.name} is taken by {existing.repo or existing.path}",
                               hint=f"remove it first (localrun rm {record.name})") from None
-        store.index.remove(record.name)
-        store.index.add(record)
-    return record
+        return store.index.add(record, replace=True)

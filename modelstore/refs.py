@@ -134,7 +134,7 @@ def _shard_group(path: str) -> tuple[str, ...]:
     return tuple(str(p.with_name(shard_name(prefix, i, count))) for i in range(1, count + 1))
 
 
-def _gguf_candidates(paths: Iterable[str]) -> list[str]:
+def gguf_candidates(paths: Iterable[str]) -> list[str]:
     out = []
     for path in sorted(paths):
         if not path.lower().endswith(".gguf") or _is_sidecar(path):
@@ -156,7 +156,7 @@ def describe_offer(paths: Iterable[str]) -> str:
     paths = list(paths)
     fmt = detect_format(paths)
     if fmt is Format.GGUF:
-        cands = _gguf_candidates(paths)
+        cands = gguf_candidates(paths)
         quants = sorted({q for q in map(quant_label, cands) if q})
         files = ", ".join(cands[:8]) + (" …" if len(cands) > 8 else "")
         return f"quants {', '.join(quants) or '(unlabelled)'}; files: {files}"
@@ -168,7 +168,7 @@ def describe_offer(paths: Iterable[str]) -> str:
 
 def detect_format(paths: Iterable[str]) -> Format | None:
     paths = set(paths)
-    if _gguf_candidates(paths):
+    if gguf_candidates(paths):
         return Format.GGUF
     if "mlc-chat-config.json" in paths and ({"tensor-cache.json", "ndarray-cache.json"} & paths):
         return Format.MLC
@@ -223,7 +223,7 @@ def _select_exact(ref: HubRef, paths: list[str]) -> Selection:
 
 
 def _select_gguf(ref: HubRef, paths: list[str]) -> Selection:
-    candidates = _gguf_candidates(paths)
+    candidates = gguf_candidates(paths)
     wanted = (ref.quant,) if ref.quant else DEFAULT_QUANTS
     for tag in wanted:
         by_name = [c for c in candidates if _tag_matches(tag, PurePosixPath(c).name)]

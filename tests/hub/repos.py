@@ -3,6 +3,7 @@ and a split model, an MLX repo, an MLC repo, a gated repo. Everything is made on
 
 from __future__ import annotations
 
+import functools
 import json
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ GATED_TOKEN = "hf_fake_token_for_tests"
 FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_K_M": 17, "Q4_K_M": 15, "Q6_K": 18, "IQ4_XS": 30}
 
 
+@functools.lru_cache(maxsize=64)
 def make_gguf(*, quant: str = "Q4_K_M", name: str = "tiny", payload: int = 4096, seed: int = 0,
               split: tuple[int, int] | None = None) -> bytes:
     """A small valid GGUF: llama metadata plus one I8 tensor of ``payload`` random bytes.

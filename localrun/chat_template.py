@@ -15,9 +15,11 @@ gigabyte string. This module adds what the sandbox leaves out:
   string methods are checked *before* they allocate, and the rendered text is capped;
 * ``range()`` capped, ``lipsum`` removed, no loader (no ``include``/``import``).
 
-Models without a template get :func:`fallback_chat`: Gemma's turn format when the vocab
-has ``<start_of_turn>``, otherwise a plain ``System:/User:/Assistant:`` transcript that a
-base model can continue, with ``"\\nUser:"`` as an extra stop string.
+Models without a template get :func:`fallback_chat`: a plain ``System:/User:/Assistant:``
+transcript that a base model continues as the assistant, with ``"\\nUser:"`` as an extra
+stop string (Gemma 3 270M, a base model shipped without a template, answers sensibly this
+way). Gemma's own turn format is available for a Gemma-vocabulary model whose file lost
+its template (``gemma_turns=True``; the caller checks the vocab has ``<start_of_turn>``).
 """
 
 from __future__ import annotations

@@ -71,10 +71,13 @@ def write_tiny_llama_gguf(
     chat_template: str | None = DEFAULT_TINY_TEMPLATE,
     seed: int = 0,
     name: str = "tiny-llama",
+    split_max_tensors: int = 0,
 ) -> Path:
     """Write a loadable llama GGUF with random F32 weights and return its path.
 
     Shapes follow llama.cpp's llama loader; numpy shapes are the reverse of ggml's ``ne``.
+    With ``split_max_tensors`` the model is split into ``<stem>-0000k-of-0000N.gguf`` shards
+    (metadata in the first) and the first shard's path is returned.
     """
     from gguf import GGUFWriter, LlamaFileType
 
@@ -91,7 +94,7 @@ def write_tiny_llama_gguf(
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
-    w = GGUFWriter(str(path), arch="llama")
+    w = GGUFWriter(str(path), arch="llama", split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
@@ -132,7 +135,8 @@ def write_tiny_llama_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    shards = w.format_shard_names(path)
+    return shards[0]
 
 
 def _add_typed(w: Any, key: str, value: Any) -> None:

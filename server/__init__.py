@@ -1,0 +1,22 @@
+"""The embedded server: OpenAI- and Ollama-compatible HTTP APIs over the ModelManager.
+
+``create_app(settings, manager)`` builds the FastAPI app (server/app.py);
+``run_server(settings, manager, ready_callback=...)`` serves it with uvicorn
+(server/serve.py). Security defaults live in server/security.py.
+"""
+
+from __future__ import annotations
+
+__all__ = ["create_app", "run_server"]
+
+
+def __getattr__(name: str):
+    if name == "create_app":
+        from localrun.server.app import create_app
+
+        return create_app
+    if name == "run_server":
+        from localrun.server.serve import run_server
+
+        return run_server
+    raise AttributeError(name)

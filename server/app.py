@@ -1,0 +1,105 @@
+"""``create_app(settings, manager)``: the FastAPI application, dependencies passed in.
+
+Nothing here is global: the settings, the ModelManager and the metrics live on
+``app.state``, so the CLI's server and the TUI's embedded one can each build their own.
+The middleware stack, outermost first: Observe (metrics + access log) → HostGuard (the
+DNS-rebinding allowlist, before anything else looks at the request) → CORS (only when
+origins are configured) → RequestGuard (API key, JSON-only bodies, size limit) → routes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import PlainTextResponse
+
+from localrun import __version__
+from localrun.errors import LocalrunError
+from localrun.server import admin_api, ollama_api, ollama_models, openai_api
+from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
+from localrun.server.metrics import Metrics, Observe
+from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
+from localrun.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, manager) -> FastAPI:
+    """Build the server for ``manager``. The caller owns the manager and shuts it down."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.started_at = time.monotonic()
+        log.info("server ready: %d routes, API key %s", len(app.routes), "required" if settings.server.api_key else "off")
+        yield
+        log.info("server stopping")
+
+    app = FastAPI(title="localrun", version=__version__, docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.manager = manager
+    app.state.metrics = Metrics()
+    app.state.started_at = time.monotonic()
+
+    for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router):
+        app.include_router(router)
+
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+    async def root():
+        return PlainTextResponse("localrun is running")
+
+    _install_error_handlers(app)
+    _install_middleware(app, settings)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_localrun_error(request: Request, exc: LocalrunError):
+        if exc.http_status >= 500:
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(exc, path=request.url.path)
+
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        return error_response(InvalidRequest(f"invalid {loc or 'request'}: {first.get('msg', '')}", param=loc or None), path=request.url.path)
+
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        path = request.url.path
+        if exc.status_code == 404:
+            err: LocalrunError = RouteNotFound(f"no route {request.method} {path[:200]}", hint="see /v1 (OpenAI) and /api (Ollama) routes")
+        elif exc.status_code == 405:
+            err = MethodNotAllowed(f"{request.method} is not allowed on {path[:200]}")
+        else:
+            err = LocalrunError(str(exc.detail))
+            err.http_status = exc.status_code
+        return error_response(err, path=path)
+
+    async def on_unexpected(request: Request, exc: Exception):
+        return error_response(exc, path=request.url.path)
+
+    app.add_exception_handler(LocalrunError, on_localrun_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+def _install_middleware(app: FastAPI, settings: Settings) -> None:
+    server = settings.server
+    key = server.api_key.get_secret_value() if server.api_key else None
+    # add_middleware puts each new one outside the previous: add innermost first.
+    app.add_middleware(RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes)
+    if server.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(server.cors_origins), allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"], allow_credentials=False, max_age=600,
+        )
+    app.add_middleware(HostGuard, allowed=allowed_host_names(server.host, server.allowed_hosts))
+    app.add_middleware(Observe, metrics=app.state.metrics)

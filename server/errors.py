@@ -1,0 +1,126 @@
+"""The one place where an error becomes an HTTP response.
+
+Every failure the server reports — a LocalrunError from the core, a request that fails
+its schema, a Host the allowlist refuses — goes through :func:`error_response`. Routes
+under ``/api/`` answer in Ollama's shape (``{"error": "…"}``, what the ``ollama`` client
+reads); everything else in OpenAI's (``{"error": {"message", "type", "param", "code"}}``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from starlette.responses import Response
+
+from localrun.errors import LocalrunError, Overloaded
+
+log = logging.getLogger(__name__)
+
+
+class InvalidRequest(LocalrunError):
+    """A request body or parameter that is malformed, out of bounds or unknown."""
+
+    http_status = 400
+    code = "invalid_request"
+
+
+class Unauthorized(LocalrunError):
+    """No API key, or the wrong one, on a server that requires one."""
+
+    http_status = 401
+    code = "invalid_api_key"
+
+
+class HostNotAllowed(LocalrunError):
+    """A Host header outside the allowlist: the DNS-rebinding guard."""
+
+    http_status = 403
+    code = "host_not_allowed"
+
+
+class RouteNotFound(LocalrunError):
+    http_status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(LocalrunError):
+    http_status = 405
+    code = "method_not_allowed"
+
+
+class BodyTooLarge(LocalrunError):
+    http_status = 413
+    code = "request_too_large"
+
+
+class NotJson(LocalrunError):
+    """A body that is not ``application/json`` (browsers send text/plain without a preflight)."""
+
+    http_status = 415
+    code = "unsupported_media_type"
+
+
+class NotAvailable(LocalrunError):
+    """A route whose backing feature is not part of this installation."""
+
+    http_status = 501
+    code = "not_implemented"
+
+
+#: OpenAI's error ``type`` by HTTP status; anything else 5xx is a server_error.
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+RETRY_AFTER_S = 1
+
+
+def is_ollama_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def error_body(exc: LocalrunError, *, ollama: bool) -> dict:
+    """The JSON an error becomes: Ollama's plain string or OpenAI's object."""
+    message = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
+    if ollama:
+        return {"error": message}
+    status = exc.http_status
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": exc.param, "code": exc.code}}
+
+
+def error_headers(exc: LocalrunError) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    if isinstance(exc, Overloaded) or exc.http_status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="localrun"'
+    return headers
+
+
+def error_response(exc: BaseException, *, path: str) -> Response:
+    """Turn any exception into the JSON error response for ``path``'s API flavour."""
+    if not isinstance(exc, LocalrunError):
+        log.error("unexpected error on %s", path, exc_info=exc)
+        exc = LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
+    status = exc.http_status if 400 <= exc.http_status <= 599 else 500
+    body = json.dumps(error_body(exc, ollama=is_ollama_path(path)), ensure_ascii=False).encode()
+    return Response(body, status_code=status, media_type="application/json", headers=error_headers(exc))
+
+
+def stream_error_line(exc: BaseException, *, ollama: bool) -> dict:
+    """The error object sent inside a stream that has already started (status 200 is gone)."""
+    if not isinstance(exc, LocalrunError):
+        log.error("unexpected error during a stream", exc_info=exc)
+        exc = LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
+    return error_body(exc, ollama=ollama)

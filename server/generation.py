@@ -1,0 +1,243 @@
+"""What the OpenAI and Ollama routes share: parsing a body, building sampling options,
+opening a generation, and reading its chunks while watching the client.
+
+A :class:`Generation` wraps the manager's ``OpenStream``. Its first chunk is read before
+the response starts, so an error the runtime raises at once (context overflow, template
+error) is still a proper HTTP status. While waiting for that chunk — or for a whole
+non-streamed answer — it watches the connection: a client that leaves cancels the work in
+the worker. Once streaming, Starlette cancels the body iterator on disconnect, and the
+cancellation runs the stream's ``finally`` blocks, which tell the worker to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+
+from localrun.errors import Cancelled, LocalrunError, UnsupportedFeature
+from localrun.server.errors import InvalidRequest
+from localrun.server.metrics import STATS_KEY, Metrics, RequestStats
+from localrun.types import Chunk, Sampling, Usage
+
+log = logging.getLogger(__name__)
+
+
+def app_state(request: Request):
+    return request.app.state
+
+
+def request_stats(request: Request) -> RequestStats:
+    stats = request.scope.get(STATS_KEY)
+    if stats is None:  # app used without the Observe middleware (unit tests)
+        stats = request.scope[STATS_KEY] = RequestStats()
+    return stats
+
+
+async def parse_body(request: Request, schema: type[BaseModel]) -> Any:
+    """Validate the JSON body against a strict schema; any problem is one 400 naming the field."""
+    body = await request.body()
+    try:
+        return schema.model_validate_json(body or b"null")
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> InvalidRequest:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if not _is_union_tag(p))
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        msg = f"unknown field {loc!r}"
+    elif kind == "missing":
+        msg = f"missing required field {loc!r}"
+    elif kind in ("json_invalid", "json_type"):
+        msg = f"the body is not valid JSON: {first.get('msg', '')}"
+    elif not loc:
+        msg = f"the body must be a JSON object: {first.get('msg', '')}"
+    else:
+        msg = f"invalid value for {loc!r}: {first.get('msg', '')}"
+    more = exc.error_count() - 1
+    if more > 0:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return InvalidRequest(msg, param=loc or None)
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Pydantic puts a union member's type in the location ('str', 'list[str]', 'Loose'): not a field.
+
+    Field names here are snake_case, so a capitalised, bracketed or hyphenated part is a tag.
+    """
+    if not isinstance(part, str):
+        return False
+    return part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper() or "[" in part or "-" in part
+
+
+def clamp_max_tokens(requested: int | None, cap: int) -> int:
+    """A request's max_tokens bounded by the server's cap (the cap when none was asked)."""
+    if requested is None or requested <= 0:
+        return cap
+    return min(requested, cap)
+
+
+def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
+
+
+def make_sampling(*, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: float | int | None) -> Sampling:
+    """Sampling from request fields; unset knobs keep the runtime defaults in ``Sampling``."""
+    fields: dict[str, Any] = {k: v for k, v in knobs.items() if v is not None}
+    fields["max_tokens"] = clamp_max_tokens(max_tokens, cap)
+    fields["stop"] = stop_tuple(stop)
+    if seed is not None:
+        fields["seed"] = seed % 2**32
+    return Sampling(**fields)
+
+
+def reject_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str, capabilities: frozenset[str]) -> None:
+    """A 400 naming the first field localrun cannot honour for this runtime; never a silent ignore."""
+    if not found:
+        return
+    field, capability = found[0]
+    if capability in capabilities:
+        msg = f"{field!r} is not supported yet: localrun does not pass {capability} to the {runtime} runtime"
+    else:
+        msg = f"{field!r} is not supported by the {runtime} runtime serving {model}"
+    raise UnsupportedFeature(msg, hint="remove the field from the request", param=field)
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class ClientGone(Cancelled):
+    """The client closed the connection before the answer was ready."""
+
+
+class Generation:
+    """An admitted request being answered. Feeds per-request stats and the ITL histogram."""
+
+    def __init__(self, request: Request, stream, *, metrics: Metrics):
+        self.request = request
+        self.stream = stream
+        self.record = stream.record
+        self.plan = stream.plan
+        self.stats = request_stats(request)
+        self.stats.model = stream.record.name
+        self.metrics = metrics
+        self.finish_reason: str | None = None
+        self.usage = Usage()
+        self._iter = stream.__aiter__()
+
+    def _note(self, chunk: Chunk) -> None:
+        if chunk.text:
+            now = time.perf_counter()
+            last = self.stats.last_token_at
+            if last is None:
+                self.stats.first_token_at = now
+            else:
+                self.metrics.observe_itl(now - last)
+            self.stats.last_token_at = now
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+            self.stats.prompt_tokens = chunk.usage.prompt_tokens
+            self.stats.completion_tokens = chunk.usage.completion_tokens
+            self.stats.cached_tokens = chunk.usage.cached_tokens
+        if chunk.finish_reason:
+            if chunk.finish_reason == "cancelled":
+                raise Cancelled(
+                    f"the generation on {self.record.name} was cancelled before it finished",
+                    hint="the model was unloaded or the server is stopping; retry",
+                )
+            self.finish_reason = chunk.finish_reason
+
+    async def _race(self, work):
+        """Await ``work`` unless the client disconnects first; then cancel it and raise ClientGone."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(_wait_disconnect(self.request))
+        try:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not task.done():
+                task.cancel()
+                try:
+                    await task  # runs the stream's finally blocks: the worker is told to stop
+                except (asyncio.CancelledError, LocalrunError):
+                    pass
+            watcher.cancel()
+        if task.cancelled():
+            raise ClientGone(f"the client left before {self.record.name} answered")
+        return task.result()
+
+    async def first(self) -> Chunk | None:
+        """The first chunk (None if the stream was empty), read before the response starts."""
+
+        async def read() -> Chunk | None:
+            try:
+                chunk = await self._iter.__anext__()
+            except StopAsyncIteration:
+                return None
+            self._note(chunk)
+            return chunk
+
+        try:
+            return await self._race(read())
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def rest(self) -> AsyncIterator[Chunk]:
+        """The chunks after the first. Leaving early (or being cancelled) stops the worker."""
+        try:
+            async for chunk in self._iter:
+                self._note(chunk)
+                yield chunk
+        finally:
+            await self.aclose()
+
+    async def collect(self) -> str:
+        """The whole answer (the non-streaming response), abandoned if the client leaves."""
+
+        async def fold() -> str:
+            parts: list[str] = []
+            async for chunk in self._iter:
+                self._note(chunk)
+                parts.append(chunk.text)
+            return "".join(parts)
+
+        try:
+            return await self._race(fold())
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        try:
+            await self._iter.aclose()
+        finally:
+            await self.stream.aclose()
+
+
+async def open_generation(request: Request, model: str, req, *, keep_alive_s: float | None, found: list[tuple[str, str]]) -> Generation:
+    """Load and admit (errors become HTTP errors), then refuse fields the runtime cannot honour."""
+    state = app_state(request)
+    stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s)
+    try:
+        reject_unsupported(found, model=stream.record.name, runtime=stream.plan.runtime, capabilities=frozenset(stream.capabilities or ()))
+    except LocalrunError:
+        await stream.aclose()
+        raise
+    return Generation(request, stream, metrics=state.metrics)
+
+
+def finish_for_wire(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"

@@ -1,0 +1,197 @@
+"""Prometheus metrics and the access log, hand-written (no dependency, no global registry).
+
+:class:`Observe` is the outermost middleware: it times every request, records its status
+under its route template (never the raw path, which a client controls), and writes one
+access-log line when the response has been sent — for a stream, after the last token.
+Generation routes fill in a :class:`RequestStats` found in the ASGI scope with the model,
+token counts and first-token time. The log line never holds a header, so never the key.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+access_log = logging.getLogger("localrun.server.access")
+
+STATS_KEY = "localrun.stats"
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+@dataclass
+class RequestStats:
+    """What a generation route learned about its request, for the log line and the metrics."""
+
+    start: float = field(default_factory=time.perf_counter)
+    model: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.start
+
+    @property
+    def decode_rate(self) -> float | None:
+        if self.first_token_at is None or self.last_token_at is None or self.completion_tokens < 2:
+            return None
+        span = self.last_token_at - self.first_token_at
+        return (self.completion_tokens - 1) / span if span > 0 else None
+
+
+class Histogram:
+    __slots__ = ("buckets", "counts", "total", "count")
+
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def render(self, name: str, labels: str = "") -> list[str]:
+        sep = "," if labels else ""
+        lines, running = [], 0
+        for bound, n in zip(self.buckets, self.counts):
+            running += n
+            lines.append(f'{name}_bucket{{{labels}{sep}le="{bound}"}} {running}')
+        running += self.counts[-1]
+        lines.append(f'{name}_bucket{{{labels}{sep}le="+Inf"}} {running}')
+        suffix = f"{{{labels}}}" if labels else ""
+        lines.append(f"{name}_sum{suffix} {self.total:.6f}")
+        lines.append(f"{name}_count{suffix} {self.count}")
+        return lines
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    """Counters and histograms for one app. Updated from the event loop; read by /metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, str, int], int] = defaultdict(int)
+        self.durations: dict[str, Histogram] = {}
+        self.ttft: dict[str, Histogram] = {}
+        self.itl = Histogram(ITL_BUCKETS)
+        self.prompt_tokens: dict[str, int] = defaultdict(int)
+        self.completion_tokens: dict[str, int] = defaultdict(int)
+        self.in_flight = 0
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float, stats: RequestStats) -> None:
+        with self._lock:
+            self.requests[(route, method, status)] += 1
+            self.durations.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
+            if stats.model:
+                self.prompt_tokens[stats.model] += stats.prompt_tokens
+                self.completion_tokens[stats.model] += stats.completion_tokens
+                if stats.ttft_s is not None:
+                    self.ttft.setdefault(stats.model, Histogram(LATENCY_BUCKETS)).observe(stats.ttft_s)
+
+    def observe_itl(self, seconds: float) -> None:
+        self.itl.observe(seconds)  # one bisect: cheap enough to run per token
+
+    def render(self, *, loaded: list[dict], worker_restarts: int) -> str:
+        out: list[str] = []
+
+        def header(name: str, kind: str, text: str) -> None:
+            out.append(f"# HELP {name} {text}")
+            out.append(f"# TYPE {name} {kind}")
+
+        with self._lock:
+            header("localrun_requests_total", "counter", "HTTP requests by route, method and status.")
+            for (route, method, status), n in sorted(self.requests.items()):
+                out.append(f'localrun_requests_total{{route="{_label(route)}",method="{method}",status="{status}"}} {n}')
+            header("localrun_request_duration_seconds", "histogram", "Time from request to last byte.")
+            for route, h in sorted(self.durations.items()):
+                out.extend(h.render("localrun_request_duration_seconds", f'route="{_label(route)}"'))
+            header("localrun_time_to_first_token_seconds", "histogram", "Time from request to first generated text.")
+            for model, h in sorted(self.ttft.items()):
+                out.extend(h.render("localrun_time_to_first_token_seconds", f'model="{_label(model)}"'))
+            header("localrun_inter_token_latency_seconds", "histogram", "Gaps between streamed chunks.")
+            out.extend(self.itl.render("localrun_inter_token_latency_seconds"))
+            header("localrun_prompt_tokens_total", "counter", "Prompt tokens processed.")
+            for model, n in sorted(self.prompt_tokens.items()):
+                out.append(f'localrun_prompt_tokens_total{{model="{_label(model)}"}} {n}')
+            header("localrun_completion_tokens_total", "counter", "Tokens generated.")
+            for model, n in sorted(self.completion_tokens.items()):
+                out.append(f'localrun_completion_tokens_total{{model="{_label(model)}"}} {n}')
+            header("localrun_http_requests_in_flight", "gauge", "HTTP requests being served.")
+            out.append(f"localrun_http_requests_in_flight {self.in_flight}")
+        header("localrun_queue_depth", "gauge", "Requests admitted per model (queued or running).")
+        for m in loaded:
+            out.append(f'localrun_queue_depth{{model="{_label(str(m.get("name")))}"}} {m.get("active", 0)}')
+        header("localrun_models_loaded", "gauge", "Models loaded now.")
+        out.append(f"localrun_models_loaded {len(loaded)}")
+        header("localrun_worker_restarts_total", "counter", "Workers that died and were started again.")
+        out.append(f"localrun_worker_restarts_total {worker_restarts}")
+        return "\n".join(out) + "\n"
+
+
+class Observe:
+    """Outermost middleware: per-request metrics and one access-log line."""
+
+    def __init__(self, app: ASGIApp, *, metrics: Metrics):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        stats = RequestStats()
+        scope[STATS_KEY] = stats
+        status = 0
+
+        async def observed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_flight += 1
+        try:
+            await self.app(scope, receive, observed_send)
+        except Exception:
+            status = status or 500  # the error handler outside us answers 500
+            raise
+        finally:
+            self.metrics.in_flight -= 1
+            seconds = time.perf_counter() - stats.start
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            status = status or 499  # nothing was sent: the client left, or the task was cancelled
+            self.metrics.observe_request(route, scope["method"], status, seconds, stats)
+            _log_access(scope, status, seconds, stats)
+
+
+def _log_access(scope: Scope, status: int, seconds: float, stats: RequestStats) -> None:
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    client = scope.get("client") or ("-", 0)
+    parts = [f'{client[0]} "{scope["method"]} {scope.get("path", "")[:200]}" {status} {seconds * 1000:.1f}ms']
+    if stats.model:
+        ttft = stats.ttft_s
+        rate = stats.decode_rate
+        parts.append(
+            f"model={stats.model} prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}"
+            f" cached_tokens={stats.cached_tokens}"
+            f" ttft={'-' if ttft is None else f'{ttft * 1000:.1f}ms'} tok/s={'-' if rate is None else f'{rate:.1f}'}"
+        )
+    access_log.info(" ".join(parts))

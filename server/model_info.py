@@ -1,0 +1,121 @@
+"""How a stored or loaded model is described on the wire (OpenAI and Ollama shapes).
+
+Plain functions over ``ModelRecord`` and the manager's ``loaded()`` dicts, so the two
+APIs and the admin routes say the same thing about a model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from localrun.types import ModelRecord
+
+#: A time far away for "never unloads", as Ollama reports pinned models.
+_FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def iso(ts: float | None = None) -> str:
+    """RFC 3339 in UTC with a Z, as Go's time.Time marshals it."""
+    when = dt.datetime.fromtimestamp(time.time() if ts is None else ts, tz=dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def context_length(record: ModelRecord) -> int | None:
+    """The context the model was trained for, where its metadata says."""
+    meta = record.metadata or {}
+    value = meta.get("context_length")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _parameter_size(n: Any) -> str:
+    if not isinstance(n, int) or n <= 0:
+        return ""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}".replace(".0", "")
+    return str(n)
+
+
+def details(record: ModelRecord) -> dict[str, Any]:
+    meta = record.metadata or {}
+    family = meta.get("architecture") or ""
+    return {
+        "parent_model": "",
+        "format": record.format.value,
+        "family": family,
+        "families": [family] if family else None,
+        "parameter_size": _parameter_size(meta.get("n_params")),
+        "quantization_level": meta.get("quant") or "",
+    }
+
+
+def digest(record: ModelRecord) -> str:
+    for f in record.files:
+        if f.sha256:
+            return f.sha256
+    return ""
+
+
+def openai_model(record: ModelRecord, loaded: dict | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": record.name,
+        "object": "model",
+        "created": int(record.added_at or 0),
+        "owned_by": "localrun",
+        "context_length": context_length(record),
+        "loaded": loaded is not None,
+    }
+    if loaded is not None:
+        entry["loaded_context_length"] = loaded.get("n_ctx")
+    return entry
+
+
+def ollama_tag(record: ModelRecord) -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "model": record.name,
+        "modified_at": iso(record.added_at or None),
+        "size": record.size,
+        "digest": digest(record),
+        "details": details(record),
+    }
+
+
+def ollama_show(record: ModelRecord, loaded: dict | None, *, verbose: bool) -> dict[str, Any]:
+    meta = dict(record.metadata or {})
+    template = meta.pop("chat_template", None) or ""
+    info = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    if verbose and isinstance(meta.get("scalars"), dict):
+        info.update({k: v for k, v in meta["scalars"].items() if isinstance(v, (str, int, float, bool))})
+    capabilities = ["completion"]
+    return {
+        "modelfile": f"# localrun model {record.name}\nFROM {record.path}\n",
+        "parameters": "",
+        "template": template,
+        "details": details(record),
+        "model_info": info,
+        "capabilities": capabilities,
+        "modified_at": iso(record.added_at or None),
+        "localrun": {"source": record.source.value, "path": record.path, "loaded": loaded},
+    }
+
+
+def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[str, Any]:
+    """One loaded model as /api/ps shows it, with localrun's own view under "localrun"."""
+    memory = info.get("memory_bytes") or (record.size if record else 0)
+    on_gpu = str(info.get("device", "cpu")).lower() not in ("cpu", "")
+    ttl = info.get("ttl_left_s")
+    expires = _FOREVER if ttl is None else dt.datetime.now(tz=dt.timezone.utc) + dt.timedelta(seconds=ttl)
+    return {
+        "name": info.get("name"),
+        "model": info.get("name"),
+        "size": memory,
+        "size_vram": memory if on_gpu else 0,
+        "digest": digest(record) if record else "",
+        "details": details(record) if record else {},
+        "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "context_length": info.get("n_ctx"),
+        "localrun": info,
+    }

@@ -1,0 +1,202 @@
+"""Security middleware: the Host allowlist, the API key, JSON-only bodies, a size limit.
+
+Two plain ASGI middlewares (no per-request task or thread): :class:`HostGuard` runs
+first of all, then CORS when configured, then :class:`RequestGuard`. Together they close
+the holes local model servers keep shipping: DNS rebinding (a web page whose name now
+points at 127.0.0.1 — its requests carry that page's Host), browser ``text/plain`` POSTs
+that skip the CORS preflight, servers bound to the network without a key, and unbounded
+bodies. The request body is read here, bounded, and replayed to the app, so no route ever
+sees more than ``max_body_bytes``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+import re
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localrun.server.errors import BodyTooLarge, HostNotAllowed, NotJson, Unauthorized, error_response
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+_PORT = re.compile(r"[0-9]{1,5}")
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_DUPLICATE = "\x00duplicate"  # a header sent twice: never a valid value
+_GONE = object()
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when binding ``host`` exposes the server to this machine only."""
+    h = host.strip().strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_host_names(bind_host: str, extra: list[str] | tuple[str, ...] = ()) -> frozenset[str]:
+    """The exact Host names accepted: loopback names, the configured ones, and the bind address.
+
+    The bind address is safe to add when it is a concrete IP: a rebinding page's requests
+    carry the page's own name, never a bare IP literal.
+    """
+    names = {n.lower() for n in LOOPBACK_NAMES}
+    for name in extra:
+        name = name.strip().lower()
+        if name:
+            names.add(name)
+    h = bind_host.strip().strip("[]")
+    try:
+        ip = ipaddress.ip_address(h)
+    except ValueError:
+        ip = None
+    if ip is not None and not ip.is_unspecified:
+        names.add(f"[{ip}]" if ip.version == 6 else str(ip))
+    return frozenset(names)
+
+
+def host_allowed(header: str | None, allowed: frozenset[str]) -> bool:
+    """Exact match of the Host header (name, or name:port with a numeric port)."""
+    if not header:
+        return False
+    value = header.lower()
+    if value in allowed:
+        return True
+    name, sep, port = value.rpartition(":")
+    if not sep or not name or not _PORT.fullmatch(port) or int(port) > 65535:
+        return False
+    if name in allowed:
+        return True
+    return False
+
+
+def _header(scope: Scope, key: bytes) -> str | None:
+    found = None
+    for k, v in scope.get("headers", ()):
+        if k == key:
+            if found is not None:  # two Host headers (or two keys): ambiguous, refuse
+                return _DUPLICATE
+            found = v.decode("latin-1")
+    return found
+
+
+class HostGuard:
+    """Refuse any request whose Host is not exactly on the allowlist (403), before anything else."""
+
+    def __init__(self, app: ASGIApp, *, allowed: frozenset[str]):
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = _header(scope, b"host")
+        if not host_allowed(host, self.allowed):
+            log.warning("refused Host header %r on %s", (host or "")[:100], scope.get("path", "")[:100])
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            exc = HostNotAllowed(
+                f"Host {(host or '')[:100]!r} is not allowed",
+                hint="use localhost or 127.0.0.1, or add the name to server.allowed_hosts",
+            )
+            await error_response(exc, path=scope.get("path", ""))(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class RequestGuard:
+    """API key, JSON content type and a bounded body, in that order."""
+
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int):
+        self.app = app
+        self.api_key = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "websocket":  # no websocket routes; refuse without reading
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        problem = self._check_key(scope) or self._check_body_headers(scope)
+        if problem is not None:
+            await error_response(problem, path=path)(scope, receive, send)
+            return
+        if scope["method"] in _BODY_METHODS or _header(scope, b"content-length") or _header(scope, b"transfer-encoding"):
+            body = await self._read_body(receive)
+            if body is _GONE:
+                return  # the client left before sending the whole body: nothing to answer
+            if body is None:
+                exc = BodyTooLarge(f"the request body is larger than {self.max_body_bytes} bytes", hint="send a smaller request or raise server.max_body_bytes")
+                await error_response(exc, path=path)(scope, receive, send)
+                return
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    def _check_key(self, scope: Scope):
+        if self.api_key is None:
+            return None
+        auth = _header(scope, b"authorization") or ""
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), self.api_key):
+            return None
+        why = "no API key was sent" if not auth else "the API key is not valid"
+        return Unauthorized(f"{why}", hint="send the header 'Authorization: Bearer <key>' with the server's API key")
+
+    def _check_body_headers(self, scope: Scope):
+        method = scope["method"]
+        length = _header(scope, b"content-length")
+        if length is not None:
+            if not length.isdigit():
+                return BodyTooLarge("invalid Content-Length header")
+            if int(length) > self.max_body_bytes:
+                return BodyTooLarge(f"the request body ({length} bytes) is larger than {self.max_body_bytes} bytes", hint="send a smaller request or raise server.max_body_bytes")
+        has_body = (length is not None and length != "0") or _header(scope, b"transfer-encoding") is not None
+        if method in _BODY_METHODS or (method == "DELETE" and has_body):
+            ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json":
+                return NotJson(
+                    f"request bodies must be application/json, not {ctype or 'missing'!r}",
+                    hint="send the body as JSON with 'Content-Type: application/json'",
+                )
+        return None
+
+    async def _read_body(self, receive: Receive):
+        """The whole body; None when it outgrows the limit; _GONE when the client left."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return _GONE
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the already-read body once, then the real channel (disconnects)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -130,7 +130,7 @@ class FakeHub:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fakehub", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), name="fakehub", daemon=True)
         self._thread.start()
         return self
 
@@ -202,6 +202,7 @@ class FakeHub:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out as separate writes
     fake: FakeHub  # set by FakeHub.start
 
     def log_message(self, format: str, *args) -> None:  # keep pytest output clean

@@ -13,6 +13,9 @@ from localrun.errors import UnknownRuntime
 REGISTRY: dict[str, str] = {
     "llama.cpp": "localrun.runtimes.llamacpp:LlamaCppRuntime",
     "fake": "localrun.runtimes.fake:FakeRuntime",
+    "mlx": "localrun.runtimes.mlx:MlxRuntime",
+    "ollama": "localrun.runtimes.ollama:OllamaRuntime",
+    "mlc": "localrun.runtimes.mlc:MlcRuntime",
 }
 
 

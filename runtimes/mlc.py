@@ -1,0 +1,357 @@
+"""MLC runtime: ``mlc_llm serve`` as a supervised subprocess, spoken to over its
+OpenAI-compatible API.
+
+MLC ships from its own wheel index and pulls in TVM, so localrun never imports it: it
+runs the ``mlc_llm`` command (or ``python -m mlc_llm``) on a free loopback port, waits
+until ``/v1/models`` answers, and streams chat and completions over SSE. The server is
+one process per loaded model, so a crash in TVM takes down only that model; the request
+it was serving gets :class:`~localrun.errors.WorkerCrashed` and the next request starts
+the server again (a few times, then the model is reported unavailable).
+
+An MLC model folder is weights plus ``mlc-chat-config.json``; compiled model libraries
+(``.so``/``.dylib``/``.dll``) are native code and are refused unless the plan says
+``allow_native``. Without one, MLC compiles the model's library itself (JIT) on first use.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from localrun.errors import InvalidModelFile, LocalrunError, ModelNotFound, RuntimeUnavailable, WorkerCrashed
+from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.openai_client import OpenAIClient, Piece, sampling_to_openai, shape_stream
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+
+log = logging.getLogger(__name__)
+
+FIX = "pip install --pre -U -f https://mlc.ai/wheels mlc-llm-nightly-cpu mlc-ai-nightly-cpu"
+COMMAND_ENV = "LOCALRUN_MLC_COMMAND"
+NATIVE_SUFFIXES = (".so", ".dylib", ".dll")
+#: Devices ``mlc_llm serve --device`` knows; anything else (our "cpu") becomes "auto".
+MLC_DEVICES = ("auto", "cuda", "metal", "vulkan", "rocm", "opencl")
+DEFAULT_START_TIMEOUT_S = 300.0  # a first run JIT-compiles the model library
+MAX_RESTARTS = 3
+
+
+def _dist_version() -> str | None:
+    for dist in ("mlc-llm", "mlc-llm-nightly-cpu", "mlc-llm-nightly", "mlc-llm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def mlc_command(plan: Plan | None = None, *, env: dict[str, str] | None = None) -> list[str]:
+    """The command that runs MLC's CLI: the plan's ``mlc_command``, ``$LOCALRUN_MLC_COMMAND``,
+    ``mlc_llm`` on PATH, or ``python -m mlc_llm`` when only the package is installed.
+
+    Raises:
+        RuntimeUnavailable: MLC is not installed.
+    """
+    env = os.environ if env is None else env
+    configured = (plan.options.get("mlc_command") if plan else None) or env.get(COMMAND_ENV)
+    if configured:
+        return list(configured) if isinstance(configured, (list, tuple)) else shlex.split(str(configured))
+    on_path = shutil.which("mlc_llm")
+    if on_path:
+        return [on_path]
+    if importlib.util.find_spec("mlc_llm") is not None:
+        return [sys.executable, "-m", "mlc_llm"]
+    raise RuntimeUnavailable("MLC LLM is not installed (it ships from mlc.ai's wheel index, not PyPI)", hint=FIX)
+
+
+def mlc_device(plan: Plan) -> str:
+    """``plan.device`` as MLC spells it: ``cuda:1`` stays, ``cpu`` (no MLC backend) is ``auto``."""
+    device = str(plan.options.get("mlc_device") or plan.device or "auto")
+    return device if device.split(":", 1)[0] in MLC_DEVICES else "auto"
+
+
+def build_serve_command(record: ModelRecord, plan: Plan, port: int, *, command: Sequence[str] | None = None) -> list[str]:
+    """The full ``mlc_llm serve`` command line for ``record`` on ``127.0.0.1:port``.
+
+    CORS is switched off (``--allow-origins []``; MLC's default is ``*``): only localrun
+    talks to this server, and a web page must not.
+    """
+    cmd = [*(command if command is not None else mlc_command(plan)), "serve", str(record.path),
+           "--device", mlc_device(plan), "--host", "127.0.0.1", "--port", str(int(port)),
+           "--mode", str(plan.options.get("mlc_mode", "local")), "--allow-origins", "[]"]
+    model_lib = plan.options.get("model_lib") or record.metadata.get("model_lib")
+    if model_lib:
+        cmd += ["--model-lib", str(model_lib)]
+    if plan.n_ctx:
+        cmd += ["--overrides", f"context_window_size={int(plan.n_ctx)}"]
+    return cmd
+
+
+def check_model_folder(folder: Path, *, allow_native: bool = False) -> dict[str, Any]:
+    """Validate an MLC weight folder; return its ``mlc-chat-config.json``.
+
+    Raises:
+        ModelNotFound: the folder does not exist.
+        InvalidModelFile: no ``mlc-chat-config.json``, no tensor cache, or native
+            libraries without ``allow_native``.
+    """
+    if not folder.exists():
+        raise ModelNotFound(f"no MLC model folder at {folder}", hint="pull or import the model again")
+    config_path = folder / "mlc-chat-config.json"
+    if not folder.is_dir() or not config_path.is_file():
+        raise InvalidModelFile(f"{folder} is not an MLC model folder (no mlc-chat-config.json)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidModelFile(f"{config_path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InvalidModelFile(f"{config_path} does not hold a JSON object")
+    if not ((folder / "tensor-cache.json").is_file() or (folder / "ndarray-cache.json").is_file()):
+        raise InvalidModelFile(f"{folder} has no tensor-cache.json: the weights are missing")
+    if not allow_native:
+        for path in folder.rglob("*"):
+            if path.suffix.lower() in NATIVE_SUFFIXES:
+                raise InvalidModelFile(
+                    f"{path} is a native library: loading it runs its code",
+                    hint="only if you trust its author: set allow_native for this model (else MLC compiles its own)",
+                )
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlcServer:
+    """One ``mlc_llm serve`` process: started, waited for, stopped, its log kept."""
+
+    def __init__(self, record: ModelRecord, plan: Plan, *, log_path: Path):
+        self.record = record
+        self.plan = plan
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self.client: OpenAIClient | None = None
+        self.model_id = str(record.path)
+
+    def start(self) -> None:
+        """Start the server and wait for ``/v1/models``; retry once if the port was taken."""
+        command = mlc_command(self.plan)
+        timeout_s = float(self.plan.options.get("mlc_start_timeout_s", DEFAULT_START_TIMEOUT_S))
+        for attempt in range(2):
+            port = _free_port()
+            cmd = build_serve_command(self.record, self.plan, port, command=command)
+            self._spawn(cmd)
+            self.client = OpenAIClient(f"http://127.0.0.1:{port}", server=f"mlc_llm serve on port {port}",
+                                       read_timeout_s=float(self.plan.options.get("read_timeout_s", 600.0)))
+            try:
+                self._wait_ready(timeout_s)
+                return
+            except RuntimeUnavailable:
+                self.stop()
+                if attempt == 0 and "address already in use" in self.log_tail().lower():
+                    continue
+                raise
+
+    def _spawn(self, cmd: list[str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log.info("starting %s", shlex.join(cmd))
+        with open(self.log_path, "ab") as log_file:  # the child keeps its own descriptor
+            log_file.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n".encode())
+            log_file.flush()
+            kwargs: dict[str, Any] = {"start_new_session": True} if os.name == "posix" else {
+                "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                         **kwargs)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise RuntimeUnavailable(
+                    f"mlc_llm serve exited ({code}) before it was ready for {self.record.name}:\n{self.log_tail()}",
+                    hint=f"full log: {self.log_path}",
+                )
+            try:
+                ids = self.client.models(timeout_s=2.0)
+            except LocalrunError:
+                ids = None
+            if ids is not None:
+                self.model_id = ids[0] if ids else self.model_id
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeUnavailable(
+                    f"mlc_llm serve did not answer within {timeout_s:.0f} s for {self.record.name}:\n{self.log_tail()}",
+                    hint=f"a first run compiles the model; raise mlc_start_timeout_s. Full log: {self.log_path}",
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def exit_text(self) -> str | None:
+        """None while running, else how the process ended."""
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self.log_path) - 16384))
+                text = f.read().decode("utf-8", "replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.client is not None:
+            self.client.close()
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            if os.name == "posix":
+                os.killpg(proc.pid, signal.SIGTERM)  # the whole group: MLC may start helpers
+            else:
+                proc.terminate()
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("mlc_llm serve (pid %s) ignored SIGTERM for %.0f s; killing it", proc.pid, timeout_s)
+            if os.name == "posix":
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait()
+        except ProcessLookupError:
+            proc.wait()
+
+
+class MlcRuntime:
+    name: ClassVar[str] = "mlc"
+    formats: ClassVar[frozenset[Format]] = frozenset({Format.MLC})
+    in_worker: ClassVar[bool] = False
+
+    def probe(self, hw=None) -> RuntimeStatus:
+        """Installed is enough: importing mlc_llm loads TVM, slow and sometimes toolchain-bound."""
+        try:
+            command = mlc_command()
+        except RuntimeUnavailable as exc:
+            return RuntimeStatus(self.name, False, reason=exc.message, fix=FIX)
+        return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
+                             details={"command": shlex.join(command)})
+
+    def load(self, model: ModelRecord, plan: Plan) -> MlcSession:
+        check_model_folder(Path(model.path), allow_native=bool(plan.options.get("allow_native")))
+        if (plan.options.get("model_lib") or model.metadata.get("model_lib")) and not plan.options.get("allow_native"):
+            raise InvalidModelFile(f"{model.name}: a prebuilt model library is native code",
+                                   hint="set allow_native for this model, or let MLC compile its own")
+        from localrun.settings import default_data_dir
+
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model.name)
+        log_dir = Path(plan.options.get("log_dir") or default_data_dir() / "logs")
+        server = MlcServer(model, plan, log_path=log_dir / f"mlc-{safe}.log")
+        server.start()
+        return MlcSession(server)
+
+
+class MlcSession:
+    """One model behind one ``mlc_llm serve``; MLC batches concurrent requests itself."""
+
+    concurrent = True
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, server: MlcServer):
+        self._server = server
+        self._restarts = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._server.exit_text() is None
+
+    def _ensure_running(self) -> None:
+        """Start the server again after a crash, a bounded number of times."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeUnavailable(f"{self._server.record.name} is unloaded")
+            status = self._server.exit_text()
+            if status is None:
+                return
+            if self._restarts >= MAX_RESTARTS:
+                raise RuntimeUnavailable(
+                    f"mlc_llm serve for {self._server.record.name} stopped ({status}) {self._restarts + 1} times",
+                    hint=f"see {self._server.log_path}",
+                )
+            self._restarts += 1
+            log.warning("mlc_llm serve for %s stopped (%s); starting it again", self._server.record.name, status)
+            self._server.stop()
+            self._server.start()
+
+    def _guard(self, pieces: Iterator[Piece]) -> Iterator[Piece]:
+        """A stream that breaks because the server died becomes WorkerCrashed with its log."""
+        try:
+            yield from pieces
+        except (WorkerCrashed, RuntimeUnavailable) as exc:
+            try:
+                self._server.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            status = self._server.exit_text()
+            if status is None and not isinstance(exc, WorkerCrashed):
+                raise
+            raise WorkerCrashed(
+                f"mlc_llm serve running {self._server.record.name} stopped ({status or 'connection lost'}) "
+                f"during the request:\n{self._server.log_tail(10)}",
+                hint=f"retry; the next request starts it again. Full log: {self._server.log_path}",
+            ) from exc
+        finally:
+            pieces.close()
+
+    def _stream(self, path: str, body: dict[str, Any], stops: Sequence[str], cancel: Cancel) -> Iterator[Chunk]:
+        self._ensure_running()
+        client, model = self._server.client, self._server.model_id
+        pieces = self._guard(client.stream(path, {"model": model, **body}, cancel, model=self._server.record.name))
+        return shape_stream(pieces, stops=stops, cancel=cancel)
+
+    def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
+        body = {"messages": [{"role": m.role, "content": m.content} for m in req.messages],
+                **sampling_to_openai(req.sampling)}
+        return self._stream("/v1/chat/completions", body, req.sampling.stop, cancel)
+
+    def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
+        body = {"prompt": req.prompt, **sampling_to_openai(req.sampling)}
+        return self._stream("/v1/completions", body, req.sampling.stop, cancel)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        from localrun.errors import UnsupportedFeature
+
+        raise UnsupportedFeature(f"{self._server.record.name}: MLC serves embeddings only from a separate "
+                                 "embedding model", param="input")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._server.stop()

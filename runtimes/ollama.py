@@ -1,0 +1,348 @@
+"""Ollama runtime: an HTTP client to the Ollama server the user already runs.
+
+Nothing native runs in localrun's process, so sessions live on threads in the server
+(``in_worker = False``) and requests run concurrently: Ollama queues and batches them
+itself (``OLLAMA_NUM_PARALLEL``). The context length is always sent (``num_ctx``), since
+Ollama's own default silently truncates long prompts. Cancelling a request closes its
+HTTP stream, which makes Ollama stop generating.
+
+The server is found the way Ollama's own CLI finds it: ``OLLAMA_HOST`` with scheme and
+port optional, default ``127.0.0.1:11434``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+import httpx
+
+from localrun.errors import (
+    Cancelled,
+    ContextOverflow,
+    DownloadFailed,
+    LocalrunError,
+    ModelNotFound,
+    RuntimeUnavailable,
+    UnsupportedFeature,
+    WorkerCrashed,
+)
+from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.openai_client import CONTEXT_WORDS, Piece, abort_on_cancel, error_message, shape_stream
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 11434
+START_HINT = "start `ollama serve` or set OLLAMA_HOST"
+PROBE_TIMEOUT_S = 1.0
+DEFAULT_KEEP_ALIVE = "30m"
+
+
+def ollama_base_url(host: str | None = None) -> str:
+    """``OLLAMA_HOST`` as Ollama's clients read it: ``host``, ``host:port``, ``:port`` or a URL.
+
+    A missing scheme means http, a missing port 11434 (80/443 when the scheme is given),
+    and 0.0.0.0 (a server listening everywhere) means this machine.
+    """
+    raw = (host if host is not None else os.environ.get("OLLAMA_HOST", "")).strip()
+    if not raw:
+        return f"http://127.0.0.1:{DEFAULT_PORT}"
+    has_scheme = "://" in raw
+    parts = urlsplit(raw if has_scheme else f"http://{raw}")
+    scheme = parts.scheme or "http"
+    hostname = parts.hostname or "127.0.0.1"
+    if hostname in ("0.0.0.0", "::"):
+        hostname = "127.0.0.1"
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise RuntimeUnavailable(f"OLLAMA_HOST={raw!r} has a bad port", hint="set it to host:port") from exc
+    if port is None:
+        port = (443 if scheme == "https" else 80) if has_scheme else DEFAULT_PORT
+    if ":" in hostname:
+        hostname = f"[{hostname}]"
+    return f"{scheme}://{hostname}:{port}{parts.path.rstrip('/')}"
+
+
+@dataclass(frozen=True)
+class OllamaModel:
+    """One entry of Ollama's model list (``/api/tags``)."""
+
+    name: str
+    size: int = 0
+    digest: str = ""
+    modified_at: str = ""
+    family: str = ""
+    parameter_size: str = ""
+    quantization_level: str = ""
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """One status line of an Ollama pull."""
+
+    status: str
+    digest: str | None = None
+    total: int | None = None
+    completed: int | None = None
+
+    @property
+    def fraction(self) -> float | None:
+        return self.completed / self.total if self.total and self.completed is not None else None
+
+
+def ollama_options(s: Sampling, *, n_ctx: int | None) -> dict[str, Any]:
+    """Ollama's ``options`` for ``s``. ``num_ctx`` always goes, so no prompt is cut silently."""
+    options: dict[str, Any] = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "repeat_penalty": s.repeat_penalty,
+    }
+    if n_ctx:
+        options["num_ctx"] = int(n_ctx)
+    if s.seed is not None:
+        options["seed"] = s.seed
+    if s.stop:
+        options["stop"] = list(s.stop)
+    if s.max_tokens is not None:
+        options["num_predict"] = s.max_tokens
+    return options
+
+
+class OllamaClient:
+    """The few Ollama routes localrun uses, with errors mapped to the localrun tree."""
+
+    def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None,
+                 read_timeout_s: float = 600.0, connect_timeout_s: float = 2.0):
+        self.base_url = base_url
+        self._http = httpx.Client(base_url=base_url, transport=transport,
+                                  timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _down(self, exc: Exception) -> RuntimeUnavailable:
+        return RuntimeUnavailable(f"no Ollama server at {self.base_url} ({type(exc).__name__})", hint=START_HINT)
+
+    def _check(self, response: httpx.Response, model: str) -> None:
+        if response.status_code < 400:
+            return
+        message = error_message(response) or f"HTTP {response.status_code}"
+        if response.status_code == 404:
+            raise ModelNotFound(f"Ollama has no model {model!r} ({message})", hint=f"run `ollama pull {model}`")
+        if response.status_code == 400 and CONTEXT_WORDS.search(message):
+            raise ContextOverflow(f"Ollama: {message}", hint="shorten the conversation or raise the context length")
+        if response.status_code == 400:
+            raise UnsupportedFeature(f"Ollama refused the request for {model!r}: {message}")
+        raise LocalrunError(f"Ollama answered {response.status_code} for {model!r}: {message}")
+
+    def request(self, method: str, path: str, *, model: str = "", timeout: float | None = None, **kw: Any) -> Any:
+        try:
+            response = self._http.request(method, path, timeout=timeout or httpx.USE_CLIENT_DEFAULT, **kw)
+        except httpx.TransportError as exc:
+            raise self._down(exc) from exc
+        self._check(response, model)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise LocalrunError(f"{self.base_url}{path} did not answer JSON: is this an Ollama server?") from exc
+
+    def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Iterator[dict[str, Any]]:
+        """POST ``body`` and yield the NDJSON objects of the answer; ``cancel`` closes it."""
+        try:
+            with self._http.stream("POST", path, json=body) as response:
+                self._check(response, model)
+                with abort_on_cancel(response, cancel):
+                    for line in response.iter_lines():
+                        if not line.strip():
+                            continue
+                        try:
+                            event = json.loads(line)
+                        except ValueError as exc:
+                            raise LocalrunError(f"Ollama sent a line that is not JSON: {line[:200]!r}") from exc
+                        if isinstance(event, dict) and event.get("error"):
+                            raise LocalrunError(f"Ollama failed while running {model!r}: {event['error']}")
+                        yield event
+        except httpx.ConnectError as exc:
+            raise self._down(exc) from exc
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout) as exc:
+            if cancel.is_set():
+                return
+            raise WorkerCrashed(f"Ollama broke off the answer for {model!r}: {type(exc).__name__}: {exc}",
+                                hint="check the Ollama server's log") from exc
+
+
+def _tagged(name: str) -> str:
+    """``llama3.2`` and ``llama3.2:latest`` are one model to Ollama."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
+
+
+def _model_name(record: ModelRecord) -> str:
+    return str(record.metadata.get("ollama_name") or record.repo or record.name)
+
+
+class OllamaRuntime:
+    name: ClassVar[str] = "ollama"
+    formats: ClassVar[frozenset[Format]] = frozenset({Format.GGUF})
+    in_worker: ClassVar[bool] = False
+
+    def __init__(self, host: str | None = None, *, transport: httpx.BaseTransport | None = None):
+        self._host = host
+        self._transport = transport
+
+    def _client(self, host: str | None = None, **kw: Any) -> OllamaClient:
+        return OllamaClient(ollama_base_url(host or self._host), transport=self._transport, **kw)
+
+    def probe(self, hw=None) -> RuntimeStatus:
+        client = self._client(read_timeout_s=PROBE_TIMEOUT_S, connect_timeout_s=PROBE_TIMEOUT_S)
+        try:
+            version = client.request("GET", "/api/version").get("version")
+            models = [m.get("name", "") for m in client.request("GET", "/api/tags").get("models", [])]
+        except LocalrunError as exc:
+            return RuntimeStatus(self.name, False, reason=exc.message, fix="ollama serve",
+                                 details={"url": client.base_url})
+        finally:
+            client.close()
+        return RuntimeStatus(self.name, True, version=version, devices=("ollama",),
+                             details={"url": client.base_url, "models": models})
+
+    def list_models(self) -> list[OllamaModel]:
+        client = self._client()
+        try:
+            rows = client.request("GET", "/api/tags").get("models", [])
+        finally:
+            client.close()
+        out = []
+        for m in rows:
+            d = m.get("details") or {}
+            out.append(OllamaModel(
+                name=m.get("name") or m.get("model", ""), size=int(m.get("size") or 0), digest=m.get("digest", ""),
+                modified_at=m.get("modified_at", ""), family=d.get("family", ""),
+                parameter_size=d.get("parameter_size", ""), quantization_level=d.get("quantization_level", ""),
+            ))
+        return out
+
+    def pull(self, model: str, progress: Callable[[PullProgress], None] | None = None, *,
+             cancel: Cancel | None = None) -> None:
+        """Have Ollama pull ``model`` into its own store, reporting each status line.
+
+        Raises:
+            ModelNotFound: the registry has no such model.
+            DownloadFailed: the pull broke off or Ollama reported an error.
+            Cancelled: ``cancel`` was set (Ollama keeps the part it fetched).
+        """
+        cancel = cancel or Cancel()
+        client = self._client()
+        last = None
+        try:
+            for event in client.stream("/api/pull", {"model": model, "stream": True}, cancel, model=model):
+                last = PullProgress(
+                    status=str(event.get("status", "")), digest=event.get("digest"),
+                    total=event.get("total"), completed=event.get("completed"),
+                )
+                if progress is not None:
+                    progress(last)
+        except LocalrunError as exc:
+            if isinstance(exc, (RuntimeUnavailable, ModelNotFound)):
+                raise
+            text = exc.message.lower()
+            if "not exist" in text or "not found" in text:
+                raise ModelNotFound(f"the Ollama registry has no model {model!r}: {exc.message}",
+                                    hint="check the name on https://ollama.com/library") from exc
+            raise DownloadFailed(f"Ollama could not pull {model!r}: {exc.message}", hint="run the pull again") from exc
+        finally:
+            client.close()
+        if cancel.is_set():
+            raise Cancelled(f"the pull of {model!r} was cancelled")
+        if last is None or last.status != "success":
+            raise DownloadFailed(f"Ollama's pull of {model!r} ended before it succeeded", hint="run the pull again")
+
+    def load(self, model: ModelRecord, plan: Plan) -> OllamaSession:
+        name = _model_name(model)
+        client = self._client(plan.options.get("ollama_host"),
+                              read_timeout_s=float(plan.options.get("read_timeout_s", 600.0)))
+        try:
+            info = client.request("POST", "/api/show", model=name, json={"model": name})
+            running = {_tagged(m.get("name", "")) for m in client.request("GET", "/api/ps").get("models", [])}
+            was_loaded = _tagged(name) in running
+            keep_alive = plan.options.get("keep_alive", DEFAULT_KEEP_ALIVE)
+            if plan.options.get("preload", True):
+                client.request("POST", "/api/generate", model=name, json={
+                    "model": name, "stream": False, "keep_alive": keep_alive, "options": {"num_ctx": plan.n_ctx}})
+        except LocalrunError:
+            client.close()
+            raise
+        caps = info.get("capabilities")
+        capabilities = frozenset({"embeddings"}) if caps is None or "embedding" in caps else frozenset()
+        return OllamaSession(client, name, plan=plan, keep_alive=keep_alive, capabilities=capabilities,
+                             unload_on_close=not was_loaded)
+
+
+class OllamaSession:
+    """One model in Ollama. Requests may run concurrently: Ollama schedules them."""
+
+    concurrent = True
+
+    def __init__(self, client: OllamaClient, name: str, *, plan: Plan, keep_alive: Any,
+                 capabilities: frozenset[str], unload_on_close: bool):
+        self._client = client
+        self.model = name
+        self._plan = plan
+        self._keep_alive = keep_alive
+        self.capabilities = capabilities
+        self._unload_on_close = unload_on_close
+
+    def _body(self, s: Sampling, **fields: Any) -> dict[str, Any]:
+        return {"model": self.model, "stream": True, "keep_alive": self._keep_alive,
+                "options": ollama_options(s, n_ctx=self._plan.n_ctx), **fields}
+
+    def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
+        body = self._body(req.sampling, messages=[{"role": m.role, "content": m.content} for m in req.messages])
+        events = self._client.stream("/api/chat", body, cancel, model=self.model)
+        return shape_stream(_pieces(events, "chat"), stops=req.sampling.stop, cancel=cancel)
+
+    def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
+        # raw: the prompt goes to the model as is, without the model's chat template.
+        body = self._body(req.sampling, prompt=req.prompt, raw=True)
+        events = self._client.stream("/api/generate", body, cancel, model=self.model)
+        return shape_stream(_pieces(events, "generate"), stops=req.sampling.stop, cancel=cancel)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        data = self._client.request("POST", "/api/embed", model=self.model,
+                                    json={"model": self.model, "input": list(texts), "keep_alive": self._keep_alive})
+        return [list(map(float, row)) for row in data.get("embeddings", [])]
+
+    def close(self) -> None:
+        """Unload the model from Ollama, unless it was loaded before localrun asked for it."""
+        try:
+            if self._unload_on_close:
+                self._client.request("POST", "/api/generate", model=self.model, timeout=5.0,
+                                     json={"model": self.model, "keep_alive": 0, "stream": False})
+        except LocalrunError as exc:
+            log.warning("could not unload %s from Ollama: %s", self.model, exc)
+        finally:
+            self._client.close()
+
+
+def _pieces(events: Iterator[dict[str, Any]], kind: str) -> Iterator[Piece]:
+    """Ollama NDJSON objects as pieces; the ``done`` object carries the counts."""
+    try:
+        for event in events:
+            text = (event.get("message") or {}).get("content", "") if kind == "chat" else event.get("response", "")
+            if event.get("done"):
+                reason = "length" if event.get("done_reason") == "length" else "stop"
+                usage = Usage(prompt_tokens=int(event.get("prompt_eval_count") or 0),
+                              completion_tokens=int(event.get("eval_count") or 0))
+                yield Piece(text or "", finish_reason=reason, usage=usage, tokens=0)
+                return
+            yield Piece(text or "")
+    finally:
+        events.close()

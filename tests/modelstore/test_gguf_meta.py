@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from localrun.errors import InvalidModelFile
-from localrun.modelstore import gguf_meta
+from localrun.modelstore import gguf_walk
 from localrun.modelstore.gguf_meta import open_gguf_reader, quant_label, read_gguf_metadata
 from tests.factories import (
     ARRAY,
@@ -226,7 +226,7 @@ def test_open_gguf_reader_refuses_what_the_package_alone_would_open(tmp_path, ti
 
 
 def test_many_strings_walk_fast_and_too_many_refused(tmp_path):
-    n = gguf_meta.MAX_TOTAL_ARRAY_STRINGS
+    n = gguf_walk.MAX_TOTAL_ARRAY_STRINGS
     head = RawGGUF(kvs=[("tokenizer.ggml.tokens", ARRAY, [], STRING)], tensors=[])
     ok = bytearray(head.to_bytes())
     count_at = 24 + 8 + len("tokenizer.ggml.tokens") + 4 + 4

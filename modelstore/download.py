@@ -189,7 +189,7 @@ class _Transfer:
     """
 
     def __init__(self, client, url: str, headers: dict, rf: RemoteFile, partial: Path, repo: str,
-                 progress: ProgressCallback | None, chunk_size: int, retries: int, digest: _Digest, offset: int) -> None:
+                 progress: ProgressCallback | None, chunk_size: int | None, retries: int, digest: _Digest, offset: int) -> None:
         self.client, self.url, self.headers, self.rf, self.partial, self.repo = client, url, headers, rf, partial, repo
         self.progress, self.chunk_size, self.retries = progress, chunk_size, retries
         self.digest, self.offset, self.fetched = digest, offset, 0
@@ -283,8 +283,11 @@ class _Retry(Exception):
 
 
 def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, client, headers: dict | None = None,
-               progress: ProgressCallback | None = None, chunk_size: int = CHUNK_SIZE, retries: int = RETRIES) -> FetchResult:
+               progress: ProgressCallback | None = None, chunk_size: int | None = None, retries: int = RETRIES) -> FetchResult:
     """Make ``snapshots/<commit>/<rf.path>`` a verified copy of the hub's file and return it.
+
+    ``chunk_size=None`` writes bytes as they arrive (no re-chunking copy, and nothing held
+    in memory is lost when a connection breaks).
 
     Raises DownloadFailed (network, disk, hash mismatch), AccessDenied (401/403),
     ModelNotFound (404) or InvalidName (a name that would leave the cache).
@@ -320,7 +323,7 @@ def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, cl
 
 
 def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: Path, partial: Path, client, headers: dict,
-              progress: ProgressCallback | None, chunk_size: int, retries: int) -> FetchResult:
+              progress: ProgressCallback | None, chunk_size: int | None, retries: int) -> FetchResult:
     offset = partial.stat().st_size if partial.exists() else 0
     digest = _Digest(rf)
     if offset > rf.size:

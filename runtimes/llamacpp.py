@@ -86,8 +86,8 @@ def _llama():
         import llama_cpp
     except ImportError as exc:
         raise RuntimeUnavailable(f"llama-cpp-python is not installed ({exc})", hint=INSTALL_FIX) from exc
+    _NATIVE_LOG.install(llama_cpp)  # after the import (it installs its own printer), before any work
     llama_cpp.llama_backend_init()
-    _NATIVE_LOG.install(llama_cpp)  # after the import: llama_cpp installs its own printer
     return llama_cpp
 
 

@@ -184,3 +184,69 @@ def test_fallback_transcript_and_gemma_turns():
         "<start_of_turn>user\nU2<end_of_turn>\n<start_of_turn>model\n"
     )
     assert gemma.stop == ("<end_of_turn>",)
+
+
+# Two templates as published in real model files (Gemma 3 instruct, Llama 3 instruct):
+# slicing, namespaced sets, `is string` tests, `+` on strings and raise_exception.
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+def test_real_gemma3_template_matches_the_gemma_fallback():
+    msgs = [Message("system", "S"), Message("user", "U1"), Message("assistant", "A1"), Message("user", "U2")]
+    rendered = render_chat(GEMMA3_TEMPLATE, msgs, bos_token="<bos>", eos_token="<eos>")
+    assert rendered == fallback_chat(msgs, gemma_turns=True, bos_token="<bos>").text
+    with pytest.raises(TemplateError, match="must alternate"):
+        render_chat(GEMMA3_TEMPLATE, [Message("user", "a"), Message("user", "b")], bos_token="<bos>")
+
+
+def test_real_llama3_template():
+    out = render_chat(LLAMA3_TEMPLATE, [Message("user", " hi ")], bos_token="<|begin_of_text|>")
+    assert out == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )

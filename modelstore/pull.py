@@ -189,13 +189,25 @@ def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchRes
     return FetchResult(snap, Path(os.path.realpath(snap)), digest.sha256.hexdigest(), size, 0, True)
 
 
-def _metadata(plan: PullPlan, primary: Path) -> dict:
+def _gguf_metadata(plan: PullPlan, shards: list[Path]) -> dict:
+    """Every shard's header walked with bounds checks, and the set proven to be one model."""
+    from localrun.modelstore.gguf_meta import read_gguf_metadata
+
+    infos = [read_gguf_metadata(p) for p in shards]
+    for k, info in enumerate(infos):
+        if (info.split_count or 1) != len(shards) or (info.split_no or 0) != k:
+            raise InvalidModelFile(f"{plan.repo}/{plan.files[k].path}: its header says shard {info.split_no} of {info.split_count}, "
+                                   f"its name says {k} of {len(shards)}", hint="the repo's split files do not belong together")
+    meta = infos[0].as_dict()
+    meta.update(quant=plan.quant or meta.get("quant"), n_params=sum(i.n_params for i in infos),
+                size_bytes=sum(i.size_bytes for i in infos), tensor_count=sum(i.tensor_count for i in infos), shards=len(infos))
+    return meta
+
+
+def _metadata(plan: PullPlan, primary: Path, shards: list[Path]) -> dict:
     hub = {"endpoint": plan.endpoint, "revision": plan.revision, "commit": plan.commit}
     if plan.format is Format.GGUF:
-        from localrun.modelstore.gguf_meta import read_gguf_metadata
-
-        meta = read_gguf_metadata(primary).as_dict()
-        meta["quant"] = plan.quant or meta.get("quant")
+        meta = _gguf_metadata(plan, shards)
     elif plan.format is Format.MLX:
         config = _read_json(primary / "config.json", f"{plan.repo}/config.json")
         q = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
@@ -246,7 +258,7 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
         name=plan.name, format=plan.format, path=str(primary),
         files=tuple(FileEntry(str(r.path), r.size, r.sha256) for r in results.values()),
         source=Source.HUB, owned=True, repo=plan.repo, revision=plan.commit,
-        metadata=_metadata(plan, primary), added_at=time.time(),
+        metadata=_metadata(plan, primary, [r.path for r in results.values()]), added_at=time.time(),
     )
     return _register(store, record)
 

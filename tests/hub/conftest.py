@@ -8,7 +8,6 @@ conftest (``from tests.hub.conftest import fake_hub  # noqa: F401``).
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -41,14 +40,8 @@ def hf_cache(_isolated_home) -> Path:
 
 @pytest.fixture
 def store(_isolated_home):
-    """A model store for pulls to register into (settings + index)."""
+    """The model store pulls register into, under the test's isolated home."""
+    from localrun.modelstore.store import ModelStore
     from localrun.settings import load_settings
 
-    settings = load_settings()
-    try:
-        from localrun.modelstore.store import ModelStore
-    except ImportError:  # the store module lands separately; the index is all pull needs
-        from localrun.modelstore.index import ModelIndex
-
-        return SimpleNamespace(settings=settings, index=ModelIndex(settings.index_path))
-    return ModelStore(settings)
+    return ModelStore(load_settings())

@@ -278,3 +278,19 @@ def test_hf_hub_download_reuses_what_localrun_pulled(fake_hub, store, hf_cache):
     got = hf_hub_download(repos.MLX_REPO, "model-00001-of-00002.safetensors", cache_dir=hf_cache, endpoint=fake_hub.url,
                           token=False, local_files_only=True)
     assert Path(got) == Path(record.path) / "model-00001-of-00002.safetensors" and fake_hub.requests == []
+
+
+def test_split_parts_that_do_not_belong_together_are_not_registered(fake_hub, store):
+    files = repos.split_repo_files()
+    files["Q8_0/Big-Q8_0-00002-of-00003.gguf"] = repos.make_gguf(quant="Q8_0", split=(0, 3), seed=99)  # a second "first" shard
+    fake_hub.add_repo("testorg/Mixed-GGUF", files)
+    with pytest.raises(InvalidModelFile, match="00002-of-00003"):
+        pull(store, "testorg/Mixed-GGUF")
+    assert store.index.find("testorg/mixed-gguf:q8_0") is None
+
+
+def test_invalid_gguf_from_the_hub_is_not_registered(fake_hub, store):
+    fake_hub.add_repo("testorg/Broken-GGUF", {"Broken-Q4_K_M.gguf": b"GGUF" + b"\xff" * 60})
+    with pytest.raises(InvalidModelFile):
+        pull(store, "testorg/Broken-GGUF")
+    assert store.list() == []

@@ -1,0 +1,22 @@
+"""One pull in a child process, so tests can kill -9 it or Ctrl-C it mid-download.
+
+    python -m tests.hub.pull_child REF      (env: HF_ENDPOINT, HF_HOME, LOCALRUN_HOME)
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    from localrun.modelstore.pull import pull
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import load_settings
+
+    record = pull(ModelStore(load_settings()), sys.argv[1])
+    sys.stdout.write(record.files[0].sha256 + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Fixtures for the server tests.
+
+Three ways to reach the server, cheapest first:
+- ``client``: the app in-process through Starlette's TestClient (no socket; responses are
+  buffered, so no real streaming);
+- ``live``: uvicorn in a thread of the test process on a free port (real sockets and
+  streaming; the test can look at the ModelManager directly);
+- ``spawn_server``: a separate server process (``python -m localrun serve`` or the test
+  launcher), for what must cross a process boundary: kill -9 of a worker, refusing to
+  start, what the process logs.
+Most run the fake runtime; the llama.cpp ones use the tiny GGUF or Gemma.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localrun.settings import Settings
+from localrun.types import Plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make_settings(**server) -> Settings:
+    """Settings under the per-test LOCALRUN_HOME; ``server`` overrides the server section."""
+    runtime = server.pop("runtime", {})
+    return Settings(server=server, runtime=runtime)
+
+
+def fake_planner(**options):
+    def planner(record):
+        return Plan(runtime="fake", n_ctx=2048, options=dict(options))
+
+    return planner
+
+
+@dataclasses.dataclass
+class Stack:
+    settings: Settings
+    store: object
+    manager: object
+
+
+@pytest.fixture
+def build_stack(tiny_gguf):
+    """Make a (settings, store, manager) on the fake runtime with the tiny model as "tiny"."""
+    from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
+
+    made: list[Stack] = []
+
+    def build(*, options: dict | None = None, planner=None, **server) -> Stack:
+        settings = make_settings(**server)
+        store = ModelStore(settings)
+        store.import_path(tiny_gguf, name="tiny")
+        manager = ModelManager(settings, store, planner=planner or fake_planner(**(options or {})))
+        stack = Stack(settings, store, manager)
+        made.append(stack)
+        return stack
+
+    yield build
+    for stack in made:
+        stack.manager.shutdown()
+
+
+@pytest.fixture
+def stack(build_stack) -> Stack:
+    return build_stack()
+
+
+@pytest.fixture
+def client(stack):
+    from fastapi.testclient import TestClient
+
+    from localrun.server.app import create_app
+
+    with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost") as c:
+        yield c
+
+
+class LiveServer:
+    """uvicorn serving the app in a thread, bound by uvicorn itself to a free port."""
+
+    def __init__(self, stack: Stack):
+        from localrun.server.serve import build_server
+
+        self.stack = stack
+        settings = stack.settings.model_copy(update={"server": stack.settings.server.model_copy(update={"port": 0})})
+        ready = threading.Event()
+        self.url = ""
+
+        def on_ready(url: str) -> None:
+            self.url = url
+            ready.set()
+
+        self.server = build_server(settings, stack.manager, ready_callback=on_ready)
+        self.thread = threading.Thread(target=self.server.run, name="live-server", daemon=True)
+        self.thread.start()
+        if not ready.wait(15):
+            raise RuntimeError("the live server did not start")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture
+def live_factory():
+    servers: list[LiveServer] = []
+
+    def start(stack: Stack) -> LiveServer:
+        server = LiveServer(stack)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def live(stack, live_factory) -> LiveServer:
+    return live_factory(stack)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, proc: subprocess.Popen, url: str, log_path: Path):
+        self.proc = proc
+        self.url = url
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def spawn_server(tmp_path):
+    """Start a server process: ``spawn_server(args, env=...)``; args after ``python -m``."""
+    started: list[ServerProcess] = []
+
+    def spawn(args: list[str], *, env: dict | None = None, wait: bool = True, timeout: float = 60.0) -> ServerProcess:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+        log_path = tmp_path / f"server-{len(started)}.log"
+        log_file = open(log_path, "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=log_file, env=full_env, cwd=REPO)
+        server = ServerProcess(proc, "", log_path)
+        started.append(server)
+        if not wait:
+            return server
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline().decode(errors="replace")
+            if line.startswith("READY "):
+                server.url = line.split()[1]
+                return server
+            if not line and proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {server.log_text()[-2000:]}")
+        raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
+
+    yield spawn
+    for server in started:
+        server.stop()
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.02):
+    """Poll ``predicate`` until truthy; return its last value (falsy on timeout)."""
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = predicate()
+    return value
+
+
+def health(url: str, **headers) -> dict:
+    return httpx.get(f"{url}/health", headers=headers, timeout=5).json()

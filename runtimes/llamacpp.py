@@ -159,14 +159,16 @@ class LlamaCppSession:
         if not os.path.isfile(record.path):
             raise InvalidModelFile(f"model file not found: {record.path}", hint="re-import or pull the model")
         llama = _llama()
+        cp = cls._context_params(llama, plan)  # bad options fail before anything is allocated
         mp = llama.llama_model_default_params()
         mp.n_gpu_layers = int(plan.n_gpu_layers)
+        _NATIVE_LOG.take_recent()
         model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
         if not model:
             why = _NATIVE_LOG.take_recent()
             raise InvalidModelFile(f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
                                    hint="the file may be corrupt or an architecture this llama.cpp does not know")
-        ctx = llama.llama_init_from_model(model, cls._context_params(llama, plan))
+        ctx = llama.llama_init_from_model(model, cp)
         if not ctx:
             llama.llama_model_free(model)
             why = _NATIVE_LOG.take_recent()
@@ -174,7 +176,12 @@ class LlamaCppSession:
                           + (f": {why}" if why else ""), hint="lower the context length or the GPU layers")
         log.debug("loaded %s: n_ctx=%d threads=%d gpu_layers=%d", record.path, plan.n_ctx, plan.n_threads,
                   plan.n_gpu_layers)
-        return cls(llama, model, ctx, record, plan)
+        try:
+            return cls(llama, model, ctx, record, plan)
+        except BaseException:
+            llama.llama_free(ctx)
+            llama.llama_model_free(model)
+            raise
 
     @staticmethod
     def _context_params(llama, plan: Plan):

@@ -132,6 +132,7 @@ class ModelStore:
                 )
         first = infos[0]
         total_tensors = sum(i.tensor_count for i in infos)
+        _refuse_non_model(files[0], first.scalars.get("general.type"), first.architecture, total_tensors)
         if split and first.split_tensors_count is not None and first.split_tensors_count != total_tensors:
             raise InvalidModelFile(
                 f"{files[0]}: the shards hold {total_tensors} tensors, the first shard says {first.split_tensors_count}",
@@ -310,6 +311,15 @@ class ModelStore:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
         logger.info("assembled the built-in model at %s", target)
+
+
+def _refuse_non_model(path: Path, gguf_type: Any, arch: str | None, n_tensors: int) -> None:
+    """GGUF also carries adapters, projectors and vocabularies; none of them runs alone."""
+    if gguf_type in ("adapter", "mmproj") or arch == "clip":
+        kind = "a LoRA adapter" if gguf_type == "adapter" else "a multimodal projector (mmproj)"
+        raise InvalidModelFile(f"{path}: this is {kind}, not a model", hint="import the base model's .gguf instead")
+    if n_tensors == 0:
+        raise InvalidModelFile(f"{path}: has no tensors (a vocabulary-only file?)", hint="import a full model file")
 
 
 def _unlink_owned(link: Path, real: Path) -> None:

@@ -323,3 +323,18 @@ def test_remove_owned_hf_cache_entry_deletes_link_and_unshared_blob(store):
     store.remove("m")
     assert not link.exists() and not os.path.lexists(link) and not blob.exists()
     assert not os.path.lexists(link2) and shared_blob.exists()
+
+
+@pytest.mark.parametrize("kv,tensors,words", [
+    ({"general.type": "adapter"}, None, "LoRA adapter"),
+    ({"general.type": "mmproj"}, None, "projector"),
+    ({"general.architecture": "clip"}, None, "projector"),
+    ({}, {}, "no tensors"),
+])
+def test_non_model_ggufs_refused(store, tmp_path, kv, tensors, words):
+    from tests.factories import write_meta_only_gguf
+
+    path = write_meta_only_gguf(tmp_path / "x.gguf", kv, tensors)
+    with pytest.raises(InvalidModelFile, match=words):
+        store.import_path(path)
+    assert store.list() == []

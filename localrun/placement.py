@@ -151,21 +151,36 @@ class Placement:
 
 @dataclass(frozen=True)
 class Budget:
-    """What the model may use: free RAM, and the GPU's free memory when there is one to use."""
+    """What the model may use: free RAM, and the GPU's free memory when there is one to use.
+
+    ``gpu`` is what the planner fills when it offloads (free VRAM less ``gpu_margin``); the
+    margin is the GPU's "tight" zone, so packing layers up to ``gpu`` still counts as fitting.
+    """
 
     backend: str  # "cpu" or the GPU backend
     host: int
     gpu: int = 0
+    gpu_margin: int = 0
     unified: bool = False  # Apple: GPU memory is RAM
     label: str = "CPU"
 
     def ratio(self, host: int, gpu: int) -> float:
-        parts = [host / self.host if self.host > 0 else float("inf")]
+        """Memory pressure of a placement: above TIGHT_RATIO it is tight, above 1.0 it does not fit."""
+        parts = [_share(host, self.host)]
         if gpu:
-            parts.append(gpu / self.gpu if self.gpu > 0 else float("inf"))
+            if gpu <= self.gpu:
+                parts.append(TIGHT_RATIO * gpu / self.gpu)
+            elif self.gpu_margin:
+                parts.append(TIGHT_RATIO + (1 - TIGHT_RATIO) * (gpu - self.gpu) / self.gpu_margin)
+            else:
+                parts.append(_share(gpu, self.gpu) + (1 - TIGHT_RATIO) if self.gpu else float("inf"))
             if self.unified:
-                parts.append((host + gpu) / self.host if self.host > 0 else float("inf"))
+                parts.append(_share(host + gpu, self.host))
         return max(parts)
+
+
+def _share(used: int, available: int) -> float:
+    return used / available if available > 0 else float("inf")
 
 
 def place(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, *,

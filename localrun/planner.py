@@ -17,7 +17,7 @@ from typing import Any
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
 from localrun.hardware import MIB, HardwareProfile, fmt_bytes
 from localrun.placement import (
-    GPU_CONTEXT, KV_BYTES, N_UBATCH, Budget, ModelShape, Placement, compute_bytes, host_base_bytes,
+    GPU_CONTEXT, KV_BYTES, N_UBATCH, TIGHT_RATIO, Budget, ModelShape, Placement, compute_bytes, host_base_bytes,
     kv_cache_bytes, place, verdict_for, weights_bytes,
 )
 from localrun.runtimes.base import RuntimeStatus
@@ -30,6 +30,7 @@ VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fr
 #: Which GPUs each llama.cpp GPU backend can drive.
 BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
 DEVICES = ("auto", "cpu", "gpu", "cuda", "metal", "hip", "vulkan", "sycl")
+DEVICE_LABELS = {"cpu": "CPU", "cuda": "CUDA", "metal": "Metal", "hip": "ROCm/HIP", "vulkan": "Vulkan", "sycl": "SYCL"}
 #: Which model formats each runtime the planner knows can run, in order of preference.
 RUNTIME_FORMATS: dict[str, frozenset[Format]] = {
     "llama.cpp": frozenset({Format.GGUF}), "ollama": frozenset({Format.GGUF}),
@@ -74,11 +75,16 @@ def choose_runtime(record: ModelRecord, statuses: Mapping[str, RuntimeStatus], a
     for i, name in enumerate(candidates):
         if _status(name, statuses).available:
             skipped = [f"{n} is unavailable ({_status(n, statuses).reason})" for n in candidates[:i]]
-            return name, [f"{'; '.join(skipped)}: using {name}"] if skipped else []
+            return name, [f"{'; '.join(skipped)}: using {_describe(_status(name, statuses))}"] if skipped else []
     why = "; ".join(f"{n}: {_status(n, statuses).reason}" for n in candidates)
     fixes = " or ".join(s.fix for n in candidates if (s := _status(n, statuses)).fix)
     raise RuntimeUnavailable(f"no runtime can run {record.name} ({record.format.value.upper()}) here — {why}",
                              hint=fixes or None)
+
+
+def _describe(status: RuntimeStatus) -> str:
+    where = status.details.get("url")
+    return " ".join(x for x in (status.name, status.version, f"at {where}" if where else None) if x)
 
 
 def _status(name: str, statuses: Mapping[str, RuntimeStatus]) -> RuntimeStatus:
@@ -142,7 +148,8 @@ def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOv
         return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
     usable = sum(max(0, g.vram_free - VRAM_MARGIN) for g in gpus)
     names = ", ".join(dict.fromkeys(g.name for g in gpus)) + (f" ×{len(gpus)}" if len(gpus) > 1 else "")
-    return Budget(backend, hw.ram_available, usable, label=f"{backend.upper()} ({names})"), None
+    return Budget(backend, hw.ram_available, usable, gpu_margin=VRAM_MARGIN * len(gpus),
+                  label=f"{DEVICE_LABELS.get(backend, backend)} ({names})"), None
 
 
 def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int, list[str], bool]:
@@ -166,15 +173,27 @@ def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int
 
 def _fit_context(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, adjustable: bool,
                  n_gpu_layers: int | None, kv_type: str) -> Placement:
-    """Keep the context if the model fits with it; otherwise halve it, down to MIN_CONTEXT."""
-    candidates = [n_ctx]
-    while adjustable and candidates[-1] > MIN_CONTEXT:
-        candidates.append(max(MIN_CONTEXT, candidates[-1] // 2))
-    for ctx in candidates:
-        placement = place(shape, weights, budget, ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type)
-        if placement.ratio <= 1.0:
-            return placement
-    return placement
+    """Keep the context if the model fits with it at all; otherwise take the largest multiple of
+    256 tokens (not below MIN_CONTEXT) that fits comfortably, else the largest that fits tightly."""
+
+    def at(ctx: int) -> Placement:
+        return place(shape, weights, budget, ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type)
+
+    first = at(n_ctx)
+    if first.ratio <= 1.0 or not adjustable or n_ctx <= MIN_CONTEXT:
+        return first
+    for limit in (TIGHT_RATIO, 1.0):  # memory grows with the context, so a binary search finds the edge
+        lo, hi, best = MIN_CONTEXT // 256, max(MIN_CONTEXT, n_ctx - 1) // 256, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = at(mid * 256)
+            if candidate.ratio <= limit:
+                best, lo = candidate, mid + 1
+            else:
+                hi = mid - 1
+        if best is not None:
+            return best
+    return at(MIN_CONTEXT)
 
 
 def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[str, RuntimeStatus], *,
@@ -245,8 +264,8 @@ def _device_reasons(p: Placement, budget: Budget, cpu_why: str | None, shape: Mo
         return [f"{cpu_why}: running on CPU with {threads} threads"]
     if p.n_gpu_layers >= total or not shape.n_layer:
         return [f"all {total} layers on {budget.label}: {fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)} usable"]
-    return [f"partial offload: {p.n_gpu_layers} of {total} layers on {budget.label} "
-            f"({fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)} usable), the rest on CPU with {threads} threads"]
+    return [f"partial offload: {p.n_gpu_layers} of {total} layers on {budget.label} using "
+            f"{fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)}, the rest on CPU with {threads} threads"]
 
 
 def _verdict_reasons(p: Placement, budget: Budget, verdict: str, shape: ModelShape) -> list[str]:
@@ -303,13 +322,13 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
     placed = plan.options.get("placement", {})
     total = placed.get("layers_total")
     if plan.n_gpu_layers and total:
-        layers = f"{min(plan.n_gpu_layers, total)} of {total} layers on {plan.device.upper()}"
+        layers = f"{min(plan.n_gpu_layers, total)} of {total} on {DEVICE_LABELS.get(plan.device, plan.device)}"
     else:
         layers = "CPU only"
     trained = ModelShape.from_metadata(meta).n_ctx_train
     lines = [
         f"model     {record.name} ({', '.join(f for f in facts if f)})",
-        f"runtime   {plan.runtime} on {plan.device.upper()}, {plan.n_threads} threads",
+        f"runtime   {plan.runtime} on {DEVICE_LABELS.get(plan.device, plan.device)}, {plan.n_threads} threads",
         f"layers    {layers}",
         f"context   {plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "") + f", KV cache {plan.kv_type}",
     ]

@@ -60,11 +60,17 @@ class _NativeLog:
         self.callback = None
 
     def install(self, llama) -> None:
+        last_level = [0]
+
         def on_log(level: int, text: bytes, _user_data) -> None:
+            # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line)
+            if level == 5:
+                level = last_level[0]
+            last_level[0] = level
             line = (text or b"").decode("utf-8", errors="replace").rstrip()
             if line:
                 native_log.debug("%s", line)
-                if level in (2, 3):  # GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR
+                if level >= 3:
                     self.recent.append(line)
 
         self.callback = llama.llama_log_callback(on_log)

@@ -51,8 +51,9 @@ def test_missing_and_garbage_files_are_invalid_model_file(tmp_path):
         _load(tmp_path / "nope.gguf")
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + b"\x00" * 60)
-    with pytest.raises(InvalidModelFile, match="could not load"):
+    with pytest.raises(InvalidModelFile, match="could not load") as info:
         _load(junk)
+    assert "bad GGUF version" in info.value.message  # llama.cpp's own reason, from its log
 
 
 def test_wrong_format_and_kv_type_are_refused(tiny_gguf):

@@ -1,0 +1,79 @@
+"""What every localrun screen shares: the frame (header, body, footer) and one way to run
+blocking work.
+
+``run_blocking`` is the only door to slow calls: it runs a function in a thread worker
+and, when it returns, posts the follow-up messages. When it raises, the worker's
+``StateChanged`` bubbles to the app, whose one handler shows the error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, Static
+from textual.worker import Worker
+
+from localrun.tui.header import AppHeader
+from localrun.tui.messages import ModelsChanged, Notice
+
+if TYPE_CHECKING:
+    from localrun.tui.app import LocalrunApp
+    from localrun.tui.backend import Backend
+
+log = logging.getLogger(__name__)
+
+
+class LocalrunScreen(Screen):
+    """A tab of the app: header on top, footer with its bindings below."""
+
+    TAB: ClassVar[str] = ""
+
+    @property
+    def lapp(self) -> "LocalrunApp":
+        return self.app  # type: ignore[return-value]
+
+    @property
+    def backend(self) -> "Backend | None":
+        return self.lapp.backend
+
+    def compose(self) -> ComposeResult:
+        yield AppHeader(self.TAB)
+        yield from self.compose_body()
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:  # pragma: no cover - every screen overrides it
+        yield Static()
+
+    def unavailable_text(self) -> str | None:
+        """Why this screen cannot work (no backend), in words, or None."""
+        if self.backend is None:
+            return self.lapp.backend_error or "The model store is not available."
+        return None
+
+    def run_blocking(
+        self,
+        description: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        done: str | Callable[[Any], str] | None = None,
+        changes_models: bool = False,
+        group: str = "ops",
+        exclusive: bool = False,
+        **kwargs: Any,
+    ) -> Worker:
+        """Run ``fn`` in a thread; on return post a Notice (``done``) and ModelsChanged if asked."""
+        app = self.app
+
+        def job() -> Any:
+            result = fn(*args, **kwargs)
+            if done is not None:
+                app.post_message(Notice(done(result) if callable(done) else done))
+            if changes_models:
+                app.post_message(ModelsChanged(description))
+            return result
+
+        return self.run_worker(job, thread=True, name=description, group=group, exclusive=exclusive, exit_on_error=False)

@@ -1,0 +1,265 @@
+"""Chat: pick a model, a system prompt and sampling; replies stream in as Markdown.
+
+The generation runs in a thread worker over ``Backend.stream`` (the same ModelManager the
+server uses). The worker batches tokens into a message about every 30 ms so a fast model
+cannot flood the event loop, and the Markdown stream coalesces further when rendering
+falls behind: keys stay responsive while tokens pour in. Esc sets the Cancel the runtime
+checks between tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from textual import getters, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
+from textual.widgets import Input, Markdown, Select, Static
+from textual.widgets.markdown import MarkdownStream
+
+from localrun.errors import ConfigError
+from localrun.tui.base import LocalrunScreen
+from localrun.types import Cancel, ChatRequest, Message as ChatMessage, Sampling
+
+log = logging.getLogger(__name__)
+
+#: How often the worker hands tokens to the UI at most.
+BATCH_S = 0.03
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    model: str
+    system: str
+    sampling: Sampling
+
+
+def parse_sampling(temperature: str, top_p: str, max_tokens: str) -> Sampling:
+    """The three inputs as Sampling; ConfigError names the field that is wrong."""
+    def number(text: str, what: str, lo: float, hi: float, cast=float):
+        try:
+            value = cast(text.strip())
+        except ValueError:
+            raise ConfigError(f"{what} must be a number, not {text!r}", hint=f"enter a value between {lo} and {hi}") from None
+        if not lo <= value <= hi:
+            raise ConfigError(f"{what} {value} is out of range", hint=f"enter a value between {lo} and {hi}")
+        return value
+
+    return Sampling(temperature=number(temperature, "temperature", 0.0, 2.0), top_p=number(top_p, "top_p", 0.0, 1.0),
+                    max_tokens=number(max_tokens, "max tokens", 1, 1_000_000, int))
+
+
+def rate_text(ttft_s: float | None, tokens: int, decode_s: float, *, running: bool) -> str:
+    ttft = f"ttft {ttft_s * 1000:.0f} ms" if ttft_s is not None else "waiting for the first token…"
+    rate = f" · {(tokens - 1) / decode_s:.1f} tok/s" if tokens > 1 and decode_s > 0 else ""
+    return f"{ttft}{rate} · {tokens} tokens" + (" · esc stop" if running else "")
+
+
+class ChatScreen(LocalrunScreen):
+    TAB = "chat"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+y", "copy_last", "Copy answer"),
+        Binding("ctrl+l", "new_chat", "New chat"),
+    ]
+
+    @dataclass
+    class Tokens(Message):
+        """A batch of streamed text."""
+
+        text: str
+        stats: str
+
+    @dataclass
+    class Finished(Message):
+        text: str
+        finish_reason: str | None
+        stats: str
+
+    model_select = getters.query_one("#model", Select)
+    prompt = getters.query_one("#prompt", Input)
+    transcript = getters.query_one("#transcript", VerticalScroll)
+    stats = getters.query_one("#chat-stats", Static)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.history: list[ChatMessage] = []
+        self.last_answer: str = ""
+        self._cancel: Cancel | None = None
+        self._stream: MarkdownStream | None = None
+        self._wanted: str | None = None
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="chat-settings"):
+            yield Select([], prompt="model", id="model", allow_blank=True)
+            yield Input(placeholder="system prompt", id="system")
+            yield Static("temp", classes="knob-label")
+            yield Input("0.7", id="temperature", classes="knob")
+            yield Static("top_p", classes="knob-label")
+            yield Input("0.9", id="top-p", classes="knob")
+            yield Static("max", classes="knob-label")
+            yield Input("512", id="max-tokens", classes="knob")
+        yield VerticalScroll(id="transcript")
+        with Horizontal(id="prompt-row"):
+            yield Input(placeholder="> ask something, enter to send", id="prompt")
+            yield Static("", id="chat-stats", markup=False)
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "models_version", lambda _v: self.read_models())
+        self.read_models()
+        self.prompt.focus()
+
+    @property
+    def generating(self) -> bool:
+        return self._cancel is not None
+
+    # -- models ---------------------------------------------------------------------------
+    def read_models(self) -> None:
+        if self.backend is None:
+            self.stats.update(self.unavailable_text() or "")
+            return
+        backend = self.backend
+
+        def job() -> None:
+            names = [r.name for r in backend.list_models()]
+            loaded = [m.name for m in backend.loaded()]
+            self.app.call_from_thread(self._set_models, names, loaded)
+
+        self.run_worker(job, thread=True, group="chat-models", exclusive=True, name="list models", exit_on_error=False)
+
+    def _set_models(self, names: list[str], loaded: list[str]) -> None:
+        current = self.model_select.value
+        self.model_select.set_options([(n, n) for n in names])
+        wanted = self._wanted if self._wanted in names else None
+        keep = wanted or current if (wanted or current) in names else next((n for n in loaded if n in names), names[0] if names else None)
+        if keep is not None:
+            self.model_select.value = keep
+
+    def select_model(self, name: str) -> None:
+        """Used by the command palette ("Chat with …"); applied when the list arrives if it has not yet."""
+        self._wanted = name
+        if any(value == name for _label, value in self.model_select._options):
+            self.model_select.value = name
+        self.prompt.focus()
+
+    def action_focus_model(self) -> None:
+        self.model_select.focus()
+
+    # -- sending --------------------------------------------------------------------------
+    def current_settings(self) -> ChatSettings:
+        model = self.model_select.value
+        if not isinstance(model, str):
+            raise ConfigError("no model is chosen", hint="pick one in the model list at the top (or load one in the Library)")
+        sampling = parse_sampling(self.query_one("#temperature", Input).value, self.query_one("#top-p", Input).value,
+                                  self.query_one("#max-tokens", Input).value)
+        return ChatSettings(model, self.query_one("#system", Input).value.strip(), sampling)
+
+    @on(Input.Submitted, "#prompt")
+    async def _send(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text or self.generating:
+            return
+        try:
+            chat = self.current_settings()
+        except ConfigError as exc:
+            self.lapp.show_error(exc)
+            return
+        self.prompt.value = ""
+        self.history.append(ChatMessage("user", text))
+        messages = ([ChatMessage("system", chat.system)] if chat.system else []) + self.history
+        await self._add_turn("you", text)
+        answer = await self._add_turn("ai", "")
+        self._stream = Markdown.get_stream(answer)
+        self.transcript.anchor()
+        self._cancel = Cancel()
+        self.stats.update(f"loading {chat.model}…" if chat.model not in {m.name for m in self.lapp.loaded} else "thinking…")
+        self._generate(chat.model, ChatRequest(tuple(messages), chat.sampling), self._cancel)
+
+    async def _add_turn(self, who: str, text: str) -> Markdown:
+        label = Static(who, classes=f"who who-{who}")
+        body = Markdown(text, classes=f"turn turn-{who}")
+        await self.transcript.mount_all([label, body])
+        return body
+
+    def _generate(self, model: str, req: ChatRequest, cancel: Cancel) -> None:
+        backend = self.backend
+
+        def job() -> None:
+            started = time.perf_counter()
+            first = last = None
+            parts: list[str] = []
+            batch: list[str] = []
+            finish = None
+            posted = started
+
+            def stats(running: bool) -> str:
+                ttft = first - started if first is not None else None
+                return rate_text(ttft, len(parts), (last - first) if first and last else 0.0, running=running)
+
+            try:
+                for chunk in backend.stream(model, req, cancel):
+                    if chunk.text:
+                        last = time.perf_counter()
+                        first = first or last
+                        parts.append(chunk.text)
+                        batch.append(chunk.text)
+                        if last - posted >= BATCH_S:
+                            self.post_message(self.Tokens("".join(batch), stats(True)))
+                            batch.clear()
+                            posted = last
+                    finish = chunk.finish_reason or finish
+            finally:
+                if batch:
+                    self.post_message(self.Tokens("".join(batch), stats(True)))
+                self.post_message(self.Finished("".join(parts), "cancelled" if cancel.is_set() else finish, stats(False)))
+
+        self.run_worker(job, thread=True, group="generate", name=f"chat with {model}", exit_on_error=False)
+
+    async def on_chat_screen_tokens(self, message: Tokens) -> None:
+        if self._stream is not None:
+            await self._stream.write(message.text)
+        self.stats.update(message.stats)
+
+    async def on_chat_screen_finished(self, message: Finished) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self._cancel = None
+        if message.text:
+            self.last_answer = message.text
+            self.history.append(ChatMessage("assistant", message.text))
+        elif self.history and self.history[-1].role == "user":
+            self.history.pop()  # nothing came back (an error, an instant stop): let the question be asked again
+        suffix = {"cancelled": " · stopped", "length": " · hit max tokens"}.get(message.finish_reason or "", "")
+        self.stats.update(message.stats + suffix)
+
+    # -- other actions ----------------------------------------------------------------------
+    def action_stop(self) -> None:
+        """Esc: stop the answer; when idle, toggle between the prompt and the transcript
+        (where 1–5 switch screens and the keys are not typed into the prompt)."""
+        if self._cancel is not None:
+            self._cancel.set()
+            self.stats.update("stopping…")
+        elif self.focused is self.prompt:
+            self.transcript.focus()
+        else:
+            self.prompt.focus()
+
+    def action_copy_last(self) -> None:
+        if not self.last_answer:
+            self.notify("No answer to copy yet", timeout=2)
+            return
+        self.app.copy_to_clipboard(self.last_answer)
+        self.notify(f"Copied the last answer ({len(self.last_answer):,} characters)", timeout=2)
+
+    async def action_new_chat(self) -> None:
+        if self._cancel is not None:
+            self._cancel.set()
+        self.history.clear()
+        await self.transcript.remove_children()
+        self.stats.update("")
+        self.prompt.focus()

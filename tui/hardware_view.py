@@ -1,0 +1,74 @@
+"""Hardware: the machine's profile, and each runtime with its status, the reason and the fix."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.text import Text
+from textual import getters, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+
+from localrun.tui.base import LocalrunScreen
+
+log = logging.getLogger(__name__)
+
+
+def profile_lines(hw) -> list[str]:
+    """The hardware module's own lines, so the CLI and the TUI say the same thing."""
+    from localrun import hardware
+
+    lines = getattr(hardware, "hardware_lines", None)
+    if lines is not None:
+        return [str(line) for line in lines(hw)]
+    return str(hardware.render_hardware(hw)).splitlines()
+
+
+class HardwareScreen(LocalrunScreen):
+    TAB = "hardware"
+    BINDINGS = [Binding("r", "redetect", "Detect again")]
+
+    profile = getters.query_one("#profile", Static)
+    runtimes = getters.query_one("#runtimes", DataTable)
+    why = getters.query_one("#runtime-why", Static)
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("detecting hardware…", id="profile", markup=False)
+        yield DataTable(id="runtimes", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="runtime-why", markup=False)
+
+    def on_mount(self) -> None:
+        self.runtimes.add_columns("Runtime", "Status", "Version", "Devices", "Why / how to get it")
+        self.watch(self.app, "facts", self._show)
+        self.runtimes.focus()
+
+    def _show(self, facts) -> None:
+        if facts is None:
+            return
+        hw, statuses = facts
+        self.profile.update("\n".join(profile_lines(hw)))
+        theme = self.app.theme_variables
+        table = self.runtimes
+        table.clear()
+        for name, st in statuses.items():
+            status = Text("● ready", style=theme.get("success", "")) if st.available else Text("✕ unavailable", style=theme.get("error", ""))
+            why = " · ".join(x for x in (st.reason, st.fix) if x)
+            table.add_row(Text(name), status, st.version or "—", ", ".join(st.devices) or "—", Text(why or "—"), key=name)
+
+    @on(DataTable.RowHighlighted, "#runtimes")
+    def _explain(self, event: DataTable.RowHighlighted) -> None:
+        """The whole reason and fix of the highlighted runtime, wrapped (the table cuts them at 80 columns)."""
+        facts = self.lapp.facts
+        name = event.row_key.value if event.row_key else None
+        if facts is None or name not in facts[1]:
+            return
+        st = facts[1][name]
+        lines = [f"{name}: {'ready' if st.available else 'unavailable'}" + (f" — {st.reason}" if st.reason else "")]
+        if st.fix:
+            lines.append(f"to get it: {st.fix}")
+        self.why.update("\n".join(lines))
+
+    def action_redetect(self) -> None:
+        self.profile.update("detecting hardware…")
+        self.lapp.detect_facts(refresh=True)

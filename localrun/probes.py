@@ -56,7 +56,7 @@ def probe_runtimes(
     env = os.environ if env is None else env
     probes: dict[str, Callable[[], RuntimeStatus]] = {
         "llama.cpp": lambda: probe_llamacpp(hw, import_module=import_module),
-        "mlx": lambda: probe_mlx(hw, import_module=import_module),
+        "mlx": lambda: probe_mlx(hw, import_module=import_module, find_spec=find_spec),
         "ollama": lambda: probe_ollama(env=env, transport=transport),
         "mlc": lambda: probe_mlc(find_spec=find_spec, which=which),
     }
@@ -121,22 +121,21 @@ def probe_llamacpp(hw: HardwareProfile, *, import_module: Importer = importlib.i
     return RuntimeStatus(name, True, version=version, devices=devices, reason=reason, fix=fix, details=details)
 
 
-def probe_mlx(hw: HardwareProfile, *, import_module: Importer = importlib.import_module) -> RuntimeStatus:
+def probe_mlx(hw: HardwareProfile, *, import_module: Importer = importlib.import_module,
+              find_spec: Callable[[str], Any] = importlib.util.find_spec) -> RuntimeStatus:
+    """mlx.core is imported for its device; mlx-lm is only looked up (importing it pulls in transformers)."""
     name, fix = "mlx", "pip install 'localrun[mlx]'"
     try:
         mx = import_module("mlx.core")
     except ImportError:
         return RuntimeStatus(name, False, reason="mlx is not installed", fix=fix)
-    try:
-        import_module("mlx_lm")
-    except ImportError:
+    if find_spec("mlx_lm") is None:
         return RuntimeStatus(name, False, reason="mlx is installed but mlx-lm is not", fix=fix)
-    version = _dist_version("mlx-lm")
     device = str(mx.default_device())  # "Device(gpu, 0)" / "Device(cpu, 0)"
     on_gpu = "gpu" in device
     kind = "metal" if hw.apple else "cuda" if on_gpu else "cpu"
     reason = None if on_gpu else "no GPU for MLX here: it runs on the CPU, slower than llama.cpp"
-    return RuntimeStatus(name, True, version=version, devices=(kind,), reason=reason,
+    return RuntimeStatus(name, True, version=_dist_version("mlx-lm"), devices=(kind,), reason=reason,
                          details={"device": device, "mlx_version": _dist_version("mlx")})
 
 

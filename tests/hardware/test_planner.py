@@ -330,6 +330,18 @@ def test_verdict_follows_the_share_of_available_memory(share, verdict):
     assert TIGHT_RATIO == 0.8
 
 
+@pytest.mark.parametrize("gpu_gib, verdict", [(5, "fits"), (10, "fits"), (10.5, "tight"), (11.5, "wont-fit")])
+def test_the_vram_margin_is_the_tight_zone(gpu_gib, verdict):
+    from localrun.placement import Budget, verdict_for
+
+    gib = 2**30
+    budget = Budget("cuda", host=64 * gib, gpu=10 * gib, gpu_margin=1 * gib)
+    ratio = budget.ratio(1 * gib, int(gpu_gib * gib))
+    assert verdict_for(ratio) == verdict
+    if gpu_gib <= 10:
+        assert ratio == pytest.approx(TIGHT_RATIO * gpu_gib / 10)
+
+
 def test_estimate_for_a_model_not_yet_downloaded_matches_the_cpu_plan():
     p = plan(QWEN_05B, "cpu_laptop_8gb")
     est = estimate_for(QWEN_05B, file_sizes=[QWEN_05B["size_bytes"] // 2, QWEN_05B["size_bytes"] - QWEN_05B["size_bytes"] // 2])

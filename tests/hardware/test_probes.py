@@ -113,7 +113,7 @@ def test_mlx_missing():
 
 def test_mlx_without_mlx_lm():
     mx = SimpleNamespace(default_device=lambda: "Device(gpu, 0)")
-    status = probe_mlx(profile("m2_mac_16gb"), import_module=importer({"mlx.core": mx}))
+    status = probe_mlx(profile("m2_mac_16gb"), import_module=importer({"mlx.core": mx}), find_spec=lambda n: None)
     assert not status.available and "mlx-lm" in status.reason
 
 
@@ -123,7 +123,8 @@ def test_mlx_without_mlx_lm():
 ])
 def test_mlx_device(name, device, expected):
     mx = SimpleNamespace(default_device=lambda: device)
-    status = probe_mlx(profile(name), import_module=importer({"mlx.core": mx, "mlx_lm": SimpleNamespace()}))
+    status = probe_mlx(profile(name), import_module=importer({"mlx.core": mx}),
+                       find_spec=lambda n: object() if n == "mlx_lm" else None)
     assert status.available and status.devices == expected
     assert (status.reason is None) == (expected != ("cpu",))
 
@@ -230,3 +231,10 @@ def test_probes_do_not_import_heavy_libraries_at_module_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert importlib.import_module("localrun.probes")  # and it imports in this process too
+
+
+def test_the_installed_mlx_is_probed_for_real():
+    mx = pytest.importorskip("mlx.core")
+    pytest.importorskip("mlx_lm")
+    status = probe_mlx(profile("cpu_laptop_8gb"))
+    assert status.available and status.details["device"] == str(mx.default_device())

@@ -18,8 +18,8 @@ from typing import Any, BinaryIO
 logger = logging.getLogger(__name__)
 
 SUPPORTED_VERSIONS = (2, 3)
-MAX_KV_COUNT = 1 << 16
-MAX_TENSOR_COUNT = 1 << 17
+MAX_KV_COUNT = 1 << 14  # real files hold tens to a few hundred
+MAX_TENSOR_COUNT = 1 << 16  # unmerged-expert MoE files reach ~15k
 MAX_KEY_BYTES = 1024
 MAX_TENSOR_NAME_BYTES = 63  # ggml's GGML_MAX_NAME is 64 including the NUL
 MAX_STRING_BYTES = 16 << 20
@@ -30,7 +30,8 @@ MAX_DIMS = 4
 INT64_MAX = (1 << 63) - 1
 _CHUNK = 1 << 20
 _SMALL_ARRAY = 1024  # numeric arrays up to this length keep their values (per-layer head counts)
-_SMALL_STRING_ARRAY = 64  # string arrays up to this length are decoded (general.tags)
+_SMALL_STRING_ARRAY = 64  # string arrays up to this length are decoded (general.tags) …
+_DECODE_BUDGET = 4096  # … until this many strings were decoded in the file; the rest are skipped
 
 # GGUF value types: (struct code, byte width); 8 = string, 9 = array.
 STRING, ARRAY = 8, 9
@@ -145,7 +146,7 @@ class _Walker:
             self.strings_seen += count
             if self.strings_seen > MAX_TOTAL_ARRAY_STRINGS:
                 raise GGUFFormatError(f"more than {MAX_TOTAL_ARRAY_STRINGS} strings in metadata arrays")
-            if count <= _SMALL_STRING_ARRAY:
+            if count <= _SMALL_STRING_ARRAY and self.strings_seen <= _DECODE_BUDGET:
                 return sub, [self.raw_string(f"element of {key!r}").decode("utf-8", "replace") for _ in range(count)]
             self.skip_strings(count, repr(key))
             return sub, count
@@ -219,35 +220,40 @@ def _metadata(w: _Walker, n_kv: int) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def _tensor_infos(w: _Walker, n_tensors: int) -> list[tuple[str, tuple[int, ...], int, int, int, int]]:
-    """(name, shape, ggml type, offset, elements, bytes) per tensor, shapes checked."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    """(name, shape, ggml type, offset, elements, bytes) per tensor, shapes checked.
 
+    This loop runs up to MAX_TENSOR_COUNT times, so messages are built only on failure."""
+    from gguf import GGML_QUANT_SIZES
+
+    sizes = {int(k): v for k, v in GGML_QUANT_SIZES.items()}
     out = []
     seen: set[str] = set()
     for i in range(n_tensors):
-        name = w.text(f"tensor #{i} name", MAX_TENSOR_NAME_BYTES)
-        if not name:
-            raise GGUFFormatError(f"tensor #{i} has an empty name")
-        if name in seen:
-            raise GGUFFormatError(f"duplicate tensor {name!r}")
-        seen.add(name)
-        n_dims = w.u32(f"dimension count of {name!r}")
-        if not 1 <= n_dims <= MAX_DIMS:
-            raise GGUFFormatError(f"tensor {name!r} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-        shape = tuple(w.u64(f"shape of {name!r}") for _ in range(n_dims))
-        n = 1
-        for d in shape:
-            n *= d
-            if d > INT64_MAX or n > INT64_MAX:
-                raise GGUFFormatError(f"tensor {name!r} shape {list(shape)} overflows 64-bit element counts")
-        ttype = w.u32(f"type of {name!r}")
+        name = w.text("a tensor name", MAX_TENSOR_NAME_BYTES)
         try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
-        except (ValueError, KeyError):
-            raise GGUFFormatError(f"tensor {name!r} has unknown ggml type {ttype}") from None
-        if shape[0] % block:
-            raise GGUFFormatError(f"tensor {name!r} row of {shape[0]} is not a multiple of its block size {block}")
-        offset = w.u64(f"offset of {name!r}")
+            if not name:
+                raise GGUFFormatError("has an empty name")
+            if name in seen:
+                raise GGUFFormatError("is a duplicate")
+            seen.add(name)
+            n_dims = w.u32("the dimension count")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFFormatError(f"has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+            shape = tuple(w.u64("the shape") for _ in range(n_dims))
+            n = 1
+            for d in shape:
+                n *= d
+                if d > INT64_MAX or n > INT64_MAX:
+                    raise GGUFFormatError(f"shape {list(shape)} overflows 64-bit element counts")
+            ttype = w.u32("the type")
+            if ttype not in sizes:
+                raise GGUFFormatError(f"has unknown ggml type {ttype}")
+            block, type_size = sizes[ttype]
+            if shape[0] % block:
+                raise GGUFFormatError(f"row of {shape[0]} is not a multiple of its block size {block}")
+            offset = w.u64("the offset")
+        except GGUFFormatError as exc:
+            raise GGUFFormatError(f"tensor #{i} {name!r} {exc}") from None
         out.append((name, shape, ttype, offset, n, n // block * type_size))
     return out
 

@@ -171,7 +171,7 @@ BAD = {
     "data past EOF": (lambda: RawGGUF(tensors=[("t", (1024,), 0, 0)], data=bytes(64)), ["past the end"]),
     "unknown ggml type": (lambda: RawGGUF(tensors=[("t", (8,), 4, 0)], data=bytes(64)), ["unknown ggml type 4"]),
     "row not block multiple": (lambda: RawGGUF(tensors=[("t", (33,), 8, 0)], data=bytes(64)), ["block size"]),
-    "duplicate tensor": (lambda: RawGGUF(tensors=[("t", (8,), 0, 0), ("t", (8,), 0, 32)]), ["duplicate tensor 't'"]),
+    "duplicate tensor": (lambda: RawGGUF(tensors=[("t", (8,), 0, 0), ("t", (8,), 0, 32)]), ["'t' is a duplicate"]),
     "empty tensor name": (lambda: RawGGUF(tensors=[("", (8,), 0, 0)]), ["empty name"]),
     "tensor name too long": (lambda: RawGGUF(tensors=[("x" * 64, (8,), 0, 0)]), ["claims 64 bytes"]),
     "overlapping tensors": (lambda: RawGGUF(tensors=[("a", (16,), 0, 0), ("b", (16,), 0, 32)]), ["overlaps"]),
@@ -268,3 +268,37 @@ def test_real_gemma_header_without_its_data(gemma_gguf, tmp_path):
     path = tmp_path / "gemma-head.gguf"
     path.write_bytes(head)
     _expect_invalid(path, "past the end")
+
+
+def _header(n_tensors: int, n_kv: int) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv)
+
+
+@pytest.mark.slow
+def test_worst_case_counts_stay_under_two_seconds(tmp_path):
+    """The caps are what keep the walk bounded: the most kvs (each a string array) and the
+    most tensors the limits allow are still walked in under 2 s."""
+    n_kv = gguf_walk.MAX_KV_COUNT
+    parts = [_header(0, n_kv)]
+    for i in range(n_kv):
+        key = f"k{i}".encode()
+        parts.append(struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", ARRAY, STRING, 32) + bytes(8 * 32))
+    kvs = tmp_path / "kvs.gguf"
+    kvs.write_bytes(b"".join(parts))
+    n_t = gguf_walk.MAX_TENSOR_COUNT
+    parts = [_header(n_t, 0)]
+    for i in range(n_t):
+        name = f"t{i}".encode()
+        parts.append(struct.pack("<Q", len(name)) + name + struct.pack("<IQIQ", 1, 0, 0, 0))  # empty F32 tensors
+    data = b"".join(parts)
+    tensors = tmp_path / "tensors.gguf"
+    tensors.write_bytes(data + bytes(-len(data) % 32))
+    for path, attr, n in ((kvs, "kv_count", n_kv), (tensors, "tensor_count", n_t)):
+        t0 = time.perf_counter()
+        info = read_gguf_metadata(path)
+        assert time.perf_counter() - t0 < 2.0
+        assert getattr(info, attr) == n
+    over = bytearray(tensors.read_bytes())
+    over[8:16] = struct.pack("<Q", n_t + 1)
+    tensors.write_bytes(bytes(over) + bytes(64))
+    _expect_invalid(tensors, "tensor count")

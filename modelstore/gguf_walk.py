@@ -53,6 +53,7 @@ def type_name(t: int) -> str:
 class GGUFFormatError(Exception):
     """A problem found while walking; the caller turns it into InvalidModelFile naming the file."""
 
+
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -131,7 +132,7 @@ class _Walker:
                 raise GGUFFormatError(f"truncated: a string of {what} runs past the end of the file")
 
     def array(self, key: str) -> tuple[int, Any]:
-        """Returns (element type, values or None when too long to keep)."""
+        """(element type, the values) — or, for arrays too long to keep, (type, their length)."""
         sub = self.u32(f"element type of {key!r}")
         count = self.u64(f"length of {key!r}")
         if sub == ARRAY:
@@ -164,6 +165,8 @@ class _Walker:
 
 
 def _header(w: _Walker) -> tuple[int, int, int]:
+    if w.size == 0:
+        raise GGUFFormatError("not a GGUF file (it is empty)")
     off = w._fill(min(w.size, 24), "header")
     magic = w.buf[off : off + 4]
     if magic != b"GGUF"[: len(magic)] or not magic:

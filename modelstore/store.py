@@ -102,7 +102,9 @@ class ModelStore:
         p = Path(path).expanduser()
         if not p.exists():
             raise ModelNotFound(f"{p}: no such file or folder", hint="check the path")
-        p = p.resolve()
+        # Absolute but symlinks kept: an HF snapshot link is named model-00001-of-00002.gguf,
+        # its blob only by a hash, and the name is what finds shards and names the model.
+        p = Path(os.path.abspath(p))
         if p.is_dir():
             return self._inspect_mlx(p, name)
         return self._inspect_gguf(p, name)
@@ -126,8 +128,10 @@ class ModelStore:
         for k, (f, info) in enumerate(zip(files, infos)):
             expected_count = len(files) if split else 1
             if (info.split_count or 1) != expected_count or (info.split_no is not None and info.split_no != k):
+                said = f"part {(info.split_no or 0) + 1} of {info.split_count}" if info.split_count else "an unsplit file"
+                named = f"part {k + 1} of {expected_count}" if split else "an unsplit file"
                 raise InvalidModelFile(
-                    f"{f}: its metadata says shard {info.split_no} of {info.split_count}, its name says {k} of {expected_count}",
+                    f"{f}: its metadata says {said}, its name says {named}",
                     hint="keep split files under their original -0000k-of-0000N.gguf names",
                 )
         first = infos[0]

@@ -109,7 +109,7 @@ def test_split_gguf_missing_corrupt_or_renamed_shard(store, tmp_path):
     shards[2].write_bytes(keep)
     lone = tmp_path / "lone.gguf"  # a shard renamed so its name no longer says so
     shutil.copy(shards[0], lone)
-    with pytest.raises(InvalidModelFile, match="shard 0 of 3"):
+    with pytest.raises(InvalidModelFile, match="says part 1 of 3, its name says an unsplit file"):
         store.import_path(lone)
     assert store.list() == []
 
@@ -338,3 +338,18 @@ def test_non_model_ggufs_refused(store, tmp_path, kv, tensors, words):
     with pytest.raises(InvalidModelFile, match=words):
         store.import_path(path)
     assert store.list() == []
+
+
+def test_import_through_symlinks_keeps_the_link_name(store, tmp_path):
+    """HF cache layout: snapshot links carry the names, blobs only hashes."""
+    first = write_tiny_llama_gguf(tmp_path / "src" / "Model-Q8.gguf", split_max_tensors=8)
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    for shard in sorted(first.parent.iterdir()):
+        blob = tmp_path / "blobs" / hashlib.sha256(shard.name.encode()).hexdigest()
+        blob.parent.mkdir(exist_ok=True)
+        shard.rename(blob)
+        os.symlink(blob, snap / shard.name)
+    rec = store.import_path(snap / first.name)
+    assert rec.name == "model-q8" and rec.path == str(snap / first.name)
+    assert len(rec.files) == 3 and all(os.path.islink(f.path) for f in rec.files)

@@ -259,6 +259,9 @@ class MlcRuntime:
             command = mlc_command()
         except RuntimeUnavailable as exc:
             return RuntimeStatus(self.name, False, reason=exc.message, fix=FIX)
+        if shutil.which(command[0]) is None:
+            return RuntimeStatus(self.name, False, reason=f"the configured MLC command {command[0]!r} is not there",
+                                 fix=f"fix {COMMAND_ENV} or the model's mlc_command, or: {FIX}")
         return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
                              details={"command": shlex.join(command)})
 

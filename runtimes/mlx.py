@@ -147,7 +147,7 @@ class MlxRuntime:
             mx.set_default_device(mx.cpu)
         try:
             mlx_model, tokenizer = mlx_lm.load(str(folder), trust_remote_code=trust)
-        except (FileNotFoundError, ValueError, KeyError, TypeError, OSError) as exc:
+        except (FileNotFoundError, ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
             raise InvalidModelFile(f"{model.name}: mlx-lm cannot load {folder}: {exc}") from exc
         log.info("loaded %s with mlx-lm on %s", model.name, mx.default_device())
         return MlxSession(mlx_model, tokenizer, plan=plan, name=model.name, config=config)

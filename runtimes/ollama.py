@@ -136,8 +136,11 @@ class OllamaClient:
         if response.status_code < 400:
             return
         message = error_message(response) or f"HTTP {response.status_code}"
-        if response.status_code == 404:
+        if response.status_code == 404 and model:
             raise ModelNotFound(f"Ollama has no model {model!r} ({message})", hint=f"run `ollama pull {model}`")
+        if response.status_code == 404:
+            raise RuntimeUnavailable(f"{response.url} answered 404: is {self.base_url} an Ollama server?",
+                                     hint="check OLLAMA_HOST")
         if response.status_code == 400 and CONTEXT_WORDS.search(message):
             raise ContextOverflow(f"Ollama: {message}", hint="shorten the conversation or raise the context length")
         if response.status_code == 400:
@@ -274,13 +277,13 @@ class OllamaRuntime:
             running = {_tagged(m.get("name", "")) for m in client.request("GET", "/api/ps").get("models", [])}
             was_loaded = _tagged(name) in running
             keep_alive = plan.options.get("keep_alive", DEFAULT_KEEP_ALIVE)
-            if plan.options.get("preload", True):
+            caps = info.get("capabilities")  # absent before Ollama 0.6: assume a chat model
+            if plan.options.get("preload", True) and (caps is None or "completion" in caps):
                 client.request("POST", "/api/generate", model=name, json={
                     "model": name, "stream": False, "keep_alive": keep_alive, "options": {"num_ctx": plan.n_ctx}})
         except LocalrunError:
             client.close()
             raise
-        caps = info.get("capabilities")
         capabilities = frozenset({"embeddings"}) if caps is None or "embedding" in caps else frozenset()
         return OllamaSession(client, name, plan=plan, keep_alive=keep_alive, capabilities=capabilities,
                              unload_on_close=not was_loaded)

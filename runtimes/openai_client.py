@@ -139,7 +139,7 @@ def shape_stream(
         close = getattr(pieces, "close", None)
         if close is not None:
             close()
-    if usage is None or finish == "cancelled" and usage.completion_tokens < generated:
+    if usage is None or (finish == "cancelled" and usage.completion_tokens < generated):
         usage = Usage(prompt_tokens=usage.prompt_tokens if usage else prompt_tokens, completion_tokens=generated)
     yield Chunk("", finish_reason=finish, usage=usage)
 

@@ -183,6 +183,8 @@ class _Handler(BaseHTTPRequestHandler):
         m = self.state.find(name)
         if m is None:
             return self._json(404, {"error": f'model "{name}" not found, try pulling it first'})
+        if "completion" not in m.capabilities:  # Ollama's answer for an embedding-only model
+            return self._json(400, {"error": f'"{name}" does not support {"chat" if chat else "generate"}'})
         self._keep_alive(m.name, body.get("keep_alive", "5m"))
         base = {"model": name, "created_at": _now()}
         if empty:  # load or unload only

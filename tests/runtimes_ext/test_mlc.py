@@ -87,10 +87,13 @@ def test_without_mlc_probe_and_load_give_the_wheel_index_command(monkeypatch, tm
     assert info.value.hint == FIX
 
 
-def test_probe_with_a_configured_command(monkeypatch):
+def test_probe_with_a_configured_command(monkeypatch, tmp_path):
     monkeypatch.setenv(COMMAND_ENV, f"{sys.executable} /x/mlc_llm")
     status = MlcRuntime().probe()
     assert status.available and status.details["command"].endswith("/x/mlc_llm")
+    monkeypatch.setenv(COMMAND_ENV, str(tmp_path / "no-such-mlc"))
+    status = MlcRuntime().probe()
+    assert not status.available and "no-such-mlc" in status.reason and COMMAND_ENV in status.fix
 
 
 # --- the model folder ----------------------------------------------------------------

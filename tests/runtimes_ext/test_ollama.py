@@ -6,8 +6,11 @@ official ``ollama`` client, so the fake cannot drift into something only localru
 
 from __future__ import annotations
 
+import functools
 import socket
+import threading
 import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import ollama
@@ -106,6 +109,18 @@ def test_probe_and_load_when_ollama_is_down_say_how_to_start_it():
     assert "ollama serve" in info.value.hint and "OLLAMA_HOST" in info.value.hint
 
 
+def test_probe_of_something_that_is_not_ollama(tmp_path):
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        status = OllamaRuntime(host=f"127.0.0.1:{server.server_address[1]}").probe()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not status.available and "an Ollama server?" in status.reason
+
+
 def test_probe_uses_ollama_host_from_the_environment(fake_ollama, monkeypatch):
     monkeypatch.setenv("OLLAMA_HOST", fake_ollama.url.removeprefix("http://"))
     assert OllamaRuntime().probe().available
@@ -171,6 +186,9 @@ def test_completion_is_raw(fake_ollama):
 def test_embeddings(fake_ollama):
     session = OllamaRuntime(host=fake_ollama.url).load(_record("nomic-embed-text"), _plan())
     assert "embeddings" in session.capabilities
+    assert _bodies(fake_ollama, "/api/generate") == []  # an embedding model cannot be preloaded by generate
+    with pytest.raises(UnsupportedFeature, match="does not support chat"):
+        list(session.chat(ChatRequest(messages=(Message("user", "hi"),)), Cancel()))
     vectors = session.embed(["a", "b", "a"])
     assert len(vectors) == 3 and vectors[0] == vectors[2] != vectors[1]
     chat_only = OllamaRuntime(host=fake_ollama.url).load(_record(), _plan())

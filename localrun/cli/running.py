@@ -43,7 +43,7 @@ def resolve_or_builtin(store, name: str):
     from localrun.errors import ModelNotFound
 
     try:
-        return store.resolve(name)
+        return store.resolve(name, allow_path=True)
     except ModelNotFound:
         record = store.ensure_default_model()
         if record is not None and record.name == name:

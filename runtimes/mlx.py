@@ -18,6 +18,7 @@ tokens.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -118,10 +119,9 @@ class MlxRuntime:
             return RuntimeStatus(self.name, False, reason="mlx is not installed", fix=FIX)
         except OSError as exc:  # a wheel whose native library cannot load on this machine
             return RuntimeStatus(self.name, False, reason=f"mlx is installed but will not load: {exc}", fix=FIX)
-        try:
-            import mlx_lm  # noqa: F401
-        except ImportError as exc:
-            return RuntimeStatus(self.name, False, reason=f"mlx is installed but mlx-lm is not ({exc})", fix=FIX)
+        # Looked up, not imported: importing mlx-lm pulls in transformers (about a second).
+        if importlib.util.find_spec("mlx_lm") is None:
+            return RuntimeStatus(self.name, False, reason="mlx is installed but mlx-lm is not", fix=FIX)
         device = mx.default_device()
         on_gpu = device.type == mx.gpu
         kind = ("metal" if mx.metal.is_available() else "gpu") if on_gpu else "cpu"

@@ -55,8 +55,19 @@ def test_probe_without_mlx_gives_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlx", None)
     monkeypatch.setitem(sys.modules, "mlx.core", None)
     status = MlxRuntime().probe()
-    assert not status.available
+    assert not status.available and status.reason == "mlx is not installed"
     assert status.fix == "pip install 'localrun[mlx]'"
+
+
+def test_probe_without_mlx_lm(monkeypatch):
+    import importlib.util
+
+    from localrun.runtimes.mlx import MlxRuntime
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlx_lm" else real(name, *a))
+    status = MlxRuntime().probe()
+    assert not status.available and "mlx-lm is not" in status.reason
 
 
 @pytest.mark.parametrize("where,key,value", [

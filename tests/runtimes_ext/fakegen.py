@@ -35,7 +35,6 @@ def generate(prompt: str, *, seed: int | None, max_tokens: int | None,
              stops: Sequence[str] = ()) -> Iterator[tuple[str, str | None]]:
     """Yield ``(text, None)`` per token and finally ``("", "stop" | "length")``."""
     stops = [s for s in stops if s]
-    sent = ""
     pending = ""
     for n, word in enumerate(words(prompt, seed), start=1):
         pending += word
@@ -49,7 +48,6 @@ def generate(prompt: str, *, seed: int | None, max_tokens: int | None,
         keep = max((k for s in stops for k in range(1, len(s)) if pending.endswith(s[:k])), default=0)
         out, pending = pending[: len(pending) - keep], pending[len(pending) - keep :]
         if out:
-            sent += out
             yield out, None
         if max_tokens is not None and n >= max_tokens:
             if pending:

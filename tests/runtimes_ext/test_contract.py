@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from localrun.errors import ModelNotFound
+from localrun.runtimes.base import Session
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
 from tests.runtimes_ext.conftest import mlc_plan, mlx_available
 from tests.runtimes_ext.fake_ollama import FakeModel, FakeOllama
@@ -69,6 +70,11 @@ def _chat(**sampling) -> ChatRequest:
 
 def _complete(prompt: str = "once upon a time", **sampling) -> CompletionRequest:
     return CompletionRequest(prompt, Sampling(**{"temperature": 0.0, "seed": 1, **sampling}))
+
+
+def test_session_follows_the_protocol(harness):
+    assert isinstance(harness.session, Session)
+    assert isinstance(harness.session.capabilities, frozenset)
 
 
 def test_streams_chunks_then_one_final_chunk_with_usage(harness):

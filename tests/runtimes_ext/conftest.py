@@ -53,6 +53,7 @@ def fake_ollama():
     models = [FakeModel("llama3.2:latest"), FakeModel("nomic-embed-text:latest", capabilities=("embedding",))]
     with FakeOllama(models) as server:
         yield server
+    assert server.state.errors == [], "the fake Ollama server failed while handling a request"
 
 
 @pytest.fixture

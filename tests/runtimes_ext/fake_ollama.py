@@ -10,6 +10,7 @@ is run against it in the tests, which keeps it honest.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ class FakeOllamaState:
     loaded: dict[str, float] = field(default_factory=dict)  # name -> expires_at (epoch s)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     disconnects: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # handler failures other than hang-ups
     token_delay_s: float = 0.0
     max_stream_tokens: int = 100_000
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -203,9 +205,9 @@ class _Handler(BaseHTTPRequestHandler):
 
         texts, reason, n = [], "stop", 0
         stream = body.get("stream", True)
-        if stream:
-            self._start_stream()
         try:
+            if stream:
+                self._start_stream()
             for text, finish in pieces:
                 if finish is not None:
                     reason = finish
@@ -252,6 +254,14 @@ class FakeOllama(ThreadingHTTPServer):
         self.state = FakeOllamaState(models={m.name: m for m in (models or [])})
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up is normal here (cancel tests); anything else is kept."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            return
+        self.state.errors.append(repr(exc))
+        super().handle_error(request, client_address)
 
     def __enter__(self) -> "FakeOllama":
         self._thread.start()

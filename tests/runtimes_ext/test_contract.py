@@ -45,6 +45,7 @@ def _ollama(request, tmp_path):
         session = rt.load(ModelRecord(name="llama3.2", format=Format.GGUF, path=""), plan)
         yield Harness(session, lambda: rt.load(ModelRecord(name="gone", format=Format.GGUF, path=""), plan))
         session.close()
+    assert server.state.errors == []
 
 
 def _mlc(request, tmp_path):

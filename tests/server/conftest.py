@@ -164,28 +164,32 @@ class ServerProcess:
 
 @pytest.fixture
 def spawn_server(tmp_path):
-    """Start a server process: ``spawn_server(args, env=...)``; args after ``python -m``."""
+    """Start a server process: ``spawn_server(args, port=P, env=...)``, args after ``python -m``.
+
+    Ready once ``/health`` answers on the port (any status: a key may be required).
+    """
     started: list[ServerProcess] = []
 
-    def spawn(args: list[str], *, env: dict | None = None, wait: bool = True, timeout: float = 60.0) -> ServerProcess:
+    def spawn(args: list[str], *, port: int, env: dict | None = None, wait: bool = True, timeout: float = 60.0) -> ServerProcess:
         full_env = dict(os.environ)
         full_env.update(env or {})
         full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
         log_path = tmp_path / f"server-{len(started)}.log"
-        log_file = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=log_file, env=full_env, cwd=REPO)
-        server = ServerProcess(proc, "", log_path)
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen([sys.executable, "-m", *args], stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
+        server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
         started.append(server)
         if not wait:
             return server
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            line = proc.stdout.readline().decode(errors="replace")
-            if line.startswith("READY "):
-                server.url = line.split()[1]
-                return server
-            if not line and proc.poll() is not None:
+            if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}: {server.log_text()[-2000:]}")
+            try:
+                httpx.get(f"{server.url}/health", timeout=1)
+                return server
+            except httpx.TransportError:
+                time.sleep(0.1)
         raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
 
     yield spawn

@@ -118,7 +118,11 @@ class ModelManager:
         from localrun.runtimes import get_runtime
         from localrun.worker.host import InProcessHandle, WorkerHandle
 
+        import dataclasses
+
         runtime = get_runtime(plan.runtime)
+        if "log_dir" not in plan.options:
+            plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
             log_path = self.settings.data_dir / "logs" / f"worker-{safe}.log"

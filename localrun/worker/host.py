@@ -203,10 +203,15 @@ class InProcessHandle:
         self.session = session
         self.pid = os.getpid()
         self.capabilities = frozenset(getattr(session, "capabilities", ()))
-        self.alive = True
+        self._open = True
         self._ids = itertools.count(1)
         self._cancels: dict[int, Cancel] = {}
         self._serial = threading.Lock() if not getattr(session, "concurrent", False) else None
+
+    @property
+    def alive(self) -> bool:
+        """Open, and the session's own process (an MLC server, say) still running."""
+        return self._open and bool(getattr(self.session, "alive", True))
 
     def submit(self, op: str, payload: dict[str, Any], sink: Sink) -> int:
         rid = next(self._ids)
@@ -249,7 +254,7 @@ class InProcessHandle:
         deadline = time.monotonic() + timeout_s
         while self._cancels and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.alive = False
+        self._open = False
         self.session.close()
 
 

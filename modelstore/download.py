@@ -20,23 +20,25 @@ import errno
 import hashlib
 import logging
 import os
+import queue
 import re
 import shutil
+import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from localrun.errors import AccessDenied, DownloadFailed, InvalidName, ModelNotFound
+from localrun.errors import AccessDenied, DownloadFailed, ModelNotFound
 from localrun.modelstore.hub import RemoteFile
-from localrun.modelstore.names import safe_join, safe_relpath
+from localrun.modelstore.hfcache import CacheLayout
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024
+_BATCH = 1024 * 1024
+_SYNC_EVERY = 32 * 1024 * 1024
 RETRIES = 5
-_ETAG_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
@@ -65,73 +67,7 @@ class FetchResult:
     reused: bool  # the verified blob was already in the cache
 
 
-class CacheLayout:
-    """One repo's folder in the HF cache; every path it hands out is proven inside the cache."""
-
-    def __init__(self, cache_dir: str | Path, repo: str) -> None:
-        self.cache_dir = Path(cache_dir)
-        self.repo = repo
-        self.folder_name = "models--" + repo.replace("/", "--")
-        safe_relpath(self.folder_name)
-
-    @property
-    def folder(self) -> Path:
-        return self.cache_dir / self.folder_name
-
-    def _inside(self, rel: str) -> Path:
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        return safe_join(self.cache_dir, f"{self.folder_name}/{rel}")
-
-    def blob(self, etag: str) -> Path:
-        if not _ETAG_RE.match(etag):
-            raise InvalidName(f"{self.repo}: invalid blob id {etag[:80]!r}")
-        return self._inside(f"blobs/{etag}")
-
-    def snapshot(self, commit: str, path: str) -> Path:
-        return self._inside(f"snapshots/{commit}/{safe_relpath(path)}")
-
-    def snapshot_dir(self, commit: str) -> Path:
-        return self._inside(f"snapshots/{commit}")
-
-    def lock(self, etag: str) -> Path:
-        return safe_join(self.cache_dir, f".locks/{self.folder_name}/{etag}.lock")
-
-    def read_ref(self, revision: str) -> str | None:
-        try:
-            value = self._inside(f"refs/{safe_relpath(revision)}").read_text().strip()
-        except OSError:
-            return None
-        return value if re.fullmatch(r"[0-9a-f]{40}", value) else None
-
-    def write_ref(self, revision: str, commit: str) -> None:
-        """refs/<revision> names the commit a branch or tag was at, as huggingface_hub does."""
-        if revision == commit:
-            return
-        path = self._inside(f"refs/{safe_relpath(revision)}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text(commit)
-        os.replace(tmp, path)
-
-    def link(self, commit: str, path: str, blob: Path) -> Path:
-        """Point snapshots/<commit>/<path> at the blob (relative symlink; a copy where links fail)."""
-        snap = self.snapshot(commit, path)
-        snap.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(snap):
-            if snap.is_dir() and not snap.is_symlink():
-                raise InvalidName(f"{self.repo}: {path!r} is a folder in the cache, not a file")
-            if snap.exists() and os.path.samefile(snap, blob):
-                return snap
-        tmp = snap.with_name(f".{snap.name}.{uuid.uuid4().hex[:8]}.tmp")
-        try:
-            os.symlink(os.path.relpath(blob, snap.parent), tmp)
-        except OSError:  # Windows without symlink rights: huggingface_hub copies too
-            shutil.copyfile(blob, tmp)
-        os.replace(tmp, snap)
-        return snap
-
-
-class _Digest:
+class FileDigest:
     """sha256 always; git sha1 too when the listing gave only a git oid (non-LFS file)."""
 
     def __init__(self, rf: RemoteFile) -> None:
@@ -160,8 +96,8 @@ def _write(f: BinaryIO, data) -> None:
     f.write(data)
 
 
-def _hash_file(path: Path, rf: RemoteFile, limit: int | None, progress: ProgressCallback | None) -> tuple[_Digest, int]:
-    digest, done = _Digest(rf), 0
+def hash_file(path: Path, rf: RemoteFile, limit: int | None, progress: ProgressCallback | None) -> tuple[FileDigest, int]:
+    digest, done = FileDigest(rf), 0
     with open(path, "rb") as f:
         while limit is None or done < limit:
             block = f.read(CHUNK_SIZE if limit is None else min(CHUNK_SIZE * 8, limit - done))
@@ -174,7 +110,7 @@ def _hash_file(path: Path, rf: RemoteFile, limit: int | None, progress: Progress
     return digest, done
 
 
-def _check_space(folder: Path, need: int, what: str) -> None:
+def check_disk_space(folder: Path, need: int, what: str) -> None:
     free = shutil.disk_usage(folder).free
     if need > free:
         raise DownloadFailed(f"not enough disk space for {what}: need {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free in {folder}",
@@ -189,7 +125,7 @@ class _Transfer:
     """
 
     def __init__(self, client, url: str, headers: dict, rf: RemoteFile, partial: Path, repo: str,
-                 progress: ProgressCallback | None, chunk_size: int | None, retries: int, digest: _Digest, offset: int) -> None:
+                 progress: ProgressCallback | None, chunk_size: int | None, retries: int, digest: FileDigest, offset: int) -> None:
         self.client, self.url, self.headers, self.rf, self.partial, self.repo = client, url, headers, rf, partial, repo
         self.progress, self.chunk_size, self.retries = progress, chunk_size, retries
         self.digest, self.offset, self.fetched = digest, offset, 0
@@ -198,7 +134,7 @@ class _Transfer:
     def restart(self) -> None:
         with open(self.partial, "wb"):
             pass
-        self.digest, self.offset = _Digest(self.rf), 0
+        self.digest, self.offset = FileDigest(self.rf), 0
 
     def run(self) -> None:
         import httpx
@@ -251,23 +187,30 @@ class _Transfer:
         return True
 
     def _receive(self, resp, began: float, began_at: int) -> None:
-        last_report, size = 0.0, self.rf.size
+        last_report, size, received = 0.0, self.rf.size, self.offset
         try:
             with open(self.partial, "r+b" if self.partial.exists() else "wb") as f:
                 f.seek(self.offset)
-                for chunk in resp.iter_raw(self.chunk_size):
-                    if self.offset + len(chunk) > size:
-                        raise DownloadFailed(f"{self.where}: the server sent more than the {size} bytes the listing gives",
-                                             hint="the mirror serves a different file; check HF_ENDPOINT")
-                    _write(f, chunk)
-                    self.digest.update(chunk)
-                    self.offset += len(chunk)
-                    self.fetched += len(chunk)
-                    now = time.monotonic()
-                    if self.progress and (now - last_report >= 0.1 or self.offset == size):
-                        last_report = now
-                        speed = (self.offset - began_at) / max(now - began, 1e-6)
-                        self.progress(Progress(self.rf.path, self.offset, size, speed, (size - self.offset) / speed if speed else None))
+                sink = _Sink(self, f)
+                try:
+                    batch, batched = [], 0
+                    for chunk in resp.iter_raw(self.chunk_size):
+                        received += len(chunk)
+                        if received > size:
+                            raise DownloadFailed(f"{self.where}: the server sent more than the {size} bytes the listing gives",
+                                                 hint="the mirror serves a different file; check HF_ENDPOINT")
+                        batch.append(chunk)
+                        batched += len(chunk)
+                        if batched >= _BATCH:
+                            sink.put(batch)
+                            batch, batched = [], 0
+                        now = time.monotonic()
+                        if self.progress and now - last_report >= 0.1:
+                            last_report = now
+                            speed = (received - began_at) / max(now - began, 1e-6)
+                            self.progress(Progress(self.rf.path, received, size, speed, (size - received) / speed if speed else None))
+                finally:
+                    sink.close(batch)  # bytes received before a failure are good: keep them
                 if self.offset == size:
                     f.flush()
                     os.fsync(f.fileno())
@@ -276,6 +219,75 @@ class _Transfer:
                 raise DownloadFailed(f"disk full while writing {self.rf.path} ({self.offset} of {size} bytes kept)",
                                      hint="free some space and pull again: it resumes where it stopped") from exc
             raise DownloadFailed(f"cannot write {self.partial}: {exc}", hint="check the cache folder's permissions") from exc
+
+
+class _Sink:
+    """Writes and hashes on a second thread while the first keeps reading the socket.
+
+    recv, sha256, write and fdatasync all release the GIL, so the pipeline overlaps them;
+    serially, hashing alone costs a third of a loopback download. Chunks go over in ~1 MiB
+    batches to keep queue overhead negligible. A third thread flushes written data to disk
+    every few tens of MiB, so the fsync before the final rename has little left to do.
+    ``offset``/``digest`` on the transfer advance only after bytes are written, so they
+    always describe the partial file exactly.
+    """
+
+    def __init__(self, transfer: _Transfer, f: BinaryIO) -> None:
+        self.transfer, self.f, self.error = transfer, f, None
+        self.queue: queue.Queue = queue.Queue(maxsize=16)
+        self.dirty, self.stopping = threading.Event(), False
+        self.writer = threading.Thread(target=self._write_loop, name="localrun-download-writer", daemon=True)
+        self.syncer = threading.Thread(target=self._sync_loop, name="localrun-download-sync", daemon=True)
+        self.writer.start()
+        self.syncer.start()
+
+    def put(self, batch: list) -> None:
+        if self.error is not None:
+            raise self.error
+        if batch:
+            self.queue.put(batch)
+
+    def close(self, last: list) -> None:
+        if last and self.error is None:
+            self.queue.put(last)
+        self.queue.put(None)
+        self.writer.join()
+        self.stopping = True
+        self.dirty.set()
+        self.syncer.join()
+        if self.error is not None:
+            raise self.error
+
+    def _write_loop(self) -> None:
+        t, unsynced = self.transfer, 0
+        while (batch := self.queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain so the reader never blocks on a full queue
+            try:
+                data = batch[0] if len(batch) == 1 else b"".join(batch)  # one write, one hash: fewer GIL handoffs
+                _write(self.f, data)
+                t.digest.update(data)
+                t.offset += len(data)
+                t.fetched += len(data)
+                unsynced += len(data)
+                if unsynced >= _SYNC_EVERY:
+                    self.f.flush()
+                    self.dirty.set()
+                    unsynced = 0
+            except OSError as exc:
+                self.error = exc
+
+    def _sync_loop(self) -> None:
+        sync = getattr(os, "fdatasync", os.fsync)
+        while True:
+            self.dirty.wait()
+            self.dirty.clear()
+            if self.stopping:
+                return
+            try:
+                sync(self.f.fileno())
+            except OSError as exc:  # reported like a failed write
+                self.error = self.error or exc
 
 
 class _Retry(Exception):
@@ -309,7 +321,7 @@ def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, cl
                 progress(Progress(rf.path, 0, rf.size, phase="waiting"))
     try:
         if os.path.exists(blob):
-            digest, size = _hash_file(blob, rf, None, progress)
+            digest, size = hash_file(blob, rf, None, progress)
             if size == rf.size and digest.mismatch() is None:
                 snap = layout.link(commit, rf.path, blob)
                 if progress:
@@ -325,14 +337,14 @@ def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, cl
 def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: Path, partial: Path, client, headers: dict,
               progress: ProgressCallback | None, chunk_size: int | None, retries: int) -> FetchResult:
     offset = partial.stat().st_size if partial.exists() else 0
-    digest = _Digest(rf)
+    digest = FileDigest(rf)
     if offset > rf.size:
         partial.write_bytes(b"")
         offset = 0
     if offset:
-        digest, offset = _hash_file(partial, rf, offset, progress)
+        digest, offset = hash_file(partial, rf, offset, progress)
         logger.info("%s: resuming at byte %d of %d", rf.path, offset, rf.size)
-    _check_space(blob.parent, rf.size - offset, rf.path)
+    check_disk_space(blob.parent, rf.size - offset, rf.path)
     transfer = _Transfer(client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset)
     resumed = offset > 0
     while True:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound
-from localrun.modelstore.download import CacheLayout, FetchResult, ProgressCallback, _check_space, _hash_file, fetch_file
+from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, hash_file, fetch_file
+from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
 from localrun.modelstore.refs import HubRef, Selection, model_name_for, parse_ref, select_files
 from localrun.types import FileEntry, Format, ModelRecord, Source
@@ -181,7 +182,7 @@ def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchRes
     from localrun.errors import VerificationFailed
 
     snap = layout.snapshot(commit, rf.path)
-    digest, size = _hash_file(snap, rf, None, None)
+    digest, size = hash_file(snap, rf, None, None)
     problem = digest.mismatch() if size == rf.size else f"{size} bytes, expected {rf.size}"
     if problem:
         raise VerificationFailed(f"{layout.repo}/{rf.path} in the cache does not match its hash ({problem})",
@@ -236,7 +237,7 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
     layout = CacheLayout(plan.cache_dir, plan.repo)
     listing = plan.listing or HubClient(settings=settings).list_repo(plan.repo, plan.commit)
     if not plan.offline:
-        _check_space(layout.cache_dir, plan.download_bytes, f"{plan.repo} ({len(plan.files)} files)")
+        check_disk_space(layout.cache_dir, plan.download_bytes, f"{plan.repo} ({len(plan.files)} files)")
         layout.write_ref(plan.revision, plan.commit)
     client = HubClient(settings=settings, endpoint=plan.endpoint)
     results: dict[str, FetchResult] = {}

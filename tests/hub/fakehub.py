@@ -14,6 +14,7 @@ Range, answer 403 with an HTML body, redirect to another host. Every request is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -41,15 +42,18 @@ def fake_commit(*parts: str) -> str:
 
 @dataclass
 class FakeFile:
+    """A file of a commit. Hashes are computed once: a test that later swaps ``data``
+    gets a hub whose listing still promises the old bytes (a tampering hub)."""
+
     path: str
     data: bytes
     lfs: bool
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
 
-    @property
+    @functools.cached_property
     def oid(self) -> str:
         return git_blob_oid(self.data)
 

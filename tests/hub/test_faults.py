@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import os
 import threading
 from pathlib import Path
 

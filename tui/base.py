@@ -1,9 +1,10 @@
 """What every localrun screen shares: the frame (header, body, footer) and one way to run
 blocking work.
 
-``run_blocking`` is the only door to slow calls: it runs a function in a thread worker
-and, when it returns, posts the follow-up messages. When it raises, the worker's
-``StateChanged`` bubbles to the app, whose one handler shows the error.
+``run_blocking`` is the usual door to slow calls: it runs a function in a thread worker
+and, when it returns, posts the follow-up messages. When a screen's worker raises, the
+worker's ``StateChanged`` (which does not bubble) is handed here to the app's one error
+display, :meth:`LocalrunApp.show_error`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Static
-from textual.worker import Worker
+from textual.worker import Worker, WorkerState
 
 from localrun.tui.header import AppHeader
 from localrun.tui.messages import ModelsChanged, Notice
@@ -53,6 +54,11 @@ class LocalrunScreen(Screen):
         if self.backend is None:
             return self.lapp.backend_error or "The model store is not available."
         return None
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """Every screen's failed worker reaches the one error display (subclass handlers run too)."""
+        if event.state == WorkerState.ERROR and event.worker.error is not None:
+            self.lapp.show_error(event.worker.error, doing=event.worker.name)
 
     def run_blocking(
         self,

@@ -68,14 +68,14 @@ class ChatScreen(LocalrunScreen):
     ]
 
     @dataclass
-    class Tokens(Message):
+    class Tokens(Message, bubble=False):
         """A batch of streamed text."""
 
         text: str
         stats: str
 
     @dataclass
-    class Finished(Message):
+    class Finished(Message, bubble=False):
         text: str
         finish_reason: str | None
         stats: str

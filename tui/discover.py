@@ -49,7 +49,7 @@ class DiscoverScreen(LocalrunScreen):
     ]
 
     @dataclass
-    class Found(Message):
+    class Found(Message, bubble=False):
         """Search results (hub or cache) and a note on where they came from."""
 
         query: str
@@ -57,7 +57,7 @@ class DiscoverScreen(LocalrunScreen):
         note: str
 
     @dataclass
-    class OffersRead(Message):
+    class OffersRead(Message, bubble=False):
         repo: str
         offers: list[tuple[Offer, str | None, str | None]]  # offer, verdict, memory text
 
@@ -65,7 +65,7 @@ class DiscoverScreen(LocalrunScreen):
     note = getters.query_one("#hub-note", Static)
     repos_table = getters.query_one("#repos", DataTable)
     files_table = getters.query_one("#files", DataTable)
-    pulls_table = getters.query_one("#pulls", DataTable)
+    pulls_table = getters.query_one("#pull-table", DataTable)
 
     def __init__(self) -> None:
         super().__init__()
@@ -78,7 +78,7 @@ class DiscoverScreen(LocalrunScreen):
         yield Static("", id="hub-note", markup=False)
         yield DataTable(id="repos", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="files", cursor_type="row", zebra_stripes=True)
-        yield DataTable(id="pulls", cursor_type="row", show_cursor=True)
+        yield DataTable(id="pull-table", cursor_type="row", show_cursor=True)
 
     def on_mount(self) -> None:
         self.repos_table.add_columns("Repo", "Downloads", "Likes", "Updated")

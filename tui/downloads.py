@@ -56,7 +56,7 @@ class Downloads:
             try:
                 self._pull(ref, store, cancel)
             finally:
-                app.call_from_thread(self._cancels.pop, ref, None)
+                self._cancels.pop(ref, None)  # one dict operation: atomic, no hop to the UI needed
 
         app.run_worker(job, thread=True, group="pull", name=f"pull {ref}", exit_on_error=False)
         return True

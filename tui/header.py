@@ -40,10 +40,10 @@ class AppHeader(Widget):
         background: $panel;
         color: $foreground;
     }
-    AppHeader #status { height: 1; width: 1fr; text-style: bold; padding: 0 1; }
-    AppHeader #tabs-row { height: 1; overflow: hidden hidden; }
-    AppHeader #tabs { width: 1fr; padding: 0 1; }
-    AppHeader #pulls { width: auto; padding: 0 1; color: $accent; }
+    AppHeader #header-status { height: 1; width: 1fr; text-style: bold; padding: 0 1; }
+    AppHeader #header-tabs-row { height: 1; overflow: hidden hidden; }
+    AppHeader #header-tabs { width: 1fr; padding: 0 1; }
+    AppHeader #header-pulls { width: auto; padding: 0 1; color: $accent; }
     """
 
     def __init__(self, active: str, **kwargs) -> None:
@@ -51,10 +51,10 @@ class AppHeader(Widget):
         self.active = active
 
     def compose(self) -> ComposeResult:
-        yield Static(id="status", markup=False)
-        with Horizontal(id="tabs-row"):
-            yield Static(self._tabs(), id="tabs")
-            yield Static("", id="pulls")
+        yield Static(id="header-status", markup=False)
+        with Horizontal(id="header-tabs-row"):
+            yield Static(self._tabs(), id="header-tabs")
+            yield Static("", id="header-pulls")
 
     def on_mount(self) -> None:
         app = self.app
@@ -101,8 +101,8 @@ class AppHeader(Widget):
         self._refresh_status()
 
     def _refresh_status(self, *_args) -> None:
-        self.query_one("#status", Static).update(self.status_text(self.size.width or 200))
+        self.query_one("#header-status", Static).update(self.status_text(self.size.width or 200))
         pulling = {d.ref for d in (getattr(self.app, "downloads", ()) or ()) if d.active}
-        pulls = self.query_one("#pulls", Static)
+        pulls = self.query_one("#header-pulls", Static)
         pulls.update(f"↓ {len(pulling)} pulling" if pulling else "")
         pulls.display = bool(pulling)

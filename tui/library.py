@@ -99,13 +99,13 @@ class LibraryScreen(LocalrunScreen):
     ]
 
     @dataclass
-    class RowsRead(Message):
+    class RowsRead(Message, bubble=False):
         """The model list and its plans were read (in a thread)."""
 
         rows: list[LibraryRow]
 
     @dataclass
-    class DetailsRead(Message):
+    class DetailsRead(Message, bubble=False):
         details: ModelDetails
 
     table = getters.query_one("#models", DataTable)

@@ -55,7 +55,7 @@ class DownloadState:
 
 
 @dataclass
-class LoadedChanged(Message):
+class LoadedChanged(Message, bubble=False):
     """The set of loaded models (or their idle times) changed."""
 
     loaded: tuple[LoadedInfo, ...]
@@ -65,14 +65,14 @@ class LoadedChanged(Message):
 
 
 @dataclass
-class ModelsChanged(Message):
+class ModelsChanged(Message, bubble=False):
     """Models were added, removed, loaded or unloaded: lists should be read again."""
 
     reason: str = ""
 
 
 @dataclass
-class FactsReady(Message):
+class FactsReady(Message, bubble=False):
     """Hardware detection and runtime probes finished (they take a moment)."""
 
     hardware: Any
@@ -80,19 +80,19 @@ class FactsReady(Message):
 
 
 @dataclass
-class ServerChanged(Message):
+class ServerChanged(Message, bubble=False):
     state: ServerState
 
 
 @dataclass
-class RequestLogged(Message):
+class RequestLogged(Message, bubble=False):
     """The embedded server (or a chat in the TUI) finished a request."""
 
     entry: RequestLogEntry
 
 
 @dataclass
-class DownloadUpdated(Message):
+class DownloadUpdated(Message, bubble=False):
     """Progress of one pull; a newer update replaces an older one still in the queue."""
 
     state: DownloadState
@@ -102,7 +102,7 @@ class DownloadUpdated(Message):
 
 
 @dataclass
-class Notice(Message):
+class Notice(Message, bubble=False):
     """A finished action worth one line at the corner of the screen."""
 
     text: str

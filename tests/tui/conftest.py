@@ -35,6 +35,12 @@ def make_facts():
 
 
 @pytest.fixture
+def anyio_backend():
+    """Async tests run on asyncio through anyio's pytest plugin (installed with httpx)."""
+    return "asyncio"
+
+
+@pytest.fixture
 def facts():
     return make_facts()
 

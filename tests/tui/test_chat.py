@@ -1,0 +1,129 @@
+"""Chat screen under Pilot: a streamed Markdown answer from the fake runtime through the
+shared manager, stop mid-answer, TTFT and tok/s, copy, sampling validation, history."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from localrun.tui.chat import ChatScreen, parse_sampling, rate_text
+from tests.tui.conftest import screen_text, wait_for
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+def slow_manager(settings, store, planner):
+    """The fake runtime, 40 ms per token and a long reply: slow enough to stop mid-answer."""
+    from localrun.manager import ModelManager
+
+    def slow(record):
+        plan = planner(record)
+        return dataclasses.replace(plan, options={**plan.options, "fake_delay_s": 0.04, "fake_reply_words": 400})
+
+    manager = ModelManager(settings, store, planner=slow)
+    yield manager
+    manager.shutdown()
+
+
+async def _open_chat(pilot, app) -> ChatScreen:
+    await pilot.press("5")
+    screen = await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen, what="chat screen")
+    await wait_for(pilot, lambda: screen.model_select.value == "tiny", what="model list")
+    return screen
+
+
+async def test_answer_streams_as_markdown_with_stats(make, manager):
+    messages: list = []
+    app = make()
+    async with app.run_test(size=(100, 32), message_hook=messages.append) as pilot:
+        screen = await _open_chat(pilot, app)
+        await pilot.press(*"what is gguf?", "enter")
+        await wait_for(pilot, lambda: screen.last_answer, what="an answer")
+        assert screen.last_answer.startswith("You said: what is gguf?")
+        tokens = [m for m in messages if isinstance(m, ChatScreen.Tokens)]
+        finished = [m for m in messages if isinstance(m, ChatScreen.Finished)]
+        assert tokens and len(finished) == 1
+        assert "".join(t.text for t in tokens) == finished[0].text == screen.last_answer
+        assert finished[0].finish_reason == "stop"
+        text = screen_text(app)
+        assert "You said: what is gguf?" in text and "ttft" in text and "tok/s" in text
+        assert manager.is_loaded("tiny")  # chat loads through the manager the server shares
+        assert [m.role for m in screen.history] == ["user", "assistant"]
+        # the TUI's own chat shows in the server's request log
+        assert any(e.route == "chat" and e.model == "tiny" and e.completion_tokens > 1 for e in app.request_log)
+
+
+async def test_history_and_system_prompt_reach_the_model(make):
+    app = make()
+    async with app.run_test(size=(100, 32)) as pilot:
+        screen = await _open_chat(pilot, app)
+        await pilot.click("#system")
+        await pilot.press(*"be brief")
+        await pilot.click("#prompt")
+        await pilot.press(*"first", "enter")
+        await wait_for(pilot, lambda: len(screen.history) == 2)
+        await pilot.press(*"second", "enter")
+        await wait_for(pilot, lambda: len(screen.history) == 4)
+        assert screen.last_answer.startswith("You said: second")
+        assert screen.current_settings().system == "be brief"
+        await pilot.press("ctrl+l")
+        await pilot.pause(0.1)
+        assert screen.history == [] and "You said" not in screen_text(app)
+
+
+async def test_escape_stops_mid_answer(make, slow_manager, settings, store, facts):
+    from localrun.tui import make_app
+
+    messages: list = []
+    app = make_app(settings, store=store, manager=slow_manager, facts=facts, serve=False)
+    async with app.run_test(size=(100, 32), message_hook=messages.append) as pilot:
+        screen = await _open_chat(pilot, app)
+        await pilot.press(*"hello", "enter")
+        await wait_for(pilot, lambda: any(isinstance(m, ChatScreen.Tokens) for m in messages), what="first tokens")
+        assert screen.generating
+        await pilot.press("escape")
+        finished = await wait_for(pilot, lambda: [m for m in messages if isinstance(m, ChatScreen.Finished)], what="stop")
+        assert finished[0].finish_reason == "cancelled"
+        assert 0 < len(finished[0].text.split()) < 400
+        assert "stopped" in screen_text(app)
+        assert not screen.generating
+
+
+async def test_copy_last_answer(make):
+    app = make()
+    async with app.run_test(size=(100, 32)) as pilot:
+        screen = await _open_chat(pilot, app)
+        await pilot.press("ctrl+y")  # nothing yet: a note, no crash
+        await pilot.press(*"copy me", "enter")
+        await wait_for(pilot, lambda: screen.last_answer)
+        await pilot.press("ctrl+y")
+        assert app.clipboard == screen.last_answer
+
+
+async def test_bad_sampling_value_is_one_error_naming_the_field(make):
+    app = make()
+    async with app.run_test(size=(100, 32), notifications=True) as pilot:
+        screen = await _open_chat(pilot, app)
+        screen.query_one("#temperature").value = "hot"
+        await pilot.click("#prompt")
+        await pilot.press(*"hi", "enter")
+        await wait_for(pilot, lambda: "temperature" in screen_text(app), what="the error toast")
+        assert [n.title for n in app._notifications] == ["Settings problem"]
+        assert screen.history == [] and not screen.generating
+
+
+def test_parse_sampling_bounds():
+    s = parse_sampling("0.2", "0.5", "64")
+    assert (s.temperature, s.top_p, s.max_tokens) == (0.2, 0.5, 64)
+    from localrun.errors import ConfigError
+
+    for args in (("3", "0.5", "64"), ("0.2", "1.5", "64"), ("0.2", "0.5", "0"), ("x", "0.5", "1")):
+        with pytest.raises(ConfigError):
+            parse_sampling(*args)
+
+
+def test_rate_text():
+    assert rate_text(0.041, 11, 0.5, running=True) == "ttft 41 ms · 20.0 tok/s · 11 tokens · esc stop"
+    assert rate_text(None, 0, 0.0, running=False).startswith("waiting")

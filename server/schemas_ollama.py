@@ -193,7 +193,7 @@ def keep_alive_seconds(value: float | str | None) -> float | None:
             raise ValueError(f"keep_alive {value!r} is not a finite number")
         return number if number >= 0 else -1.0
     sign = -1.0 if text.startswith("-") else 1.0
-    body = text.lstrip("+-")
+    body = text[1:] if text[:1] in "+-" else text
     pos, total = 0, 0.0
     while pos < len(body):
         m = _DURATION_PART.match(body, pos)

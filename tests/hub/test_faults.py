@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -248,3 +250,49 @@ def test_sibling_prefix_outside_the_cache_is_refused(fake_hub, store, hf_cache):
     with pytest.raises(InvalidName):
         pull(store, repos.GGUF_REPO)
     assert list(evil.iterdir()) == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """An 8 MiB tmpfs (root only; skipped elsewhere) for a disk that really fills up."""
+    import subprocess
+
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC test covers this")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_real_disk_full_mid_download_then_resume(fake_hub, store, mid, small_tmpfs, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(small_tmpfs / "hub"))
+    fake_hub.faults.throttle_bps = 12 * 1024 * 1024
+    partial = small_tmpfs / "hub" / "models--testorg--Mid-GGUF" / "blobs" / (mid.sha256 + ".incomplete")
+    filler = small_tmpfs / "filler"
+
+    def fill_when_started():
+        while not partial.exists() or partial.stat().st_size < 1024 * 1024:
+            time.sleep(0.005)
+        try:  # take the rest of the disk while the pull is running
+            with open(filler, "wb", buffering=0) as f:
+                while True:
+                    f.write(b"\0" * 65536)
+        except OSError:
+            pass  # the disk is full: that was the point
+
+    t = threading.Thread(target=fill_when_started)
+    t.start()
+    with pytest.raises(DownloadFailed, match="disk full"):
+        pull(store, MID)
+    t.join(10)
+    kept = partial.stat().st_size
+    assert 0 < kept < len(mid.data) and not (partial.parent / mid.sha256).exists()
+    filler.unlink()
+    fake_hub.faults.throttle_bps = None
+    fake_hub.reset_log()
+    record = pull(store, MID)
+    assert Path(record.path).read_bytes() == mid.data
+    assert resolve_gets(fake_hub)[0].range == f"bytes={kept}-"

@@ -266,7 +266,12 @@ def discover_lmstudio(home: str | os.PathLike[str] | None = None, *, read_metada
     return out
 
 
-def discover_all(*, read_metadata: bool = True) -> list[ModelRecord]:
-    """Every candidate from the three stores, in that order (HF cache, Ollama, LM Studio)."""
+def discover_all(settings=None, *, read_metadata: bool = True) -> list[ModelRecord]:
+    """Every candidate from the three stores, in that order (HF cache, Ollama, LM Studio).
+
+    ``settings`` is accepted like every store entry point takes it; the three locations
+    come from the environment each tool itself reads (HF_HUB_CACHE/HF_HOME, OLLAMA_MODELS,
+    LM Studio's home pointer), so localrun finds exactly what those tools use.
+    """
     return (discover_hf_cache(read_metadata=read_metadata) + discover_ollama(read_metadata=read_metadata)
             + discover_lmstudio(read_metadata=read_metadata))

@@ -195,10 +195,10 @@ def test_lmstudio_legacy_home(monkeypatch, tmp_path):
     assert {r.name for r in discover_lmstudio()} == EXPECTED_LMS
 
 
-def test_discover_all_combines_sources(ollama_root, monkeypatch, tmp_path):
+def test_discover_all_combines_sources(ollama_root, store, monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     _lmstudio_tree(tmp_path / ".lmstudio" / "models")
-    sources = {r.source for r in discover_all()}
+    sources = {r.source for r in discover_all(store.settings)}
     assert sources == {Source.OLLAMA, Source.LMSTUDIO}
 
 

@@ -152,6 +152,9 @@ def _translate(exc: Exception, repo: str, revision: str | None, endpoint: str, t
         return DownloadFailed(f"cannot reach the hub at {endpoint}: {exc}", hint="check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already downloaded")
     if isinstance(exc, hf_errors.HfHubHTTPError):
         return DownloadFailed(f"the hub at {endpoint} answered {status} for {repo}: {str(exc).splitlines()[0]}", hint="try again later")
+    if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError)):  # what parsing a malformed answer raises
+        return DownloadFailed(f"the hub at {endpoint} sent a malformed answer for {repo}: {exc!r}",
+                              hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror")
     return exc
 
 

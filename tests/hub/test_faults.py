@@ -296,3 +296,12 @@ def test_real_disk_full_mid_download_then_resume(fake_hub, store, mid, small_tmp
     record = pull(store, MID)
     assert Path(record.path).read_bytes() == mid.data
     assert resolve_gets(fake_hub)[0].range == f"bytes={kept}-"
+
+
+@pytest.mark.parametrize("entry", [{"type": "file", "path": "x.gguf"}, {"type": "file"}, {"path": "x"}, "not-an-object"])
+def test_malformed_listing_is_a_typed_error(fake_hub, store, entry):
+    fake_hub.add_repo("evil/Repo-GGUF", {"Evil-Q4_K_M.gguf": repos.make_gguf(seed=66)})
+    fake_hub.repos["evil/Repo-GGUF"].extra_tree = [entry]
+    with pytest.raises((DownloadFailed, InvalidName)):
+        pull(store, "evil/Repo-GGUF")
+    assert resolve_gets(fake_hub) == []

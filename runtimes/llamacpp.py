@@ -206,6 +206,11 @@ class LlamaCppSession:
         cp.type_k = cp.type_v = kv
         if kv not in (0, 1):  # a quantized V cache needs flash attention
             cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if "swa_full" in plan.options:
+            # Sliding-window layers (Gemma 3) get a full-size cache by llama.cpp's default, so
+            # any cached prefix can be reused. False keeps only the window (less memory); the
+            # decoder then refuses a prefix whose window was already overwritten.
+            cp.swa_full = bool(plan.options["swa_full"])
         if "flash_attn" in plan.options:
             flag = plan.options["flash_attn"]
             cp.flash_attn_type = (llama.LLAMA_FLASH_ATTN_TYPE_AUTO if flag is None else

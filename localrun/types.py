@@ -36,6 +36,8 @@ class FileEntry:
     path: str
     size: int
     sha256: str | None = None
+    #: st_mtime_ns when the file last matched ``sha256``; a file touched since is re-hashed before use.
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)

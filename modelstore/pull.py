@@ -257,7 +257,7 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
     primary = results[plan.primary].path if plan.primary else layout.snapshot_dir(plan.commit)
     record = ModelRecord(
         name=plan.name, format=plan.format, path=str(primary),
-        files=tuple(FileEntry(str(r.path), r.size, r.sha256) for r in results.values()),
+        files=tuple(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in results.values()),
         source=Source.HUB, owned=True, repo=plan.repo, revision=plan.commit,
         metadata=_metadata(plan, primary, [r.path for r in results.values()]), added_at=time.time(),
     )

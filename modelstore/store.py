@@ -213,6 +213,32 @@ class ModelStore:
                     f"model {rec.name!r}: {entry.path} is {size} bytes, {entry.size} when registered",
                     hint=f"the file changed on disk; `localrun import --replace` it or `localrun rm {rec.name}`",
                 )
+        self._recheck_touched(rec)
+
+    def _recheck_touched(self, rec: ModelRecord) -> None:
+        """A file with a known sha256 that was modified since it last matched is re-hashed
+        before use, so a flipped byte is refused by name; an untouched file costs one stat."""
+        touched = []
+        for entry in rec.files:
+            if entry.sha256 is None:
+                continue
+            mtime = os.stat(file_path(rec, entry.path)).st_mtime_ns
+            if entry.mtime_ns != mtime:
+                touched.append(entry)
+        if not touched:
+            return
+        entries = {e.path: e for e in rec.files}
+        for entry in touched:
+            path = file_path(rec, entry.path)
+            mtime = os.stat(path).st_mtime_ns
+            digest = sha256_of(path)
+            if digest != entry.sha256.lower():
+                raise VerificationFailed(
+                    f"model {rec.name!r}: {entry.path} was modified and no longer matches its sha256",
+                    hint=f"pull or import it again, or `localrun rm {rec.name}`",
+                )
+            entries[entry.path] = dataclasses.replace(entry, mtime_ns=mtime)
+        self.index.add(dataclasses.replace(rec, files=tuple(entries[e.path] for e in rec.files)), replace=True)
 
     def verify(self, name: str) -> ModelRecord:
         """Re-hash every file of a model. A known sha256 must match; an unknown one is
@@ -227,8 +253,8 @@ class ModelStore:
                     f"model {rec.name!r}: {entry.path} has sha256 {digest}, expected {entry.sha256}",
                     hint="the file is corrupt or was modified; download or import it again",
                 )
-            learned |= entry.sha256 is None
-            entries.append(dataclasses.replace(entry, sha256=digest))
+            learned |= entry.sha256 is None or entry.mtime_ns is None
+            entries.append(dataclasses.replace(entry, sha256=digest, mtime_ns=os.stat(file_path(rec, entry.path)).st_mtime_ns))
         if learned:
             rec = self.index.add(dataclasses.replace(rec, files=tuple(entries)), replace=True)
         return rec
@@ -287,7 +313,7 @@ class ModelStore:
             info = read_gguf_metadata(target)
             record = ModelRecord(
                 name=DEFAULT_MODEL_NAME, format=Format.GGUF, path=str(target),
-                files=(FileEntry(path=str(target), size=info.size_bytes, sha256=expected),),
+                files=(FileEntry(path=str(target), size=info.size_bytes, sha256=expected, mtime_ns=target.stat().st_mtime_ns),),
                 source=Source.BUILTIN, owned=True, metadata=info.as_dict(), added_at=time.time(),
             )
             return self.index.add(record, replace=True)

@@ -45,10 +45,14 @@ def resolve_or_builtin(store, name: str):
     try:
         return store.resolve(name, allow_path=True)
     except ModelNotFound:
+        from localrun.modelstore.store import DEFAULT_MODEL_NAME
+
+        if name != DEFAULT_MODEL_NAME:
+            raise
         record = store.ensure_default_model()
-        if record is not None and record.name == name:
-            return record
-        raise
+        if record is None:
+            raise
+        return record
 
 
 def _stream_answer(manager, name: str, req) -> str:

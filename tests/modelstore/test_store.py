@@ -143,10 +143,20 @@ def test_verify_learns_then_checks_sha256(store, model_file):
     data = bytearray(model_file.read_bytes())
     data[-1] ^= 0xFF  # same size, one byte flipped
     model_file.write_bytes(bytes(data))
-    store.resolve("m")  # the cheap check cannot see it …
     with pytest.raises(VerificationFailed) as ei:
-        store.verify("m")  # … the hash does, and names the file
+        store.verify("m")  # the hash names the file …
     assert str(model_file.resolve()) in ei.value.message
+    with pytest.raises(VerificationFailed, match="no longer matches"):
+        store.resolve("m")  # … and so does loading: it was touched since it last matched
+
+
+def test_untouched_verified_file_is_not_rehashed_on_resolve(store, model_file, monkeypatch):
+    store.import_path(model_file, name="m")
+    store.verify("m")
+    calls = []
+    monkeypatch.setattr("localrun.modelstore.store.sha256_of", lambda p: calls.append(p) or "x")
+    store.resolve("m")
+    assert calls == []
 
 
 def _owned_record(name: str, path, **kw) -> ModelRecord:

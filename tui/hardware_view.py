@@ -41,6 +41,7 @@ class HardwareScreen(LocalrunScreen):
     def on_mount(self) -> None:
         self.runtimes.add_columns("Runtime", "Status", "Version", "Devices", "Why / how to get it")
         self.watch(self.app, "facts", self._show)
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._show(self.lapp.facts))
         self.runtimes.focus()
 
     def _show(self, facts) -> None:

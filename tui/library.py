@@ -130,6 +130,7 @@ class LibraryScreen(LocalrunScreen):
             self.table.add_column(col, key=col)
         self.watch(self.app, "loaded", self._on_loaded, init=False)
         self.watch(self.app, "models_version", self._on_models_version, init=False)
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self._render_rows())  # badges take theme colours
         self.table.focus()
         self.action_reload()
 
@@ -215,7 +216,8 @@ class LibraryScreen(LocalrunScreen):
 
     def on_library_screen_details_read(self, message: DetailsRead) -> None:
         d = message.details
-        self.details_pane.update("\n".join((*d.metadata_lines, "", *d.plan_lines)))
+        # The plan and its reasons first (what people act on), then the GGUF metadata.
+        self.details_pane.update("\n".join((*d.plan_lines, "", *d.metadata_lines)))
 
     @on(DataTable.HeaderSelected, "#models")
     def _header_clicked(self, event: DataTable.HeaderSelected) -> None:

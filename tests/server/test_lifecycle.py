@@ -200,6 +200,12 @@ def test_kill_worker_mid_stream_errors_fast_and_server_survives(spawn_server, tm
     port = free_port()
     server = spawn_server(["tests.server.launch", "--port", str(port)], port=port, env={"LOCALRUN_RUNTIME__FORCE": ""})
     body = {"model": "long", "prompt": "once upon a time", "max_tokens": 3000, "temperature": 0, "stream": True}
+    # a client that leaves: the worker stops generating (its in-flight count drops) within 1 s
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert [next(lines) for _ in range(4)]
+        assert health(server.url)["in_flight"] == 1
+    assert wait_until(lambda: health(server.url)["in_flight"] == 0, 1.0)
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as oai:
         stream = oai.completions.create(**{k: v for k, v in body.items()})
         pieces = [next(iter(stream)).choices[0].text for _ in range(3)]

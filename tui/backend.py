@@ -13,6 +13,7 @@ error handler shows them.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -21,6 +22,10 @@ from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
+
+#: Serialises the TUI's calls that may run hardware detection for the first time
+#: (``machine_facts`` caches, but two first calls at once can see a half-filled cache).
+FACTS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -141,12 +146,13 @@ class LocalBackend:
         return sorted(self.store.list(), key=lambda r: r.name)
 
     def plan(self, record: ModelRecord) -> Plan | None:
-        return self.manager.plan_for(record)
+        with FACTS_LOCK:
+            return self.manager.plan_for(record)
 
     def details(self, name: str) -> ModelDetails:
         record = self.store.resolve(name)
         try:
-            plan = self.manager.plan_for(record)
+            plan = self.plan(record)
         except LocalrunError as exc:
             # A model the planner refuses still has metadata worth reading; say why there is no plan.
             return ModelDetails(record, None, (f"No plan: {exc}",), metadata_lines(record))

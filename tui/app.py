@@ -24,6 +24,7 @@ from textual.screen import Screen
 from textual.signal import Signal
 from textual.worker import Worker, WorkerState
 
+from localrun.errors import LocalrunError
 from localrun.tui.backend import Backend, LocalBackend
 from localrun.tui.chat import ChatScreen
 from localrun.tui.commands import ModelCommands
@@ -238,8 +239,10 @@ class LocalrunApp(App):
         if now - self._recent_errors.get(key, -ERROR_REPEAT_S) < ERROR_REPEAT_S:
             return
         self._recent_errors[key] = now
-        if not isinstance(exc, Exception) or type(exc).__module__.split(".")[0] != "localrun":
-            log.error("%s%s", view.title, f" ({doing})" if doing else "", exc_info=exc)
+        if isinstance(exc, LocalrunError):
+            log.info("%s: %s", view.title, exc)
+        else:  # a bug: the traceback goes to the log the notification points at
+            log.error("%s", view.title, exc_info=exc)
         self.notify(view.text(), title=view.title, severity="error", timeout=10)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

@@ -154,8 +154,14 @@ class LibraryScreen(LocalrunScreen):
         self._rows = message.rows
         self._render_rows()
 
-    def _on_loaded(self, _loaded: tuple[LoadedInfo, ...]) -> None:
-        self._render_rows()
+    def _on_loaded(self, loaded: tuple[LoadedInfo, ...]) -> None:
+        """Idle clocks tick every poll: touch only the State cells, so the cursor, the scroll
+        position and the details pane stay as they are."""
+        table = self.table
+        by_name = {m.name: m for m in loaded}
+        for row in self.visible_rows():
+            if row.name in table.rows:
+                table.update_cell(row.name, "State", self._state_cell(row.name, by_name))
 
     def _state_cell(self, name: str, loaded: dict[str, LoadedInfo]) -> Text:
         if name in self._busy:

@@ -127,3 +127,33 @@ def test_parse_sampling_bounds():
 def test_rate_text():
     assert rate_text(0.041, 11, 0.5, running=True) == "ttft 41 ms · 20.0 tok/s · 11 tokens · esc stop"
     assert rate_text(None, 0, 0.0, running=False).startswith("waiting")
+
+
+@pytest.mark.llama
+async def test_chat_with_the_tiny_gguf_on_real_llama_cpp(settings, store, facts):
+    """The same screen over a real worker process running llama.cpp (random weights: any text)."""
+    from localrun.manager import ModelManager
+    from localrun.planner import PlanOverrides, plan_placement
+    from localrun.tui import make_app
+    from tests.conftest import llama_available
+
+    if not llama_available():
+        pytest.skip("llama-cpp-python is not installed")
+    hw, statuses = facts
+    manager = ModelManager(settings, store, planner=lambda r: plan_placement(
+        r, hw, statuses, overrides=PlanOverrides(runtime="llama.cpp"), settings=settings))
+    messages: list = []
+    app = make_app(settings, store=store, manager=manager, facts=facts, serve=False)
+    try:
+        async with app.run_test(size=(100, 32), message_hook=messages.append) as pilot:
+            screen = await _open_chat(pilot, app)
+            screen.query_one("#max-tokens").value = "8"
+            await pilot.click("#prompt")
+            await pilot.press(*"hi", "enter")
+            finished = await wait_for(pilot, lambda: [m for m in messages if isinstance(m, ChatScreen.Finished)],
+                                      what="an answer from llama.cpp", timeout=60)
+            assert finished[0].finish_reason in ("stop", "length")
+            assert manager.loaded()[0]["runtime"] == "llama.cpp" and manager.loaded()[0]["pid"]
+            assert "ttft" in screen_text(app)
+    finally:
+        manager.shutdown()

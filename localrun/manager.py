@@ -73,18 +73,23 @@ def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Pla
 
 
 _FACTS: dict[str, Any] = {}
+_FACTS_LOCK = threading.Lock()
 
 
 def machine_facts(settings: Settings, *, refresh: bool = False):
-    """The hardware profile and runtime statuses, cached: detection is not free."""
-    if refresh or "hw" not in _FACTS:
-        from localrun.hardware import detect_hardware
-        from localrun.probes import probe_runtimes
+    """The hardware profile and runtime statuses, cached: detection is not free.
 
-        hw = detect_hardware()
-        _FACTS["hw"] = hw
-        _FACTS["statuses"] = probe_runtimes(hw, settings=settings)
-    return _FACTS["hw"], _FACTS["statuses"]
+    Computed once under a lock and stored as one pair, so concurrent first callers
+    (server threads, the TUI) never see half a cache.
+    """
+    with _FACTS_LOCK:
+        if refresh or "facts" not in _FACTS:
+            from localrun.hardware import detect_hardware
+            from localrun.probes import probe_runtimes
+
+            hw = detect_hardware()
+            _FACTS["facts"] = (hw, probe_runtimes(hw, settings=settings))
+        return _FACTS["facts"]
 
 
 class ModelManager:

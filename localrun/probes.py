@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
+from localrun.errors import LocalrunError
 from localrun.hardware import HardwareProfile
 from localrun.runtimes.base import RuntimeStatus
 
@@ -140,25 +141,20 @@ def probe_mlx(hw: HardwareProfile, *, import_module: Importer = importlib.import
 
 
 def ollama_base_url(env: Mapping[str, str]) -> str:
-    """``OLLAMA_HOST`` as Ollama reads it: scheme and port optional, 0.0.0.0 means this machine."""
-    host = (env.get("OLLAMA_HOST") or "").strip().rstrip("/")
-    if not host:
-        return DEFAULT_OLLAMA_HOST
-    scheme, sep, rest = host.partition("://")
-    if not sep:
-        scheme, rest = "http", host
-    hostname, colon, port = rest.rpartition(":") if not rest.endswith("]") else (rest, "", "")
-    if not colon or not port.isdigit():
-        hostname, port = rest, "11434"
-    if hostname in ("", "0.0.0.0"):
-        hostname = "127.0.0.1"
-    return f"{scheme}://{hostname}:{port}"
+    """``OLLAMA_HOST`` as Ollama reads it; one parser, the Ollama runtime's, serves both."""
+    from localrun.runtimes.ollama import ollama_base_url as parse
+
+    return parse(env.get("OLLAMA_HOST") or "")
 
 
 def probe_ollama(*, env: Mapping[str, str] | None = None, transport: Any = None) -> RuntimeStatus:
     import httpx
 
-    name, url = "ollama", ollama_base_url(os.environ if env is None else env)
+    name = "ollama"
+    try:
+        url = ollama_base_url(os.environ if env is None else env)
+    except LocalrunError as exc:
+        return RuntimeStatus(name, False, reason=exc.message, fix=exc.hint)
     try:
         with httpx.Client(base_url=url, timeout=OLLAMA_TIMEOUT_S, transport=transport) as client:
             response = client.get("/api/version")

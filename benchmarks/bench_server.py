@@ -134,19 +134,20 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def one_stream(client, i: str, max_tokens: int) -> tuple[float, float, int]:
-    """(TTFT, first-to-last seconds, completion tokens from the usage chunk)."""
+    """(TTFT, first-to-last seconds, completion tokens: the usage chunk's, else one per text chunk)."""
     start = time.perf_counter()
     first = last = None
-    tokens = 0
+    tokens = chunks = 0
     stream = client.completions.create(model="gemma", prompt=PROMPT.format(i=i), max_tokens=max_tokens, temperature=0,
                                        stream=True, stream_options={"include_usage": True})
     for part in stream:
         if part.choices and part.choices[0].text:
             last = time.perf_counter()
             first = first or last
+            chunks += 1
         if part.usage:
             tokens = part.usage.completion_tokens
-    return first - start, last - first, tokens
+    return first - start, last - first, tokens or chunks
 
 
 def bench_concurrency(url: str, level: int, max_tokens: int, tag: str) -> tuple[float, float]:

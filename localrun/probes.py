@@ -28,7 +28,6 @@ log = logging.getLogger(__name__)
 
 Importer = Callable[[str], ModuleType]
 
-DEFAULT_OLLAMA_HOST = "http://127.0.0.1:11434"
 OLLAMA_TIMEOUT_S = 0.5
 LLAMA_PIP = "pip install --force-reinstall --no-cache-dir 'llama-cpp-python>=0.3.30,<0.4'"
 #: How to build llama-cpp-python for the GPU a machine has (CMAKE_ARGS per backend).

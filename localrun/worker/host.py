@@ -266,7 +266,13 @@ class _NullLock:
         return False
 
 
-_END = object()
+def _chunk_or_end(ev: str, data: Any) -> Chunk | None:
+    """One stream event: a chunk to yield, ``None`` at the end, or the request's error raised."""
+    if ev == "chunk":
+        return data
+    if ev == "error":
+        raise data
+    return None
 
 
 def iter_chunks(handle, op: str, payload: dict[str, Any], cancel: Cancel | None = None) -> Iterator[Chunk]:
@@ -280,17 +286,14 @@ def iter_chunks(handle, op: str, payload: dict[str, Any], cancel: Cancel | None 
                 handle.cancel(rid)
                 cancel = None  # sent once; the worker ends the stream with "cancelled"
             try:
-                ev, data = q.get(timeout=0.05)
+                event = q.get(timeout=0.05)
             except queue.Empty:
                 continue
-            if ev == "chunk":
-                yield data
-            elif ev == "error":
-                done = True
-                raise data
-            else:
-                done = True
+            done = event[0] != "chunk"
+            chunk = _chunk_or_end(*event)
+            if chunk is None:
                 return
+            yield chunk
     finally:
         if not done:
             handle.cancel(rid)
@@ -311,15 +314,12 @@ async def aiter_chunks(handle, op: str, payload: dict[str, Any]) -> AsyncIterato
     done = False
     try:
         while True:
-            ev, data = await q.get()
-            if ev == "chunk":
-                yield data
-            elif ev == "error":
-                done = True
-                raise data
-            else:
-                done = True
+            event = await q.get()
+            done = event[0] != "chunk"
+            chunk = _chunk_or_end(*event)
+            if chunk is None:
                 return
+            yield chunk
     finally:
         if not done:
             handle.cancel(rid)

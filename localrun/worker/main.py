@@ -85,7 +85,9 @@ class WorkerServer:
                 break
             op = msg.get("op")
             if op == "cancel":
-                self.cancels.setdefault(msg["id"], Cancel()).set()
+                cancel = self.cancels.get(msg["id"])
+                if cancel is not None:  # else the request already ended: nothing to stop
+                    cancel.set()
             elif op in ("chat", "complete", "embed"):
                 self.cancels.setdefault(msg["id"], Cancel())
                 if concurrent:

@@ -126,3 +126,35 @@ def test_llama_worker_kill_9_mid_stream_with_gemma(tmp_path, gemma_gguf):
         assert time.monotonic() - t0 < 2.0
     finally:
         h.close()
+
+
+def test_worker_server_forgets_finished_requests_even_when_cancelled_late():
+    """A cancel that arrives after its request ended must not leave state behind."""
+    import io
+
+    from localrun.runtimes.fake import FakeRuntime
+    from localrun.worker.main import WorkerServer
+    from localrun.worker.protocol import FrameWriter, read_frame
+
+    out = io.BytesIO()
+    server = WorkerServer(FrameWriter(out))
+    server.session = FakeRuntime().load(ModelRecord(name="m", format=Format.GGUF, path="/x"), Plan(runtime="fake", n_ctx=256))
+    frames = io.BytesIO()
+    writer = FrameWriter(frames)
+    for rid in range(1, 6):
+        writer.send({"op": "chat", "id": rid, **_chat(max_tokens=2)})
+    for rid in range(1, 6):
+        writer.send({"op": "cancel", "id": rid})
+    writer.send({"op": "cancel", "id": 999})
+    frames.seek(0)
+    server.serve(frames)
+    deadline = time.monotonic() + 5
+    while server.cancels and time.monotonic() < deadline:
+        time.sleep(0.05)  # the request thread is still finishing
+    time.sleep(0.1)
+    out.seek(0)
+    events = []
+    while (frame := read_frame(out)) is not None:
+        events.append(frame)
+    assert sum(e["ev"] in ("end", "error") for e in events) == 5
+    assert server.cancels == {}

@@ -173,6 +173,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", default="", help="comma-separated levels, e.g. 1,2,4,8 (compares with llama_cpp.server)")
+    ap.add_argument("--concurrency-tokens", type=int, default=64, help="max_tokens per stream in the concurrency runs")
     args = ap.parse_args()
     import openai
 
@@ -195,29 +196,36 @@ def main() -> None:
             ttft_b, rate_b = summarize(b)
             print(f"(a) llama-cpp-python in-process  : TTFT {ttft_a * 1000:7.1f} ms   decode {rate_a:6.1f} tok/s")
             print(f"(b) localrun serve, openai client: TTFT {ttft_b * 1000:7.1f} ms   decode {rate_b:6.1f} tok/s")
-            print(f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x ({(ttft_b - ttft_a) * 1000:+.1f} ms)")
-            ours = {n: bench_concurrency(url, n, args.max_tokens, "lr") for n in levels}
+            print(f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x ({(ttft_b - ttft_a) * 1000:+.1f} ms)", flush=True)
+            if levels:
+                concurrency_table(url, model, levels, args)
         finally:
             stop(proc)
-    if not levels:
-        return
-    theirs: dict[int, tuple[float, float]] = {}
-    started = start_llama_cpp_server(model, args.threads)
-    if started:
-        proc, url = started
-        try:
-            with openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=300) as client:
+
+
+def concurrency_table(url: str, model: Path, levels: list[int], args) -> None:
+    """Aggregate throughput per level, alternating localrun and llama_cpp.server level by level."""
+    import openai
+
+    other = start_llama_cpp_server(model, args.threads)
+    rows = []
+    try:
+        if other:
+            with openai.OpenAI(base_url=f"{other[1]}/v1", api_key="bench", max_retries=0, timeout=300) as client:
                 one_stream(client, "warm", 8)
-            theirs = {n: bench_concurrency(url, n, args.max_tokens, "lc") for n in levels}
-        finally:
-            stop(proc)
+        for n in levels:
+            ours = bench_concurrency(url, n, args.concurrency_tokens, "lr")
+            theirs = bench_concurrency(other[1], n, args.concurrency_tokens, "lc") if other else None
+            rows.append((n, ours, theirs))
+            print(f"  {n} streams: localrun {ours[0]:.1f} tok/s" + (f", llama_cpp.server {theirs[0]:.1f} tok/s" if theirs else ""), flush=True)
+    finally:
+        if other:
+            stop(other[0])
     print("concurrency  localrun agg tok/s (p50 TTFT)   llama_cpp.server agg tok/s (p50 TTFT)   ratio")
-    for n in levels:
-        agg, ttft = ours[n]
+    for n, (agg, ttft), theirs in rows:
         line = f"{n:>11}  {agg:10.1f} ({ttft * 1000:7.0f} ms)"
-        if n in theirs:
-            agg2, ttft2 = theirs[n]
-            line += f"          {agg2:10.1f} ({ttft2 * 1000:7.0f} ms)          {agg / agg2:5.2f}"
+        if theirs:
+            line += f"          {theirs[0]:10.1f} ({theirs[1] * 1000:7.0f} ms)          {agg / theirs[0]:5.2f}"
         print(line)
 
 

@@ -70,13 +70,21 @@ def probe_port(host: str, port: int) -> None:
         probe.close()
 
 
-def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None):
-    """The uvicorn.Server for ``create_app(settings, manager)``; the caller runs it."""
+def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True):
+    """The uvicorn.Server for ``create_app(settings, manager)``, after the host and port checks.
+
+    ``server.run()`` blocks (the CLI); ``await server.serve()`` runs it in an existing event
+    loop (the TUI), where ``handle_signals=False`` leaves Ctrl-C to the host application.
+    Raises ConfigError for a non-loopback host without a key or a port already in use.
+    """
+    import contextlib
+
     import uvicorn
 
     from localrun.server.app import create_app
 
     check_bind_policy(settings)
+    probe_port(settings.server.host, settings.server.port)
     app = create_app(settings, manager)
     config = uvicorn.Config(
         app,
@@ -96,6 +104,9 @@ def build_server(settings: Settings, manager, *, ready_callback: Callable[[str],
             if self.started and ready_callback is not None:
                 ready_callback(server_url(settings.server.host, self.bound_port()))
 
+        def capture_signals(self):
+            return super().capture_signals() if handle_signals else contextlib.nullcontext()
+
         def bound_port(self) -> int:
             for server in getattr(self, "servers", ()):
                 for sock in server.sockets:
@@ -107,8 +118,6 @@ def build_server(settings: Settings, manager, *, ready_callback: Callable[[str],
 
 def run_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted. Raises ConfigError for an unsafe host or a port in use."""
-    check_bind_policy(settings)
-    probe_port(settings.server.host, settings.server.port)
     server = build_server(settings, manager, ready_callback=ready_callback)
     try:
         server.run()

@@ -236,3 +236,28 @@ def test_uvicorn_binds_itself_so_connections_keep_tcp_nodelay(live):
         for proto in conns:
             sock = proto.transport.get_extra_info("socket")
             assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+
+
+def test_embedded_server_in_an_existing_loop_leaves_signals_alone(stack):
+    """The TUI's way: ``await server.serve()`` in its own loop, Ctrl-C left to the app."""
+    import asyncio
+
+    from localrun.server.serve import build_server
+
+    settings = stack.settings.model_copy(update={"server": stack.settings.server.model_copy(update={"port": 0})})
+    urls: list[str] = []
+
+    async def main() -> int:
+        before = signal.getsignal(signal.SIGINT)
+        server = build_server(settings, stack.manager, ready_callback=urls.append, handle_signals=False)
+        task = asyncio.create_task(server.serve())
+        while not urls:
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient() as c:
+            status = (await c.get(f"{urls[0]}/health")).status_code
+        assert signal.getsignal(signal.SIGINT) is before
+        server.should_exit = True
+        await task
+        return status
+
+    assert asyncio.run(main()) == 200

@@ -261,3 +261,18 @@ def test_embedded_server_in_an_existing_loop_leaves_signals_alone(stack):
         return status
 
     assert asyncio.run(main()) == 200
+
+
+def test_unload_during_a_stream_ends_it_with_an_error_not_a_hang(build_stack, live_factory):
+    live = live_factory(build_stack(options=SLOW))
+    with openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0, timeout=10) as oai:
+        for _ in range(5):
+            stream = iter(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True))
+            assert next(stream).choices
+            started = time.monotonic()
+            assert httpx.post(f"{live.url}/admin/unload", json={"model": "tiny"}, timeout=10).json()["unloaded"] is True
+            with pytest.raises(openai.APIError, match="cancelled"):
+                for _ in stream:
+                    pass
+            assert time.monotonic() - started < 2.0
+    assert live.stack.manager.loaded() == []

@@ -165,3 +165,13 @@ def test_model_loads_on_first_use_and_is_reported(oai, live):
     assert wait_until(lambda: [m["name"] for m in live.stack.manager.loaded()] == ["tiny"], 2)
     models = oai.models.list().data
     assert models[0].model_extra["loaded"] is True and models[0].model_extra["loaded_context_length"] == 2048
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_context_overflow_is_a_400_even_when_streaming(oai, stream):
+    """The first chunk is read before the response starts, so a runtime's refusal keeps its status."""
+    long = " ".join(["word"] * 3000)  # the fake runtime's context is 2048 tokens here
+    with pytest.raises(openai.BadRequestError) as info:
+        r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": long}], stream=stream)
+        list(r) if stream else None
+    assert info.value.body["code"] == "context_length_exceeded" and "2048" in info.value.message

@@ -59,6 +59,7 @@ class LoadedModel:
             "ttl_left_s": None if self.ttl_left_s() is None else round(self.ttl_left_s(), 1),
             "pinned": self.pinned,
             "active": self.active,
+            "in_flight": self.handle.in_flight,
         }
 
 

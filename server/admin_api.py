@@ -52,19 +52,13 @@ EVENT_INTERVAL_S = 0.5
 
 def in_flight_by_model(manager) -> dict[str, int]:
     """Requests each model's worker is still running (0 once a cancelled generation has stopped)."""
-    models = getattr(manager, "_models", {})
-    return {name: int(getattr(lm.handle, "in_flight", 0)) for name, lm in list(models.items())}
+    return {info["name"]: int(info.get("in_flight", 0)) for info in manager.loaded()}
 
 
 def status(request: Request) -> dict[str, Any]:
     state = app_state(request)
     manager = state.manager
-    running = in_flight_by_model(manager)
-    models = []
-    for info in manager.loaded():
-        entry = dict(info)
-        entry.setdefault("in_flight", running.get(info["name"], 0))
-        models.append(entry)
+    models = [dict(info) for info in manager.loaded()]
     return {
         "status": "ok",
         "version": __version__,

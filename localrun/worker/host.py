@@ -28,6 +28,9 @@ from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelR
 
 log = logging.getLogger(__name__)
 
+#: Environment a worker process does not inherit.
+_SECRET_ENV = frozenset({"LOCALRUN_API_KEY", "LOCALRUN_SERVER__API_KEY"})
+
 Sink = Callable[[str, Any], None]  # (event, data): "chunk" Chunk | "result" Any | "end" None | "error" LocalrunError
 
 
@@ -47,7 +50,7 @@ class WorkerHandle:
         self.alive = False
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}  # a worker never needs the server's key
         env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "localrun.worker"],

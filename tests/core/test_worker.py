@@ -158,3 +158,15 @@ def test_worker_server_forgets_finished_requests_even_when_cancelled_late():
         events.append(frame)
     assert sum(e["ev"] in ("end", "error") for e in events) == 5
     assert server.cancels == {}
+
+
+def test_worker_process_does_not_inherit_the_api_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALRUN_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("LOCALRUN_SERVER__API_KEY", "sk-very-secret")
+    h = _handle(tmp_path)
+    try:
+        environ = open(f"/proc/{h.pid}/environ", "rb").read()
+        assert b"sk-very-secret" not in environ
+        assert b"LOCALRUN_HOME" in environ  # the rest of the environment is passed on
+    finally:
+        h.close()

@@ -117,6 +117,17 @@ class Plan:
 class Message:
     role: str
     content: str
+    #: For an assistant turn that called tools: ``({"id", "type": "function", "function": {"name", "arguments"}}, …)``.
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    #: For a ``tool`` turn: which call this result answers.
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Message":
+        d = dict(d)
+        d["tool_calls"] = tuple(d.get("tool_calls") or ())
+        return cls(**d)
 
 
 @dataclass(frozen=True)
@@ -131,21 +142,38 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     max_tokens: int | None = None
+    #: A GBNF grammar every sampled token must keep valid (JSON mode, JSON Schema, tool calls).
+    grammar: str | None = None
+    #: Return log-probabilities: ``0`` for the chosen token only, ``n`` for the top n alternatives too.
+    logprobs: int | None = None
+
+
+def _sampling_from(d: dict[str, Any] | None) -> Sampling:
+    s = dict(d or {})
+    s["stop"] = tuple(s.get("stop") or ())
+    return Sampling(**s)
 
 
 @dataclass(frozen=True)
 class ChatRequest:
     messages: tuple[Message, ...]
     sampling: Sampling = field(default_factory=Sampling)
+    #: OpenAI-shaped tool definitions (``{"type": "function", "function": {...}}``), passed to the template.
+    tools: tuple[dict[str, Any], ...] = ()
+    #: ``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function": {"name": …}}``.
+    tool_choice: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ChatRequest":
-        s = dict(d.get("sampling") or {})
-        s["stop"] = tuple(s.get("stop") or ())
-        return cls(messages=tuple(Message(**m) for m in d["messages"]), sampling=Sampling(**s))
+        return cls(
+            messages=tuple(Message.from_dict(m) for m in d["messages"]),
+            sampling=_sampling_from(d.get("sampling")),
+            tools=tuple(d.get("tools") or ()),
+            tool_choice=d.get("tool_choice"),
+        )
 
 
 @dataclass(frozen=True)
@@ -158,9 +186,7 @@ class CompletionRequest:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CompletionRequest":
-        s = dict(d.get("sampling") or {})
-        s["stop"] = tuple(s.get("stop") or ())
-        return cls(prompt=d["prompt"], sampling=Sampling(**s))
+        return cls(prompt=d["prompt"], sampling=_sampling_from(d.get("sampling")))
 
 
 @dataclass(frozen=True)
@@ -179,8 +205,12 @@ class Chunk:
     """One piece of a streamed answer. The last chunk has ``finish_reason`` and ``usage``."""
 
     text: str = ""
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled"
+    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "tool_calls"
     usage: Usage | None = None
+    #: Parsed tool calls, on the final chunk: ``({"id", "type": "function", "function": {"name", "arguments"}}, …)``.
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    #: Per token of ``text``: ``({"token", "logprob", "bytes", "top_logprobs": [...]}, …)`` when asked for.
+    logprobs: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text}
@@ -188,12 +218,19 @@ class Chunk:
             d["finish_reason"] = self.finish_reason
         if self.usage is not None:
             d["usage"] = dataclasses.asdict(self.usage)
+        if self.tool_calls:
+            d["tool_calls"] = list(self.tool_calls)
+        if self.logprobs:
+            d["logprobs"] = list(self.logprobs)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Chunk":
         u = d.get("usage")
-        return cls(text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None)
+        return cls(
+            text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None,
+            tool_calls=tuple(d.get("tool_calls") or ()), logprobs=tuple(d.get("logprobs") or ()),
+        )
 
 
 class Cancel:

@@ -142,8 +142,11 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     max_tokens: int | None = None
-    #: A GBNF grammar every sampled token must keep valid (JSON mode, JSON Schema, tool calls).
+    #: A GBNF grammar every sampled token must keep valid.
     grammar: str | None = None
+    #: Constrain the output to JSON: ``{}`` for any JSON object (json_object mode), else a JSON Schema.
+    #: The runtime compiles it (llama.cpp: to a grammar, inside the worker).
+    json_schema: dict[str, Any] | None = None
     #: Return log-probabilities: ``0`` for the chosen token only, ``n`` for the top n alternatives too.
     logprobs: int | None = None
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, LocalrunError, ModelNotFound, RuntimeUnavailable, WorkerCrashed
+from localrun.proc import describe_exit
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_client import OpenAIClient, Piece, sampling_to_openai, shape_stream
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
@@ -207,14 +208,7 @@ class MlcServer:
         if self.proc is None:
             return "not started"
         code = self.proc.poll()
-        if code is None:
-            return None
-        if code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        return None if code is None else describe_exit(code)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -120,17 +120,9 @@ class WorkerHandle:
             self._ready.set()
 
     def _exit_text(self) -> str:
-        code = self.proc.poll()
-        if code is None:
-            return "still running"
-        if code < 0:
-            import signal
+        from localrun.proc import describe_exit
 
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit code {code}"
+        return describe_exit(self.proc.poll())
 
     def _on_exit(self) -> None:
         self.alive = False

@@ -1,0 +1,137 @@
+"""Embeddings from a GGUF model, on a context of its own.
+
+A model's GGUF says it is an embedding model by carrying ``<arch>.pooling_type`` (BERT,
+nomic-bert, Qwen3-Embedding…); ``plan.options["embedding"]`` forces the answer either way
+(``True`` on a decoder gives mean-pooled hidden states, handy for tests and small setups).
+
+The embedding context is separate from the generation one (``embeddings=True`` changes
+what a decode computes) and is created on the first request, so a chat model that is
+never asked for vectors pays nothing. Each text is evaluated alone in one batch (an
+encoder needs the whole input in one micro-batch), pooled by llama.cpp — the model's own
+pooling, or mean when the model names none — and L2-normalised, so a dot product is the
+cosine similarity. Texts longer than the context are refused, never truncated.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from localrun.errors import ContextOverflow, LocalrunError, UnsupportedFeature, WontFit
+from localrun.types import Plan
+
+log = logging.getLogger(__name__)
+
+#: Tokens one input may have when neither the plan nor the model says.
+DEFAULT_EMBED_CTX = 2048
+
+
+def meta_str(llama, model, key: str) -> str | None:
+    """A GGUF metadata value as text, or None when the key is absent."""
+    size = 256
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = llama.llama_model_meta_val_str(model, key.encode(), buf, size)
+        if n < 0:
+            return None
+        if n < size:
+            return buf.value.decode("utf-8", errors="replace")
+        size = n + 1
+
+
+def model_pooling(llama, model) -> int | None:
+    """The pooling type the GGUF declares (``<arch>.pooling_type``), or None."""
+    arch = meta_str(llama, model, "general.architecture")
+    value = meta_str(llama, model, f"{arch}.pooling_type") if arch else None
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def embeddings_wanted(llama, model, plan: Plan) -> bool:
+    """Whether this session declares the ``embeddings`` capability."""
+    forced = plan.options.get("embedding")
+    if forced is not None:
+        return bool(forced)
+    pooling = model_pooling(llama, model)
+    return pooling is not None and pooling != llama.LLAMA_POOLING_TYPE_NONE
+
+
+class Embedder:
+    """Pooled, normalised embeddings on its own context. Thread-safe (one text at a time)."""
+
+    def __init__(self, llama, model, plan: Plan, *, tokenize: Callable[[str], list[int]]) -> None:
+        self._llama, self._model, self._tokenize = llama, model, tokenize
+        self._lock = threading.Lock()
+        self.n_embd = int(llama.llama_model_n_embd(model))
+        train = int(llama.llama_model_n_ctx_train(model)) or DEFAULT_EMBED_CTX
+        self.n_ctx = max(8, min(int(plan.options.get("embed_ctx") or plan.n_ctx or DEFAULT_EMBED_CTX), train))
+        pooling = model_pooling(llama, model)
+        self.pooling = llama.LLAMA_POOLING_TYPE_MEAN if pooling in (None, llama.LLAMA_POOLING_TYPE_NONE) else pooling
+        self._encoder_only = bool(llama.llama_model_has_encoder(model)) and not bool(llama.llama_model_has_decoder(model))
+        cp = llama.llama_context_default_params()
+        cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = max(1, int(plan.n_threads))
+        cp.embeddings = True
+        cp.pooling_type = self.pooling
+        self._ctx = llama.llama_init_from_model(model, cp)
+        if not self._ctx:
+            raise WontFit(f"llama.cpp could not create a {self.n_ctx}-token embedding context",
+                          hint="lower options.embed_ctx or free memory")
+        self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        import numpy as np
+
+        out: list[list[float]] = []
+        with self._lock:
+            if self._ctx is None:
+                raise LocalrunError("the embedding context is closed", hint="load the model again")
+            for i, text in enumerate(texts):
+                vec = np.array(self._one(text, i), dtype=np.float64)
+                norm = float(np.linalg.norm(vec))
+                out.append((vec / norm if norm > 0 else vec).tolist())
+        return out
+
+    def _one(self, text: str, index: int) -> list[float]:
+        llama = self._llama
+        tokens = self._tokenize(text)
+        if not tokens:
+            raise UnsupportedFeature(f"input[{index}] is empty", param="input", hint="send some text to embed")
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflow(f"input[{index}] is {len(tokens)} tokens; the embedding context holds {self.n_ctx}",
+                                  hint="split the text into shorter pieces")
+        mem = llama.llama_get_memory(self._ctx)
+        if mem:
+            llama.llama_memory_clear(mem, True)
+        b = self._batch
+        for i, tok in enumerate(tokens):
+            b.token[i] = tok
+            b.pos[i] = i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1
+        b.n_tokens = len(tokens)
+        run = llama.llama_encode if self._encoder_only else llama.llama_decode
+        rc = run(self._ctx, b)
+        if rc != 0:
+            raise LocalrunError(f"llama.cpp failed to evaluate input[{index}] for embeddings (code {rc})",
+                                hint="retry with a shorter input")
+        ptr = llama.llama_get_embeddings_seq(self._ctx, 0)
+        if not ptr:
+            raise UnsupportedFeature("llama.cpp returned no pooled embedding for this model", param="input",
+                                     hint="the model's pooling type gives per-token vectors only")
+        return ptr[: self.n_embd]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._batch is not None:
+                self._llama.llama_batch_free(self._batch)
+                self._batch = None
+            if self._ctx is not None:
+                self._llama.llama_free(self._ctx)
+                self._ctx = None

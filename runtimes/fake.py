@@ -11,21 +11,35 @@ The answer is ``"You said: <last user message>."`` followed by filler words: a f
 cycle when ``temperature == 0``, seeded random words otherwise. It ends ("stop") after
 ``plan.options["fake_reply_words"]`` filler words (default 48). ``plan.options["fake_delay_s"]``
 sleeps before each token, to make streams slow enough to cancel or kill mid-way.
+
+Capabilities are what ``plan.options["fake_capabilities"]`` lists (default: embeddings only,
+so by default it stands for a runtime that refuses tools, JSON schemas and logprobs). With
+them declared it honours the fields the way a real runtime would, in the same words:
+
+* ``json_schema``: the answer is the smallest JSON instance of the schema (``{}`` for any
+  object) — valid by construction, as a grammar-constrained model's would be;
+* ``tools``: tools reach the prompt through :mod:`localrun.tools`; when ``tool_choice``
+  forces a call, or the last user message says ``call NAME`` for one of the tools, the
+  answer is a Hermes ``<tool_call>`` whose arguments are the smallest instance of the
+  function's parameters, recognised by the same parser as llama.cpp's answers;
+* ``logprobs``: every token gets a log-probability below zero and ``n`` alternatives.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 import re
 import time
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from localrun import __version__
 from localrun.chat_template import fallback_chat, render_chat
-from localrun.errors import ContextOverflow, RuntimeUnavailable
+from localrun import tools as toolcalls
+from localrun.errors import ContextOverflow, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp_text import TextAssembler
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage
@@ -64,6 +78,8 @@ class FakeSession:
     def __init__(self, model: ModelRecord, plan: Plan) -> None:
         self.model = model
         self.plan = plan
+        if "fake_capabilities" in plan.options:
+            self.capabilities = frozenset(plan.options["fake_capabilities"] or ())
         self._delay = float(plan.options.get("fake_delay_s", 0) or 0)
         self._reply_words = int(plan.options.get("fake_reply_words", 48))
         self._last_prompt: list[str] = []
@@ -72,22 +88,32 @@ class FakeSession:
     # --- the protocol ---------------------------------------------------------------
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
+        self._check_capabilities(req.sampling, req)
         template = self.model.metadata.get("tokenizer.chat_template") or self.model.metadata.get("chat_template")
         stops: tuple[str, ...] = ()
+        messages, variables = toolcalls.prompt_messages(req, template)
         if template:
-            prompt = render_chat(template, req.messages, bos_token="<s>", eos_token="</s>")
+            prompt = render_chat(template, messages, bos_token="<s>", eos_token="</s>", variables=variables)
         else:
-            fallback = fallback_chat(req.messages)
+            fallback = fallback_chat(messages)
             prompt, stops = fallback.text, fallback.stop
         last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
-        return self._generate(prompt, f"You said: {last_user.strip()}.", req.sampling, cancel, stops)
+        exact = self._tool_call(req, last_user) or self._json_answer(req.sampling)
+        head = exact or f"You said: {last_user.strip()}."
+        stream = self._generate(prompt, head, req.sampling, cancel, stops, filler=exact is None)
+        return toolcalls.with_tool_calls(stream, req) if toolcalls.active(req) else stream
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
+        self._check_capabilities(req.sampling, None)
         tail = " ".join(req.prompt.split()[-8:])
-        return self._generate(req.prompt, f" ... {tail}.", req.sampling, cancel, ())
+        exact = self._json_answer(req.sampling)
+        return self._generate(req.prompt, exact or f" ... {tail}.", req.sampling, cancel, (), filler=exact is None)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Deterministic unit vectors from a hash of each text: equal texts, equal vectors."""
+        if "embeddings" not in self.capabilities:
+            raise UnsupportedFeature(f"embeddings are not supported by the fake runtime serving {self.model.name}",
+                                     param="input", hint="use a model whose runtime declares embeddings")
         out = []
         for text in texts:
             digest = hashlib.sha256(text.encode()).digest()
@@ -99,9 +125,46 @@ class FakeSession:
     def close(self) -> None:
         self._closed = True
 
+    # --- capabilities -------------------------------------------------------------------
+
+    def _check_capabilities(self, sampling: Sampling, req: ChatRequest | None) -> None:
+        """The runtime's own refusal, for callers that skip the server's check (CLI, TUI)."""
+        asked = [("logprobs", "logprobs", sampling.logprobs is not None),
+                 ("response_format", "json_schema", sampling.json_schema is not None),
+                 ("grammar", "grammar", sampling.grammar is not None),
+                 ("tools", "tools", bool(req and (req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages))))]
+        for param, capability, on in asked:
+            if on and capability not in self.capabilities:
+                raise UnsupportedFeature(f"{param!r} is not supported by the fake runtime serving {self.model.name}",
+                                         param=param, hint="remove the field from the request")
+
+    def _tool_call(self, req: ChatRequest, last_user: str) -> str | None:
+        """A Hermes call when tool_choice forces one or the user says "call NAME"."""
+        if not toolcalls.active(req):
+            return None
+        forced = toolcalls.forced_call(req, toolcalls.HERMES)
+        by_name = {t["function"]["name"]: t["function"] for t in req.tools if isinstance(t.get("function"), dict)}
+        if isinstance(req.tool_choice, dict):
+            name = (req.tool_choice.get("function") or {}).get("name")
+        else:
+            said = re.search(r"\bcall\s+([\w.-]+)", last_user)
+            name = said.group(1) if said and said.group(1) in by_name else (next(iter(by_name)) if forced else None)
+        if name not in by_name:
+            return None
+        args = minimal_instance(by_name[name].get("parameters") or {"type": "object"})
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+
+    @staticmethod
+    def _json_answer(sampling: Sampling) -> str | None:
+        if sampling.json_schema is None:
+            return None
+        return json.dumps(minimal_instance(sampling.json_schema or {"type": "object"}))
+
     # --- generation ---------------------------------------------------------------------
 
-    def _answer_tokens(self, head: str, sampling: Sampling) -> list[str]:
+    def _answer_tokens(self, head: str, sampling: Sampling, filler: bool) -> list[str]:
+        if not filler:
+            return fake_tokenize(head)
         if sampling.temperature and sampling.temperature > 0:
             rng = random.Random(sampling.seed)
             filler = [rng.choice(_FILLER) for _ in range(self._reply_words)]
@@ -110,7 +173,7 @@ class FakeSession:
         return fake_tokenize(head + " " + " ".join(filler))
 
     def _generate(self, prompt: str, head: str, sampling: Sampling, cancel: Cancel,
-                  extra_stops: tuple[str, ...]) -> Iterator[Chunk]:
+                  extra_stops: tuple[str, ...], *, filler: bool = True) -> Iterator[Chunk]:
         if self._closed:
             raise RuntimeUnavailable("this fake session is closed", hint="load the model again")
         tokens = fake_tokenize(prompt)
@@ -121,9 +184,9 @@ class FakeSession:
                 hint="shorten the conversation or load the model with a larger context",
             )
         # Validation happens above, eagerly; the stream itself is a generator.
-        return self._stream(tokens, head, sampling, cancel, extra_stops)
+        return self._stream(tokens, self._answer_tokens(head, sampling, filler), sampling, cancel, extra_stops)
 
-    def _stream(self, tokens: list[str], head: str, sampling: Sampling, cancel: Cancel,
+    def _stream(self, tokens: list[str], answer: list[str], sampling: Sampling, cancel: Cancel,
                 extra_stops: tuple[str, ...]) -> Iterator[Chunk]:
         cached = 0
         for a, b in zip(tokens, self._last_prompt):
@@ -134,13 +197,13 @@ class FakeSession:
         self._last_prompt = tokens
         room = self.plan.n_ctx - len(tokens)
         limit = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
-        answer = self._answer_tokens(head, sampling)
         text = TextAssembler((*sampling.stop, *extra_stops))
         produced = 0
+        logprobs: list[dict[str, Any]] = []  # of tokens whose text is not out yet
 
         def final(reason: str, tail: str = "") -> Chunk:
             usage = Usage(prompt_tokens=len(tokens), completion_tokens=produced, cached_tokens=cached)
-            return Chunk(text=tail, finish_reason=reason, usage=usage)
+            return Chunk(text=tail, finish_reason=reason, usage=usage, logprobs=tuple(logprobs))
 
         while True:
             if cancel.is_set():
@@ -155,9 +218,60 @@ class FakeSession:
             if self._delay:
                 time.sleep(self._delay)
             piece, stopped = text.feed(answer[produced].encode())
+            if sampling.logprobs is not None:
+                logprobs.append(fake_logprob(answer[produced], sampling.logprobs))
             produced += 1
             if stopped:
                 yield final("stop", piece)
                 return
             if piece:
-                yield Chunk(text=piece)
+                yield Chunk(text=piece, logprobs=tuple(logprobs))
+                logprobs.clear()
+
+
+def fake_logprob(token: str, top_n: int) -> dict[str, Any]:
+    """A deterministic log-probability in [-1, -0.05] for ``token`` and ``top_n`` alternatives,
+    the chosen token first, each below the one before."""
+    chosen = -0.05 - (int(hashlib.sha256(token.encode()).hexdigest()[:4], 16) % 96) / 100
+
+    def entry(tok: str, lp: float) -> dict[str, Any]:
+        return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+
+    others = [" " + w for w in dict.fromkeys(_FILLER) if " " + w != token]
+    alts = [entry(token, chosen)] + [entry(w, chosen - 0.5 * (i + 1)) for i, w in enumerate(others)]
+    return {**entry(token, chosen), "top_logprobs": alts[:top_n]}
+
+
+def minimal_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:
+    """The smallest JSON value valid against ``schema``, for the schemas people send:
+    local ``$ref``, const, enum, anyOf/oneOf/allOf (the first branch), type (lists too),
+    required and listed properties, minItems, minLength, minimum / exclusiveMinimum."""
+    root = schema if root is None else root
+    if not isinstance(schema, dict) or depth > 32:
+        return None
+    if "$ref" in schema:
+        target: Any = root
+        for part in str(schema["$ref"]).lstrip("#/").split("/"):
+            target = target.get(part, {}) if part and isinstance(target, dict) else target
+        return minimal_instance(target, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return minimal_instance(schema[key][0], root, depth + 1)
+    kind = schema.get("type", "object" if "properties" in schema else None)
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or kind is None:
+        props = schema.get("properties") or {}
+        return {k: minimal_instance(v, root, depth + 1) for k, v in props.items()}
+    if kind == "array":
+        return [minimal_instance(schema.get("items") or {}, root, depth + 1) for _ in range(int(schema.get("minItems", 0)))]
+    if kind == "string":
+        return "x" * int(schema.get("minLength", 0))
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", schema.get("exclusiveMinimum", 0) + (1 if "exclusiveMinimum" in schema else 0))
+        return int(low) if kind == "integer" else float(low)
+    return {"boolean": True, "null": None}.get(kind)

@@ -102,15 +102,15 @@ def make_sampling(*, cap: int, max_tokens: int | None = None, seed: int | None =
 
 
 def reject_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str, capabilities: frozenset[str]) -> None:
-    """A 400 naming the first field localrun cannot honour for this runtime; never a silent ignore."""
-    if not found:
-        return
-    field, capability = found[0]
-    if capability in capabilities:
-        msg = f"{field!r} is not supported yet: localrun does not pass {capability} to the {runtime} runtime"
-    else:
-        msg = f"{field!r} is not supported by the {runtime} runtime serving {model}"
-    raise UnsupportedFeature(msg, hint="remove the field from the request", param=field)
+    """A 400 naming the first field whose capability the runtime does not declare; never a silent ignore.
+
+    ``found`` pairs each field the request set with the capability it needs; capabilities
+    no runtime declares ("n>1", "presence_penalty"…) mark fields localrun never honours.
+    """
+    for field, capability in found:
+        if capability not in capabilities:
+            raise UnsupportedFeature(f"{field!r} is not supported by the {runtime} runtime serving {model}",
+                                     hint="remove the field from the request", param=field)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -137,6 +137,9 @@ class Generation:
         self.metrics = metrics
         self.finish_reason: str | None = None
         self.usage = Usage()
+        #: Parsed calls of the answer (from its last chunk) and every token's log-probability.
+        self.tool_calls: tuple[dict[str, Any], ...] = ()
+        self.logprobs: list[dict[str, Any]] = []
         self._iter = stream.__aiter__()
 
     def _note(self, chunk: Chunk) -> None:
@@ -148,6 +151,10 @@ class Generation:
             else:
                 self.metrics.observe_itl(now - last)
             self.stats.last_token_at = now
+        if chunk.logprobs:
+            self.logprobs.extend(chunk.logprobs)
+        if chunk.tool_calls:
+            self.tool_calls = chunk.tool_calls
         if chunk.usage is not None:
             self.usage = chunk.usage
             self.stats.prompt_tokens = chunk.usage.prompt_tokens
@@ -240,4 +247,5 @@ async def open_generation(request: Request, model: str, req, *, keep_alive_s: fl
 
 
 def finish_for_wire(reason: str | None) -> str:
-    return "length" if reason == "length" else "stop"
+    """OpenAI's finish_reason: "length", "tool_calls", or "stop" for everything else."""
+    return reason if reason in ("length", "tool_calls") else "stop"

@@ -21,6 +21,7 @@ from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.generation import Generation, app_state, finish_for_wire, make_sampling, open_generation, parse_body, request_stats
 from localrun.server.model_info import iso
 from localrun.server.schemas_ollama import ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Options, keep_alive_seconds
+from localrun.tools import new_call_id
 from localrun.types import ChatRequest, CompletionRequest, Message
 
 log = logging.getLogger(__name__)
@@ -37,14 +38,45 @@ def _keep_alive(value) -> float | None:
         raise InvalidRequest(str(exc), param="keep_alive") from None
 
 
-def _sampling(request: Request, options: Options | None):
+def _sampling(request: Request, body):
     cap = app_state(request).settings.runtime.max_tokens_cap
-    o = options or Options()
+    o = body.options or Options()
     seed = o.seed if o.seed is not None and o.seed >= 0 else None  # Ollama: -1 means random
+    try:
+        schema = body.json_schema()
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="format") from None
+    if body.top_logprobs is not None and not body.logprobs:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
     return make_sampling(
         cap=cap, max_tokens=o.num_predict, seed=seed, stop=o.stop,
         temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, repeat_penalty=o.repeat_penalty,
+        json_schema=schema, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
+
+
+def _messages(body: ChatBody) -> tuple[Message, ...]:
+    """Core messages: Ollama's calls (arguments as objects, often no id) in OpenAI's shape."""
+    out = []
+    for m in body.messages or ():
+        calls = tuple({"id": c.id or new_call_id(), "type": "function",
+                       "function": {"name": c.function.name, "arguments": json.dumps(c.function.arguments, ensure_ascii=False)}}
+                      for c in m.tool_calls or ())
+        out.append(Message(m.role, m.content or "", tool_calls=calls, tool_call_id=m.tool_call_id, name=m.tool_name))
+    return tuple(out)
+
+
+def ollama_tool_calls(calls) -> list[dict]:
+    """OpenAI-shaped calls as Ollama writes them: arguments as an object."""
+    out = []
+    for i, c in enumerate(calls):
+        fn = c["function"]
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            args = {}
+        out.append({"id": c.get("id"), "function": {"index": i, "name": fn["name"], "arguments": args}})
+    return out
 
 
 async def _load_or_unload(request: Request, model: str, keep_alive_s: float | None, *, chat: bool) -> Response:
@@ -77,8 +109,8 @@ async def chat(request: Request):
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
-    messages = tuple(Message(m.role, m.content or "") for m in body.messages)
-    req = ChatRequest(messages=messages, sampling=_sampling(request, body.options))
+    tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    req = ChatRequest(messages=_messages(body), sampling=_sampling(request, body), tools=tools, tool_choice="auto" if tools else None)
     return await _generate(request, body, req, keep_alive_s, chat=True)
 
 
@@ -88,7 +120,7 @@ async def generate(request: Request):
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.prompt and not body.unsupported():
         return await _load_or_unload(request, body.model, keep_alive_s, chat=False)
-    sampling = _sampling(request, body.options)
+    sampling = _sampling(request, body)
     if body.raw:
         req = CompletionRequest(prompt=body.prompt or "", sampling=sampling)
     else:
@@ -110,7 +142,14 @@ async def _generate(request: Request, body, req, keep_alive_s: float | None, *, 
     if body.stream is False:
         text = await gen.collect()
         line = _final(gen, timing, chat=chat)
-        line["message" if chat else "response"] = {"role": "assistant", "content": text} if chat else text
+        if chat:
+            line["message"] = {"role": "assistant", "content": text}
+            if gen.tool_calls:
+                line["message"]["tool_calls"] = ollama_tool_calls(gen.tool_calls)
+        else:
+            line["response"] = text
+        if body.logprobs:
+            line["logprobs"] = gen.logprobs
         return JSONResponse(line)
     first = await gen.first()
     return StreamingResponse(_ndjson(gen, first, timing, chat=chat), media_type=NDJSON)
@@ -122,7 +161,8 @@ def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
     end = time.perf_counter()
     first = stats.first_token_at or end
     last = stats.last_token_at or end
-    line = {"model": gen.record.name, "created_at": iso(), "done": True, "done_reason": finish_for_wire(gen.finish_reason)}
+    reason = "stop" if gen.finish_reason == "tool_calls" else finish_for_wire(gen.finish_reason)  # Ollama says "stop" after calls
+    line = {"model": gen.record.name, "created_at": iso(), "done": True, "done_reason": reason}
     line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     line.update({
         "total_duration": int((end - started) * 1e9),
@@ -144,12 +184,30 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
         mid = '","response":'
         tail = b',"done":false}\n'
     dumps = json.dumps
+
+    def line(chunk) -> bytes | None:
+        if chunk.logprobs or chunk.tool_calls:  # rarer and larger: a whole object
+            out: dict = {"model": gen.record.name, "created_at": iso()}
+            if chat:
+                out["message"] = {"role": "assistant", "content": chunk.text}
+                if chunk.tool_calls:
+                    out["message"]["tool_calls"] = ollama_tool_calls(chunk.tool_calls)
+            else:
+                out["response"] = chunk.text
+            if chunk.logprobs:
+                out["logprobs"] = list(chunk.logprobs)
+            out["done"] = False
+            return dumps(out, ensure_ascii=False).encode() + b"\n"
+        if not chunk.text:
+            return None
+        return (head + iso() + mid + dumps(chunk.text, ensure_ascii=False)).encode() + tail
+
     try:
-        if first is not None and first.text:
-            yield (head + iso() + mid + dumps(first.text, ensure_ascii=False)).encode() + tail
+        if first is not None and (out := line(first)):
+            yield out
         async for chunk in gen.rest():
-            if chunk.text:
-                yield (head + iso() + mid + dumps(chunk.text, ensure_ascii=False)).encode() + tail
+            if out := line(chunk):
+                yield out
     except LocalrunError as exc:
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
         yield json.dumps(stream_error_line(exc, ollama=True)).encode() + b"\n"

@@ -19,11 +19,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
-from localrun.server.errors import stream_error_line
+from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.generation import Generation, app_state, finish_for_wire, make_sampling, open_generation, parse_body, request_stats
 from localrun.server.model_info import openai_model
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
-from localrun.types import ChatRequest, CompletionRequest, Message, Usage
+from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +66,52 @@ async def get_model(request: Request, model: str):
     return openai_model(record, loaded.get(record.name))
 
 
+def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
+    """Core messages; a tool result without a ``name`` gets the one its call had, which some templates show."""
+    called: dict[str, str] = {}
+    out = []
+    for m in body.messages:
+        calls = tuple({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                      for c in m.tool_calls or ())
+        called.update((c["id"], c["function"]["name"]) for c in calls)
+        name = m.name if m.name is not None or m.role != "tool" else called.get(m.tool_call_id or "")
+        out.append(Message(_ROLES.get(m.role, m.role), _message_text(m.content), tool_calls=calls,
+                           tool_call_id=m.tool_call_id, name=name))
+    return tuple(out)
+
+
+def _tool_fields(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
+    """(tools, tool_choice) for ChatRequest; a choice that cannot be met is a 400 before any load."""
+    tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    choice = body.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        names = {t["function"]["name"] for t in tools}
+        if choice.function.name not in names:
+            raise InvalidRequest(f"tool_choice names {choice.function.name!r}, which is not among 'tools'", param="tool_choice")
+        choice = choice.model_dump()
+    elif choice == "required" and not tools:
+        raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice")
+    return tools, choice
+
+
+def _logprobs_asked(logprobs: bool | None, top: int | None) -> int | None:
+    if top is not None and not logprobs:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if logprobs else None
+
+
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     cap = app_state(request).settings.runtime.max_tokens_cap
+    tools, tool_choice = _tool_fields(body)
     sampling = make_sampling(
         cap=cap, max_tokens=body.max_completion_tokens or body.max_tokens, seed=body.seed, stop=body.stop,
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repeat_penalty=body.repeat_penalty,
+        json_schema=body.response_format.schema_for_sampling() if body.response_format else None,
+        logprobs=_logprobs_asked(body.logprobs, body.top_logprobs),
     )
-    messages = tuple(Message(_ROLES.get(m.role, m.role), _message_text(m.content)) for m in body.messages)
-    req = ChatRequest(messages=messages, sampling=sampling)
+    req = ChatRequest(messages=_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice)
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
     return await _respond(request, gen, body, chat=True)
 
@@ -87,36 +123,72 @@ async def completions(request: Request):
     sampling = make_sampling(
         cap=cap, max_tokens=body.max_tokens, seed=body.seed, stop=body.stop,
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repeat_penalty=body.repeat_penalty,
+        logprobs=body.logprobs,
     )
     found = body.unsupported()
-    prompt = body.prompt_text() if not found else ""
+    prompt = body.prompt_text() if not found or all(f != "prompt" for f, _ in found) else ""
     gen = await open_generation(request, body.model, CompletionRequest(prompt=prompt, sampling=sampling), keep_alive_s=None, found=found)
     return await _respond(request, gen, body, chat=False)
+
+
+def _tool_calls(gen: Generation, body) -> list[dict]:
+    calls = list(gen.tool_calls)
+    if getattr(body, "parallel_tool_calls", None) is False:
+        calls = calls[:1]
+    return calls
+
+
+def chat_logprobs(entries) -> dict:
+    return {"content": list(entries), "refusal": None}
+
+
+def legacy_logprobs(entries, offset: int) -> dict:
+    """The completions API's older shape: parallel lists, top alternatives as {token: logprob}."""
+    tokens, offsets = [], []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+        tokens.append(e["token"])
+    return {
+        "tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{a["token"]: a["logprob"] for a in e.get("top_logprobs", ())} for e in entries],
+        "text_offset": offsets,
+    }
 
 
 async def _respond(request: Request, gen: Generation, body, *, chat: bool) -> Response:
     ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     created = int(time.time())
+    asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
     if not body.stream:
         text = await gen.collect()
         finish = finish_for_wire(gen.finish_reason)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+            message: dict = {"role": "assistant", "content": text}
+            calls = _tool_calls(gen, body)
+            if calls:
+                message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+            lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
+            choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            lp = legacy_logprobs(gen.logprobs, len(body.prompt_text())) if asked_logprobs else None
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
         return JSONResponse({
             "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": gen.record.name, "choices": [choice], "usage": usage_dict(gen.usage),
         })
     first = await gen.first()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _sse_events(gen, first, ident=ident, created=created, chat=chat, include_usage=include_usage)
+    events = _sse_events(gen, first, body, ident=ident, created=created, chat=chat, include_usage=include_usage)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _sse_events(gen: Generation, first, *, ident: str, created: int, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
+    or tool calls are built as whole objects (they are rarer, and larger anyway)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    head = "data: " + json.dumps({"id": ident, "object": kind, "created": created, "model": gen.record.name})[:-1]
+    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name}
+    head = "data: " + json.dumps(base)[:-1]
     if chat:
         opening = (head + ',"choices":[{"index":0,"delta":{"role":"assistant","content":').encode()
         before = (head + ',"choices":[{"index":0,"delta":{"content":').encode()
@@ -127,11 +199,41 @@ async def _sse_events(gen: Generation, first, *, ident: str, created: int, chat:
         after = b',"logprobs":null,"finish_reason":null}]}\n\n'
         closing = head + ',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":'
     dumps = json.dumps
+    offset = [0 if chat else len(body.prompt_text())]
+    calls_out = [False]
+
+    def full(chunk, *, role: bool) -> bytes:
+        """One event for a chunk that carries more than text."""
+        if chat:
+            delta: dict = {"role": "assistant"} if role else {}
+            if chunk.text or not chunk.tool_calls:
+                delta["content"] = chunk.text
+            if chunk.tool_calls:
+                calls = _tool_calls(gen, body)
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+                calls_out[0] = True
+            choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(chunk.logprobs) if chunk.logprobs else None}
+        else:
+            lp = legacy_logprobs(chunk.logprobs, offset[0])
+            offset[0] += len(chunk.text)
+            choice = {"index": 0, "text": chunk.text, "logprobs": lp}
+        choice["finish_reason"] = None
+        return b"data: " + dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
+
+    def event(chunk, *, role: bool) -> bytes | None:
+        if chunk.logprobs or chunk.tool_calls:
+            return full(chunk, role=role)
+        if not chunk.text and not role:
+            return None
+        offset[0] += len(chunk.text)
+        return (opening if role else before) + dumps(chunk.text, ensure_ascii=False).encode() + after
+
     try:
-        yield opening + dumps(first.text if first is not None else "", ensure_ascii=False).encode() + after
+        yield event(first if first is not None else Chunk(), role=True) or b""
         async for chunk in gen.rest():
-            if chunk.text:
-                yield before + dumps(chunk.text, ensure_ascii=False).encode() + after
+            line = event(chunk, role=False)
+            if line:
+                yield line
     except LocalrunError as exc:  # started already: the error travels in the stream
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
         yield b"data: " + json.dumps(stream_error_line(exc, ollama=False)).encode() + b"\n\n"

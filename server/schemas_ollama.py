@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, StringConstraints
 
-from localrun.server.schemas_openai import Loose, Seed, Stop, Strict
+from localrun.server.schemas_openai import Seed, Stop, Strict, ToolDef, ToolName
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 KeepAlive = Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[str, StringConstraints(max_length=64)] | None
@@ -60,24 +60,49 @@ class Options(Strict):
         return [(f"options.{k}", k) for k in sorted(self.model_fields_set - self.HONOURED) if getattr(self, k) is not None]
 
 
+class CalledFunction(Strict):
+    name: ToolName
+    arguments: dict[str, Any] = {}
+    index: int | None = None
+
+
+class ToolCallIn(Strict):
+    """A call in an assistant turn of the history: Ollama's shape, arguments as an object."""
+
+    function: CalledFunction
+    id: Annotated[str, StringConstraints(max_length=256)] | None = None
+    type: str | None = None
+
+
 class ChatMessage(Strict):
     role: Annotated[str, StringConstraints(pattern=r"^(system|user|assistant|tool)$")]
     content: str | None = None
     thinking: str | None = None
     images: list[Any] | None = None
-    tool_calls: list[Loose] | None = None
-    tool_name: str | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
+    tool_name: Annotated[str, StringConstraints(max_length=256)] | None = None
+    tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = None
 
 
 class _Generating(Strict):
     model: ModelName
     stream: bool | None = None
     options: Options | None = None
-    format: str | Loose | None = None
+    format: Annotated[str, StringConstraints(max_length=16)] | dict[str, Any] | None = None
     keep_alive: KeepAlive = None
     think: bool | str | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """``Sampling.json_schema`` from ``format``: ``"json"`` → any object, an object → that schema."""
+        if self.format in (None, ""):
+            return None
+        if isinstance(self.format, str):
+            if self.format != "json":
+                raise ValueError(f"format {self.format!r} is neither \"json\" nor a JSON schema object")
+            return {}
+        return self.format
 
     def _unsupported_common(self) -> list[tuple[str, str]]:
         found = list(self.options.unsupported()) if self.options else []
@@ -92,7 +117,7 @@ class _Generating(Strict):
 
 class ChatBody(_Generating):
     messages: Annotated[list[ChatMessage], Field(max_length=10_000)] | None = None
-    tools: list[Loose] | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         found = self._unsupported_common()

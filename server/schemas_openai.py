@@ -1,9 +1,12 @@
 """Strict request schemas for the OpenAI-compatible routes.
 
 Every field the official ``openai`` client can send is declared, so a real client never
-meets "unknown field"; anything else is rejected. Fields localrun cannot honour are
-declared too, so the route can answer "``tools`` is not supported by the llama.cpp
-runtime" instead of ignoring them (:meth:`unsupported`). Numbers are bounded.
+meets "unknown field"; anything else is rejected. Fields that need a capability are
+declared too, and :meth:`unsupported` pairs each one set with the capability it needs
+(``tools``, ``json_schema``, ``logprobs``…), so the route can answer "``tools`` is not
+supported by the mlc runtime" instead of ignoring them. Tool definitions, tool choices,
+tool calls in the history and response formats are typed: a malformed one is a 400 naming
+its place, before any model is loaded. Numbers are bounded.
 """
 
 from __future__ import annotations
@@ -29,6 +32,65 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
+ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+Text = Annotated[str, StringConstraints(max_length=100_000)]
+
+
+class FunctionDef(Strict):
+    name: ToolName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class FunctionName(Strict):
+    name: ToolName
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class CalledFunction(Strict):
+    name: ToolName
+    arguments: Text
+
+
+class ToolCallIn(Strict):
+    """A call in an assistant turn of the history, as the client got it back."""
+
+    id: Annotated[str, StringConstraints(max_length=256)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    index: int | None = None
+
+
+class JsonSchemaFormat(Strict):
+    name: Annotated[str, StringConstraints(max_length=64)] = "response"
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def schema_for_sampling(self) -> dict[str, Any] | None:
+        """``Sampling.json_schema``: None for text, ``{}`` for any object, else the schema."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema is None:
+            return {}
+        return self.json_schema.schema_ or {}
+
+
 class StreamOptions(Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
@@ -48,8 +110,8 @@ class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: Annotated[str, StringConstraints(max_length=256)] | None = None
-    tool_calls: list[Loose] | None = None
-    tool_call_id: str | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
+    tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = None
     function_call: Loose | None = None
     refusal: str | None = None
     audio: Loose | None = None
@@ -83,12 +145,12 @@ class ChatCompletionRequest(Sampled):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Loose] | None = None
-    tool_choice: str | Loose | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Loose] | None = None
     function_call: str | Loose | None = None
-    response_format: Loose | None = None
+    response_format: ResponseFormat | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: Annotated[str, StringConstraints(max_length=32)] | None = None
@@ -103,21 +165,25 @@ class ChatCompletionRequest(Sampled):
     safety_identifier: Annotated[str, StringConstraints(max_length=512)] | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
-        """(field, capability) for every field set to something localrun cannot honour."""
+        """(field, capability) for every field set that needs a capability; the route
+        refuses those whose capability the loaded runtime does not declare."""
         found: list[tuple[str, str]] = []
-        if self.tools or self.functions:
-            found.append(("tools" if self.tools else "functions", "tools"))
-        if self.tool_choice not in (None, "none", "auto") or self.function_call not in (None, "none", "auto"):
-            found.append(("tool_choice" if self.tool_choice not in (None, "none", "auto") else "function_call", "tools"))
-        rf = self.response_format
-        if rf is not None and getattr(rf, "type", None) != "text":
+        if self.tools:
+            found.append(("tools", "tools"))
+        if self.tool_choice not in (None, "none", "auto"):
+            found.append(("tool_choice", "tools"))
+        if self.functions or self.function_call not in (None, "none", "auto"):
+            found.append(("functions" if self.functions else "function_call", "legacy functions (use tools)"))
+        if self.response_format is not None and self.response_format.type != "text":
             found.append(("response_format", "json_schema"))
         if self.logprobs or self.top_logprobs:
             found.append(("logprobs" if self.logprobs else "top_logprobs", "logprobs"))
         if self.modalities and set(self.modalities) - {"text"} or self.audio is not None:
             found.append(("modalities" if self.audio is None else "audio", "audio"))
         for i, m in enumerate(self.messages):
-            if m.role in ("tool", "function") or m.tool_calls or m.function_call:
+            if m.role == "function" or m.function_call:
+                found.append((f"messages[{i}]", "legacy functions (use tools)"))
+            elif m.role == "tool" or m.tool_calls:
                 found.append((f"messages[{i}]", "tools"))
             if isinstance(m.content, list):
                 for j, part in enumerate(m.content):
@@ -152,7 +218,7 @@ class CompletionRequestBody(Sampled):
             found.append(("suffix", "fill-in-the-middle"))
         if self.best_of not in (None, 1):
             found.append(("best_of", "best_of"))
-        if self.logprobs:
+        if self.logprobs is not None:
             found.append(("logprobs", "logprobs"))
         found.extend(_common_unsupported(self))
         return found

@@ -151,14 +151,14 @@ class FakeSession:
             name = said.group(1) if said and said.group(1) in by_name else (next(iter(by_name)) if forced else None)
         if name not in by_name:
             return None
-        args = minimal_instance(by_name[name].get("parameters") or {"type": "object"})
+        args = _instance(by_name[name].get("parameters") or {"type": "object"}, "tools")
         return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
 
     @staticmethod
     def _json_answer(sampling: Sampling) -> str | None:
         if sampling.json_schema is None:
             return None
-        return json.dumps(minimal_instance(sampling.json_schema or {"type": "object"}))
+        return json.dumps(_instance(sampling.json_schema or {"type": "object"}, "response_format"))
 
     # --- generation ---------------------------------------------------------------------
 
@@ -240,6 +240,15 @@ def fake_logprob(token: str, top_n: int) -> dict[str, Any]:
     others = [" " + w for w in dict.fromkeys(_FILLER) if " " + w != token]
     alts = [entry(token, chosen)] + [entry(w, chosen - 0.5 * (i + 1)) for i, w in enumerate(others)]
     return {**entry(token, chosen), "top_logprobs": alts[:top_n]}
+
+
+def _instance(schema: Any, param: str) -> Any:
+    """:func:`minimal_instance`, with a malformed schema refused as llama.cpp's compiler refuses it."""
+    try:
+        return minimal_instance(schema)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise UnsupportedFeature(f"the JSON schema in {param!r} cannot be compiled: {type(exc).__name__}: {exc}",
+                                 param=param, hint="send a valid JSON Schema") from exc
 
 
 def minimal_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:

@@ -56,7 +56,8 @@ def _compile(schema: dict[str, Any], rule: str, prop_order: tuple[str, ...], par
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
         conv.visit(resolved, rule)
-    except (ValueError, KeyError, TypeError, AssertionError, RecursionError) as exc:
+    except Exception as exc:  # noqa: BLE001 - third-party code over untrusted input: any failure is a bad schema
+        log.debug("schema conversion failed", exc_info=True)
         raise UnsupportedFeature(f"the JSON schema in {param!r} cannot be compiled to a grammar: {exc}",
                                  param=param, hint="simplify the schema (local $refs, no remote ones)") from exc
     return conv

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.server.conftest import free_port, spawn_server  # noqa: F401 - fixture re-exported
+from tests.server.conftest import build_stack, free_port, spawn_server  # noqa: F401 - fixtures re-exported
 
 ALL = ("tools", "json_schema", "logprobs", "embeddings")
 

@@ -7,9 +7,9 @@ Only ever used inside the worker: the JSON Schema converter is llama-cpp-python'
 * :func:`request_grammar` picks the one grammar a request needs: a forced tool call
   (:func:`localrun.tools.forced_call`), else ``Sampling.json_schema`` (``{}`` → any JSON
   object), else a raw ``Sampling.grammar``.
-* :func:`grammar_sampler` builds llama.cpp's C grammar sampler, to go first in a
-  sequence's sampler chain, so every later stage only sees tokens that keep the text valid.
-  After the grammar completes, only end-of-generation tokens remain.
+* :func:`sequence_sampler` wraps a sequence's C sampler chain with llama.cpp's grammar
+  sampler (:class:`ConstrainedSampler`), so every token keeps the text valid and, once the
+  grammar completes, only end-of-generation tokens remain.
 * :class:`LogprobReader` reads one position's logits (``llama_get_logits_ith``) and turns
   them into a log-softmax with numpy: the chosen token's log-probability and the top n.
   These are the model's own probabilities, before temperature, top-k or a grammar mask,
@@ -109,6 +109,139 @@ def grammar_sampler(llama, vocab, gbnf: str, *, root: str = "root"):
         raise UnsupportedFeature("llama.cpp could not parse the grammar built for this request",
                                  param="grammar", hint="check the grammar or simplify the JSON schema")
     return sampler
+
+
+class ChainSampler:
+    """One sequence's sampler chain with the interface :class:`ConstrainedSampler` shares:
+    ``sample(ctx, index)`` (sample and accept) and ``free()``."""
+
+    __slots__ = ("_llama", "chain")
+
+    def __init__(self, llama, chain) -> None:
+        self._llama, self.chain = llama, chain
+
+    def sample(self, ctx, index: int) -> int:
+        return self._llama.llama_sampler_sample(self.chain, ctx, index)
+
+    def free(self) -> None:
+        if self.chain is not None:
+            self._llama.llama_sampler_free(self.chain)
+            self.chain = None
+
+
+class ConstrainedSampler:
+    """A sampler chain behind a grammar, sampled the way llama.cpp's own tools do it.
+
+    Masking the whole vocabulary with the grammar every token is slow (measured on Gemma 3
+    270M's 262k vocabulary, one thread: 18 ms a mask; 38 ms a token against 12 ms
+    unconstrained). So the chain picks a token from the raw logits first and the grammar
+    checks just that one. Only when it is invalid (about half the tokens of a JSON answer)
+    does the grammar mask candidates: the ``shortlist`` highest logits first — exact when at
+    least ``need`` of them are valid, since those are then the most likely valid tokens of the
+    whole vocabulary and the chain keeps no more than ``need`` (greedy: 1; top-k: k) — else
+    the whole vocabulary. Either way the chosen token is valid and is accepted into both.
+    Greedy answers are token for token what masking everything gives; a sampled one draws
+    again after a rejected pick, so a seed gives another (equally valid, equally
+    reproducible) answer than a naive chain would. llama.cpp's own tools sample this way.
+    Owns the chain it is given.
+
+    Raises:
+        UnsupportedFeature: llama.cpp cannot parse the grammar (the chain is freed).
+    """
+
+    def __init__(self, llama, vocab, gbnf: str, chain, n_vocab: int, *, need: int | None = None) -> None:
+        import ctypes
+
+        import numpy as np
+
+        try:
+            self.grammar = grammar_sampler(llama, vocab, gbnf)
+        except BaseException:
+            llama.llama_sampler_free(chain)
+            raise
+        self._llama, self.chain, self._n, self._np = llama, chain, n_vocab, np
+        self._need = need
+        self._shortlist = min(n_vocab, max(64, 4 * need)) if need else 0
+        self.full_masks = 0  # how often the whole vocabulary had to be masked (for tests and tuning)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        # A numpy array laid out as llama_token_data[] (int32 id, float logit, float p): one copy of the logits a fill.
+        self._cells = np.zeros(n_vocab, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+        data = ctypes.cast(self._cells.ctypes.data, ctypes.POINTER(llama.llama_token_data))
+        self._all = llama.llama_token_data_array(data, n_vocab, -1, False)
+        self._one_cell = (llama.llama_token_data * 1)()
+        self._one = llama.llama_token_data_array(self._one_cell, 1, -1, False)
+        self._byref = ctypes.byref
+
+    def _logits(self, ctx, index: int):
+        return self._np.ctypeslib.as_array(self._llama.llama_get_logits_ith(ctx, index), shape=(self._n,))
+
+    def _fill(self, ctx, index: int) -> None:
+        cells = self._cells
+        cells["id"] = self._ids  # samplers sort and truncate the array in place
+        cells["logit"] = self._logits(ctx, index)
+        cells["p"] = 0.0
+        self._all.size, self._all.selected, self._all.sorted = self._n, -1, False
+
+    def _fill_shortlist(self, ctx, index: int) -> bool:
+        """The ``shortlist`` best tokens, masked; True when at least ``need`` stay valid."""
+        np, k = self._np, self._shortlist
+        logits = self._logits(ctx, index)
+        best = np.argpartition(logits, self._n - k)[self._n - k:]
+        cells = self._cells
+        cells["id"][:k] = best
+        cells["logit"][:k] = logits[best]
+        cells["p"][:k] = 0.0
+        self._all.size, self._all.selected, self._all.sorted = k, -1, False
+        self._llama.llama_sampler_apply(self.grammar, self._byref(self._all))
+        size = self._all.size
+        return int(np.count_nonzero(np.isfinite(cells["logit"][:size]))) >= self._need
+
+    def _pick(self) -> int:
+        return int(self._all.data[self._all.selected].id)
+
+    def sample(self, ctx, index: int) -> int:
+        llama, byref = self._llama, self._byref
+        self._fill(ctx, index)
+        llama.llama_sampler_apply(self.chain, byref(self._all))
+        token = self._pick()
+        cell = self._one_cell[0]
+        cell.id, cell.logit, cell.p = token, 1.0, 0.0
+        self._one.size, self._one.selected, self._one.sorted = 1, -1, False
+        llama.llama_sampler_apply(self.grammar, byref(self._one))
+        if cell.logit == float("-inf"):  # not valid here: mask, choose again
+            if not (self._shortlist and self._fill_shortlist(ctx, index)):
+                self.full_masks += 1
+                self._fill(ctx, index)
+                llama.llama_sampler_apply(self.grammar, byref(self._all))
+            llama.llama_sampler_apply(self.chain, byref(self._all))
+            token = self._pick()
+        llama.llama_sampler_accept(self.grammar, token)
+        llama.llama_sampler_accept(self.chain, token)
+        return token
+
+    def free(self) -> None:
+        if self.chain is not None:
+            self._llama.llama_sampler_free(self.grammar)
+            self._llama.llama_sampler_free(self.chain)
+            self.chain = self.grammar = None
+
+
+def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, n_vocab: int):
+    """:class:`ConstrainedSampler` when there is a grammar, else :class:`ChainSampler`; owns ``chain``.
+
+    ``chain`` must be what ``build_sampler`` makes of ``sampling``: the shortlist shortcut
+    relies on its greedy or top-k stage, and is off under a repeat penalty (which reorders
+    the logits before top-k) or without top-k.
+    """
+    if not gbnf:
+        return ChainSampler(llama, chain)
+    if sampling.repeat_penalty and sampling.repeat_penalty != 1.0:
+        need = None
+    elif not sampling.temperature or sampling.temperature <= 0:
+        need = 1
+    else:
+        need = int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else None
+    return ConstrainedSampler(llama, vocab, gbnf, chain, n_vocab, need=need)
 
 
 class LogprobReader:

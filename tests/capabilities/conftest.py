@@ -14,9 +14,9 @@ ALL = ("tools", "json_schema", "logprobs", "embeddings")
 
 @pytest.fixture
 def serve(spawn_server):  # noqa: F811 - the imported fixture
-    """``serve(path, name, runtime="fake"|"", **options)``: import the model, start a server, return it."""
+    """``serve(path, name, runtime="fake"|"", plan={...}, **options)``: import the model, start a server, return it."""
 
-    def start(path, name: str, *, runtime: str = "fake", **options):
+    def start(path, name: str, *, runtime: str = "fake", plan: dict | None = None, **options):
         from localrun.modelstore.store import ModelStore
         from localrun.settings import Settings
 
@@ -25,6 +25,8 @@ def serve(spawn_server):  # noqa: F811 - the imported fixture
         args = ["tests.capabilities.launch", "--port", str(port)]
         for key, value in options.items():
             args += ["--option", f"{key}={json.dumps(value)}"]
+        for key, value in (plan or {}).items():
+            args += ["--plan", f"{key}={json.dumps(value)}"]
         return spawn_server(args, port=port, env={"LOCALRUN_RUNTIME__FORCE": runtime})
 
     return start

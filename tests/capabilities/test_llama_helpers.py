@@ -58,21 +58,28 @@ class Model:
         arr = (self.llama.llama_token * len(tokens))(*tokens)
         assert self.llama.llama_decode(self.ctx, self.llama.llama_batch_get_one(arr, len(tokens))) == 0
 
-    def generate(self, prompt: str, gbnf: str | None, *, max_tokens: int, top_n: int = 0):
-        """(text, logprob entries, ended on end-of-generation) with greedy sampling."""
-        from localrun.runtimes.llamacpp_grammar import grammar_sampler
+    def generate(self, prompt: str, gbnf: str | None, *, max_tokens: int, top_n: int = 0,
+                 sampling: Sampling = Sampling(temperature=0), naive: bool = False):
+        """(text, logprob entries, ended on end-of-generation). ``naive``: the grammar first
+        in one C chain (llama.cpp masks every token), the reference the fast path must match."""
+        from localrun.runtimes.llamacpp_decode import build_sampler
+        from localrun.runtimes.llamacpp_grammar import ChainSampler, grammar_sampler, sequence_sampler
 
         llama = self.llama
         llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)
         self._decode(self.tokenize(prompt))
-        chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-        if gbnf:
+        inner = build_sampler(llama, sampling, self.n_vocab)
+        if naive and gbnf:
+            chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
             llama.llama_sampler_chain_add(chain, grammar_sampler(llama, self.vocab, gbnf))
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+            llama.llama_sampler_chain_add(chain, inner)
+            sampler = ChainSampler(llama, chain)
+        else:
+            sampler = sequence_sampler(llama, self.vocab, inner, gbnf, sampling, self.n_vocab)
         out, entries, eog = b"", [], False
         try:
             for _ in range(max_tokens):
-                token = llama.llama_sampler_sample(chain, self.ctx, -1)
+                token = sampler.sample(self.ctx, -1)
                 entries.append(self.reader.read(-1, token, top_n))
                 if llama.llama_vocab_is_eog(self.vocab, token):
                     eog = True
@@ -80,7 +87,7 @@ class Model:
                 out += self.piece(token)
                 self._decode([token])
         finally:
-            llama.llama_sampler_free(chain)
+            sampler.free()
         return out.decode("utf-8", errors="replace"), entries, eog
 
     def close(self):
@@ -128,6 +135,24 @@ def test_schema_grammar_makes_even_random_weights_write_valid_json(tiny):
     validate(json.loads(text), BOUNDED)
     text, _, eog = tiny.generate("hello", json_schema_gbnf({}), max_tokens=120)
     assert eog and isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("sampling", [Sampling(temperature=0), Sampling(temperature=0.9, seed=7),
+                                      Sampling(temperature=1.3, seed=3, top_k=0), Sampling(temperature=0.7, seed=1, repeat_penalty=1.3)])
+def test_checking_the_pick_first_keeps_answers_valid_and_seeded(tiny, sampling):
+    """Greedy: the very tokens that masking the whole vocabulary gives. Sampled: a rejected
+    pick draws again, so the random stream differs from the naive chain's, but the answer
+    is valid and the same for the same seed."""
+    from localrun.runtimes.llamacpp_grammar import json_schema_gbnf
+
+    gbnf = json_schema_gbnf(BOUNDED)
+    fast = tiny.generate("Give me JSON:", gbnf, max_tokens=120, sampling=sampling)
+    assert fast[2], fast[0]
+    validate(json.loads(fast[0]), BOUNDED)
+    if sampling.temperature == 0:
+        assert tiny.generate("Give me JSON:", gbnf, max_tokens=120, sampling=sampling, naive=True)[0] == fast[0]
+    else:
+        assert tiny.generate("Give me JSON:", gbnf, max_tokens=120, sampling=sampling)[0] == fast[0]
 
 
 def test_forced_call_grammar_gives_a_parsable_call(tiny):
@@ -194,6 +219,7 @@ def test_gemma_grammar_logprobs_and_embeddings(gemma_gguf):
     try:
         text, entries, eog = m.generate("A JSON object describing a colour:\n", json_schema_gbnf(BOUNDED), max_tokens=60, top_n=2)
         assert eog, text
+        assert m.generate("A JSON object describing a colour:\n", json_schema_gbnf(BOUNDED), max_tokens=60, naive=True)[0] == text
         validate(json.loads(text), BOUNDED)
         assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 for e in entries)
         call = forced_call(ChatRequest(messages=(), tools=(WEATHER,), tool_choice="required"), HERMES)

@@ -12,12 +12,11 @@ common in the wild); earlier calls are written back in that form and tool result
 a user turn wrapped in ``<tool_response>``, so templates that only know user/assistant
 (Gemma) still render the conversation.
 
-**Out of the answer.** :class:`ToolCallFilter` streams text through, holding back from the
-first thing that may start a call; at the end, :func:`parse_tool_calls` recognises Hermes /
-Qwen ``<tool_call>…</tool_call>``, Mistral ``[TOOL_CALLS]`` (JSON list or ``name[ARGS]{…}``),
-Llama 3.x JSON (``{"name", "parameters"|"arguments"}``, optionally after ``<|python_tag|>``),
-``<function=name>{…}</function>`` and pythonic ``[f(a=1)]``. Only names of the request's
-tools count as calls, so an answer that merely is JSON stays content.
+**Out of the answer.** :func:`with_tool_calls` wraps a runtime's chunk stream: content
+streams through :class:`~localrun.tool_parsing.ToolCallFilter`, which holds back from the
+first thing that may start a call, and the held text is parsed at the end
+(:func:`~localrun.tool_parsing.parse_tool_calls`: Hermes/Qwen, Mistral, Llama 3.x JSON,
+``<function=…>`` and pythonic calls). Only names of the request's tools count as calls.
 
 **Forced calls.** ``tool_choice="required"`` or a named function: :func:`forced_call` gives a
 JSON Schema of one call plus the literal text around it for this template's style; the
@@ -26,17 +25,18 @@ runtime compiles it to a grammar, so the model can only emit a valid call.
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
-import re
-import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from localrun.errors import UnsupportedFeature
+from localrun.tool_parsing import TAG_CLOSE, TAG_OPEN, ToolCallFilter, arguments_object, new_call_id, parse_tool_calls
 from localrun.types import ChatRequest, Chunk
+
+__all__ = ["FALLBACK_SYSTEM", "ForcedCall", "ToolCallFilter", "ToolStyle", "active", "forced_call", "new_call_id",
+           "parse_tool_calls", "prompt_messages", "template_uses_tools", "tool_names", "tool_style", "with_tool_calls"]
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +48,6 @@ FALLBACK_SYSTEM = (
     "If no function is needed, answer normally."
 )
 """The system block for templates that do not take ``tools`` themselves."""
-
-_TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
-#: Markers that may start a call anywhere in an answer.
-_MARKERS = (_TAG_OPEN, "[TOOL_CALLS]", "<|python_tag|>", "<function=")
-#: Characters that may start a bare JSON or pythonic call, only at the start of an answer.
-_LEADING = ("{", "[", "```")
 
 
 @dataclass(frozen=True)
@@ -71,11 +65,6 @@ HERMES = ToolStyle("hermes", "<tool_call>\n", "\n</tool_call>")
 MISTRAL = ToolStyle("mistral", "[TOOL_CALLS]", "", as_list=True)
 LLAMA3 = ToolStyle("llama3", "", "", args_key="parameters")
 BARE_JSON = ToolStyle("json", "", "")
-
-
-def new_call_id() -> str:
-    """An OpenAI-style call id (``call_`` + 24 hex digits); unique enough to pair results."""
-    return "call_" + secrets.token_hex(12)
 
 
 def template_uses_tools(template: str | None) -> bool:
@@ -115,27 +104,17 @@ def active(req: ChatRequest) -> bool:
 
 # --- into the prompt ---------------------------------------------------------------------
 
-
-def _arguments_object(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
-
-
 def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     fn = dict(call.get("function") or {})
-    fn["arguments"] = _arguments_object(fn.get("arguments", {}))
+    fn["arguments"] = arguments_object(fn.get("arguments", {}))
     return {"id": call.get("id"), "type": call.get("type", "function"), "function": fn,
             "name": fn.get("name"), "arguments": fn["arguments"]}
 
 
 def _call_text(call: dict[str, Any]) -> str:
     fn = call.get("function") or {}
-    body = {"name": fn.get("name"), "arguments": _arguments_object(fn.get("arguments", {}))}
-    return f"{_TAG_OPEN}{json.dumps(body, ensure_ascii=False)}{_TAG_CLOSE}"
+    body = {"name": fn.get("name"), "arguments": arguments_object(fn.get("arguments", {}))}
+    return f"{TAG_OPEN}{json.dumps(body, ensure_ascii=False)}{TAG_CLOSE}"
 
 
 def prompt_messages(req: ChatRequest, template: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -230,197 +209,6 @@ def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
     if style.as_list:
         return ForcedCall(schema, style.prefix + "[", "]")
     return ForcedCall(schema, style.prefix, style.suffix)
-
-
-# --- out of the answer -------------------------------------------------------------------
-
-
-def _as_call(obj: Any, names: frozenset[str]) -> dict[str, Any] | None:
-    if not isinstance(obj, dict):
-        return None
-    if isinstance(obj.get("function"), dict):  # {"type": "function", "function": {...}}
-        obj = obj["function"]
-    name = obj.get("name")
-    if not isinstance(name, str) or (names and name not in names):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        args = _arguments_object(args)
-    return {"id": new_call_id(), "type": "function",
-            "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
-
-
-def _json_prefix(text: str) -> tuple[Any, int] | None:
-    """The JSON value at the start of ``text`` (after whitespace) and where it ends."""
-    stripped = len(text) - len(text.lstrip())
-    try:
-        return json.JSONDecoder().raw_decode(text, stripped)
-    except ValueError:
-        return None
-
-
-def _calls_from_json(value: Any, names: frozenset[str]) -> list[dict[str, Any]] | None:
-    items = value if isinstance(value, list) else [value]
-    calls = [_as_call(v, names) for v in items]
-    return calls if items and all(calls) else None  # type: ignore[return-value]
-
-
-def _pythonic(text: str, names: frozenset[str]) -> list[dict[str, Any]] | None:
-    """``[f(a=1), g(b="x")]`` (Llama 3.2 / 4): parsed with ``ast``, values with literal_eval only."""
-    try:
-        tree = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
-        return None
-    if not isinstance(tree, ast.List) or not tree.elts:
-        return None
-    calls = []
-    for node in tree.elts:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args):
-            return None
-        try:
-            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-        except (ValueError, SyntaxError):
-            return None
-        call = _as_call({"name": node.func.id, "arguments": args}, names)
-        if call is None:
-            return None
-        calls.append(call)
-    return calls
-
-
-def _hermes(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]] | None:
-    pattern = re.compile(re.escape(_TAG_OPEN) + r"(.*?)(?:" + re.escape(_TAG_CLOSE) + r"|\Z)", re.S)
-    found = list(pattern.finditer(text))
-    calls = []
-    for m in found:
-        inner = m.group(1).strip()
-        fn = re.fullmatch(r"<function=([\w.-]+)>(.*?)(?:</function>)?", inner, re.S)
-        parsed = _json_prefix(fn.group(2) if fn else inner)
-        obj = {"name": fn.group(1), "arguments": parsed[0]} if fn and parsed else (parsed[0] if parsed else None)
-        call = _as_call(obj, names)
-        if call is None:
-            return None
-        calls.append(call)
-    return (pattern.sub("", text).strip(), calls) if calls else None
-
-
-def _mistral(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]] | None:
-    head, _, rest = text.partition("[TOOL_CALLS]")
-    parsed = _json_prefix(rest)
-    if parsed is not None:
-        calls = _calls_from_json(parsed[0], names)
-        return (head.strip(), calls) if calls else None
-    calls = []
-    for part in rest.split("[TOOL_CALLS]"):
-        m = re.match(r"\s*([\w.-]+)(?:\[CALL_ID\][\w-]*)?\[ARGS\]", part)
-        args = _json_prefix(part[m.end():]) if m else None
-        call = _as_call({"name": m.group(1), "arguments": args[0]}, names) if m and args else None
-        if call is None:
-            return None
-        calls.append(call)
-    return (head.strip(), calls) if calls else None
-
-
-def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
-    """(content left over, calls in OpenAI's shape) recognised in a whole answer.
-
-    An answer with no recognisable call, or a malformed one, is all content: a caller
-    never loses text to a parser that guessed wrong.
-    """
-    known = frozenset(names)
-    if _TAG_OPEN in text:
-        return _hermes(text, known) or (text, [])
-    if "[TOOL_CALLS]" in text:
-        return _mistral(text, known) or (text, [])
-    body = text.strip()
-    head = ""
-    if "<|python_tag|>" in body:
-        head, _, body = body.partition("<|python_tag|>")
-    fn = re.fullmatch(r"<function=([\w.-]+)>(.*?)(?:</function>)?", body, re.S)
-    if fn:
-        args = _json_prefix(fn.group(2))
-        call = _as_call({"name": fn.group(1), "arguments": args[0]}, known) if args else None
-        return (head.strip(), [call]) if call else (text, [])
-    fence = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", body, re.S)
-    if fence:
-        body = fence.group(1)
-    parsed = _json_prefix(body)
-    if parsed is not None and not body[parsed[1]:].strip():
-        calls = _calls_from_json(parsed[0], known)
-        if calls:
-            return head.strip(), calls
-    for sep_calls in (_split_semicolons(body, known), _pythonic(body, known)):
-        if sep_calls:
-            return head.strip(), sep_calls
-    return text, []
-
-
-def _split_semicolons(body: str, names: frozenset[str]) -> list[dict[str, Any]] | None:
-    """Llama 3.1 sometimes writes several JSON calls separated by ``;``."""
-    if ";" not in body:
-        return None
-    calls = []
-    for part in body.split(";"):
-        parsed = _json_prefix(part)
-        if parsed is None or part[parsed[1]:].strip():
-            return None
-        call = _as_call(parsed[0], names)
-        if call is None:
-            return None
-        calls.append(call)
-    return calls
-
-
-class ToolCallFilter:
-    """Streams an answer's text, holding back from where a tool call may start.
-
-    ``feed`` returns the text that is surely content; ``finish`` parses what was held and
-    returns (content still to emit, calls).
-    """
-
-    __slots__ = ("_names", "_started", "_held", "_holding")
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self._names = tuple(names)
-        self._started = False  # any non-space content emitted yet
-        self._held = ""
-        self._holding = False  # a marker was seen: hold everything to the end
-
-    def feed(self, text: str) -> str:
-        if self._holding:
-            self._held += text
-            return ""
-        pending = self._held + text
-        if not self._started:
-            lead = pending.lstrip()
-            starts = _LEADING + _MARKERS
-            if any(lead.startswith(p) for p in starts):
-                self._held, self._holding = pending, True
-                return ""
-            if not lead or any(p.startswith(lead) for p in starts):  # too short to tell yet
-                self._held = pending
-                return ""
-            self._started = True
-        for marker in _MARKERS:
-            at = pending.find(marker)
-            if at >= 0:
-                self._held, self._holding = pending[at:], True
-                return pending[:at]
-        hold = 0
-        for marker in _MARKERS:  # a marker's beginning at the very end: wait for the next piece
-            for k in range(min(len(marker) - 1, len(pending)), hold, -1):
-                if pending.endswith(marker[:k]):
-                    hold = k
-                    break
-        self._held = pending[len(pending) - hold:]
-        return pending[:len(pending) - hold]
-
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        held, self._held = self._held, ""
-        if not held.strip():
-            return held, []
-        return parse_tool_calls(held, self._names)
-
 
 def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
     """Wrap a runtime's chunk stream: call text never reaches the client as content; the

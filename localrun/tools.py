@@ -210,28 +210,38 @@ def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
         return ForcedCall(schema, style.prefix + "[", "]")
     return ForcedCall(schema, style.prefix, style.suffix)
 
+
+# --- out of the answer -------------------------------------------------------------------
+
+
 def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
     """Wrap a runtime's chunk stream: call text never reaches the client as content; the
     last chunk carries the parsed calls and ``finish_reason="tool_calls"``.
 
     Log-probabilities of held-back text travel with the next chunk that is emitted, so
-    none is lost or duplicated.
+    none is lost or duplicated. Closing this stream closes the runtime's at once (a
+    scheduler frees the sequence), not whenever the garbage collector gets to it.
     """
     filt = ToolCallFilter(tool_names(req.tools))
     held_lp: list[dict[str, Any]] = []
-    for chunk in chunks:
-        out = filt.feed(chunk.text)
-        if chunk.finish_reason is None:
-            if out:
-                yield replace(chunk, text=out, logprobs=(*held_lp, *chunk.logprobs))
-                held_lp.clear()
-            else:
-                held_lp.extend(chunk.logprobs)
-            continue
-        tail, calls = filt.finish()
-        reason = chunk.finish_reason
-        if calls and reason in ("stop", "length"):
-            reason = "tool_calls"
-        yield replace(chunk, text=out + tail, finish_reason=reason, tool_calls=tuple(calls) or chunk.tool_calls,
-                      logprobs=(*held_lp, *chunk.logprobs))
-        return
+    try:
+        for chunk in chunks:
+            out = filt.feed(chunk.text)
+            if chunk.finish_reason is None:
+                if out:
+                    yield replace(chunk, text=out, logprobs=(*held_lp, *chunk.logprobs))
+                    held_lp.clear()
+                else:
+                    held_lp.extend(chunk.logprobs)
+                continue
+            tail, calls = filt.finish()
+            reason = chunk.finish_reason
+            if calls and reason in ("stop", "length"):
+                reason = "tool_calls"
+            yield replace(chunk, text=out + tail, finish_reason=reason, tool_calls=tuple(calls) or chunk.tool_calls,
+                          logprobs=(*held_lp, *chunk.logprobs))
+            return
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()

@@ -170,3 +170,22 @@ def test_forced_call_schema_and_wrapping():
     assert tc.forced_call(ChatRequest(messages=(), tools=(ADD,), tool_choice="auto"), tc.HERMES) is None
     with pytest.raises(UnsupportedFeature, match="nope"):
         tc.forced_call(ChatRequest(messages=(), tools=(ADD,), tool_choice={"type": "function", "function": {"name": "nope"}}), tc.HERMES)
+
+
+def test_closing_the_wrapper_closes_the_runtime_stream_at_once():
+    closed = []
+
+    def runtime():
+        try:
+            yield Chunk(text="a")
+            yield Chunk(text="b")
+            yield Chunk(text="", finish_reason="stop")
+        finally:
+            closed.append(True)
+
+    req = ChatRequest(messages=(Message("user", "x"),), tools=(ADD,))
+    stream = tc.with_tool_calls(runtime(), req)
+    assert next(stream).text == "a"
+    keep = stream  # a reference elsewhere must not delay it
+    stream.close()
+    assert closed == [True] and keep is stream

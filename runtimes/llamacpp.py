@@ -9,11 +9,14 @@ What a session does per request:
 * chat: render the GGUF's ``tokenizer.chat_template`` in localrun's sandbox (never
   llama-cpp-python's renderer), or a documented fallback when the file has none; tokenize
   with special tokens parsed, adding BOS only when the rendered text lacks it;
-* refuse a prompt over ``n_ctx - 1`` tokens with ContextOverflow (never truncate), and cap
-  ``max_tokens`` by what is left of the context (finish "length");
-* reuse the KV of the longest common token prefix with the previous request
-  (``cached_tokens``), prefill the rest in ``n_batch`` chunks checking ``cancel`` between
-  chunks, then sample with a C sampler chain, checking ``cancel`` every token.
+* refuse a prompt over ``slot context - 1`` tokens with ContextOverflow (never truncate), and
+  cap ``max_tokens`` by what is left of the slot's context (finish "length");
+* hand the request to the session's scheduler (:mod:`.llamacpp_sched`), which runs several
+  requests at once in one context: continuous batching, prefix reuse across requests
+  (``cached_tokens``), a C sampler chain per request, cancel checked every step.
+
+Sessions are ``concurrent``: the worker calls ``chat``/``complete`` from one thread per
+request, and each generator reads its chunks from the scheduler.
 """
 
 from __future__ import annotations
@@ -32,15 +35,14 @@ from localrun.errors import (
     ContextOverflow,
     InvalidModelFile,
     LocalrunError,
-    Overloaded,
     RuntimeUnavailable,
     UnsupportedFeature,
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.llamacpp_decode import SequenceDecoder, build_sampler, token_piece_reader
-from localrun.runtimes.llamacpp_text import TextAssembler
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage
+from localrun.runtimes.llamacpp_decode import ChainSampler, build_sampler, token_piece_reader
+from localrun.runtimes.llamacpp_sched import Job, Layout, Scheduler
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger(__name__ + ".native")
@@ -124,22 +126,30 @@ class LlamaCppRuntime:
 
 
 class LlamaCppSession:
-    """One loaded model and one context. Used from one thread at a time (the worker
-    serialises requests); a second concurrent stream is refused with Overloaded."""
+    """One loaded model, one context, several sequences (slots) run by a scheduler thread.
+
+    ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
+    requests than slots wait for a slot in arrival order.
+    """
 
     capabilities: frozenset[str] = frozenset()
+    concurrent: ClassVar[bool] = True
 
-    def __init__(self, llama, model, ctx, record: ModelRecord, plan: Plan) -> None:
+    def __init__(self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout) -> None:
         self._llama = llama
         self._model = model
         self._ctx = ctx
         self.record = record
         self.plan = plan
+        self.layout = layout
         self._vocab = llama.llama_model_get_vocab(model)
         self._n_vocab = llama.llama_vocab_n_tokens(self._vocab)
-        self.n_ctx = min(plan.n_ctx, llama.llama_n_ctx(ctx))
-        self._decoder = SequenceDecoder(llama, ctx, n_batch=plan.n_batch, n_swa=llama.llama_model_n_swa(model))
-        self._piece = token_piece_reader(llama, self._vocab)
+        # Guards the vocabulary against close(): request threads tokenize while it frees.
+        self._native = threading.Lock()
+        self._closed = False
+        self._freed = False
+        per_seq = llama.llama_n_ctx_seq(ctx) if hasattr(llama, "llama_n_ctx_seq") else llama.llama_n_ctx(ctx)
+        self.n_ctx = min(layout.slot_ctx, per_seq)  # what one request may use
         self._bos = self._token_text(llama.llama_vocab_bos(self._vocab))
         self._eos = self._token_text(llama.llama_vocab_eos(self._vocab))
         template = plan.options.get("chat_template")
@@ -153,9 +163,8 @@ class LlamaCppSession:
         self._gemma_turns = (plan.options.get("fallback_format") == "gemma"
                              and self._is_single_token("<start_of_turn>"))
         self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
-        self._busy = threading.Lock()
-        self._close_pending = False
-        self._freed = False
+        self._sched = Scheduler(llama, ctx, layout, n_swa=llama.llama_model_n_swa(model),
+                                piece_of=token_piece_reader(llama, self._vocab), is_eog=self._eog_reader())
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
@@ -165,9 +174,15 @@ class LlamaCppSession:
         if not os.path.isfile(record.path):
             raise InvalidModelFile(f"model file not found: {record.path}", hint="re-import or pull the model")
         llama = _llama()
-        cp = cls._context_params(llama, plan)  # bad options fail before anything is allocated
+        exact = _batch_invariant(plan)
+        layout = Layout.from_plan(plan, exact=exact)
+        cp = cls._context_params(llama, plan, layout, exact=exact)  # bad options fail before anything is allocated
         mp = llama.llama_model_default_params()
         mp.n_gpu_layers = int(plan.n_gpu_layers)
+        if exact and hasattr(mp, "use_extra_bufts"):
+            # Repacked weights (AVX2 Q4_K 8x8, …) change a row's arithmetic with its place in a
+            # chunk; measured here they bought no speed on Gemma 3 270M.
+            mp.use_extra_bufts = bool(plan.options.get("repack", False))
         _NATIVE_LOG.take_recent()
         model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
         if not model:
@@ -178,24 +193,25 @@ class LlamaCppSession:
         if not ctx:
             llama.llama_model_free(model)
             why = _NATIVE_LOG.take_recent()
-            raise WontFit(f"llama.cpp could not create a {plan.n_ctx}-token context for {record.name}"
-                          + (f": {why}" if why else ""), hint="lower the context length or the GPU layers")
-        log.debug("loaded %s: n_ctx=%d threads=%d gpu_layers=%d", record.path, plan.n_ctx, plan.n_threads,
-                  plan.n_gpu_layers)
+            raise WontFit(f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
+                          f"{record.name}" + (f": {why}" if why else ""), hint="lower the context length or the GPU layers")
+        log.debug("loaded %s: %s threads=%d gpu_layers=%d exact=%s", record.path, layout, plan.n_threads,
+                  plan.n_gpu_layers, exact)
         try:
-            return cls(llama, model, ctx, record, plan)
+            return cls(llama, model, ctx, record, plan, layout)
         except BaseException:
             llama.llama_free(ctx)
             llama.llama_model_free(model)
             raise
 
     @staticmethod
-    def _context_params(llama, plan: Plan):
+    def _context_params(llama, plan: Plan, layout: Layout, *, exact: bool = False):
         cp = llama.llama_context_default_params()
-        cp.n_ctx = int(plan.n_ctx)
-        cp.n_batch = int(plan.n_batch)
-        cp.n_ubatch = min(int(plan.n_batch), 512)
-        cp.n_seq_max = 1
+        cp.n_ctx = int(layout.n_ctx)
+        cp.n_batch = max(layout.step_tokens, layout.n_slots)
+        cp.n_ubatch = min(cp.n_batch, 512)
+        cp.n_seq_max = layout.n_slots
+        cp.kv_unified = layout.unified
         # Both, explicitly: a default n_threads_batch of cpu_count/2 made prefill 50x slower
         # in llama-cpp-python's server on a 2-core box.
         cp.n_threads = cp.n_threads_batch = max(1, int(plan.n_threads))
@@ -204,12 +220,16 @@ class LlamaCppSession:
             raise UnsupportedFeature(f"unknown KV cache type {plan.kv_type!r}", param="kv_type",
                                      hint="use one of: " + ", ".join(KV_TYPES))
         cp.type_k = cp.type_v = kv
+        if exact:
+            # Flash attention on the CPU makes a prefill's result depend on its chunking
+            # (see llamacpp_sched); measured here it was no faster on Gemma 3 270M.
+            cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if kv not in (0, 1):  # a quantized V cache needs flash attention
             cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
         if "swa_full" in plan.options:
             # Sliding-window layers (Gemma 3) get a full-size cache by llama.cpp's default, so
             # any cached prefix can be reused. False keeps only the window (less memory); the
-            # decoder then refuses a prefix whose window was already overwritten.
+            # prefix cache then refuses a prefix whose window was already overwritten.
             cp.swa_full = bool(plan.options["swa_full"])
         if "flash_attn" in plan.options:
             flag = plan.options["flash_attn"]
@@ -225,16 +245,29 @@ class LlamaCppSession:
         raw = self._llama.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", errors="replace") if raw else ""
 
+    def _eog_reader(self):
+        llama, vocab, known = self._llama, self._vocab, {}
+
+        def is_eog(token: int) -> bool:
+            hit = known.get(token)
+            if hit is None:
+                hit = known[token] = bool(llama.llama_vocab_is_eog(vocab, token))
+            return hit
+
+        return is_eog
+
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
-        data = text.encode("utf-8")
-        size = len(data) + 8
-        buf = (self._llama.llama_token * size)()
-        n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-        if n < 0:
-            size = -n
+        with self._native:
+            self._check_open()
+            data = text.encode("utf-8")
+            size = len(data) + 8
             buf = (self._llama.llama_token * size)()
             n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-        return list(buf[:n])
+            if n < 0:
+                size = -n
+                buf = (self._llama.llama_token * size)()
+                n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+            return list(buf[:n])
 
     def _is_single_token(self, text: str) -> bool:
         toks = self.tokenize(text, add_special=False)
@@ -268,93 +301,49 @@ class LlamaCppSession:
                                  param="input", hint="use a runtime that declares the embeddings capability")
 
     def close(self) -> None:
-        """Free the model now, or, if a stream is running, as soon as it ends."""
-        if self._busy.acquire(blocking=False):
-            try:
-                self._free()
-            finally:
-                self._busy.release()
-        else:
-            self._close_pending = True
+        """End running requests ("cancelled"), stop the scheduler and free the model."""
+        with self._native:
+            if self._closed:
+                return
+            self._closed = True
+        self._sched.close()
+        with self._native:
+            self._freed = True
+            self._llama.llama_free(self._ctx)
+            self._llama.llama_model_free(self._model)
 
     def _check_open(self) -> None:
         # The vocab and context are freed native memory after close: touching them aborts.
-        if self._freed or self._close_pending:
+        if self._closed:
             raise RuntimeUnavailable(f"the llama.cpp session for {self.record.name} is closed", hint="load it again")
-
-    def _free(self) -> None:
-        if self._freed:
-            return
-        self._freed = True
-        self._decoder.close()
-        self._llama.llama_free(self._ctx)
-        self._llama.llama_model_free(self._model)
 
     # --- generation -------------------------------------------------------------------------
 
     def _start(self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...]) -> Iterator[Chunk]:
-        """Validate eagerly (so errors come before any chunk), then hand back the stream."""
+        """Validate eagerly (so errors come before any chunk), then hand back the stream; the
+        request joins the scheduler when the stream is first read."""
         self._check_open()
         if not prompt:
             raise LocalrunError("the prompt is empty", hint="send some text")
         if len(prompt) > self.n_ctx - 1:
+            where = f"a slot's context holds {self.n_ctx}" if self.layout.n_slots > 1 else f"the context holds {self.n_ctx}"
             raise ContextOverflow(
-                f"the prompt is {len(prompt)} tokens but the context holds {self.n_ctx} "
-                f"(at most {self.n_ctx - 1} for the prompt)",
+                f"the prompt is {len(prompt)} tokens but {where} (at most {self.n_ctx - 1} for the prompt)",
                 hint="shorten the conversation or load the model with a larger context",
             )
         room = self.n_ctx - len(prompt)
         limit = room if sampling.max_tokens is None else max(0, min(int(sampling.max_tokens), room))
-        return self._stream(prompt, sampling, cancel, (*sampling.stop, *stops), limit)
+        llama, n_vocab = self._llama, self._n_vocab
+        job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel,
+                  build_sampler=lambda: ChainSampler(llama, build_sampler(llama, sampling, n_vocab)))
+        return self._sched.stream(job)
 
-    def _stream(self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...],
-                limit: int) -> Iterator[Chunk]:
-        if not self._busy.acquire(blocking=False):
-            raise Overloaded("this llama.cpp session is already generating",
-                             hint="sessions run one request at a time; the worker queues requests")
-        llama, vocab, dec, piece_of = self._llama, self._vocab, self._decoder, self._piece
-        sampler = None
-        produced = cached = 0
-        text = TextAssembler(stops)
 
-        def final(reason: str, tail: str = "") -> Chunk:
-            usage = Usage(prompt_tokens=len(prompt), completion_tokens=produced, cached_tokens=cached)
-            return Chunk(text=tail, finish_reason=reason, usage=usage)
-
-        try:
-            cached = dec.reuse_prefix(prompt)
-            if not dec.prefill(prompt, cancel):
-                yield final("cancelled")
-                return
-            if limit <= 0:
-                yield final("length")
-                return
-            sampler = build_sampler(llama, sampling, self._n_vocab)
-            pending = None
-            while True:
-                if cancel.is_set() or self._close_pending:
-                    yield final("cancelled", text.finish())
-                    return
-                if pending is not None:
-                    dec.advance(pending)
-                token = dec.sample(sampler)
-                if llama.llama_vocab_is_eog(vocab, token):
-                    yield final("stop", text.finish())
-                    return
-                produced += 1
-                piece, stopped = text.feed(piece_of(token))
-                if stopped:
-                    yield final("stop", piece)
-                    return
-                if produced >= limit:
-                    yield final("length", piece + text.finish())
-                    return
-                if piece:
-                    yield Chunk(text=piece)
-                pending = token
-        finally:
-            if sampler is not None:
-                llama.llama_sampler_free(sampler)
-            if self._close_pending:
-                self._free()
-            self._busy.release()
+def _batch_invariant(plan: Plan) -> bool:
+    """Whether to run in the configuration where a request's tokens do not depend on what
+    else runs (see llamacpp_sched): the default on the CPU, where it costs nothing measurable;
+    GPU kernels differ with batch size anyway."""
+    flag = plan.options.get("batch_invariant")
+    if flag is None:
+        return plan.device == "cpu" and int(plan.n_gpu_layers) == 0
+    return bool(flag)

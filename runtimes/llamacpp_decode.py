@@ -1,8 +1,5 @@
-"""The single-sequence decode loop over llama.cpp's low-level API.
-
-Kept apart from the session on purpose: a batching scheduler (several sequences sharing
-one context) will replace this class, while prompt building, text assembly and the
-session's protocol stay as they are.
+"""Per-request pieces of decoding over llama.cpp's low-level API: the C sampler chain and
+the token-to-bytes reader. The scheduler (:mod:`.llamacpp_sched`) drives the context.
 
 Why the low-level API: ``Llama.create_completion`` samples in Python, which costs about
 5 ms a token on Gemma's 262k vocabulary (≈ 81 % of the low-level speed here). llama.cpp's C
@@ -16,12 +13,10 @@ import ctypes
 import logging
 from collections.abc import Sequence
 
-from localrun.errors import LocalrunError
-from localrun.types import Cancel, Sampling
+from localrun.types import Sampling
 
 log = logging.getLogger(__name__)
 
-SEQ = 0  # the one sequence this decoder drives
 PENALTY_LAST_N = 64
 
 
@@ -53,100 +48,31 @@ def build_sampler(llama, sampling: Sampling, n_vocab: int):
     return chain
 
 
+class ChainSampler:
+    """A request's C sampler chain behind the two calls the scheduler makes: ``sample``
+    (which also accepts the token into the chain) and ``free``. Anything with these two
+    methods can drive a sequence (a grammar-constrained sampler, say)."""
+
+    __slots__ = ("_sample", "_free", "chain")
+
+    def __init__(self, llama, chain) -> None:
+        self._sample, self._free, self.chain = llama.llama_sampler_sample, llama.llama_sampler_free, chain
+
+    def sample(self, ctx, index: int) -> int:
+        return self._sample(self.chain, ctx, index)
+
+    def free(self) -> None:
+        if self.chain is not None:
+            self._free(self.chain)
+            self.chain = None
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-class SequenceDecoder:
-    """Drives sequence 0 of one llama.cpp context: prefix reuse, chunked prefill, one
-    token per step. ``tokens`` always lists exactly the tokens whose KV is in memory."""
-
-    def __init__(self, llama, ctx, *, n_batch: int, n_swa: int) -> None:
-        self._llama = llama
-        self._ctx = ctx
-        self._mem = llama.llama_get_memory(ctx)
-        self._n_batch = max(1, n_batch)
-        self._n_swa = n_swa
-        self._batch = llama.llama_batch_init(self._n_batch, 0, 1)
-        self.tokens: list[int] = []
-
-    def reuse_prefix(self, prompt: Sequence[int]) -> int:
-        """Keep the longest cached prefix of ``prompt`` (at least one token is left to
-        evaluate, for its logits); drop the rest of the memory. Returns the kept length."""
-        keep = min(common_prefix(self.tokens, prompt), len(prompt) - 1)
-        if keep > 0 and self._n_swa > 0:
-            # A sliding-window cache forgets old positions: reuse only if the window
-            # before `keep` is still there (the rule llama-server applies).
-            pos_min = self._llama.llama_memory_seq_pos_min(self._mem, SEQ)
-            if pos_min < 0 or pos_min > max(0, keep - self._n_swa):
-                keep = 0
-        if keep <= 0 or not self._llama.llama_memory_seq_rm(self._mem, SEQ, keep, -1):
-            self.clear()
-            return 0
-        del self.tokens[keep:]
-        return keep
-
-    def clear(self) -> None:
-        self._llama.llama_memory_clear(self._mem, True)
-        self.tokens.clear()
-
-    def prefill(self, prompt: Sequence[int], cancel: Cancel) -> bool:
-        """Evaluate ``prompt`` past the cached prefix in chunks of ``n_batch`` tokens,
-        checking ``cancel`` between chunks. False if cancelled (the memory then holds the
-        evaluated part, which the next request may reuse)."""
-        start = len(self.tokens)
-        if start >= len(prompt):
-            raise ValueError("prefill needs at least one new token; call reuse_prefix first")
-        b = self._batch
-        while start < len(prompt):
-            if cancel.is_set():
-                return False
-            end = min(start + self._n_batch, len(prompt))
-            for i, tok in enumerate(prompt[start:end]):
-                b.token[i] = tok
-                b.pos[i] = start + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = SEQ
-                b.logits[i] = 0
-            b.logits[end - start - 1] = end == len(prompt)
-            b.n_tokens = end - start
-            self._decode(prompt[start:end])
-            start = end
-        return True
-
-    def sample(self, sampler) -> int:
-        """Sample (and accept) the next token from the last evaluated position."""
-        return self._llama.llama_sampler_sample(sampler, self._ctx, -1)
-
-    def advance(self, token: int) -> None:
-        """Evaluate one generated token so the next one can be sampled."""
-        b = self._batch
-        b.token[0] = token
-        b.pos[0] = len(self.tokens)
-        b.n_seq_id[0] = 1
-        b.seq_id[0][0] = SEQ
-        b.logits[0] = 1
-        b.n_tokens = 1
-        self._decode((token,))
-
-    def _decode(self, toks: Sequence[int]) -> None:
-        rc = self._llama.llama_decode(self._ctx, self._batch)
-        if rc != 0:
-            self.clear()
-            raise LocalrunError(
-                f"llama_decode failed with code {rc} at position {len(self.tokens)}",
-                hint="the context may be full or out of memory; retry with a shorter prompt",
-            )
-        self.tokens.extend(toks)
-
-    def close(self) -> None:
-        if self._batch is not None:
-            self._llama.llama_batch_free(self._batch)
-            self._batch = None
 
 
 def token_piece_reader(llama, vocab):

@@ -1,12 +1,19 @@
-"""The decoder's prefix-reuse rule, against a stand-in for llama.cpp's memory calls."""
+"""The llama.cpp calls behind prefix reuse and sampling, against a stand-in for llama.cpp:
+the sliding-window rule, whole-sequence copies, cutting a sequence, the sampler chain.
+(The cache's decisions built on them are in tests/batching/test_prefix.py.)"""
 
 from __future__ import annotations
 
-from localrun.runtimes.llamacpp_decode import SequenceDecoder, common_prefix
+from localrun.runtimes.llamacpp_decode import ChainSampler, build_sampler, common_prefix
+from localrun.runtimes.llamacpp_prefix import PrefixCache
+from localrun.runtimes.llamacpp_sched import LlamaKvOps, chunk_size
+from localrun.types import Sampling
 
 
-class _Memory:
-    """Records what the decoder asks of llama.cpp's memory API."""
+class _Lib:
+    """Records what the code asks of llama.cpp's memory and sampler API."""
+
+    LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
     def __init__(self, pos_min: int = 0, rm_ok: bool = True) -> None:
         self.pos_min, self.rm_ok = pos_min, rm_ok
@@ -15,27 +22,36 @@ class _Memory:
     def llama_get_memory(self, ctx):
         return "mem"
 
-    def llama_batch_init(self, n, embd, n_seq):
-        return object()
-
-    def llama_batch_free(self, batch):
-        self.calls.append(("batch_free",))
-
     def llama_memory_seq_pos_min(self, mem, seq):
         return self.pos_min
 
     def llama_memory_seq_rm(self, mem, seq, p0, p1):
         self.calls.append(("seq_rm", seq, p0, p1))
-        return self.rm_ok
+        return self.rm_ok or p0 < 0  # removing a whole sequence never fails
 
-    def llama_memory_clear(self, mem, data):
-        self.calls.append(("clear",))
+    def llama_memory_seq_cp(self, mem, src, dst, p0, p1):
+        self.calls.append(("seq_cp", src, dst, p0, p1))
 
+    def __getattr__(self, name):  # sampler constructors: record the stage
+        if name.startswith("llama_sampler_init_"):
+            return lambda *args: (name[len("llama_sampler_init_"):], args)
+        raise AttributeError(name)
 
-def _decoder(lib, cached: int, n_swa: int = 0) -> SequenceDecoder:
-    d = SequenceDecoder(lib, "ctx", n_batch=64, n_swa=n_swa)
-    d.tokens = list(range(cached))
-    return d
+    def llama_sampler_chain_default_params(self):
+        return type("P", (), {"no_perf": False})()
+
+    def llama_sampler_chain_init(self, params):
+        return []
+
+    def llama_sampler_chain_add(self, chain, stage):
+        chain.append(stage)
+
+    def llama_sampler_sample(self, chain, ctx, index):
+        self.calls.append(("sample", index))
+        return 42
+
+    def llama_sampler_free(self, chain):
+        self.calls.append(("free",))
 
 
 def test_common_prefix():
@@ -44,32 +60,63 @@ def test_common_prefix():
     assert common_prefix([1, 2], [1, 2]) == 2
 
 
-def test_keeps_the_shared_prefix_and_drops_the_tail():
-    lib = _Memory()
-    d = _decoder(lib, 100)
-    assert d.reuse_prefix(list(range(60)) + [999, 998]) == 60
-    assert lib.calls == [("seq_rm", 0, 60, -1)]
-    assert d.tokens == list(range(60))
+def test_a_sliding_window_already_overwritten_refuses_the_prefix():
+    ops = LlamaKvOps(_Lib(pos_min=600), "ctx", n_swa=512)  # the window cache lost positions before 600
+    assert not ops.window_ok(0, 900)  # 900 - 512 = 388 < 600: the window is gone
+    ops = LlamaKvOps(_Lib(pos_min=300), "ctx", n_swa=512)
+    assert ops.window_ok(0, 900)  # 388 >= 300: the window is all there
+    assert LlamaKvOps(_Lib(pos_min=5000), "ctx", n_swa=0).window_ok(0, 10)  # no sliding window: always
+    assert not LlamaKvOps(_Lib(pos_min=-1), "ctx", n_swa=512).window_ok(0, 10)  # an empty sequence
 
 
-def test_an_identical_prompt_leaves_its_last_token_to_evaluate():
-    lib = _Memory()
-    d = _decoder(lib, 10)
-    assert d.reuse_prefix(list(range(10))) == 9
-
-
-def test_a_sliding_window_already_overwritten_forces_a_full_prefill():
-    lib = _Memory(pos_min=600)  # the window cache lost positions before 600
-    d = _decoder(lib, 1000, n_swa=512)
-    assert d.reuse_prefix(list(range(900)) + [-1]) == 0  # 900 - 512 = 388 < 600: the window is gone
-    assert ("clear",) in lib.calls and d.tokens == []
-    lib = _Memory(pos_min=300)
-    d = _decoder(lib, 1000, n_swa=512)
-    assert d.reuse_prefix(list(range(900)) + [-1]) == 900  # 388 >= 300: the window is all there
+def test_cutting_copying_and_clearing_are_the_right_memory_calls():
+    lib = _Lib()
+    ops = LlamaKvOps(lib, "ctx", n_swa=0)
+    assert ops.truncate(2, 60)
+    ops.copy(0, 3)
+    ops.clear(1)
+    # across KV streams llama.cpp copies whole sequences only: clear the target, copy all
+    assert lib.calls == [("seq_rm", 2, 60, -1), ("seq_rm", 3, -1, -1), ("seq_cp", 0, 3, -1, -1), ("seq_rm", 1, -1, -1)]
 
 
 def test_memory_that_cannot_cut_a_sequence_is_cleared():
-    lib = _Memory(rm_ok=False)
-    d = _decoder(lib, 50)
-    assert d.reuse_prefix(list(range(40)) + [-1]) == 0
-    assert lib.calls[-1] == ("clear",) and d.tokens == []
+    lib = _Lib(rm_ok=False)
+    cache = PrefixCache(1, LlamaKvOps(lib, "ctx", n_swa=0))
+    slot, _ = cache.acquire(list(range(50)))
+    slot.tokens.extend(range(50))
+    cache.release(slot)
+    slot, keep = cache.acquire(list(range(40)) + [-1])
+    assert keep == 0 and slot.tokens == []
+    assert lib.calls[-2:] == [("seq_rm", 0, 40, -1), ("seq_rm", 0, -1, -1)]
+
+
+def test_prefill_chunks_never_leave_a_short_tail():
+    assert chunk_size(100, 256, 8) == 100
+    assert chunk_size(300, 256, 8) == 256  # 44 left
+    assert chunk_size(260, 256, 8) == 252  # not 256 + 4: the tail keeps 8
+    assert chunk_size(5, 256, 8) == 5  # a whole short prompt is one chunk
+    assert chunk_size(260, 256, 1) == 256
+    left, sizes = 1000, []
+    while left:
+        sizes.append(chunk_size(left, 64, 8))
+        left -= sizes[-1]
+    assert sum(sizes) == 1000 and min(sizes) >= 8 and max(sizes) <= 64
+
+
+def test_greedy_is_one_stage_and_sampling_the_usual_chain():
+    lib = _Lib()
+    assert [s[0] for s in build_sampler(lib, Sampling(temperature=0.0), 100)] == ["greedy"]
+    chain = build_sampler(lib, Sampling(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, seed=7, repeat_penalty=1.1), 100)
+    assert [s[0] for s in chain] == ["penalties", "top_k", "top_p", "min_p", "temp", "dist"]
+    assert chain[-1][1] == (7,)
+    unseeded = build_sampler(lib, Sampling(temperature=0.7, seed=None), 100)
+    assert unseeded[-1] == ("dist", (lib.LLAMA_DEFAULT_SEED,))
+
+
+def test_chain_sampler_samples_and_frees_once():
+    lib = _Lib()
+    s = ChainSampler(lib, ["greedy"])
+    assert s.sample("ctx", 3) == 42
+    s.free()
+    s.free()
+    assert lib.calls == [("sample", 3), ("free",)]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from localrun.errors import ContextOverflow, InvalidModelFile, Overloaded, TemplateError, UnsupportedFeature
+from localrun.errors import ContextOverflow, InvalidModelFile, TemplateError, UnsupportedFeature
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling
 from tests.conftest import needs_llama
 from tests.factories import write_tiny_llama_gguf
@@ -128,28 +128,43 @@ def test_injection_template_in_the_gguf_never_runs(tmp_path):
         s.close()
 
 
-def test_a_second_concurrent_stream_is_refused_and_the_first_goes_on(tiny_gguf):
-    s = _load(tiny_gguf)
+def test_a_second_concurrent_stream_runs_alongside_the_first(tiny_gguf):
+    s = _load(tiny_gguf, n_ctx=512, options={"n_slots": 2})
     try:
+        assert s.concurrent
         first = s.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=20, temperature=0.0)), Cancel())
         next(first)
-        with pytest.raises(Overloaded):
-            next(s.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=2)), Cancel()))
+        second = list(s.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=2)), Cancel()))
+        assert second[-1].usage.completion_tokens == 2
         rest = list(first)
         assert rest[-1].finish_reason == "length" and rest[-1].usage.completion_tokens == 20
     finally:
         s.close()
 
 
-def test_close_during_a_stream_ends_it_and_frees_after(tiny_gguf):
+def test_close_during_a_stream_ends_it_and_frees(tiny_gguf):
     s = _load(tiny_gguf)
     stream = s.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=100, temperature=0.0)), Cancel())
     next(stream)
-    s.close()  # must not free native memory under the running stream
-    assert not s._freed
+    s.close()  # stops the scheduler thread (the only one touching the context), then frees
     last = list(stream)[-1]
     assert last.finish_reason == "cancelled"
     assert s._freed
+
+
+def test_slots_default_to_sharing_the_plans_context(tiny_gguf):
+    """Without slot options the KV cache stays the size the planner counted: plan.n_ctx tokens."""
+    s = _load(tiny_gguf, n_ctx=8192)
+    try:
+        assert (s.layout.n_slots, s.layout.slot_ctx, s.n_ctx) == (4, 2048, 2048)
+        assert s._llama.llama_n_ctx(s._ctx) == 8192
+    finally:
+        s.close()
+    s = _load(tiny_gguf, n_ctx=1024)
+    try:
+        assert (s.layout.n_slots, s.n_ctx) == (1, 1024)
+    finally:
+        s.close()
 
 
 def test_prompt_exactly_at_the_limit_is_accepted_and_one_more_is_not(tiny_gguf):
@@ -237,14 +252,16 @@ class _CancelAfter(Cancel):
 def test_cancel_is_checked_between_prefill_chunks_and_the_done_part_is_reused(tiny_gguf):
     s = _load(tiny_gguf, n_batch=64)
     try:
+        assert s.layout.step_tokens == 64
         prompt = "hello world " * 110
         n_prompt = len(s.tokenize(prompt, add_special=True))
         assert n_prompt > 3 * 64
         req = CompletionRequest(prompt=prompt, sampling=Sampling(max_tokens=4, temperature=0.0))
-        chunks = list(s.complete(req, _CancelAfter(2)))
+        chunks = list(s.complete(req, _CancelAfter(2)))  # the scheduler checks once per step
         assert [c.finish_reason for c in chunks] == ["cancelled"]
         assert chunks[-1].usage.completion_tokens == 0
-        assert len(s._decoder.tokens) == 2 * 64  # two chunks ran, the third was never started
+        slot = s._sched.cache.slots[0]
+        assert len(slot.tokens) == 2 * 64  # two chunks ran, the third was never started
         again = list(s.complete(req, Cancel()))
         assert again[-1].usage.cached_tokens == 2 * 64
         assert again[-1].usage.completion_tokens == 4

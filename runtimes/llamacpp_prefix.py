@@ -1,0 +1,380 @@
+"""Prefix reuse across the sequences (slots) of one llama.cpp context.
+
+A :class:`RadixIndex` records which token sequences are held by whom: every slot's KV
+content, and, when a host-RAM tier is configured, sequences saved from evicted slots. A new
+request asks :class:`PrefixCache` for a slot; the cache finds the longest cached prefix of
+its prompt and makes the chosen slot hold exactly that prefix:
+
+* in place, when the prefix sits in an idle slot (cut its tail, nothing copied);
+* copied from another slot (busy or idle) with ``llama_memory_seq_cp``;
+* restored from host RAM with the per-sequence state API.
+
+Finished conversations stay in their slots until a newcomer needs the room; the victim is
+the least recently used idle slot (saved to host RAM first if the tier is on and nothing
+else holds its content). The cache only decides and keeps the books; the KV operations
+themselves go through a small :class:`KvOps` interface, so the policy is tested without
+llama.cpp.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+#: A copy or a host restore costs a memcpy of the whole slot; below this, prefilling is as cheap.
+MIN_COPY = 32
+#: Sequences shorter than this are not worth a host-RAM entry.
+HOST_MIN_TOKENS = 64
+#: An idle slot whose content goes this far past the shared prefix is copied from, not cut.
+KEEP_TAIL = 64
+
+
+class _Node:
+    __slots__ = ("edge", "children", "owners", "parent")
+
+    def __init__(self, edge: tuple[int, ...], parent: "_Node | None") -> None:
+        self.edge = edge  # token ids on the edge from the parent
+        self.children: dict[int, _Node] = {}  # keyed by the first token of the child's edge
+        self.owners: set[int] = set()  # owners whose sequence covers this node's whole edge
+        self.parent = parent
+
+
+def _match(edge: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
+    """How many leading tokens of ``edge`` equal ``tokens[start:]``."""
+    n = min(len(edge), len(tokens) - start)
+    if tuple(tokens[start:start + n]) == edge[:n]:
+        return n
+    i = 0
+    while i < n and edge[i] == tokens[start + i]:
+        i += 1
+    return i
+
+
+class RadixIndex:
+    """Token-id radix tree: each owner (an int) holds one sequence; query the longest prefix.
+
+    Every node lists the owners whose sequence runs through it, so the deepest node a
+    prompt reaches names every owner sharing that prefix. Nodes nobody owns are pruned.
+    """
+
+    def __init__(self) -> None:
+        self._root = _Node((), None)
+        self._end: dict[int, _Node] = {}
+
+    def __contains__(self, owner: int) -> bool:
+        return owner in self._end
+
+    def set(self, owner: int, tokens: Sequence[int]) -> None:
+        """Make ``owner`` hold ``tokens`` (replacing what it held)."""
+        self.discard(owner)
+        if not tokens:
+            return
+        node, i, n = self._root, 0, len(tokens)
+        while i < n:
+            child = node.children.get(tokens[i])
+            if child is None:
+                child = _Node(tuple(tokens[i:]), node)
+                node.children[tokens[i]] = child
+                node = child
+                break
+            k = _match(child.edge, tokens, i)
+            if k < len(child.edge):
+                child = self._split(child, k)
+            node, i = child, i + k
+        self._end[owner] = node
+        while node is not self._root:
+            node.owners.add(owner)
+            node = node.parent
+
+    def discard(self, owner: int) -> None:
+        node = self._end.pop(owner, None)
+        while node is not None and node is not self._root:
+            node.owners.discard(owner)
+            parent = node.parent
+            if not node.owners:  # nobody passes here: the whole subtree is unowned
+                del parent.children[node.edge[0]]
+            elif len(node.children) == 1:
+                self._merge(node)
+            node = parent
+
+    def longest(self, tokens: Sequence[int]) -> tuple[int, frozenset[int]]:
+        """(length of the longest held prefix of ``tokens``, the owners holding it)."""
+        node, i, owners = self._root, 0, frozenset()
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            k = _match(child.edge, tokens, i)
+            i, owners = i + k, frozenset(child.owners)
+            if k < len(child.edge):
+                break
+            node = child
+        return i, owners
+
+    def node_count(self) -> int:
+        stack, count = [self._root], 0
+        while stack:
+            node = stack.pop()
+            count += 1
+            stack.extend(node.children.values())
+        return count
+
+    @staticmethod
+    def _split(child: _Node, k: int) -> _Node:
+        upper = _Node(child.edge[:k], child.parent)
+        upper.owners = set(child.owners)
+        child.parent.children[child.edge[0]] = upper
+        child.edge, child.parent = child.edge[k:], upper
+        upper.children[child.edge[0]] = child
+        return upper
+
+    def _merge(self, node: _Node) -> None:
+        """Fold a single child into ``node`` when no owner ends at ``node`` (keeps the tree small)."""
+        (child,) = node.children.values()
+        if child.owners != node.owners:
+            return
+        node.edge += child.edge
+        node.children = child.children
+        for grandchild in node.children.values():
+            grandchild.parent = node
+        for owner, end in self._end.items():
+            if end is child:
+                self._end[owner] = node
+
+
+class KvOps(Protocol):
+    """The KV operations the cache asks of the context (llama.cpp's memory and state API)."""
+
+    def clear(self, seq: int) -> None: ...
+
+    def truncate(self, seq: int, keep: int) -> bool: ...
+
+    def copy(self, src: int, dst: int) -> None: ...
+
+    def window_ok(self, seq: int, keep: int) -> bool: ...
+
+    def save(self, seq: int) -> bytes | None: ...
+
+    def restore(self, seq: int, blob: bytes) -> bool: ...
+
+
+@dataclass
+class Slot:
+    """One sequence of the context. ``tokens`` lists exactly the tokens whose KV it holds."""
+
+    seq: int
+    tokens: list[int] = field(default_factory=list)
+    busy: bool = False
+    used_at: int = 0
+
+
+@dataclass
+class _HostEntry:
+    tokens: list[int]
+    blob: bytes
+    used_at: int
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    reused_in_place: int = 0
+    copied: int = 0
+    restored: int = 0
+    saved: int = 0
+    host_bytes: int = 0
+    host_entries: int = 0
+
+
+class PrefixCache:
+    """Hands out slots with the longest cached prefix of a prompt already in them.
+
+    ``min_tail`` tokens of every prompt are always evaluated again (at least one, for its
+    logits; more where the arithmetic of a short prefill chunk differs from a long one, see
+    the scheduler), and a shared prefix shorter than that is not reused (``reuse=False``: no
+    prefix is). ``host_budget`` bytes of host RAM keep evicted sequences (0: off).
+    """
+
+    def __init__(self, n_slots: int, ops: KvOps, *, min_tail: int = 1, host_budget: int = 0,
+                 reuse: bool = True) -> None:
+        self.slots = [Slot(seq) for seq in range(n_slots)]
+        self._ops = ops
+        self._min_tail = max(1, min_tail)
+        self._reuse = reuse
+        self._host_budget = max(0, int(host_budget))
+        self._host: dict[int, _HostEntry] = {}
+        self._host_ids = itertools.count(n_slots)  # owner ids: slots are 0..n-1, host entries after
+        self._clock = itertools.count(1)
+        self.index = RadixIndex()
+        self._counts = {"reused_in_place": 0, "copied": 0, "restored": 0, "saved": 0}
+
+    # --- what the scheduler calls -------------------------------------------------------------
+
+    def acquire(self, prompt: Sequence[int], *, spare: frozenset[int] = frozenset()) -> tuple[Slot, int] | None:
+        """A slot for ``prompt`` holding its longest reusable prefix, and that prefix's length.
+        None when every slot is busy. Idle slots in ``spare`` (what other waiting requests
+        will reuse) are evicted only when no other idle slot is left."""
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+        keep, owners = self._reusable(prompt)
+        slot, keep = self._place(prompt, keep, owners, idle, spare)
+        slot.busy = True
+        slot.used_at = next(self._clock)
+        return slot, keep
+
+    def wanted(self, prompt: Sequence[int]) -> int | None:
+        """The idle slot ``prompt`` would reuse in place, if any."""
+        keep, owners = self._reusable(prompt)
+        return next((o for o in sorted(owners) if keep and o < len(self.slots) and not self.slots[o].busy), None)
+
+    def _reusable(self, prompt: Sequence[int]) -> tuple[int, frozenset[int]]:
+        limit = len(prompt) - self._min_tail
+        if limit < self._min_tail or not self._reuse:
+            return 0, frozenset()
+        found, owners = self.index.longest(prompt)
+        keep = min(found, limit)
+        if keep < self._min_tail:  # a few tokens are not worth it (and may come from a short chunk)
+            return 0, frozenset()
+        return keep, owners
+
+    def extended(self, slot: Slot) -> None:
+        """``slot.tokens`` grew (a prefill chunk landed): others may now reuse it."""
+        self.index.set(slot.seq, slot.tokens)
+
+    def release(self, slot: Slot) -> None:
+        """The request in ``slot`` ended; its KV stays for whoever shares its prefix next."""
+        slot.busy = False
+        slot.used_at = next(self._clock)
+        self.index.set(slot.seq, slot.tokens)
+
+    def drop(self, slot: Slot) -> None:
+        """Forget and clear ``slot`` (its KV is unknown after a failed decode)."""
+        self._ops.clear(slot.seq)
+        slot.tokens.clear()
+        slot.busy = False
+        self.index.discard(slot.seq)
+
+    def evict_idle(self) -> int:
+        """Clear every idle slot (a unified KV pool ran full); returns how many were cleared."""
+        n = 0
+        for slot in self.slots:
+            if not slot.busy and slot.tokens:
+                self._evict(slot)
+                n += 1
+        return n
+
+    def free_slots(self) -> int:
+        return sum(not s.busy for s in self.slots)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(**self._counts, host_bytes=self.host_bytes, host_entries=len(self._host))
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(len(e.blob) for e in self._host.values())
+
+    # --- placement ------------------------------------------------------------------------
+
+    def _place(self, prompt: Sequence[int], keep: int, owners: frozenset[int], idle: list[Slot],
+               spare: frozenset[int]) -> tuple[Slot, int]:
+        by_seq = {s.seq: s for s in self.slots}
+        sources = sorted(owners, key=lambda o: (o not in by_seq or by_seq[o].busy, o not in by_seq, o))
+        source = sources[0] if keep > 0 and sources else None
+        if source is not None and source in by_seq and not by_seq[source].busy:
+            slot = by_seq[source]
+            empty = self._empty(idle, exclude=slot)
+            if len(slot.tokens) - keep < KEEP_TAIL or empty is None or keep < MIN_COPY:
+                return slot, self._cut(slot, keep, reuse_from=slot)
+            # Worth keeping the idle slot's longer conversation: copy the prefix out.
+            return empty, self._copy(by_seq[source], empty, keep)
+        target = self._empty(idle) or self._victim(idle, spare)
+        if source is None or keep < MIN_COPY:
+            return target, self._cut(target, 0, reuse_from=None)
+        if source in by_seq:
+            return target, self._copy(by_seq[source], target, keep)
+        return target, self._restore(source, target, keep)
+
+    @staticmethod
+    def _empty(idle: list[Slot], exclude: Slot | None = None) -> Slot | None:
+        # Lowest sequence ids first: llama.cpp runs consecutive busy sequences in one micro-batch.
+        return next((s for s in idle if not s.tokens and s is not exclude), None)
+
+    def _victim(self, idle: list[Slot], spare: frozenset[int]) -> Slot:
+        slot = min(idle, key=lambda s: (s.seq in spare, s.used_at))
+        self._evict(slot)
+        return slot
+
+    def _cut(self, slot: Slot, keep: int, *, reuse_from: Slot | None) -> int:
+        """Leave the first ``keep`` tokens in ``slot`` (0: clear it)."""
+        if keep > 0 and reuse_from is not None and self._ops.window_ok(slot.seq, keep) and self._ops.truncate(slot.seq, keep):
+            del slot.tokens[keep:]
+            self.index.set(slot.seq, slot.tokens)
+            self._counts["reused_in_place"] += 1
+            return keep
+        if slot.tokens:
+            self._ops.clear(slot.seq)
+            slot.tokens.clear()
+        self.index.discard(slot.seq)
+        return 0
+
+    def _copy(self, src: Slot, dst: Slot, keep: int) -> int:
+        if not self._ops.window_ok(src.seq, keep):
+            return self._cut(dst, 0, reuse_from=None)
+        self._ops.copy(src.seq, dst.seq)
+        dst.tokens[:] = src.tokens
+        if not self._ops.truncate(dst.seq, keep):
+            return self._cut(dst, 0, reuse_from=None)
+        del dst.tokens[keep:]
+        self.index.set(dst.seq, dst.tokens)
+        self._counts["copied"] += 1
+        return keep
+
+    def _restore(self, owner: int, dst: Slot, keep: int) -> int:
+        entry = self._host[owner]
+        if dst.tokens:
+            self._ops.clear(dst.seq)
+            dst.tokens.clear()
+        if not self._ops.restore(dst.seq, entry.blob):
+            log.warning("restoring a saved prefix of %d tokens failed; prefilling instead", len(entry.tokens))
+            self._drop_host(owner)
+            return self._cut(dst, 0, reuse_from=None)
+        entry.used_at = next(self._clock)
+        dst.tokens[:] = entry.tokens
+        if not (self._ops.window_ok(dst.seq, keep) and self._ops.truncate(dst.seq, keep)):
+            return self._cut(dst, 0, reuse_from=None)
+        del dst.tokens[keep:]
+        self.index.set(dst.seq, dst.tokens)
+        self._counts["restored"] += 1
+        return keep
+
+    # --- eviction and the host tier -----------------------------------------------------------
+
+    def _evict(self, slot: Slot) -> None:
+        if self._host_budget and len(slot.tokens) >= HOST_MIN_TOKENS and not self._held_elsewhere(slot):
+            blob = self._ops.save(slot.seq)
+            if blob is not None and len(blob) <= self._host_budget:
+                self._make_host_room(len(blob))
+                owner = next(self._host_ids)
+                self._host[owner] = _HostEntry(list(slot.tokens), blob, next(self._clock))
+                self.index.set(owner, slot.tokens)
+                self._counts["saved"] += 1
+        self._ops.clear(slot.seq)
+        slot.tokens.clear()
+        self.index.discard(slot.seq)
+
+    def _held_elsewhere(self, slot: Slot) -> bool:
+        found, owners = self.index.longest(slot.tokens)
+        return found == len(slot.tokens) and any(o != slot.seq for o in owners)
+
+    def _make_host_room(self, need: int) -> None:
+        while self._host and self.host_bytes + need > self._host_budget:
+            self._drop_host(min(self._host, key=lambda o: self._host[o].used_at))
+
+    def _drop_host(self, owner: int) -> None:
+        self._host.pop(owner, None)
+        self.index.discard(owner)

@@ -1,0 +1,420 @@
+"""Continuous batching inside the llama.cpp worker: one context, several sequences.
+
+One scheduler thread owns the context. Each step it
+
+1. ends what was cancelled (per request) and gives free slots to waiting requests, each
+   with the longest cached prefix of its prompt already in its slot (:mod:`.llamacpp_prefix`);
+2. decodes the next token of every running sequence in one ``llama_decode`` and samples
+   each with the request's own C sampler chain (temperature, top-p, seed, …);
+3. prefills prompt chunks of the requests still reading their prompt, up to ``step_tokens``
+   tokens per step, round robin: a long prompt delays the others by one chunk per step at
+   most, and a short one is not stuck behind it.
+
+Request threads never touch llama.cpp: they submit a :class:`Job` and read its chunks from
+a queue. New requests join at the next step; finished ones leave and keep their KV.
+
+Why each prefill chunk is its own ``llama_decode`` call, apart from the decode tokens:
+with one KV stream per sequence llama.cpp splits a mixed batch into per-sequence micro-
+batches anyway (``split_equal``), so it costs no extra pass; and it keeps every sequence's
+arithmetic independent of what else runs.
+
+Exactness, measured on this project's CPU build (llama-cpp-python 0.3.36, x86 AVX2, Gemma 3
+270M and the tiny F32 model): the CPU matmul kernels for micro-batches of 1-7 rows and of
+8 or more rows round differently, and within each family a row's result does not depend on
+the other rows. Flash attention makes a prefill depend on its chunking at any size, and
+repacked weights (Q4_K 8x8) on the row's place in a chunk. So, in ``exact`` layouts (the
+CPU default): no flash attention, no repacking, decode steps in calls of at most 7 rows,
+prefill chunks of at least 8 rows (``min_chunk``; a whole prompt shorter than that is one
+chunk), and at least 8 prompt tokens evaluated again after a cached prefix. Then a greedy
+answer is bit-for-bit the same alone or batched with any others, and with its prompt's
+prefix from the cache or cold. A cached prefix that includes *generated* tokens (a second
+chat turn) was computed 1-7 rows at a time, not like a prefill: reusing it is right to
+rounding, not bit-identical, to a cold run. 8 running sequences take two decode calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import itertools
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+from localrun.errors import ConfigError, LocalrunError, Overloaded, RuntimeUnavailable
+from localrun.runtimes.llamacpp_prefix import PrefixCache, Slot
+from localrun.runtimes.llamacpp_text import TextAssembler
+from localrun.types import Cancel, Chunk, Plan, Usage
+
+log = logging.getLogger(__name__)
+
+#: Micro-batches of fewer rows than this use other matmul kernels than longer ones (see above).
+MIN_CHUNK = 8
+#: Defaults when the plan does not say: slots of at least this many tokens, at most 4 of them,
+#: carved out of the plan's context, so the KV cache stays the size the planner counted.
+DEFAULT_SLOT_CTX = 2048
+MAX_DEFAULT_SLOTS = 4
+DEFAULT_STEP_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the context is cut into sequences, and the step budget."""
+
+    n_slots: int
+    slot_ctx: int  # tokens one request may use (prompt + answer)
+    unified: bool  # one KV pool shared by all slots, or one stream per slot
+    step_tokens: int  # prefill tokens per step
+    min_chunk: int  # shortest prefill chunk (1: no constraint)
+    decode_rows: int  # most sequences decoded in one call
+    host_cache_bytes: int  # host-RAM tier for evicted prefixes (0: off)
+    prefix_cache: bool = True  # False: every prompt is prefilled cold (for comparisons)
+
+    @property
+    def n_ctx(self) -> int:
+        """The context size to ask llama.cpp for."""
+        return self.slot_ctx if self.unified else self.slot_ctx * self.n_slots
+
+    @classmethod
+    def from_plan(cls, plan: Plan, *, exact: bool) -> "Layout":
+        """Read ``n_slots``, ``slot_ctx``, ``kv_unified``, ``step_tokens``, ``host_cache_mib`` and
+        ``prefix_cache`` from ``plan.options``. Without them the slots share the plan's ``n_ctx`` (as many
+        2,048-token slots as fit, up to 4; one slot below 4,096 tokens), so memory stays
+        within the plan's KV estimate; a planner that counts ``n_slots × slot_ctx`` tokens of
+        KV may give each slot the full context."""
+        opts = plan.options
+        try:
+            unified = bool(opts.get("kv_unified", False))
+            n_slots = int(opts.get("n_slots") or max(1, min(MAX_DEFAULT_SLOTS, plan.n_ctx // DEFAULT_SLOT_CTX)))
+            slot_ctx = int(opts.get("slot_ctx") or (plan.n_ctx if unified else plan.n_ctx // n_slots))
+            step = int(opts.get("step_tokens") or min(plan.n_batch, DEFAULT_STEP_TOKENS))
+            host = int(float(opts.get("host_cache_mib") or 0) * 2**20)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"bad llama.cpp slot options {opts!r}: {exc}",
+                              hint="n_slots, slot_ctx, step_tokens and host_cache_mib are numbers") from exc
+        min_chunk = MIN_CHUNK if exact else 1
+        decode_rows = MIN_CHUNK - 1 if exact else n_slots
+        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0:
+            raise ConfigError(f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
+                              f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
+                              hint="use 1-256 slots of at least 16 tokens and a positive step")
+        return cls(n_slots=n_slots, slot_ctx=slot_ctx, unified=unified, step_tokens=max(step, 2 * min_chunk),
+                   min_chunk=min_chunk, decode_rows=decode_rows, host_cache_bytes=host,
+                   prefix_cache=bool(opts.get("prefix_cache", True)))
+
+
+def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
+    """The next prefill chunk: ``step`` tokens, never leaving a tail shorter than ``min_chunk``."""
+    if remaining <= step:
+        return remaining
+    if remaining - step >= min_chunk:
+        return step
+    return remaining - min_chunk
+
+
+class Job:
+    """One request inside the scheduler. Request threads read ``out``; only the scheduler
+    thread writes the other fields."""
+
+    __slots__ = ("prompt", "sampling", "stops", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
+                 "cached", "pending", "abandoned", "build_sampler")
+
+    def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler) -> None:
+        self.prompt = prompt
+        self.limit = limit
+        self.stops = stops
+        self.cancel = cancel
+        # Called on the scheduler thread: returns an object with ``sample(ctx, index)`` and
+        # ``free()`` (a ChainSampler, or a grammar-constrained one); freed there too.
+        self.build_sampler = build_sampler
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.slot: Slot | None = None
+        self.sampler = None
+        self.text = TextAssembler(stops)
+        self.produced = 0
+        self.cached = 0
+        self.pending = -1
+        self.abandoned = False
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached)
+
+    def final(self, reason: str, tail: str = "") -> Chunk:
+        return Chunk(text=tail, finish_reason=reason, usage=self.usage())
+
+
+class LlamaKvOps:
+    """:class:`~.llamacpp_prefix.KvOps` on llama.cpp's memory and per-sequence state API."""
+
+    def __init__(self, llama, ctx, *, n_swa: int) -> None:
+        self._llama, self._ctx, self._n_swa = llama, ctx, n_swa
+        self._mem = llama.llama_get_memory(ctx)
+
+    def clear(self, seq: int) -> None:
+        self._llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def truncate(self, seq: int, keep: int) -> bool:
+        return bool(self._llama.llama_memory_seq_rm(self._mem, seq, keep, -1))
+
+    def copy(self, src: int, dst: int) -> None:
+        # Whole sequences only: across KV streams llama.cpp copies full buffers (it asserts so).
+        self._llama.llama_memory_seq_rm(self._mem, dst, -1, -1)
+        self._llama.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
+
+    def window_ok(self, seq: int, keep: int) -> bool:
+        """A sliding-window cache forgets old positions: reuse ``keep`` tokens only if the
+        window before ``keep`` is all there (llama-server's rule)."""
+        if self._n_swa <= 0:
+            return True
+        pos_min = self._llama.llama_memory_seq_pos_min(self._mem, seq)
+        return 0 <= pos_min <= max(0, keep - self._n_swa)
+
+    def save(self, seq: int) -> bytes | None:
+        size = self._llama.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        got = self._llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        return bytes(buf[:got]) if got else None
+
+    def restore(self, seq: int, blob: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        return bool(self._llama.llama_state_seq_set_data(self._ctx, buf, len(blob), seq))
+
+
+class Scheduler:
+    """Owns one llama.cpp context on its own thread and runs many requests in it."""
+
+    def __init__(self, llama, ctx, layout: Layout, *, n_swa: int, piece_of, is_eog) -> None:
+        self._llama, self._ctx, self.layout = llama, ctx, layout
+        self._piece_of, self._is_eog = piece_of, is_eog
+        self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots), 0, 1)
+        self.cache = PrefixCache(layout.n_slots, LlamaKvOps(llama, ctx, n_swa=n_swa),
+                                 min_tail=layout.min_chunk, host_budget=layout.host_cache_bytes,
+                                 reuse=layout.prefix_cache)
+        self._inbox: list[Job] = []
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._broken: str | None = None
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._prefilling: collections.deque[Job] = collections.deque()
+        self._decoding: list[Job] = []  # sorted by slot: consecutive sequences share a micro-batch
+        self._thread = threading.Thread(target=self._run, name="llama-scheduler", daemon=True)
+        self._thread.start()
+
+    # --- request threads --------------------------------------------------------------------
+
+    def stream(self, job: Job):
+        """Submit ``job`` and yield its chunks. Closing the generator early cancels the job."""
+        self._submit(job)
+        done = False
+        try:
+            while True:
+                item = job.out.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if item.finish_reason is None and job.cancel.is_set():
+                    # Chunks made before the scheduler saw the cancel are dropped: the stream
+                    # ends at once, and the scheduler frees the slot at its next step.
+                    done = True
+                    job.abandoned = True
+                    yield job.final("cancelled")
+                    return
+                done = item.finish_reason is not None
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                job.abandoned = True
+
+    def _submit(self, job: Job) -> None:
+        with self._wake:
+            if self._broken or self._stopping:
+                raise RuntimeUnavailable(f"the llama.cpp scheduler is not running ({self._broken or 'closed'})",
+                                         hint="load the model again")
+            self._inbox.append(job)
+            self._wake.notify()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """End every request ("cancelled") and stop the thread; the caller frees the context after."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise RuntimeUnavailable("the llama.cpp scheduler did not stop", hint="kill the worker process")
+        if self._batch is not None:
+            self._llama.llama_batch_free(self._batch)
+            self._batch = None
+
+    def running(self) -> int:
+        return len(self._waiting) + len(self._decoding) + len(self._prefilling)
+
+    # --- the scheduler thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not (self._inbox or self._stopping or self._waiting or self._prefilling or self._decoding):
+                        self._wake.wait()
+                    new, self._inbox = self._inbox, []
+                    stopping = self._stopping
+                self._waiting.extend(new)
+                if stopping:
+                    self._end_all("cancelled")
+                    return
+                self._reap()
+                self._admit()
+                self._decode_step()
+                self._prefill_step()
+        except BaseException as exc:  # noqa: BLE001 - every open request must hear about it
+            log.exception("the llama.cpp scheduler failed")
+            with self._wake:
+                self._broken = f"{type(exc).__name__}: {exc}"
+                orphans, self._inbox = self._inbox, []
+            err = exc if isinstance(exc, LocalrunError) else LocalrunError(
+                f"the llama.cpp scheduler failed: {type(exc).__name__}: {exc}", hint="reload the model")
+            for job in [*self._waiting, *self._prefilling, *self._decoding, *orphans]:
+                job.out.put(err)
+
+    def _reap(self) -> None:
+        for jobs in (self._waiting, self._prefilling, self._decoding):
+            for job in [j for j in jobs if j.abandoned or j.cancel.is_set()]:
+                self._finish(job, "cancelled", job.text.finish() if job in self._decoding else "")
+
+    def _admit(self) -> None:
+        while self._waiting and self.cache.free_slots():
+            job = self._waiting[0]
+            # Spare the idle slots that the next waiting requests would reuse.
+            ahead = itertools.islice(self._waiting, 1, 1 + 2 * self.layout.n_slots)
+            spare = frozenset(seq for j in ahead if (seq := self.cache.wanted(j.prompt)) is not None)
+            got = self.cache.acquire(job.prompt, spare=spare)
+            if got is None:
+                return
+            self._waiting.popleft()
+            job.slot, job.cached = got
+            job.sampler = job.build_sampler()
+            self._prefilling.append(job)
+
+    def _decode_step(self) -> None:
+        jobs = list(self._decoding)
+        if not jobs:
+            return
+        # Consecutive sequences, near-equal groups of at most decode_rows: one call per group.
+        n_calls = -(-len(jobs) // self.layout.decode_rows)
+        size = -(-len(jobs) // n_calls)
+        for start in range(0, len(jobs), size):
+            self._decode_group(jobs[start:start + size])
+
+    def _decode_group(self, jobs: list[Job]) -> None:
+        b = self._batch
+        for i, job in enumerate(jobs):
+            b.token[i] = job.pending
+            b.pos[i] = len(job.slot.tokens)
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = job.slot.seq
+            b.logits[i] = 1
+        b.n_tokens = len(jobs)
+        if not self._call_decode(jobs):
+            return
+        ctx = self._ctx
+        for i, job in enumerate(jobs):
+            job.slot.tokens.append(job.pending)
+            self._emit(job, job.sampler.sample(ctx, i))
+
+    def _prefill_step(self) -> None:
+        budget, first = self.layout.step_tokens, True
+        for _ in range(len(self._prefilling)):
+            job = self._prefilling[0]
+            start = len(job.slot.tokens)
+            n = chunk_size(len(job.prompt) - start, self.layout.step_tokens, self.layout.min_chunk)
+            if not first and n > budget:
+                return
+            self._prefilling.rotate(-1)
+            budget -= n
+            first = False
+            self._prefill_chunk(job, start, n)
+            if budget <= 0:
+                return
+
+    def _prefill_chunk(self, job: Job, start: int, n: int) -> None:
+        b, seq = self._batch, job.slot.seq
+        chunk = job.prompt[start:start + n]
+        for i, tok in enumerate(chunk):
+            b.token[i] = tok
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = 0
+        last = start + n == len(job.prompt)
+        b.logits[n - 1] = last
+        b.n_tokens = n
+        if not self._call_decode([job]):
+            return
+        job.slot.tokens.extend(chunk)
+        self.cache.extended(job.slot)
+        if not last:
+            return
+        self._prefilling.remove(job)
+        if job.limit <= 0:
+            self._finish(job, "length")
+            return
+        self._decoding.append(job)
+        self._decoding.sort(key=lambda j: j.slot.seq)
+        self._emit(job, job.sampler.sample(self._ctx, n - 1))
+
+    def _emit(self, job: Job, token: int) -> None:
+        """One sampled token: end the job (EOG, stop string, limit) or stream its text."""
+        if self._is_eog(token):
+            self._finish(job, "stop", job.text.finish())
+            return
+        job.produced += 1
+        piece, stopped = job.text.feed(self._piece_of(token))
+        if stopped:
+            self._finish(job, "stop", piece)
+        elif job.produced >= job.limit:
+            self._finish(job, "length", piece + job.text.finish())
+        else:
+            if piece:
+                job.out.put(Chunk(text=piece))
+            job.pending = token
+
+    def _call_decode(self, jobs: list[Job]) -> bool:
+        rc = self._llama.llama_decode(self._ctx, self._batch)
+        if rc == 1 and self.layout.unified and self.cache.evict_idle():
+            rc = self._llama.llama_decode(self._ctx, self._batch)  # the shared pool had idle prefixes in it
+        if rc == 0:
+            return True
+        if rc == 1:
+            err: LocalrunError = Overloaded(
+                f"the KV cache has no room for this step ({self.running()} requests running)",
+                hint="retry in a moment, or load the model with fewer slots or a larger context")
+        else:
+            err = LocalrunError(f"llama_decode failed with code {rc}",
+                                hint="the context may be out of memory; retry with a shorter prompt")
+        for job in jobs:
+            self._finish(job, None, error=err)
+        return False
+
+    def _finish(self, job: Job, reason: str | None, tail: str = "", *, error: LocalrunError | None = None) -> None:
+        for jobs in (self._waiting, self._prefilling):
+            if job in jobs:
+                jobs.remove(job)
+        if job in self._decoding:
+            self._decoding.remove(job)
+        if job.sampler is not None:
+            job.sampler.free()
+            job.sampler = None
+        if job.slot is not None:  # freed before the last chunk goes out: a reader sees a free slot
+            if error is not None:
+                self.cache.drop(job.slot)
+            else:
+                self.cache.release(job.slot)
+            job.slot = None
+        job.out.put(error if error is not None else job.final(reason, tail))
+
+    def _end_all(self, reason: str) -> None:
+        for job in [*self._waiting, *self._prefilling, *self._decoding]:
+            self._finish(job, reason, job.text.finish() if job in self._decoding else "")

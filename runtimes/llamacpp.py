@@ -15,6 +15,10 @@ What a session does per request:
   requests at once in one context: continuous batching, prefix reuse across requests
   (``cached_tokens``), a C sampler chain per request, cancel checked every step.
 
+Tools, ``json_schema`` / grammars, logprobs and embeddings are wired in by
+:mod:`.llamacpp_features` (capabilities "tools", "json_schema", "logprobs", and
+"embeddings" for models whose GGUF declares pooling or whose plan sets ``embedding``).
+
 Sessions are ``concurrent``: the worker calls ``chat``/``complete`` from one thread per
 request, and each generator reads its chunks from the scheduler.
 """
@@ -40,7 +44,8 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.llamacpp_decode import ChainSampler, build_sampler, token_piece_reader
+from localrun.runtimes.llamacpp_decode import token_piece_reader
+from localrun.runtimes.llamacpp_features import SessionFeatures
 from localrun.runtimes.llamacpp_sched import Job, Layout, Scheduler
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
@@ -163,8 +168,13 @@ class LlamaCppSession:
         self._gemma_turns = (plan.options.get("fallback_format") == "gemma"
                              and self._is_single_token("<start_of_turn>"))
         self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
+        is_eog = self._eog_reader()
         self._sched = Scheduler(llama, ctx, layout, n_swa=llama.llama_model_n_swa(model),
-                                piece_of=token_piece_reader(llama, self._vocab), is_eog=self._eog_reader())
+                                piece_of=token_piece_reader(llama, self._vocab), is_eog=is_eog)
+        # Tools, JSON schemas, grammars, logprobs and embeddings (llamacpp_features).
+        self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
+                                         tokenize=lambda text: self.tokenize(text, add_special=True))
+        self.capabilities = self._features.capabilities
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
@@ -273,11 +283,11 @@ class LlamaCppSession:
         toks = self.tokenize(text, add_special=False)
         return len(toks) == 1 and self._token_text(toks[0]) == text
 
-    def chat_prompt(self, messages: Sequence) -> tuple[list[int], tuple[str, ...]]:
+    def chat_prompt(self, messages: Sequence, variables: dict | None = None) -> tuple[list[int], tuple[str, ...]]:
         """Tokens of the rendered conversation, and stop strings the prompt format adds."""
         if self.chat_template:
             text = render_chat(self.chat_template, messages, bos_token=self._bos, eos_token=self._eos,
-                               timeout_s=self._template_timeout_s)
+                               timeout_s=self._template_timeout_s, variables=variables)
             stops: tuple[str, ...] = ()
         else:
             fallback = fallback_chat(messages, gemma_turns=self._gemma_turns)
@@ -289,16 +299,18 @@ class LlamaCppSession:
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
-        tokens, stops = self.chat_prompt(req.messages)
-        return self._start(tokens, req.sampling, cancel, stops)
+        messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
+        tokens, stops = self.chat_prompt(messages, variables)
+        return self._features.chat_stream(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
-        return self._start(self.tokenize(req.prompt, add_special=True), req.sampling, cancel, ())
+        gbnf = self._features.completion_grammar(req.sampling)
+        return self._start(self.tokenize(req.prompt, add_special=True), req.sampling, cancel, (), gbnf)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        raise UnsupportedFeature("embeddings are not supported by localrun's llama.cpp runtime yet",
-                                 param="input", hint="use a runtime that declares the embeddings capability")
+        self._check_open()
+        return self._features.embed(texts)
 
     def close(self) -> None:
         """End running requests ("cancelled"), stop the scheduler and free the model."""
@@ -307,6 +319,7 @@ class LlamaCppSession:
                 return
             self._closed = True
         self._sched.close()
+        self._features.close()
         with self._native:
             self._freed = True
             self._llama.llama_free(self._ctx)
@@ -319,7 +332,8 @@ class LlamaCppSession:
 
     # --- generation -------------------------------------------------------------------------
 
-    def _start(self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...]) -> Iterator[Chunk]:
+    def _start(self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...],
+               gbnf: str | None = None) -> Iterator[Chunk]:
         """Validate eagerly (so errors come before any chunk), then hand back the stream; the
         request joins the scheduler when the stream is first read."""
         self._check_open()
@@ -333,9 +347,10 @@ class LlamaCppSession:
             )
         room = self.n_ctx - len(prompt)
         limit = room if sampling.max_tokens is None else max(0, min(int(sampling.max_tokens), room))
-        llama, n_vocab = self._llama, self._n_vocab
-        job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel,
-                  build_sampler=lambda: ChainSampler(llama, build_sampler(llama, sampling, n_vocab)))
+        with self._native:
+            self._check_open()
+            build, logprobs = self._features.job_sampling(sampling, gbnf)
+        job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build, logprobs=logprobs)
         return self._sched.stream(job)
 
 

@@ -11,7 +11,8 @@ Only ever used inside the worker: the JSON Schema converter is llama-cpp-python'
   sampler (:class:`ConstrainedSampler`), so every token keeps the text valid and, once the
   grammar completes, only end-of-generation tokens remain.
 * :class:`LogprobReader` reads one position's logits (``llama_get_logits_ith``) and turns
-  them into a log-softmax with numpy: the chosen token's log-probability and the top n.
+  them into a log-softmax with numpy: the chosen token's log-probability and the top n;
+  :class:`LogprobSampler` does it after each pick of a sequence's sampler.
   These are the model's own probabilities, before temperature, top-k or a grammar mask,
   which is what OpenAI's ``logprobs`` reports. It costs one pass over the vocabulary
   (≈1 ms on Gemma's 262k), so it runs only when a request asks.
@@ -109,24 +110,6 @@ def grammar_sampler(llama, vocab, gbnf: str, *, root: str = "root"):
         raise UnsupportedFeature("llama.cpp could not parse the grammar built for this request",
                                  param="grammar", hint="check the grammar or simplify the JSON schema")
     return sampler
-
-
-class ChainSampler:
-    """One sequence's sampler chain with the interface :class:`ConstrainedSampler` shares:
-    ``sample(ctx, index)`` (sample and accept) and ``free()``."""
-
-    __slots__ = ("_llama", "chain")
-
-    def __init__(self, llama, chain) -> None:
-        self._llama, self.chain = llama, chain
-
-    def sample(self, ctx, index: int) -> int:
-        return self._llama.llama_sampler_sample(self.chain, ctx, index)
-
-    def free(self) -> None:
-        if self.chain is not None:
-            self._llama.llama_sampler_free(self.chain)
-            self.chain = None
 
 
 class ConstrainedSampler:
@@ -227,13 +210,16 @@ class ConstrainedSampler:
 
 
 def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, n_vocab: int):
-    """:class:`ConstrainedSampler` when there is a grammar, else :class:`ChainSampler`; owns ``chain``.
+    """:class:`ConstrainedSampler` when there is a grammar, else a plain
+    :class:`~localrun.runtimes.llamacpp_decode.ChainSampler`; owns ``chain``.
 
     ``chain`` must be what ``build_sampler`` makes of ``sampling``: the shortlist shortcut
     relies on its greedy or top-k stage, and is off under a repeat penalty (which reorders
     the logits before top-k) or without top-k.
     """
     if not gbnf:
+        from localrun.runtimes.llamacpp_decode import ChainSampler
+
         return ChainSampler(llama, chain)
     if sampling.repeat_penalty and sampling.repeat_penalty != 1.0:
         need = None
@@ -242,6 +228,26 @@ def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, 
     else:
         need = int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else None
     return ConstrainedSampler(llama, vocab, gbnf, chain, n_vocab, need=need)
+
+
+class LogprobSampler:
+    """Wraps a sequence's sampler: after each pick, the token's log-probability (and the top
+    ``top_n``) is appended to ``entries``, a list the scheduler's job sends with its next
+    chunk. End-of-generation tokens are not part of the answer and get no entry."""
+
+    __slots__ = ("inner", "_reader", "_top_n", "entries", "_is_eog")
+
+    def __init__(self, inner, reader: "LogprobReader", top_n: int, entries: list, is_eog: Callable[[int], bool]) -> None:
+        self.inner, self._reader, self._top_n, self.entries, self._is_eog = inner, reader, top_n, entries, is_eog
+
+    def sample(self, ctx, index: int) -> int:
+        token = self.inner.sample(ctx, index)
+        if not self._is_eog(token):
+            self.entries.append(self._reader.read(index, token, self._top_n))
+        return token
+
+    def free(self) -> None:
+        self.inner.free()
 
 
 class LogprobReader:

@@ -118,9 +118,10 @@ class Job:
     thread writes the other fields."""
 
     __slots__ = ("prompt", "sampling", "stops", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
-                 "cached", "pending", "abandoned", "build_sampler")
+                 "cached", "pending", "abandoned", "build_sampler", "logprobs")
 
-    def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler) -> None:
+    def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
+                 logprobs: list | None = None) -> None:
         self.prompt = prompt
         self.limit = limit
         self.stops = stops
@@ -136,12 +137,22 @@ class Job:
         self.cached = 0
         self.pending = -1
         self.abandoned = False
+        # Log-probability entries the sampler appends (a LogprobSampler), not yet sent: they
+        # go out with the next chunk, so a token whose text is held back is not lost.
+        self.logprobs = logprobs
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached)
 
+    def take_logprobs(self) -> tuple:
+        if not self.logprobs:
+            return ()
+        out = tuple(self.logprobs)
+        self.logprobs.clear()
+        return out
+
     def final(self, reason: str, tail: str = "") -> Chunk:
-        return Chunk(text=tail, finish_reason=reason, usage=self.usage())
+        return Chunk(text=tail, finish_reason=reason, usage=self.usage(), logprobs=self.take_logprobs())
 
 
 class LlamaKvOps:
@@ -378,7 +389,7 @@ class Scheduler:
             self._finish(job, "length", piece + job.text.finish())
         else:
             if piece:
-                job.out.put(Chunk(text=piece))
+                job.out.put(Chunk(text=piece, logprobs=job.take_logprobs()))
             job.pending = token
 
     def _call_decode(self, jobs: list[Job]) -> bool:

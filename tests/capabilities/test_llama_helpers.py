@@ -62,8 +62,8 @@ class Model:
                  sampling: Sampling = Sampling(temperature=0), naive: bool = False):
         """(text, logprob entries, ended on end-of-generation). ``naive``: the grammar first
         in one C chain (llama.cpp masks every token), the reference the fast path must match."""
-        from localrun.runtimes.llamacpp_decode import build_sampler
-        from localrun.runtimes.llamacpp_grammar import ChainSampler, grammar_sampler, sequence_sampler
+        from localrun.runtimes.llamacpp_decode import ChainSampler, build_sampler
+        from localrun.runtimes.llamacpp_grammar import grammar_sampler, sequence_sampler
 
         llama = self.llama
         llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)

@@ -153,3 +153,34 @@ def test_gemma_structured_output_tools_logprobs_embeddings(serve, gemma_gguf):
         dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
         assert dot(vecs[0], vecs[1]) > dot(vecs[0], vecs[2])
         assert vecs[0] == oai.embeddings.create(model="gemma", input="a cat sat on the mat").data[0].embedding
+
+
+def test_tiny_gguf_constrained_sequences_batched_together_answer_as_alone(serve, tiny_long):
+    """Grammar and logprob samplers are per sequence: several requests decoded in one batch
+    (json_schema, a forced call, logprobs, plain) each get what they get alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = serve(tiny_long, "tiny", runtime="", plan=ONE_THREAD, n_slots=4, slot_ctx=1024)
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": BOUNDED}}
+    asks = [
+        ("Describe a colour as JSON.", {"response_format": fmt, "logprobs": True, "top_logprobs": 2}),
+        ("What is the weather in Oslo?", {"tools": [WEATHER], "tool_choice": "required"}),
+        ("Say something.", {"logprobs": True, "top_logprobs": 1, "max_tokens": 12}),
+        ("anything else", {"max_tokens": 12}),
+    ]
+
+    def run(item):
+        text, kwargs = item
+        r = ask(oai, "tiny", text, **kwargs).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in r.message.tool_calls or ()]
+        lps = [(t.token, round(t.logprob, 3), [a.token for a in t.top_logprobs]) for t in (r.logprobs.content if r.logprobs else ())]
+        return r.message.content, calls, lps, r.finish_reason
+
+    with client(server) as oai:
+        alone = [run(item) for item in asks]
+        with ThreadPoolExecutor(len(asks)) as pool:
+            together = list(pool.map(run, asks * 2))
+    assert together == alone * 2
+    validate(json.loads(alone[0][0]), BOUNDED)
+    assert alone[1][1][0][0] == "get_weather" and alone[1][3] == "tool_calls"
+    assert len(alone[0][2]) > 5 and len(alone[2][2]) == 12

@@ -4,11 +4,11 @@ One scheduler thread owns the context. Each step it
 
 1. ends what was cancelled (per request) and gives free slots to waiting requests, each
    with the longest cached prefix of its prompt already in its slot (:mod:`.llamacpp_prefix`);
-2. decodes the next token of every running sequence in one ``llama_decode`` and samples
-   each with the request's own C sampler chain (temperature, top-p, seed, …);
-3. prefills prompt chunks of the requests still reading their prompt, up to ``step_tokens``
+2. prefills prompt chunks of the requests still reading their prompt, up to ``step_tokens``
    tokens per step, round robin: a long prompt delays the others by one chunk per step at
-   most, and a short one is not stuck behind it.
+   most, and a short one is not stuck behind it;
+3. decodes the next token of every running sequence (one ``llama_decode`` per group of up to
+   7) and samples each with the request's own C sampler chain (temperature, top-p, seed, …).
 
 Request threads never touch llama.cpp: they submit a :class:`Job` and read its chunks from
 a queue. New requests join at the next step; finished ones leave and keep their KV.
@@ -278,8 +278,8 @@ class Scheduler:
                     return
                 self._reap()
                 self._admit()
+                self._prefill_step()  # first: a newcomer's first token does not wait for a decode pass
                 self._decode_step()
-                self._prefill_step()
         except BaseException as exc:  # noqa: BLE001 - every open request must hear about it
             log.exception("the llama.cpp scheduler failed")
             with self._wake:

@@ -184,8 +184,8 @@ class LlamaCppSession:
         if not os.path.isfile(record.path):
             raise InvalidModelFile(f"model file not found: {record.path}", hint="re-import or pull the model")
         llama = _llama()
-        exact = _batch_invariant(plan)
-        layout = Layout.from_plan(plan, exact=exact)
+        layout = Layout.from_plan(plan)
+        exact = layout.exact
         cp = cls._context_params(llama, plan, layout, exact=exact)  # bad options fail before anything is allocated
         mp = llama.llama_model_default_params()
         mp.n_gpu_layers = int(plan.n_gpu_layers)
@@ -353,12 +353,3 @@ class LlamaCppSession:
         job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build, logprobs=logprobs)
         return self._sched.stream(job)
 
-
-def _batch_invariant(plan: Plan) -> bool:
-    """Whether to run in the configuration where a request's tokens do not depend on what
-    else runs (see llamacpp_sched): the default on the CPU, where it costs nothing measurable;
-    GPU kernels differ with batch size anyway."""
-    flag = plan.options.get("batch_invariant")
-    if flag is None:
-        return plan.device == "cpu" and int(plan.n_gpu_layers) == 0
-    return bool(flag)

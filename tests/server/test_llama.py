@@ -86,7 +86,8 @@ def test_tiny_gguf_through_both_clients(spawn_server, tiny_gguf):
 @pytest.mark.slow
 def test_gemma_through_both_clients_and_a_killed_worker(spawn_server, gemma_gguf):
     server = serve(spawn_server, gemma_gguf, "gemma")
-    exercise(server, "gemma", "Say hello in one word.")
+    # Long enough that the scheduler's prefix reuse applies: it always re-evaluates a short tail.
+    exercise(server, "gemma", "You are a friendly assistant on a small computer. Please say hello to me in one short word, and nothing else.")
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
         answer = oai.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "What is 2+2? Answer with a number."}], max_tokens=10, temperature=0)
         assert "4" in answer.choices[0].message.content

@@ -70,7 +70,7 @@ def test_many_clients_disconnecting_at_random_leave_nothing_running(build_stack,
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=client, args=(rng.randint(0, 6), rng.choice(["/v1/chat/completions", "/api/chat"]))) for _ in range(30)]
+    threads = [threading.Thread(target=client, args=(rng.randint(0, 6), rng.choice(["/v1/chat/completions", "/api/chat"]))) for _ in range(100)]
     for t in threads:
         t.start()
     for t in threads:
@@ -266,7 +266,7 @@ def test_embedded_server_in_an_existing_loop_leaves_signals_alone(stack):
 def test_unload_during_a_stream_ends_it_with_an_error_not_a_hang(build_stack, live_factory):
     live = live_factory(build_stack(options=SLOW))
     with openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0, timeout=10) as oai:
-        for _ in range(5):
+        for _ in range(200):
             stream = iter(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True))
             assert next(stream).choices
             started = time.monotonic()

@@ -5,7 +5,8 @@
 One run, Gemma 3 270M Q4_K_M, greedy, the same thread count everywhere (n_threads and
 n_threads_batch), 4,096 tokens of context per stream, a fresh prompt per request:
 
-(a) localrun: the model in a worker process (``WorkerHandle``), 8 slots, through the pipe;
+(a) localrun: the model in a worker process (``WorkerHandle``), 8 slots, through the pipe
+    (8 slots: past the batch-invariant default, so 8 streams decode in one 8-row call);
 (b) ``python -m llama_cpp.server`` (one request at a time), through the openai client;
 (c) the engine's batched ceiling: N sequences decoded together in one ``llama_decode`` per
     step on the low-level API, in this process, no server, no scheduler;
@@ -107,7 +108,7 @@ def start_localrun(model: Path, threads: int, log_dir: Path):
     from localrun.worker.host import WorkerHandle
 
     plan = Plan(runtime="llama.cpp", n_ctx=N_SLOTS * SLOT_CTX, n_threads=threads,
-                options={"n_slots": N_SLOTS, "slot_ctx": SLOT_CTX, "step_tokens": STEP_TOKENS})
+                options={"n_slots": N_SLOTS, "slot_ctx": SLOT_CTX, "step_tokens": STEP_TOKENS, "flash_attn": False})
     return WorkerHandle(ModelRecord(name="gemma", format=Format.GGUF, path=str(model)), plan,
                         log_path=log_dir / "worker.log", load_timeout_s=300)
 
@@ -221,14 +222,14 @@ def openai_one(url: str, max_tokens: int):
 
 class Engine:
     """N sequences in one context, one ``llama_decode`` per step, C greedy samplers: what the
-    engine does with no scheduler around it. Same context settings as localrun's CPU default."""
+    engine does with no scheduler around it. Same settings as (a): one KV stream per
+    sequence, no flash attention, llama.cpp's default weight repacking."""
 
     def __init__(self, model: Path, threads: int) -> None:
         from localrun.runtimes.llamacpp import _llama
 
         self.llama = L = _llama()
         mp = L.llama_model_default_params()
-        mp.use_extra_bufts = False
         self.model = L.llama_model_load_from_file(str(model).encode(), mp)
         self.vocab = L.llama_model_get_vocab(self.model)
         self.threads = threads

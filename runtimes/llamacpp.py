@@ -185,13 +185,12 @@ class LlamaCppSession:
             raise InvalidModelFile(f"model file not found: {record.path}", hint="re-import or pull the model")
         llama = _llama()
         layout = Layout.from_plan(plan)
-        exact = layout.exact
-        cp = cls._context_params(llama, plan, layout, exact=exact)  # bad options fail before anything is allocated
+        cp = cls._context_params(llama, plan, layout)  # bad options fail before anything is allocated
         mp = llama.llama_model_default_params()
         mp.n_gpu_layers = int(plan.n_gpu_layers)
-        if exact and hasattr(mp, "use_extra_bufts"):
-            # Repacked weights (AVX2 Q4_K 8x8, …) change a row's arithmetic with its place in a
-            # chunk; measured here they bought no speed on Gemma 3 270M.
+        if layout.exact and hasattr(mp, "use_extra_bufts"):
+            # Repacked weights (AVX2 Q4_K 8x8, …) change a row's arithmetic with the rows
+            # decoded beside it; measured here they bought no speed on Gemma 3 270M.
             mp.use_extra_bufts = bool(plan.options.get("repack", False))
         _NATIVE_LOG.take_recent()
         model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
@@ -205,8 +204,7 @@ class LlamaCppSession:
             why = _NATIVE_LOG.take_recent()
             raise WontFit(f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
                           f"{record.name}" + (f": {why}" if why else ""), hint="lower the context length or the GPU layers")
-        log.debug("loaded %s: %s threads=%d gpu_layers=%d exact=%s", record.path, layout, plan.n_threads,
-                  plan.n_gpu_layers, exact)
+        log.debug("loaded %s: %s threads=%d gpu_layers=%d", record.path, layout, plan.n_threads, plan.n_gpu_layers)
         try:
             return cls(llama, model, ctx, record, plan, layout)
         except BaseException:
@@ -215,7 +213,7 @@ class LlamaCppSession:
             raise
 
     @staticmethod
-    def _context_params(llama, plan: Plan, layout: Layout, *, exact: bool = False):
+    def _context_params(llama, plan: Plan, layout: Layout):
         cp = llama.llama_context_default_params()
         cp.n_ctx = int(layout.n_ctx)
         cp.n_batch = max(layout.step_tokens, layout.n_slots)
@@ -230,9 +228,9 @@ class LlamaCppSession:
             raise UnsupportedFeature(f"unknown KV cache type {plan.kv_type!r}", param="kv_type",
                                      hint="use one of: " + ", ".join(KV_TYPES))
         cp.type_k = cp.type_v = kv
-        if exact:
+        if layout.exact_prefix:
             # Flash attention on the CPU makes a prefill's result depend on its chunking
-            # (see llamacpp_sched); measured here it was no faster on Gemma 3 270M.
+            # (see llamacpp_sched), so a cached prefix would differ from a cold one in the last bits.
             cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if kv not in (0, 1):  # a quantized V cache needs flash attention
             cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED

@@ -19,19 +19,25 @@ batches anyway (``split_equal``), so it costs no extra pass; and it keeps every 
 arithmetic independent of what else runs.
 
 Exactness, measured on this project's CPU build (llama-cpp-python 0.3.36, x86 AVX2, Gemma 3
-270M and the tiny F32 model): the CPU matmul kernels for micro-batches of 1-7 rows and of
-8 or more rows round differently, and within each family a row's result does not depend on
-the other rows. Flash attention makes a prefill depend on its chunking at any size, and
-repacked weights (Q4_K 8x8) on the row's place in a chunk. So, in ``exact`` layouts (the
-CPU default up to 7 slots): no flash attention, no repacking, decode steps in calls of at most 7 rows,
-prefill chunks of at least 8 rows (``min_chunk``; a whole prompt shorter than that is one
-chunk), and at least 8 prompt tokens evaluated again after a cached prefix. Then a greedy
-answer is bit-for-bit the same alone or batched with any others, and with its prompt's
-prefix from the cache or cold. A cached prefix that includes *generated* tokens (a second
-chat turn) was computed 1-7 rows at a time, not like a prefill: reusing it is right to
-rounding, not bit-identical, to a cold run. With 8 or more slots the 8-row kernels are
-worth more than exactness (1.6x the decode throughput at 8 streams here): those layouts
-decode every running sequence in one call unless ``batch_invariant`` is set.
+270M and the tiny F32 model):
+
+* A decode micro-batch of 1-7 rows gives each row exactly what it gets alone; from 8 rows
+  on, other matmul kernels round differently (about 4 in 10 rows differ), and repacked
+  weights (Q4_K 8x8) already from 4 rows. So ``batch_invariant`` layouts (the CPU default
+  up to 7 slots) run without repacking (no speed lost here) and decode in calls of at most
+  7 rows. Prefill chunks depend only on the request itself. Then a greedy answer is the
+  same bit for bit alone or batched with any others. With 8 or more slots the 8-row kernels
+  are worth more (186 against 117 tok/s at 8 streams here): those layouts decode every
+  running sequence in one call unless ``batch_invariant`` is set.
+* A prefill's result depends on how it was chunked: with flash attention at any chunk size;
+  without it only for chunks of 2-7 rows, which take the small-batch kernels. A cached
+  prefix is therefore right to rounding, not bit-identical, to a cold prefill. With
+  ``exact_prefix``: no flash attention, prefill chunks of at least 8 rows (``min_chunk``;
+  a whole prompt shorter than that is one chunk), at least 8 prompt tokens evaluated again
+  after a cached prefix, and a prompt's prefix from the cache gives the same answer as
+  cold. It is opt-in: flash attention is 7 % faster at short contexts and 36 % at 4,000
+  tokens here. A cached prefix that includes *generated* tokens (a second chat turn) was
+  computed 1-7 rows at a time, not like a prefill, so it stays right to rounding only.
 """
 
 from __future__ import annotations
@@ -72,7 +78,8 @@ class Layout:
     decode_rows: int  # most sequences decoded in one call
     host_cache_bytes: int  # host-RAM tier for evicted prefixes (0: off)
     prefix_cache: bool = True  # False: every prompt is prefilled cold (for comparisons)
-    exact: bool = False  # the batch-invariant configuration (see the module docstring)
+    exact: bool = False  # batch-invariant: a request's tokens do not depend on the others
+    exact_prefix: bool = False  # and a cached prompt prefix gives what a cold prefill gives
 
     @property
     def n_ctx(self) -> int:
@@ -82,7 +89,7 @@ class Layout:
     @classmethod
     def from_plan(cls, plan: Plan) -> "Layout":
         """Read ``n_slots``, ``slot_ctx``, ``kv_unified``, ``step_tokens``, ``host_cache_mib``,
-        ``prefix_cache`` and ``batch_invariant`` from ``plan.options``.
+        ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` from ``plan.options``.
 
         Without them the slots share the plan's ``n_ctx`` (as many 2,048-token slots as fit,
         up to 4; one slot below 4,096 tokens), so memory stays within the plan's KV estimate;
@@ -103,8 +110,9 @@ class Layout:
                               hint="n_slots, slot_ctx, step_tokens and host_cache_mib are numbers") from exc
         flag = opts.get("batch_invariant")
         on_cpu = plan.device == "cpu" and int(plan.n_gpu_layers) == 0
-        exact = bool(flag) if flag is not None else on_cpu and n_slots < MIN_CHUNK
-        min_chunk = MIN_CHUNK if exact else 1
+        exact_prefix = bool(opts.get("exact_prefix", False))
+        exact = exact_prefix or (bool(flag) if flag is not None else on_cpu and n_slots < MIN_CHUNK)
+        min_chunk = MIN_CHUNK if exact_prefix else 1
         decode_rows = MIN_CHUNK - 1 if exact else n_slots
         if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0:
             raise ConfigError(f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
@@ -112,7 +120,7 @@ class Layout:
                               hint="use 1-256 slots of at least 16 tokens and a positive step")
         return cls(n_slots=n_slots, slot_ctx=slot_ctx, unified=unified, step_tokens=max(step, 2 * min_chunk),
                    min_chunk=min_chunk, decode_rows=decode_rows, host_cache_bytes=host,
-                   prefix_cache=bool(opts.get("prefix_cache", True)), exact=exact)
+                   prefix_cache=bool(opts.get("prefix_cache", True)), exact=exact, exact_prefix=exact_prefix)
 
 
 def _given(opts: dict, key: str, default):

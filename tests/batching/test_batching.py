@@ -2,7 +2,9 @@
 logits, so the slightest arithmetic difference flips a greedy token) and Gemma 3 270M.
 
 The reference for "same tokens" is a session with the prefix cache off running each request
-alone: every prompt prefilled cold, nothing else in the context.
+alone: every prompt prefilled cold, nothing else in the context. Batched answers must match
+it in the default (batch-invariant) layout; answers whose prompt prefix came from the cache
+must match it with ``exact_prefix`` (see llamacpp_sched for why that is opt-in).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def model(request):
     return request.param, request.getfixturevalue("gemma_gguf"), GEMMA_PROMPTS, GEMMA_SYSTEM, 20
 
 
+EXACT = {"exact_prefix": True}
+
+
 def _references(path, prompts, max_tokens, **opts):
     cold = load(path, n_slots=1, slot_ctx=256 if "tiny" in str(path) else 512, prefix_cache=False, **opts)
     try:
@@ -58,13 +63,38 @@ def _references(path, prompts, max_tokens, **opts):
         cold.close()
 
 
-def test_greedy_tokens_are_the_same_alone_batched_and_from_the_cache(model):
+def test_greedy_tokens_are_the_same_alone_and_batched_by_default(model):
     name, path, prompts, _, max_tokens = model
     ref = _references(path, prompts, max_tokens)
     assert len(set(ref.values())) > len(prompts) // 2  # the prompts really lead different ways
+    s = load(path, n_slots=4, slot_ctx=256 if name == "tiny" else 512, step_tokens=32, prefix_cache=False)
+    assert s.layout.exact and not s.layout.exact_prefix  # the default: batch-invariant, flash attention on
+    try:
+        for others in (1, 3):
+            group = [prompts[0], *prompts[1:1 + others]]
+            got = together(s, [request(p, max_tokens=max_tokens) for p in group])
+            assert [r.text for r in got] == [ref[p] for p in group], f"batched with {others} others"
+        got = together(s, [request(p, max_tokens=max_tokens) for p in prompts])  # 8 requests, 4 slots
+        assert [r.text for r in got] == [ref[p] for p in prompts]
+        assert_idle(s)
+    finally:
+        s.close()
     # 8 slots are past the default's batch-invariant range (it gives way to the 8-row kernels): ask for it
-    s = load(path, n_slots=8, slot_ctx=256 if name == "tiny" else 512, step_tokens=32, batch_invariant=True)
-    assert s.layout.exact and s.layout.decode_rows == 7
+    s = load(path, n_slots=8, slot_ctx=256 if name == "tiny" else 512, step_tokens=32, prefix_cache=False,
+             batch_invariant=True)
+    try:
+        assert s.layout.decode_rows == 7
+        got = together(s, [request(p, max_tokens=max_tokens) for p in prompts])
+        assert [r.text for r in got] == [ref[p] for p in prompts], "batched with 7 others"
+    finally:
+        s.close()
+
+
+def test_greedy_tokens_are_the_same_alone_batched_and_from_the_cache(model):
+    name, path, prompts, _, max_tokens = model
+    ref = _references(path, prompts, max_tokens, **EXACT)
+    s = load(path, n_slots=8, slot_ctx=256 if name == "tiny" else 512, step_tokens=32, **EXACT)
+    assert s.layout.exact and s.layout.decode_rows == 7 and s.layout.min_chunk == 8
     try:
         target = prompts[0]
         for others in (1, 3, 7):  # cold the first time each prompt is seen, then from the cache
@@ -88,12 +118,12 @@ def test_greedy_tokens_are_the_same_alone_batched_and_from_the_cache(model):
 def test_a_shared_system_prompt_is_reused_and_changes_nothing(model):
     name, path, prompts, system, max_tokens = model
     chats = [[("system", system), ("user", p)] for p in prompts[:4]]
-    cold = load(path, n_slots=1, slot_ctx=512, prefix_cache=False)
+    cold = load(path, n_slots=1, slot_ctx=512, prefix_cache=False, **EXACT)
     try:
         ref = [run(cold, request(c, max_tokens=max_tokens)) for c in chats]
     finally:
         cold.close()
-    s = load(path, n_slots=4, slot_ctx=512, step_tokens=32)
+    s = load(path, n_slots=4, slot_ctx=512, step_tokens=32, **EXACT)
     try:
         first = run(s, request(chats[0], max_tokens=max_tokens))  # fills slot 0
         assert first.text == ref[0].text and first.usage.cached_tokens == 0
@@ -114,12 +144,12 @@ def test_a_prefix_is_copied_from_a_slot_that_is_still_running(model):
     """Two requests with one long system prompt, the second arriving while the first prefills."""
     name, path, prompts, system, max_tokens = model
     chats = [[("system", system * 2), ("user", p)] for p in prompts[:2]]
-    cold = load(path, n_slots=1, slot_ctx=512, prefix_cache=False)
+    cold = load(path, n_slots=1, slot_ctx=512, prefix_cache=False, **EXACT)
     try:
         ref = [run(cold, request(c, max_tokens=max_tokens)).text for c in chats]
     finally:
         cold.close()
-    s = load(path, n_slots=2, slot_ctx=512, step_tokens=16)
+    s = load(path, n_slots=2, slot_ctx=512, step_tokens=16, **EXACT)
     try:
         results: list = [None]
         first = s.chat(request(chats[0], max_tokens=max_tokens), Cancel())
@@ -151,7 +181,7 @@ def test_each_request_keeps_its_own_sampling(model):
         request(prompts[2], temperature=0.0, max_tokens=7),
         request(prompts[3], temperature=0.7, top_k=5, seed=3, max_tokens=20),
     ]
-    s = load(path, n_slots=4, slot_ctx=256)
+    s = load(path, n_slots=4, slot_ctx=256, prefix_cache=False)
     try:
         alone = [run(s, r) for r in reqs]
         full = alone[2].text
@@ -171,8 +201,8 @@ def test_each_request_keeps_its_own_sampling(model):
 
 def test_cancelling_one_of_four_streams_leaves_the_others_right_and_frees_its_slot(model):
     name, path, prompts, _, _ = model
-    ref = _references(path, prompts[:4], 40)
-    s = load(path, n_slots=4, slot_ctx=256)
+    ref = _references(path, prompts[:4], 40, **EXACT)
+    s = load(path, n_slots=4, slot_ctx=256, **EXACT)
     try:
         cancels = [Cancel() for _ in range(4)]
         out: list = [None] * 4
@@ -237,8 +267,8 @@ def test_more_requests_than_slots_wait_their_turn_and_nothing_leaks(tiny_gguf):
 
 def test_an_evicted_prefix_comes_back_from_host_ram(tiny_gguf):
     long_prompt = "hello the world is big and the time is now " * 6
-    ref = _references(tiny_gguf, [long_prompt], 16)[long_prompt]
-    s = load(tiny_gguf, n_slots=1, slot_ctx=256, host_cache_mib=16)
+    ref = _references(tiny_gguf, [long_prompt], 16, **EXACT)[long_prompt]
+    s = load(tiny_gguf, n_slots=1, slot_ctx=256, host_cache_mib=16, **EXACT)
     try:
         assert run(s, request(long_prompt, max_tokens=16)).text == ref
         run(s, request("zebra what " * 10, max_tokens=4))  # takes the only slot: the first is saved

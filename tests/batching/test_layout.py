@@ -34,18 +34,25 @@ def test_options_win_over_the_defaults():
 
 def test_the_step_follows_n_batch_and_stays_above_two_minimum_chunks():
     assert layout(n_batch=64).step_tokens == 64
-    assert layout(n_batch=4).step_tokens == 2 * MIN_CHUNK
+    assert layout(n_batch=4).step_tokens == 4
+    assert layout(n_batch=4, exact_prefix=True).step_tokens == 2 * MIN_CHUNK
     assert layout(n_batch=4096).step_tokens == 256
 
 
 def test_batch_invariance_is_the_cpu_default_up_to_seven_slots():
     small = layout(n_slots=7)
-    assert small.exact and small.min_chunk == MIN_CHUNK and small.decode_rows == 7
+    assert small.exact and small.decode_rows == 7
+    assert not small.exact_prefix and small.min_chunk == 1
     big = layout(n_slots=8)
     assert not big.exact and big.min_chunk == 1 and big.decode_rows == 8
     assert layout(n_slots=8, batch_invariant=True).exact
     assert not layout(n_slots=2, batch_invariant=False).exact
     assert not layout(device="cuda", n_gpu_layers=99).exact
+
+
+def test_exact_prefix_adds_the_chunk_rules_and_implies_batch_invariance():
+    got = layout(n_slots=8, exact_prefix=True)
+    assert got.exact and got.exact_prefix and got.min_chunk == MIN_CHUNK and got.decode_rows == 7
 
 
 @pytest.mark.parametrize("options", [{"n_slots": 0}, {"n_slots": 1000}, {"slot_ctx": 4}, {"n_slots": "many"},

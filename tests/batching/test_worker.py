@@ -69,7 +69,8 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
                ["The capital of France is a city that", "Once upon a time, in a land far away, there lived",
                 "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
                 "The three primary colors are red, and"])
-    plan = Plan(runtime="llama.cpp", n_ctx=4 * 256, n_threads=2, options={"n_slots": 4, "slot_ctx": 256})
+    # exact_prefix: the concurrent runs reuse the prompts the solo runs left behind
+    plan = Plan(runtime="llama.cpp", n_ctx=4 * 256, n_threads=2, options={"n_slots": 4, "slot_ctx": 256, "exact_prefix": True})
     h = WorkerHandle(ModelRecord(name="m", format=Format.GGUF, path=str(path)), plan,
                      log_path=tmp_path / "worker.log", load_timeout_s=120)
     try:

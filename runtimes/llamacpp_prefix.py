@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 #: A copy or a host restore costs a memcpy of the whole slot; below this, prefilling is as cheap.
 MIN_COPY = 32
+#: Shorter shared prefixes are not reused at all: they save a few milliseconds of prefill but
+#: pin the request to a slot that may split the decode batch (see ``_victim``).
+MIN_REUSE = 16
 #: Sequences shorter than this are not worth a host-RAM entry.
 HOST_MIN_TOKENS = 64
 #: An idle slot whose content goes this far past the shared prefix is copied from, not cut.
@@ -195,8 +198,8 @@ class PrefixCache:
 
     ``min_tail`` tokens of every prompt are always evaluated again (at least one, for its
     logits; more where the arithmetic of a short prefill chunk differs from a long one, see
-    the scheduler), and a shared prefix shorter than that is not reused (``reuse=False``: no
-    prefix is). ``host_budget`` bytes of host RAM keep evicted sequences (0: off).
+    the scheduler), and a shared prefix shorter than that or than ``MIN_REUSE`` is not reused
+    (``reuse=False``: no prefix is). ``host_budget`` bytes of host RAM keep evicted sequences (0: off).
     """
 
     def __init__(self, n_slots: int, ops: KvOps, *, min_tail: int = 1, host_budget: int = 0,
@@ -234,11 +237,11 @@ class PrefixCache:
 
     def _reusable(self, prompt: Sequence[int]) -> tuple[int, frozenset[int]]:
         limit = len(prompt) - self._min_tail
-        if limit < self._min_tail or not self._reuse:
+        if limit < max(MIN_REUSE, self._min_tail) or not self._reuse:
             return 0, frozenset()
         found, owners = self.index.longest(prompt)
         keep = min(found, limit)
-        if keep < self._min_tail:  # a few tokens are not worth it (and may come from a short chunk)
+        if keep < max(MIN_REUSE, self._min_tail):  # a few tokens are not worth it
             return 0, frozenset()
         return keep, owners
 
@@ -299,15 +302,24 @@ class PrefixCache:
             return target, self._copy(by_seq[source], target, keep)
         return target, self._restore(source, target, keep)
 
-    @staticmethod
-    def _empty(idle: list[Slot], exclude: Slot | None = None) -> Slot | None:
-        # Lowest sequence ids first: llama.cpp runs consecutive busy sequences in one micro-batch.
-        return next((s for s in idle if not s.tokens and s is not exclude), None)
+    def _empty(self, idle: list[Slot], exclude: Slot | None = None) -> Slot | None:
+        empty = [s for s in idle if not s.tokens and s is not exclude]
+        return min(empty, key=lambda s: (self._gaps_with(s), s.seq)) if empty else None
 
     def _victim(self, idle: list[Slot], spare: frozenset[int]) -> Slot:
-        slot = min(idle, key=lambda s: (s.seq in spare, s.used_at))
+        """The least recently used idle slot, except that among the older half of them the
+        one that keeps the busy slots together wins: llama.cpp decodes consecutive busy
+        sequences in one micro-batch and splits at every gap (a pass over the weights each)."""
+        ranked = sorted(idle, key=lambda s: (s.seq in spare, s.used_at))
+        older = ranked[: max(2, (len(ranked) + 1) // 2)]
+        slot = min(older, key=lambda s: (s.seq in spare, self._gaps_with(s), s.used_at))
         self._evict(slot)
         return slot
+
+    def _gaps_with(self, slot: Slot) -> int:
+        """How many runs of consecutive busy sequences there would be with ``slot`` busy too."""
+        busy = [s.busy or s is slot for s in self.slots]
+        return sum(1 for i, b in enumerate(busy) if b and (i == 0 or not busy[i - 1]))
 
     def _cut(self, slot: Slot, keep: int, *, reuse_from: Slot | None) -> int:
         """Leave the first ``keep`` tokens in ``slot`` (0: clear it)."""

@@ -202,6 +202,21 @@ def test_the_least_recently_used_idle_slot_is_evicted():
     check(cache, kv)
 
 
+def test_victims_keep_busy_slots_together_among_the_older_ones():
+    """llama.cpp decodes consecutive busy sequences in one pass; each gap costs another."""
+    kv = FakeKv(4)
+    cache = PrefixCache(4, kv)
+    for seq in (0, 2, 1, 3):  # release order: slot 0 is the oldest, then 2, 1, 3
+        slot = cache.slots[seq]
+        slot.tokens[:] = kv.kv[seq] = [seq * 100 + i for i in range(50)]
+        cache.release(slot)
+    a, _ = cache.acquire([7] * 40)
+    b, _ = cache.acquire([8] * 40)
+    assert (a.seq, b.seq) == (0, 1)  # pure LRU would take 0 then 2: two passes per step
+    assert cache.index.longest([300 + i for i in range(50)])[0] == 50  # the newest content survives
+    check(cache, kv)
+
+
 def test_an_overwritten_window_or_an_uncuttable_sequence_means_a_full_prefill():
     for kv in (FakeKv(1, window_ok=False), FakeKv(1, rm_ok=False)):
         cache = PrefixCache(1, kv)

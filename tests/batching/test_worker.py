@@ -66,8 +66,9 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
     path = request.getfixturevalue("tiny_gguf" if which == "tiny" else "gemma_gguf")
     prompts = (["hello world the time is now " * 3, "what was that hello " * 4, "zebra time " * 6, "a b c d e f g h i j"]
                if which == "tiny" else
-               ["The capital of France is a city that", "Once upon a time, in a land far away, there lived",
-                "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+               ["The capital of France is a city of museums, cafes and old bridges over a river. Its most famous tower",
+                "Once upon a time, in a land far away beyond the mountains and the sea, there lived a young fisherman who",
+                "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero, iteratively.\"\"\"\n",
                 "The three primary colors are red, and"])
     # exact_prefix: the concurrent runs reuse the prompts the solo runs left behind
     plan = Plan(runtime="llama.cpp", n_ctx=4 * 256, n_threads=2, options={"n_slots": 4, "slot_ctx": 256, "exact_prefix": True})

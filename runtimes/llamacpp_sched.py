@@ -46,8 +46,10 @@ import collections
 import ctypes
 import itertools
 import logging
+import os
 import queue
 import threading
+import time
 from dataclasses import dataclass
 
 from localrun.errors import ConfigError, LocalrunError, Overloaded, RuntimeUnavailable
@@ -142,7 +144,7 @@ class Job:
     thread writes the other fields."""
 
     __slots__ = ("prompt", "sampling", "stops", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
-                 "cached", "pending", "abandoned", "build_sampler", "logprobs")
+                 "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked")
 
     def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
                  logprobs: list | None = None) -> None:
@@ -161,6 +163,7 @@ class Job:
         self.cached = 0
         self.pending = -1
         self.abandoned = False
+        self.parked = False  # the reader is back, waiting for the next chunk
         # Log-probability entries the sampler appends (a LogprobSampler), not yet sent: they
         # go out with the next chunk, so a token whose text is held back is not lost.
         self.logprobs = logprobs
@@ -244,7 +247,9 @@ class Scheduler:
         done = False
         try:
             while True:
+                job.parked = True
                 item = job.out.get()
+                job.parked = False
                 if isinstance(item, BaseException):
                     done = True
                     raise item
@@ -304,6 +309,7 @@ class Scheduler:
                 self._admit()
                 self._prefill_step()  # first: a newcomer's first token does not wait for a decode pass
                 self._decode_step()
+                self._let_readers_run()
         except BaseException as exc:  # noqa: BLE001 - every open request must hear about it
             log.exception("the llama.cpp scheduler failed")
             with self._wake:
@@ -313,6 +319,17 @@ class Scheduler:
                 f"the llama.cpp scheduler failed: {type(exc).__name__}: {exc}", hint="reload the model")
             for job in [*self._waiting, *self._prefilling, *self._decoding, *orphans]:
                 job.out.put(err)
+
+    def _let_readers_run(self, limit_s: float = 0.002) -> None:
+        """Give the request threads a moment to take their chunks before the next pass: work
+        they do while ggml computes takes a core from one of its threads, and the others spin
+        at its barrier meanwhile."""
+        jobs = self._decoding
+        if not jobs:
+            return
+        deadline = time.monotonic() + limit_s
+        while not all(j.parked for j in jobs) and time.monotonic() < deadline:
+            os.sched_yield()
 
     def _reap(self) -> None:
         for jobs in (self._waiting, self._prefilling, self._decoding):

@@ -214,6 +214,9 @@ def test_victims_keep_busy_slots_together_among_the_older_ones():
     b, _ = cache.acquire([8] * 40)
     assert (a.seq, b.seq) == (0, 1)  # pure LRU would take 0 then 2: two passes per step
     assert cache.index.longest([300 + i for i in range(50)])[0] == 50  # the newest content survives
+    assert cache.index.longest([100 + i for i in range(50)]) == (50, {2})  # slot 1's moved aside…
+    assert cache.index.longest([200 + i for i in range(50)])[0] == 0  # …over the least recently used
+    assert ("copy", 1, 2) in kv.calls and cache.stats().relocated == 1
     check(cache, kv)
 
 

@@ -445,7 +445,8 @@ def main() -> None:
                 results["a"][n] = run_level(localrun_one(handle, args.max_tokens), n, args.rounds, "lr")
                 print(f"(a) localrun, {n} streams: {results['a'][n].row()}", flush=True)
             cold, warm = multi_turn(handle, system)
-            print(f"(a) multi-turn, 3 other streams running: cold TTFT {cold * 1000:.0f} ms, turn 2 {warm * 1000:.0f} ms", flush=True)
+            print(f"(a) multi-turn, 3 other streams running: cold TTFT {cold * 1000:.0f} ms, "
+                  f"turn 2 {warm * 1000:.0f} ms", flush=True)
         finally:
             handle.close()
 

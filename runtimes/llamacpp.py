@@ -46,7 +46,8 @@ from localrun.errors import (
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp_decode import token_piece_reader
 from localrun.runtimes.llamacpp_features import SessionFeatures
-from localrun.runtimes.llamacpp_sched import Job, Layout, Scheduler
+from localrun.runtimes.llamacpp_sched import Job, Scheduler
+from localrun.runtimes.llamacpp_slots import Layout
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,8 @@ class LlamaCppSession:
             llama.llama_model_free(model)
             why = _NATIVE_LOG.take_recent()
             raise WontFit(f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
-                          f"{record.name}" + (f": {why}" if why else ""), hint="lower the context length or the GPU layers")
+                          f"{record.name}" + (f": {why}" if why else ""),
+                          hint="lower the context length, the slots or the GPU layers")
         log.debug("loaded %s: %s threads=%d gpu_layers=%d", record.path, layout, plan.n_threads, plan.n_gpu_layers)
         try:
             return cls(llama, model, ctx, record, plan, layout)
@@ -338,7 +340,8 @@ class LlamaCppSession:
         if not prompt:
             raise LocalrunError("the prompt is empty", hint="send some text")
         if len(prompt) > self.n_ctx - 1:
-            where = f"a slot's context holds {self.n_ctx}" if self.layout.n_slots > 1 else f"the context holds {self.n_ctx}"
+            where = (f"a slot's context holds {self.n_ctx}" if self.layout.n_slots > 1
+                     else f"the context holds {self.n_ctx}")
             raise ContextOverflow(
                 f"the prompt is {len(prompt)} tokens but {where} (at most {self.n_ctx - 1} for the prompt)",
                 hint="shorten the conversation or load the model with a larger context",
@@ -348,6 +351,7 @@ class LlamaCppSession:
         with self._native:
             self._check_open()
             build, logprobs = self._features.job_sampling(sampling, gbnf)
-        job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build, logprobs=logprobs)
+        job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build,
+                  logprobs=logprobs)
         return self._sched.stream(job)
 

@@ -1,6 +1,6 @@
 """Prefix reuse across the sequences (slots) of one llama.cpp context.
 
-A :class:`RadixIndex` records which token sequences are held by whom: every slot's KV
+A :class:`~.llamacpp_radix.RadixIndex` records which token sequences are held by whom: every slot's KV
 content, and, when a host-RAM tier is configured, sequences saved from evicted slots. A new
 request asks :class:`PrefixCache` for a slot; the cache finds the longest cached prefix of
 its prompt and makes the chosen slot hold exactly that prefix:
@@ -12,9 +12,9 @@ its prompt and makes the chosen slot hold exactly that prefix:
 Finished conversations stay in their slots until a newcomer needs the room; what goes is
 the least recently used content (saved to host RAM first if the tier is on and nothing else
 holds it). Which *slot* a newcomer gets is chosen to keep busy slots consecutive, since
-llama.cpp splits a decode batch at every gap in sequence ids; content moves aside when needed. The cache only decides and keeps the books; the KV operations
-themselves go through a small :class:`KvOps` interface, so the policy is tested without
-llama.cpp.
+llama.cpp splits a decode batch at every gap in sequence ids; content moves aside when
+needed. The cache only decides and keeps the books; the KV operations themselves go through
+a small :class:`KvOps` interface, so the policy is tested without llama.cpp.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from localrun.runtimes.llamacpp_radix import RadixIndex
 
 log = logging.getLogger(__name__)
 
@@ -36,119 +38,6 @@ MIN_REUSE = 16
 HOST_MIN_TOKENS = 64
 #: An idle slot whose content goes this far past the shared prefix is copied from, not cut.
 KEEP_TAIL = 64
-
-
-class _Node:
-    __slots__ = ("edge", "children", "owners", "parent")
-
-    def __init__(self, edge: tuple[int, ...], parent: "_Node | None") -> None:
-        self.edge = edge  # token ids on the edge from the parent
-        self.children: dict[int, _Node] = {}  # keyed by the first token of the child's edge
-        self.owners: set[int] = set()  # owners whose sequence covers this node's whole edge
-        self.parent = parent
-
-
-def _match(edge: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
-    """How many leading tokens of ``edge`` equal ``tokens[start:]``."""
-    n = min(len(edge), len(tokens) - start)
-    if tuple(tokens[start:start + n]) == edge[:n]:
-        return n
-    i = 0
-    while i < n and edge[i] == tokens[start + i]:
-        i += 1
-    return i
-
-
-class RadixIndex:
-    """Token-id radix tree: each owner (an int) holds one sequence; query the longest prefix.
-
-    Every node lists the owners whose sequence runs through it, so the deepest node a
-    prompt reaches names every owner sharing that prefix. Nodes nobody owns are pruned.
-    """
-
-    def __init__(self) -> None:
-        self._root = _Node((), None)
-        self._end: dict[int, _Node] = {}
-
-    def __contains__(self, owner: int) -> bool:
-        return owner in self._end
-
-    def set(self, owner: int, tokens: Sequence[int]) -> None:
-        """Make ``owner`` hold ``tokens`` (replacing what it held)."""
-        self.discard(owner)
-        if not tokens:
-            return
-        node, i, n = self._root, 0, len(tokens)
-        while i < n:
-            child = node.children.get(tokens[i])
-            if child is None:
-                child = _Node(tuple(tokens[i:]), node)
-                node.children[tokens[i]] = child
-                node = child
-                break
-            k = _match(child.edge, tokens, i)
-            if k < len(child.edge):
-                child = self._split(child, k)
-            node, i = child, i + k
-        self._end[owner] = node
-        while node is not self._root:
-            node.owners.add(owner)
-            node = node.parent
-
-    def discard(self, owner: int) -> None:
-        node = self._end.pop(owner, None)
-        while node is not None and node is not self._root:
-            node.owners.discard(owner)
-            parent = node.parent
-            if not node.owners:  # nobody passes here: the whole subtree is unowned
-                del parent.children[node.edge[0]]
-            elif len(node.children) == 1:
-                self._merge(node)
-            node = parent
-
-    def longest(self, tokens: Sequence[int]) -> tuple[int, frozenset[int]]:
-        """(length of the longest held prefix of ``tokens``, the owners holding it)."""
-        node, i, owners = self._root, 0, frozenset()
-        while i < len(tokens):
-            child = node.children.get(tokens[i])
-            if child is None:
-                break
-            k = _match(child.edge, tokens, i)
-            i, owners = i + k, frozenset(child.owners)
-            if k < len(child.edge):
-                break
-            node = child
-        return i, owners
-
-    def node_count(self) -> int:
-        stack, count = [self._root], 0
-        while stack:
-            node = stack.pop()
-            count += 1
-            stack.extend(node.children.values())
-        return count
-
-    @staticmethod
-    def _split(child: _Node, k: int) -> _Node:
-        upper = _Node(child.edge[:k], child.parent)
-        upper.owners = set(child.owners)
-        child.parent.children[child.edge[0]] = upper
-        child.edge, child.parent = child.edge[k:], upper
-        upper.children[child.edge[0]] = child
-        return upper
-
-    def _merge(self, node: _Node) -> None:
-        """Fold a single child into ``node`` when no owner ends at ``node`` (keeps the tree small)."""
-        (child,) = node.children.values()
-        if child.owners != node.owners:
-            return
-        node.edge += child.edge
-        node.children = child.children
-        for grandchild in node.children.values():
-            grandchild.parent = node
-        for owner, end in self._end.items():
-            if end is child:
-                self._end[owner] = node
 
 
 class KvOps(Protocol):
@@ -344,7 +233,8 @@ class PrefixCache:
 
     def _cut(self, slot: Slot, keep: int, *, reuse_from: Slot | None) -> int:
         """Leave the first ``keep`` tokens in ``slot`` (0: clear it)."""
-        if keep > 0 and reuse_from is not None and self._ops.window_ok(slot.seq, keep) and self._ops.truncate(slot.seq, keep):
+        reusable = keep > 0 and reuse_from is not None and self._ops.window_ok(slot.seq, keep)
+        if reusable and self._ops.truncate(slot.seq, keep):
             del slot.tokens[keep:]
             self.index.set(slot.seq, slot.tokens)
             self._counts["reused_in_place"] += 1

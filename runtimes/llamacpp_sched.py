@@ -43,101 +43,20 @@ Exactness, measured on this project's CPU build (llama-cpp-python 0.3.36, x86 AV
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import logging
 import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
 
-from localrun.errors import ConfigError, LocalrunError, Overloaded, RuntimeUnavailable
+from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
 from localrun.runtimes.llamacpp_prefix import PrefixCache, Slot
+from localrun.runtimes.llamacpp_slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp_text import TextAssembler
-from localrun.types import Cancel, Chunk, Plan, Usage
+from localrun.types import Cancel, Chunk, Usage
 
 log = logging.getLogger(__name__)
-
-#: Micro-batches of fewer rows than this use other matmul kernels than longer ones (see above).
-MIN_CHUNK = 8
-#: Defaults when the plan does not say: slots of at least this many tokens, at most 4 of them,
-#: carved out of the plan's context, so the KV cache stays the size the planner counted.
-DEFAULT_SLOT_CTX = 2048
-MAX_DEFAULT_SLOTS = 4
-DEFAULT_STEP_TOKENS = 256
-
-
-@dataclass(frozen=True)
-class Layout:
-    """How the context is cut into sequences, and the step budget."""
-
-    n_slots: int
-    slot_ctx: int  # tokens one request may use (prompt + answer)
-    unified: bool  # one KV pool shared by all slots, or one stream per slot
-    step_tokens: int  # prefill tokens per step
-    min_chunk: int  # shortest prefill chunk (1: no constraint)
-    decode_rows: int  # most sequences decoded in one call
-    host_cache_bytes: int  # host-RAM tier for evicted prefixes (0: off)
-    prefix_cache: bool = True  # False: every prompt is prefilled cold (for comparisons)
-    exact: bool = False  # batch-invariant: a request's tokens do not depend on the others
-    exact_prefix: bool = False  # and a cached prompt prefix gives what a cold prefill gives
-
-    @property
-    def n_ctx(self) -> int:
-        """The context size to ask llama.cpp for."""
-        return self.slot_ctx if self.unified else self.slot_ctx * self.n_slots
-
-    @classmethod
-    def from_plan(cls, plan: Plan) -> "Layout":
-        """Read ``n_slots``, ``slot_ctx``, ``kv_unified``, ``step_tokens``, ``host_cache_mib``,
-        ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` from ``plan.options``.
-
-        Without them the slots share the plan's ``n_ctx`` (as many 2,048-token slots as fit,
-        up to 4; one slot below 4,096 tokens), so memory stays within the plan's KV estimate;
-        a planner that counts ``n_slots × slot_ctx`` tokens of KV may give each slot the full
-        context. ``batch_invariant`` defaults to on for the CPU with at most 7 slots, where it
-        costs nothing measurable; with 8 or more it would keep decode steps off the faster
-        8-row kernels (here 117 instead of 186 tok/s at 8 streams), so it is off unless asked
-        for. GPU kernels differ with batch size anyway."""
-        opts = plan.options
-        try:
-            unified = bool(opts.get("kv_unified", False))
-            n_slots = int(_given(opts, "n_slots", max(1, min(MAX_DEFAULT_SLOTS, plan.n_ctx // DEFAULT_SLOT_CTX))))
-            slot_ctx = int(_given(opts, "slot_ctx", plan.n_ctx if unified else plan.n_ctx // max(1, n_slots)))
-            step = int(_given(opts, "step_tokens", min(plan.n_batch, DEFAULT_STEP_TOKENS)))
-            host = int(float(opts.get("host_cache_mib") or 0) * 2**20)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"bad llama.cpp slot options {opts!r}: {exc}",
-                              hint="n_slots, slot_ctx, step_tokens and host_cache_mib are numbers") from exc
-        flag = opts.get("batch_invariant")
-        on_cpu = plan.device == "cpu" and int(plan.n_gpu_layers) == 0
-        exact_prefix = bool(opts.get("exact_prefix", False))
-        exact = exact_prefix or (bool(flag) if flag is not None else on_cpu and n_slots < MIN_CHUNK)
-        min_chunk = MIN_CHUNK if exact_prefix else 1
-        decode_rows = MIN_CHUNK - 1 if exact else n_slots
-        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0:
-            raise ConfigError(f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
-                              f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
-                              hint="use 1-256 slots of at least 16 tokens and a positive step")
-        return cls(n_slots=n_slots, slot_ctx=slot_ctx, unified=unified, step_tokens=max(step, 2 * min_chunk),
-                   min_chunk=min_chunk, decode_rows=decode_rows, host_cache_bytes=host,
-                   prefix_cache=bool(opts.get("prefix_cache", True)), exact=exact, exact_prefix=exact_prefix)
-
-
-def _given(opts: dict, key: str, default):
-    value = opts.get(key)
-    return default if value is None else value
-
-
-def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
-    """The next prefill chunk: ``step`` tokens, never leaving a tail shorter than ``min_chunk``."""
-    if remaining <= step:
-        return remaining
-    if remaining - step >= min_chunk:
-        return step
-    return remaining - min_chunk
-
 
 class Job:
     """One request inside the scheduler. Request threads read ``out``; only the scheduler
@@ -180,43 +99,6 @@ class Job:
 
     def final(self, reason: str, tail: str = "") -> Chunk:
         return Chunk(text=tail, finish_reason=reason, usage=self.usage(), logprobs=self.take_logprobs())
-
-
-class LlamaKvOps:
-    """:class:`~.llamacpp_prefix.KvOps` on llama.cpp's memory and per-sequence state API."""
-
-    def __init__(self, llama, ctx, *, n_swa: int) -> None:
-        self._llama, self._ctx, self._n_swa = llama, ctx, n_swa
-        self._mem = llama.llama_get_memory(ctx)
-
-    def clear(self, seq: int) -> None:
-        self._llama.llama_memory_seq_rm(self._mem, seq, -1, -1)
-
-    def truncate(self, seq: int, keep: int) -> bool:
-        return bool(self._llama.llama_memory_seq_rm(self._mem, seq, keep, -1))
-
-    def copy(self, src: int, dst: int) -> None:
-        # Whole sequences only: across KV streams llama.cpp copies full buffers (it asserts so).
-        self._llama.llama_memory_seq_rm(self._mem, dst, -1, -1)
-        self._llama.llama_memory_seq_cp(self._mem, src, dst, -1, -1)
-
-    def window_ok(self, seq: int, keep: int) -> bool:
-        """A sliding-window cache forgets old positions: reuse ``keep`` tokens only if the
-        window before ``keep`` is all there (llama-server's rule)."""
-        if self._n_swa <= 0:
-            return True
-        pos_min = self._llama.llama_memory_seq_pos_min(self._mem, seq)
-        return 0 <= pos_min <= max(0, keep - self._n_swa)
-
-    def save(self, seq: int) -> bytes | None:
-        size = self._llama.llama_state_seq_get_size(self._ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        got = self._llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return bytes(buf[:got]) if got else None
-
-    def restore(self, seq: int, blob: bytes) -> bool:
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        return bool(self._llama.llama_state_seq_set_data(self._ctx, buf, len(blob), seq))
 
 
 class Scheduler:

@@ -15,7 +15,7 @@ import pytest
 
 from localrun.errors import ContextOverflow, RuntimeUnavailable
 from localrun.runtimes.llamacpp_prefix import MIN_REUSE
-from localrun.runtimes.llamacpp_sched import MIN_CHUNK
+from localrun.runtimes.llamacpp_slots import MIN_CHUNK
 from localrun.types import Cancel
 from tests.batching.conftest import assert_idle, load, request, run, together
 from tests.conftest import needs_llama

@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from localrun.types import Cancel, ChatRequest, CompletionRequest, FileEntry, Format, Message, ModelRecord, Plan, Sampling
+from localrun.types import (
+    Cancel, ChatRequest, CompletionRequest, FileEntry, Format, Message, ModelRecord, Plan, Sampling,
+)
 from localrun.worker.host import WorkerHandle, iter_chunks
 from tests.conftest import needs_llama
 
@@ -71,7 +73,8 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
                 "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero, iteratively.\"\"\"\n",
                 "The three primary colors are red, and"])
     # exact_prefix: the concurrent runs reuse the prompts the solo runs left behind
-    plan = Plan(runtime="llama.cpp", n_ctx=4 * 256, n_threads=2, options={"n_slots": 4, "slot_ctx": 256, "exact_prefix": True})
+    plan = Plan(runtime="llama.cpp", n_ctx=4 * 256, n_threads=2,
+                options={"n_slots": 4, "slot_ctx": 256, "exact_prefix": True})
     h = WorkerHandle(ModelRecord(name="m", format=Format.GGUF, path=str(path)), plan,
                      log_path=tmp_path / "worker.log", load_timeout_s=120)
     try:
@@ -80,7 +83,7 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
         together = _concurrently(lambda p: _stream(h, _complete(p)), [(p,) for p in prompts])
         elapsed = time.monotonic() - t0
         assert [t for t, _ in together] == [t for t, _ in solo]
-        assert all(last.usage.completion_tokens == solo[i][1].usage.completion_tokens for i, (_, last) in enumerate(together))
+        assert [last.usage.completion_tokens for _, last in together] == [last.usage.completion_tokens for _, last in solo]
         assert any(last.usage.cached_tokens > 0 for _, last in together)  # the solo runs left their prompts
         # a cancelled stream among running ones, and a chat, through the same pipe
         cancel = Cancel()
@@ -93,7 +96,8 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
                     cancel.set()
             return chunks[-1]
 
-        mixed = _concurrently(lambda k: cancelled_one() if k == 0 else _stream(h, _complete(prompts[k]))[1], [(k,) for k in range(4)])
+        mixed = _concurrently(lambda k: cancelled_one() if k == 0 else _stream(h, _complete(prompts[k]))[1],
+                              [(k,) for k in range(4)])
         assert mixed[0].finish_reason == "cancelled" and mixed[0].usage.completion_tokens < 200
         assert [m.usage.completion_tokens for m in mixed[1:]] == [solo[k][1].usage.completion_tokens for k in (1, 2, 3)]
         chat = ChatRequest(messages=(Message("user", prompts[1]),), sampling=Sampling(max_tokens=8, temperature=0.0))
@@ -127,13 +131,14 @@ def _workload(seed: int, n: int):
     for i in range(n):
         kind = rng.choice(["short", "short", "short", "chat", "chat", "chat", "long", "cancel", "leave"])
         if kind == "chat":
-            req = ChatRequest(messages=(Message("system", system), Message("user", f"Question {i}: where is parcel {rng.randrange(999)}?")),
-                              sampling=Sampling(max_tokens=rng.randrange(4, 24), temperature=rng.choice([0.0, 0.8]), seed=i))
+            question = Message("user", f"Question {i}: where is parcel {rng.randrange(999)}?")
+            sampling = Sampling(max_tokens=rng.randrange(4, 24), temperature=rng.choice([0.0, 0.8]), seed=i)
+            req = ChatRequest(messages=(Message("system", system), question), sampling=sampling)
         elif kind == "long":
             req = _complete(" ".join(rng.choice(words) for _ in range(rng.randrange(400, 1500))), max_tokens=8)
         else:
-            req = _complete(" ".join(rng.choice(words) for _ in range(rng.randrange(3, 60))), max_tokens=rng.randrange(4, 24),
-                            seed=i)
+            text = " ".join(rng.choice(words) for _ in range(rng.randrange(3, 60)))
+            req = _complete(text, max_tokens=rng.randrange(4, 24), seed=i)
         items.append((req, 3 if kind == "cancel" else None, 2 if kind == "leave" else None))
     return items
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from localrun.runtimes.llamacpp_decode import ChainSampler, build_sampler, common_prefix
 from localrun.runtimes.llamacpp_prefix import PrefixCache
-from localrun.runtimes.llamacpp_sched import LlamaKvOps, chunk_size
+from localrun.runtimes.llamacpp_slots import LlamaKvOps, chunk_size
 from localrun.types import Sampling
 
 

@@ -21,6 +21,13 @@ Tools, ``json_schema`` / grammars, logprobs and embeddings are wired in by
 
 Sessions are ``concurrent``: the worker calls ``chat``/``complete`` from one thread per
 request, and each generator reads its chunks from the scheduler.
+
+``plan.options`` this runtime reads for batching (defaults in :mod:`.llamacpp_slots`):
+``n_slots`` (sequences run at once), ``slot_ctx`` (tokens per request; by default the slots
+share ``plan.n_ctx``), ``kv_unified`` (one KV pool for all slots), ``step_tokens`` (prefill
+tokens per step), ``host_cache_mib`` (host RAM for evicted prefixes, 0 = off),
+``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.llamacpp_sched`), and
+the context switches ``flash_attn``, ``swa_full``, ``repack``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import eta, human_bytes, human_count, human_rate, progress_bar, verdict_badge
 from localrun.tui.messages import DownloadState
 from localrun.tui.offers import Offer, cached_repos, offers_from_cache, offers_from_files
+from localrun.tui.tables import fit_columns
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class DiscoverScreen(LocalrunScreen):
         for r in message.repos:
             table.add_row(Text(r.name), Text(human_count(r.downloads), justify="right"),
                           Text(human_count(r.likes), justify="right"), r.updated, key=r.name)
+        fit_columns(table)
         self.files_table.clear()
         if message.repos:
             table.focus()
@@ -195,6 +197,7 @@ class DiscoverScreen(LocalrunScreen):
             if memory:
                 badge.append(f" ({memory})", style="dim")
             table.add_row(Text(offer.quant), Text(name), Text(human_bytes(offer.size), justify="right"), badge, key=offer.ref)
+        fit_columns(table)
         if not message.offers:
             self.note.update(f"{message.repo} holds no GGUF, MLX or MLC model localrun can run.")
 
@@ -247,6 +250,7 @@ class DiscoverScreen(LocalrunScreen):
             table.add_row(Text(d.ref), Text(d.file or d.message), Text(status), pct, size,
                           human_rate(d.rate) if d.active else "", eta(d.done, d.total, d.rate) if d.active else d.status,
                           key=d.key)
+        fit_columns(table)
 
 
 def _fit(backend, offer: Offer) -> tuple[str | None, str | None]:

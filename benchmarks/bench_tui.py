@@ -32,6 +32,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import free_port  # noqa: E402
+
 COLS, ROWS = 120, 36
 PAINT_TARGET_S = 1.0
 KEY_TARGET_S = 0.100
@@ -111,14 +115,6 @@ def prepare_home() -> tuple[str, dict[str, str]]:
             f"ModelStore(load_settings()).import_path(w(Path({home!r}) / 'tiny.gguf'), name='tiny')")
     subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True)
     return home, env
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_first_paint(env: dict[str, str], runs: int) -> tuple[list[float], list[float]]:

@@ -22,7 +22,7 @@ def serve(spawn_server):  # noqa: F811 - the imported fixture
 
         ModelStore(Settings()).import_path(path, name=name)
         port = free_port()
-        args = ["tests.capabilities.launch", "--port", str(port)]
+        args = ["tests.server.launch", "--port", str(port)]
         for key, value in options.items():
             args += ["--option", f"{key}={json.dumps(value)}"]
         for key, value in (plan or {}).items():

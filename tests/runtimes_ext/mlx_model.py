@@ -8,6 +8,10 @@ few sentences, with a small chat template.
 The output matrix is scaled up and the special tokens' rows zeroed, so decoding almost
 never picks ``</s>`` or another special token: tests that count tokens (max_tokens,
 cancel) see full streams of plain text.
+
+``byte_level=True`` writes a GPT-2 style byte-level BPE tokenizer instead (mlx-lm streams
+it with its BPE detokenizer), trained on text with accented letters and symbols, so some
+tokens are parts of a UTF-8 character; control bytes are kept out of the answers.
 """
 
 from __future__ import annotations
@@ -26,23 +30,33 @@ CORPUS = [
     "hello world, this is a tiny test of streaming tokens",
     "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation . , ! ?",
 ]
+#: Extra text for the byte-level tokenizer: characters of two to four UTF-8 bytes.
+WIDE_CORPUS = ["café naïve über", "☕ tea → coffee", "日本語のテキスト", "emoji 🙂 and 🚀"]
 
 
-def _write_tokenizer(folder: Path, *, chat_template: str | None) -> int:
+def _write_tokenizer(folder: Path, *, chat_template: str | None, byte_level: bool = False) -> int:
     """A character-level BPE over printable ASCII with a Metaspace word marker, so every
-    token the random model picks decodes to plain, valid text."""
+    token the random model picks decodes to plain, valid text (or a byte-level BPE)."""
     import string
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    alphabet = [c for c in string.printable if c not in " \r\x0b\x0c"] + ["\u2581"]
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS, initial_alphabet=alphabet,
-                                  limit_alphabet=len(alphabet), show_progress=False)
-    tok.train_from_iterator(CORPUS * 4, trainer=trainer)
+    if byte_level:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        corpus = CORPUS + WIDE_CORPUS
+    else:
+        tok = Tokenizer(models.BPE(unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        alphabet = [c for c in string.printable if c not in " \r\x0b\x0c"] + ["\u2581"]
+        corpus = CORPUS
+    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + 80 if byte_level else 300, special_tokens=SPECIALS,
+                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet), show_progress=False)
+    tok.train_from_iterator(corpus * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
         additional_special_tokens=SPECIALS[3:],
@@ -53,8 +67,20 @@ def _write_tokenizer(folder: Path, *, chat_template: str | None) -> int:
     return tok.get_vocab_size()
 
 
+def _quiet_tokens(folder: Path, byte_level: bool) -> list[int]:
+    """Ids the model must (almost) never pick: the specials, and for byte-level the
+    control bytes but newline (mlx-lm's BPE detokenizer misreads byte 0 while streaming)."""
+    ids = list(range(len(SPECIALS)))
+    if byte_level:
+        from mlx_lm.tokenizer_utils import _byte_decoder
+
+        vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+        ids += [vocab[c] for c, b in _byte_decoder().items() if (b < 0x20 or b == 0x7F) and b != 0x0A and c in vocab]
+    return ids
+
+
 def write_tiny_mlx_model(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE, seed: int = 7,
-                         max_position_embeddings: int = 512) -> Path:
+                         max_position_embeddings: int = 512, byte_level: bool = False) -> Path:
     """Write the model into ``folder`` (created) and return it."""
     import mlx.core as mx
     from mlx_lm.models import llama
@@ -62,7 +88,7 @@ def write_tiny_mlx_model(folder: Path, *, chat_template: str | None = CHAT_TEMPL
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = _write_tokenizer(folder, chat_template=chat_template)
+    vocab = _write_tokenizer(folder, chat_template=chat_template, byte_level=byte_level)
     eos_id = SPECIALS.index("</s>")
     config = {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"],
@@ -75,7 +101,7 @@ def write_tiny_mlx_model(folder: Path, *, chat_template: str | None = CHAT_TEMPL
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
     head = model.lm_head.weight * 8.0
-    for special in range(len(SPECIALS)):  # specials (</s> included) sit at logit 0, far below the top
+    for special in _quiet_tokens(folder, byte_level):  # specials (</s> included) sit at logit 0, far below the top
         head = head.at[special].multiply(0.0)
     model.lm_head.weight = head
     mx.eval(model.parameters())

@@ -13,6 +13,12 @@ without a template gets that module's plain-transcript fallback. Generation stre
 ``mlx_lm.stream_generate``; the KV cache of the previous request is kept and trimmed to
 the prefix the next prompt shares with it, so a chat's next turn prefills only its new
 tokens.
+
+Capabilities "tools" and "logprobs" are wired in by :mod:`.mlx_features`: tools reach the
+template (or the fallback block, or ``tools=`` of mlx-lm's own renderer) and the answer's
+calls are parsed onto its last chunk; a forced ``tool_choice`` is refused (no grammar
+engine). ``json_schema`` and ``grammar`` are not supported on MLX: the server answers 400
+for them and the session refuses them too.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from localrun.errors import (
     RuntimeUnavailable,
     UnsupportedFeature,
 )
+from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_client import Piece, shape_stream
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, Usage
@@ -156,7 +163,7 @@ class MlxRuntime:
 class MlxSession:
     """One loaded MLX model. Requests run one at a time (the worker serialises them)."""
 
-    capabilities: frozenset[str] = frozenset()
+    capabilities: frozenset[str] = mlx_features.CAPABILITIES
     concurrent = False
 
     def __init__(self, model: Any, tokenizer: Any, *, plan: Plan, name: str, config: dict[str, Any]):
@@ -167,30 +174,49 @@ class MlxSession:
         self._config = config
         self._cache: list[Any] | None = None  # KV cache of the last request
         self._cached_tokens: list[int] = []  # the tokens that cache holds, in order
+        self._token_text: mlx_features.TokenText | None = None  # built on the first logprobs request
 
     # -- prompts -----------------------------------------------------------------------
-    def chat_prompt(self, messages: Sequence[Message]) -> tuple[list[int], tuple[str, ...]]:
-        """Token ids of the chat prompt, and stop strings the prompt format adds."""
-        from localrun.chat_template import fallback_chat, render_chat
-
+    def prompt_template(self) -> str | None:
+        """The template the chat prompt is rendered with: the tokenizer's Jinja template,
+        :data:`~.mlx_features.RENDERER_TEMPLATE` for mlx-lm's own renderer, None for the fallback."""
         tok = self._tokenizer
         template = tok.chat_template
         if isinstance(template, dict):  # named templates: "default" is the chat one
             template = template.get("default")
         if isinstance(template, str) and template.strip():
-            text = render_chat(template, messages, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "")
-            return list(tok.encode(text, add_special_tokens=False)), ()
+            return template
         if getattr(tok, "has_chat_template", False):
+            return mlx_features.RENDERER_TEMPLATE
+        return None
+
+    def chat_prompt(self, messages: Sequence[Message | dict[str, Any]],
+                    variables: dict[str, Any] | None = None) -> tuple[list[int], tuple[str, ...]]:
+        """Token ids of the chat prompt, and stop strings the prompt format adds.
+
+        ``variables`` are extra template variables (``tools``, from :mod:`localrun.tools`).
+        """
+        from localrun.chat_template import fallback_chat, render_chat
+
+        tok = self._tokenizer
+        template = self.prompt_template()
+        if template is mlx_features.RENDERER_TEMPLATE:
             # mlx-lm's own renderer for this model family (code that ships with mlx-lm).
-            msgs = [{"role": m.role, "content": m.content} for m in messages]
-            return list(tok.apply_chat_template(msgs, add_generation_prompt=True)), ()
+            msgs = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+            extra = {"tools": variables["tools"]} if variables and variables.get("tools") else {}
+            return list(tok.apply_chat_template(msgs, add_generation_prompt=True, **extra)), ()
+        if template is not None:
+            text = render_chat(template, messages, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
+                               variables=variables)
+            return list(tok.encode(text, add_special_tokens=False)), ()
         fallback = fallback_chat(messages, bos_token=tok.bos_token or "")
         return list(tok.encode(fallback.text, add_special_tokens=False)), fallback.stop
 
     # -- requests ----------------------------------------------------------------------
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
-        prompt, stops = self.chat_prompt(req.messages)
-        return self._generate(prompt, req.sampling, stops, cancel)
+        messages, variables = mlx_features.chat_inputs(req, self.prompt_template(), self._name)
+        prompt, stops = self.chat_prompt(messages, variables)
+        return mlx_features.chat_stream(self._generate(prompt, req.sampling, stops, cancel), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         prompt = list(self._tokenizer.encode(req.prompt))
@@ -211,7 +237,8 @@ class MlxSession:
             log.debug("mlx clear_cache: %s", exc)
 
     def _generate(self, prompt: list[int], s: Sampling, extra_stops: tuple[str, ...], cancel: Cancel) -> Iterator[Chunk]:
-        """Check the prompt against the context now (so the error comes before any chunk)."""
+        """Check the request and the prompt now (so the error comes before any chunk)."""
+        mlx_features.check_sampling(s, self._name)
         n_ctx = self._plan.n_ctx
         if not prompt:
             raise ContextOverflow("the prompt is empty", hint="send at least one token of text")
@@ -225,10 +252,17 @@ class MlxSession:
         stops = tuple(s.stop) + extra_stops
         if max_tokens == 0:
             return iter([Chunk("", finish_reason="length", usage=Usage(prompt_tokens=len(prompt)))])
-        pieces = self._pieces(prompt, s, max_tokens, cancel)
-        return shape_stream(pieces, stops=stops, cancel=cancel, prompt_tokens=len(prompt))
+        track = None
+        if s.logprobs is not None:
+            if self._token_text is None:
+                self._token_text = mlx_features.TokenText(self._tokenizer)
+            track = mlx_features.LogprobTrack(self._token_text, s.logprobs)
+        pieces = self._pieces(prompt, s, max_tokens, cancel, track)
+        chunks = shape_stream(pieces, stops=stops, cancel=cancel, prompt_tokens=len(prompt))
+        return chunks if track is None else mlx_features.with_logprobs(chunks, track.entries)
 
-    def _pieces(self, prompt: list[int], s: Sampling, max_tokens: int, cancel: Cancel) -> Iterator[Piece]:
+    def _pieces(self, prompt: list[int], s: Sampling, max_tokens: int, cancel: Cancel,
+                track: mlx_features.LogprobTrack | None = None) -> Iterator[Piece]:
         import mlx.core as mx
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -262,6 +296,8 @@ class MlxSession:
                 stream=mx.default_stream(mx.default_device()),
             ):
                 produced.append(r.token)
+                if track is not None and r.finish_reason != "stop":  # "stop": r.token ends the generation
+                    track.read(r.token, r.logprobs)
                 usage = None
                 if r.finish_reason is not None:
                     usage = Usage(prompt_tokens=len(prompt), completion_tokens=r.generation_tokens, cached_tokens=reused)

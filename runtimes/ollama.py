@@ -8,6 +8,17 @@ HTTP stream, which makes Ollama stop generating.
 
 The server is found the way Ollama's own CLI finds it: ``OLLAMA_HOST`` with scheme and
 port optional, default ``127.0.0.1:11434``.
+
+Tools, structured outputs (json_object and json_schema) and log-probabilities are passed to
+Ollama's own support for them; :mod:`.ollama_wire` holds the translation. What a session
+declares depends on the model and on the server: ``tools`` when ``/api/show`` lists it,
+``json_schema`` from Ollama 0.5.0, ``logprobs`` from Ollama 0.12.11 (read from
+``/api/version`` at load). An older Ollama ignores ``logprobs`` rather than refusing it, so
+the capability is not declared there and the server answers 400 naming the field; should
+a server that claims a newer version still answer without any, the request fails with
+:class:`~localrun.errors.UnsupportedFeature` rather than returning an empty list. Ollama
+cannot force a tool call (``tool_choice`` "required" or a named function: 400) and cannot
+follow a GBNF grammar (400).
 """
 
 from __future__ import annotations
@@ -33,8 +44,17 @@ from localrun.errors import (
     WorkerCrashed,
 )
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_client import CONTEXT_WORDS, Piece, abort_on_cancel, error_message, shape_stream
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage
+from localrun.runtimes.ollama_wire import (
+    check_sampling,
+    offered_tools,
+    ollama_messages,
+    parse_version,
+    sampling_fields,
+    session_capabilities,
+    shape_ollama_stream,
+)
+from localrun.runtimes.openai_client import CONTEXT_WORDS, abort_on_cancel, error_message
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +178,20 @@ class OllamaClient:
         except ValueError as exc:
             raise LocalrunError(f"{self.base_url}{path} did not answer JSON: is this an Ollama server?") from exc
 
+    def version(self) -> str | None:
+        """The server's version, or None when it does not say (a proxy that hides the route)."""
+        try:
+            response = self._http.get("/api/version")
+        except httpx.TransportError as exc:
+            raise self._down(exc) from exc
+        try:
+            version = response.json().get("version") if response.status_code == 200 else None
+        except (ValueError, AttributeError):
+            version = None
+        if version is None:
+            log.warning("Ollama at %s did not tell its version (HTTP %s)", self.base_url, response.status_code)
+        return version
+
     def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Iterator[dict[str, Any]]:
         """POST ``body`` and yield the NDJSON objects of the answer; ``cancel`` closes it."""
         try:
@@ -278,13 +312,14 @@ class OllamaRuntime:
             was_loaded = _tagged(name) in running
             keep_alive = plan.options.get("keep_alive", DEFAULT_KEEP_ALIVE)
             caps = info.get("capabilities")  # absent before Ollama 0.6: assume a chat model
+            version = parse_version(client.version())
             if plan.options.get("preload", True) and (caps is None or "completion" in caps):
                 client.request("POST", "/api/generate", model=name, json={
                     "model": name, "stream": False, "keep_alive": keep_alive, "options": {"num_ctx": plan.n_ctx}})
         except LocalrunError:
             client.close()
             raise
-        capabilities = frozenset({"embeddings"}) if caps is None or "embedding" in caps else frozenset()
+        capabilities = session_capabilities(caps, version)
         return OllamaSession(client, name, plan=plan, keep_alive=keep_alive, capabilities=capabilities,
                              unload_on_close=not was_loaded)
 
@@ -304,19 +339,25 @@ class OllamaSession:
         self._unload_on_close = unload_on_close
 
     def _body(self, s: Sampling, **fields: Any) -> dict[str, Any]:
+        check_sampling(s, self.capabilities, model=self.model)
         return {"model": self.model, "stream": True, "keep_alive": self._keep_alive,
-                "options": ollama_options(s, n_ctx=self._plan.n_ctx), **fields}
+                "options": ollama_options(s, n_ctx=self._plan.n_ctx), **sampling_fields(s), **fields}
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
-        body = self._body(req.sampling, messages=[{"role": m.role, "content": m.content} for m in req.messages])
+        """Refusals are raised here, before anything is sent; the answer streams after."""
+        tools = offered_tools(req, self.capabilities, model=self.model)
+        body = self._body(req.sampling, messages=ollama_messages(req.messages))
+        if tools:
+            body["tools"] = tools
         events = self._client.stream("/api/chat", body, cancel, model=self.model)
-        return shape_stream(_pieces(events, "chat"), stops=req.sampling.stop, cancel=cancel)
+        return shape_ollama_stream(events, "chat", sampling=req.sampling, cancel=cancel, server=self._client.base_url)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         # raw: the prompt goes to the model as is, without the model's chat template.
         body = self._body(req.sampling, prompt=req.prompt, raw=True)
         events = self._client.stream("/api/generate", body, cancel, model=self.model)
-        return shape_stream(_pieces(events, "generate"), stops=req.sampling.stop, cancel=cancel)
+        return shape_ollama_stream(events, "generate", sampling=req.sampling, cancel=cancel,
+                                   server=self._client.base_url)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         data = self._client.request("POST", "/api/embed", model=self.model,
@@ -334,18 +375,3 @@ class OllamaSession:
         finally:
             self._client.close()
 
-
-def _pieces(events: Iterator[dict[str, Any]], kind: str) -> Iterator[Piece]:
-    """Ollama NDJSON objects as pieces; the ``done`` object carries the counts."""
-    try:
-        for event in events:
-            text = (event.get("message") or {}).get("content", "") if kind == "chat" else event.get("response", "")
-            if event.get("done"):
-                reason = "length" if event.get("done_reason") == "length" else "stop"
-                usage = Usage(prompt_tokens=int(event.get("prompt_eval_count") or 0),
-                              completion_tokens=int(event.get("eval_count") or 0))
-                yield Piece(text or "", finish_reason=reason, usage=usage, tokens=0)
-                return
-            yield Piece(text or "")
-    finally:
-        events.close()

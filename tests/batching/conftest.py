@@ -41,27 +41,33 @@ def run(session, req, cancel: Cancel | None = None) -> Result:
     return Result("".join(c.text for c in chunks), chunks[-1].finish_reason, chunks[-1].usage, len(chunks))
 
 
-def together(session, reqs) -> list[Result]:
-    """Start every request at once on its own thread; results in request order."""
-    out: list = [None] * len(reqs)
-    start = threading.Barrier(len(reqs))
+def concurrently(fn, args_list, *, join_s: float = 600) -> list:
+    """``fn(*args)`` for every args at once, each on its own thread started together at a
+    barrier; results in order, the first exception re-raised in the test thread."""
+    out: list = [None] * len(args_list)
+    start = threading.Barrier(len(args_list))
 
     def one(i):
         start.wait()
         try:
-            out[i] = run(session, reqs[i])
+            out[i] = fn(*args_list[i])
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             out[i] = exc
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(args_list))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(300)
+        t.join(join_s)
     for r in out:
         if isinstance(r, BaseException):
             raise r
     return out
+
+
+def together(session, reqs) -> list[Result]:
+    """Start every request at once on its own thread; results in request order."""
+    return concurrently(lambda req: run(session, req), [(r,) for r in reqs], join_s=300)
 
 
 def assert_idle(session, wait_s: float = 2.0) -> None:

@@ -15,6 +15,7 @@ from localrun.types import (
     Cancel, ChatRequest, CompletionRequest, FileEntry, Format, Message, ModelRecord, Plan, Sampling,
 )
 from localrun.worker.host import WorkerHandle, iter_chunks
+from tests.batching.conftest import concurrently
 from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]
@@ -35,28 +36,6 @@ def _stream(handle, req, cancel: Cancel | None = None, stop_after: int | None = 
             it.close()
             break
     return "".join(c.text for c in chunks), chunks[-1]
-
-
-def _concurrently(fn, args_list):
-    out: list = [None] * len(args_list)
-    barrier = threading.Barrier(len(args_list))
-
-    def one(i):
-        barrier.wait()
-        try:
-            out[i] = fn(*args_list[i])
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            out[i] = exc
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(args_list))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(600)
-    for r in out:
-        if isinstance(r, BaseException):
-            raise r
-    return out
 
 
 def _complete(prompt, max_tokens=24, **sampling):
@@ -80,7 +59,7 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
     try:
         solo = [_stream(h, _complete(p)) for p in prompts]
         t0 = time.monotonic()
-        together = _concurrently(lambda p: _stream(h, _complete(p)), [(p,) for p in prompts])
+        together = concurrently(lambda p: _stream(h, _complete(p)), [(p,) for p in prompts])
         elapsed = time.monotonic() - t0
         assert [t for t, _ in together] == [t for t, _ in solo]
         assert [last.usage.completion_tokens for _, last in together] == [last.usage.completion_tokens for _, last in solo]
@@ -96,7 +75,7 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
                     cancel.set()
             return chunks[-1]
 
-        mixed = _concurrently(lambda k: cancelled_one() if k == 0 else _stream(h, _complete(prompts[k]))[1],
+        mixed = concurrently(lambda k: cancelled_one() if k == 0 else _stream(h, _complete(prompts[k]))[1],
                               [(k,) for k in range(4)])
         assert mixed[0].finish_reason == "cancelled" and mixed[0].usage.completion_tokens < 200
         assert [m.usage.completion_tokens for m in mixed[1:]] == [solo[k][1].usage.completion_tokens for k in (1, 2, 3)]
@@ -146,6 +125,7 @@ def _workload(seed: int, n: int):
 @pytest.mark.gemma
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
+@pytest.mark.timeout(900)  # 30 s on a quiet 2-core box; its thread joins allow a shared, loaded one
 def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf, tmp_path):
     from localrun.hardware import detect_hardware
     from localrun.planner import plan_placement
@@ -197,7 +177,7 @@ def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf
               f"(n_ctx {plan.n_ctx}, {plan.options.get('n_slots', 'default')} slots)")
         assert peak <= estimate
         # every slot came back: as many requests as the default layout has slots run at once, promptly
-        again = _concurrently(lambda p: _stream(h, _complete(p, max_tokens=8)), [(f"Count to {k}:",) for k in range(4)])
+        again = concurrently(lambda p: _stream(h, _complete(p, max_tokens=8)), [(f"Count to {k}:",) for k in range(4)])
         assert all(last.usage.completion_tokens == 8 or last.finish_reason == "stop" for _, last in again)
     finally:
         h.close()

@@ -184,12 +184,16 @@ def _share(used: int, available: int) -> float:
 
 
 def place(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, *,
-          n_gpu_layers: int | None = None, kv_type: str = "f16") -> Placement:
-    """Split one model at one context between host and GPU; ``n_gpu_layers=None`` offloads what fits."""
+          n_gpu_layers: int | None = None, kv_type: str = "f16", n_seq: int = 1) -> Placement:
+    """Split one model at one context between host and GPU; ``n_gpu_layers=None`` offloads what fits.
+
+    ``n_seq`` sequences of ``n_ctx`` tokens each (llama.cpp slots with a KV stream apiece)
+    multiply the KV cache; the compute buffer is that of one sequence's context, since
+    attention runs per stream."""
     n_layer = shape.n_layer or 0
     total_layers = n_layer + 1  # the repeating blocks plus the output layer
     base = host_base_bytes(shape)
-    kv_all = kv_cache_bytes(shape, n_ctx, kv_type)
+    kv_all = kv_cache_bytes(shape, n_ctx * n_seq, kv_type)
 
     def split(n: int) -> Placement:
         if n <= 0 or budget.backend == "cpu":
@@ -197,7 +201,7 @@ def place(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, *,
             return Placement(n_ctx, 0, weights, kv_all, host, 0, budget.ratio(host, 0))
         n = min(n, total_layers) if n_layer else total_layers
         on_gpu_layers = range(max(0, n_layer - n), n_layer) if n_layer else range(0)
-        kv_gpu = kv_cache_bytes(shape, n_ctx, kv_type, on_gpu_layers) if n < total_layers else kv_all
+        kv_gpu = kv_cache_bytes(shape, n_ctx * n_seq, kv_type, on_gpu_layers) if n < total_layers else kv_all
         w_gpu = weights if n >= total_layers else weights * n // total_layers
         gpu = GPU_CONTEXT.get(budget.backend, 256 * MIB) + w_gpu + kv_gpu + compute_bytes(shape, n_ctx, on_gpu=True)
         host = base + (weights - w_gpu) + (kv_all - kv_gpu)

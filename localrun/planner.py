@@ -25,6 +25,8 @@ from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
 
+#: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
+AUTO_SLOTS = (4, 3, 2)
 MIN_CONTEXT = 512  # below this a chat model is of no use: the verdict becomes wont-fit instead
 VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fragmentation
 #: Which GPUs each llama.cpp GPU backend can drive.
@@ -48,6 +50,7 @@ class PlanOverrides:
     n_gpu_layers: int | None = None  # -1: all
     threads: int | None = None
     kv_type: str | None = None
+    parallel: int | None = None  # llama.cpp slots
 
 
 def _valid_runtimes() -> list[str]:
@@ -225,12 +228,17 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         layers = -1  # these runtimes place the whole model on their device
     placement = _fit_context(shape, weights, budget, n_ctx, adjustable, layers, kv_type)
     threads = ov.threads or rt.threads or hw.physical_cores or 1
+    slots, slot_reasons = 1, []
+    if runtime == "llama.cpp":
+        asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
+        placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
     reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
     reasons += ctx_reasons
     if placement.n_ctx < n_ctx:
         reasons.append(f"context reduced from {n_ctx:,} to {placement.n_ctx:,} to fit in memory")
     if not shape.knows_kv:
         reasons.append("the metadata lacks layer and head counts: the KV cache is not counted")
+    reasons += slot_reasons
     verdict = verdict_for(placement.ratio)
     reasons += _verdict_reasons(placement, budget, verdict, shape)
     if runtime == "ollama":
@@ -241,6 +249,8 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         "backend": budget.backend, "unified": budget.unified}}
     if runtime == "ollama":
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
+    if runtime == "llama.cpp":
+        options.update(n_slots=slots, slot_ctx=placement.n_ctx)
     return Plan(
         runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
         n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
@@ -248,6 +258,31 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         memory=MemoryEstimate(weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead),
         verdict=verdict, reasons=tuple(reasons), options=options,
     )
+
+
+def _choose_slots(shape: ModelShape, weights: int, budget: Budget, single: Placement, asked: int | None,
+                  kv_type: str) -> tuple[Placement, int, list[str]]:
+    """How many requests llama.cpp decodes at once, each with the plan's whole context.
+
+    Asked for: that many, whatever the verdict says of it. Otherwise the most of
+    AUTO_SLOTS whose extra KV cache keeps the plan comfortably within memory ("fits"),
+    with the GPU layers of the single-request plan (offload speeds every request; slots
+    only help when several arrive together); one when the model is tight already."""
+
+    def at(n: int) -> Placement:
+        return place(shape, weights, budget, single.n_ctx, n_gpu_layers=single.n_gpu_layers, kv_type=kv_type, n_seq=n)
+
+    if asked is not None:
+        if asked < 1:
+            raise ConfigError(f"parallel must be at least 1, not {asked}", param="parallel")
+        return at(asked), asked, [f"parallel {asked}, as asked: that many requests at once, each with the whole context"]
+    for n in AUTO_SLOTS:
+        candidate = at(n)
+        if candidate.ratio <= TIGHT_RATIO:
+            extra = candidate.kv - single.kv
+            return candidate, n, [f"{n} requests run at once, each with the whole context "
+                                  f"(+{fmt_bytes(extra)} of KV cache; --parallel or runtime.parallel to change)"]
+    return single, 1, ["one request at a time: more parallel slots would not fit comfortably"]
 
 
 def _default_runtime_settings() -> Any:
@@ -299,18 +334,19 @@ def require_fit(plan: Plan, record: ModelRecord) -> Plan:
 
 def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int | None = None,
                  n_ctx: int | None = None, on_gpu: bool = False, kv_type: str = "f16",
-                 settings: Any = None) -> MemoryEstimate:
+                 settings: Any = None, n_seq: int = 1) -> MemoryEstimate:
     """Memory for a model not downloaded yet: hub file sizes plus its GGUF header metadata.
 
     ``n_ctx`` defaults to what the planner would pick before fitting (trained length capped by
-    the settings); ``on_gpu`` counts a GPU's compute reservation and driver context.
+    the settings); ``on_gpu`` counts a GPU's compute reservation and driver context; ``n_seq``
+    parallel sequences of ``n_ctx`` each multiply the KV cache.
     """
     shape = ModelShape.from_metadata(metadata)
     weights = weights_bytes(file_sizes if file_sizes is not None else 0, metadata)
     if n_ctx is None:
         rt = settings.runtime if settings is not None else _default_runtime_settings()
         n_ctx = _initial_context(shape, PlanOverrides(), rt)[0]
-    kv = kv_cache_bytes(shape, n_ctx, kv_type)
+    kv = kv_cache_bytes(shape, n_ctx * n_seq, kv_type)
     overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu) + (GPU_CONTEXT["cuda"] if on_gpu else 0)
     return MemoryEstimate(weights=weights, kv_cache=kv, overhead=overhead)
 
@@ -332,6 +368,9 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         f"layers    {layers}",
         f"context   {plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "") + f", KV cache {plan.kv_type}",
     ]
+    if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
+        n = plan.options["n_slots"]
+        lines.append(f"parallel  {n} requests at once, each with the whole context" if n > 1 else "parallel  one request at a time")
     if plan.memory:
         m = plan.memory
         lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "

@@ -78,6 +78,9 @@ class RuntimeSettings(BaseModel):
     """Cap on the context a model is loaded with; default: the planner's choice."""
     max_context_default: int = Field(8192, ge=64)
     """Largest context the planner picks on its own when the model's trained length is bigger."""
+    parallel: int | None = Field(None, ge=1, le=64)
+    """Requests one llama.cpp model decodes at once (slots, each with the whole context);
+    default: up to 4 when their KV cache fits comfortably, else fewer."""
     max_tokens_cap: int = Field(8192, ge=1)
     """Upper bound on max_tokens for any request."""
     template_timeout_s: float = Field(2.0, gt=0, le=60)

@@ -19,15 +19,18 @@ def plan_options(f):
     f = click.option("--gpu-layers", type=int, help="Layers to offload to the GPU (-1: all).")(f)
     f = click.option("--device", help="Device: cpu, cuda, metal…")(f)
     f = click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads.")(f)
+    f = click.option("--parallel", type=click.IntRange(1, 64),
+                     help="Requests a llama.cpp model decodes at once, each with the whole context.")(f)
     return f
 
 
-def overrides_from(runtime, ctx_len, gpu_layers, device, threads):
-    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads)):
+def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None):
+    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel)):
         return None
     from localrun.planner import PlanOverrides
 
-    return PlanOverrides(runtime=runtime, n_ctx=ctx_len, n_gpu_layers=gpu_layers, device=device, threads=threads)
+    return PlanOverrides(runtime=runtime, n_ctx=ctx_len, n_gpu_layers=gpu_layers, device=device, threads=threads,
+                         parallel=parallel)
 
 
 def make_manager(settings, store, overrides=None):
@@ -104,14 +107,15 @@ def _stream_answer(manager, name: str, req) -> str:
 @click.option("--seed", type=int, default=None)
 @plan_options
 @click.pass_context
-def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runtime, ctx_len, gpu_layers, device, threads):
+def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runtime, ctx_len, gpu_layers, device, threads,
+            parallel):
     """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     settings = settings_from(ctx)
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
-    manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads))
+    manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel))
     sampling = {k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None}
     if raw is None:
         raw = not record.metadata.get("chat_template")
@@ -161,14 +165,17 @@ def _interactive(manager, record, raw: bool, system: str | None, sampling: dict)
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8739).")
 @click.option("--api-key", default=None, envvar="LOCALRUN_API_KEY", help="Require this Bearer key (env LOCALRUN_API_KEY).")
 @click.option("--runtime", default=None, help="Force one runtime for every model.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=None,
+              help="Requests each llama.cpp model decodes at once (default: up to 4 when they fit).")
 @click.option("--no-default-model", is_flag=True, help="Do not assemble and register the embedded default model.")
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, no_default_model):
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key}.items() if v is not None}
     overrides = {"server": server} if server else {}
-    if runtime:
-        overrides["runtime"] = {"force": runtime}
+    runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel}.items() if v is not None}
+    if runtime_settings:
+        overrides["runtime"] = runtime_settings
     settings = settings_from(ctx, **overrides)
     store = open_store(ctx)
     if not no_default_model:

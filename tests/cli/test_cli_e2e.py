@@ -74,3 +74,18 @@ def test_pull_run_then_a_flipped_byte_is_refused_by_name(fake_hub, tiny_gguf):  
     assert refused.returncode == 4 and "no longer matches" in refused.stderr, refused.stderr
     checked = lr("verify", name, check=False)
     assert checked.returncode == 4 and "bad" in checked.stdout and record["path"].split("/")[-1] in checked.stdout
+
+
+@needs_llama
+def test_plan_and_run_take_parallel(tiny_gguf):
+    lr("import", str(tiny_gguf), "--name", "tiny")
+    auto = json.loads(lr("plan", "tiny", "--json").stdout)["plan"]
+    two = json.loads(lr("plan", "tiny", "--json", "--parallel", "2").stdout)["plan"]
+    assert auto["options"]["n_slots"] == 4 and two["options"]["n_slots"] == 2
+    assert two["options"]["slot_ctx"] == two["n_ctx"] == auto["n_ctx"]
+    assert two["memory"]["kv_cache"] * 2 == auto["memory"]["kv_cache"]
+    assert "parallel  2 requests at once" in lr("plan", "tiny", "--parallel", "2").stdout
+    out = lr("run", "tiny", "hello", "--max-tokens", "3", "--temperature", "0", "--raw", "--parallel", "1")
+    assert "3 tokens" in out.stderr
+    bad = lr("plan", "tiny", "--parallel", "0", check=False)
+    assert bad.returncode == 2 and "--parallel" in bad.stderr

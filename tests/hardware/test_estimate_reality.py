@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from localrun.hardware import detect_hardware
-from localrun.planner import plan_placement
+from localrun.planner import PlanOverrides, plan_placement
 from localrun.probes import probe_llamacpp
 from localrun.types import FileEntry, Format, ModelRecord
 from tests.conftest import needs_llama
@@ -74,7 +74,8 @@ def test_gemma_estimate_is_within_15_percent_of_the_measured_peak(gemma_gguf):
     record = gemma_record(gemma_gguf)
     hw = detect_hardware()
     llama = probe_llamacpp(hw)
-    plan = plan_placement(record, hw, {"llama.cpp": llama})
+    # one sequence, as llama-cpp-python's Llama runs it (the slots' plan is measured below)
+    plan = plan_placement(record, hw, {"llama.cpp": llama}, overrides=PlanOverrides(parallel=1))
     if plan.device != "cpu":
         pytest.skip("the measurement counts host memory; this llama.cpp build offloads to a GPU")
     assert plan.n_ctx == 8192  # the trained 32,768 capped by the default max_context
@@ -87,4 +88,44 @@ def test_gemma_estimate_is_within_15_percent_of_the_measured_peak(gemma_gguf):
     error = (estimate - measured["peak_rss"]) / measured["peak_rss"]
     print(f"estimate {estimate / 2**20:.0f} MiB, measured peak {measured['peak_rss'] / 2**20:.0f} MiB, "
           f"error {error:+.1%}")
+    assert abs(error) <= 0.15
+
+
+@pytest.mark.gemma
+@pytest.mark.slow
+@needs_llama
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
+def test_gemma_estimate_with_the_planners_parallel_slots_matches_a_real_worker(gemma_gguf, tmp_path):
+    """The default plan runs several requests at once, each slot with the whole context: its
+    KV estimate grows with the slots, and so does a real worker's peak."""
+    import dataclasses
+
+    from localrun.types import Cancel, CompletionRequest, Sampling
+    from localrun.worker.host import WorkerHandle, iter_chunks
+
+    record = gemma_record(gemma_gguf)
+    hw = detect_hardware()
+    plan = plan_placement(record, hw, {"llama.cpp": probe_llamacpp(hw)})
+    if plan.device != "cpu":
+        pytest.skip("the measurement counts host memory; this llama.cpp build offloads to a GPU")
+    single = plan_placement(record, hw, {"llama.cpp": probe_llamacpp(hw)}, overrides=PlanOverrides(parallel=1))
+    slots = plan.options["n_slots"]
+    assert slots > 1 and plan.options["slot_ctx"] == plan.n_ctx == single.n_ctx
+    assert plan.memory.kv_cache == slots * single.memory.kv_cache
+    assert any("requests run at once" in r for r in plan.reasons)
+    plan = dataclasses.replace(plan, n_threads=2)
+    handle = WorkerHandle(record, plan, log_path=tmp_path / "worker.log", load_timeout_s=120)
+    try:
+        words = "the quick brown fox jumps over the lazy dog and keeps on running through the field "
+        prompt = words * (plan.n_ctx // 20)  # most of one slot's context: this request may use all of it
+        req = CompletionRequest(prompt=prompt, sampling=Sampling(max_tokens=8, temperature=0.0))
+        chunks = list(iter_chunks(handle, "complete", {"req": req.to_dict()}, Cancel()))
+        assert chunks[-1].usage.prompt_tokens > plan.n_ctx // 2
+        with open(f"/proc/{handle.pid}/status") as f:
+            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    finally:
+        handle.close()
+    error = (plan.memory.total - peak) / peak
+    print(f"{slots} slots of {plan.n_ctx}: estimate {plan.memory.total / 2**20:.0f} MiB, "
+          f"worker peak {peak / 2**20:.0f} MiB, error {error:+.1%}")
     assert abs(error) <= 0.15

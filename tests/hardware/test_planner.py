@@ -266,7 +266,7 @@ def test_quantized_kv_cache_shrinks_the_estimate():
     f16 = plan(LLAMA_8B, "rtx4090_desktop")
     q8 = plan(LLAMA_8B, "rtx4090_desktop", overrides=PlanOverrides(kv_type="q8_0"))
     assert q8.kv_type == "q8_0"
-    assert q8.memory.kv_cache == kv_by_hand(LLAMA_8B, q8.n_ctx, KV_BYTES["q8_0"]) < f16.memory.kv_cache
+    assert q8.memory.kv_cache == kv_by_hand(LLAMA_8B, q8.n_ctx, KV_BYTES["q8_0"]) * q8.options["n_slots"] < f16.memory.kv_cache
 
 
 # --- memory arithmetic ----------------------------------------------------------------------
@@ -274,7 +274,7 @@ def test_quantized_kv_cache_shrinks_the_estimate():
 @pytest.mark.parametrize("meta", [LLAMA_8B, QWEN_05B])
 def test_kv_cache_matches_the_formula(meta):
     p = plan(meta, "rtx4090_desktop")
-    assert p.memory.kv_cache == kv_by_hand(meta, p.n_ctx)
+    assert p.memory.kv_cache == kv_by_hand(meta, p.n_ctx) * p.options["n_slots"]  # each slot holds the whole context
     assert p.memory.weights == meta["size_bytes"]
 
 
@@ -287,7 +287,7 @@ def test_per_layer_kv_heads_are_summed():
     heads = [8 if i % 4 == 3 else 0 for i in range(LLAMA_8B["block_count"])]  # a hybrid: 1 attention layer in 4
     meta = {**LLAMA_8B, "head_count_kv_per_layer": heads}
     p = plan(meta, "rtx4090_desktop")
-    assert p.memory.kv_cache == sum(heads) * p.n_ctx * 256 * 2
+    assert p.memory.kv_cache == sum(heads) * p.n_ctx * 256 * 2 * p.options["n_slots"]
     assert p.memory.kv_cache == plan({**LLAMA_8B, "head_count_kv_list": heads}, "rtx4090_desktop").memory.kv_cache
 
 
@@ -319,10 +319,11 @@ def test_a_gpu_reserves_the_logits_of_a_whole_batch():
 
 @pytest.mark.parametrize("share, verdict", [(0.5, "fits"), (0.9, "tight"), (1.1, "wont-fit")])
 def test_verdict_follows_the_share_of_available_memory(share, verdict):
-    need = plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(n_ctx=4096)).memory.total
+    one = PlanOverrides(n_ctx=4096, parallel=1)  # the slot count stays put while memory changes
+    need = plan(QWEN_05B, "cpu_laptop_8gb", overrides=one).memory.total
     hw = profile("cpu_laptop_8gb")
     hw = type(hw).from_dict({**hw.to_dict(), "ram_available": int(need / share)})
-    p = plan_placement(record(QWEN_05B), hw, statuses("cpu"), overrides=PlanOverrides(n_ctx=4096))
+    p = plan_placement(record(QWEN_05B), hw, statuses("cpu"), overrides=one)
     assert p.verdict == verdict
     assert p.options["placement"]["ratio"] == pytest.approx(share, rel=1e-3)
     if verdict == "tight":
@@ -344,9 +345,10 @@ def test_the_vram_margin_is_the_tight_zone(gpu_gib, verdict):
 
 def test_estimate_for_a_model_not_yet_downloaded_matches_the_cpu_plan():
     p = plan(QWEN_05B, "cpu_laptop_8gb")
-    est = estimate_for(QWEN_05B, file_sizes=[QWEN_05B["size_bytes"] // 2, QWEN_05B["size_bytes"] - QWEN_05B["size_bytes"] // 2])
+    est = estimate_for(QWEN_05B, file_sizes=[QWEN_05B["size_bytes"] // 2, QWEN_05B["size_bytes"] - QWEN_05B["size_bytes"] // 2],
+                       n_seq=p.options["n_slots"])
     assert est == p.memory
-    gpu = estimate_for(QWEN_05B, file_sizes=QWEN_05B["size_bytes"], on_gpu=True)
+    gpu = estimate_for(QWEN_05B, file_sizes=QWEN_05B["size_bytes"], on_gpu=True, n_seq=p.options["n_slots"])
     assert gpu.total > est.total  # a GPU's reservations come on top
 
 
@@ -364,3 +366,57 @@ def test_plans_round_trip_and_render(machine):
     assert f"{p.n_ctx:,} tokens (trained 131,072)" in text
     for reason in p.reasons:
         assert reason in text
+
+
+# --- parallel slots (llama.cpp) --------------------------------------------------------------
+
+def _with_ram(machine: str, available: int):
+    hw = profile(machine)
+    return type(hw).from_dict({**hw.to_dict(), "ram_available": int(available)})
+
+
+def test_parallel_slots_each_hold_the_whole_context_when_they_fit():
+    p = plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(n_ctx=4096))
+    one = plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(n_ctx=4096, parallel=1))
+    assert (p.options["n_slots"], p.options["slot_ctx"], p.n_ctx) == (4, 4096, 4096)
+    assert p.memory.kv_cache == 4 * one.memory.kv_cache
+    assert p.memory.overhead == one.memory.overhead  # attention runs per slot: one compute buffer
+    assert p.verdict == "fits"
+    assert any(r.startswith("4 requests run at once") for r in p.reasons)
+    assert "parallel  4 requests at once, each with the whole context" in render_plan(p, record(QWEN_05B))
+
+
+def test_fewer_slots_when_four_would_not_fit_comfortably():
+    one = plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(n_ctx=4096, parallel=1)).memory
+    kv = one.kv_cache
+    # room for the model and two slots' KV within the "fits" share, not three
+    ram = (one.total + kv + kv // 2) / TIGHT_RATIO
+    p = plan_placement(record(QWEN_05B), _with_ram("cpu_laptop_8gb", ram), statuses("cpu"),
+                       overrides=PlanOverrides(n_ctx=4096))
+    assert p.options["n_slots"] == 2 and p.verdict == "fits"
+    # a model that is tight on its own gets one slot, and says why
+    tight = plan_placement(record(QWEN_05B), _with_ram("cpu_laptop_8gb", one.total / 0.9), statuses("cpu"),
+                           overrides=PlanOverrides(n_ctx=4096))
+    assert tight.options["n_slots"] == 1 and tight.verdict == "tight"
+    assert any(r.startswith("one request at a time") for r in tight.reasons)
+
+
+def test_parallel_asked_for_is_kept_and_judged():
+    one = plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(n_ctx=4096, parallel=1)).memory
+    hw = _with_ram("cpu_laptop_8gb", one.total + 2 * one.kv_cache)  # 8 slots need 7 more KV caches
+    p = plan_placement(record(QWEN_05B), hw, statuses("cpu"), overrides=PlanOverrides(n_ctx=4096, parallel=8))
+    assert p.options["n_slots"] == 8 and p.n_ctx == 4096  # not shrunk: what was asked, with its verdict
+    assert p.verdict == "wont-fit" and any("as asked" in r for r in p.reasons)
+    with pytest.raises(ConfigError, match="parallel"):
+        plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(parallel=0))
+
+
+def test_parallel_from_the_settings_and_only_for_llama_cpp():
+    from localrun.settings import Settings
+
+    settings = Settings(runtime={"parallel": 2})
+    p = plan(QWEN_05B, "cpu_laptop_8gb", settings=settings)
+    assert p.options["n_slots"] == 2
+    ollama = plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, ollama=True), settings=settings)
+    assert ollama.runtime == "ollama" and "n_slots" not in ollama.options  # Ollama schedules its own
+    assert ollama.memory.kv_cache == plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(parallel=1)).memory.kv_cache

@@ -15,6 +15,8 @@ gigabyte string. This module adds what the sandbox leaves out:
   string methods are checked *before* they allocate, and the rendered text is capped;
 * ``range()`` capped, ``lipsum`` removed, no loader (no ``include``/``import``).
 
+The budget and the size checks live in :mod:`localrun.template_budget`.
+
 Models without a template get :func:`fallback_chat`: a plain ``System:/User:/Assistant:``
 transcript that a base model continues as the assistant, with ``"\\nUser:"`` as an extra
 stop string (Gemma 3 270M, a base model shipped without a template, answers sensibly this
@@ -24,7 +26,6 @@ its template (``gemma_turns=True``; the caller checks the vocab has ``<start_of_
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import json
 import logging
@@ -36,54 +37,18 @@ from datetime import datetime
 from typing import Any
 
 from localrun.errors import TemplateError
+from localrun.template_budget import (
+    CURRENT_BUDGET, DEFAULT_MAX_OUTPUT_CHARS, FILTER_CHECKS, MAX_RANGE, Budget, check_binop, check_format,
+    check_method_call, checked_filter, current_budget,
+)
 
 log = logging.getLogger(__name__)
 
 #: Longest template source accepted; real chat templates are a few KB to ~30 KB.
 MAX_TEMPLATE_CHARS = 1_000_000
-#: Largest ``range()`` a template may build (Jinja's own sandbox uses the same number).
-MAX_RANGE = 100_000
-#: Default cap on the rendered prompt and on any string or list built while rendering.
-DEFAULT_MAX_OUTPUT_CHARS = 8_000_000
-
 _GUARD_ITER = "localrun_guard_iter"
 _GUARD_CONCAT = "localrun_guard_concat"
-_WIDE_FORMAT = re.compile(r"%[^a-zA-Z%]*(\d{6,}|\*)|\{[^{}]*:[^{}]*(\d{6,}|\{)")
 _STRFTIME_WIDTH = re.compile(r"%[^a-zA-Z%]*\d{4,}")
-
-
-@dataclass(frozen=True)
-class _Budget:
-    deadline: float
-    max_chars: int
-    timeout_s: float
-
-    def check_time(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise TemplateError(
-                f"the chat template ran longer than its {self.timeout_s:g} s budget",
-                hint="the model's template loops too much; pass a template of your own",
-            )
-
-    def check_size(self, n: int, what: str) -> None:
-        if n > self.max_chars:
-            raise TemplateError(
-                f"the chat template would build {what} of {n} items, over the {self.max_chars} limit",
-                hint="the model's template or the conversation is too large",
-            )
-
-
-# Used when no render is running (e.g. Jinja folding constants at compile time).
-_COMPILE_BUDGET = _Budget(deadline=float("inf"), max_chars=DEFAULT_MAX_OUTPUT_CHARS, timeout_s=float("inf"))
-_CURRENT: contextvars.ContextVar[_Budget] = contextvars.ContextVar("localrun_template_budget", default=_COMPILE_BUDGET)
-
-
-def _budget() -> _Budget:
-    return _CURRENT.get()
-
-
-def _size(x: Any) -> int:
-    return len(x) if isinstance(x, (str, bytes, list, tuple)) else 0
 
 
 class _GuardedIterable:
@@ -99,7 +64,7 @@ class _GuardedIterable:
         return len(self._inner)  # TypeError for iterators: LoopContext handles that
 
     def __iter__(self):
-        budget = _budget()
+        budget = current_budget()
         for item in self._inner:
             budget.check_time()
             yield item
@@ -118,7 +83,7 @@ def _guard_iter_filter(_context, value):
 
 def _guard_concat_filter(_context, parts):
     strings = [str(p) for p in parts]
-    _budget().check_size(sum(map(len, strings)), "a string")
+    current_budget().check_size(sum(map(len, strings)), "a string")
     return "".join(strings)
 
 
@@ -138,112 +103,6 @@ def _rewrite(node):
         items = nodes.List(node.nodes, lineno=node.lineno)
         return nodes.Filter(items, _GUARD_CONCAT, [], [], None, None, lineno=node.lineno)
     return node
-
-
-# --- size pre-checks for operators, filters and methods ------------------------------
-
-
-def _check_binop(op: str, left: Any, right: Any) -> None:
-    b = _budget()
-    if op == "*":
-        for seq, n in ((left, right), (right, left)):
-            if _size(seq) and isinstance(n, int):
-                b.check_size(_size(seq) * max(n, 0), "a repeated sequence")
-    elif op == "+":
-        if _size(left) and _size(right):
-            b.check_size(_size(left) + _size(right), "a joined sequence")
-    elif op == "**":
-        if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0:
-            if right > 100_000 or right * abs(left).bit_length() > 1_000_000:
-                raise TemplateError(f"the chat template computes {left}**{right}, a number too large to build")
-    elif op == "%" and isinstance(left, str) and _WIDE_FORMAT.search(left):
-        raise TemplateError("the chat template uses a %-format with a huge or variable width")
-
-
-def _checked_filter(check, original):
-    # Filters marked pass_environment / pass_eval_context get that object first.
-    skip = 1 if getattr(original, "jinja_pass_arg", None) is not None else 0
-
-    @functools.wraps(original)
-    def wrapper(*args, **kwargs):
-        check(*args[skip:], **kwargs)
-        return original(*args, **kwargs)
-
-    return wrapper
-
-
-def _check_center(value="", width=80, *_a, **_k):
-    _budget().check_size(int(width) if isinstance(width, int) else 0, "a centred string")
-
-
-def _check_indent(s="", width=4, *_a, **_k):
-    pad = width if isinstance(width, int) else _size(width)
-    _budget().check_size(_size(s) + str(s).count("\n") * max(pad, 0) + pad, "an indented string")
-
-
-def _check_wordwrap(s="", width=79, break_long_words=True, wrapstring=None, *_a, **_k):
-    _budget().check_size(_size(s) * (1 + _size(wrapstring or "\n")), "a wrapped string")
-
-
-def _check_count_arg(value=None, n=1, *_a, **_k):
-    if isinstance(n, int) and n > MAX_RANGE:
-        raise TemplateError(f"the chat template asks for {n} groups, over the {MAX_RANGE} limit")
-
-
-def _check_format(value="", *_a, **_k):
-    if isinstance(value, str) and _WIDE_FORMAT.search(value):
-        raise TemplateError("the chat template uses a format with a huge or variable width")
-
-
-def _check_replace(*args, **kwargs):
-    s, old, new = (list(args) + [kwargs.get("old", ""), kwargs.get("new", "")])[:3]
-    _check_replace_sizes(str(s), str(old), str(new))
-
-
-def _check_replace_sizes(s: str, old: str, new: str) -> None:
-    if len(new) > len(old):
-        hits = len(s) + 1 if not old else s.count(old)
-        _budget().check_size(len(s) + hits * (len(new) - len(old)), "a replaced string")
-
-
-def _check_join(*args, **kwargs):
-    items, sep = (list(args) + [None, kwargs.get("d", "")])[:2]
-    if isinstance(items, (list, tuple)):
-        total = sum(_size(x) for x in items) + _size(sep) * len(items)
-        _budget().check_size(total, "a joined string")
-
-
-_FILTER_CHECKS = {
-    "center": _check_center,
-    "indent": _check_indent,
-    "wordwrap": _check_wordwrap,
-    "batch": _check_count_arg,
-    "slice": _check_count_arg,
-    "format": _check_format,
-    "replace": _check_replace,
-    "join": _check_join,
-}
-
-_STR_WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "to_bytes"})
-
-
-def _check_method_call(obj: Any, args: tuple, kwargs: dict) -> None:
-    """Bound methods of str/bytes/int that allocate by an argument (``'a'.ljust(10**9)``,
-    ``(1).to_bytes(10**9)``, ``s.replace('', big)``) are checked before they run."""
-    owner = getattr(obj, "__self__", None)
-    name = getattr(obj, "__name__", "")
-    if not isinstance(owner, (str, bytes, int)) or isinstance(owner, bool):
-        return
-    b = _budget()
-    ints = [a for a in (*args, *kwargs.values()) if isinstance(a, int)]
-    if name in _STR_WIDTH_METHODS:
-        scale = _size(owner) if name == "expandtabs" else 1
-        for n in ints:
-            b.check_size(max(n, 0) * max(scale, 1), f"the result of {name}()")
-    elif name == "replace" and isinstance(owner, str) and len(args) >= 2:
-        _check_replace_sizes(owner, str(args[0]), str(args[1]))
-    elif name == "join" and args and isinstance(args[0], (list, tuple)):
-        b.check_size(sum(_size(x) for x in args[0]) + _size(owner) * len(args[0]), "a joined string")
 
 
 # --- the environment ---------------------------------------------------------------
@@ -297,32 +156,32 @@ def _environment():
         intercepted_binops = frozenset({"*", "**", "+", "%"})
 
         def call_binop(self, context, operator, left, right):
-            _check_binop(operator, left, right)
+            check_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
-            _budget().check_time()
-            _check_method_call(__obj, args, kwargs)
+            current_budget().check_time()
+            check_method_call(__obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
         def wrap_str_format(self, value):
             # str.format is handed out at attribute time, so its width check is here too.
             owner = getattr(value, "__self__", None)
             if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
-                _check_format(owner)
+                check_format(owner)
             return super().wrap_str_format(value)
 
         def getattr(self, obj, attribute):
-            _budget().check_time()
+            current_budget().check_time()
             return super().getattr(obj, attribute)
 
         def getitem(self, obj, argument):
-            _budget().check_time()
+            current_budget().check_time()
             return super().getitem(obj, argument)
 
     env = BudgetedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, GenerationTag])
-    for name, check in _FILTER_CHECKS.items():
-        env.filters[name] = _checked_filter(check, env.filters[name])
+    for name, check in FILTER_CHECKS.items():
+        env.filters[name] = checked_filter(check, env.filters[name])
     env.filters["tojson"] = _tojson
     env.filters[_GUARD_ITER] = _pass_context(_guard_iter_filter)
     env.filters[_GUARD_CONCAT] = _pass_context(_guard_concat_filter)
@@ -379,8 +238,8 @@ def render_chat(
         eos_token=eos_token,
         add_generation_prompt=add_generation_prompt,
     )
-    budget = _Budget(deadline=time.monotonic() + timeout_s, max_chars=max_output_chars, timeout_s=timeout_s)
-    token = _CURRENT.set(budget)
+    budget = Budget(deadline=time.monotonic() + timeout_s, max_chars=max_output_chars, timeout_s=timeout_s)
+    token = CURRENT_BUDGET.set(budget)
     pieces: list[str] = []
     total = 0
     try:
@@ -396,7 +255,7 @@ def render_chat(
     except Exception as exc:  # anything a template can raise: SecurityError, UndefinedError, TypeError…
         raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from exc
     finally:
-        _CURRENT.reset(token)
+        CURRENT_BUDGET.reset(token)
     return "".join(pieces)
 
 

@@ -17,16 +17,16 @@ import logging
 import math
 import os
 import platform
-import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localrun.gpus import GIB, GpuInfo, detect_amd, detect_nvidia, read_int
+
 log = logging.getLogger(__name__)
 
-GIB = 1024**3
 MIB = 1024**2
 
 #: x86 /proc/cpuinfo flags that matter to llama.cpp's CPU kernels, reported as is.
@@ -50,19 +50,6 @@ _MAC_FEATURES = {
 #: Below this much unified memory macOS lets the GPU wire about 2/3 of it, above about 3/4
 #: (observed recommendedMaxWorkingSetSize: 16 GB → 10.67 GB, 128 GB → 96 GB).
 APPLE_BUDGET_THRESHOLD = 36 * GIB
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    vendor: str  # "nvidia" | "amd" | "intel"
-    name: str
-    vram_total: int
-    vram_free: int
-    driver: str | None = None
-    cuda_version: str | None = None  # the driver's CUDA version, e.g. "12.4"
-    compute_capability: str | None = None  # e.g. "8.9"
-    index: int = 0
-    integrated: bool = False  # shares system RAM (small VRAM carve-out): not worth offloading to
 
 
 @dataclass(frozen=True)
@@ -168,7 +155,8 @@ def detect_hardware(
     cpu_model, flags = attempt("CPU", _detect_cpu, ("unknown CPU", ()))
     physical, logical, total, available = attempt("memory and cores", _detect_memory_and_cores, (1, 1, 0, 0))
     apple = attempt("Apple Silicon", _detect_apple, None)
-    gpus = attempt("NVIDIA GPU", _detect_nvidia, ()) + attempt("AMD GPU", _detect_amd, ())
+    gpus = (attempt("NVIDIA GPU", lambda s: detect_nvidia(s.nvml, s.env), ())
+            + attempt("AMD GPU", lambda s: detect_amd(s.root), ()))
     return HardwareProfile(
         os=src.system,
         arch=arch,
@@ -245,9 +233,9 @@ def _detect_memory_and_cores(src: _Sources) -> tuple[int, int, int, int]:
     logical = int(vm.cpu_count() or 1)
     physical = int(vm.cpu_count(logical=False) or logical)
     # In a container the cgroup limits are what this process may really use.
-    limit = _read_int(src.root / "sys" / "fs" / "cgroup" / "memory.max")
+    limit = read_int(src.root / "sys" / "fs" / "cgroup" / "memory.max")
     if limit is not None and limit < total:
-        used = _read_int(src.root / "sys" / "fs" / "cgroup" / "memory.current") or 0
+        used = read_int(src.root / "sys" / "fs" / "cgroup" / "memory.current") or 0
         total, available = limit, max(0, min(available, limit - used))
     cpus = _cgroup_cpus(src.root / "sys" / "fs" / "cgroup" / "cpu.max")
     if cpus is not None:
@@ -263,13 +251,6 @@ def _cgroup_cpus(path: Path) -> int | None:
     if quota == "max":
         return None
     return max(1, math.ceil(int(quota) / int(period)))
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip(), 0)
-    except (OSError, ValueError):
-        return None
 
 
 def apple_gpu_budget(unified_memory: int, wired_limit_mb: int | None = None) -> int:
@@ -289,96 +270,6 @@ def _detect_apple(src: _Sources) -> AppleInfo | None:
     chip = _sysctl(src, "machdep.cpu.brand_string") or "Apple Silicon"
     wired = _sysctl(src, "iogpu.wired_limit_mb")
     return AppleInfo(chip=chip, unified_memory=memsize, gpu_working_set_budget=apple_gpu_budget(memsize, int(wired or 0)))
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _visible(env: Mapping[str, str], index: int, uuid: str | None) -> bool:
-    """Honour CUDA_VISIBLE_DEVICES (indices or UUID prefixes), as CUDA itself would."""
-    spec = env.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return True
-    for item in (s.strip() for s in spec.split(",")):
-        if item.isdigit() and int(item) == index:
-            return True
-        if item.startswith("GPU-") and uuid and uuid.startswith(item):
-            return True
-    return False
-
-
-def _detect_nvidia(src: _Sources) -> tuple[GpuInfo, ...]:
-    nvml = src.nvml
-    if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            log.debug("nvidia-ml-py is not installed: NVIDIA GPUs are not detected")
-            return ()
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:  # no driver, no device: the normal answer on most machines
-        log.debug("NVML unavailable: %s", exc)
-        return ()
-    try:
-        driver = _text(nvml.nvmlSystemGetDriverVersion())
-        cuda = nvml.nvmlSystemGetCudaDriverVersion()
-        cuda_version = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
-        gpus = []
-        for index in range(nvml.nvmlDeviceGetCount()):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = _text(nvml.nvmlDeviceGetUUID(handle)) if hasattr(nvml, "nvmlDeviceGetUUID") else None
-                if not _visible(src.env, index, uuid):
-                    continue
-                mem = nvml.nvmlDeviceGetMemoryInfo(handle)
-                major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-                gpus.append(GpuInfo(
-                    vendor="nvidia", name=_text(nvml.nvmlDeviceGetName(handle)), vram_total=int(mem.total),
-                    vram_free=int(mem.free), driver=driver, cuda_version=cuda_version,
-                    compute_capability=f"{major}.{minor}", index=index,
-                ))
-            except nvml.NVMLError as exc:  # one broken device must not hide the others
-                log.warning("NVIDIA GPU %d skipped: %s", index, exc)
-        return tuple(gpus)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as exc:
-            log.debug("nvmlShutdown: %s", exc)
-
-
-def _detect_amd(src: _Sources) -> tuple[GpuInfo, ...]:
-    drm = src.root / "sys" / "class" / "drm"
-    if not drm.is_dir():
-        return ()
-    gpus = []
-    cards = sorted((p for p in drm.iterdir() if re.fullmatch(r"card\d+", p.name)), key=lambda p: int(p.name[4:]))
-    for card in cards:
-        dev = card / "device"
-        if _read_text(dev / "vendor") != "0x1002":
-            continue
-        total = _read_int(dev / "mem_info_vram_total")
-        if total is None:
-            log.debug("%s: AMD device without mem_info_vram_total (not amdgpu?)", card)
-            continue
-        used = _read_int(dev / "mem_info_vram_used") or 0
-        gtt = _read_int(dev / "mem_info_gtt_total") or 0
-        name = _read_text(dev / "product_name") or f"AMD GPU {_read_text(dev / 'device') or '?'}"
-        driver = (dev / "driver").resolve().name if (dev / "driver").exists() else None
-        gpus.append(GpuInfo(
-            vendor="amd", name=name, vram_total=total, vram_free=max(0, total - used), driver=driver,
-            index=int(card.name[4:]), integrated=total < GIB and gtt > total,
-        ))
-    return tuple(gpus)
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip() or None
-    except OSError:
-        return None
 
 
 def fmt_bytes(n: int | float) -> str:

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from localrun.errors import LocalrunError, ModelNotFound, Overloaded
+from localrun.errors import LocalrunError, Overloaded
 from localrun.settings import Settings
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
 

@@ -18,9 +18,9 @@ gigabyte string. This module adds what the sandbox leaves out:
 The budget and the size checks live in :mod:`localrun.template_budget`.
 
 Models without a template get :func:`fallback_chat`: a plain ``System:/User:/Assistant:``
-transcript that a base model continues as the assistant, with ``"\\nUser:"`` as an extra
-stop string (Gemma 3 270M, a base model shipped without a template, answers sensibly this
-way). Gemma's own turn format is available for a Gemma-vocabulary model whose file lost
+transcript that a base model continues as the assistant, with ``"User:"`` and
+``"Assistant:"`` as extra stop strings, since a base model starts the next turn mid-line
+too (Gemma 3 270M, a base model shipped without a template, answers sensibly this way). Gemma's own turn format is available for a Gemma-vocabulary model whose file lost
 its template (``gemma_turns=True``; the caller checks the vocab has ``<start_of_turn>``).
 """
 
@@ -262,6 +262,10 @@ def render_chat(
 # --- models without a template -------------------------------------------------------
 
 
+#: Where a base model continuing a plain transcript has begun another turn.
+TRANSCRIPT_STOPS = ("User:", "Assistant:")
+
+
 @dataclass(frozen=True)
 class FallbackPrompt:
     """A prompt built without the model's template, and stop strings that end a turn."""
@@ -277,7 +281,8 @@ def fallback_chat(messages: Sequence[Any], *, gemma_turns: bool = False, bos_tok
     ``gemma_turns`` (the vocab has ``<start_of_turn>``): Gemma's own turn format, the system
     message folded into the first user turn as Gemma's template does. Otherwise a plain
     transcript ending in ``"Assistant:"``, which a base model continues as the assistant;
-    ``"\\nUser:"`` stops it before it writes the user's next line.
+    ``"User:"`` and ``"Assistant:"`` stop it where it starts a next turn, on a new line or
+    mid-line as small base models do (Gemma 3 270M: "Paris. Assistant: The capital of…").
     """
     msgs = [_as_dict(m) for m in messages]
     if gemma_turns:
@@ -293,4 +298,4 @@ def fallback_chat(messages: Sequence[Any], *, gemma_turns: bool = False, bos_tok
         return FallbackPrompt("".join(parts), ("<end_of_turn>",), "gemma")
     labels = {"system": "System", "user": "User", "assistant": "Assistant"}
     lines = [f"{labels.get(m['role'], str(m['role']).title())}: {m['content']}" for m in msgs]
-    return FallbackPrompt(bos_token + "\n".join(lines) + "\nAssistant:", ("\nUser:",), "transcript")
+    return FallbackPrompt(bos_token + "\n".join(lines) + "\nAssistant:", TRANSCRIPT_STOPS, "transcript")

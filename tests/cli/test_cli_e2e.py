@@ -89,3 +89,17 @@ def test_plan_and_run_take_parallel(tiny_gguf):
     assert "3 tokens" in out.stderr
     bad = lr("plan", "tiny", "--parallel", "0", check=False)
     assert bad.returncode == 2 and "--parallel" in bad.stderr
+
+
+@needs_llama
+@pytest.mark.gemma
+def test_gemma_chat_through_the_fallback_transcript_ends_at_the_next_turn(gemma_gguf):
+    """Gemma 3 270M has no chat template: the transcript's turn labels stop it, even mid-line
+    (with this seed it writes "… is Assistant: The capital…" when only a new-line "User:" stops it)."""
+    lr("import", str(gemma_gguf), "--name", "gemma")
+    out = lr("run", "gemma", "The capital of France is", "--chat", "--max-tokens", "40", "--temperature", "0.7",
+             "--seed", "2")
+    assert "Assistant:" not in out.stdout and "User:" not in out.stdout
+    assert out.stderr.rstrip().endswith("stop")  # ended at the turn label, not by max_tokens
+    out = lr("run", "gemma", "What is the capital of France?", "--chat", "--max-tokens", "60", "--temperature", "0")
+    assert "Paris" in out.stdout and out.stderr.rstrip().endswith("stop")

@@ -177,7 +177,7 @@ def test_fallback_transcript_and_gemma_turns():
     msgs = [Message("system", "S"), Message("user", "U1"), Message("assistant", "A1"), Message("user", "U2")]
     plain = fallback_chat(msgs)
     assert plain.text == "System: S\nUser: U1\nAssistant: A1\nUser: U2\nAssistant:"
-    assert plain.stop == ("\nUser:",)
+    assert plain.stop == ("User:", "Assistant:")
     gemma = fallback_chat(msgs, gemma_turns=True, bos_token="<bos>")
     assert gemma.text == (
         "<bos><start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n"

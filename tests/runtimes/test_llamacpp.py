@@ -99,7 +99,7 @@ def test_no_template_falls_back_to_a_transcript_with_a_stop(tiny_gguf_no_templat
     try:
         assert s.chat_template is None
         tokens, stops = s.chat_prompt([Message("system", "be brief"), Message("user", "hello")])
-        assert stops == ("\nUser:",)
+        assert stops == ("User:", "Assistant:")
         assert tokens == s.tokenize("System: be brief\nUser: hello\nAssistant:", add_special=True)
     finally:
         s.close()
@@ -209,7 +209,7 @@ def gemma(gemma_gguf):
 def test_gemma_answers_the_capital_of_france(gemma):
     chunks = _chat(gemma, "What is the capital of France?", max_tokens=16)
     assert "Paris" in _text(chunks)
-    assert chunks[-1].finish_reason == "stop"  # the transcript's "\nUser:" or EOG ends the turn
+    assert chunks[-1].finish_reason == "stop"  # the transcript's "User:" or EOG ends the turn
 
 
 @pytest.mark.gemma

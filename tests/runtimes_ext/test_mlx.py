@@ -144,7 +144,7 @@ def test_a_model_without_template_gets_the_plain_transcript(tiny_mlx_dir, tmp_pa
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_config))
     session = _load(folder)
     ids, stops = session.chat_prompt([Message("user", "hi")])
-    assert "\nUser:" in stops
+    assert "User:" in stops and "Assistant:" in stops
     assert session._tokenizer.decode(ids).endswith("User: hi\nAssistant:")
     text, finish, usage = fold(session.chat(_chat("hi"), Cancel()))
     assert finish in ("stop", "length") and usage.completion_tokens > 0

@@ -258,8 +258,7 @@ class MlxSession:
                 self._token_text = mlx_features.TokenText(self._tokenizer)
             track = mlx_features.LogprobTrack(self._token_text, s.logprobs)
         pieces = self._pieces(prompt, s, max_tokens, cancel, track)
-        chunks = shape_stream(pieces, stops=stops, cancel=cancel, prompt_tokens=len(prompt))
-        return chunks if track is None else mlx_features.with_logprobs(chunks, track.entries)
+        return shape_stream(pieces, stops=stops, cancel=cancel, prompt_tokens=len(prompt))
 
     def _pieces(self, prompt: list[int], s: Sampling, max_tokens: int, cancel: Cancel,
                 track: mlx_features.LogprobTrack | None = None) -> Iterator[Piece]:
@@ -301,7 +300,11 @@ class MlxSession:
                 usage = None
                 if r.finish_reason is not None:
                     usage = Usage(prompt_tokens=len(prompt), completion_tokens=r.generation_tokens, cached_tokens=reused)
-                yield Piece(r.text, finish_reason=r.finish_reason, usage=usage)
+                logprobs: tuple = ()
+                if track is not None and track.entries:
+                    logprobs = tuple(track.entries)
+                    track.entries.clear()
+                yield Piece(r.text, finish_reason=r.finish_reason, usage=usage, logprobs=logprobs)
             clean = True
         except _PrefillCancelled:
             clean = True  # the cache holds whole prefill chunks: still consistent

@@ -25,7 +25,6 @@ mlx is imported inside the functions that use it, as in :mod:`.mlx`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 from localrun import tools
@@ -72,25 +71,6 @@ def chat_inputs(req: ChatRequest, template: str | None, model: str) -> tuple[lis
 def chat_stream(stream: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
     """The answer's tool calls, parsed onto its last chunk, when the request offers tools."""
     return tools.with_tool_calls(stream, req) if tools.active(req) else stream
-
-
-def with_logprobs(chunks: Iterator[Chunk], entries: list[dict[str, Any]]) -> Iterator[Chunk]:
-    """Attach the entries appended to ``entries`` since the last chunk to the next one.
-
-    A token whose text is held back (a stop string may be starting, the detokenizer waits
-    for a whole character) has its entry ride the next chunk sent, so none is lost. Closing
-    this stream closes ``chunks`` at once (the session keeps its cache consistent).
-    """
-    try:
-        for chunk in chunks:
-            if entries:
-                chunk = replace(chunk, logprobs=(*chunk.logprobs, *entries))
-                entries.clear()
-            yield chunk
-    finally:
-        close = getattr(chunks, "close", None)
-        if close is not None:
-            close()
 
 
 class TokenText:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localrun import tools as toolcalls
@@ -219,35 +218,24 @@ def logprob_entries(raw: Any) -> list[dict[str, Any]]:
     return [_logprob(e, top=True) for e in raw or () if isinstance(e, dict)]
 
 
-@dataclass
-class _Extras:
-    """What the answer carries besides text, gathered while its pieces are read."""
-
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
-    calls: list[dict[str, Any]] = field(default_factory=list)
-    saw_logprobs: bool = False
-    saw_text: bool = False
-
-
-def _pieces(events: Iterator[dict[str, Any]], kind: str, extras: _Extras) -> Iterator[Piece]:
-    """Ollama NDJSON objects as pieces; the ``done`` object carries the counts."""
+def _pieces(events: Iterator[dict[str, Any]], kind: str, seen: dict[str, bool]) -> Iterator[Piece]:
+    """Ollama NDJSON objects as pieces; the ``done`` object carries the counts. ``seen``
+    notes whether any text and any logprobs came (an old Ollama sends none)."""
     try:
         for event in events:
             message = event.get("message") or {}
             text = (message.get("content") if kind == "chat" else event.get("response")) or ""
-            if message.get("tool_calls"):
-                extras.calls.extend(openai_calls(message["tool_calls"]))
-            if event.get("logprobs"):
-                extras.logprobs.extend(logprob_entries(event["logprobs"]))
-                extras.saw_logprobs = True
-            extras.saw_text = extras.saw_text or bool(text)
+            calls = tuple(openai_calls(message["tool_calls"])) if message.get("tool_calls") else ()
+            logprobs = tuple(logprob_entries(event.get("logprobs")))
+            seen["text"] = seen["text"] or bool(text)
+            seen["logprobs"] = seen["logprobs"] or bool(logprobs)
             if event.get("done"):
                 reason = "length" if event.get("done_reason") == "length" else "stop"
                 usage = Usage(prompt_tokens=int(event.get("prompt_eval_count") or 0),
                               completion_tokens=int(event.get("eval_count") or 0))
-                yield Piece(text, finish_reason=reason, usage=usage, tokens=0)
+                yield Piece(text, finish_reason=reason, usage=usage, tokens=0, logprobs=logprobs, tool_calls=calls)
                 return
-            yield Piece(text)
+            yield Piece(text, logprobs=logprobs, tool_calls=calls)
     finally:
         events.close()
 
@@ -255,25 +243,16 @@ def _pieces(events: Iterator[dict[str, Any]], kind: str, extras: _Extras) -> Ite
 def shape_ollama_stream(events: Iterator[dict[str, Any]], kind: str, *, sampling: Sampling, cancel: Cancel,
                         server: str) -> Iterator[Chunk]:
     """Chunks for Ollama's NDJSON ``events`` (``kind``: "chat" or "generate")."""
-    extras = _Extras()
-    chunks = shape_stream(_pieces(events, kind, extras), stops=sampling.stop, cancel=cancel)
+    seen = {"text": False, "logprobs": False}
+    chunks = shape_stream(_pieces(events, kind, seen), stops=sampling.stop, cancel=cancel)
     try:
         for chunk in chunks:
-            lp = tuple(extras.logprobs)
-            extras.logprobs.clear()
-            if chunk.finish_reason is None:
-                yield replace(chunk, logprobs=lp) if lp else chunk
-                continue
-            if (sampling.logprobs is not None and extras.saw_text and not extras.saw_logprobs
-                    and chunk.finish_reason != "cancelled"):
+            if (chunk.finish_reason not in (None, "cancelled") and sampling.logprobs is not None
+                    and seen["text"] and not seen["logprobs"]):
                 raise UnsupportedFeature(
                     f"the Ollama server at {server} answered without log-probabilities: "
                     f"they need Ollama {_dotted(MIN_LOGPROBS)} or newer",
                     param="logprobs", hint="upgrade Ollama, or leave out logprobs")
-            reason = chunk.finish_reason
-            if extras.calls and reason in ("stop", "length"):
-                reason = "tool_calls"
-            yield replace(chunk, finish_reason=reason, tool_calls=tuple(extras.calls), logprobs=lp)
-            return
+            yield chunk
     finally:
         chunks.close()

@@ -92,6 +92,10 @@ class Piece:
     finish_reason: str | None = None  # "stop" | "length" from the backend, on its last piece
     usage: Usage | None = None  # the backend's own count, when it reports one
     tokens: int = 1  # tokens this piece stands for, when the backend reports no usage
+    #: Log-probability entries of the tokens behind this piece (``Chunk.logprobs`` shape).
+    logprobs: tuple[dict[str, Any], ...] = ()
+    #: Tool calls the backend parsed itself (OpenAI shape), gathered onto the last chunk.
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 def shape_stream(
@@ -99,6 +103,9 @@ def shape_stream(
 ) -> Iterator[Chunk]:
     """Turn backend pieces into chunks: stop strings, cancel and a final chunk with usage.
 
+    A piece's logprob entries ride the next chunk sent, so a token whose text is held back
+    (a stop string may be starting) loses none; what is left rides the last chunk, with
+    the tool calls, whose finish reason becomes "tool_calls" when the answer made any.
     The source iterator is closed on the way out (early stop, cancel, error), which for
     the HTTP runtimes closes the response and so stops the server's generation.
     """
@@ -106,6 +113,14 @@ def shape_stream(
     generated = 0
     usage: Usage | None = None
     finish = "stop"
+    pending: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+
+    def chunk(text: str) -> Chunk:
+        lp = tuple(pending)
+        pending.clear()
+        return Chunk(text, logprobs=lp)
+
     try:
         for piece in pieces:
             if cancel.is_set():
@@ -113,20 +128,22 @@ def shape_stream(
                 break
             generated += piece.tokens
             usage = piece.usage or usage
+            pending.extend(piece.logprobs)
+            calls.extend(piece.tool_calls)
             text, hit = scanner.feed(piece.text)
             if hit:
                 finish = "stop"
                 if text:
-                    yield Chunk(text)
+                    yield chunk(text)
                 break
             if piece.finish_reason is not None:
                 finish = piece.finish_reason
                 text += scanner.flush()
                 if text:
-                    yield Chunk(text)
+                    yield chunk(text)
                 break
             if text:
-                yield Chunk(text)
+                yield chunk(text)
         else:
             # The source ended without a finish reason: a cancel that closed it, or a
             # backend that just stops sending.
@@ -134,14 +151,17 @@ def shape_stream(
             if finish != "cancelled":
                 rest = scanner.flush()
                 if rest:
-                    yield Chunk(rest)
+                    yield chunk(rest)
     finally:
         close = getattr(pieces, "close", None)
         if close is not None:
             close()
     if usage is None or (finish == "cancelled" and usage.completion_tokens < generated):
         usage = Usage(prompt_tokens=usage.prompt_tokens if usage else prompt_tokens, completion_tokens=generated)
-    yield Chunk("", finish_reason=finish, usage=usage)
+    if calls and finish in ("stop", "length"):
+        finish = "tool_calls"
+    last = chunk("")
+    yield Chunk("", finish_reason=finish, usage=usage, tool_calls=tuple(calls), logprobs=last.logprobs)
 
 
 # --- cancelling a blocked read --------------------------------------------------------

@@ -322,23 +322,6 @@ def test_chat_logprobs_and_a_stop_string_lose_no_entry(tiny_mlx_session):
     assert joined.startswith(text) and stop in joined[len(text) - 1:]  # the stop's tokens ride the last chunk
 
 
-def test_closing_the_logprob_stream_closes_the_generation():
-    from localrun.runtimes.mlx_features import with_logprobs
-    from localrun.types import Chunk
-
-    def inner():
-        yield Chunk("a")
-        yield Chunk("b")
-
-    source = inner()
-    entries = [{"token": "a", "logprob": -0.1, "bytes": [97], "top_logprobs": []}]
-    out = with_logprobs(source, entries)
-    first = next(out)
-    assert first.logprobs[0]["token"] == "a" and entries == []
-    out.close()
-    assert source.gi_frame is None  # closed at once, not left for the garbage collector
-
-
 def test_spm_detokenizer_token_texts_concatenate_to_the_text(tiny_mlx_dir):
     from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer, TokenizerWrapper
 

@@ -97,6 +97,43 @@ def test_shape_stream_cancel_ends_at_the_next_piece_and_closes_the_source():
     assert closed == [True]
 
 
+def _lp(token: str) -> dict:
+    return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def test_logprobs_ride_the_next_chunk_sent_and_none_are_lost_to_a_held_back_stop():
+    pieces = [Piece("Hel", logprobs=(_lp("Hel"),)), Piece("lo <", logprobs=(_lp("lo"), _lp(" <"))),
+              Piece("e", logprobs=(_lp("e"),)), Piece("nd> more", logprobs=(_lp("nd>"),))]
+    chunks = list(shape_stream(iter(pieces), stops=("<end>",), cancel=Cancel()))
+    assert [c.text for c in chunks] == ["Hel", "lo ", ""]
+    assert [[e["token"] for e in c.logprobs] for c in chunks] == [["Hel"], ["lo", " <"], ["e", "nd>"]]
+    assert chunks[-1].finish_reason == "stop"
+
+
+def test_tool_calls_gather_on_the_last_chunk_and_set_its_finish_reason():
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    other = {**call, "id": "call_2"}
+    pieces = [Piece("", tool_calls=(call,)), Piece("", tool_calls=(other,), finish_reason="stop", tokens=0)]
+    last = list(shape_stream(iter(pieces), stops=(), cancel=Cancel()))[-1]
+    assert last.finish_reason == "tool_calls" and last.tool_calls == (call, other)
+    cancel = Cancel()
+    cancel.set()
+    cut = list(shape_stream(iter([Piece("", tool_calls=(call,))]), stops=(), cancel=cancel))[-1]
+    assert cut.finish_reason == "cancelled"  # a cancelled answer is not a tool call
+
+
+def test_closing_the_shaped_stream_closes_the_source_at_once():
+    def source():
+        yield Piece("a", logprobs=(_lp("a"),))
+        yield Piece("b")
+
+    inner = source()
+    out = shape_stream(inner, stops=(), cancel=Cancel())
+    assert next(out).logprobs[0]["token"] == "a"
+    out.close()
+    assert inner.gi_frame is None  # closed now, not left for the garbage collector
+
+
 def test_iter_sse_decodes_events_and_stops_at_done():
     lines = [": keep-alive", "", "data: {\"a\": 1}", "", "event: x", "data: {\"b\":", "data: 2}", "",
              "data: [DONE]", "", "data: {\"after\": 1}", ""]

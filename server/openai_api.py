@@ -67,21 +67,55 @@ async def get_model(request: Request, model: str):
 
 
 def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
-    """Core messages; a tool result without a ``name`` gets the one its call had, which some templates show."""
+    """Core messages; a tool result without a ``name`` gets the one its call had, which some templates show.
+
+    Legacy turns become tool turns: an assistant ``function_call`` is a ``tool_calls`` turn with
+    one call whose id is ``call_<message index>`` (stable, so a repeated history renders the same
+    prompt), and a ``role: "function"`` result is a ``tool`` turn answering the most recent
+    unanswered call of its name (``tool_call_id`` None when there is none).
+    """
     called: dict[str, str] = {}
+    pending: list[tuple[str, str]] = []  # (id, name) of calls not answered yet, oldest first
     out = []
-    for m in body.messages:
+    for i, m in enumerate(body.messages):
         calls = tuple({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
                       for c in m.tool_calls or ())
+        if m.function_call is not None:
+            calls = _legacy_history_call(i, m, calls)
         called.update((c["id"], c["function"]["name"]) for c in calls)
-        name = m.name if m.name is not None or m.role != "tool" else called.get(m.tool_call_id or "")
-        out.append(Message(_ROLES.get(m.role, m.role), _message_text(m.content), tool_calls=calls,
-                           tool_call_id=m.tool_call_id, name=name))
+        pending.extend((c["id"], c["function"]["name"]) for c in calls)
+        role, call_id = _ROLES.get(m.role, m.role), m.tool_call_id
+        if m.role == "function":
+            if m.name is None:
+                raise InvalidRequest(f"messages[{i}] has role 'function' but no 'name': name the function whose result it is",
+                                     param=f"messages[{i}].name")
+            role = "tool"
+            if call_id is None:
+                call_id = next((cid for cid, name in reversed(pending) if name == m.name), None)
+        if call_id is not None and role == "tool":
+            pending = [p for p in pending if p[0] != call_id]
+        name = m.name if m.name is not None or role != "tool" else called.get(call_id or "")
+        out.append(Message(role, _message_text(m.content), tool_calls=calls, tool_call_id=call_id, name=name))
     return tuple(out)
+
+
+def _legacy_history_call(i: int, m, calls: tuple[dict, ...]) -> tuple[dict, ...]:
+    """The one tool call of an assistant turn that carries a legacy ``function_call``."""
+    if m.role != "assistant":
+        raise InvalidRequest(f"messages[{i}] has a 'function_call' but role {m.role!r}: only an assistant turn calls functions",
+                             param=f"messages[{i}].function_call")
+    if calls:
+        raise InvalidRequest(f"messages[{i}] has both 'tool_calls' and 'function_call': send one of them",
+                             param=f"messages[{i}].function_call")
+    fn = m.function_call
+    return ({"id": f"call_{i}", "type": "function", "function": {"name": fn.name, "arguments": fn.arguments}},)
 
 
 def _tool_fields(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
     """(tools, tool_choice) for ChatRequest; a choice that cannot be met is a 400 before any load."""
+    legacy = [f for f in ("functions", "function_call") if getattr(body, f) is not None]
+    if legacy:
+        return _legacy_tool_fields(body, legacy)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
     choice = body.tool_choice
     if choice is not None and not isinstance(choice, str):
@@ -91,6 +125,21 @@ def _tool_fields(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]
         choice = choice.model_dump()
     elif choice == "required" and not tools:
         raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice")
+    return tools, choice
+
+
+def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple[tuple[dict, ...], object]:
+    """``functions`` / ``function_call`` as (tools, tool_choice); mixed with ``tools`` / ``tool_choice`` it is a 400."""
+    modern = [f for f in ("tools", "tool_choice") if getattr(body, f) is not None]
+    if modern:
+        raise InvalidRequest(f"{legacy[0]!r} and {modern[0]!r} cannot be combined: send either 'functions' and "
+                             "'function_call' (legacy) or 'tools' and 'tool_choice'", param=legacy[0])
+    tools = tuple({"type": "function", "function": f.model_dump(exclude_none=True)} for f in body.functions or ())
+    choice = body.function_call
+    if choice is not None and not isinstance(choice, str):
+        if choice.name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(f"function_call names {choice.name!r}, which is not among 'functions'", param="function_call")
+        choice = {"type": "function", "function": {"name": choice.name}}
     return tools, choice
 
 
@@ -138,6 +187,27 @@ def _tool_calls(gen: Generation, body) -> list[dict]:
     return calls
 
 
+def _legacy(body, chat: bool) -> bool:
+    """Whether the answer takes the legacy shape: the request offered ``functions``, not ``tools``."""
+    return chat and bool(getattr(body, "functions", None))
+
+
+def _function_call(gen: Generation) -> dict | None:
+    """The legacy ``function_call`` of the answer: its first call, the only one that shape can carry."""
+    if not gen.tool_calls:
+        return None
+    if len(gen.tool_calls) > 1:
+        log.info("%s made %d calls but a 'functions' request's answer carries one: kept %r, dropped %s", gen.record.name,
+                 len(gen.tool_calls), gen.tool_calls[0]["function"]["name"], [c["function"]["name"] for c in gen.tool_calls[1:]])
+    fn = gen.tool_calls[0]["function"]
+    return {"name": fn["name"], "arguments": fn["arguments"]}
+
+
+def _finish(gen: Generation, legacy: bool) -> str:
+    finish = finish_for_wire(gen.finish_reason)
+    return "function_call" if legacy and finish == "tool_calls" else finish
+
+
 def chat_logprobs(entries) -> dict:
     return {"content": list(entries), "refusal": None}
 
@@ -162,11 +232,14 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool) -> Re
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
     if not body.stream:
         text = await gen.collect()
-        finish = finish_for_wire(gen.finish_reason)
+        finish = _finish(gen, _legacy(body, chat))
         if chat:
             message: dict = {"role": "assistant", "content": text}
-            calls = _tool_calls(gen, body)
-            if calls:
+            if _legacy(body, chat):
+                call = _function_call(gen)
+                if call:
+                    message = {"role": "assistant", "content": text or None, "function_call": call}
+            elif calls := _tool_calls(gen, body):
                 message = {"role": "assistant", "content": text or None, "tool_calls": calls}
             lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
             choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
@@ -199,6 +272,7 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         after = b',"logprobs":null,"finish_reason":null}]}\n\n'
         closing = head + ',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":'
     dumps = json.dumps
+    legacy = _legacy(body, chat)
     offset = [0 if chat else len(body.prompt_text())]
     calls_out = [False]
 
@@ -208,7 +282,9 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
             delta: dict = {"role": "assistant"} if role else {}
             if chunk.text or not chunk.tool_calls:
                 delta["content"] = chunk.text
-            if chunk.tool_calls:
+            if chunk.tool_calls and legacy:
+                delta["function_call"] = _function_call(gen)  # name and the whole arguments string in one delta
+            elif chunk.tool_calls:
                 calls = _tool_calls(gen, body)
                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
                 calls_out[0] = True
@@ -238,7 +314,7 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
         yield b"data: " + json.dumps(stream_error_line(exc, ollama=False)).encode() + b"\n\n"
         return
-    yield (closing + dumps(finish_for_wire(gen.finish_reason)) + "}]}\n\n").encode()
+    yield (closing + dumps(_finish(gen, legacy)) + "}]}\n\n").encode()
     if include_usage:
         yield (head + ',"choices":[],"usage":' + dumps(usage_dict(gen.usage)) + "}\n\n").encode()
     yield b"data: [DONE]\n\n"

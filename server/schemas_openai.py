@@ -7,6 +7,10 @@ declared too, and :meth:`unsupported` pairs each one set with the capability it 
 supported by the mlc runtime" instead of ignoring them. Tool definitions, tool choices,
 tool calls in the history and response formats are typed: a malformed one is a 400 naming
 its place, before any model is loaded. Numbers are bounded.
+
+OpenAI's legacy function calling (``functions``, ``function_call``, assistant turns with a
+``function_call``, ``role: "function"`` results) is typed the same way and needs the same
+``tools`` capability: the route translates it to tools (see ``openai_api``).
 """
 
 from __future__ import annotations
@@ -112,7 +116,8 @@ class ChatMessage(Strict):
     name: Annotated[str, StringConstraints(max_length=256)] | None = None
     tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
     tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = None
-    function_call: Loose | None = None
+    #: Legacy: the one call an assistant turn made (before ``tool_calls``).
+    function_call: CalledFunction | None = None
     refusal: str | None = None
     audio: Loose | None = None
     reasoning_content: str | None = None
@@ -148,8 +153,9 @@ class ChatCompletionRequest(Sampled):
     tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    functions: list[Loose] | None = None
-    function_call: str | Loose | None = None
+    # Legacy function calling, translated to tools by the route: the same bounds as tools.
+    functions: Annotated[list[FunctionDef], Field(max_length=128)] | None = None
+    function_call: Literal["none", "auto"] | FunctionName | None = None
     response_format: ResponseFormat | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -173,7 +179,7 @@ class ChatCompletionRequest(Sampled):
         if self.tool_choice not in (None, "none", "auto"):
             found.append(("tool_choice", "tools"))
         if self.functions or self.function_call not in (None, "none", "auto"):
-            found.append(("functions" if self.functions else "function_call", "legacy functions (use tools)"))
+            found.append(("functions" if self.functions else "function_call", "tools"))
         if self.response_format is not None and self.response_format.type != "text":
             found.append(("response_format", "json_schema"))
         if self.logprobs or self.top_logprobs:
@@ -181,9 +187,7 @@ class ChatCompletionRequest(Sampled):
         if self.modalities and set(self.modalities) - {"text"} or self.audio is not None:
             found.append(("modalities" if self.audio is None else "audio", "audio"))
         for i, m in enumerate(self.messages):
-            if m.role == "function" or m.function_call:
-                found.append((f"messages[{i}]", "legacy functions (use tools)"))
-            elif m.role == "tool" or m.tool_calls:
+            if m.role in ("tool", "function") or m.tool_calls or m.function_call:
                 found.append((f"messages[{i}]", "tools"))
             if isinstance(m.content, list):
                 for j, part in enumerate(m.content):

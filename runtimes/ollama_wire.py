@@ -134,7 +134,8 @@ def offered_tools(req: ChatRequest, capabilities: frozenset[str], *, model: str)
     choice = req.tool_choice
     if choice not in (None, "auto", "none"):
         toolcalls.forced_call(req, toolcalls.HERMES)  # a choice naming an unknown function: its own 400
-        raise UnsupportedFeature(f"tool_choice {choice!r} cannot be honoured: Ollama cannot force {model} to call a tool",
+        raise UnsupportedFeature(f"tool_choice (or function_call) {choice!r} cannot be honoured: "
+                                 f"Ollama cannot force {model} to call a tool",
                                  param="tool_choice", hint="use tool_choice 'auto' (the model decides) or 'none'")
     if not req.tools or choice == "none":
         return []

@@ -117,7 +117,7 @@ def test_requests_that_cannot_be_met_are_400_before_anything_runs(oai):
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"response_format": {"type": "xml"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools"),
-        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"functions": [{"name": "f"}], "tools": [WEATHER]}, "functions"),  # legacy and new together
         ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
     ]
     for kwargs, field in cases:

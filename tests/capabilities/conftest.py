@@ -32,6 +32,39 @@ def serve(spawn_server):  # noqa: F811 - the imported fixture
     return start
 
 
+@pytest.fixture
+def server(serve, tiny_gguf):
+    """A real server on the fake runtime declaring every optional capability."""
+    return serve(tiny_gguf, "tiny", fake_capabilities=list(ALL))
+
+
+@pytest.fixture
+def oai(server):
+    import openai
+
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def caps_client(build_stack):  # noqa: F811 - the imported fixture
+    """The app in-process (fake runtime, every capability, max_tokens capped at 8), for fuzzing."""
+    from fastapi.testclient import TestClient
+
+    from localrun.server.app import create_app
+    from tests.server.conftest import fake_planner
+
+    stack = build_stack(planner=fake_planner(fake_capabilities=list(ALL)), runtime={"max_tokens_cap": 8})
+    with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False) as c:
+        yield c
+
+
+def ask(oai, text, **kwargs):
+    """One user message to the fake server's "tiny" model."""
+    kwargs.setdefault("max_tokens", 64)
+    return oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}], **kwargs)
+
+
 def validate(instance, schema) -> None:
     """jsonschema when installed; else the checks these tests' schemas need."""
     try:

@@ -10,7 +10,7 @@ import ollama
 import openai
 import pytest
 
-from tests.capabilities.conftest import ALL, validate
+from tests.capabilities.conftest import ask, validate
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}, "age": {"type": "integer", "minimum": 0},
                                            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2}},
@@ -20,22 +20,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                                                                             "unit": {"enum": ["C", "F"]}},
                                                            "required": ["city", "unit"]}}}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-
-
-@pytest.fixture
-def server(serve, tiny_gguf):
-    return serve(tiny_gguf, "tiny", fake_capabilities=list(ALL))
-
-
-@pytest.fixture
-def oai(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
-        yield client
-
-
-def ask(oai, text, **kwargs):
-    kwargs.setdefault("max_tokens", 64)
-    return oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}], **kwargs)
 
 
 def test_json_schema_and_json_object_answers_parse_and_validate(oai):

@@ -13,16 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.capabilities.conftest import ALL
-from tests.server.conftest import fake_planner
 
 leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 30), st.text(max_size=12),
                  st.sampled_from(["function", "object", "string", "json", "json_schema", "json_object", "required", "auto",
-                                  "none", "get_weather", "tool", "assistant", "$ref", "#/$defs/x", "anyOf"]))
+                                  "none", "get_weather", "get_time", "tool", "assistant", "$ref", "#/$defs/x", "anyOf", "{}"]))
 value = st.recursive(leaf, lambda inner: st.one_of(
     st.lists(inner, max_size=3),
     st.dictionaries(st.sampled_from(["type", "function", "name", "parameters", "properties", "required", "json_schema",
-                                     "schema", "arguments", "id", "enum", "items", "$ref", "$defs", "anyOf", "const"]) | st.text(max_size=6),
+                                     "schema", "arguments", "id", "enum", "items", "$ref", "$defs", "anyOf", "const",
+                                     "role", "content", "description"]) | st.text(max_size=6),
                     inner, max_size=4)), max_leaves=16)
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -44,9 +43,21 @@ SEEDS = {
     ],
     "/api/generate": [{"model": "tiny", "prompt": "x", "format": "json", "stream": False, "top_logprobs": 1, "logprobs": True}],
 }
+#: OpenAI's legacy function calling, translated onto tools by the chat route.
+FUNCTION = {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+LEGACY = [
+    {**CHAT, "functions": [FUNCTION]},
+    {**CHAT, "functions": [FUNCTION, {"name": "get_time"}], "function_call": {"name": "get_time"}},
+    {**CHAT, "stream": True, "functions": [FUNCTION],
+     "messages": [{"role": "user", "content": "x"},
+                  {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": "{}"}},
+                  {"role": "function", "name": "get_weather", "content": "r"}]},
+]
+CASES = {route: (route, seeds) for route, seeds in SEEDS.items()}
+CASES["legacy functions"] = ("/v1/chat/completions", LEGACY)
 
 
-def mutations(route: str):
+def mutations(seeds: list[dict]):
     def replace_at(seed: dict, path: list, new):
         body = json.loads(json.dumps(seed))
         node = body
@@ -65,30 +76,21 @@ def mutations(route: str):
                 yield (*prefix, i)
                 yield from paths(v, (*prefix, i))
 
-    choices = [(seed, list(p)) for seed in SEEDS[route] for p in paths(seed) if p[0] != "model"]
+    choices = [(seed, list(p)) for seed in seeds for p in paths(seed) if p[0] != "model"]
     return st.one_of(
-        st.sampled_from(SEEDS[route]),
+        st.sampled_from(seeds),
         st.builds(lambda sp, new: replace_at(sp[0], sp[1], new), st.sampled_from(choices), value),
     )
 
 
-@pytest.fixture
-def caps_client(build_stack):
-    from fastapi.testclient import TestClient
-
-    from localrun.server.app import create_app
-
-    stack = build_stack(planner=fake_planner(fake_capabilities=list(ALL)), runtime={"max_tokens_cap": 8})
-    with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False) as c:
-        yield c
-
-
-@pytest.mark.parametrize("route", sorted(SEEDS))
-def test_capability_fields_never_500(caps_client, route):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_capability_fields_never_500(caps_client, case):
+    route, seeds = CASES[case]
     seen: set[int] = set()
 
-    @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-    @given(body=mutations(route))
+    @settings(max_examples=120 if case == "legacy functions" else 80, deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(body=mutations(seeds))
     def run(body: dict) -> None:
         r = caps_client.post(route, json=body)
         assert r.status_code < 500, (body, r.status_code, r.text[:400])

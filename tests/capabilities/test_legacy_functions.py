@@ -17,10 +17,8 @@ import types
 import httpx
 import openai
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from tests.capabilities.conftest import ALL, validate
+from tests.capabilities.conftest import ask, validate
 from tests.conftest import needs_llama
 
 WEATHER = {"name": "get_weather", "description": "Current weather",
@@ -35,22 +33,6 @@ PROBE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-@pytest.fixture
-def server(serve, tiny_gguf):
-    return serve(tiny_gguf, "tiny", fake_capabilities=list(ALL))
-
-
-@pytest.fixture
-def oai(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
-        yield client
-
-
-def ask(oai, text, **kwargs):
-    kwargs.setdefault("max_tokens", 64)
-    return oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}], **kwargs)
 
 
 def post(server, **body):
@@ -250,75 +232,6 @@ def test_several_calls_answer_the_first_and_log_the_rest_as_dropped(caplog):
         assert openai_api._function_call(types.SimpleNamespace(**{**vars(gen), "tool_calls": calls[:1]}))["name"] == "get_weather"
     assert not caplog.records
     assert openai_api._finish(gen, True) == "function_call" and openai_api._finish(gen, False) == "tool_calls"
-
-
-# --- fuzz: legacy fields with arbitrary values never make a 500 -------------------------------------
-
-LEGACY_SEEDS = [
-    {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "call get_weather"}], "functions": [WEATHER]},
-    {"model": "tiny", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "functions": [WEATHER, TIME],
-     "function_call": {"name": "get_time"}},
-    {"model": "tiny", "max_tokens": 8, "stream": True, "functions": [WEATHER],
-     "messages": [{"role": "user", "content": "x"},
-                  {"role": "assistant", "content": None, "function_call": {"name": "get_weather", "arguments": "{}"}},
-                  {"role": "function", "name": "get_weather", "content": "r"}]},
-]
-leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 30), st.text(max_size=12),
-                 st.sampled_from(["function", "get_weather", "get_time", "auto", "none", "required", "object", "{}", "assistant", "tool"]))
-value = st.recursive(leaf, lambda inner: st.one_of(
-    st.lists(inner, max_size=3),
-    st.dictionaries(st.sampled_from(["name", "arguments", "parameters", "type", "properties", "description", "role", "content"])
-                    | st.text(max_size=6), inner, max_size=4)), max_leaves=12)
-
-
-def _paths(node, prefix=()):
-    if isinstance(node, dict):
-        items = node.items()
-    elif isinstance(node, list):
-        items = enumerate(node)
-    else:
-        return
-    for k, v in items:
-        yield (*prefix, k)
-        yield from _paths(v, (*prefix, k))
-
-
-def _replace(seed: dict, path: tuple, new) -> dict:
-    body = json.loads(json.dumps(seed))
-    node = body
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = new
-    return body
-
-
-@pytest.fixture
-def caps_client(build_stack):
-    from fastapi.testclient import TestClient
-
-    from localrun.server.app import create_app
-    from tests.server.conftest import fake_planner
-
-    stack = build_stack(planner=fake_planner(fake_capabilities=list(ALL)), runtime={"max_tokens_cap": 8})
-    with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False) as c:
-        yield c
-
-
-def test_fuzzed_legacy_fields_never_500(caps_client):
-    choices = [(seed, p) for seed in LEGACY_SEEDS for p in _paths(seed) if p[0] != "model"]
-    seen: set[int] = set()
-
-    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-    @given(body=st.one_of(st.sampled_from(LEGACY_SEEDS), st.builds(lambda sp, new: _replace(sp[0], sp[1], new), st.sampled_from(choices), value)))
-    def run(body: dict) -> None:
-        r = caps_client.post("/v1/chat/completions", json=body)
-        assert r.status_code < 500, (body, r.status_code, r.text[:400])
-        if r.headers.get("content-type", "").startswith("application/json"):
-            json.loads(r.text)
-        seen.add(r.status_code)
-
-    run()
-    assert 200 in seen and 400 in seen
 
 
 # --- llama.cpp: a forced function_call is a valid call by grammar -------------------------------------

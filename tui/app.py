@@ -159,8 +159,9 @@ class LocalrunApp(App):
         self.embedded = EmbeddedServer(self.settings, self.manager, host=host, port=port, middleware=self.meter.middleware)
         try:
             url = await self.embedded.start()
-        except Exception:
-            self.post_message(ServerChanged(ServerState("failed", key=self.server_state.key)))
+        except Exception as exc:  # any start failure: the header says it, the worker's handler reports it
+            self.post_message(ServerChanged(ServerState("failed", key=self.server_state.key,
+                                                        detail=f"{type(exc).__name__}: {exc}")))
             raise
         self.post_message(ServerChanged(ServerState("embedded", url, key=bool(self.settings.server.api_key))))
 

@@ -151,7 +151,7 @@ class RequestMeter:
 
             try:
                 await app(scope, receive, send_and_note)
-            except Exception:
+            except Exception:  # noted as the 500 the error handler outside answers, then re-raised to it
                 pending.status = pending.status or 500
                 raise
             finally:

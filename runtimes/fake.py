@@ -101,7 +101,7 @@ class FakeSession:
         exact = self._tool_call(req, last_user) or self._json_answer(req.sampling)
         head = exact or f"You said: {last_user.strip()}."
         stream = self._generate(prompt, head, req.sampling, cancel, stops, filler=exact is None)
-        return toolcalls.with_tool_calls(stream, req) if toolcalls.active(req) else stream
+        return toolcalls.with_tool_calls(stream, req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_capabilities(req.sampling, None)

@@ -41,6 +41,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
+from localrun import tools
 from localrun.chat_template import fallback_chat, render_chat
 from localrun.errors import (
     ContextOverflow,
@@ -308,7 +309,7 @@ class LlamaCppSession:
         self._check_open()
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
         tokens, stops = self.chat_prompt(messages, variables)
-        return self._features.chat_stream(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
+        return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()

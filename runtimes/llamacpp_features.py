@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from localrun import tools
@@ -28,7 +28,7 @@ from localrun.errors import RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.llamacpp_decode import build_sampler, token_piece_reader
 from localrun.runtimes.llamacpp_embed import Embedder, embeddings_wanted
 from localrun.runtimes.llamacpp_grammar import LogprobReader, LogprobSampler, grammar_sampler, request_grammar, sequence_sampler
-from localrun.types import ChatRequest, Chunk, Plan, Sampling
+from localrun.types import ChatRequest, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,6 @@ class SessionFeatures:
     def completion_grammar(sampling: Sampling) -> str | None:
         return request_grammar(sampling, None)
 
-    @staticmethod
-    def chat_stream(stream: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
-        """The answer's tool calls, parsed onto its last chunk, when the request offers tools."""
-        return tools.with_tool_calls(stream, req) if tools.active(req) else stream
 
     def job_sampling(self, sampling: Sampling, gbnf: str | None) -> tuple[Callable[[], Any], list | None]:
         """(sampler factory for the scheduler thread, the list logprob entries go to or None).

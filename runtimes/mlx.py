@@ -38,6 +38,7 @@ from localrun.errors import (
     RuntimeUnavailable,
     UnsupportedFeature,
 )
+from localrun import tools
 from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_client import Piece, shape_stream
@@ -216,7 +217,7 @@ class MlxSession:
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         messages, variables = mlx_features.chat_inputs(req, self.prompt_template(), self._name)
         prompt, stops = self.chat_prompt(messages, variables)
-        return mlx_features.chat_stream(self._generate(prompt, req.sampling, stops, cancel), req)
+        return tools.with_tool_calls(self._generate(prompt, req.sampling, stops, cancel), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         prompt = list(self._tokenizer.encode(req.prompt))

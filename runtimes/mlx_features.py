@@ -24,12 +24,11 @@ mlx is imported inside the functions that use it, as in :mod:`.mlx`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from localrun import tools
 from localrun.errors import UnsupportedFeature
-from localrun.types import ChatRequest, Chunk, Sampling
+from localrun.types import ChatRequest, Sampling
 
 #: What every MLX session honours.
 CAPABILITIES = frozenset({"tools", "logprobs"})
@@ -68,9 +67,6 @@ def chat_inputs(req: ChatRequest, template: str | None, model: str) -> tuple[lis
     return tools.prompt_messages(req, template)
 
 
-def chat_stream(stream: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
-    """The answer's tool calls, parsed onto its last chunk, when the request offers tools."""
-    return tools.with_tool_calls(stream, req) if tools.active(req) else stream
 
 
 class TokenText:

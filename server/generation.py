@@ -91,6 +91,14 @@ def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
+def logprobs_asked(logprobs: bool | None, top: int | None) -> int | None:
+    """``Sampling.logprobs`` from the OpenAI and Ollama knobs: None (off) or how many top
+    alternatives; ``top_logprobs`` alone is a 400 on both APIs."""
+    if top is not None and not logprobs:
+        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if logprobs else None
+
+
 def make_sampling(*, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: float | int | None) -> Sampling:
     """Sampling from request fields; unset knobs keep the runtime defaults in ``Sampling``."""
     fields: dict[str, Any] = {k: v for k, v in knobs.items() if v is not None}

@@ -20,7 +20,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
-from localrun.server.generation import Generation, app_state, finish_for_wire, make_sampling, open_generation, parse_body, request_stats
+from localrun.server.generation import (
+    Generation, app_state, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body, request_stats,
+)
 from localrun.server.model_info import openai_model
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
@@ -143,12 +145,6 @@ def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple
     return tools, choice
 
 
-def _logprobs_asked(logprobs: bool | None, top: int | None) -> int | None:
-    if top is not None and not logprobs:
-        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
-    return (top or 0) if logprobs else None
-
-
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
@@ -158,7 +154,7 @@ async def chat_completions(request: Request):
         cap=cap, max_tokens=body.max_completion_tokens or body.max_tokens, seed=body.seed, stop=body.stop,
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repeat_penalty=body.repeat_penalty,
         json_schema=body.response_format.schema_for_sampling() if body.response_format else None,
-        logprobs=_logprobs_asked(body.logprobs, body.top_logprobs),
+        logprobs=logprobs_asked(body.logprobs, body.top_logprobs),
     )
     req = ChatRequest(messages=_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice)
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
@@ -232,10 +228,11 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool) -> Re
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
     if not body.stream:
         text = await gen.collect()
-        finish = _finish(gen, _legacy(body, chat))
+        legacy = _legacy(body, chat)
+        finish = _finish(gen, legacy)
         if chat:
             message: dict = {"role": "assistant", "content": text}
-            if _legacy(body, chat):
+            if legacy:
                 call = _function_call(gen)
                 if call:
                     message = {"role": "assistant", "content": text or None, "function_call": call}
@@ -273,8 +270,7 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         closing = head + ',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":'
     dumps = json.dumps
     legacy = _legacy(body, chat)
-    offset = [0 if chat else len(body.prompt_text())]
-    calls_out = [False]
+    offset = [0 if chat else len(body.prompt_text())]  # text_offset of the completions API's logprobs
 
     def full(chunk, *, role: bool) -> bytes:
         """One event for a chunk that carries more than text."""
@@ -287,7 +283,6 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
             elif chunk.tool_calls:
                 calls = _tool_calls(gen, body)
                 delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-                calls_out[0] = True
             choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(chunk.logprobs) if chunk.logprobs else None}
         else:
             lp = legacy_logprobs(chunk.logprobs, offset[0])
@@ -301,7 +296,8 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
             return full(chunk, role=role)
         if not chunk.text and not role:
             return None
-        offset[0] += len(chunk.text)
+        if not chat:
+            offset[0] += len(chunk.text)
         return (opening if role else before) + dumps(chunk.text, ensure_ascii=False).encode() + after
 
     try:

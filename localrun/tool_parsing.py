@@ -47,6 +47,21 @@ def arguments_object(arguments: Any) -> Any:
     return arguments
 
 
+def openai_calls(raw: Any) -> list[dict[str, Any]]:
+    """Ollama's calls (arguments as objects, an ``id`` from newer versions) in OpenAI's shape."""
+    out = []
+    for c in raw or ():
+        if not isinstance(c, dict):
+            continue
+        fn = c.get("function") or {}
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            args = json.dumps(args if args is not None else {}, ensure_ascii=False)
+        ident = c.get("id") if isinstance(c.get("id"), str) and c.get("id") else new_call_id()
+        out.append({"id": ident, "type": "function", "function": {"name": str(fn.get("name", "")), "arguments": args}})
+    return out
+
+
 def _as_call(obj: Any, names: frozenset[str]) -> dict[str, Any] | None:
     if not isinstance(obj, dict):
         return None

@@ -43,7 +43,7 @@ from typing import Any
 from localrun import tools as toolcalls
 from localrun.errors import UnsupportedFeature
 from localrun.runtimes.openai_client import Piece, shape_stream
-from localrun.tool_parsing import new_call_id
+from localrun.tool_parsing import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, Message, Sampling, Usage
 
 #: The first Ollama with structured outputs (``format`` as a JSON schema).
@@ -187,21 +187,6 @@ def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 
 # --- out of the answer -------------------------------------------------------------------
-
-
-def openai_calls(raw: Any) -> list[dict[str, Any]]:
-    """Ollama's calls (arguments as objects, an ``id`` from newer versions) in OpenAI's shape."""
-    out = []
-    for c in raw or ():
-        if not isinstance(c, dict):
-            continue
-        fn = c.get("function") or {}
-        args = fn.get("arguments")
-        if not isinstance(args, str):
-            args = json.dumps(args if args is not None else {}, ensure_ascii=False)
-        ident = c.get("id") if isinstance(c.get("id"), str) and c.get("id") else new_call_id()
-        out.append({"id": ident, "type": "function", "function": {"name": str(fn.get("name", "")), "arguments": args}})
-    return out
 
 
 def _logprob(entry: dict[str, Any], *, top: bool) -> dict[str, Any]:

@@ -18,10 +18,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
-from localrun.server.generation import Generation, app_state, finish_for_wire, make_sampling, open_generation, parse_body, request_stats
+from localrun.server.generation import (
+    Generation, app_state, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body, request_stats,
+)
 from localrun.server.model_info import iso
 from localrun.server.schemas_ollama import ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Options, keep_alive_seconds
-from localrun.tools import new_call_id
+from localrun.tool_parsing import arguments_object, openai_calls
 from localrun.types import ChatRequest, CompletionRequest, Message
 
 log = logging.getLogger(__name__)
@@ -46,12 +48,11 @@ def _sampling(request: Request, body):
         schema = body.json_schema()
     except ValueError as exc:
         raise InvalidRequest(str(exc), param="format") from None
-    if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequest("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    logprobs = logprobs_asked(body.logprobs, body.top_logprobs)
     return make_sampling(
         cap=cap, max_tokens=o.num_predict, seed=seed, stop=o.stop,
         temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, repeat_penalty=o.repeat_penalty,
-        json_schema=schema, logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        json_schema=schema, logprobs=logprobs,
     )
 
 
@@ -59,9 +60,7 @@ def _messages(body: ChatBody) -> tuple[Message, ...]:
     """Core messages: Ollama's calls (arguments as objects, often no id) in OpenAI's shape."""
     out = []
     for m in body.messages or ():
-        calls = tuple({"id": c.id or new_call_id(), "type": "function",
-                       "function": {"name": c.function.name, "arguments": json.dumps(c.function.arguments, ensure_ascii=False)}}
-                      for c in m.tool_calls or ())
+        calls = tuple(openai_calls([c.model_dump() for c in m.tool_calls or ()]))
         out.append(Message(m.role, m.content or "", tool_calls=calls, tool_call_id=m.tool_call_id, name=m.tool_name))
     return tuple(out)
 
@@ -71,9 +70,8 @@ def ollama_tool_calls(calls) -> list[dict]:
     out = []
     for i, c in enumerate(calls):
         fn = c["function"]
-        try:
-            args = json.loads(fn["arguments"])
-        except ValueError:
+        args = arguments_object(fn["arguments"])
+        if isinstance(args, str):  # not JSON: Ollama's clients expect an object
             args = {}
         out.append({"id": c.get("id"), "function": {"index": i, "name": fn["name"], "arguments": args}})
     return out

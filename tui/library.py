@@ -163,7 +163,7 @@ class LibraryScreen(LocalrunScreen):
         for row in self.visible_rows():
             if row.name in table.rows:
                 table.update_cell(row.name, "State", self._state_cell(row.name, by_name))
-        fit_columns(table, list(by_name) + list(self._busy))
+        fit_columns(table, list(by_name) + list(self._busy), columns=("State",))
 
     def _state_cell(self, name: str, loaded: dict[str, LoadedInfo]) -> Text:
         if name in self._busy:

@@ -25,20 +25,26 @@ def _width(console, cell: object) -> int:
     return Measurement.get(console, console.options, renderable).maximum
 
 
-def fit_columns(table: DataTable, rows: Iterable[RowKey | str] | None = None) -> None:
+def fit_columns(table: DataTable, rows: Iterable[RowKey | str] | None = None,
+                columns: Iterable[str] | None = None) -> None:
     """Size the auto-width columns to their widest cell and header.
 
     With ``rows=None`` every row is measured and a column may shrink (a new search holds
     shorter names); with ``rows`` given only those are measured and columns only grow,
-    which keeps an append-only log cheap.
+    which keeps an append-only log and a poll tick cheap; ``columns`` limits the work to
+    the columns that changed. The table is laid out again only when a width changed.
     """
     console = table.app.console
     keys = list(table.rows) if rows is None else [k for k in rows if k in table.rows]
+    wanted = None if columns is None else set(columns)
+    changed = False
     for column in table.ordered_columns:
-        if not column.auto_width:
+        if not column.auto_width or (wanted is not None and column.key.value not in wanted):
             continue
         widest = _width(console, column.label) if rows is None else column.content_width
         for key in keys:
             widest = max(widest, _width(console, table.get_cell(key, column.key)))
+        changed = changed or widest != column.content_width
         column.content_width = widest
-    table.refresh(layout=True)
+    if changed:
+        table.refresh(layout=True)

@@ -203,6 +203,14 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+def logprob_entry(token: bytes | str, logprob: float) -> dict[str, Any]:
+    """One entry of ``Chunk.logprobs``: the token's text (bytes decoded, invalid UTF-8 replaced),
+    its log-probability and its raw bytes (a token may be part of a character)."""
+    raw = token if isinstance(token, bytes) else token.encode()
+    text = token if isinstance(token, str) else raw.decode("utf-8", errors="replace")
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One piece of a streamed answer. The last chunk has ``finish_reason`` and ``usage``."""

@@ -42,7 +42,9 @@ from localrun import tools as toolcalls
 from localrun.errors import ContextOverflow, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp_text import TextAssembler
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage
+from localrun.types import (
+    Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage, logprob_entry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +236,9 @@ def fake_logprob(token: str, top_n: int) -> dict[str, Any]:
     the chosen token first, each below the one before."""
     chosen = -0.05 - (int(hashlib.sha256(token.encode()).hexdigest()[:4], 16) % 96) / 100
 
-    def entry(tok: str, lp: float) -> dict[str, Any]:
-        return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
-
     others = [" " + w for w in dict.fromkeys(_FILLER) if " " + w != token]
-    alts = [entry(token, chosen)] + [entry(w, chosen - 0.5 * (i + 1)) for i, w in enumerate(others)]
-    return {**entry(token, chosen), "top_logprobs": alts[:top_n]}
+    alts = [logprob_entry(token, chosen)] + [logprob_entry(w, chosen - 0.5 * (i + 1)) for i, w in enumerate(others)]
+    return {**logprob_entry(token, chosen), "top_logprobs": alts[:top_n]}
 
 
 def _instance(schema: Any, param: str) -> Any:

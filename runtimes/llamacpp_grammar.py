@@ -28,7 +28,7 @@ from typing import Any
 
 from localrun.errors import UnsupportedFeature
 from localrun.tools import ForcedCall
-from localrun.types import Sampling
+from localrun.types import Sampling, logprob_entry
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +265,7 @@ class LogprobReader:
         self._llama, self._ctx, self._n_vocab, self._piece = llama, ctx, n_vocab, piece_of
 
     def _entry(self, token: int, logprob: float) -> dict[str, Any]:
-        raw = self._piece(token)
-        return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+        return logprob_entry(self._piece(token), logprob)
 
     def log_softmax(self, index: int):
         np = self._np

@@ -28,7 +28,7 @@ from typing import Any
 
 from localrun import tools
 from localrun.errors import UnsupportedFeature
-from localrun.types import ChatRequest, Sampling
+from localrun.types import ChatRequest, Sampling, logprob_entry
 
 #: What every MLX session honours.
 CAPABILITIES = frozenset({"tools", "logprobs"})
@@ -146,10 +146,6 @@ class TokenCursor:
             self._context_text = text.decode(self._context)
 
 
-def _entry(raw: bytes, logprob: float) -> dict[str, Any]:
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
-
-
 class LogprobTrack:
     """The entries of one answer. ``read`` each generated token (not an end-of-generation
     token) with mlx-lm's log-probability vector for its position; entries go to ``entries``."""
@@ -177,8 +173,8 @@ class LogprobTrack:
             alts = []
         cursor = self._cursor
         raw = cursor.bytes_of(token)
-        entry = _entry(raw, float(chosen.item()))
-        entry["top_logprobs"] = [_entry(cursor.bytes_of(t), v) for t, v in alts]
+        entry = logprob_entry(raw, float(chosen.item()))
+        entry["top_logprobs"] = [logprob_entry(cursor.bytes_of(t), v) for t, v in alts]
         cursor.advance(token, raw)
         self.entries.append(entry)
 

@@ -267,25 +267,35 @@ class LogprobReader:
     def _entry(self, token: int, logprob: float) -> dict[str, Any]:
         return logprob_entry(self._piece(token), logprob)
 
-    def log_softmax(self, index: int):
-        np = self._np
+    def _logits(self, index: int):
+        """The position's logits, a view of llama.cpp's buffer (no copy)."""
         ptr = self._llama.llama_get_logits_ith(self._ctx, index)
         if not ptr:
             raise UnsupportedFeature(f"no logits at batch row {index}", param="logprobs",
                                      hint="logprobs need the position's logits kept")
-        logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).astype(np.float64)
-        top = logits.max()
-        return logits - (top + math.log(float(np.exp(logits - top).sum())))
+        return self._np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+
+    def _log_normaliser(self, logits) -> float:
+        """log(sum(exp(logits))), shifted by the maximum so nothing overflows; summed in float64."""
+        np = self._np
+        top = float(logits.max())
+        return top + math.log(float(np.exp(logits - top, dtype=np.float64).sum()))
+
+    def log_softmax(self, index: int):
+        """The whole vector (for checks; ``read`` takes only the entries it needs)."""
+        logits = self._logits(index)
+        return logits.astype(self._np.float64) - self._log_normaliser(logits)
 
     def read(self, index: int, token: int, top_n: int) -> dict[str, Any]:
         np = self._np
-        lp = self.log_softmax(index)
-        entry = self._entry(token, float(lp[token]))
+        logits = self._logits(index)
+        norm = self._log_normaliser(logits)
+        entry = self._entry(token, float(logits[token]) - norm)
         alts: list[dict[str, Any]] = []
         if top_n > 0:
             n = min(int(top_n), self._n_vocab)
-            best = np.argpartition(-lp, n - 1)[:n]
-            best = best[np.argsort(-lp[best], kind="stable")]
-            alts = [self._entry(int(t), float(lp[t])) for t in best]
+            best = np.argpartition(logits, self._n_vocab - n)[self._n_vocab - n:]  # the n largest, unordered
+            best = best[np.argsort(-logits[best], kind="stable")]
+            alts = [self._entry(int(t), float(logits[t]) - norm) for t in best]
         entry["top_logprobs"] = alts
         return entry

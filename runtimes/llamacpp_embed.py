@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from localrun.errors import ContextOverflow, LocalrunError, UnsupportedFeature, WontFit
+from localrun.runtimes.llamacpp_decode import fill_batch
 from localrun.types import Plan
 
 log = logging.getLogger(__name__)
@@ -108,16 +109,9 @@ class Embedder:
         mem = llama.llama_get_memory(self._ctx)
         if mem:
             llama.llama_memory_clear(mem, True)
-        b = self._batch
-        for i, tok in enumerate(tokens):
-            b.token[i] = tok
-            b.pos[i] = i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1
-        b.n_tokens = len(tokens)
+        fill_batch(self._batch, tokens, range(len(tokens)), 0, True)
         run = llama.llama_encode if self._encoder_only else llama.llama_decode
-        rc = run(self._ctx, b)
+        rc = run(self._ctx, self._batch)
         if rc != 0:
             raise LocalrunError(f"llama.cpp failed to evaluate input[{index}] for embeddings (code {rc})",
                                 hint="retry with a shorter input")

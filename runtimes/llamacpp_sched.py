@@ -51,6 +51,7 @@ import threading
 import time
 
 from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
+from localrun.runtimes.llamacpp_decode import fill_batch
 from localrun.runtimes.llamacpp_prefix import PrefixCache, Slot
 from localrun.runtimes.llamacpp_slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp_text import TextAssembler
@@ -243,14 +244,8 @@ class Scheduler:
             self._decode_group(jobs[start:start + size])
 
     def _decode_group(self, jobs: list[Job]) -> None:
-        b = self._batch
-        for i, job in enumerate(jobs):
-            b.token[i] = job.pending
-            b.pos[i] = len(job.slot.tokens)
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = job.slot.seq
-            b.logits[i] = 1
-        b.n_tokens = len(jobs)
+        fill_batch(self._batch, [j.pending for j in jobs], [len(j.slot.tokens) for j in jobs],
+                   [j.slot.seq for j in jobs], True)
         if not self._call_decode(jobs):
             return
         ctx = self._ctx
@@ -274,17 +269,10 @@ class Scheduler:
                 return
 
     def _prefill_chunk(self, job: Job, start: int, n: int) -> None:
-        b, seq = self._batch, job.slot.seq
         chunk = job.prompt[start:start + n]
-        for i, tok in enumerate(chunk):
-            b.token[i] = tok
-            b.pos[i] = start + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = seq
-            b.logits[i] = 0
         last = start + n == len(job.prompt)
-        b.logits[n - 1] = last
-        b.n_tokens = n
+        fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
+        self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
         if not self._call_decode([job]):
             return
         job.slot.tokens.extend(chunk)

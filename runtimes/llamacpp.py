@@ -178,11 +178,12 @@ class LlamaCppSession:
                              and self._is_single_token("<start_of_turn>"))
         self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
         is_eog = self._eog_reader()
-        self._sched = Scheduler(llama, ctx, layout, n_swa=llama.llama_model_n_swa(model),
-                                piece_of=token_piece_reader(llama, self._vocab), is_eog=is_eog)
+        piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
+        self._sched = Scheduler(llama, ctx, layout, n_swa=llama.llama_model_n_swa(model), piece_of=piece_of, is_eog=is_eog)
         # Tools, JSON schemas, grammars, logprobs and embeddings (llamacpp_features).
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
-                                         tokenize=lambda text: self.tokenize(text, add_special=True))
+                                         tokenize=lambda text: self.tokenize(text, add_special=True),
+                                         vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
         self.capabilities = self._features.capabilities
 
     @classmethod

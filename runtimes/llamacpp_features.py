@@ -25,7 +25,7 @@ from typing import Any
 
 from localrun import tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
-from localrun.runtimes.llamacpp_decode import build_sampler, token_piece_reader
+from localrun.runtimes.llamacpp_decode import build_sampler
 from localrun.runtimes.llamacpp_embed import Embedder, embeddings_wanted
 from localrun.runtimes.llamacpp_grammar import LogprobReader, LogprobSampler, grammar_sampler, request_grammar, sequence_sampler
 from localrun.types import ChatRequest, Plan, Sampling
@@ -41,11 +41,10 @@ class SessionFeatures:
     ``chat_inputs``/``job_sampling``/``embed``; built samplers run on the scheduler thread."""
 
     def __init__(self, llama, model, ctx, plan: Plan, *, name: str, tokenize: Callable[[str], list[int]],
-                 is_eog: Callable[[int], bool]) -> None:
+                 is_eog: Callable[[int], bool], vocab, n_vocab: int, piece_of: Callable[[int], bytes]) -> None:
         self._llama, self._model, self._ctx, self._plan = llama, model, ctx, plan
         self._name, self._tokenize, self._is_eog = name, tokenize, is_eog
-        self._vocab = llama.llama_model_get_vocab(model)
-        self._n_vocab = llama.llama_vocab_n_tokens(self._vocab)
+        self._vocab, self._n_vocab, self._piece_of = vocab, n_vocab, piece_of
         embeds = embeddings_wanted(llama, model, plan)
         self.capabilities = CAPABILITIES | ({"embeddings"} if embeds else frozenset())
         self._reader: LogprobReader | None = None
@@ -90,8 +89,7 @@ class SessionFeatures:
     def _logprob_reader(self) -> LogprobReader:
         with self._lock:
             if self._reader is None:
-                self._reader = LogprobReader(self._llama, self._ctx, self._n_vocab,
-                                             token_piece_reader(self._llama, self._vocab))
+                self._reader = LogprobReader(self._llama, self._ctx, self._n_vocab, self._piece_of)
             return self._reader
 
     # --- embeddings -----------------------------------------------------------------------------

@@ -63,14 +63,13 @@ class Job:
     """One request inside the scheduler. Request threads read ``out``; only the scheduler
     thread writes the other fields."""
 
-    __slots__ = ("prompt", "sampling", "stops", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
+    __slots__ = ("prompt", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
                  "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked")
 
     def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
                  logprobs: list | None = None) -> None:
         self.prompt = prompt
         self.limit = limit
-        self.stops = stops
         self.cancel = cancel
         # Called on the scheduler thread: returns an object with ``sample(ctx, index)`` and
         # ``free()`` (a ChainSampler, or a grammar-constrained one); freed there too.

@@ -70,31 +70,26 @@ def probe_port(host: str, port: int) -> None:
         probe.close()
 
 
-def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True):
-    """The uvicorn.Server for ``create_app(settings, manager)``, after the host and port checks.
-
-    ``server.run()`` blocks (the CLI); ``await server.serve()`` runs it in an existing event
-    loop (the TUI), where ``handle_signals=False`` leaves Ctrl-C to the host application.
-    Raises ConfigError for a non-loopback host without a key or a port already in use.
-    """
+def uvicorn_server(app, host: str, port: int, *, ready_callback: Callable[[str], None] | None = None,
+                   handle_signals: bool = True):
+    """A uvicorn.Server for ``app`` with localrun's options (our logging and access log, no
+    proxy headers, no server header, no websockets). ``server.run()`` blocks (the CLI);
+    ``await server.serve()`` runs it in an existing event loop (the TUI), where
+    ``handle_signals=False`` leaves Ctrl-C and the terminal to the host application."""
     import contextlib
 
     import uvicorn
 
-    from localrun.server.app import create_app
-
-    check_bind_policy(settings)
-    probe_port(settings.server.host, settings.server.port)
-    app = create_app(settings, manager)
     config = uvicorn.Config(
         app,
-        host=settings.server.host,
-        port=settings.server.port,
+        host=host,
+        port=port,
         log_config=None,  # keep the process's logging; the access log is ours
         access_log=False,
         proxy_headers=False,  # never trust X-Forwarded-For: nothing sits in front of us
         server_header=False,
         timeout_graceful_shutdown=3,
+        ws="none",
         lifespan="on",
     )
 
@@ -102,7 +97,7 @@ def build_server(settings: Settings, manager, *, ready_callback: Callable[[str],
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets=sockets)
             if self.started and ready_callback is not None:
-                ready_callback(server_url(settings.server.host, self.bound_port()))
+                ready_callback(server_url(host, self.bound_port()))
 
         def capture_signals(self):
             return super().capture_signals() if handle_signals else contextlib.nullcontext()
@@ -111,9 +106,21 @@ def build_server(settings: Settings, manager, *, ready_callback: Callable[[str],
             for server in getattr(self, "servers", ()):
                 for sock in server.sockets:
                     return sock.getsockname()[1]
-            return settings.server.port
+            return port
 
     return _Server(config)
+
+
+def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True):
+    """The server for ``create_app(settings, manager)`` (see :func:`uvicorn_server`), after
+    the host and port checks. Raises ConfigError for a non-loopback host without a key or a
+    port already in use."""
+    from localrun.server.app import create_app
+
+    check_bind_policy(settings)
+    probe_port(settings.server.host, settings.server.port)
+    return uvicorn_server(create_app(settings, manager), settings.server.host, settings.server.port,
+                          ready_callback=ready_callback, handle_signals=handle_signals)
 
 
 def run_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None) -> None:

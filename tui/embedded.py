@@ -13,7 +13,6 @@ import contextlib
 import errno
 import logging
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,20 +100,6 @@ def find_free_port(host: str, start: int, *, tries: int = 50) -> int | None:
     return None
 
 
-class _TuiServer:
-    """uvicorn's Server minus its signal handling: the TUI owns the terminal and its keys."""
-
-    def __new__(cls, config):  # built lazily so importing this module does not import uvicorn
-        import uvicorn
-
-        class QuietServer(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        return QuietServer(config)
-
-
 class EmbeddedServer:
     """The FastAPI app from ``create_app`` served by uvicorn as a task of the running loop."""
 
@@ -147,18 +132,12 @@ class EmbeddedServer:
 
     async def start(self) -> str:
         """Serve; return the URL once listening. Raises RuntimeUnavailable when it cannot."""
-        import uvicorn
+        app = self.build_app()  # RuntimeUnavailable when the server is not part of this install
+        from localrun.server.serve import check_bind_policy, uvicorn_server
 
-        try:
-            from localrun.server.serve import check_bind_policy
-        except ImportError:
-            check_bind_policy = None
-        if check_bind_policy is not None:
-            check_bind_policy(self.settings)  # no key, no listening beyond loopback
-        # The same options as `localrun serve`: no proxy headers, no server header, our logging.
-        config = uvicorn.Config(self.build_app(), host=self.host, port=self.port, log_config=None, access_log=False,
-                                proxy_headers=False, server_header=False, timeout_graceful_shutdown=3, ws="none", lifespan="on")
-        self._server = _TuiServer(config)
+        check_bind_policy(self.settings)  # no key, no listening beyond loopback
+        # The same server as `localrun serve`, minus its signal handling: the TUI owns the terminal and its keys.
+        self._server = uvicorn_server(app, self.host, self.port, handle_signals=False)
         self._task = asyncio.create_task(self._serve(), name="localrun-embedded-server")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STARTUP_TIMEOUT_S

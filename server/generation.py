@@ -145,7 +145,7 @@ class Generation:
         self.metrics = metrics
         self.finish_reason: str | None = None
         self.usage = Usage()
-        #: Parsed calls of the answer (from its last chunk) and every token's log-probability.
+        #: Parsed calls of the answer (from its last chunk); every token's log-probability, for a collected answer.
         self.tool_calls: tuple[dict[str, Any], ...] = ()
         self.logprobs: list[dict[str, Any]] = []
         self._iter = stream.__aiter__()
@@ -159,8 +159,6 @@ class Generation:
             else:
                 self.metrics.observe_itl(now - last)
             self.stats.last_token_at = now
-        if chunk.logprobs:
-            self.logprobs.extend(chunk.logprobs)
         if chunk.tool_calls:
             self.tool_calls = chunk.tool_calls
         if chunk.usage is not None:
@@ -228,6 +226,7 @@ class Generation:
             async for chunk in self._iter:
                 self._note(chunk)
                 parts.append(chunk.text)
+                self.logprobs.extend(chunk.logprobs)  # the whole answer's; a stream sends each chunk's own
             return "".join(parts)
 
         try:

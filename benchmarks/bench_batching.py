@@ -187,7 +187,7 @@ class Engine:
     sequence, llama.cpp's defaults otherwise (flash attention auto, weight repacking)."""
 
     def __init__(self, model: Path, threads: int) -> None:
-        from localrun.runtimes.llamacpp import _llama
+        from localrun.runtimes.llamacpp.session import _llama
 
         self.llama = L = _llama()
         mp = L.llama_model_default_params()

@@ -11,7 +11,7 @@ import importlib
 from localrun.errors import UnknownRuntime
 
 REGISTRY: dict[str, str] = {
-    "llama.cpp": "localrun.runtimes.llamacpp:LlamaCppRuntime",
+    "llama.cpp": "localrun.runtimes.llamacpp.session:LlamaCppRuntime",
     "fake": "localrun.runtimes.fake:FakeRuntime",
     "mlx": "localrun.runtimes.mlx:MlxRuntime",
     "ollama": "localrun.runtimes.ollama:OllamaRuntime",

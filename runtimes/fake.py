@@ -41,7 +41,7 @@ from localrun.chat_template import fallback_chat, render_chat
 from localrun import tools as toolcalls
 from localrun.errors import ContextOverflow, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.llamacpp_text import TextAssembler
+from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import (
     Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage, logprob_entry,
 )

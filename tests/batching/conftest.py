@@ -20,7 +20,7 @@ class Result:
 
 
 def load(path, *, n_slots: int = 4, slot_ctx: int = 256, step_tokens: int = 64, **options):
-    from localrun.runtimes.llamacpp import LlamaCppRuntime
+    from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 
     opts = {"n_slots": n_slots, "slot_ctx": slot_ctx, "step_tokens": step_tokens, **options}
     plan = Plan(runtime="llama.cpp", n_ctx=n_slots * slot_ctx, n_threads=2, n_batch=512, options=opts)

@@ -4,7 +4,7 @@ logits, so the slightest arithmetic difference flips a greedy token) and Gemma 3
 The reference for "same tokens" is a session with the prefix cache off running each request
 alone: every prompt prefilled cold, nothing else in the context. Batched answers must match
 it in the default (batch-invariant) layout; answers whose prompt prefix came from the cache
-must match it with ``exact_prefix`` (see llamacpp_sched for why that is opt-in).
+must match it with ``exact_prefix`` (see llamacpp/scheduler.py for why that is opt-in).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from localrun.errors import ContextOverflow, RuntimeUnavailable
-from localrun.runtimes.llamacpp_prefix import MIN_REUSE
-from localrun.runtimes.llamacpp_slots import MIN_CHUNK
+from localrun.runtimes.llamacpp.prefix import MIN_REUSE
+from localrun.runtimes.llamacpp.slots import MIN_CHUNK
 from localrun.types import Cancel
 from tests.batching.conftest import assert_idle, load, request, run, together
 from tests.conftest import needs_llama
@@ -288,7 +288,7 @@ def test_an_evicted_prefix_comes_back_from_host_ram(tiny_gguf):
 
 def test_a_unified_kv_pool_runs_requests_together(tiny_gguf):
     """One pool for all slots: each request may use the whole context (answers are not
-    guaranteed bit-identical to a solo run in this layout, see llamacpp_sched)."""
+    guaranteed bit-identical to a solo run in this layout, see llamacpp/scheduler.py)."""
     s = load(tiny_gguf, n_slots=4, slot_ctx=256, kv_unified=True)
     try:
         assert s.n_ctx == 256 and s.layout.n_ctx == 256

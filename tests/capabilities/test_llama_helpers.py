@@ -28,8 +28,8 @@ class Model:
     """One model and one context, driven the simplest way: a prompt, then one token a step."""
 
     def __init__(self, path, n_ctx: int = 512):
-        from localrun.runtimes.llamacpp import _llama
-        from localrun.runtimes.llamacpp_grammar import LogprobReader
+        from localrun.runtimes.llamacpp.session import _llama
+        from localrun.runtimes.llamacpp.grammar import LogprobReader
 
         self.llama = llama = _llama()
         self.model = llama.llama_model_load_from_file(str(path).encode(), llama.llama_model_default_params())
@@ -62,8 +62,8 @@ class Model:
                  sampling: Sampling = Sampling(temperature=0), naive: bool = False):
         """(text, logprob entries, ended on end-of-generation). ``naive``: the grammar first
         in one C chain (llama.cpp masks every token), the reference the fast path must match."""
-        from localrun.runtimes.llamacpp_decode import ChainSampler, build_sampler
-        from localrun.runtimes.llamacpp_grammar import grammar_sampler, sequence_sampler
+        from localrun.runtimes.llamacpp.decode import ChainSampler, build_sampler
+        from localrun.runtimes.llamacpp.grammar import grammar_sampler, sequence_sampler
 
         llama = self.llama
         llama.llama_memory_clear(llama.llama_get_memory(self.ctx), True)
@@ -103,7 +103,7 @@ def tiny(tiny_gguf):
 
 
 def test_gbnf_composition():
-    from localrun.runtimes.llamacpp_grammar import forced_call_gbnf, gbnf_literal, json_schema_gbnf, request_grammar
+    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, gbnf_literal, json_schema_gbnf, request_grammar
 
     assert gbnf_literal('a"b\\c\n') == '"a\\"b\\\\c\\n"'
     assert "root ::= object" in json_schema_gbnf({})
@@ -121,14 +121,14 @@ def test_gbnf_composition():
 
 
 def test_bad_grammar_is_refused_not_crashed(tiny):
-    from localrun.runtimes.llamacpp_grammar import grammar_sampler
+    from localrun.runtimes.llamacpp.grammar import grammar_sampler
 
     with pytest.raises(UnsupportedFeature, match="grammar"):
         grammar_sampler(tiny.llama, tiny.vocab, "root ::= (")
 
 
 def test_schema_grammar_makes_even_random_weights_write_valid_json(tiny):
-    from localrun.runtimes.llamacpp_grammar import json_schema_gbnf
+    from localrun.runtimes.llamacpp.grammar import json_schema_gbnf
 
     text, _, eog = tiny.generate("Give me JSON:", json_schema_gbnf(BOUNDED), max_tokens=120)
     assert eog, text  # the grammar completed, then only end-of-generation was allowed
@@ -143,7 +143,7 @@ def test_checking_the_pick_first_keeps_answers_valid_and_seeded(tiny, sampling):
     """Greedy: the very tokens that masking the whole vocabulary gives. Sampled: a rejected
     pick draws again, so the random stream differs from the naive chain's, but the answer
     is valid and the same for the same seed."""
-    from localrun.runtimes.llamacpp_grammar import json_schema_gbnf
+    from localrun.runtimes.llamacpp.grammar import json_schema_gbnf
 
     gbnf = json_schema_gbnf(BOUNDED)
     fast = tiny.generate("Give me JSON:", gbnf, max_tokens=120, sampling=sampling)
@@ -156,7 +156,7 @@ def test_checking_the_pick_first_keeps_answers_valid_and_seeded(tiny, sampling):
 
 
 def test_forced_call_grammar_gives_a_parsable_call(tiny):
-    from localrun.runtimes.llamacpp_grammar import forced_call_gbnf
+    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf
     from localrun.tools import parse_tool_calls
 
     for style in (HERMES, LLAMA3):
@@ -186,13 +186,13 @@ def test_logprobs_match_a_numpy_log_softmax_of_the_logits(tiny):
 
 
 def _embedder(m: Model, **options):
-    from localrun.runtimes.llamacpp_embed import Embedder
+    from localrun.runtimes.llamacpp.embed import Embedder
 
     return Embedder(m.llama, m.model, Plan(runtime="llama.cpp", n_ctx=64, n_threads=1, options=options), tokenize=m.tokenize)
 
 
 def test_embeddings_on_a_decoder_with_forced_mean_pooling(tiny):
-    from localrun.runtimes.llamacpp_embed import embeddings_wanted, model_pooling
+    from localrun.runtimes.llamacpp.embed import embeddings_wanted, model_pooling
 
     assert model_pooling(tiny.llama, tiny.model) is None
     assert not embeddings_wanted(tiny.llama, tiny.model, Plan(runtime="llama.cpp"))
@@ -212,7 +212,7 @@ def test_embeddings_on_a_decoder_with_forced_mean_pooling(tiny):
 @pytest.mark.gemma
 @pytest.mark.slow
 def test_gemma_grammar_logprobs_and_embeddings(gemma_gguf):
-    from localrun.runtimes.llamacpp_grammar import forced_call_gbnf, json_schema_gbnf
+    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, json_schema_gbnf
     from localrun.tools import parse_tool_calls
 
     m = Model(gemma_gguf)

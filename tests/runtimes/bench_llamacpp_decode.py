@@ -17,7 +17,7 @@ import statistics
 import sys
 import time
 
-from localrun.runtimes.llamacpp import LlamaCppRuntime
+from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 from localrun.types import Cancel, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 PROMPT = "Once upon a time"

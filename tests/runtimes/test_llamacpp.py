@@ -17,7 +17,7 @@ pytestmark = [needs_llama, pytest.mark.llama]
 
 
 def _load(path, **plan):
-    from localrun.runtimes.llamacpp import LlamaCppRuntime
+    from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 
     plan.setdefault("n_ctx", 256)
     return LlamaCppRuntime().load(ModelRecord(name="m", format=Format.GGUF, path=str(path)), Plan(runtime="llama.cpp", **plan))
@@ -38,7 +38,7 @@ def _text(chunks):
 
 
 def test_probe_reports_version_and_devices():
-    from localrun.runtimes.llamacpp import LlamaCppRuntime
+    from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 
     status = LlamaCppRuntime().probe()
     assert status.available and status.version
@@ -57,7 +57,7 @@ def test_missing_and_garbage_files_are_invalid_model_file(tmp_path):
 
 
 def test_wrong_format_and_kv_type_are_refused(tiny_gguf):
-    from localrun.runtimes.llamacpp import LlamaCppRuntime
+    from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 
     with pytest.raises(UnsupportedFeature):
         LlamaCppRuntime().load(ModelRecord(name="m", format=Format.MLX, path=str(tiny_gguf)), Plan(runtime="llama.cpp"))
@@ -183,7 +183,7 @@ def test_prompt_exactly_at_the_limit_is_accepted_and_one_more_is_not(tiny_gguf):
 def test_loading_prints_nothing_to_stderr(tiny_gguf):
     """llama.cpp logs to stderr by default; a worker's stderr is the user's terminal."""
     code = (
-        "from localrun.runtimes.llamacpp import LlamaCppRuntime\n"
+        "from localrun.runtimes.llamacpp.session import LlamaCppRuntime\n"
         "from localrun.types import *\n"
         f"s = LlamaCppRuntime().load(ModelRecord(name='m', format=Format.GGUF, path={str(tiny_gguf)!r}), Plan(runtime='llama.cpp', n_ctx=128))\n"
         "print(''.join(c.text for c in s.complete(CompletionRequest(prompt='hello', sampling=Sampling(max_tokens=3)), Cancel())) and 'ok')\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from localrun.runtimes.llamacpp_text import StopMatcher, TextAssembler
+from localrun.runtimes.llamacpp.text import StopMatcher, TextAssembler
 
 
 def test_multibyte_character_split_across_tokens_is_held_until_complete():

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from localrun.errors import ContextOverflow, LocalrunError, UnsupportedFeature, WontFit
-from localrun.runtimes.llamacpp_decode import fill_batch
+from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.types import Plan
 
 log = logging.getLogger(__name__)

@@ -11,22 +11,22 @@ What a session does per request:
   with special tokens parsed, adding BOS only when the rendered text lacks it;
 * refuse a prompt over ``slot context - 1`` tokens with ContextOverflow (never truncate), and
   cap ``max_tokens`` by what is left of the slot's context (finish "length");
-* hand the request to the session's scheduler (:mod:`.llamacpp_sched`), which runs several
+* hand the request to the session's scheduler (:mod:`.scheduler`), which runs several
   requests at once in one context: continuous batching, prefix reuse across requests
   (``cached_tokens``), a C sampler chain per request, cancel checked every step.
 
 Tools, ``json_schema`` / grammars, logprobs and embeddings are wired in by
-:mod:`.llamacpp_features` (capabilities "tools", "json_schema", "logprobs", and
+:mod:`.features` (capabilities "tools", "json_schema", "logprobs", and
 "embeddings" for models whose GGUF declares pooling or whose plan sets ``embedding``).
 
 Sessions are ``concurrent``: the worker calls ``chat``/``complete`` from one thread per
 request, and each generator reads its chunks from the scheduler.
 
-``plan.options`` this runtime reads for batching (defaults in :mod:`.llamacpp_slots`):
+``plan.options`` this runtime reads for batching (defaults in :mod:`.slots`):
 ``n_slots`` (sequences run at once), ``slot_ctx`` (tokens per request; by default the slots
 share ``plan.n_ctx``), ``kv_unified`` (one KV pool for all slots), ``step_tokens`` (prefill
 tokens per step), ``host_cache_mib`` (host RAM for evicted prefixes, 0 = off),
-``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.llamacpp_sched`), and
+``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.scheduler`), and
 the context switches ``flash_attn``, ``swa_full``, ``repack``.
 """
 
@@ -52,10 +52,10 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.llamacpp_decode import token_piece_reader
-from localrun.runtimes.llamacpp_features import SessionFeatures
-from localrun.runtimes.llamacpp_sched import Job, Scheduler
-from localrun.runtimes.llamacpp_slots import Layout
+from localrun.runtimes.llamacpp.decode import token_piece_reader
+from localrun.runtimes.llamacpp.features import SessionFeatures
+from localrun.runtimes.llamacpp.scheduler import Job, Scheduler
+from localrun.runtimes.llamacpp.slots import Layout
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class LlamaCppSession:
         is_eog = self._eog_reader()
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
         self._sched = Scheduler(llama, ctx, layout, n_swa=llama.llama_model_n_swa(model), piece_of=piece_of, is_eog=is_eog)
-        # Tools, JSON schemas, grammars, logprobs and embeddings (llamacpp_features).
+        # Tools, JSON schemas, grammars, logprobs and embeddings (features.py).
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
                                          tokenize=lambda text: self.tokenize(text, add_special=True),
                                          vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
@@ -241,7 +241,7 @@ class LlamaCppSession:
         cp.type_k = cp.type_v = kv
         if layout.exact_prefix:
             # Flash attention on the CPU makes a prefill's result depend on its chunking
-            # (see llamacpp_sched), so a cached prefix would differ from a cold one in the last bits.
+            # (see llamacpp/scheduler.py), so a cached prefix would differ from a cold one in the last bits.
             cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
         if kv not in (0, 1):  # a quantized V cache needs flash attention
             cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED

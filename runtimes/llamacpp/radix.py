@@ -1,6 +1,6 @@
 """A radix tree over token ids: which owners (slots, saved sequences) hold which prefixes.
 
-Pure Python, no llama.cpp: the prefix cache (:mod:`.llamacpp_prefix`) asks it for the
+Pure Python, no llama.cpp: the prefix cache (:mod:`.prefix`) asks it for the
 longest held prefix of a prompt and everyone holding it.
 """
 

@@ -3,7 +3,7 @@
 One scheduler thread owns the context. Each step it
 
 1. ends what was cancelled (per request) and gives free slots to waiting requests, each
-   with the longest cached prefix of its prompt already in its slot (:mod:`.llamacpp_prefix`);
+   with the longest cached prefix of its prompt already in its slot (:mod:`.prefix`);
 2. prefills prompt chunks of the requests still reading their prompt, up to ``step_tokens``
    tokens per step, round robin: a long prompt delays the others by one chunk per step at
    most, and a short one is not stuck behind it;
@@ -51,10 +51,10 @@ import threading
 import time
 
 from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
-from localrun.runtimes.llamacpp_decode import fill_batch
-from localrun.runtimes.llamacpp_prefix import PrefixCache, Slot
-from localrun.runtimes.llamacpp_slots import Layout, LlamaKvOps, chunk_size
-from localrun.runtimes.llamacpp_text import TextAssembler
+from localrun.runtimes.llamacpp.decode import fill_batch
+from localrun.runtimes.llamacpp.prefix import PrefixCache, Slot
+from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
+from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import Cancel, Chunk, Usage
 
 log = logging.getLogger(__name__)

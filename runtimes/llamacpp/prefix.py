@@ -1,6 +1,6 @@
 """Prefix reuse across the sequences (slots) of one llama.cpp context.
 
-A :class:`~.llamacpp_radix.RadixIndex` records which token sequences are held by whom: every slot's KV
+A :class:`~.radix.RadixIndex` records which token sequences are held by whom: every slot's KV
 content, and, when a host-RAM tier is configured, sequences saved from evicted slots. A new
 request asks :class:`PrefixCache` for a slot; the cache finds the longest cached prefix of
 its prompt and makes the chosen slot hold exactly that prefix:
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localrun.runtimes.llamacpp_radix import RadixIndex
+from localrun.runtimes.llamacpp.radix import RadixIndex
 
 log = logging.getLogger(__name__)
 

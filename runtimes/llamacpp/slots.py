@@ -1,7 +1,7 @@
 """How one llama.cpp context is cut into sequences (slots), and the KV operations on them.
 
 :class:`Layout` turns a plan's options into slot count, context per slot, step budget and
-the exactness settings (why they are what they are: :mod:`.llamacpp_sched`).
+the exactness settings (why they are what they are: :mod:`.scheduler`).
 :class:`LlamaKvOps` is the prefix cache's window onto llama.cpp's memory and per-sequence
 state API.
 """
@@ -98,7 +98,7 @@ def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
 
 
 class LlamaKvOps:
-    """:class:`~.llamacpp_prefix.KvOps` on llama.cpp's memory and per-sequence state API."""
+    """:class:`~.prefix.KvOps` on llama.cpp's memory and per-sequence state API."""
 
     def __init__(self, llama, ctx, *, n_swa: int) -> None:
         self._llama, self._ctx, self._n_swa = llama, ctx, n_swa

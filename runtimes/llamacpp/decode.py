@@ -1,5 +1,5 @@
 """Per-request pieces of decoding over llama.cpp's low-level API: the C sampler chain and
-the token-to-bytes reader. The scheduler (:mod:`.llamacpp_sched`) drives the context.
+the token-to-bytes reader. The scheduler (:mod:`.scheduler`) drives the context.
 
 Why the low-level API: ``Llama.create_completion`` samples in Python, which costs about
 5 ms a token on Gemma's 262k vocabulary (≈ 81 % of the low-level speed here). llama.cpp's C

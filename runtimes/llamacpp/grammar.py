@@ -211,14 +211,14 @@ class ConstrainedSampler:
 
 def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, n_vocab: int):
     """:class:`ConstrainedSampler` when there is a grammar, else a plain
-    :class:`~localrun.runtimes.llamacpp_decode.ChainSampler`; owns ``chain``.
+    :class:`~localrun.runtimes.llamacpp.decode.ChainSampler`; owns ``chain``.
 
     ``chain`` must be what ``build_sampler`` makes of ``sampling``: the shortlist shortcut
     relies on its greedy or top-k stage, and is off under a repeat penalty (which reorders
     the logits before top-k) or without top-k.
     """
     if not gbnf:
-        from localrun.runtimes.llamacpp_decode import ChainSampler
+        from localrun.runtimes.llamacpp.decode import ChainSampler
 
         return ChainSampler(llama, chain)
     if sampling.repeat_penalty and sampling.repeat_penalty != 1.0:

@@ -2,8 +2,8 @@
 log-probabilities and embeddings, behind one object the session holds.
 
 Kept out of :mod:`.llamacpp` so the session stays about loading and scheduling. Each piece
-lives in its own module — :mod:`localrun.tools` (prompt and parsing), :mod:`.llamacpp_grammar`
-(grammar and logprob samplers), :mod:`.llamacpp_embed` (the embedding context) — and this
+lives in its own module — :mod:`localrun.tools` (prompt and parsing), :mod:`.grammar`
+(grammar and logprob samplers), :mod:`.embed` (the embedding context) — and this
 one wires them to a request:
 
 * chat: tools reach the template (or the fallback block), a forced ``tool_choice`` or a
@@ -25,9 +25,9 @@ from typing import Any
 
 from localrun import tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
-from localrun.runtimes.llamacpp_decode import build_sampler
-from localrun.runtimes.llamacpp_embed import Embedder, embeddings_wanted
-from localrun.runtimes.llamacpp_grammar import LogprobReader, LogprobSampler, grammar_sampler, request_grammar, sequence_sampler
+from localrun.runtimes.llamacpp.decode import build_sampler
+from localrun.runtimes.llamacpp.embed import Embedder, embeddings_wanted
+from localrun.runtimes.llamacpp.grammar import LogprobReader, LogprobSampler, grammar_sampler, request_grammar, sequence_sampler
 from localrun.types import ChatRequest, Plan, Sampling
 
 log = logging.getLogger(__name__)

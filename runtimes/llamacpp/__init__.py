@@ -1,0 +1,18 @@
+"""The llama.cpp runtime, one room of its own.
+
+Parts, from the outside in:
+
+* :mod:`.session`   — ``LlamaCppRuntime`` and its session: loads the model, owns the context,
+  turns requests into scheduler jobs.
+* :mod:`.scheduler` — continuous batching: one decode step for every running sequence.
+* :mod:`.slots`     — the layout of parallel sequences and the KV operations on them.
+* :mod:`.prefix`, :mod:`.radix` — the prefix cache and the radix index of what each slot holds.
+* :mod:`.features`  — tools, JSON schemas, grammars, logprobs and embeddings for a session.
+* :mod:`.grammar`   — GBNF samplers and the logprob reader.
+* :mod:`.embed`     — the embedding context and pooling.
+* :mod:`.decode`    — sampler chains, batch filling, the token-to-bytes reader.
+* :mod:`.text`      — incremental detokenising and stop strings.
+
+Nothing here imports ``llama_cpp`` at module level except through :func:`.session._llama`;
+the registry names ``localrun.runtimes.llamacpp.session:LlamaCppRuntime``.
+"""

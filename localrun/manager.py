@@ -304,6 +304,17 @@ class ModelManager:
         finally:
             self._release(lm)
 
+    def call(self, name: str, method: str, args: dict[str, Any] | None = None) -> Any:
+        """One of the session extras (``runtimes.base.EXTRAS``: tokenize, rerank…), admitted like a request."""
+        from localrun.worker.host import call_result
+
+        lm = self.load(name)
+        self._admit(lm)
+        try:
+            return call_result(lm.handle, "call", {"method": method, "args": dict(args or {}), "runtime": lm.plan.runtime})
+        finally:
+            self._release(lm)
+
     def resolve(self, name: str) -> ModelRecord:
         return self.store.resolve(name)
 

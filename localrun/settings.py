@@ -67,6 +67,8 @@ class ServerSettings(BaseModel):
     """Largest request body accepted."""
     queue_size: int = Field(16, ge=1, le=10_000)
     """Requests that may wait per model before new ones get 503 + Retry-After."""
+    strict_fields: bool = False
+    """Refuse request fields localrun does not know (OpenAI's rule) instead of ignoring them and naming them in X-Localrun-Ignored-Fields."""
 
 
 class RuntimeSettings(BaseModel):

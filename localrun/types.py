@@ -149,11 +149,25 @@ class Sampling:
     json_schema: dict[str, Any] | None = None
     #: Return log-probabilities: ``0`` for the chosen token only, ``n`` for the top n alternatives too.
     logprobs: int | None = None
+    #: Choices to generate from the one prompt (OpenAI ``n``); chunks carry their choice's ``index``.
+    n: int = 1
+    #: ``((token id, bias), …)`` added to the logits before sampling; ±100 bans or forces a token.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: OpenAI's penalties: per occurrence of a token so far, and once for any occurrence.
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    #: Locally typical sampling (1.0: off).
+    typical_p: float = 1.0
+    #: Never stop at an end-of-generation token (benchmarks); the length limit still ends the answer.
+    ignore_eos: bool = False
+    #: No end-of-generation token before this many tokens.
+    min_tokens: int = 0
 
 
 def _sampling_from(d: dict[str, Any] | None) -> Sampling:
     s = dict(d or {})
     s["stop"] = tuple(s.get("stop") or ())
+    s["logit_bias"] = tuple((int(t), float(b)) for t, b in s.get("logit_bias") or ())
     return Sampling(**s)
 
 
@@ -165,6 +179,12 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     #: ``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function": {"name": …}}``.
     tool_choice: Any = None
+    #: Extra variables for the chat template (``chat_template_kwargs``: ``enable_thinking``…).
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Open an assistant turn after the messages (the template's ``add_generation_prompt``).
+    add_generation_prompt: bool = True
+    #: Continue the last (assistant) message instead of starting a new turn.
+    continue_final_message: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -176,6 +196,9 @@ class ChatRequest:
             sampling=_sampling_from(d.get("sampling")),
             tools=tuple(d.get("tools") or ()),
             tool_choice=d.get("tool_choice"),
+            template_kwargs=dict(d.get("template_kwargs") or {}),
+            add_generation_prompt=bool(d.get("add_generation_prompt", True)),
+            continue_final_message=bool(d.get("continue_final_message", False)),
         )
 
 
@@ -183,13 +206,18 @@ class ChatRequest:
 class CompletionRequest:
     prompt: str
     sampling: Sampling = field(default_factory=Sampling)
+    #: The prompt as token ids (OpenAI's token-array prompt); when set, ``prompt`` is unused.
+    prompt_tokens: tuple[int, ...] = ()
+    #: Text after the insertion point: the prompt and this are filled in the middle (FIM tokens).
+    suffix: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CompletionRequest":
-        return cls(prompt=d["prompt"], sampling=_sampling_from(d.get("sampling")))
+        return cls(prompt=d["prompt"], sampling=_sampling_from(d.get("sampling")),
+                   prompt_tokens=tuple(int(t) for t in d.get("prompt_tokens") or ()), suffix=d.get("suffix"))
 
 
 @dataclass(frozen=True)
@@ -222,9 +250,13 @@ class Chunk:
     tool_calls: tuple[dict[str, Any], ...] = ()
     #: Per token of ``text``: ``({"token", "logprob", "bytes", "top_logprobs": [...]}, …)`` when asked for.
     logprobs: tuple[dict[str, Any], ...] = ()
+    #: Which choice this chunk belongs to (``Sampling.n`` > 1); every choice ends with its own final chunk.
+    index: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text}
+        if self.index:
+            d["index"] = self.index
         if self.finish_reason is not None:
             d["finish_reason"] = self.finish_reason
         if self.usage is not None:
@@ -241,6 +273,7 @@ class Chunk:
         return cls(
             text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None,
             tool_calls=tuple(d.get("tool_calls") or ()), logprobs=tuple(d.get("logprobs") or ()),
+            index=int(d.get("index", 0)),
         )
 
 

@@ -11,7 +11,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
+from localrun.errors import UnsupportedFeature
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+
+#: Optional session methods (``serve_<name>``) the server reaches through the worker's one
+#: ``call`` op, with why each exists. A session that lacks one answers a 400 naming it; a name
+#: not listed here is refused before it reaches the session (the pipe never calls arbitrary
+#: attributes).
+EXTRAS = {
+    "embed_usage": "embeddings with the tokens counted: {'embeddings': [...], 'prompt_tokens': n}",
+    "tokenize": "text -> token ids (and pieces): llama-server's /tokenize",
+    "detokenize": "token ids -> text: /detokenize, echo of a token prompt",
+    "apply_template": "the chat prompt as text: /apply-template",
+    "props": "context size, template, FIM and pooling facts: /props",
+    "rerank": "relevance scores of documents for a query: /rerank",
+    "embed_tokens": "per-token vectors (pooling none): llama-server's native /embeddings",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,21 @@ class Session(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def call_extra(session, runtime: str, method: str, args: dict) -> object:
+    """Run one of :data:`EXTRAS` on ``session``.
+
+    Raises:
+        UnsupportedFeature: ``method`` is not an extra, or this session does not offer it.
+    """
+    if method not in EXTRAS:
+        raise UnsupportedFeature(f"unknown session call {method!r}", hint="use one of: " + ", ".join(EXTRAS))
+    fn = getattr(session, "serve_" + method, None)
+    if fn is None:
+        raise UnsupportedFeature(f"{method!r} is not supported by the {runtime} runtime", param=method,
+                                 hint="load the model on a runtime that offers it (llama.cpp does)")
+    return fn(**args)
 
 
 class Runtime(Protocol):

@@ -22,11 +22,16 @@ them declared it honours the fields the way a real runtime would, in the same wo
   forces a call, or the last user message says ``call NAME`` for one of the tools, the
   answer is a Hermes ``<tool_call>`` whose arguments are the smallest instance of the
   function's parameters, recognised by the same parser as llama.cpp's answers;
-* ``logprobs``: every token gets a log-probability below zero and ``n`` alternatives.
+* ``logprobs``: every token gets a log-probability below zero and ``n`` alternatives;
+* ``n``: the choices are answered one after another (seed + i each), chunks tagged with
+  their index, the usage (prompt once, completions summed) on the very last chunk.
+
+Embeddings come with their tokens counted (``serve_embed_usage``), words being its tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -124,6 +129,12 @@ class FakeSession:
             out.append([v / norm for v in vec])
         return out
 
+    def serve_embed_usage(self, inputs: Sequence[str]) -> dict[str, Any]:
+        if any(not isinstance(x, str) for x in inputs):
+            raise UnsupportedFeature("token-id inputs are not supported by the fake runtime", param="input",
+                                     hint="send the input as text")
+        return {"embeddings": self.embed(inputs), "prompt_tokens": sum(len(fake_tokenize(t)) for t in inputs)}
+
     def close(self) -> None:
         self._closed = True
 
@@ -134,6 +145,7 @@ class FakeSession:
         asked = [("logprobs", "logprobs", sampling.logprobs is not None),
                  ("response_format", "json_schema", sampling.json_schema is not None),
                  ("grammar", "grammar", sampling.grammar is not None),
+                 ("n", "n", sampling.n > 1),
                  ("tools", "tools", bool(req and (req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages))))]
         for param, capability, on in asked:
             if on and capability not in self.capabilities:
@@ -186,7 +198,23 @@ class FakeSession:
                 hint="shorten the conversation or load the model with a larger context",
             )
         # Validation happens above, eagerly; the stream itself is a generator.
+        if sampling.n > 1:
+            return self._choices(tokens, head, sampling, cancel, extra_stops, filler)
         return self._stream(tokens, self._answer_tokens(head, sampling, filler), sampling, cancel, extra_stops)
+
+    def _choices(self, tokens, head, sampling, cancel, extra_stops, filler) -> Iterator[Chunk]:
+        produced = 0
+        for i in range(sampling.n):
+            own = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i)
+            for chunk in self._stream(tokens, self._answer_tokens(head, own, filler), own, cancel, extra_stops):
+                if chunk.finish_reason == "cancelled":
+                    yield chunk
+                    return
+                usage = chunk.usage
+                if usage is not None:
+                    produced += usage.completion_tokens
+                    usage = dataclasses.replace(usage, completion_tokens=produced) if i == sampling.n - 1 else None
+                yield dataclasses.replace(chunk, index=i, usage=usage)
 
     def _stream(self, tokens: list[str], answer: list[str], sampling: Sampling, cancel: Cancel,
                 extra_stops: tuple[str, ...]) -> Iterator[Chunk]:

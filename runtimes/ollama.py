@@ -360,9 +360,14 @@ class OllamaSession:
                                    server=self._client.base_url)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.serve_embed_usage(texts)["embeddings"]
+
+    def serve_embed_usage(self, inputs: Sequence[str]) -> dict:
+        """Vectors and Ollama's own count of the tokens they took (``prompt_eval_count``)."""
         data = self._client.request("POST", "/api/embed", model=self.model,
-                                    json={"model": self.model, "input": list(texts), "keep_alive": self._keep_alive})
-        return [list(map(float, row)) for row in data.get("embeddings", [])]
+                                    json={"model": self.model, "input": list(inputs), "keep_alive": self._keep_alive})
+        return {"embeddings": [list(map(float, row)) for row in data.get("embeddings", [])],
+                "prompt_tokens": int(data.get("prompt_eval_count") or 0)}
 
     def close(self) -> None:
         """Unload the model from Ollama, unless it was loaded before localrun asked for it."""

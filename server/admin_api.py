@@ -94,7 +94,7 @@ async def admin_status(request: Request):
 
 @router.post("/admin/load")
 async def admin_load(request: Request):
-    body: LoadBody = await parse_body(request, LoadBody)
+    body: LoadBody = await parse_body(request, LoadBody, lenient=False)
     try:
         keep_alive_s = keep_alive_seconds(body.keep_alive)
     except ValueError as exc:
@@ -106,7 +106,7 @@ async def admin_load(request: Request):
 
 @router.post("/admin/unload")
 async def admin_unload(request: Request):
-    body: ModelOnly = await parse_body(request, ModelOnly)
+    body: ModelOnly = await parse_body(request, ModelOnly, lenient=False)
     manager = app_state(request).manager
     record = await asyncio.to_thread(manager.resolve, body.model)
     return {"model": record.name, "unloaded": await asyncio.to_thread(manager.unload, record.name)}
@@ -114,7 +114,7 @@ async def admin_unload(request: Request):
 
 @router.post("/admin/pin")
 async def admin_pin(request: Request):
-    body: PinBody = await parse_body(request, PinBody)
+    body: PinBody = await parse_body(request, PinBody, lenient=False)
     manager = app_state(request).manager
     lm = await asyncio.to_thread(manager.load, body.model, pin=body.pinned)
     return {"loaded": lm.info()}

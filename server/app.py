@@ -22,6 +22,7 @@ from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server import admin_api, ollama_api, ollama_models, openai_api
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
+from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe
 from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
@@ -94,6 +95,7 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
     key = server.api_key.get_secret_value() if server.api_key else None
     # add_middleware puts each new one outside the previous: add innermost first.
     app.add_middleware(RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes)
+    app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
     if server.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 

@@ -39,13 +39,11 @@ def request_stats(request: Request) -> RequestStats:
     return stats
 
 
-async def parse_body(request: Request, schema: type[BaseModel]) -> Any:
-    """Validate the JSON body against a strict schema; any problem is one 400 naming the field."""
-    body = await request.body()
-    try:
-        return schema.model_validate_json(body or b"null")
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool = True) -> Any:
+    """Validate the JSON body under the field policy (:mod:`.fields`); any problem is one 400 naming the field."""
+    from localrun.server.fields import parse_body as parse
+
+    return await parse(request, schema, lenient=lenient)
 
 
 def validation_error(exc: ValidationError) -> InvalidRequest:
@@ -112,13 +110,11 @@ def make_sampling(*, cap: int, max_tokens: int | None = None, seed: int | None =
 def reject_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str, capabilities: frozenset[str]) -> None:
     """A 400 naming the first field whose capability the runtime does not declare; never a silent ignore.
 
-    ``found`` pairs each field the request set with the capability it needs; capabilities
-    no runtime declares ("n>1", "presence_penalty"…) mark fields localrun never honours.
+    ``found`` pairs each field the request set with the capability it needs (see :mod:`.fields`).
     """
-    for field, capability in found:
-        if capability not in capabilities:
-            raise UnsupportedFeature(f"{field!r} is not supported by the {runtime} runtime serving {model}",
-                                     hint="remove the field from the request", param=field)
+    from localrun.server.fields import refuse_unsupported
+
+    refuse_unsupported(found, model=model, runtime=runtime, capabilities=capabilities)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -148,6 +144,10 @@ class Generation:
         #: Parsed calls of the answer (from its last chunk); every token's log-probability, for a collected answer.
         self.tool_calls: tuple[dict[str, Any], ...] = ()
         self.logprobs: list[dict[str, Any]] = []
+        #: Per choice (``Chunk.index``, OpenAI's ``n``): finish reasons, and for a collected answer texts and logprobs.
+        self.finishes: dict[int, str] = {}
+        self.texts: dict[int, str] = {}
+        self.choice_logprobs: dict[int, list[dict[str, Any]]] = {0: self.logprobs}
         self._iter = stream.__aiter__()
 
     def _note(self, chunk: Chunk) -> None:
@@ -172,7 +172,9 @@ class Generation:
                     f"the generation on {self.record.name} was cancelled before it finished",
                     hint="the model was unloaded or the server is stopping; retry",
                 )
-            self.finish_reason = chunk.finish_reason
+            self.finishes[chunk.index] = chunk.finish_reason
+            if chunk.index == 0:
+                self.finish_reason = chunk.finish_reason
 
     async def _race(self, work):
         """Await ``work`` unless the client disconnects first; then cancel it and raise ClientGone."""
@@ -222,12 +224,14 @@ class Generation:
         """The whole answer (the non-streaming response), abandoned if the client leaves."""
 
         async def fold() -> str:
-            parts: list[str] = []
+            parts: dict[int, list[str]] = {0: []}
             async for chunk in self._iter:
                 self._note(chunk)
-                parts.append(chunk.text)
-                self.logprobs.extend(chunk.logprobs)  # the whole answer's; a stream sends each chunk's own
-            return "".join(parts)
+                parts.setdefault(chunk.index, []).append(chunk.text)
+                if chunk.logprobs:  # the whole answer's; a stream sends each chunk's own
+                    self.choice_logprobs.setdefault(chunk.index, []).extend(chunk.logprobs)
+            self.texts = {i: "".join(p) for i, p in sorted(parts.items())}
+            return self.texts[0]
 
         try:
             return await self._race(fold())
@@ -256,3 +260,22 @@ async def open_generation(request: Request, model: str, req, *, keep_alive_s: fl
 def finish_for_wire(reason: str | None) -> str:
     """OpenAI's finish_reason: "length", "tool_calls", or "stop" for everything else."""
     return reason if reason in ("length", "tool_calls") else "stop"
+
+
+async def session_call(request: Request, model: str, method: str, args: dict[str, Any] | None = None,
+                       *, found: list[tuple[str, str]] = ()) -> Any:
+    """One session extra (``runtimes.base.EXTRAS``) on ``model``, after refusing fields its runtime cannot honour."""
+    manager = app_state(request).manager
+    lm = await asyncio.to_thread(manager.load, model)
+    request_stats(request).model = lm.record.name
+    reject_unsupported(list(found), model=lm.record.name, runtime=lm.plan.runtime,
+                       capabilities=frozenset(lm.handle.capabilities or ()))
+    return await asyncio.to_thread(manager.call, lm.record.name, method, args or {})
+
+
+async def embed_counted(request: Request, model: str, inputs: list, *, found: list[tuple[str, str]] = ()) -> tuple[list, int]:
+    """(vectors, tokens evaluated) for ``inputs`` (texts or token-id lists): the usage both APIs report."""
+    if not inputs:
+        return [], 0
+    out = await session_call(request, model, "embed_usage", {"inputs": list(inputs)}, found=found)
+    return out["embeddings"], int(out["prompt_tokens"])

@@ -19,7 +19,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.generation import (
-    Generation, app_state, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body, request_stats,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body,
+    request_stats,
 )
 from localrun.server.model_info import iso
 from localrun.server.schemas_ollama import ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Options, keep_alive_seconds
@@ -227,14 +228,14 @@ async def embed(request: Request):
     keep_alive_s = _keep_alive(body.keep_alive)
     if keep_alive_s is not None:
         await asyncio.to_thread(manager.load, record.name, keep_alive_s=keep_alive_s)
-    vectors = await asyncio.to_thread(manager.embed, record.name, texts) if texts else []
+    vectors, n_tokens = await embed_counted(request, record.name, texts)
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise UnsupportedFeature(
             f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}", hint="leave 'dimensions' out", param="dimensions",
         )
     return {
         "model": record.name, "embeddings": vectors,
-        "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0, "prompt_eval_count": 0,
+        "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0, "prompt_eval_count": n_tokens,
     }
 
 
@@ -249,5 +250,5 @@ async def embeddings(request: Request):
         await asyncio.to_thread(manager.load, record.name, keep_alive_s=keep_alive_s)
     if not body.prompt:
         return {"embedding": []}
-    vectors = await asyncio.to_thread(manager.embed, record.name, [body.prompt])
+    vectors, _ = await embed_counted(request, record.name, [body.prompt])
     return {"embedding": vectors[0] if vectors else []}

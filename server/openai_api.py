@@ -21,7 +21,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.generation import (
-    Generation, app_state, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body, request_stats,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body,
+    request_stats, session_call,
+)
+from localrun.server.openai_choices import (
+    chat_logprobs, check_best_of, legacy_logprobs, many_choices, sse_choices, system_fingerprint, usage_dict,
 )
 from localrun.server.model_info import openai_model
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
@@ -33,15 +37,6 @@ router = APIRouter(prefix="/v1")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _ROLES = {"developer": "system"}
-
-
-def usage_dict(u: Usage) -> dict:
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    }
 
 
 def _message_text(content) -> str:
@@ -150,30 +145,52 @@ async def chat_completions(request: Request):
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     cap = app_state(request).settings.runtime.max_tokens_cap
     tools, tool_choice = _tool_fields(body)
+    if (body.n or 1) > 1 and tools:
+        raise InvalidRequest("'n' above 1 cannot be combined with tools: each answer would need its own calls",
+                             param="n", hint="ask for one choice, or leave the tools out")
     sampling = make_sampling(
-        cap=cap, max_tokens=body.max_completion_tokens or body.max_tokens, seed=body.seed, stop=body.stop,
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repeat_penalty=body.repeat_penalty,
-        json_schema=body.response_format.schema_for_sampling() if body.response_format else None,
-        logprobs=logprobs_asked(body.logprobs, body.top_logprobs),
+        cap=cap, max_tokens=body.token_limit(body.max_completion_tokens), seed=body.seed, stop=body.stop,
+        json_schema=_json_schema(body, body.response_format.schema_for_sampling() if body.response_format else None),
+        logprobs=logprobs_asked(body.logprobs, body.top_logprobs), **body.sampling_knobs(),
     )
-    req = ChatRequest(messages=_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice)
+    req = ChatRequest(messages=_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice,
+                      template_kwargs=dict(body.chat_template_kwargs or {}),
+                      add_generation_prompt=body.add_generation_prompt is not False,
+                      continue_final_message=bool(body.continue_final_message))
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
     return await _respond(request, gen, body, chat=True)
+
+
+def _json_schema(body, from_format):
+    """``Sampling.json_schema`` from response_format or llama.cpp's top-level ``json_schema``; both, or
+    either with a ``grammar``, is a 400 (they would constrain the answer twice)."""
+    if body.json_schema is not None and from_format is not None:
+        raise InvalidRequest("'json_schema' and 'response_format' both constrain the answer: send one", param="json_schema")
+    schema = body.json_schema if body.json_schema is not None else from_format
+    if schema is not None and body.grammar:
+        raise InvalidRequest("'grammar' and a JSON schema both constrain the answer: send one", param="grammar")
+    return schema
 
 
 @router.post("/completions")
 async def completions(request: Request):
     body: CompletionRequestBody = await parse_body(request, CompletionRequestBody)
     cap = app_state(request).settings.runtime.max_tokens_cap
-    sampling = make_sampling(
-        cap=cap, max_tokens=body.max_tokens, seed=body.seed, stop=body.stop,
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, repeat_penalty=body.repeat_penalty,
-        logprobs=body.logprobs,
-    )
-    found = body.unsupported()
-    prompt = body.prompt_text() if not found or all(f != "prompt" for f, _ in found) else ""
-    gen = await open_generation(request, body.model, CompletionRequest(prompt=prompt, sampling=sampling), keep_alive_s=None, found=found)
-    return await _respond(request, gen, body, chat=False)
+    n, best_of = body.n or 1, body.best_of or 1
+    check_best_of(body, n, best_of)
+    knobs = body.sampling_knobs()
+    knobs["n"] = max(n, best_of)
+    # best_of ranks candidates by their tokens' mean log-probability: gathered even when not asked.
+    logprobs = body.logprobs if body.logprobs is not None else (0 if best_of > 1 else None)
+    sampling = make_sampling(cap=cap, max_tokens=body.token_limit(), seed=body.seed, stop=body.stop,
+                             json_schema=_json_schema(body, None), logprobs=logprobs, **knobs)
+    ids = body.prompt_ids()
+    req = CompletionRequest(prompt=body.prompt_text(), sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix)
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    echo = None
+    if body.echo:
+        echo = body.prompt_text() if ids is None else (await session_call(request, gen.record.name, "detokenize", {"tokens": ids}))["content"]
+    return await _respond(request, gen, body, chat=False, echo=echo)
 
 
 def _tool_calls(gen: Generation, body) -> list[dict]:
@@ -204,60 +221,53 @@ def _finish(gen: Generation, legacy: bool) -> str:
     return "function_call" if legacy and finish == "tool_calls" else finish
 
 
-def chat_logprobs(entries) -> dict:
-    return {"content": list(entries), "refusal": None}
-
-
-def legacy_logprobs(entries, offset: int) -> dict:
-    """The completions API's older shape: parallel lists, top alternatives as {token: logprob}."""
-    tokens, offsets = [], []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e["token"])
-        tokens.append(e["token"])
-    return {
-        "tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [{a["token"]: a["logprob"] for a in e.get("top_logprobs", ())} for e in entries],
-        "text_offset": offsets,
-    }
-
-
-async def _respond(request: Request, gen: Generation, body, *, chat: bool) -> Response:
+async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo: str | None = None) -> Response:
     ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     created = int(time.time())
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+    fingerprint = system_fingerprint(gen)
     if not body.stream:
         text = await gen.collect()
-        legacy = _legacy(body, chat)
-        finish = _finish(gen, legacy)
-        if chat:
-            message: dict = {"role": "assistant", "content": text}
-            if legacy:
-                call = _function_call(gen)
-                if call:
-                    message = {"role": "assistant", "content": text or None, "function_call": call}
-            elif calls := _tool_calls(gen, body):
-                message = {"role": "assistant", "content": text or None, "tool_calls": calls}
-            lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
-            choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
+        if len(gen.texts) > 1 or (body.n or 1) > 1:
+            choices = many_choices(gen, body, chat=chat, asked_logprobs=asked_logprobs, echo=echo)
+        elif chat:
+            choices = [_chat_choice(gen, body, text, asked_logprobs)]
         else:
-            lp = legacy_logprobs(gen.logprobs, len(body.prompt_text())) if asked_logprobs else None
-            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+            lp = legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(body.prompt_text())) if asked_logprobs else None
+            choices = [{"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": _finish(gen, False)}]
         return JSONResponse({
             "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": gen.record.name, "choices": [choice], "usage": usage_dict(gen.usage),
+            "model": gen.record.name, "system_fingerprint": fingerprint, "choices": choices, "usage": usage_dict(gen.usage),
         })
     first = await gen.first()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _sse_events(gen, first, body, ident=ident, created=created, chat=chat, include_usage=include_usage)
+    meta = {"ident": ident, "created": created, "chat": chat, "include_usage": include_usage, "fingerprint": fingerprint}
+    if (body.n or 1) > 1:
+        events = sse_choices(gen, first, body, echo=echo, **meta)
+    else:
+        events = _sse_events(gen, first, body, echo=echo, **meta)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool) -> dict:
+    legacy = _legacy(body, True)
+    message: dict = {"role": "assistant", "content": text}
+    if legacy:
+        call = _function_call(gen)
+        if call:
+            message = {"role": "assistant", "content": text or None, "function_call": call}
+    elif calls := _tool_calls(gen, body):
+        message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+    lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
+    return {"index": 0, "message": message, "logprobs": lp, "finish_reason": _finish(gen, legacy)}
+
+
+async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool,
+                      fingerprint: str, echo: str | None = None) -> AsyncIterator[bytes]:
     """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
     or tool calls are built as whole objects (they are rarer, and larger anyway)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name}
+    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name, "system_fingerprint": fingerprint}
     head = "data: " + json.dumps(base)[:-1]
     if chat:
         opening = (head + ',"choices":[{"index":0,"delta":{"role":"assistant","content":').encode()
@@ -270,7 +280,7 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         closing = head + ',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":'
     dumps = json.dumps
     legacy = _legacy(body, chat)
-    offset = [0 if chat else len(body.prompt_text())]  # text_offset of the completions API's logprobs
+    offset = [0 if chat else len(echo) if echo is not None else len(body.prompt_text())]  # the logprobs' text_offset
 
     def full(chunk, *, role: bool) -> bytes:
         """One event for a chunk that carries more than text."""
@@ -301,7 +311,9 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         return (opening if role else before) + dumps(chunk.text, ensure_ascii=False).encode() + after
 
     try:
-        yield event(first if first is not None else Chunk(), role=True) or b""
+        if echo:
+            yield event(Chunk(text=echo), role=True) or b""
+        yield event(first if first is not None else Chunk(), role=not echo) or b""
         async for chunk in gen.rest():
             line = event(chunk, role=False)
             if line:
@@ -319,14 +331,8 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingRequestBody = await parse_body(request, EmbeddingRequestBody)
-    texts = body.texts()
-    if texts is None:
-        raise UnsupportedFeature("'input' as token ids is not supported", hint="send the input as text", param="input")
-    manager = app_state(request).manager
-    stats = request_stats(request)
-    vectors = await asyncio.to_thread(manager.embed, body.model, texts)
-    record = await asyncio.to_thread(manager.resolve, body.model)
-    stats.model = record.name
+    vectors, n_tokens = await embed_counted(request, body.model, body.inputs(), found=body.unsupported())
+    name = request_stats(request).model or body.model
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise UnsupportedFeature(
             f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}: truncating embeddings is not supported",
@@ -341,4 +347,5 @@ async def embeddings(request: Request):
         else:
             value = vec
         data.append({"object": "embedding", "index": i, "embedding": value})
-    return {"object": "list", "data": data, "model": record.name, "usage": {"prompt_tokens": 0, "total_tokens": 0}}
+    request_stats(request).prompt_tokens = n_tokens
+    return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

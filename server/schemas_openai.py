@@ -1,7 +1,10 @@
 """Strict request schemas for the OpenAI-compatible routes.
 
-Every field the official ``openai`` client can send is declared, so a real client never
-meets "unknown field"; anything else is rejected. Fields that need a capability are
+Every field the official ``openai`` client can send is declared, and the common extensions
+of llama.cpp's and vLLM's servers too (``n_predict``, ``cache_prompt``, ``grammar``,
+``json_schema``, ``ignore_eos``, ``min_tokens``, ``repetition_penalty``, ``typical_p``,
+``chat_template_kwargs``…); an unknown top-level field is ignored and named in a response
+header (the policy: :mod:`.fields`). Fields that need a capability are
 declared too, and :meth:`unsupported` pairs each one set with the capability it needs
 (``tools``, ``json_schema``, ``logprobs``…), so the route can answer "``tools`` is not
 supported by the mlc runtime" instead of ignoring them. Tool definitions, tool choices,
@@ -18,6 +21,8 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from localrun.server.errors import InvalidRequest
 
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=512)]
 StopWord = Annotated[str, StringConstraints(min_length=1, max_length=512)]
@@ -137,12 +142,38 @@ class Sampled(Strict):
     n: Annotated[int, Field(ge=1, le=128)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    logit_bias: Annotated[dict[Annotated[str, StringConstraints(max_length=16)], Annotated[float, Field(ge=-100, le=100)]],
+                          Field(max_length=1024)] | None = None
     user: Annotated[str, StringConstraints(max_length=512)] | None = None
     # Extensions llama.cpp's and vLLM's servers accept; localrun honours them.
     top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     repeat_penalty: Annotated[float, Field(ge=0, le=10)] | None = None
+    repetition_penalty: Annotated[float, Field(ge=0, le=10)] | None = None  # vLLM's name for repeat_penalty
+    typical_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    n_predict: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # llama.cpp's max_tokens; -1: no limit but the cap
+    cache_prompt: bool | None = None  # the prefix cache is always on; accepted either way
+    grammar: Annotated[str, StringConstraints(max_length=100_000)] | None = None
+    json_schema: dict[str, Any] | None = None  # llama.cpp's top-level schema (response_format's json_schema)
+    ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+
+    def sampling_knobs(self) -> dict[str, Any]:
+        """The knobs shared by chat and completions, for ``make_sampling``."""
+        return {
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty if self.repeat_penalty is not None else self.repetition_penalty,
+            "typical_p": self.typical_p, "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
+            "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens, "grammar": self.grammar,
+            "n": self.n, "logit_bias": logit_bias_pairs(self.logit_bias),
+        }
+
+    def token_limit(self, *more: int | None) -> int | None:
+        """max_tokens (or what the route adds before it), else n_predict; -1 means "the cap"."""
+        for value in (*more, self.max_tokens):
+            if value is not None:
+                return value
+        return None if self.n_predict in (None, -1) else self.n_predict
 
 
 class ChatCompletionRequest(Sampled):
@@ -169,6 +200,10 @@ class ChatCompletionRequest(Sampled):
     prompt_cache_key: Annotated[str, StringConstraints(max_length=1024)] | None = None
     prompt_cache_retention: Annotated[str, StringConstraints(max_length=32)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=512)] | None = None
+    # vLLM's chat extensions (chat_template_kwargs carries enable_thinking and the like).
+    chat_template_kwargs: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=64)] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, capability) for every field set that needs a capability; the route
@@ -202,58 +237,93 @@ class ChatCompletionRequest(Sampled):
                 found.append((name, name))
         if self.store:
             found.append(("store", "store"))
+        if self.chat_template_kwargs:
+            found.append(("chat_template_kwargs", "chat_template_kwargs"))
+        if self.add_generation_prompt is False:
+            found.append(("add_generation_prompt", "add_generation_prompt"))
+        if self.continue_final_message:
+            found.append(("continue_final_message", "continue_final_message"))
         return found
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1, max_length=1_000_000)]
+
+
 class CompletionRequestBody(Sampled):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | list[int] | list[list[int]]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     echo: bool | None = None
-    suffix: str | None = None
+    suffix: Annotated[str, StringConstraints(max_length=1_000_000)] | None = None
     best_of: Annotated[int, Field(ge=1, le=128)] | None = None
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
-        if not isinstance(self.prompt, str) and not (self.prompt and isinstance(self.prompt[0], str)):
-            found.append(("prompt", "token prompts"))
-        if self.echo:
-            found.append(("echo", "echo"))
-        if self.suffix:
+        if self.prompt_ids() is not None:
+            found.append(("prompt", "token_prompts"))
+        if self.suffix is not None:
             found.append(("suffix", "fill-in-the-middle"))
         if self.best_of not in (None, 1):
-            found.append(("best_of", "best_of"))
+            found.append(("best_of", "n"))
+            found.append(("best_of", "logprobs"))
         if self.logprobs is not None:
             found.append(("logprobs", "logprobs"))
         found.extend(_common_unsupported(self))
         return found
 
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt as token ids, or None when it is text."""
+        p = self.prompt
+        if isinstance(p, str) or isinstance(p[0], str):
+            return None
+        return list(p[0]) if isinstance(p[0], list) else list(p)
+
     def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else str(self.prompt[0])
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        return p[0] if isinstance(p[0], str) else ""
 
 
 def _common_unsupported(req: Sampled) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     if req.n not in (None, 1):
-        found.append(("n", "n>1"))
-    for name in ("frequency_penalty", "presence_penalty"):
+        found.append(("n", "n"))
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias", "grammar", "ignore_eos", "min_tokens"):
         if getattr(req, name):
             found.append((name, name))
-    if req.logit_bias:
-        found.append(("logit_bias", "logit_bias"))
+    if req.typical_p is not None and req.typical_p < 1:
+        found.append(("typical_p", "typical_p"))
+    if req.json_schema is not None:
+        found.append(("json_schema", "json_schema"))
     return found
+
+
+def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` as ``Sampling.logit_bias``; a key that is no token id is a 400."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit():
+            raise InvalidRequest(f"logit_bias key {key[:40]!r} is not a token id", param="logit_bias",
+                                 hint="key the biases by token id (see /tokenize), as OpenAI does")
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
 
 
 class EmbeddingRequestBody(Strict):
     model: ModelName
-    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | list[int] | list[list[int]]
+    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=2048)]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
     user: Annotated[str, StringConstraints(max_length=512)] | None = None
 
-    def texts(self) -> list[str] | None:
-        """The inputs as text; None when they are token ids (not supported)."""
-        if isinstance(self.input, str):
-            return [self.input]
-        if self.input and all(isinstance(x, str) for x in self.input):
-            return list(self.input)
-        return None
+    def inputs(self) -> list[str | list[int]]:
+        """Each input: a text, or a list of token ids."""
+        x = self.input
+        if isinstance(x, str):
+            return [x]
+        if isinstance(x[0], (str, list)):
+            return list(x)
+        return [list(x)]
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        return [("input", "token_prompts")] if any(not isinstance(i, str) for i in self.inputs()) else []

@@ -220,6 +220,10 @@ class InProcessHandle:
             with lock:
                 if op == "embed":
                     sink("result", self.session.embed(payload["texts"]))
+                elif op == "call":
+                    from localrun.runtimes.base import call_extra
+
+                    sink("result", call_extra(self.session, self.plan.runtime, payload["method"], payload.get("args") or {}))
                 else:
                     req = (ChatRequest if op == "chat" else CompletionRequest).from_dict(payload["req"])
                     stream = self.session.chat(req, cancel) if op == "chat" else self.session.complete(req, cancel)

@@ -53,6 +53,11 @@ class WorkerServer:
         try:
             if msg["op"] == "embed":
                 self.writer.send({"ev": "result", "id": rid, "data": self.session.embed(msg["texts"])})
+            elif msg["op"] == "call":
+                from localrun.runtimes.base import call_extra
+
+                data = call_extra(self.session, msg.get("runtime", "this"), msg["method"], msg.get("args") or {})
+                self.writer.send({"ev": "result", "id": rid, "data": data})
             else:
                 if msg["op"] == "chat":
                     stream = self.session.chat(ChatRequest.from_dict(msg["req"]), cancel)
@@ -88,7 +93,7 @@ class WorkerServer:
                 cancel = self.cancels.get(msg["id"])
                 if cancel is not None:  # else the request already ended: nothing to stop
                     cancel.set()
-            elif op in ("chat", "complete", "embed"):
+            elif op in ("chat", "complete", "embed", "call"):
                 self.cancels.setdefault(msg["id"], Cancel())
                 if concurrent:
                     threading.Thread(target=self.run_request, args=(msg,), daemon=True).start()

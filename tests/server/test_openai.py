@@ -129,9 +129,10 @@ def test_text_content_parts_are_joined(oai):
     assert r.choices[0].message.content.startswith("You said: part one part two.")
 
 
-def test_unknown_field_and_bad_numbers_are_400(oai):
-    with pytest.raises(openai.BadRequestError, match="frobnicate"):
-        oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], extra_body={"frobnicate": 1})
+def test_unknown_field_is_ignored_and_named_bad_numbers_are_400(oai):
+    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                        extra_body={"frobnicate": 1}, max_tokens=4)
+    assert raw.headers["x-localrun-ignored-fields"] == "frobnicate" and raw.parse().choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="temperature"):
         oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=7)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):

@@ -1,0 +1,143 @@
+"""The field policy of every request body, in one place for every route (OpenAI, Ollama,
+llama-server's, and the Anthropic and Responses routes to come).
+
+Three kinds of top-level field:
+
+* **known and honoured** — declared in the route's schema, typed and bounded;
+* **known, not honourable here** — declared, paired by the schema's ``unsupported()`` with
+  the capability it needs; when the loaded runtime lacks it the answer is a 400 naming the
+  field and the runtime (:func:`refuse_unsupported`), never a silent ignore;
+* **unknown** — accepted and ignored, as llama-server, vLLM and Ollama do (clients rely on
+  it: llama.cpp's send ``id_slot``, ``timings_per_token``…), but never silently: the names
+  go back in the ``X-Localrun-Ignored-Fields`` response header (:class:`IgnoredFieldsHeader`)
+  and to the log. ``server.strict_fields = true`` makes them a 400 again (OpenAI's rule).
+
+Only the top level is lenient: nested objects (messages, tools, formats) stay strict, since
+a typo there changes what the model sees.
+
+A route uses it as ``body = await parse_body(request, Schema)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localrun.errors import UnsupportedFeature
+from localrun.server.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+HEADER = "X-Localrun-Ignored-Fields"
+SCOPE_KEY = "localrun.ignored_fields"
+#: How many ignored names the header lists (a hostile body may carry thousands).
+MAX_LISTED = 32
+
+#: What to do about a field whose capability the runtime lacks, where "remove the field" is wrong.
+HINTS = {
+    "token_prompts": "send the prompt (or input) as text, or load the model on llama.cpp",
+    "fill-in-the-middle": "this model has no fill-in-the-middle tokens: use a code model with FIM tokens, or leave the suffix out",
+    "rerank": "use a reranker model (rank pooling), or load one with --pooling rank",
+    "embeddings": "use an embedding model, or load this one with a pooling override (--pooling mean)",
+}
+
+
+def known_fields(schema: type[BaseModel]) -> frozenset[str]:
+    """Every top-level name ``schema`` accepts: field names and their aliases."""
+    names = set()
+    for name, info in schema.model_fields.items():
+        names.add(name)
+        if info.alias:
+            names.add(info.alias)
+    return frozenset(names)
+
+
+def strict_fields(request: Request) -> bool:
+    settings = getattr(request.app.state, "settings", None)
+    return bool(getattr(getattr(settings, "server", None), "strict_fields", False))
+
+
+async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool = True) -> Any:
+    """The body validated against ``schema`` under the field policy; any problem is one 400 naming the field.
+
+    ``lenient=False`` keeps unknown fields a 400 whatever the setting: localrun's own admin
+    routes, which only its TUI calls and where an ignored field would be a surprise.
+    """
+    raw = await request.body()
+    try:
+        data = json.loads(raw or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("the body nests too deeply", hint="send a flatter JSON document") from None
+    if isinstance(data, dict) and lenient:
+        data = drop_unknown(request, data, schema)
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        from localrun.server.generation import validation_error
+
+        raise validation_error(exc) from None
+
+
+def drop_unknown(request: Request, data: dict, schema: type[BaseModel]) -> dict:
+    """``data`` without the top-level names ``schema`` does not know; they are noted for the
+    header and the log, or a 400 in strict mode."""
+    known = known_fields(schema)
+    unknown = [k for k in data if k not in known]
+    if not unknown:
+        return data
+    if strict_fields(request):
+        raise InvalidRequest(f"unknown field {unknown[0]!r}", param=unknown[0],
+                             hint="remove it (the server runs with server.strict_fields = true)")
+    note_ignored(request, unknown)
+    return {k: v for k, v in data.items() if k in known}
+
+
+def _printable(name: str) -> str:
+    """A name safe in a header and a log line: printable ASCII only, commas replaced."""
+    return "".join(c if " " <= c <= "~" and c != "," else "?" for c in name[:64])
+
+
+def note_ignored(request: Request, names: list[str]) -> None:
+    shown = [_printable(n) for n in names[:MAX_LISTED]]
+    request.scope.setdefault(SCOPE_KEY, []).extend(shown)
+    log.info("%s %s: ignored unknown field%s %s", request.method, request.url.path[:200],
+             "s" if len(names) > 1 else "", ", ".join(shown) + (f" (+{len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""))
+
+
+def refuse_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str, capabilities: frozenset[str]) -> None:
+    """A 400 naming the first field whose capability the runtime does not declare.
+
+    ``found`` pairs each field the request set with the capability it needs.
+    """
+    for field, capability in found:
+        if capability not in capabilities:
+            raise UnsupportedFeature(f"{field!r} is not supported by the {runtime} runtime serving {model}",
+                                     hint=HINTS.get(capability, "remove the field from the request"), param=field)
+
+
+class IgnoredFieldsHeader:
+    """Adds ``X-Localrun-Ignored-Fields`` to a response whose request had unknown fields."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            names = scope.get(SCOPE_KEY)
+            if message["type"] == "http.response.start" and names:
+                value = ", ".join(dict.fromkeys(names)).encode("ascii")
+                message = {**message, "headers": [*message.get("headers", []), (HEADER.lower().encode(), value)]}
+            await send(message)
+
+        await self.app(scope, receive, sending)

@@ -1,0 +1,142 @@
+"""OpenAI answers with several choices (``n``, ``best_of``), and the pieces every OpenAI answer
+shares: usage, log-probability shapes, ``system_fingerprint``.
+
+The runtime streams the choices interleaved, each chunk tagged with ``Chunk.index``, every
+choice ending with its own final chunk. A collected answer lists them by index; ``best_of``
+keeps the ``n`` candidates whose tokens have the highest mean log-probability (OpenAI's
+ranking) and numbers them again from 0. A stream sends each choice's role first, then
+its chunks as they come, and each choice's closing event when that choice ends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+from localrun import __version__
+from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.generation import Generation, finish_for_wire
+from localrun.types import Chunk, Usage
+
+log = logging.getLogger(__name__)
+
+
+def usage_dict(u: Usage) -> dict:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def system_fingerprint(gen: Generation) -> str:
+    """What produced the answer (localrun's version, the runtime, the model's file and plan), as
+    OpenAI's ``system_fingerprint``: equal fingerprints, same backend configuration."""
+    plan = gen.plan
+    basis = f"{__version__}|{plan.runtime}|{gen.record.name}|{gen.record.path}|{plan.n_ctx}|{plan.kv_type}"
+    return "fp_" + hashlib.sha256(basis.encode()).hexdigest()[:12]
+
+
+def chat_logprobs(entries) -> dict:
+    return {"content": list(entries), "refusal": None}
+
+
+def legacy_logprobs(entries, offset: int) -> dict:
+    """The completions API's older shape: parallel lists, top alternatives as {token: logprob}."""
+    tokens, offsets = [], []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+        tokens.append(e["token"])
+    return {
+        "tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [{a["token"]: a["logprob"] for a in e.get("top_logprobs", ())} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def check_best_of(body, n: int, best_of: int) -> None:
+    """OpenAI's rules for ``best_of`` and ``echo``, before anything is loaded."""
+    if best_of > 1:
+        if best_of < n:
+            raise InvalidRequest(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
+        if body.stream:
+            raise InvalidRequest("'best_of' cannot be streamed: the best candidates are known only at the end",
+                                 param="best_of", hint="set stream to false, or use 'n' instead")
+    if body.echo and body.logprobs is not None:
+        raise UnsupportedFeature("'echo' with 'logprobs' would need the prompt's log-probabilities, which localrun does not compute",
+                                 param="echo", hint="drop 'logprobs', or 'echo'")
+    if body.echo and body.suffix is not None:
+        raise InvalidRequest("'echo' cannot be combined with 'suffix'", param="echo")
+
+
+def _mean_logprob(entries) -> float:
+    return sum(e["logprob"] for e in entries) / len(entries) if entries else 0.0
+
+
+def many_choices(gen: Generation, body, *, chat: bool, asked_logprobs: bool, echo: str | None) -> list[dict]:
+    """The collected choices of a request with ``n`` or ``best_of`` above 1."""
+    order = sorted(gen.texts)
+    n, best_of = body.n or 1, getattr(body, "best_of", None) or 1
+    if best_of > n:
+        order = sorted(order, key=lambda i: -_mean_logprob(gen.choice_logprobs.get(i, ())))[:n]
+    choices = []
+    for new, i in enumerate(order):
+        text, entries = gen.texts[i], gen.choice_logprobs.get(i, [])
+        finish = finish_for_wire(gen.finishes.get(i))
+        if chat:
+            lp = chat_logprobs(entries) if asked_logprobs else None
+            choices.append({"index": new, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish})
+        else:
+            base = len(echo) if echo is not None else len(body.prompt_text())
+            lp = legacy_logprobs(entries, base) if asked_logprobs else None
+            choices.append({"index": new, "text": (echo or "") + text, "logprobs": lp, "finish_reason": finish})
+    return choices
+
+
+async def sse_choices(gen: Generation, first: Chunk | None, body, *, ident: str, created: int, chat: bool,
+                      include_usage: bool, fingerprint: str, echo: str | None = None) -> AsyncIterator[bytes]:
+    """The stream of an ``n`` > 1 request: whole-object events, one choice index each."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name, "system_fingerprint": fingerprint}
+    asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+    offsets = {}
+
+    def event(index: int, text: str, *, role: bool = False, finish: str | None = None, logprobs=()) -> bytes:
+        if chat:
+            delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text or finish is None else {})
+            lp = chat_logprobs(logprobs) if logprobs and asked_logprobs else None
+            choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        else:
+            at = offsets.get(index, len(echo) if echo is not None else len(body.prompt_text()))
+            lp = legacy_logprobs(logprobs, at) if logprobs and asked_logprobs else None
+            offsets[index] = at + len(text)
+            choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
+        return b"data: " + json.dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
+
+    def lines(chunk: Chunk):
+        if chunk.text or chunk.logprobs:
+            yield event(chunk.index, chunk.text, logprobs=chunk.logprobs)
+        if chunk.finish_reason:
+            yield event(chunk.index, "", finish=finish_for_wire(chunk.finish_reason))
+
+    try:
+        for i in range(body.n):
+            yield event(i, echo or "", role=True) if chat or echo else event(i, "")
+        if first is not None:
+            for line in lines(first):
+                yield line
+        async for chunk in gen.rest():
+            for line in lines(chunk):
+                yield line
+    except LocalrunError as exc:  # started already: the error travels in the stream
+        log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
+        yield b"data: " + json.dumps(stream_error_line(exc, ollama=False)).encode() + b"\n\n"
+        return
+    if include_usage:
+        yield b"data: " + json.dumps({**base, "choices": [], "usage": usage_dict(gen.usage)}).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"

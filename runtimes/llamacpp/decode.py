@@ -23,21 +23,29 @@ PENALTY_LAST_N = 64
 def build_sampler(llama, sampling: Sampling, n_vocab: int):
     """A C sampler chain for one request; the caller frees it with ``llama_sampler_free``.
 
-    Greedy when ``temperature <= 0``; otherwise top-k → top-p → min-p → temperature → a
-    seeded draw, the order llama.cpp's own tools use. A repeat penalty, when asked for,
-    goes first so it shapes what the later stages see.
+    Logit biases first (so +100 forces a token even under greedy), then the penalties
+    (repeat, frequency, presence: llama.cpp's one penalty sampler over the last 64 tokens),
+    so they shape what the later stages see. Greedy when ``temperature <= 0``; otherwise
+    top-k → typical → top-p → min-p → temperature → a seeded draw, the order llama.cpp's own
+    tools use.
     """
     params = llama.llama_sampler_chain_default_params()
     params.no_perf = True
     chain = llama.llama_sampler_chain_init(params)
     add = llama.llama_sampler_chain_add
-    if sampling.repeat_penalty and sampling.repeat_penalty != 1.0:
-        add(chain, llama.llama_sampler_init_penalties(n_vocab, PENALTY_LAST_N, float(sampling.repeat_penalty), 0.0, 0.0))
+    if sampling.logit_bias:
+        add(chain, logit_bias_sampler(llama, n_vocab, sampling.logit_bias))
+    repeat = float(sampling.repeat_penalty or 1.0)
+    freq, present = float(sampling.frequency_penalty or 0.0), float(sampling.presence_penalty or 0.0)
+    if repeat != 1.0 or freq or present:
+        add(chain, llama.llama_sampler_init_penalties(n_vocab, PENALTY_LAST_N, repeat, freq, present))
     if not sampling.temperature or sampling.temperature <= 0:
         add(chain, llama.llama_sampler_init_greedy())
         return chain
     if sampling.top_k and sampling.top_k > 0:
         add(chain, llama.llama_sampler_init_top_k(int(sampling.top_k)))
+    if sampling.typical_p is not None and 0 < sampling.typical_p < 1:
+        add(chain, llama.llama_sampler_init_typical(float(sampling.typical_p), 1))
     if sampling.top_p is not None and 0 < sampling.top_p < 1:
         add(chain, llama.llama_sampler_init_top_p(float(sampling.top_p), 1))
     if sampling.min_p and sampling.min_p > 0:
@@ -46,6 +54,41 @@ def build_sampler(llama, sampling: Sampling, n_vocab: int):
     seed = llama.LLAMA_DEFAULT_SEED if sampling.seed is None else int(sampling.seed) & 0xFFFFFFFF
     add(chain, llama.llama_sampler_init_dist(seed))
     return chain
+
+
+def logit_bias_sampler(llama, n_vocab: int, biases):
+    """llama.cpp's logit-bias stage. OpenAI's ±100 means "ban" / "force": the bias is added to
+    the raw logit, and 100 already outweighs any logit a model produces."""
+    arr = (llama.llama_logit_bias * len(biases))()
+    for i, (token, bias) in enumerate(biases):
+        arr[i].token = int(token)
+        arr[i].bias = float("-inf") if bias <= -100 else float(bias)
+    return llama.llama_sampler_init_logit_bias(n_vocab, len(biases), arr)
+
+
+class EogGuard:
+    """Keeps end-of-generation tokens from being sampled: always (``ignore_eos``) or for the
+    first ``min_tokens`` tokens. It writes -inf into the context's logits of those tokens
+    before the inner sampler reads them, so grammar, penalties and logprobs all see one
+    consistent distribution; the inner chain's state is never rebuilt mid-answer."""
+
+    __slots__ = ("_inner", "_get_logits", "_eog", "_left")
+
+    def __init__(self, llama, inner, eog_tokens, until: int | None) -> None:
+        self._inner, self._get_logits, self._eog = inner, llama.llama_get_logits_ith, tuple(eog_tokens)
+        self._left = until  # None: for the whole answer
+
+    def sample(self, ctx, index: int) -> int:
+        if self._left is None or self._left > 0:
+            logits = self._get_logits(ctx, index)
+            for token in self._eog:
+                logits[token] = float("-inf")
+            if self._left is not None:
+                self._left -= 1
+        return self._inner.sample(ctx, index)
+
+    def free(self) -> None:
+        self._inner.free()
 
 
 class ChainSampler:

@@ -2,7 +2,11 @@
 
 A model's GGUF says it is an embedding model by carrying ``<arch>.pooling_type`` (BERT,
 nomic-bert, Qwen3-Embedding…); ``plan.options["embedding"]`` forces the answer either way
-(``True`` on a decoder gives mean-pooled hidden states, handy for tests and small setups).
+(``True`` on a decoder gives mean-pooled hidden states, handy for tests and small setups),
+and ``plan.options["pooling"]`` (``mean``/``cls``/``last``/``none``/``rank``, the ``--pooling``
+flag) overrides the GGUF's pooling, so a generative model such as Gemma can serve
+embeddings; ``none`` keeps one vector per token (llama-server's native ``/embeddings``),
+``rank`` makes a reranker's relevance score the output (``/rerank``).
 
 The embedding context is separate from the generation one (``embeddings=True`` changes
 what a decode computes) and is created on the first request, so a chat model that is
@@ -52,26 +56,55 @@ def model_pooling(llama, model) -> int | None:
         return None
 
 
+#: ``plan.options["pooling"]`` values (the ``--pooling`` flag), as llama.cpp's pooling types.
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+
+
+def pooling_override(plan: Plan) -> int | None:
+    """The plan's pooling override as a llama.cpp pooling type, or None.
+
+    Raises:
+        UnsupportedFeature: an unknown name (the message lists the right ones).
+    """
+    name = plan.options.get("pooling")
+    if name is None:
+        return None
+    if name not in POOLING:
+        raise UnsupportedFeature(f"unknown pooling {name!r}", param="pooling", hint="use one of: " + ", ".join(POOLING))
+    return POOLING[name]
+
+
+def effective_pooling(llama, model, plan: Plan) -> int | None:
+    """The pooling embeddings use: the plan's override, else the GGUF's, else None (a decoder)."""
+    forced = pooling_override(plan)
+    return forced if forced is not None else model_pooling(llama, model)
+
+
 def embeddings_wanted(llama, model, plan: Plan) -> bool:
-    """Whether this session declares the ``embeddings`` capability."""
+    """Whether this session declares the ``embeddings`` capability: a pooling override or the
+    ``embedding`` option says so, else the GGUF's pooling does (not none, not rank)."""
+    if pooling_override(plan) is not None:
+        return True
     forced = plan.options.get("embedding")
     if forced is not None:
         return bool(forced)
     pooling = model_pooling(llama, model)
-    return pooling is not None and pooling != llama.LLAMA_POOLING_TYPE_NONE
+    return pooling is not None and pooling not in (llama.LLAMA_POOLING_TYPE_NONE, POOLING["rank"])
 
 
 class Embedder:
     """Pooled, normalised embeddings on its own context. Thread-safe (one text at a time)."""
 
-    def __init__(self, llama, model, plan: Plan, *, tokenize: Callable[[str], list[int]]) -> None:
+    def __init__(self, llama, model, plan: Plan, *, tokenize: Callable[[str], list[int]], pooling: int | None = None) -> None:
         self._llama, self._model, self._tokenize = llama, model, tokenize
         self._lock = threading.Lock()
         self.n_embd = int(llama.llama_model_n_embd(model))
+        self.n_cls_out = max(1, int(llama.llama_model_n_cls_out(model))) if hasattr(llama, "llama_model_n_cls_out") else 1
         train = int(llama.llama_model_n_ctx_train(model)) or DEFAULT_EMBED_CTX
         self.n_ctx = max(8, min(int(plan.options.get("embed_ctx") or plan.n_ctx or DEFAULT_EMBED_CTX), train))
-        pooling = model_pooling(llama, model)
-        self.pooling = llama.LLAMA_POOLING_TYPE_MEAN if pooling in (None, llama.LLAMA_POOLING_TYPE_NONE) else pooling
+        pooling = effective_pooling(llama, model, plan) if pooling is None else pooling
+        # A decoder without an override pools by mean; an explicit "none" keeps per-token vectors.
+        self.pooling = llama.LLAMA_POOLING_TYPE_MEAN if pooling is None else pooling
         self._encoder_only = bool(llama.llama_model_has_encoder(model)) and not bool(llama.llama_model_has_decoder(model))
         cp = llama.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
@@ -86,21 +119,44 @@ class Embedder:
         self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self.embed_ids([self._tokenize(t) for t in texts])
+
+    def embed_ids(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One pooled vector per token list: L2-normalised (a dot product is the cosine), except
+        under rank pooling, where the "vector" is the reranker's raw relevance score(s)."""
         import numpy as np
 
         out: list[list[float]] = []
         with self._lock:
             if self._ctx is None:
                 raise LocalrunError("the embedding context is closed", hint="load the model again")
-            for i, text in enumerate(texts):
-                vec = np.array(self._one(text, i), dtype=np.float64)
+            for i, tokens in enumerate(inputs):
+                self._evaluate(tokens, i)
+                if self.pooling == POOLING["rank"]:
+                    out.append([float(v) for v in self._pooled()[: self.n_cls_out]])
+                    continue
+                vec = np.array(self._pooled()[: self.n_embd], dtype=np.float64)
                 norm = float(np.linalg.norm(vec))
                 out.append((vec / norm if norm > 0 else vec).tolist())
         return out
 
-    def _one(self, text: str, index: int) -> list[float]:
+    def per_token(self, tokens: Sequence[int]) -> list[list[float]]:
+        """Pooling none: one (unnormalised) vector per token, as llama-server's /embeddings gives."""
+        with self._lock:
+            if self._ctx is None:
+                raise LocalrunError("the embedding context is closed", hint="load the model again")
+            self._evaluate(tokens, 0)
+            rows = []
+            for i in range(len(tokens)):
+                ptr = self._llama.llama_get_embeddings_ith(self._ctx, i)
+                if not ptr:
+                    raise UnsupportedFeature("llama.cpp kept no per-token vectors", param="input",
+                                             hint="load the model with pooling none")
+                rows.append([float(v) for v in ptr[: self.n_embd]])
+            return rows
+
+    def _evaluate(self, tokens: Sequence[int], index: int) -> None:
         llama = self._llama
-        tokens = self._tokenize(text)
         if not tokens:
             raise UnsupportedFeature(f"input[{index}] is empty", param="input", hint="send some text to embed")
         if len(tokens) > self.n_ctx:
@@ -115,11 +171,13 @@ class Embedder:
         if rc != 0:
             raise LocalrunError(f"llama.cpp failed to evaluate input[{index}] for embeddings (code {rc})",
                                 hint="retry with a shorter input")
-        ptr = llama.llama_get_embeddings_seq(self._ctx, 0)
+
+    def _pooled(self):
+        ptr = self._llama.llama_get_embeddings_seq(self._ctx, 0)
         if not ptr:
             raise UnsupportedFeature("llama.cpp returned no pooled embedding for this model", param="input",
-                                     hint="the model's pooling type gives per-token vectors only")
-        return ptr[: self.n_embd]
+                                     hint="its pooling gives per-token vectors only: use /embeddings, or load it with --pooling mean")
+        return ptr
 
     def close(self) -> None:
         with self._lock:

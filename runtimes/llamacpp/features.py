@@ -25,15 +25,19 @@ from typing import Any
 
 from localrun import tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
-from localrun.runtimes.llamacpp.decode import build_sampler
-from localrun.runtimes.llamacpp.embed import Embedder, embeddings_wanted
+from localrun.runtimes.llamacpp.decode import EogGuard, build_sampler
+from localrun.runtimes.llamacpp.embed import POOLING, Embedder, effective_pooling, embeddings_wanted
 from localrun.runtimes.llamacpp.grammar import LogprobReader, LogprobSampler, grammar_sampler, request_grammar, sequence_sampler
 from localrun.types import ChatRequest, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
-#: What every llama.cpp session honours; "embeddings" is added per model.
-CAPABILITIES = frozenset({"tools", "json_schema", "logprobs"})
+#: What every llama.cpp session honours; "embeddings", "rerank" and "fill-in-the-middle" are added per model.
+CAPABILITIES = frozenset({
+    "tools", "json_schema", "logprobs", "grammar", "n", "logit_bias", "frequency_penalty", "presence_penalty",
+    "typical_p", "ignore_eos", "min_tokens", "token_prompts", "chat_template_kwargs", "add_generation_prompt",
+    "continue_final_message",
+})
 
 
 class SessionFeatures:
@@ -45,9 +49,14 @@ class SessionFeatures:
         self._llama, self._model, self._ctx, self._plan = llama, model, ctx, plan
         self._name, self._tokenize, self._is_eog = name, tokenize, is_eog
         self._vocab, self._n_vocab, self._piece_of = vocab, n_vocab, piece_of
+        self.piece = piece_of  # token -> bytes, cached (the extras' /tokenize pieces, /detokenize)
         embeds = embeddings_wanted(llama, model, plan)
-        self.capabilities = CAPABILITIES | ({"embeddings"} if embeds else frozenset())
+        self.pooling = effective_pooling(llama, model, plan)
+        ranks = self.pooling == POOLING["rank"]
+        self.capabilities = CAPABILITIES | ({"embeddings"} if embeds and not ranks else frozenset()) | (
+            {"rerank"} if ranks else frozenset())
         self._reader: LogprobReader | None = None
+        self._eog: tuple[int, ...] | None = None
         self._embedder: Embedder | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -69,22 +78,46 @@ class SessionFeatures:
         """(sampler factory for the scheduler thread, the list logprob entries go to or None).
 
         Raises:
-            UnsupportedFeature: llama.cpp cannot parse the grammar (checked here, eagerly).
+            UnsupportedFeature: llama.cpp cannot parse the grammar (checked here, eagerly), a
+                logit bias names a token the vocabulary lacks, or ``ignore_eos`` meets a grammar.
         """
         llama, vocab, n_vocab = self._llama, self._vocab, self._n_vocab
+        self.check_tokens([t for t, _ in sampling.logit_bias], "logit_bias")
         if gbnf:
+            if sampling.ignore_eos:
+                raise UnsupportedFeature("'ignore_eos' cannot be combined with a grammar or JSON schema: a finished "
+                                         "grammar allows only the end token", param="ignore_eos",
+                                         hint="drop 'ignore_eos' or the grammar")
             llama.llama_sampler_free(grammar_sampler(llama, vocab, gbnf))
         entries: list | None = None
         reader = None
         if sampling.logprobs is not None:
             entries, reader = [], self._logprob_reader()
         top_n, is_eog = int(sampling.logprobs or 0), self._is_eog
+        guard = self.eog_tokens() if sampling.ignore_eos or sampling.min_tokens > 0 else ()
+        until = None if sampling.ignore_eos else int(sampling.min_tokens)
 
         def build():
             sampler = sequence_sampler(llama, vocab, build_sampler(llama, sampling, n_vocab), gbnf, sampling, n_vocab)
+            if guard:
+                sampler = EogGuard(llama, sampler, guard, until)
             return sampler if reader is None else LogprobSampler(sampler, reader, top_n, entries, is_eog)
 
         return build, entries
+
+    def check_tokens(self, tokens: Sequence[int], param: str) -> None:
+        """A 400 for a token id outside the vocabulary (llama.cpp would read past its tables)."""
+        bad = next((t for t in tokens if not 0 <= int(t) < self._n_vocab), None)
+        if bad is not None:
+            raise UnsupportedFeature(f"{param!r} has token id {bad}, outside {self._name}'s vocabulary of {self._n_vocab}",
+                                     param=param, hint=f"use token ids from 0 to {self._n_vocab - 1} (see /tokenize)")
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary, found once (one pass over it)."""
+        with self._lock:
+            if self._eog is None:
+                self._eog = tuple(t for t in range(self._n_vocab) if self._is_eog(t))
+            return self._eog
 
     def _logprob_reader(self) -> LogprobReader:
         with self._lock:
@@ -95,17 +128,26 @@ class SessionFeatures:
     # --- embeddings -----------------------------------------------------------------------------
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if "embeddings" not in self.capabilities:
-            raise UnsupportedFeature(
-                f"embeddings are not supported by the llama.cpp runtime serving {self._name}: its GGUF declares no pooling",
-                param="input", hint="use an embedding model, or load this one with the plan option embedding=true")
+        return self.embedder().embed(texts)
+
+    def embedder(self, *, capability: str = "embeddings", param: str = "input") -> Embedder:
+        """The session's embedding context, created on first use.
+
+        Raises:
+            UnsupportedFeature: this model declares no ``capability`` (embeddings or rerank).
+        """
+        if capability not in self.capabilities:
+            why = ("its GGUF declares no pooling" if capability == "embeddings" else "its GGUF does not declare rank pooling")
+            fix = ("use an embedding model, or load this one with a pooling override (--pooling mean)"
+                   if capability == "embeddings" else "use a reranker GGUF, or load one with --pooling rank")
+            raise UnsupportedFeature(f"{capability} are not supported by the llama.cpp runtime serving {self._name}: {why}",
+                                     param=param, hint=fix)
         with self._lock:
             if self._closed:
                 raise RuntimeUnavailable(f"the llama.cpp session for {self._name} is closed", hint="load it again")
             if self._embedder is None:
                 self._embedder = Embedder(self._llama, self._model, self._plan, tokenize=self._tokenize)
-            embedder = self._embedder
-        return embedder.embed(texts)
+            return self._embedder
 
     def close(self) -> None:
         """Free the embedding context (waiting for a running embed); the session frees the model after."""

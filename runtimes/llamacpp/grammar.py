@@ -214,14 +214,16 @@ def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, 
     :class:`~localrun.runtimes.llamacpp.decode.ChainSampler`; owns ``chain``.
 
     ``chain`` must be what ``build_sampler`` makes of ``sampling``: the shortlist shortcut
-    relies on its greedy or top-k stage, and is off under a repeat penalty (which reorders
-    the logits before top-k) or without top-k.
+    relies on its greedy or top-k stage, and is off under a penalty or a logit bias (which
+    reorder the logits before top-k) or without top-k.
     """
     if not gbnf:
         from localrun.runtimes.llamacpp.decode import ChainSampler
 
         return ChainSampler(llama, chain)
-    if sampling.repeat_penalty and sampling.repeat_penalty != 1.0:
+    reordered = (sampling.repeat_penalty and sampling.repeat_penalty != 1.0) or sampling.frequency_penalty \
+        or sampling.presence_penalty or sampling.logit_bias
+    if reordered:
         need = None
     elif not sampling.temperature or sampling.temperature <= 0:
         need = 1

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import dataclasses
 import functools
 import logging
 import os
@@ -52,7 +53,9 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
+from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.scheduler import Job, Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
@@ -139,7 +142,7 @@ class LlamaCppRuntime:
         return LlamaCppSession.open(model, plan)
 
 
-class LlamaCppSession:
+class LlamaCppSession(ServerExtras):
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.
 
     ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
@@ -184,7 +187,7 @@ class LlamaCppSession:
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
                                          tokenize=lambda text: self.tokenize(text, add_special=True),
                                          vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
-        self.capabilities = self._features.capabilities
+        self.capabilities = self._features.capabilities | self.extra_capabilities()
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
@@ -292,30 +295,53 @@ class LlamaCppSession:
         toks = self.tokenize(text, add_special=False)
         return len(toks) == 1 and self._token_text(toks[0]) == text
 
-    def chat_prompt(self, messages: Sequence, variables: dict | None = None) -> tuple[list[int], tuple[str, ...]]:
+    def chat_prompt(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
+                    continue_final: bool = False) -> tuple[list[int], tuple[str, ...]]:
         """Tokens of the rendered conversation, and stop strings the prompt format adds."""
+        text, stops = self.chat_text(messages, variables, add_generation_prompt=add_generation_prompt,
+                                     continue_final=continue_final)
+        add_bos = not (self._bos and text.startswith(self._bos))
+        return self.tokenize(text, add_special=add_bos), stops
+
+    def chat_text(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
+                  continue_final: bool = False) -> tuple[str, tuple[str, ...]]:
+        """The rendered conversation as text (what /apply-template shows), and its stop strings.
+
+        ``continue_final`` renders the last message as a finished turn and cuts the text right
+        after its content, so the model goes on writing it (vLLM's ``continue_final_message``).
+        """
         if self.chat_template:
             text = render_chat(self.chat_template, messages, bos_token=self._bos, eos_token=self._eos,
-                               timeout_s=self._template_timeout_s, variables=variables)
+                               timeout_s=self._template_timeout_s, variables=variables,
+                               add_generation_prompt=add_generation_prompt and not continue_final)
             stops: tuple[str, ...] = ()
         else:
             fallback = fallback_chat(messages, gemma_turns=self._gemma_turns)
             text, stops = fallback.text, fallback.stop
-        add_bos = not (self._bos and text.startswith(self._bos))
-        return self.tokenize(text, add_special=add_bos), stops
+        if continue_final and messages:
+            last = messages[-1]
+            content = last.get("content") if isinstance(last, dict) else getattr(last, "content", "")
+            cut = text.rfind(content) if content else -1
+            if cut < 0:
+                raise UnsupportedFeature("'continue_final_message' needs a last message with text the template keeps",
+                                         param="continue_final_message", hint="end the conversation with the text to continue")
+            text = text[:cut + len(content)]
+        return text, stops
 
     # --- the protocol ---------------------------------------------------------------------
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
-        tokens, stops = self.chat_prompt(messages, variables)
+        tokens, stops = self.chat_prompt(messages, {**req.template_kwargs, **variables},
+                                         add_generation_prompt=req.add_generation_prompt,
+                                         continue_final=req.continue_final_message)
         return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         gbnf = self._features.completion_grammar(req.sampling)
-        return self._start(self.tokenize(req.prompt, add_special=True), req.sampling, cancel, (), gbnf)
+        return self._start(self.completion_tokens(req), req.sampling, cancel, (), gbnf)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self._check_open()
@@ -357,10 +383,17 @@ class LlamaCppSession:
             )
         room = self.n_ctx - len(prompt)
         limit = room if sampling.max_tokens is None else max(0, min(int(sampling.max_tokens), room))
+        jobs = []
         with self._native:
             self._check_open()
-            build, logprobs = self._features.job_sampling(sampling, gbnf)
-        job = Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build,
-                  logprobs=logprobs)
-        return self._sched.stream(job)
+            for i in range(max(1, int(sampling.n))):
+                # Each choice draws its own tokens: a seeded request seeds choice i with seed + i.
+                own = sampling if i == 0 or sampling.seed is None else dataclasses.replace(
+                    sampling, seed=(int(sampling.seed) + i) & 0xFFFFFFFF)
+                build, logprobs = self._features.job_sampling(own, gbnf)
+                jobs.append(Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build,
+                                logprobs=logprobs))
+        if len(jobs) == 1:
+            return self._sched.stream(jobs[0])
+        return stream_choices(self._sched._submit, jobs, cancel)  # noqa: SLF001 - the choices share the scheduler's inbox
 

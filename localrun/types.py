@@ -210,6 +210,8 @@ class CompletionRequest:
     prompt_tokens: tuple[int, ...] = ()
     #: Text after the insertion point: the prompt and this are filled in the middle (FIM tokens).
     suffix: str | None = None
+    #: With ``suffix``: how the middle begins (llama-server's /infill ``prompt``); the model goes on from it.
+    middle: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -217,7 +219,8 @@ class CompletionRequest:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "CompletionRequest":
         return cls(prompt=d["prompt"], sampling=_sampling_from(d.get("sampling")),
-                   prompt_tokens=tuple(int(t) for t in d.get("prompt_tokens") or ()), suffix=d.get("suffix"))
+                   prompt_tokens=tuple(int(t) for t in d.get("prompt_tokens") or ()), suffix=d.get("suffix"),
+                   middle=d.get("middle") or "")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 ``/health`` says the server is up and what is loaded; ``/metrics`` is Prometheus text;
 ``/admin/...`` loads, unloads and pins models and streams status changes (SSE). Every one
-of them needs the API key when one is set (the guard middleware sees to that).
+of them needs the API key when one is set (the guard middleware sees to that), except
+``/health``'s liveness answer (``{"status": "ok"}``, nothing else) for keyless probes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from localrun.server.errors import InvalidRequest
 from localrun.server.generation import app_state, parse_body
 from localrun.server.schemas_ollama import KeepAlive, keep_alive_seconds
 from localrun.server.schemas_openai import Strict
+from localrun.server.security import AUTHENTICATED_KEY
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,10 @@ def status(request: Request) -> dict[str, Any]:
 
 @router.get("/health")
 async def health(request: Request):
+    """Liveness for anyone (load balancers and container probes carry no key); the detailed
+    view — models, PIDs, queues — only with the key when one is set."""
+    if request.scope.get(AUTHENTICATED_KEY) is False:
+        return {"status": "ok"}
     return status(request)
 
 

@@ -20,7 +20,7 @@ from starlette.responses import PlainTextResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import admin_api, ollama_api, ollama_models, openai_api
+from localrun.server import admin_api, llama_routes, ollama_api, ollama_models, openai_api
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe
@@ -46,7 +46,8 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.started_at = time.monotonic()
 
-    for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router):
+    for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router, llama_routes.router,
+                   openai_api.bare_router):
         app.include_router(router)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)

@@ -54,6 +54,8 @@ def _sampling(request: Request, body):
         cap=cap, max_tokens=o.num_predict, seed=seed, stop=o.stop,
         temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, repeat_penalty=o.repeat_penalty,
         json_schema=schema, logprobs=logprobs,
+        # Checked against the runtime's capabilities (Options.unsupported) before they get here.
+        typical_p=o.typical_p, presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
     )
 
 

@@ -349,3 +349,17 @@ async def embeddings(request: Request):
         data.append({"object": "embedding", "index": i, "embedding": value})
     request_stats(request).prompt_tokens = n_tokens
     return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def _bare_router() -> APIRouter:
+    """The same routes without ``/v1``, for clients configured with a base URL that lacks it.
+    ``/embeddings`` is not among them: llama_routes answers it (OpenAI's shape for ``input``)."""
+    bare = APIRouter()
+    for route in router.routes:
+        path = route.path.removeprefix("/v1")
+        if path != "/embeddings":
+            bare.add_api_route(path, route.endpoint, methods=list(route.methods), include_in_schema=False)
+    return bare
+
+
+bare_router = _bare_router()

@@ -45,10 +45,10 @@ class Options(Strict):
     num_thread: int | None = None
     num_keep: int | None = None
     tfs_z: float | None = None
-    typical_p: float | None = None
+    typical_p: Annotated[float, Field(ge=0, le=1)] | None = None
     repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None

@@ -112,6 +112,11 @@ class HostGuard:
         await self.app(scope, receive, send)
 
 
+#: The one route answered without the key (liveness only), and the scope flag that says so.
+LIVENESS_PATH = "/health"
+AUTHENTICATED_KEY = "localrun.authenticated"
+
+
 class RequestGuard:
     """API key, JSON content type and a bounded body, in that order."""
 
@@ -128,7 +133,12 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        problem = self._check_key(scope) or self._check_body_headers(scope)
+        problem = self._check_key(scope)
+        if problem is not None and path == LIVENESS_PATH and scope["method"] in ("GET", "HEAD"):
+            # Probes carry no key: they get liveness only (the route reads this flag), never a 401.
+            scope[AUTHENTICATED_KEY] = False
+            problem = None
+        problem = problem or self._check_body_headers(scope)
         if problem is not None:
             await error_response(problem, path=path)(scope, receive, send)
             return

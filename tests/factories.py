@@ -72,12 +72,20 @@ def write_tiny_llama_gguf(
     seed: int = 0,
     name: str = "tiny-llama",
     split_max_tensors: int = 0,
+    extra_tokens: tuple[str, ...] = (),
+    extra_kv: dict[str, Any] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+    arch: str = "llama",
 ) -> Path:
     """Write a loadable llama GGUF with random F32 weights and return its path.
 
     Shapes follow llama.cpp's llama loader; numpy shapes are the reverse of ggml's ``ne``.
     With ``split_max_tensors`` the model is split into ``<stem>-0000k-of-0000N.gguf`` shards
-    (metadata in the first) and the first shard's path is returned.
+    (metadata in the first) and the first shard's path is returned. ``extra_tokens`` are
+    control tokens appended to the vocabulary (ids from its old end: FIM tokens, say),
+    ``extra_kv`` more metadata (``tokenizer.ggml.fim_pre_token_id``, ``llama.pooling_type``…)
+    and ``extra_tensors`` more weights (a classification head). ``arch="qwen3"`` writes the
+    same model as Qwen3 (per-head q/k norms), whose loader takes a rank head (``cls.output``).
     """
     from gguf import GGUFWriter, LlamaFileType
 
@@ -88,13 +96,19 @@ def write_tiny_llama_gguf(
     head_dim = n_embd // n_head
     n_embd_kv = head_dim * n_head_kv
     tokens, scores, types = _tiny_vocab()
+    from gguf import TokenType
+
+    for extra in extra_tokens:
+        tokens.append(extra)
+        scores.append(0.0)
+        types.append(int(TokenType.CONTROL))
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
-    w = GGUFWriter(str(path), arch="llama", split_max_tensors=split_max_tensors)
+    w = GGUFWriter(str(path), arch=arch, split_max_tensors=split_max_tensors)
     w.add_name(name)
     w.add_context_length(n_ctx_train)
     w.add_embedding_length(n_embd)
@@ -117,6 +131,8 @@ def write_tiny_llama_gguf(
     w.add_add_eos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)
+    for key, value in (extra_kv or {}).items():
+        _add_typed(w, key, value)
 
     w.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
@@ -127,10 +143,15 @@ def write_tiny_llama_gguf(
         w.add_tensor(f"blk.{i}.attn_k.weight", weight(n_embd_kv, n_embd))
         w.add_tensor(f"blk.{i}.attn_v.weight", weight(n_embd_kv, n_embd))
         w.add_tensor(f"blk.{i}.attn_output.weight", weight(n_embd, n_embd))
+        if arch == "qwen3":
+            w.add_tensor(f"blk.{i}.attn_q_norm.weight", np.ones(head_dim, dtype=np.float32))
+            w.add_tensor(f"blk.{i}.attn_k_norm.weight", np.ones(head_dim, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_gate.weight", weight(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_up.weight", weight(n_ff, n_embd))
         w.add_tensor(f"blk.{i}.ffn_down.weight", weight(n_embd, n_ff))
+    for tensor_name, arr in (extra_tensors or {}).items():
+        w.add_tensor(tensor_name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

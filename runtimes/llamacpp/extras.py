@@ -43,20 +43,21 @@ class ServerExtras:
     def completion_tokens(self, req: CompletionRequest) -> list[int]:
         """The prompt of a completion: token ids as sent, a fill-in-the-middle frame, or the text."""
         if req.suffix is not None:
-            return self.infill_tokens(req.prompt, req.suffix)
+            return self.infill_tokens(req.prompt, req.suffix, req.middle)
         if req.prompt_tokens:
             self._features.check_tokens(req.prompt_tokens, "prompt")
             return list(req.prompt_tokens)
         return self.tokenize(req.prompt, add_special=True)
 
-    def infill_tokens(self, prefix: str, suffix: str) -> list[int]:
+    def infill_tokens(self, prefix: str, suffix: str, middle: str = "") -> list[int]:
         if not self._fim:
             raise UnsupportedFeature(f"{self.record.name} has no fill-in-the-middle tokens (FIM_PRE, FIM_SUF, FIM_MID)",
                                      param="suffix", hint="use a code model with FIM tokens, or leave 'suffix' out")
         pre, suf, mid = self._fim
         bos = self._llama.llama_vocab_bos(self._vocab)
         head = [bos] if bos >= 0 and self._llama.llama_vocab_get_add_bos(self._vocab) else []
-        return [*head, pre, *self.tokenize(prefix, add_special=False), suf, *self.tokenize(suffix, add_special=False), mid]
+        start = self.tokenize(middle, add_special=False) if middle else []
+        return [*head, pre, *self.tokenize(prefix, add_special=False), suf, *self.tokenize(suffix, add_special=False), mid, *start]
 
     # --- utility calls (runtimes.base.EXTRAS) -------------------------------------------------------
 

@@ -69,8 +69,10 @@ def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Pla
 
     if overrides is None and settings.runtime.force:
         overrides = PlanOverrides(runtime=settings.runtime.force)
+    from localrun.model_overrides import with_overrides
+
     hw, statuses = machine_facts(settings)
-    return plan_placement(record, hw, statuses, overrides=overrides, settings=settings)
+    return with_overrides(plan_placement(record, hw, statuses, overrides=overrides, settings=settings), record, settings)
 
 
 _FACTS: dict[str, Any] = {}

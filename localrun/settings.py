@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -104,6 +104,15 @@ class HubSettings(BaseModel):
     """Use local files only (also HF_HUB_OFFLINE=1)."""
 
 
+class ModelSettings(BaseModel):
+    """Per-model overrides (``[models."NAME"]`` in config.toml; ``[models."*"]`` for every model)."""
+
+    pooling: Literal["mean", "cls", "last", "none", "rank"] | None = None
+    """How embeddings pool the token vectors; lets a generative model (Gemma) serve /v1/embeddings."""
+    chat_template_file: Path | None = None
+    """A Jinja chat template to use instead of the GGUF's (rendered in the same sandbox)."""
+
+
 class Settings(BaseSettings):
     """All of localrun's settings."""
 
@@ -118,6 +127,8 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     hub: HubSettings = Field(default_factory=HubSettings)
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    """Per-model overrides by model name ("*": every model); see ModelSettings."""
 
     @field_validator("data_dir", "cache_dir", mode="after")
     @classmethod

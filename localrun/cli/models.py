@@ -21,17 +21,43 @@ def open_store(ctx: click.Context):
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--name", help="Name to register it under (default: from the file name).")
 @click.option("--replace", is_flag=True, help="Replace a model registered under the same name.")
+@click.option("--pooling", type=click.Choice(["mean", "cls", "last", "none", "rank"]),
+              help="Pool embeddings this way (lets a generative model serve /v1/embeddings).")
+@click.option("--chat-template", "chat_template", type=click.Path(path_type=Path, dir_okay=False),
+              help="A Jinja chat template to use instead of the file's own.")
 @click.pass_context
-def import_cmd(ctx: click.Context, path: Path, name: str | None, replace: bool) -> None:
+def import_cmd(ctx: click.Context, path: Path, name: str | None, replace: bool, pooling: str | None,
+               chat_template: Path | None) -> None:
     """Register a local GGUF file (or MLX folder) in place, without copying it."""
     store = open_store(ctx)
-    record = store.import_path(path, name=name, replace=replace)
+    if pooling is None and chat_template is None:
+        record = store.import_path(path, name=name, replace=replace)
+    else:
+        record = _import_with_overrides(store, path, name, replace, pooling, chat_template)
     meta = record.metadata
     console().print(
         f"imported [bold]{record.name}[/] · {record.format.value} · {meta.get('architecture', '?')} · "
         f"{meta.get('quant') or '?'} · {human_bytes(record.size)}",
         highlight=False,
     )
+
+
+def _import_with_overrides(store, path: Path, name, replace: bool, pooling, chat_template):
+    """Import and record the overrides in the model's index entry (re-importing the same file updates them)."""
+    import dataclasses
+
+    from localrun.model_overrides import META_POOLING, META_TEMPLATE, META_TEMPLATE_FILE, read_chat_template
+
+    record = store.inspect_path(path, name=name)
+    meta = dict(record.metadata)
+    if pooling is not None:
+        meta[META_POOLING] = pooling
+    if chat_template is not None:
+        meta[META_TEMPLATE] = read_chat_template(chat_template)
+        meta[META_TEMPLATE_FILE] = str(chat_template)
+    existing = store.index.find(record.name)
+    same = existing is not None and existing.path == record.path
+    return store.index.add(dataclasses.replace(record, metadata=meta), replace=replace or same)
 
 
 def _row(record) -> dict:

@@ -160,6 +160,17 @@ def _interactive(manager, record, raw: bool, system: str | None, sampling: dict)
         history.append(Message("assistant", answer))
 
 
+def pooling_settings(items) -> dict:
+    """``--pooling`` values as ``Settings.models`` entries: ``KIND`` for every model ("*"), ``MODEL=KIND`` for one."""
+    from localrun.model_overrides import check_pooling
+
+    out: dict = {}
+    for item in items:
+        model, _, kind = item.rpartition("=")
+        out.setdefault(model or "*", {})["pooling"] = check_pooling(kind)
+    return out
+
+
 @click.command("serve")
 @click.option("--host", default=None, help="Interface to bind (default 127.0.0.1). Non-loopback needs --api-key.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8739).")
@@ -168,11 +179,15 @@ def _interactive(manager, record, raw: bool, system: str | None, sampling: dict)
 @click.option("--parallel", type=click.IntRange(1, 64), default=None,
               help="Requests each llama.cpp model decodes at once (default: up to 4 when they fit).")
 @click.option("--no-default-model", is_flag=True, help="Do not assemble and register the embedded default model.")
+@click.option("--pooling", "poolings", multiple=True, metavar="[MODEL=]KIND",
+              help="Embedding pooling (mean, cls, last, none, rank) for MODEL, or every model; repeatable.")
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model):
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key}.items() if v is not None}
     overrides = {"server": server} if server else {}
+    if poolings:
+        overrides["models"] = pooling_settings(poolings)
     runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel}.items() if v is not None}
     if runtime_settings:
         overrides["runtime"] = runtime_settings

@@ -70,7 +70,7 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     """
     raw = await request.body()
     try:
-        data = json.loads(raw or b"null")
+        data = json.loads(raw or b"null", parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
@@ -83,6 +83,11 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
         from localrun.server.generation import validation_error
 
         raise validation_error(exc) from None
+
+
+def _no_constant(name: str):
+    """NaN and Infinity are not JSON (Python's parser accepts them; clients' never send them)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def drop_unknown(request: Request, data: dict, schema: type[BaseModel]) -> dict:

@@ -116,6 +116,20 @@ def note_ignored(request: Request, names: list[str]) -> None:
              "s" if len(names) > 1 else "", ", ".join(shown) + (f" (+{len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""))
 
 
+#: Sampling fields that, when set, need the capability of the same name.
+SAMPLING_CAPABILITIES = ("frequency_penalty", "presence_penalty", "logit_bias", "grammar", "ignore_eos", "min_tokens")
+
+
+def sampling_unsupported(req) -> list[tuple[str, str]]:
+    """(field, capability) for the sampling extensions ``req`` sets (any schema that has them)."""
+    found = [(name, name) for name in SAMPLING_CAPABILITIES if getattr(req, name, None)]
+    if getattr(req, "typical_p", None) is not None and req.typical_p < 1:
+        found.append(("typical_p", "typical_p"))
+    if getattr(req, "json_schema", None) is not None:
+        found.append(("json_schema", "json_schema"))
+    return found
+
+
 def refuse_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str, capabilities: frozenset[str]) -> None:
     """A 400 naming the first field whose capability the runtime does not declare.
 

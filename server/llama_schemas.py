@@ -45,14 +45,9 @@ class NativeSampling(Strict):
     logit_bias: LogitBias | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
-        found: list[tuple[str, str]] = []
-        for name in ("presence_penalty", "frequency_penalty", "grammar", "ignore_eos", "logit_bias"):
-            if getattr(self, name):
-                found.append((name, name))
-        if self.typical_p is not None and self.typical_p < 1:
-            found.append(("typical_p", "typical_p"))
-        if self.json_schema is not None:
-            found.append(("json_schema", "json_schema"))
+        from localrun.server.fields import sampling_unsupported
+
+        found = sampling_unsupported(self)
         if self.n_probs:
             found.append(("n_probs", "logprobs"))
         return found

@@ -285,17 +285,10 @@ class CompletionRequestBody(Sampled):
 
 
 def _common_unsupported(req: Sampled) -> list[tuple[str, str]]:
-    found: list[tuple[str, str]] = []
-    if req.n not in (None, 1):
-        found.append(("n", "n"))
-    for name in ("frequency_penalty", "presence_penalty", "logit_bias", "grammar", "ignore_eos", "min_tokens"):
-        if getattr(req, name):
-            found.append((name, name))
-    if req.typical_p is not None and req.typical_p < 1:
-        found.append(("typical_p", "typical_p"))
-    if req.json_schema is not None:
-        found.append(("json_schema", "json_schema"))
-    return found
+    from localrun.server.fields import sampling_unsupported
+
+    found = [("n", "n")] if req.n not in (None, 1) else []
+    return found + sampling_unsupported(req)
 
 
 def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

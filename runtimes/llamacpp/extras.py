@@ -19,6 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from localrun.chat_template import fallback_chat, render_chat
 from localrun.errors import UnsupportedFeature
 from localrun.types import CompletionRequest
 
@@ -58,6 +59,31 @@ class ServerExtras:
         head = [bos] if bos >= 0 and self._llama.llama_vocab_get_add_bos(self._vocab) else []
         start = self.tokenize(middle, add_special=False) if middle else []
         return [*head, pre, *self.tokenize(prefix, add_special=False), suf, *self.tokenize(suffix, add_special=False), mid, *start]
+
+    def chat_text(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
+                  continue_final: bool = False) -> tuple[str, tuple[str, ...]]:
+        """The rendered conversation as text (what /apply-template shows), and its stop strings.
+
+        ``continue_final`` renders the last message as a finished turn and cuts the text right
+        after its content, so the model goes on writing it (vLLM's ``continue_final_message``).
+        """
+        if self.chat_template:
+            text = render_chat(self.chat_template, messages, bos_token=self._bos, eos_token=self._eos,
+                               timeout_s=self._template_timeout_s, variables=variables,
+                               add_generation_prompt=add_generation_prompt and not continue_final)
+            stops: tuple[str, ...] = ()
+        else:
+            fallback = fallback_chat(messages, gemma_turns=self._gemma_turns)
+            text, stops = fallback.text, fallback.stop
+        if continue_final and messages:
+            last = messages[-1]
+            content = last.get("content") if isinstance(last, dict) else getattr(last, "content", "")
+            cut = text.rfind(content) if content else -1
+            if cut < 0:
+                raise UnsupportedFeature("'continue_final_message' needs a last message with text the template keeps",
+                                         param="continue_final_message", hint="end the conversation with the text to continue")
+            text = text[:cut + len(content)]
+        return text, stops
 
     # --- utility calls (runtimes.base.EXTRAS) -------------------------------------------------------
 

@@ -43,7 +43,6 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 from localrun import tools
-from localrun.chat_template import fallback_chat, render_chat
 from localrun.errors import (
     ContextOverflow,
     InvalidModelFile,
@@ -302,31 +301,6 @@ class LlamaCppSession(ServerExtras):
                                      continue_final=continue_final)
         add_bos = not (self._bos and text.startswith(self._bos))
         return self.tokenize(text, add_special=add_bos), stops
-
-    def chat_text(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
-                  continue_final: bool = False) -> tuple[str, tuple[str, ...]]:
-        """The rendered conversation as text (what /apply-template shows), and its stop strings.
-
-        ``continue_final`` renders the last message as a finished turn and cuts the text right
-        after its content, so the model goes on writing it (vLLM's ``continue_final_message``).
-        """
-        if self.chat_template:
-            text = render_chat(self.chat_template, messages, bos_token=self._bos, eos_token=self._eos,
-                               timeout_s=self._template_timeout_s, variables=variables,
-                               add_generation_prompt=add_generation_prompt and not continue_final)
-            stops: tuple[str, ...] = ()
-        else:
-            fallback = fallback_chat(messages, gemma_turns=self._gemma_turns)
-            text, stops = fallback.text, fallback.stop
-        if continue_final and messages:
-            last = messages[-1]
-            content = last.get("content") if isinstance(last, dict) else getattr(last, "content", "")
-            cut = text.rfind(content) if content else -1
-            if cut < 0:
-                raise UnsupportedFeature("'continue_final_message' needs a last message with text the template keeps",
-                                         param="continue_final_message", hint="end the conversation with the text to continue")
-            text = text[:cut + len(content)]
-        return text, stops
 
     # --- the protocol ---------------------------------------------------------------------
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.capabilities.conftest import serve  # noqa: F401 - fixture re-exported
-from tests.server.conftest import build_stack, fake_planner, free_port, spawn_server  # noqa: F401 - fixtures re-exported
+from tests.server.conftest import build_stack, fake_planner, free_port  # noqa: F401 - fixtures re-exported
 
 ALL = ["tools", "json_schema", "logprobs", "embeddings", "n"]
 
@@ -82,11 +81,8 @@ def serve_module(tmp_path_factory):
     import os
     import subprocess
     import sys
-    import time
 
-    import httpx
-
-    from tests.server.conftest import REPO, ServerProcess
+    from tests.server.conftest import REPO, ServerProcess, wait_for_server
 
     started: list[ServerProcess] = []
 
@@ -109,16 +105,7 @@ def serve_module(tmp_path_factory):
             proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
         server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
         started.append(server)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {server.log_text()[-2000:]}")
-            try:
-                httpx.get(f"{server.url}/health", timeout=1)
-                return server
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
+        return wait_for_server(server)
 
     yield start
     for server in started:

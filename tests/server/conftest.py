@@ -162,6 +162,20 @@ class ServerProcess:
                 self.proc.wait()
 
 
+def wait_for_server(server: ServerProcess, timeout: float = 60.0) -> ServerProcess:
+    """Until ``/health`` answers on the server's port (any status: a key may be required)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}: {server.log_text()[-2000:]}")
+        try:
+            httpx.get(f"{server.url}/health", timeout=1)
+            return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
+
+
 @pytest.fixture
 def spawn_server(tmp_path):
     """Start a server process: ``spawn_server(args, port=P, env=...)``, args after ``python -m``.
@@ -181,16 +195,7 @@ def spawn_server(tmp_path):
         started.append(server)
         if not wait:
             return server
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {server.log_text()[-2000:]}")
-            try:
-                httpx.get(f"{server.url}/health", timeout=1)
-                return server
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
+        return wait_for_server(server, timeout)
 
     yield spawn
     for server in started:

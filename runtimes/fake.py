@@ -135,6 +135,13 @@ class FakeSession:
                                      hint="send the input as text")
         return {"embeddings": self.embed(inputs), "prompt_tokens": sum(len(fake_tokenize(t)) for t in inputs)}
 
+    def serve_props(self) -> dict[str, Any]:
+        """The facts /props shows, as the llama.cpp session gives them."""
+        template = self.model.metadata.get("tokenizer.chat_template") or self.model.metadata.get("chat_template") or ""
+        return {"n_ctx": self.plan.n_ctx, "total_slots": 1, "n_vocab": 0, "chat_template": template,
+                "chat_template_source": "gguf" if template else "fallback", "bos_token": "<s>", "eos_token": "</s>",
+                "fim": False, "pooling": None, "capabilities": sorted(self.capabilities)}
+
     def close(self) -> None:
         self._closed = True
 

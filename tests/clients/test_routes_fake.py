@@ -29,7 +29,15 @@ def test_a_runtime_without_token_access_says_so(app_client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "query" and "rerank" in str(r.json()["error"])
     r = client.post("/completion", json={"prompt": "x", "grammar": 'root ::= "a"'})
     assert r.status_code == 400 and r.json()["error"]["param"] == "grammar"
-    assert client.get("/props").status_code == 400
+
+
+def test_props_names_the_model_file_only_on_loopback(app_client, tiny_gguf):
+    local = app_client().get("/props").json()
+    assert local["model_path"] == str(tiny_gguf) and local["default_generation_settings"]["n_ctx"] == 2048
+    assert local["model_alias"] == "tiny" and local["modalities"] == {"vision": False, "audio": False}
+    remote = app_client(host="0.0.0.0", api_key="k", allowed_hosts=["localhost"])
+    r = remote.get("/props", headers={"Authorization": "Bearer k"})
+    assert r.status_code == 200 and "model_path" not in r.json() and str(tiny_gguf) not in r.text
 
 
 def test_native_completion_shape_on_the_fake_runtime(app_client):

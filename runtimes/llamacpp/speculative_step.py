@@ -125,9 +125,11 @@ def verification_is_exact(llama, ctx, batch, *, rows: int = MAX_DRAFT + 1) -> bo
         return np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).copy()
 
     try:
-        fill_batch(batch, context, range(PROBE_CONTEXT), 0, False)
-        if llama.llama_decode(ctx, batch) != 0:
-            return False
+        for start in range(0, PROBE_CONTEXT, rows):  # chunks the batch and the context's n_batch always hold
+            chunk = context[start:start + rows]
+            fill_batch(batch, chunk, range(start, start + len(chunk)), 0, False)
+            if llama.llama_decode(ctx, batch) != 0:
+                return False
         alone = []
         for pos, token in enumerate(tokens, PROBE_CONTEXT):
             fill_batch(batch, [token], [pos], 0, True)

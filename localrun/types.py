@@ -228,6 +228,10 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    #: Speculative decoding: tokens drafted and verified, and how many of them the model kept
+    #: (each kept one is a decode pass saved). 0 when the runtime did not draft.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

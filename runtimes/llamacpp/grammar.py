@@ -202,6 +202,25 @@ class ConstrainedSampler:
         llama.llama_sampler_accept(self.chain, token)
         return token
 
+    def valid_prefix(self, tokens) -> int:
+        """How many leading ``tokens`` the grammar allows from its current state (a drafted
+        token it forbids is cut before verification). Checked on a clone: the grammar itself
+        only ever accepts what ``sample`` returns."""
+        llama, byref = self._llama, self._byref
+        probe = llama.llama_sampler_clone(self.grammar)
+        cell = self._one_cell[0]
+        try:
+            for n, token in enumerate(tokens):
+                cell.id, cell.logit, cell.p = token, 1.0, 0.0
+                self._one.size, self._one.selected, self._one.sorted = 1, -1, False
+                llama.llama_sampler_apply(probe, byref(self._one))
+                if cell.logit == float("-inf"):
+                    return n
+                llama.llama_sampler_accept(probe, token)
+            return len(tokens)
+        finally:
+            llama.llama_sampler_free(probe)
+
     def free(self) -> None:
         if self.chain is not None:
             self._llama.llama_sampler_free(self.grammar)
@@ -247,6 +266,10 @@ class LogprobSampler:
         if not self._is_eog(token):
             self.entries.append(self._reader.read(index, token, self._top_n))
         return token
+
+    def valid_prefix(self, tokens) -> int:
+        check = getattr(self.inner, "valid_prefix", None)
+        return len(tokens) if check is None else check(tokens)
 
     def free(self) -> None:
         self.inner.free()

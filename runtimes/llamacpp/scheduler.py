@@ -8,7 +8,10 @@ One scheduler thread owns the context. Each step it
    tokens per step, round robin: a long prompt delays the others by one chunk per step at
    most, and a short one is not stuck behind it;
 3. decodes the next token of every running sequence (one ``llama_decode`` per group of up to
-   7) and samples each with the request's own C sampler chain (temperature, top-p, seed, …).
+   7) and samples each with the request's own C sampler chain (temperature, top-p, seed, …);
+   a sequence whose drafted continuation pays (speculative decoding, :mod:`.speculative`)
+   verifies it in a call of its own instead and may gain several tokens in the step
+   (:mod:`.speculative_step`).
 
 Request threads never touch llama.cpp: they submit a :class:`Job` and read its chunks from
 a queue. New requests join at the next step; finished ones leave and keep their KV.
@@ -54,6 +57,8 @@ from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.prefix import PrefixCache, Slot
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
+from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
+from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps, verification_is_exact
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import Cancel, Chunk, Usage
 
@@ -64,7 +69,7 @@ class Job:
     thread writes the other fields."""
 
     __slots__ = ("prompt", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
-                 "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked")
+                 "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked", "spec")
 
     def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
                  logprobs: list | None = None) -> None:
@@ -86,9 +91,12 @@ class Job:
         # Log-probability entries the sampler appends (a LogprobSampler), not yet sent: they
         # go out with the next chunk, so a token whose text is held back is not lost.
         self.logprobs = logprobs
+        self.spec: SpecState | None = None  # drafting state, when speculation is on (speculative.py)
 
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached)
+        spec = self.spec
+        return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached,
+                     drafted_tokens=spec.drafted if spec else 0, accepted_tokens=spec.accepted if spec else 0)
 
     def take_logprobs(self) -> tuple:
         if not self.logprobs:
@@ -101,14 +109,21 @@ class Job:
         return Chunk(text=tail, finish_reason=reason, usage=self.usage(), logprobs=self.take_logprobs())
 
 
-class Scheduler:
+class Scheduler(SpeculativeSteps):
     """Owns one llama.cpp context on its own thread and runs many requests in it."""
 
-    def __init__(self, llama, ctx, layout: Layout, *, n_swa: int, piece_of, is_eog) -> None:
+    def __init__(self, llama, ctx, layout: Layout, *, n_swa: int, piece_of, is_eog, speculative: str = "off",
+                 draft_k: int | None = None) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
-        self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots), 0, 1)
-        self.cache = PrefixCache(layout.n_slots, LlamaKvOps(llama, ctx, n_swa=n_swa),
+        self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
+        self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa)
+        # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
+        self.speculative = self._speculation(speculative)
+        self._draft_k = draft_k if speculative == "ngram" else None
+        self.costs = DecodeCosts()
+        self.spec_totals = SpecTotals()
+        self.cache = PrefixCache(layout.n_slots, self._kv,
                                  min_tail=layout.min_chunk, host_budget=layout.host_cache_bytes,
                                  reuse=layout.prefix_cache)
         self._inbox: list[Job] = []
@@ -120,6 +135,21 @@ class Scheduler:
         self._decoding: list[Job] = []  # sorted by slot: consecutive sequences share a micro-batch
         self._thread = threading.Thread(target=self._run, name="llama-scheduler", daemon=True)
         self._thread.start()
+
+    def _speculation(self, mode: str) -> str:
+        """``auto`` drafts only where a verification pass keeps this layout's promise (see
+        speculative_step.py): never under ``exact_prefix``, and in a batch-invariant layout only
+        when the pass is bit-exact here. ``ngram`` drafts regardless (an explicit trade)."""
+        if mode != "auto" or not self.layout.exact:
+            return mode
+        if self.layout.exact_prefix:
+            log.info("speculative decoding off: exact_prefix asks for bit-exact answers, and without flash attention "
+                     "a verification pass rounds differently")
+            return "off"
+        if not verification_is_exact(self._llama, self._ctx, self._batch):
+            log.info("speculative decoding off: a verification pass does not give one-row steps' logits bit for bit here")
+            return "off"
+        return mode
 
     # --- request threads --------------------------------------------------------------------
 
@@ -230,12 +260,18 @@ class Scheduler:
             self._waiting.popleft()
             job.slot, job.cached = got
             job.sampler = job.build_sampler()
+            if self.speculative != "off":
+                job.spec = SpecState(job.prompt, fixed_k=self._draft_k)
             self._prefilling.append(job)
 
     def _decode_step(self) -> None:
         jobs = list(self._decoding)
         if not jobs:
             return
+        if self.speculative != "off":
+            jobs = self._speculate(jobs)
+            if not jobs:
+                return
         # Consecutive sequences, near-equal groups of at most decode_rows: one call per group.
         n_calls = -(-len(jobs) // self.layout.decode_rows)
         size = -(-len(jobs) // n_calls)
@@ -245,8 +281,10 @@ class Scheduler:
     def _decode_group(self, jobs: list[Job]) -> None:
         fill_batch(self._batch, [j.pending for j in jobs], [len(j.slot.tokens) for j in jobs],
                    [j.slot.seq for j in jobs], True)
+        started = time.perf_counter()
         if not self._call_decode(jobs):
             return
+        self.costs.observe_plain(len(jobs), time.perf_counter() - started)
         ctx = self._ctx
         for i, job in enumerate(jobs):
             job.slot.tokens.append(job.pending)
@@ -292,6 +330,8 @@ class Scheduler:
             self._finish(job, "stop", job.text.finish())
             return
         job.produced += 1
+        if job.spec is not None:
+            job.spec.pushed(token)
         piece, stopped = job.text.feed(self._piece_of(token))
         if stopped:
             self._finish(job, "stop", piece)
@@ -302,12 +342,20 @@ class Scheduler:
                 job.out.put(Chunk(text=piece, logprobs=job.take_logprobs()))
             job.pending = token
 
-    def _call_decode(self, jobs: list[Job]) -> bool:
+    def _decode_rc(self) -> int:
         rc = self._llama.llama_decode(self._ctx, self._batch)
         if rc == 1 and self.layout.unified and self.cache.evict_idle():
             rc = self._llama.llama_decode(self._ctx, self._batch)  # the shared pool had idle prefixes in it
+        return rc
+
+    def _call_decode(self, jobs: list[Job]) -> bool:
+        rc = self._decode_rc()
         if rc == 0:
             return True
+        self._fail(jobs, rc)
+        return False
+
+    def _fail(self, jobs: list[Job], rc: int) -> None:
         if rc == 1:
             err: LocalrunError = Overloaded(
                 f"the KV cache has no room for this step ({self.running()} requests running)",
@@ -317,7 +365,6 @@ class Scheduler:
                                 hint="the context may be out of memory; retry with a shorter prompt")
         for job in jobs:
             self._finish(job, None, error=err)
-        return False
 
     def _finish(self, job: Job, reason: str | None, tail: str = "", *, error: LocalrunError | None = None) -> None:
         for jobs in (self._waiting, self._prefilling):

@@ -26,8 +26,9 @@ request, and each generator reads its chunks from the scheduler.
 ``n_slots`` (sequences run at once), ``slot_ctx`` (tokens per request; by default the slots
 share ``plan.n_ctx``), ``kv_unified`` (one KV pool for all slots), ``step_tokens`` (prefill
 tokens per step), ``host_cache_mib`` (host RAM for evicted prefixes, 0 = off),
-``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.scheduler`), and
-the context switches ``flash_attn``, ``swa_full``, ``repack``.
+``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.scheduler`),
+``speculative`` and ``draft_k`` (see :mod:`.speculative`), and the context switches
+``flash_attn``, ``swa_full``, ``repack``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.scheduler import Job, Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
+from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
@@ -181,7 +183,11 @@ class LlamaCppSession(ServerExtras):
         self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
         is_eog = self._eog_reader()
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
-        self._sched = Scheduler(llama, ctx, layout, n_swa=llama.llama_model_n_swa(model), piece_of=piece_of, is_eog=is_eog)
+        n_swa = llama.llama_model_n_swa(model)
+        mode, draft_k = speculation(plan, n_swa)
+        self._sched = Scheduler(llama, ctx, layout, n_swa=n_swa, piece_of=piece_of, is_eog=is_eog,
+                                speculative=mode, draft_k=draft_k)
+        self.speculative = self._sched.speculative  # what auto became on this machine
         # Tools, JSON schemas, grammars, logprobs and embeddings (features.py).
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
                                          tokenize=lambda text: self.tokenize(text, add_special=True),
@@ -229,7 +235,7 @@ class LlamaCppSession(ServerExtras):
     def _context_params(llama, plan: Plan, layout: Layout):
         cp = llama.llama_context_default_params()
         cp.n_ctx = int(layout.n_ctx)
-        cp.n_batch = max(layout.step_tokens, layout.n_slots)
+        cp.n_batch = max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1)  # a verification pass is one call
         cp.n_ubatch = min(cp.n_batch, 512)
         cp.n_seq_max = layout.n_slots
         cp.kv_unified = layout.unified

@@ -192,6 +192,10 @@ class Generation:
             raise ClientGone(f"the client left before {self.record.name} answered")
         return task.result()
 
+    async def guarded(self, work):
+        """Await ``work`` (a coroutine that reads this generation) unless the client leaves first."""
+        return await self._race(work)
+
     async def first(self) -> Chunk | None:
         """The first chunk (None if the stream was empty), read before the response starts."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -67,6 +67,9 @@ class ServerSettings(BaseModel):
     """Largest request body accepted."""
     queue_size: int = Field(16, ge=1, le=10_000)
     """Requests that may wait per model before new ones get 503 + Retry-After."""
+    reasoning_field: Literal["both", "reasoning_content", "reasoning"] = "both"
+    """Where OpenAI chat answers carry a reasoning model's thinking: ``reasoning_content``
+    (DeepSeek, llama.cpp), ``reasoning`` (gpt-oss, vLLM, Ollama) or both (clients read either)."""
 
 
 class RuntimeSettings(BaseModel):

@@ -165,6 +165,9 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     #: ``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function": {"name": …}}``.
     tool_choice: Any = None
+    #: Text the assistant's answer already starts with, appended after the rendered prompt: how a
+    #: reasoning budget continues past a forced end of thinking (runtimes declaring "reasoning_budget").
+    prefix: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -176,6 +179,7 @@ class ChatRequest:
             sampling=_sampling_from(d.get("sampling")),
             tools=tuple(d.get("tools") or ()),
             tool_choice=d.get("tool_choice"),
+            prefix=d.get("prefix") or "",
         )
 
 
@@ -222,6 +226,8 @@ class Chunk:
     tool_calls: tuple[dict[str, Any], ...] = ()
     #: Per token of ``text``: ``({"token", "logprob", "bytes", "top_logprobs": [...]}, …)`` when asked for.
     logprobs: tuple[dict[str, Any], ...] = ()
+    #: Reasoning-channel text, split from ``text`` by the server (:mod:`localrun.reasoning`); runtimes leave it empty.
+    reasoning: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text}
@@ -233,6 +239,8 @@ class Chunk:
             d["tool_calls"] = list(self.tool_calls)
         if self.logprobs:
             d["logprobs"] = list(self.logprobs)
+        if self.reasoning:
+            d["reasoning"] = self.reasoning
         return d
 
     @classmethod
@@ -241,6 +249,7 @@ class Chunk:
         return cls(
             text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None,
             tool_calls=tuple(d.get("tool_calls") or ()), logprobs=tuple(d.get("logprobs") or ()),
+            reasoning=d.get("reasoning", ""),
         )
 
 

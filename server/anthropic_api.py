@@ -18,6 +18,10 @@ counts (the official SDK and Claude Code take them from there).
 ended it (``stop_reason: "stop_sequence"``); the generation is then stopped, and its usage
 is the tokens streamed so far (the runtime's own count never arrives).
 
+A reasoning model's thinking (see ``reasoning_stream``) is a ``thinking`` block before the
+text, with an empty signature (nothing to sign locally; Claude Code needs the
+``signature_delta`` to render it); ``thinking`` and ``output_config.effort`` bound it.
+
 Fields agents send that localrun does not act on are accepted and logged in one place,
 :func:`note_ignored`; fields that need a capability go through the same 400 rule as the
 OpenAI routes.
@@ -35,10 +39,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
+from localrun.reasoning import effort_budget
 from localrun.runtimes.llamacpp.text import StopMatcher
 from localrun.server.anthropic_convert import core_messages, core_tool_choice, core_tools
 from localrun.server.errors import stream_error_line
 from localrun.server.generation import Generation, app_state, make_sampling, open_generation, parse_body
+from localrun.server.reasoning_stream import ReasoningAsk, enable_reasoning
 from localrun.server.schemas_anthropic import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
 
@@ -117,10 +123,34 @@ async def create_message(request: Request):
                              top_k=body.top_k, json_schema=_json_schema(body))
     req = chat_request(body, sampling)
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    try:
+        enable_reasoning(request, gen, req, reasoning_ask(body))
+    except LocalrunError:
+        await gen.aclose()
+        raise
     answer = Answer(gen, body)
     if not body.stream:
         return await answer.whole()
     return await answer.stream()
+
+
+def reasoning_ask(body: MessagesRequest) -> ReasoningAsk:
+    """The reasoning budget: ``thinking`` (disabled: none; enabled: its budget_tokens) and
+    ``output_config.effort`` (a word, see localrun.reasoning.EFFORT_TOKENS); the smaller wins.
+    ``adaptive`` leaves it to the model, bounded by max_tokens."""
+    asks: list[tuple[int, str]] = []
+    thinking = body.thinking
+    if thinking is not None and thinking.type == "disabled":
+        asks.append((0, "thinking"))
+    elif thinking is not None and thinking.type == "enabled" and thinking.budget_tokens is not None:
+        asks.append((thinking.budget_tokens, "thinking.budget_tokens"))
+    effort = body.output_config.effort if body.output_config else None
+    if effort is not None and (tokens := effort_budget(effort)) is not None:
+        asks.append((tokens, "output_config.effort"))
+    if not asks:
+        return ReasoningAsk()
+    budget, field = min(asks)
+    return ReasoningAsk(budget, field)
 
 
 def _json_schema(body: CountTokensRequest) -> dict | None:
@@ -179,11 +209,14 @@ class Answer:
                 "content": content, "stop_reason": stop_reason, "stop_sequence": self.matched, "usage": usage}
 
     async def whole(self) -> Response:
+        thought: list[str] = []
+
         async def fold() -> list[str]:
             parts: list[str] = []
             chunks = self._chunks(None)
             try:
                 async for chunk in chunks:
+                    thought.append(chunk.reasoning)
                     parts.append(self._text(chunk))
                     if self.matched is not None:
                         break
@@ -197,7 +230,9 @@ class Answer:
             await self.gen.aclose()
         calls = _calls(self.gen, self.body) if self.matched is None else []
         text = "".join(parts)
-        content = ([{"type": "text", "text": text}] if text or not calls else []) + [_tool_use_block(c) for c in calls]
+        thinking = "".join(thought)
+        content = ([{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking else [])
+        content += ([{"type": "text", "text": text}] if text or not (calls or thinking) else []) + [_tool_use_block(c) for c in calls]
         reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
         return JSONResponse(self._message(content, reason, self.usage()))
 
@@ -231,7 +266,7 @@ class Answer:
                 first = waiting.result()
             chunks = self._chunks(first)
             async for chunk in chunks:
-                for line in blocks.text(self._text(chunk)):
+                for line in blocks.thinking(chunk.reasoning) + blocks.text(self._text(chunk)):
                     yield line
                 if self.matched is not None:
                     break

@@ -24,6 +24,7 @@ from localrun.server.generation import (
     Generation, app_state, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body, request_stats,
 )
 from localrun.server.model_info import openai_model
+from localrun.server.reasoning_stream import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
 
@@ -158,6 +159,11 @@ async def chat_completions(request: Request):
     )
     req = ChatRequest(messages=_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice)
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    try:
+        enable_reasoning(request, gen, req, effort_ask(body.reasoning_effort, "reasoning_effort"))
+    except LocalrunError:
+        await gen.aclose()
+        raise
     return await _respond(request, gen, body, chat=True)
 
 
@@ -238,6 +244,7 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool) -> Re
                     message = {"role": "assistant", "content": text or None, "function_call": call}
             elif calls := _tool_calls(gen, body):
                 message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+            message.update(reasoning_fields(gen.reasoning, app_state(request).settings))
             lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
             choice = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
         else:
@@ -249,11 +256,13 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool) -> Re
         })
     first = await gen.first()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _sse_events(gen, first, body, ident=ident, created=created, chat=chat, include_usage=include_usage)
+    events = _sse_events(gen, first, body, ident=ident, created=created, chat=chat, include_usage=include_usage,
+                         settings=app_state(request).settings)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool,
+                      settings=None) -> AsyncIterator[bytes]:
     """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
     or tool calls are built as whole objects (they are rarer, and larger anyway)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -276,7 +285,8 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         """One event for a chunk that carries more than text."""
         if chat:
             delta: dict = {"role": "assistant"} if role else {}
-            if chunk.text or not chunk.tool_calls:
+            delta.update(reasoning_fields(chunk.reasoning, settings))
+            if chunk.text or not (chunk.tool_calls or chunk.reasoning):
                 delta["content"] = chunk.text
             if chunk.tool_calls and legacy:
                 delta["function_call"] = _function_call(gen)  # name and the whole arguments string in one delta
@@ -292,7 +302,7 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         return b"data: " + dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
 
     def event(chunk, *, role: bool) -> bytes | None:
-        if chunk.logprobs or chunk.tool_calls:
+        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:
             return full(chunk, role=role)
         if not chunk.text and not role:
             return None

@@ -184,7 +184,8 @@ class LlamaCppSession:
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
                                          tokenize=lambda text: self.tokenize(text, add_special=True),
                                          vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
-        self.capabilities = self._features.capabilities
+        # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
+        self.capabilities = self._features.capabilities | {"reasoning_budget"}
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
@@ -292,8 +293,8 @@ class LlamaCppSession:
         toks = self.tokenize(text, add_special=False)
         return len(toks) == 1 and self._token_text(toks[0]) == text
 
-    def chat_prompt(self, messages: Sequence, variables: dict | None = None) -> tuple[list[int], tuple[str, ...]]:
-        """Tokens of the rendered conversation, and stop strings the prompt format adds."""
+    def chat_prompt(self, messages: Sequence, variables: dict | None = None, prefix: str = "") -> tuple[list[int], tuple[str, ...]]:
+        """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the prompt format adds."""
         if self.chat_template:
             text = render_chat(self.chat_template, messages, bos_token=self._bos, eos_token=self._eos,
                                timeout_s=self._template_timeout_s, variables=variables)
@@ -302,14 +303,14 @@ class LlamaCppSession:
             fallback = fallback_chat(messages, gemma_turns=self._gemma_turns)
             text, stops = fallback.text, fallback.stop
         add_bos = not (self._bos and text.startswith(self._bos))
-        return self.tokenize(text, add_special=add_bos), stops
+        return self.tokenize(text + prefix, add_special=add_bos), stops
 
     # --- the protocol ---------------------------------------------------------------------
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
-        tokens, stops = self.chat_prompt(messages, variables)
+        tokens, stops = self.chat_prompt(messages, variables, req.prefix)
         return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from localrun.errors import LocalrunError
 from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation, parse_body
+from localrun.server.reasoning_stream import effort_ask, enable_reasoning
 from localrun.server.response_store import ResponseStore
 from localrun.server.responses_convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set
 from localrun.server.responses_output import Draft, EventWriter, new_id, output_items, status_of, usage_object
@@ -112,6 +113,11 @@ async def create_response(request: Request):
     req = ChatRequest(messages=conversation(items, body.instructions), sampling=sampling, tools=tuple(tools.tools),
                       tool_choice=choice)
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=_found(body, items, tools, choice))
+    try:  # a reasoning model's channel becomes reasoning items, its budget set by reasoning.effort
+        enable_reasoning(request, gen, req, effort_ask(body.reasoning.effort if body.reasoning else None, "reasoning.effort"))
+    except LocalrunError:
+        await gen.aclose()
+        raise
     echo = _echo(body, sampling, body.tool_choice.model_dump(exclude_none=True) if hasattr(body.tool_choice, "model_dump") else choice)
     draft = Draft(new_id("resp"), gen.record.name, echo)
     keep = store if body.store is not False else None
@@ -120,18 +126,14 @@ async def create_response(request: Request):
         text = await gen.collect()
         status, reason = status_of(gen.finish_reason)
         logprobs = gen.logprobs if sampling.logprobs is not None else None
-        output = output_items(text, _reasoning_text(gen), _calls(gen, body), tools, encrypted=encrypted, logprobs=logprobs)
-        response = draft.envelope(status=status, output=output, usage=usage_object(gen.usage), incomplete=reason)
+        output = output_items(text, gen.reasoning, _calls(gen, body), tools, encrypted=encrypted, logprobs=logprobs)
+        usage = usage_object(gen.usage, reasoning_tokens=len(gen.reasoning_parts))
+        response = draft.envelope(status=status, output=output, usage=usage, incomplete=reason)
         await _keep(keep, draft.rid, body, response)
         return JSONResponse(response)
     first = await gen.first()
     writer = EventWriter(draft, tools, encrypted=encrypted)
     return StreamingResponse(_events(gen, first, writer, body, keep), media_type="text/event-stream", headers=SSE_HEADERS)
-
-
-def _reasoning_text(gen: Generation) -> str:
-    """The collected answer's reasoning, where the generation separates one (the reasoning module)."""
-    return str(getattr(gen, "reasoning", "") or "")
 
 
 async def _keep(store: ResponseStore | None, rid: str, body: ResponsesRequest, response: dict) -> None:
@@ -160,14 +162,13 @@ async def _events(gen: Generation, first, writer: EventWriter, body: ResponsesRe
         data, _ = writer.fail(exc)
         yield data
         return
-    data, response = writer.finish(_calls(gen, body), gen.finish_reason, gen.usage)
+    data, response = writer.finish(_calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts))
     await _keep(keep, writer.draft.rid, body, response)  # before the last event: a client may continue at once
     yield data
 
 
 def _piece(writer: EventWriter, chunk) -> bytes:
-    reasoning = getattr(chunk, "reasoning", "")
-    out = writer.reasoning(reasoning) if reasoning else b""
+    out = writer.reasoning(chunk.reasoning) if chunk.reasoning else b""
     if chunk.text:
         out += writer.text(chunk.text, chunk.logprobs)
     return out

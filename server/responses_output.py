@@ -199,7 +199,7 @@ class EventWriter:
 
     # --- the end ---
 
-    def finish(self, calls: list[dict], finish: str | None, usage: Usage) -> tuple[bytes, dict[str, Any]]:
+    def finish(self, calls: list[dict], finish: str | None, usage: Usage, *, reasoning_tokens: int = 0) -> tuple[bytes, dict[str, Any]]:
         """The closing events and the final response object (for the store)."""
         out = self._close_reasoning() if self._rs else b""
         if self._msg is None and not calls and not any(i.get("type") == "message" for i in self.output):
@@ -209,7 +209,8 @@ class EventWriter:
         for call in calls:
             out += self._call_events(call)
         status, reason = status_of(finish)
-        response = self.draft.envelope(status=status, output=self.output, usage=usage_object(usage), incomplete=reason)
+        response = self.draft.envelope(status=status, output=self.output, usage=usage_object(usage, reasoning_tokens),
+                                       incomplete=reason)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self.event(kind, {"response": response}), response
 

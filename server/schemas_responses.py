@@ -266,8 +266,6 @@ class ResponsesRequest(Strict):
             found.append(("text.verbosity", "verbosity"))
         if self.top_logprobs or "message.output_text.logprobs" in (self.include or ()):
             found.append(("top_logprobs" if self.top_logprobs else "include", "logprobs"))
-        if self.reasoning and self.reasoning.effort not in (None, "none"):
-            found.append(("reasoning.effort", "reasoning"))
         if self.truncation == "auto":
             found.append(("truncation", "truncation"))
         if self.background:

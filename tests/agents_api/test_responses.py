@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.agents_api.responses_fixtures import bare_server, client_for, fake_server, oai  # noqa: F401 - fixtures
+from localrun.server.responses_convert import decode_reasoning
 from tests.capabilities.conftest import validate
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -191,7 +192,6 @@ def test_a_runtime_without_tools_or_schemas_refuses_them_by_name(bare_server):
     with client_for(bare_server) as oai:
         for kwargs, param in ((dict(tools=[WEATHER]), "tools"),
                               (dict(text={"format": {"type": "json_object"}}), "text.format"),
-                              (dict(reasoning={"effort": "high"}), "reasoning.effort"),
                               (dict(top_logprobs=2), "top_logprobs")):
             with pytest.raises(openai.BadRequestError, match="fake runtime") as info:
                 oai.responses.create(model="tiny", input="x", **kwargs)
@@ -199,3 +199,42 @@ def test_a_runtime_without_tools_or_schemas_refuses_them_by_name(bare_server):
         # hosted tools alone are dropped, so they need nothing of the runtime
         r = oai.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}], max_output_tokens=2)
         assert r.output_text and r.tools[0].type == "web_search"
+
+
+@pytest.fixture(scope="module")
+def r1_server(tmp_path_factory):
+    """The fake runtime playing a reasoning model (a Qwen3-like template, five words of reasoning)."""
+    from tests.agents_api.responses_fixtures import start_server
+    from tests.agents_api.test_reasoning import THINK_TEMPLATE
+    from tests.factories import write_tiny_llama_gguf
+
+    model = write_tiny_llama_gguf(tmp_path_factory.mktemp("r1") / "tiny-r1.gguf", chat_template=THINK_TEMPLATE)
+    server = start_server(tmp_path_factory.mktemp("resp-r1"), model, "r1", fake_capabilities=["tools", "reasoning_budget"],
+                          fake_think_words=5, fake_reply_words=3)
+    yield server
+    server.stop()
+
+
+def test_reasoning_becomes_a_reasoning_item_streamed_and_not(r1_server):
+    with client_for(r1_server) as oai:
+        r = oai.responses.create(model="r1", input="hello", include=["reasoning.encrypted_content"], temperature=0)
+        reasoning, message = r.output
+        assert reasoning.type == "reasoning" and reasoning.content[0].type == "reasoning_text"
+        thought = reasoning.content[0].text
+        assert thought.split() == "the quick brown fox jumps".split() and "<think>" not in r.output_text
+        assert r.output_text.startswith("You said: hello.")
+        assert r.usage.output_tokens_details.reasoning_tokens > 0
+        assert decode_reasoning(reasoning.encrypted_content) == thought  # readable by localrun, by no one else's key
+        with oai.responses.stream(model="r1", input="hello", temperature=0) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        kinds = [e.type for e in events]
+        assert kinds.index("response.reasoning_text.delta") < kinds.index("response.output_text.delta")
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == thought
+        assert final.output[0].content[0].text == thought and final.output_text == r.output_text
+        # a stateless client sends the reasoning back, encrypted_content and all: accepted
+        back = oai.responses.create(model="r1", input=[{"role": "user", "content": "hello"}, reasoning.model_dump(exclude_none=True),
+                                                       message.model_dump(exclude_none=True), {"role": "user", "content": "more"}])
+        assert back.output_text.startswith("You said: more.")
+        off = oai.responses.create(model="r1", input="hello", reasoning={"effort": "none"})
+        assert [o.type for o in off.output] == ["message"]  # effort none: the reasoning is closed before it starts

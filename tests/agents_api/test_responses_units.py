@@ -178,3 +178,17 @@ def test_client_disconnect_mid_stream_stops_the_generation(build_stack, live_fac
         except httpx.ReadTimeout:
             assert not body.get("stream")  # the non-streamed answer is 40 s away: the client gives up
         assert wait_until(lambda: in_flight(stack) == 0, 1.0), body
+
+
+def test_an_error_after_the_stream_started_ends_it_with_response_failed():
+    from localrun.errors import WorkerCrashed
+    from localrun.server.responses_convert import ToolSet
+    from localrun.server.responses_output import Draft, EventWriter
+
+    writer = EventWriter(Draft("resp_1", "tiny", {}), ToolSet(), encrypted=False)
+    events = writer.start() + writer.text("half an ans")
+    data, response = writer.fail(WorkerCrashed("the worker of tiny died (signal 9)"))
+    parsed = [json.loads(line[6:]) for line in (events + data).decode().splitlines() if line.startswith("data: ")]
+    assert [e["sequence_number"] for e in parsed] == list(range(len(parsed)))
+    assert parsed[-1]["type"] == "response.failed" and response["status"] == "failed"
+    assert "signal 9" in response["error"]["message"] and response["error"]["code"]

@@ -185,6 +185,9 @@ class ChatRequest:
     add_generation_prompt: bool = True
     #: Continue the last (assistant) message instead of starting a new turn.
     continue_final_message: bool = False
+    #: Text the assistant's answer already starts with, appended after the rendered prompt: how a
+    #: reasoning budget continues past a forced end of thinking (runtimes declaring "reasoning_budget").
+    prefix: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -199,6 +202,7 @@ class ChatRequest:
             template_kwargs=dict(d.get("template_kwargs") or {}),
             add_generation_prompt=bool(d.get("add_generation_prompt", True)),
             continue_final_message=bool(d.get("continue_final_message", False)),
+            prefix=d.get("prefix") or "",
         )
 
 
@@ -259,6 +263,8 @@ class Chunk:
     logprobs: tuple[dict[str, Any], ...] = ()
     #: Which choice this chunk belongs to (``Sampling.n`` > 1); every choice ends with its own final chunk.
     index: int = 0
+    #: Reasoning-channel text, split from ``text`` by the server (:mod:`localrun.reasoning`); runtimes leave it empty.
+    reasoning: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text}
@@ -272,6 +278,8 @@ class Chunk:
             d["tool_calls"] = list(self.tool_calls)
         if self.logprobs:
             d["logprobs"] = list(self.logprobs)
+        if self.reasoning:
+            d["reasoning"] = self.reasoning
         return d
 
     @classmethod
@@ -281,6 +289,7 @@ class Chunk:
             text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None,
             tool_calls=tuple(d.get("tool_calls") or ()), logprobs=tuple(d.get("logprobs") or ()),
             index=int(d.get("index", 0)),
+            reasoning=d.get("reasoning", ""),
         )
 
 

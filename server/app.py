@@ -24,6 +24,8 @@ from localrun.server import admin_api, llama_routes, ollama_api, ollama_models, 
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe
+from localrun.server import responses_api
+from localrun.server import anthropic_api
 from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
 
@@ -49,6 +51,8 @@ def create_app(settings: Settings, manager) -> FastAPI:
     for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router, llama_routes.router,
                    openai_api.bare_router):
         app.include_router(router)
+    app.include_router(responses_api.router)
+    app.include_router(anthropic_api.router)
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root():

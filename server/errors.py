@@ -3,7 +3,8 @@
 Every failure the server reports — a LocalrunError from the core, a request that fails
 its schema, a Host the allowlist refuses — goes through :func:`error_response`. Routes
 under ``/api/`` answer in Ollama's shape (``{"error": "…"}``, what the ``ollama`` client
-reads); everything else in OpenAI's (``{"error": {"message", "type", "param", "code"}}``).
+reads); ``/v1/messages`` in Anthropic's (see ``anthropic_errors``); everything else in
+OpenAI's (``{"error": {"message", "type", "param", "code"}}``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 from starlette.responses import Response
 
 from localrun.errors import LocalrunError, Overloaded
+from localrun.server.anthropic_errors import anthropic_error_body, anthropic_status
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +91,14 @@ def is_ollama_path(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
 
 
-def error_body(exc: LocalrunError, *, ollama: bool) -> dict:
-    """The JSON an error becomes: Ollama's plain string or OpenAI's object."""
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def error_body(exc: LocalrunError, *, ollama: bool, anthropic: bool = False) -> dict:
+    """The JSON an error becomes: Ollama's plain string, Anthropic's or OpenAI's object."""
+    if anthropic:
+        return anthropic_error_body(exc)
     message = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
     if ollama:
         return {"error": message}
@@ -114,13 +122,15 @@ def error_response(exc: BaseException, *, path: str) -> Response:
         log.error("unexpected error on %s", path, exc_info=exc)
         exc = LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
     status = exc.http_status if 400 <= exc.http_status <= 599 else 500
-    body = json.dumps(error_body(exc, ollama=is_ollama_path(path)), ensure_ascii=False).encode()
+    if is_anthropic_path(path):
+        status = anthropic_status(exc, status)
+    body = json.dumps(error_body(exc, ollama=is_ollama_path(path), anthropic=is_anthropic_path(path)), ensure_ascii=False).encode()
     return Response(body, status_code=status, media_type="application/json", headers=error_headers(exc))
 
 
-def stream_error_line(exc: BaseException, *, ollama: bool) -> dict:
+def stream_error_line(exc: BaseException, *, ollama: bool, anthropic: bool = False) -> dict:
     """The error object sent inside a stream that has already started (status 200 is gone)."""
     if not isinstance(exc, LocalrunError):
         log.error("unexpected error during a stream", exc_info=exc)
         exc = LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
-    return error_body(exc, ollama=ollama)
+    return error_body(exc, ollama=ollama, anthropic=anthropic)

@@ -148,10 +148,18 @@ class Generation:
         self.finishes: dict[int, str] = {}
         self.texts: dict[int, str] = {}
         self.choice_logprobs: dict[int, list[dict[str, Any]]] = {0: self.logprobs}
+        #: The reasoning channel's text so far (see reasoning_stream): empty for other models.
+        self.reasoning_parts: list[str] = []
         self._iter = stream.__aiter__()
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.reasoning_parts)
+
     def _note(self, chunk: Chunk) -> None:
-        if chunk.text:
+        if chunk.reasoning:
+            self.reasoning_parts.append(chunk.reasoning)
+        if chunk.text or chunk.reasoning:
             now = time.perf_counter()
             last = self.stats.last_token_at
             if last is None:
@@ -193,6 +201,15 @@ class Generation:
         if task.cancelled():
             raise ClientGone(f"the client left before {self.record.name} answered")
         return task.result()
+
+    def pipe(self, transform) -> None:
+        """Put ``transform`` (an async generator over chunks) between the runtime and every reader:
+        how the reasoning channel is split off (``reasoning_stream``). Before the first read only."""
+        self._iter = transform(self._iter)
+
+    async def guarded(self, work):
+        """Await ``work`` (a coroutine that reads this generation) unless the client leaves first."""
+        return await self._race(work)
 
     async def first(self) -> Chunk | None:
         """The first chunk (None if the stream was empty), read before the response starts."""

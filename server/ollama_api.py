@@ -23,6 +23,7 @@ from localrun.server.generation import (
     request_stats,
 )
 from localrun.server.model_info import iso
+from localrun.server.reasoning_stream import think_reasoning
 from localrun.server.schemas_ollama import ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Options, keep_alive_seconds
 from localrun.tool_parsing import arguments_object, openai_calls
 from localrun.types import ChatRequest, CompletionRequest, Message
@@ -136,6 +137,8 @@ async def _generate(request: Request, body, req, keep_alive_s: float | None, *, 
     loaded = time.perf_counter()
     try:
         _check_num_ctx(gen, body.options)
+        if isinstance(req, ChatRequest):
+            think_reasoning(request, gen, req, body.think)
     except LocalrunError:
         await gen.aclose()
         raise
@@ -145,10 +148,14 @@ async def _generate(request: Request, body, req, keep_alive_s: float | None, *, 
         line = _final(gen, timing, chat=chat)
         if chat:
             line["message"] = {"role": "assistant", "content": text}
+            if gen.reasoning:
+                line["message"]["thinking"] = gen.reasoning
             if gen.tool_calls:
                 line["message"]["tool_calls"] = ollama_tool_calls(gen.tool_calls)
         else:
             line["response"] = text
+            if gen.reasoning:
+                line["thinking"] = gen.reasoning
         if body.logprobs:
             line["logprobs"] = gen.logprobs
         return JSONResponse(line)
@@ -187,14 +194,18 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
     dumps = json.dumps
 
     def line(chunk) -> bytes | None:
-        if chunk.logprobs or chunk.tool_calls:  # rarer and larger: a whole object
+        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:  # rarer and larger: a whole object
             out: dict = {"model": gen.record.name, "created_at": iso()}
             if chat:
                 out["message"] = {"role": "assistant", "content": chunk.text}
+                if chunk.reasoning:
+                    out["message"]["thinking"] = chunk.reasoning
                 if chunk.tool_calls:
                     out["message"]["tool_calls"] = ollama_tool_calls(chunk.tool_calls)
             else:
                 out["response"] = chunk.text
+                if chunk.reasoning:
+                    out["thinking"] = chunk.reasoning
             if chunk.logprobs:
                 out["logprobs"] = list(chunk.logprobs)
             out["done"] = False

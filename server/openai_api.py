@@ -28,6 +28,7 @@ from localrun.server.openai_choices import (
     chat_logprobs, check_best_of, legacy_logprobs, many_choices, sse_choices, system_fingerprint, usage_dict,
 )
 from localrun.server.model_info import openai_model
+from localrun.server.reasoning_stream import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
 
@@ -158,6 +159,11 @@ async def chat_completions(request: Request):
                       add_generation_prompt=body.add_generation_prompt is not False,
                       continue_final_message=bool(body.continue_final_message))
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    try:
+        enable_reasoning(request, gen, req, effort_ask(body.reasoning_effort, "reasoning_effort"))
+    except LocalrunError:
+        await gen.aclose()
+        raise
     return await _respond(request, gen, body, chat=True)
 
 
@@ -231,7 +237,7 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
         if len(gen.texts) > 1 or (body.n or 1) > 1:
             choices = many_choices(gen, body, chat=chat, asked_logprobs=asked_logprobs, echo=echo)
         elif chat:
-            choices = [_chat_choice(gen, body, text, asked_logprobs)]
+            choices = [_chat_choice(gen, body, text, asked_logprobs, app_state(request).settings)]
         else:
             lp = legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(body.prompt_text())) if asked_logprobs else None
             choices = [{"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": _finish(gen, False)}]
@@ -245,11 +251,11 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
     if (body.n or 1) > 1:
         events = sse_choices(gen, first, body, echo=echo, **meta)
     else:
-        events = _sse_events(gen, first, body, echo=echo, **meta)
+        events = _sse_events(gen, first, body, echo=echo, settings=app_state(request).settings, **meta)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool) -> dict:
+def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool, settings) -> dict:
     legacy = _legacy(body, True)
     message: dict = {"role": "assistant", "content": text}
     if legacy:
@@ -258,12 +264,13 @@ def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool) -> dict
             message = {"role": "assistant", "content": text or None, "function_call": call}
     elif calls := _tool_calls(gen, body):
         message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+    message.update(reasoning_fields(gen.reasoning, settings))
     lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
     return {"index": 0, "message": message, "logprobs": lp, "finish_reason": _finish(gen, legacy)}
 
 
 async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool,
-                      fingerprint: str, echo: str | None = None) -> AsyncIterator[bytes]:
+                      fingerprint: str, echo: str | None = None, settings=None) -> AsyncIterator[bytes]:
     """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
     or tool calls are built as whole objects (they are rarer, and larger anyway)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
@@ -286,7 +293,8 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         """One event for a chunk that carries more than text."""
         if chat:
             delta: dict = {"role": "assistant"} if role else {}
-            if chunk.text or not chunk.tool_calls:
+            delta.update(reasoning_fields(chunk.reasoning, settings))
+            if chunk.text or not (chunk.tool_calls or chunk.reasoning):
                 delta["content"] = chunk.text
             if chunk.tool_calls and legacy:
                 delta["function_call"] = _function_call(gen)  # name and the whole arguments string in one delta
@@ -302,7 +310,7 @@ async def _sse_events(gen: Generation, first, body, *, ident: str, created: int,
         return b"data: " + dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
 
     def event(chunk, *, role: bool) -> bytes | None:
-        if chunk.logprobs or chunk.tool_calls:
+        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:
             return full(chunk, role=role)
         if not chunk.text and not role:
             return None

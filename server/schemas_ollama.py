@@ -108,8 +108,6 @@ class _Generating(Strict):
         found = list(self.options.unsupported()) if self.options else []
         if self.format not in (None, ""):
             found.append(("format", "json_schema"))
-        if self.think not in (None, False):
-            found.append(("think", "thinking"))
         if self.logprobs or self.top_logprobs:
             found.append(("logprobs", "logprobs"))
         return found

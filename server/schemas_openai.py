@@ -126,6 +126,7 @@ class ChatMessage(Strict):
     refusal: str | None = None
     audio: Loose | None = None
     reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class Sampled(Strict):
@@ -232,7 +233,7 @@ class ChatCompletionRequest(Sampled):
             if m.audio is not None:
                 found.append((f"messages[{i}].audio", "audio"))
         found.extend(_common_unsupported(self))
-        for name in ("prediction", "web_search_options", "reasoning_effort", "verbosity"):
+        for name in ("prediction", "web_search_options", "verbosity"):  # reasoning_effort: a budget (reasoning_stream)
             if getattr(self, name) is not None:
                 found.append((name, name))
         if self.store:

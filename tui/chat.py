@@ -22,6 +22,7 @@ from textual.widgets import Input, Markdown, Select, Static
 from textual.widgets.markdown import MarkdownStream
 
 from localrun.errors import ConfigError
+from localrun.modelstore.chat_model import CHAT_MODEL_NAME
 from localrun.tui.base import LocalrunScreen
 from localrun.types import Cancel, ChatRequest, Message as ChatMessage, Sampling
 
@@ -135,7 +136,8 @@ class ChatScreen(LocalrunScreen):
         current = self.model_select.value
         self.model_select.set_options([(n, n) for n in names])
         wanted = self._wanted if self._wanted in names else None
-        keep = wanted or current if (wanted or current) in names else next((n for n in loaded if n in names), names[0] if names else None)
+        fallback = CHAT_MODEL_NAME if CHAT_MODEL_NAME in names else (names[0] if names else None)  # an instruct model chats
+        keep = wanted or current if (wanted or current) in names else next((n for n in loaded if n in names), fallback)
         if keep is not None:
             self.model_select.value = keep
 

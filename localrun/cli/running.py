@@ -48,11 +48,12 @@ def resolve_or_builtin(store, name: str):
     try:
         return store.resolve(name, allow_path=True)
     except ModelNotFound:
+        from localrun.modelstore.chat_model import CHAT_MODEL_NAME
         from localrun.modelstore.store import DEFAULT_MODEL_NAME
 
-        if name != DEFAULT_MODEL_NAME:
+        if name not in (DEFAULT_MODEL_NAME, CHAT_MODEL_NAME):
             raise
-        record = store.ensure_default_model()
+        record = store.ensure_default_model() if name == DEFAULT_MODEL_NAME else store.ensure_chat_model()
         if record is None:
             raise
         return record
@@ -195,6 +196,7 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poo
     store = open_store(ctx)
     if not no_default_model:
         store.ensure_default_model()
+        store.ensure_chat_model()
     from localrun.manager import ModelManager
     from localrun.server.serve import run_server
 

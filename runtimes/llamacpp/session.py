@@ -192,7 +192,8 @@ class LlamaCppSession(ServerExtras):
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
                                          tokenize=lambda text: self.tokenize(text, add_special=True),
                                          vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
-        self.capabilities = self._features.capabilities | self.extra_capabilities()
+        # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
+        self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
@@ -301,12 +302,12 @@ class LlamaCppSession(ServerExtras):
         return len(toks) == 1 and self._token_text(toks[0]) == text
 
     def chat_prompt(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
-                    continue_final: bool = False) -> tuple[list[int], tuple[str, ...]]:
-        """Tokens of the rendered conversation, and stop strings the prompt format adds."""
+                    continue_final: bool = False, prefix: str = "") -> tuple[list[int], tuple[str, ...]]:
+        """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the prompt format adds."""
         text, stops = self.chat_text(messages, variables, add_generation_prompt=add_generation_prompt,
                                      continue_final=continue_final)
         add_bos = not (self._bos and text.startswith(self._bos))
-        return self.tokenize(text, add_special=add_bos), stops
+        return self.tokenize(text + prefix, add_special=add_bos), stops
 
     # --- the protocol ---------------------------------------------------------------------
 
@@ -315,7 +316,7 @@ class LlamaCppSession(ServerExtras):
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
         tokens, stops = self.chat_prompt(messages, {**req.template_kwargs, **variables},
                                          add_generation_prompt=req.add_generation_prompt,
-                                         continue_final=req.continue_final_message)
+                                         continue_final=req.continue_final_message, prefix=req.prefix)
         return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:

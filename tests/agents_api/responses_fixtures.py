@@ -1,0 +1,82 @@
+"""Fixtures for the Responses API tests: real server processes shared by a module.
+
+A server process takes a few seconds to start on a loaded machine, and the Responses
+tests ask one server many questions, so a module starts each kind once: under its own
+LOCALRUN_HOME (the per-test one is function-scoped), stopped when the module ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import REPO, ServerProcess, free_port
+
+ALL = ("tools", "json_schema", "logprobs", "embeddings")
+
+
+def start_server(home: Path, model: Path, name: str, *, runtime: str = "fake", plan: dict | None = None,
+                 timeout: float = 120.0, **options) -> ServerProcess:
+    """Import ``model`` under ``home`` and start ``tests.server.launch`` there; ready once /health answers."""
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
+
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "LOCALRUN_HOME": str(home), "HF_HOME": str(home / "hf"), "LOCALRUN_RUNTIME__FORCE": runtime,
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    ModelStore(Settings(data_dir=home / "data", cache_dir=home / "cache")).import_path(model, name=name)
+    port = free_port()
+    args = [sys.executable, "-m", "tests.server.launch", "--port", str(port)]
+    for key, value in options.items():
+        args += ["--option", f"{key}={json.dumps(value)}"]
+    for key, value in (plan or {}).items():
+        args += ["--plan", f"{key}={json.dumps(value)}"]
+    log_path = home / "server.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {server.log_text()[-2000:]}")
+        try:
+            httpx.get(f"{server.url}/health", timeout=1)
+            return server
+        except httpx.TransportError:
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
+
+
+def client_for(server: ServerProcess, timeout: float = 60) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def fake_server(tmp_path_factory, tiny_gguf):
+    """A real server on the fake runtime declaring every optional capability."""
+    server = start_server(tmp_path_factory.mktemp("resp-home"), tiny_gguf, "tiny", fake_capabilities=list(ALL))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bare_server(tmp_path_factory, tiny_gguf):
+    """A real server on the fake runtime declaring no optional capability."""
+    server = start_server(tmp_path_factory.mktemp("resp-bare"), tiny_gguf, "tiny", fake_capabilities=[])
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def oai(fake_server):
+    with client_for(fake_server) as client:
+        yield client

@@ -62,6 +62,10 @@ def _register() -> None:
     for module in (models, hubcmds, running, machine, tui_cmd, bundle_cmd):
         for command in module.COMMANDS:
             main.add_command(command)
+    from localrun.cli import mirror_cmd
+
+    for command in mirror_cmd.COMMANDS:
+        main.add_command(command)
 
 
 _register()

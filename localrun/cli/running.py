@@ -168,8 +168,9 @@ def _interactive(manager, record, raw: bool, system: str | None, sampling: dict)
 @click.option("--parallel", type=click.IntRange(1, 64), default=None,
               help="Requests each llama.cpp model decodes at once (default: up to 4 when they fit).")
 @click.option("--no-default-model", is_flag=True, help="Do not assemble and register the embedded default model.")
+@click.option("--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL).")
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model):
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, mirror):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key}.items() if v is not None}
     overrides = {"server": server} if server else {}
@@ -185,12 +186,20 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model):
 
     manager = ModelManager(settings, store)
     key = "on" if settings.server.api_key else "off"
+    extend = None
+    if mirror:
+        from localrun.server.mirror import Mirror, install_mirror
+
+        def extend(app) -> None:
+            install_mirror(app, Mirror(store))
 
     def ready(url: str) -> None:
         err_console().print(f"localrun serving on [bold]{url}[/] · API key {key} · {len(store.list())} models · Ctrl-C stops", highlight=False)
+        if mirror:
+            err_console().print(f"hub mirror on the same port: HF_ENDPOINT={url}", highlight=False)
 
     try:
-        run_server(settings, manager, ready_callback=ready)
+        run_server(settings, manager, ready_callback=ready, extend=extend)
     finally:
         manager.shutdown()
 

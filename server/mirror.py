@@ -117,8 +117,12 @@ class Mirror:
 
 
 def _segments(request: Request) -> list[str]:
+    """The raw path's segments, each percent-decoded on its own (``%2F`` stays inside one)."""
     raw = request.scope.get("raw_path") or quote(request.scope.get("path", "")).encode()
-    return [unquote(s.decode("latin-1"), errors="strict") for s in raw.split(b"/")[1:]]
+    try:
+        return [unquote(s.decode("ascii"), errors="strict") for s in raw.split(b"/")[1:]]
+    except UnicodeError:
+        raise InvalidName("the request path is not valid percent-encoded UTF-8", hint="quote file names as UTF-8") from None
 
 
 def _repo_id(ns: str, name: str) -> str:
@@ -227,8 +231,8 @@ def _flag(request: Request, name: str) -> bool:
 async def api_models(request: Request) -> Response:
     """Every ``/api/models…`` route, dispatched on raw path segments."""
     mirror: Mirror = request.app.state.mirror
-    segs = _segments(request)[2:]
     try:
+        segs = _segments(request)[2:]
         if not segs or segs == [""]:
             return JSONResponse(_list_models(mirror, request))
         if len(segs) < 2:
@@ -272,8 +276,8 @@ def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
 async def resolve(request: Request) -> Response:
     """HEAD/GET ``/{ns}/{name}/resolve/{rev}/{path}``: a verified file, whole or a Range of it."""
     mirror: Mirror = request.app.state.mirror
-    segs = _segments(request)
     try:
+        segs = _segments(request)
         if len(segs) < 5 or segs[2] != "resolve":
             return hub_error(404, "no such route on this mirror")
         repo_id, revision, path = _repo_id(segs[0], segs[1]), segs[3], _relpath(segs[4:])

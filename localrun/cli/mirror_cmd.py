@@ -11,7 +11,7 @@ from localrun.cli.output import err_console
 
 @click.command("mirror")
 @click.option("--host", default=None, help="Interface to bind (default 127.0.0.1). Anything else needs --key.")
-@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (default 8740).")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8740).")
 @click.option("--key", default=None, envvar="LOCALRUN_MIRROR_KEY",
               help="Bearer key clients must send (their HF_TOKEN); required off loopback. Env LOCALRUN_MIRROR_KEY.")
 @click.option("--upstream", default=None, metavar="URL",

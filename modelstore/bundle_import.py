@@ -168,17 +168,16 @@ class _Importer:
                 self._done(item, "reused")
                 return
             tmp = blob.with_name(blob.name + ".bundle-partial")
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-            trusted = not self.rehash and self.bundle.sealed(item, source)
-            how, problem = _link_or_copy(source, tmp, trusted), None
-            if not trusted and how:
-                with open(tmp, "rb") as f:
-                    problem = hash_stream(f, item)  # the linked inode or the reflinked copy, read once
-            elif not how:
-                how, problem = "copied", _copy_hashed(source, tmp, item)
-            self.result.bytes_hashed += 0 if trusted else item.size
-            self._commit(tmp, blob, item, problem)
+            with _cleaned(tmp):
+                trusted = not self.rehash and self.bundle.sealed(item, source)
+                how, problem = _link_or_copy(source, tmp, trusted), None
+                if not trusted and how:
+                    with open(tmp, "rb") as f:
+                        problem = hash_stream(f, item)  # the linked inode or the reflinked copy, read once
+                elif not how:
+                    how, problem = "copied", _copy_hashed(source, tmp, item)
+                self.result.bytes_hashed += 0 if trusted else item.size
+                self._commit(tmp, blob, item, problem)
             self._done(item, how)
 
     def place_from_stream(self, item: Item, m: LockModel, stream: BinaryIO) -> None:
@@ -192,17 +191,16 @@ class _Importer:
                 self._done(item, "reused")
                 return
             tmp = blob.with_name(blob.name + ".bundle-partial")
-            with open(tmp, "wb") as dst:
+            with _cleaned(tmp), open(tmp, "wb") as dst:
                 problem = hash_stream(stream, item, dst)
                 dst.flush()
                 os.fsync(dst.fileno())
-            self.result.bytes_hashed += item.size
-            self._commit(tmp, blob, item, problem)
+                self.result.bytes_hashed += item.size
+                self._commit(tmp, blob, item, problem)
             self._done(item, "copied")
 
     def _commit(self, tmp: Path, blob: Path, item: Item, problem: str | None) -> None:
         if problem:
-            tmp.unlink()
             raise self.bundle._bad(item.relpath, f"does not match the lock: {problem}",
                                    hint="the bundle was altered or damaged after export; export or copy it again")
         os.replace(tmp, blob)
@@ -249,6 +247,18 @@ class _Importer:
             with contextlib.suppress(FileNotFoundError):
                 blob.unlink()
         self.journal.drop()
+
+
+@contextlib.contextmanager
+def _cleaned(tmp: Path):
+    """A temporary name that never outlives a failure (a kill -9 leaves it to the next run)."""
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def _link_or_copy(source: Path, tmp: Path, trusted: bool) -> str:

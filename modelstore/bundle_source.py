@@ -116,8 +116,8 @@ class _Bundle:
         except InvalidName as exc:
             raise self._bad(raw[:120], f"an unsafe entry name ({exc.message})", hint="do not import this bundle") from None
 
-    def _missing(self, seen: set[str]) -> None:
-        missing = [rel for rel in self.expected if rel not in seen]
+    def _missing(self, seen: set[str], also: tuple = ()) -> None:
+        missing = [rel for rel in (*self.expected, *also) if rel not in seen]
         if missing:
             raise self._bad(missing[0], f"the lock names it but the bundle lacks it ({len(missing)} file(s) missing)",
                             hint="copy the whole bundle again")
@@ -244,17 +244,21 @@ class TarBundle(_Bundle):
                 continue
             if member.issym():
                 self._check_link(rel, member.linkname)
+                seen.add(rel)
                 continue
             if not member.isreg():
                 raise self._bad(rel, "an entry that is not a file, folder or snapshot symlink (hard link, device, fifo)",
                                 hint="do not import this bundle")
             yield from self._member(rel, member, seen)
-        self._missing(seen)
+        # The exporter writes every link and ref too: one missing means the tar was cut short
+        # (tarfile treats a tar that ends between entries as complete).
+        self._missing(seen, (*self.links, *self.refs))
 
     def _member(self, rel: str, member: tarfile.TarInfo, seen: set[str]) -> Iterator[tuple[Item, BinaryIO]]:
         stream = _TarStream(self.tar.extractfile(member), self, rel)
         if rel in self.refs:
             self._check_ref(rel, stream.read(200))
+            seen.add(rel)
             return
         item = self.expected.get(rel)
         if item is None:

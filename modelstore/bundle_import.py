@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -99,6 +100,7 @@ class _Importer:
         self.known = self._index_hashes()
         self.created: list[Path] = []
         self.result = ImportResult()
+        self.early: dict[str, Future] = {}
 
     def _index_hashes(self) -> dict[str, tuple[str, int | None]]:
         out = {}
@@ -212,6 +214,21 @@ class _Importer:
         if self.progress:
             self.progress(item.relpath, item.size, how)
 
+    def validate_early(self, pool: ThreadPoolExecutor) -> None:
+        """Walk each model's header in the bundle folder while the blobs are placed.
+
+        The walk is Python (it holds the GIL) and copying is the kernel's (it does not), so
+        the two overlap. The bytes walked are the ones placed: both are checked against the
+        lock, and a failure there stops the import before anything is registered."""
+        if not isinstance(self.bundle, DirBundle):
+            return
+        for m in self.lock.models:
+            if m.format not in (Format.GGUF, Format.MLX):
+                continue
+            where = self.bundle.location / m.snapshot_dir_relpath() / m.primary if m.primary else self.bundle.location / m.snapshot_dir_relpath()
+            if os.path.lexists(where):  # links absent (a copy on FAT): validated after placing
+                self.early[m.name] = pool.submit(self.store.inspect_path, where, name=m.name)
+
     # --- phase 3 ------------------------------------------------------------------------
 
     def register(self) -> None:
@@ -232,7 +249,9 @@ class _Importer:
         primary = layout.snapshot(m.commit, m.primary) if m.primary else layout.snapshot_dir(m.commit)
         meta: dict = {}
         if m.format in (Format.GGUF, Format.MLX):
-            meta = dict(self.store.inspect_path(primary, name=m.name).metadata)  # validates the header / folder
+            early = self.early.get(m.name)
+            inspected = early.result() if early else self.store.inspect_path(primary, name=m.name)  # validates the header / folder
+            meta = dict(inspected.metadata)
             meta.pop("mtimes", None)
         meta.update(quant=m.quant or meta.get("quant"), architecture=meta.get("architecture") or m.architecture)
         meta["hub"] = {"endpoint": None if m.synthetic else m.origin, "revision": m.revision, "commit": m.commit}
@@ -308,12 +327,14 @@ def import_bundle(store, path: str | Path, *, rehash: bool = False, replace: boo
         if isinstance(bundle, DirBundle):
             bundle.check()
         imp.check_space()
-        try:
-            _place_all(imp, bundle)
-            imp.register()
-        except LocalrunError:
-            imp.rollback()
-            raise
+        with ThreadPoolExecutor(1, thread_name_prefix="localrun-bundle-validate") as pool:
+            try:
+                imp.validate_early(pool)
+                _place_all(imp, bundle)
+                imp.register()
+            except LocalrunError:
+                imp.rollback()
+                raise
         imp.journal.drop()
         return imp.result
     finally:

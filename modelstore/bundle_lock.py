@@ -120,8 +120,11 @@ class LockModel:
     def blob_relpath(self, f: LockFile) -> str:
         return f"{HUB_DIR}/{self.layout_folder}/blobs/{f.etag}"
 
+    def snapshot_dir_relpath(self) -> str:
+        return f"{HUB_DIR}/{self.layout_folder}/snapshots/{self.commit}"
+
     def snapshot_relpath(self, f: LockFile) -> str:
-        return f"{HUB_DIR}/{self.layout_folder}/snapshots/{self.commit}/{f.path}"
+        return f"{self.snapshot_dir_relpath()}/{f.path}"
 
     def link_target(self, f: LockFile) -> str:
         """The relative symlink huggingface_hub writes from the snapshot to the blob."""

@@ -212,7 +212,9 @@ class TarBundle(_Bundle):
     def __init__(self, location: Path) -> None:
         super().__init__(location)
         try:
-            self.tar = tarfile.open(location, "r|*")
+            # Random-access mode, read forward once: members are read straight from the file
+            # (stream mode would copy them through a 10 KiB buffer).
+            self.tar = tarfile.open(location, "r:")
             first = self.tar.next()
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise BundleError(f"{location}: not a readable tar ({exc})", hint="give a tar `localrun bundle export -o X.tar` wrote") from None

@@ -204,6 +204,8 @@ def _fail(rel: str, s: _Source, problem: str) -> VerificationFailed:
 
 def _write_dir(root: Path, lock: Lock, sources: dict[str, _Source], wheelhouse, progress) -> Lock:
     seal: dict[str, list[int]] = {}
+    if wheelhouse is not None:  # first: the step most likely to refuse (a native wheel, no index)
+        lock = _add_wheels(lock, root / WHEELS_DIR, wheelhouse, seal)
     for rel, s in sources.items():
         dest = root.joinpath(*rel.split("/"))
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -224,8 +226,6 @@ def _write_dir(root: Path, lock: Lock, sources: dict[str, _Source], wheelhouse, 
         ref = root.joinpath(*rel.split("/"))
         ref.parent.mkdir(parents=True, exist_ok=True)
         ref.write_text(commit)
-    if wheelhouse is not None:
-        lock = _add_wheels(lock, root / WHEELS_DIR, wheelhouse, seal)
     data = lock.to_json()
     (root / LOCK_NAME).write_bytes(data)
     (root / SEAL_NAME).write_text(json.dumps({"lock_sha256": hashlib.sha256(data).hexdigest(), "files": seal}))

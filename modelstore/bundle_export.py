@@ -28,7 +28,7 @@ from typing import BinaryIO, Callable
 from localrun import __version__
 from localrun.errors import LocalrunError, VerificationFailed
 from localrun.modelstore.bundle_lock import (LOCK_NAME, WHEELS_DIR, BundleError, Lock, LockFile, LockModel, LockWheel,
-                                              is_lfs_path, lfs_git_oid, synthetic_commit, synthetic_repo)
+                                              is_lfs_path, lfs_git_oid, parse_lock, synthetic_commit, synthetic_repo)
 from localrun.modelstore.bundle_source import SEAL_NAME, Item, hash_stream, stat_key
 from localrun.modelstore.verify import file_path
 from localrun.types import ModelRecord, Source
@@ -139,11 +139,10 @@ def plan_export(store, names: list[str]) -> tuple[Lock, dict[str, _Source]]:
 
     models, sources, seen = [], {}, set()
     for name in names:
-        rec = store.resolve(name)
+        rec = store.resolve(name)  # also proves every file is there, at its registered size
         if rec.name in seen:
             continue
         seen.add(rec.name)
-        store._check_files_present(rec)
         model, files = _plan_model(rec, hub_endpoint(store.settings))
         if any(m.repo == model.repo and m.synthetic != model.synthetic for m in models):
             raise BundleError(f"two models map to the repo {model.repo}", hint="export them in separate bundles")
@@ -151,8 +150,6 @@ def plan_export(store, names: list[str]) -> tuple[Lock, dict[str, _Source]]:
         for s in files:
             sources.setdefault(model.blob_relpath(s.entry), s)
     lock = Lock(models=tuple(models), created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), localrun=__version__)
-    from localrun.modelstore.bundle_lock import parse_lock
-
     parse_lock(lock.to_json())  # the exporter never writes a lock its own importer would refuse
     return lock, sources
 

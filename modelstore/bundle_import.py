@@ -99,6 +99,7 @@ class _Importer:
         self.journal = _Journal(store.settings.data_dir / "bundle-imports" / f"{digest}.json")
         self.known = self._index_hashes()
         self.created: list[Path] = []
+        self.linked: list[Path] = []
         self.result = ImportResult()
         self.early: dict[str, Future] = {}
 
@@ -159,51 +160,55 @@ class _Importer:
         blob.unlink()
         return False
 
-    def place_from_path(self, item: Item, m: LockModel) -> None:
+    @contextlib.contextmanager
+    def _slot(self, m: LockModel, item: Item, source: Path | None):
+        """Hold the blob's lock; yield (its temporary name, the blob), the name None when a
+        good blob is already in place. The lock is huggingface_hub's and pull's too."""
         from filelock import FileLock
 
-        layout = CacheLayout(self.cache, m.repo)
-        blob, source = self._blob(m, item.file.etag), self.bundle.path_of(item)
-        layout.lock(item.file.etag).parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(layout.lock(item.file.etag))):
+        blob = self._blob(m, item.file.etag)
+        lock = CacheLayout(self.cache, m.repo).lock(item.file.etag)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(lock)):
             if self._good_already(blob, item, source):
                 self._done(item, "reused")
+                yield None, blob
                 return
             tmp = blob.with_name(blob.name + ".bundle-partial")
             with _cleaned(tmp):
-                trusted = not self.rehash and self.bundle.sealed(item, source)
-                how, problem = _link_or_copy(source, tmp, trusted), None
-                if not trusted and how:
-                    with open(tmp, "rb") as f:
-                        problem = hash_stream(f, item)  # the linked inode or the reflinked copy, read once
-                elif not how:
-                    how, problem = "copied", _copy_hashed(source, tmp, item)
-                self.result.bytes_hashed += 0 if trusted else item.size
-                self._commit(tmp, blob, item, problem)
-            self._done(item, how)
+                yield tmp, blob
+
+    def place_from_path(self, item: Item, m: LockModel) -> None:
+        source = self.bundle.path_of(item)
+        with self._slot(m, item, source) as (tmp, blob):
+            if tmp is None:
+                return
+            trusted = not self.rehash and self.bundle.sealed(item, source)
+            how, problem = _link_or_copy(source, tmp, trusted), None
+            if not trusted and how:
+                with open(tmp, "rb") as f:
+                    problem = hash_stream(f, item)  # the linked inode or the reflinked copy, read once
+            elif not how:
+                how, problem = "copied", _copy_hashed(source, tmp, item)
+            self.result.bytes_hashed += 0 if trusted else item.size
+            self._commit(tmp, blob, item, problem)
+        self._done(item, how)
 
     def place_from_stream(self, item: Item, m: LockModel, stream: BinaryIO) -> None:
-        from filelock import FileLock
-
-        layout = CacheLayout(self.cache, m.repo)
-        blob = self._blob(m, item.file.etag)
-        layout.lock(item.file.etag).parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(layout.lock(item.file.etag))):
-            if self._good_already(blob, item, None):
-                self._done(item, "reused")
+        with self._slot(m, item, None) as (tmp, blob):
+            if tmp is None:
                 return
-            tmp = blob.with_name(blob.name + ".bundle-partial")
-            with _cleaned(tmp), open(tmp, "wb") as dst:
+            with open(tmp, "wb") as dst:
                 problem = hash_stream(stream, item, dst)
                 dst.flush()
                 os.fsync(dst.fileno())
-                self.result.bytes_hashed += item.size
-                self._commit(tmp, blob, item, problem)
-            self._done(item, "copied")
+            self.result.bytes_hashed += item.size
+            self._commit(tmp, blob, item, problem)
+        self._done(item, "copied")
 
     def _commit(self, tmp: Path, blob: Path, item: Item, problem: str | None) -> None:
         if problem:
-            raise self.bundle._bad(item.relpath, f"does not match the lock: {problem}",
+            raise self.bundle.error(item.relpath, f"does not match the lock: {problem}",
                                    hint="the bundle was altered or damaged after export; export or copy it again")
         os.replace(tmp, blob)
         self.created.append(blob)
@@ -243,7 +248,10 @@ class _Importer:
         files = []
         for f in m.files:
             blob = layout.blob(f.etag)
+            new = not os.path.lexists(layout.snapshot(m.commit, f.path))
             snap = layout.link(m.commit, f.path, blob)
+            if new:
+                self.linked.append(snap)
             files.append(FileEntry(str(snap), f.size, f.sha256, os.stat(blob).st_mtime_ns))
         layout.write_ref(m.revision, m.commit)
         primary = layout.snapshot(m.commit, m.primary) if m.primary else layout.snapshot_dir(m.commit)
@@ -261,8 +269,8 @@ class _Importer:
                            repo=m.repo, revision=m.commit, metadata=meta, added_at=time.time())
 
     def rollback(self) -> None:
-        """A bad bundle: the blobs this run created go again; nothing was registered."""
-        for blob in self.created:
+        """A bad bundle: the blobs and links this run created go again; nothing was registered."""
+        for blob in self.linked + self.created:
             with contextlib.suppress(FileNotFoundError):
                 blob.unlink()
         self.journal.drop()
@@ -367,7 +375,7 @@ def verify_bundle(path: str | Path, *, progress: Callable[[str, int], None] | No
                 src = stream or stack.enter_context(open(bundle.path_of(item), "rb"))
                 problem = hash_stream(src, item)
             if problem:
-                raise bundle._bad(item.relpath, f"does not match the lock: {problem}",
+                raise bundle.error(item.relpath, f"does not match the lock: {problem}",
                                   hint="the bundle was altered or damaged after export; export or copy it again")
             if progress:
                 progress(item.relpath, item.size)

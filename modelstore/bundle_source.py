@@ -96,30 +96,30 @@ class _Bundle:
         self.links = self.lock.links()
         self.refs = self.lock.refs()
 
-    def _bad(self, rel: str, problem: str, hint: str = "the bundle is damaged or was altered; export it again") -> BundleError:
+    def error(self, rel: str, problem: str, hint: str = "the bundle is damaged or was altered; export it again") -> BundleError:
         return BundleError(f"bundle {self.location}: {rel}: {problem}", hint=hint)
 
     def _check_link(self, rel: str, text: str) -> None:
         expected = self.links.get(rel)
         if expected is None or text != expected:
             if text.startswith("/") or os.path.normpath(os.path.join(os.path.dirname(rel), text)).startswith(".."):
-                raise self._bad(rel, f"a symlink pointing out of the bundle ({text[:120]!r})", hint="do not import this bundle")
-            raise self._bad(rel, f"a symlink to {text[:120]!r}, the lock expects " + (repr(expected) if expected else "no link here"))
+                raise self.error(rel, f"a symlink pointing out of the bundle ({text[:120]!r})", hint="do not import this bundle")
+            raise self.error(rel, f"a symlink to {text[:120]!r}, the lock expects " + (repr(expected) if expected else "no link here"))
 
     def _check_ref(self, rel: str, data: bytes) -> None:
         if data.strip().decode("ascii", "replace") != self.refs[rel]:
-            raise self._bad(rel, f"names commit {data.strip()[:60]!r}, the lock says {self.refs[rel]}")
+            raise self.error(rel, f"names commit {data.strip()[:60]!r}, the lock says {self.refs[rel]}")
 
     def _name(self, raw: str) -> str:
         try:
             return str(safe_relpath(raw.rstrip("/") if raw.endswith("/") else raw))
         except InvalidName as exc:
-            raise self._bad(raw[:120], f"an unsafe entry name ({exc.message})", hint="do not import this bundle") from None
+            raise self.error(raw[:120], f"an unsafe entry name ({exc.message})", hint="do not import this bundle") from None
 
     def _missing(self, seen: set[str], also: tuple = ()) -> None:
         missing = [rel for rel in (*self.expected, *also) if rel not in seen]
         if missing:
-            raise self._bad(missing[0], f"the lock names it but the bundle lacks it ({len(missing)} file(s) missing)",
+            raise self.error(missing[0], f"the lock names it but the bundle lacks it ({len(missing)} file(s) missing)",
                             hint="copy the whole bundle again")
 
 
@@ -162,7 +162,7 @@ class DirBundle(_Bundle):
         for top in (HUB_DIR, WHEELS_DIR):
             root = self.location / top
             if root.is_symlink():
-                raise self._bad(top, "a symlink where a folder belongs", hint="do not import this bundle")
+                raise self.error(top, "a symlink where a folder belongs", hint="do not import this bundle")
             for dirpath, dirnames, filenames in os.walk(root):
                 for name in dirnames + filenames:
                     full = Path(dirpath, name)
@@ -182,10 +182,10 @@ class DirBundle(_Bundle):
             return
         item = self.expected.get(rel)
         if item is None:
-            raise self._bad(rel, "a file the lock does not name", hint="remove it, or export the bundle again")
+            raise self.error(rel, "a file the lock does not name", hint="remove it, or export the bundle again")
         size = full.stat().st_size
         if size != item.size:
-            raise self._bad(rel, f"{size} bytes, the lock says {item.size} (truncated or altered)")
+            raise self.error(rel, f"{size} bytes, the lock says {item.size} (truncated or altered)")
 
     def close(self) -> None:
         pass
@@ -201,7 +201,7 @@ class _TarStream:
         try:
             return self.raw.read(n)
         except (tarfile.TarError, EOFError, OSError) as exc:
-            raise self.bundle._bad(self.rel, f"the tar is truncated or damaged here ({exc})", hint="copy the tar again") from None
+            raise self.bundle.error(self.rel, f"the tar is truncated or damaged here ({exc})", hint="copy the tar again") from None
 
 
 class TarBundle(_Bundle):
@@ -224,7 +224,7 @@ class TarBundle(_Bundle):
         raw = self.tar.extractfile(first)
         data = _TarStream(raw, self, LOCK_NAME).read(first.size + 1) if raw else b""
         if len(data) != first.size:
-            raise self._bad(LOCK_NAME, "the tar is truncated inside the lock", hint="copy the tar again")
+            raise self.error(LOCK_NAME, "the tar is truncated inside the lock", hint="copy the tar again")
         self._load_lock(data)
 
     def items(self) -> Iterator[tuple[Item, BinaryIO]]:
@@ -235,12 +235,12 @@ class TarBundle(_Bundle):
             try:
                 member = self.tar.next()
             except (tarfile.TarError, EOFError, OSError) as exc:
-                raise self._bad(f"after {len(names)} entries", f"the tar is truncated or damaged ({exc})", hint="copy the tar again") from None
+                raise self.error(f"after {len(names)} entries", f"the tar is truncated or damaged ({exc})", hint="copy the tar again") from None
             if member is None:
                 break
             rel = self._name(member.name)
             if rel in names or rel == LOCK_NAME:
-                raise self._bad(rel, "duplicate entry in the tar", hint="do not import this bundle")
+                raise self.error(rel, "duplicate entry in the tar", hint="do not import this bundle")
             names.add(rel)
             if member.isdir():
                 continue
@@ -249,7 +249,7 @@ class TarBundle(_Bundle):
                 seen.add(rel)
                 continue
             if not member.isreg():
-                raise self._bad(rel, "an entry that is not a file, folder or snapshot symlink (hard link, device, fifo)",
+                raise self.error(rel, "an entry that is not a file, folder or snapshot symlink (hard link, device, fifo)",
                                 hint="do not import this bundle")
             yield from self._member(rel, member, seen)
         # The exporter writes every link and ref too: one missing means the tar was cut short
@@ -264,9 +264,9 @@ class TarBundle(_Bundle):
             return
         item = self.expected.get(rel)
         if item is None:
-            raise self._bad(rel, "a file the lock does not name", hint="do not import this bundle")
+            raise self.error(rel, "a file the lock does not name", hint="do not import this bundle")
         if member.size != item.size:
-            raise self._bad(rel, f"{member.size} bytes, the lock says {item.size}")
+            raise self.error(rel, f"{member.size} bytes, the lock says {item.size}")
         seen.add(rel)
         yield item, stream
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from localrun.errors import InvalidModelFile
 from localrun.modelstore.bundle_export import export_bundle
 from localrun.modelstore.bundle_import import import_bundle, verify_bundle
 from localrun.modelstore.bundle_lock import LOCK_NAME, BundleError
@@ -264,3 +265,30 @@ def test_one_bad_model_means_none_is_registered(source, target, tiny_model, tiny
     data[123] ^= 1
     blob.write_bytes(bytes(data))
     refused(target, tmp_path / "two", "tiny2", "sha256")
+
+
+def test_consistent_lock_but_not_a_model(target, bundle_dir):
+    """Hashes can be made to match anything; the store's GGUF validation still has the last word."""
+    import hashlib
+
+    from localrun.modelstore.bundle_lock import lfs_git_oid
+
+    junk = b"GGUF" + bytes(range(256)) * 64
+    old = blob_of(bundle_dir)
+    sha = hashlib.sha256(junk).hexdigest()
+    (old.parent / sha).write_bytes(junk)
+    old.unlink()
+    link = next(bundle_dir.glob("hub/models--*/snapshots/*/*"))
+    link.unlink()
+    os.symlink(f"../../blobs/{sha}", link)
+
+    def edit(doc):
+        f = doc["models"][0]["files"][0]
+        f.update(sha256=sha, size=len(junk), git_oid=lfs_git_oid(sha, len(junk)))
+    edit_lock(bundle_dir, edit)
+    store = target.store()
+    with pytest.raises(InvalidModelFile) as info:
+        import_bundle(store, bundle_dir)
+    assert not isinstance(info.value, BundleError) and "tiny-llama.gguf" in str(info.value), info.value
+    assert store.list() == [] and not list(target.hf_cache.glob("models--*/blobs/*"))
+    assert not [p for p in target.hf_cache.glob("models--*/snapshots/*/*")]

@@ -171,3 +171,13 @@ def test_gemma_round_trip_answers(source, target, gemma_gguf, tmp_path):
                              "--max-tokens", "8", "--threads", "2"], env=target.env(), capture_output=True, text=True, timeout=180)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip()
+
+
+def test_rm_deletes_the_cache_copy_and_keeps_the_bundle(source, target, tiny_model, tmp_path):
+    export_bundle(source.store(), ["tiny"], tmp_path / "b")
+    store = target.store()
+    import_bundle(store, tmp_path / "b")
+    blob = next(target.hf_cache.glob("models--local--tiny/blobs/*"))
+    store.remove("tiny")
+    assert not blob.exists() and store.list() == []
+    assert verify_bundle(tmp_path / "b").models[0].name == "tiny"  # the hard link's other name is intact

@@ -292,3 +292,17 @@ def test_consistent_lock_but_not_a_model(target, bundle_dir):
     assert not isinstance(info.value, BundleError) and "tiny-llama.gguf" in str(info.value), info.value
     assert store.list() == [] and not list(target.hf_cache.glob("models--*/blobs/*"))
     assert not [p for p in target.hf_cache.glob("models--*/snapshots/*/*")]
+
+
+def test_disk_space_is_checked_before_the_first_byte(target, bundle_tar, monkeypatch):
+    from collections import namedtuple
+
+    from localrun.errors import DownloadFailed
+    from localrun.modelstore import download
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 1000, 1000))
+    store = target.store()
+    with pytest.raises(DownloadFailed, match="not enough disk space"):
+        import_bundle(store, bundle_tar)
+    assert store.list() == [] and not list(target.hf_cache.rglob("*.bundle-partial"))

@@ -3,10 +3,10 @@
 Order of work, so that a bad bundle leaves nothing half-done and an interrupted import
 (Ctrl-C, kill -9, power loss) can simply be run again:
 
-1. The lock is parsed whole and every name checked; a model name taken by another model
-   stops the import before a byte is written. A folder bundle is walked (no hashing):
-   unexpected entries, symlinks that point anywhere but their own blob, missing files and
-   wrong sizes are refused here. Free space is checked for the bytes that must be copied.
+1. The lock is parsed whole. A folder bundle is walked (no hashing): unexpected entries,
+   symlinks that point anywhere but their own blob, missing files and wrong sizes are
+   refused here. A model name taken by another model stops the import too, and free
+   space is checked for the bytes that must be copied: all before a byte is written.
 2. Each blob goes to ``<cache>/models--org--repo/blobs/<etag>``: hard-linked from the
    bundle when both are on one filesystem (else reflinked, else copied) under a temporary
    name, checked against the lock, then renamed to its final name. Nothing unverified is
@@ -331,9 +331,9 @@ def import_bundle(store, path: str | Path, *, rehash: bool = False, replace: boo
     bundle = open_bundle(path)
     try:
         imp = _Importer(store, bundle, rehash=rehash, replace=replace, progress=progress)
-        imp.check_names()
         if isinstance(bundle, DirBundle):
-            bundle.check()
+            bundle.check()  # a damaged bundle is the first thing to hear about
+        imp.check_names()
         imp.check_space()
         with ThreadPoolExecutor(1, thread_name_prefix="localrun-bundle-validate") as pool:
             try:

@@ -181,3 +181,37 @@ def test_rm_deletes_the_cache_copy_and_keeps_the_bundle(source, target, tiny_mod
     store.remove("tiny")
     assert not blob.exists() and store.list() == []
     assert verify_bundle(tmp_path / "b").models[0].name == "tiny"  # the hard link's other name is intact
+
+
+def test_split_model_in_a_subfolder(fake_hub, source, target, tmp_path):
+    from localrun.modelstore.pull import pull
+    from tests.hub.repos import SPLIT_REPO
+
+    rec = pull(source.store(), SPLIT_REPO)
+    lock = export_bundle(source.store(), [rec.name], tmp_path / "b").lock
+    m = lock.models[0]
+    assert m.primary == "Q8_0/Big-Q8_0-00001-of-00003.gguf" and len(m.files) == 3
+    link = tmp_path / "b" / m.snapshot_relpath(m.files[0])
+    assert os.readlink(link) == f"../../../blobs/{m.files[0].sha256}" and link.resolve().is_file()
+    store = target.store()
+    import_bundle(store, tmp_path / "b")
+    got = store.resolve(rec.name)
+    assert got.metadata["shards"] == 3 and len(got.files) == 3
+
+
+def test_cli_names_the_bad_file(source, tiny_model, tmp_path):
+    from click.testing import CliRunner
+
+    from localrun.cli import main
+
+    export_bundle(source.store(), ["tiny"], tmp_path / "b")
+    blob = next((tmp_path / "b").glob("hub/models--*/blobs/*"))
+    os.truncate(blob, 10)
+    runner = CliRunner()
+    for cmd in (["bundle", "verify", str(tmp_path / "b")], ["bundle", "import", str(tmp_path / "b")]):
+        out = runner.invoke(main, cmd)
+        assert out.exit_code != 0 and blob.name[:20] in out.output.replace("\n", "") and "lock says" in out.output, out.output
+    ok = runner.invoke(main, ["bundle", "export", "tiny", "-o", str(tmp_path / "c.tar")])
+    assert ok.exit_code == 0 and "local/tiny" in ok.output, ok.output
+    ok = runner.invoke(main, ["bundle", "verify", str(tmp_path / "c.tar")])
+    assert ok.exit_code == 0 and "every sha256 matches" in ok.output

@@ -79,3 +79,31 @@ def test_wheels_travel_and_are_verified(form, source, target, tiny_model, tmp_pa
             verify_bundle(out)
         doc = json.loads((out / LOCK_NAME).read_text())
         assert doc["python"]["platform"] == "test"
+
+
+def test_portable_build_is_asked_of_pip_with_native_off(tmp_path, monkeypatch):
+    """The build itself (~15 CPU-minutes) is not run here; what pip is asked to do is checked."""
+    calls = []
+
+    def fake_pip(args, what, env=None):
+        calls.append((args, env))
+        fake_llama_wheel(Path(args[args.index("-w") + 1]), "OFF")
+
+    monkeypatch.setattr(bw, "_pip", fake_pip)
+    monkeypatch.setattr(bw, "_installed_llama_version", lambda: "0.3.36")
+    wheel, native = bw.choose_llama_wheel(bw.WheelhouseOptions(build_portable=True), tmp_path)
+    args, env = calls[0]
+    assert native is False and wheel.parent == tmp_path
+    assert "-DGGML_NATIVE=off" in env["CMAKE_ARGS"] and "--no-cache-dir" in args and "llama-cpp-python==0.3.36" in args
+    assert args[args.index("--no-binary") + 1] == "llama-cpp-python"
+
+
+def test_cached_native_wheel_is_found_and_refused(tmp_path, monkeypatch):
+    cached = tmp_path / "cache"
+    cached.mkdir()
+    fake_llama_wheel(cached, "ON")
+    monkeypatch.setattr(bw, "cached_llama_wheels", lambda version: sorted(cached.glob("*.whl")))
+    monkeypatch.setattr(bw, "_installed_llama_version", lambda: "0.3.36")
+    with pytest.raises(bw.WheelhouseError, match="GGML_NATIVE=ON"):
+        bw.choose_llama_wheel(bw.WheelhouseOptions(), tmp_path)
+    assert bw.choose_llama_wheel(bw.WheelhouseOptions(allow_native=True), tmp_path)[1] is True

@@ -112,7 +112,7 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
         base = Path(rec.path)
         for e in rec.files:
             local = file_path(rec, e.path)
-            rel = local.relative_to(base).as_posix() if base.is_dir() else local.name
+            rel = local.relative_to(base).as_posix() if base.is_dir() else _repo_file_name(rec, local)
             sources.append(_describe(rec, local, rel, is_lfs_path(rel, os.stat(local).st_size), f"{rec.source.value}:{local.name}"))
         commit, origin = synthetic_commit(repo, [(s.entry.path, s.entry.sha256) for s in sources]), rec.source.value
     primary = "" if Path(rec.path).is_dir() else next(s.entry.path for s in sources if s.local == Path(rec.path))
@@ -120,6 +120,14 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
                       primary=primary, files=tuple(s.entry for s in sources), quant=meta.get("quant") or None,
                       architecture=meta.get("architecture") or None, source=rec.source.value, origin=origin)
     return model, sources
+
+
+def _repo_file_name(rec: ModelRecord, local: Path) -> str:
+    """A GGUF keeps its name; one stored under a digest (Ollama's ``sha256-…`` blobs) is
+    named after the model, so the synthetic repo reads like a hub repo."""
+    if local.name.lower().endswith(".gguf") or len(rec.files) != 1:
+        return local.name
+    return re.sub(r"[^a-z0-9._-]+", "-", rec.name).strip("-.") + ".gguf"
 
 
 def _describe(rec: ModelRecord, local: Path, rel: str, lfs: bool, origin: str, git_oid: str | None = None) -> _Source:

@@ -215,3 +215,15 @@ def test_cli_names_the_bad_file(source, tiny_model, tmp_path):
     assert ok.exit_code == 0 and "local/tiny" in ok.output, ok.output
     ok = runner.invoke(main, ["bundle", "verify", str(tmp_path / "c.tar")])
     assert ok.exit_code == 0 and "every sha256 matches" in ok.output
+
+
+def test_a_digest_named_file_gets_a_model_named_path(source, target, tiny_gguf, tmp_path):
+    """Ollama keeps models as blobs/sha256-<hex>; in a bundle the file is named after the model."""
+    blob = tmp_path / "ollama" / ("sha256-" + sha256_file(tiny_gguf))
+    blob.parent.mkdir()
+    shutil.copyfile(tiny_gguf, blob)
+    source.store().import_path(blob, name="llama3.2:latest")
+    m = export_bundle(source.store(), ["llama3.2:latest"], tmp_path / "b").lock.models[0]
+    assert (m.repo, m.primary) == ("local/llama3.2_latest", "llama3.2-latest.gguf")
+    import_bundle(target.store(), tmp_path / "b")
+    assert Path(target.store().resolve("llama3.2:latest").path).name == "llama3.2-latest.gguf"

@@ -91,3 +91,26 @@ def two_hosts():
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), 9)
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def no_network():
+    """A namespace with only ``lo`` (up): no route anywhere, DNS fails at once. Yields the
+    command prefix; without namespaces it says so and yields None (the caller decides)."""
+    ns = f"lr-off-{secrets.token_hex(3)}"
+    try:
+        _ip("netns", "add", ns)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        msg = f"NETWORK NAMESPACES UNAVAILABLE ({exc}): cannot take the network away from a command here"
+        print(msg, file=sys.stderr)
+        warnings.warn(msg, stacklevel=2)
+        yield None
+        return
+    try:
+        _ip("-n", ns, "link", "set", "lo", "up")
+        yield ["ip", "netns", "exec", ns]
+    finally:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)

@@ -78,6 +78,7 @@ def start_mirror(home: Path, *, host: str = "127.0.0.1", port: int | None = None
         args += ["--key", key]
     if upstream:
         args += ["--upstream", upstream]
+    home.mkdir(parents=True, exist_ok=True)
     log = home / f"mirror-{port}.log"
     env = {**home_env(home), **(extra_env or {})}
     proc = subprocess.Popen([*(prefix or []), *args], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))

@@ -239,8 +239,14 @@ class _Importer:
     def register(self) -> None:
         records = [self._record(m) for m in self.lock.models]
         for rec in records:
-            existing = self.store.index.find(rec.name)
-            self.store.index.add(rec, replace=existing is not None)
+            try:
+                self.store.index.add(rec)
+            except ModelExists:  # ours from an earlier run (or a concurrent one), or --replace
+                existing = self.store.index.find(rec.name)
+                if existing is not None and existing.repo != rec.repo and not self.replace:
+                    raise ModelExists(f"bundle model {rec.name!r}: the name was just taken by {existing.repo or existing.path}",
+                                      hint=f"remove it first (localrun rm {rec.name}), or import with --replace") from None
+                self.store.index.add(rec, replace=True)
             self.result.records.append(rec)
 
     def _record(self, m: LockModel) -> ModelRecord:

@@ -111,26 +111,21 @@ def uvicorn_server(app, host: str, port: int, *, ready_callback: Callable[[str],
     return _Server(config)
 
 
-def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True,
-                 extend: Callable | None = None):
+def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True):
     """The server for ``create_app(settings, manager)`` (see :func:`uvicorn_server`), after
-    the host and port checks; ``extend(app)`` may add routes (``serve --mirror``). Raises
-    ConfigError for a non-loopback host without a key or a port already in use."""
+    the host and port checks. Raises ConfigError for a non-loopback host without a key or a
+    port already in use."""
     from localrun.server.app import create_app
 
     check_bind_policy(settings)
     probe_port(settings.server.host, settings.server.port)
-    app = create_app(settings, manager)
-    if extend is not None:
-        extend(app)
-    return uvicorn_server(app, settings.server.host, settings.server.port,
+    return uvicorn_server(create_app(settings, manager), settings.server.host, settings.server.port,
                           ready_callback=ready_callback, handle_signals=handle_signals)
 
 
-def run_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None,
-               extend: Callable | None = None) -> None:
+def run_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted. Raises ConfigError for an unsafe host or a port in use."""
-    server = build_server(settings, manager, ready_callback=ready_callback, extend=extend)
+    server = build_server(settings, manager, ready_callback=ready_callback)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when its bind fails (a race after our probe)

@@ -3,7 +3,7 @@ chosen point, so tests can check that running the import again converges.
 
     python -m tests.bundle.import_child BUNDLE POINT N     (env: LOCALRUN_HOME, HF_HOME)
 
-POINT: write (halfway through writing a blob's bytes), journal (a blob renamed into place,
+POINT: none (no kill), write (halfway through writing a blob's bytes), journal (a blob renamed into place,
 not yet journaled), after-journal, ref (snapshot links made, model not registered), index
 (after a model's index transaction). N: on which occurrence (1-based).
 """

@@ -56,3 +56,15 @@ def test_kill_9_then_rerun_converges(form, point, n, two_model_bundles, target):
     assert target.state() == states[form]
     if point in ("after-journal", "ref", "index"):
         assert result.reused >= 1 and result.bytes_hashed < sum(r.size for r in result.records)
+
+
+@pytest.mark.parametrize("form", ["b", "b.tar"])
+def test_two_imports_at_once_end_in_the_clean_state(form, two_model_bundles, target):
+    base, states = two_model_bundles
+    children = [subprocess.Popen([sys.executable, "-m", "tests.bundle.import_child", str(base / form), "none", "1"],
+                                 env=target.env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    outs = [c.communicate(timeout=120) for c in children]
+    assert [c.returncode for c in children] == [0, 0], outs
+    assert all(set(out.split()) == {"tiny", "tiny2"} for out, _ in outs)
+    assert target.state() == states[form]

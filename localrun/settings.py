@@ -67,6 +67,8 @@ class ServerSettings(BaseModel):
     """Largest request body accepted."""
     queue_size: int = Field(16, ge=1, le=10_000)
     """Requests that may wait per model before new ones get 503 + Retry-After."""
+    mirror: bool = False
+    """Also serve the model store as a Hugging Face hub mirror on the same port (`serve --mirror`)."""
 
 
 class RuntimeSettings(BaseModel):

@@ -172,7 +172,7 @@ def _interactive(manager, record, raw: bool, system: str | None, sampling: dict)
 @click.pass_context
 def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, mirror):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
-    server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key}.items() if v is not None}
+    server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items() if v is not None}
     overrides = {"server": server} if server else {}
     runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel}.items() if v is not None}
     if runtime_settings:
@@ -186,20 +186,14 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, mir
 
     manager = ModelManager(settings, store)
     key = "on" if settings.server.api_key else "off"
-    extend = None
-    if mirror:
-        from localrun.server.mirror import Mirror, install_mirror
-
-        def extend(app) -> None:
-            install_mirror(app, Mirror(store))
 
     def ready(url: str) -> None:
         err_console().print(f"localrun serving on [bold]{url}[/] · API key {key} · {len(store.list())} models · Ctrl-C stops", highlight=False)
-        if mirror:
+        if settings.server.mirror:
             err_console().print(f"hub mirror on the same port: HF_ENDPOINT={url}", highlight=False)
 
     try:
-        run_server(settings, manager, ready_callback=ready, extend=extend)
+        run_server(settings, manager, ready_callback=ready)
     finally:
         manager.shutdown()
 

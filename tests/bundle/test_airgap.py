@@ -33,11 +33,14 @@ def _namespace(name: str) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.gemma
 @pytest.mark.llama
 @needs_llama
-def test_install_import_and_run_with_no_network(source, tiny_model, tmp_path):
+def test_install_import_and_run_with_no_network(source, gemma_gguf, tmp_path):
+    source.store().import_path(gemma_gguf, name="gemma3-270m")
     bundle = tmp_path / "bundle"
-    made = subprocess.run([LOCALRUN, "bundle", "export", "tiny", "-o", str(bundle), "--with-wheels", "--allow-native-llama"],
+    # --allow-native-llama: the air-gapped "box" is this machine, so pip's cached (native) wheel runs there.
+    made = subprocess.run([LOCALRUN, "bundle", "export", "gemma3-270m", "-o", str(bundle), "--with-wheels", "--allow-native-llama"],
                           capture_output=True, text=True, timeout=900)
     assert made.returncode == 0, made.stderr
     wheels = bundle / "wheels"
@@ -52,7 +55,7 @@ def test_install_import_and_run_with_no_network(source, tiny_model, tmp_path):
         f"{venv}/bin/pip install -q --no-index --find-links {wheels} --require-hashes -r {wheels}/requirements.txt",
         f"{venv}/bin/localrun bundle import {bundle}",
         f"{venv}/bin/localrun ls",
-        f"{venv}/bin/localrun run tiny 'Once upon a time' --max-tokens 4 --threads 2",
+        f"{venv}/bin/localrun run gemma3-270m 'The capital of France is' --max-tokens 4 --threads 2",
     ]
     # Inside the namespace: any interface but lo fails the test before anything is installed.
     script = "set -e\nif ip -o link | grep -v ' lo:'; then exit 99; fi\n" + "\n".join(steps)
@@ -71,5 +74,5 @@ def test_install_import_and_run_with_no_network(source, tiny_model, tmp_path):
         if isolated:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
     assert run.returncode == 0, (run.returncode, run.stdout[-3000:], run.stderr[-3000:])
-    assert "imported tiny" in run.stdout and "bundle" in run.stdout
+    assert "imported gemma3-270m" in run.stdout and "bundle" in run.stdout
     assert "4 tokens" in run.stderr + run.stdout

@@ -177,6 +177,7 @@ def export_bundle(store, names: list[str], out: str | Path, *, wheelhouse: Calla
     out = Path(out).expanduser().absolute()
     _refuse_existing(out)
     lock, sources = plan_export(store, names)
+    _remove_dead_partials(out)
     partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:
         if out.suffix == ".tar":
@@ -196,6 +197,20 @@ def export_bundle(store, names: list[str], out: str | Path, *, wheelhouse: Calla
             partial.unlink()
     logger.info("exported %d model(s) to %s", len(lock.models), out)
     return ExportResult(out, lock, lock.total_bytes + sum(w.size for w in lock.wheels))
+
+
+def _remove_dead_partials(out: Path) -> None:
+    """What an export killed before its rename left beside ``out`` (its process is gone)."""
+    import psutil
+
+    for p in out.parent.glob(f".{out.name}.partial-*"):
+        pid = p.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            logger.info("removing %s, left by an interrupted export", p)
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
 
 
 def _item(rel: str, e: LockFile) -> Item:

@@ -227,3 +227,12 @@ def test_a_digest_named_file_gets_a_model_named_path(source, target, tiny_gguf, 
     assert (m.repo, m.primary) == ("local/llama3.2_latest", "llama3.2-latest.gguf")
     import_bundle(target.store(), tmp_path / "b")
     assert Path(target.store().resolve("llama3.2:latest").path).name == "llama3.2-latest.gguf"
+
+
+def test_export_clears_what_a_killed_export_left(source, tiny_model, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f".b.partial-{dead.pid}"
+    (left / "hub").mkdir(parents=True)
+    export_bundle(source.store(), ["tiny"], tmp_path / "b")
+    assert not left.exists() and (tmp_path / "b" / "localrun.lock.json").is_file()

@@ -306,3 +306,11 @@ def test_disk_space_is_checked_before_the_first_byte(target, bundle_tar, monkeyp
     with pytest.raises(DownloadFailed, match="not enough disk space"):
         import_bundle(store, bundle_tar)
     assert store.list() == [] and not list(target.hf_cache.rglob("*.bundle-partial"))
+
+
+def test_blob_that_is_a_symlink(target, bundle_dir, tmp_path):
+    blob = blob_of(bundle_dir)
+    outside = tmp_path / "outside.gguf"
+    blob.rename(outside)
+    os.symlink(outside, blob)  # same bytes, but outside the bundle
+    refused(target, bundle_dir, blob.name, "pointing out of the bundle")

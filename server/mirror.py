@@ -33,8 +33,9 @@ from starlette.responses import JSONResponse, Response
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
 from localrun.modelstore.hub import hub_cache_dir
 from localrun.modelstore.names import safe_relpath
-from localrun.server.mirror_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of,
-                                            lfs_pointer, tree_oid, valid_repo_part)
+from localrun.modelstore.bundle_lock import lfs_pointer
+from localrun.server.mirror_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
+                                            valid_repo_part)
 from localrun.server.mirror_files import FileSlice, RangeNotSatisfiable, parse_range
 
 logger = logging.getLogger(__name__)

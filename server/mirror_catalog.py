@@ -29,11 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localrun.errors import LocalrunError, VerificationFailed
-from localrun.modelstore.download import CHUNK_SIZE
+from localrun.modelstore.bundle_lock import lfs_git_oid, synthetic_commit, synthetic_repo
+from localrun.modelstore.download import hash_file
 from localrun.modelstore.hfcache import CacheLayout
+from localrun.modelstore.hub import FORMAT_TAGS, RemoteFile
 from localrun.modelstore.names import safe_relpath
 from localrun.modelstore.verify import file_path
-from localrun.types import Format, ModelRecord
+from localrun.types import ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -41,21 +43,11 @@ LOCAL_NAMESPACE = "local"
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_FORMAT_TAGS = {Format.GGUF: "gguf", Format.MLX: "mlx", Format.MLC: "mlc-llm"}
 
 
 def valid_repo_part(part: str) -> bool:
     """One half of ``ns/name`` as the hub allows it: no separators, no ``..`` or ``--``."""
     return bool(_REPO_PART.match(part)) and ".." not in part and "--" not in part and not part.endswith(".")
-
-
-def lfs_pointer(sha256: str, size: int) -> bytes:
-    """The pointer text git stores for an LFS file; its git sha1 is the file's tree oid."""
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
-
-
-def git_blob_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -100,10 +92,11 @@ class MirrorRepo:
 
 
 def local_repo_id(name: str) -> str:
-    """The stable synthetic repo of a model that has none: ``local/<name>``, made hub-safe."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
-    slug = re.sub(r"-{2,}", "-", re.sub(r"\.{2,}", ".", slug))[:96]
-    return f"{LOCAL_NAMESPACE}/{slug}"
+    """The repo of a model that has none: ``local/<name>``, the same id a bundle gives it."""
+    try:
+        return synthetic_repo(name)
+    except LocalrunError:
+        return f"{LOCAL_NAMESPACE}/model"
 
 
 def _repo_relpath(record: ModelRecord, disk: Path, cache_dir: Path) -> str:
@@ -166,16 +159,15 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
         if not (valid_repo_part(ns) and valid_repo_part(name)):
             logger.warning("mirror: %s has repo %r, which the hub protocol cannot carry; leaving it out", record.name, repo_id)
             continue
-        commit = record.revision if record.repo and record.revision and _HEX40.match(record.revision) else _local_commit(record)
+        files = {mf.path: mf for mf in (_mirror_file(record, fe, cache_dir) for fe in record.files) if mf is not None}
+        commit = record.revision if record.repo and record.revision and _HEX40.match(record.revision) else _local_commit(record, files)
         repo = repos.setdefault(repo_id, MirrorRepo(repo_id))
         entry = repo.commits.setdefault(commit, MirrorCommit(commit))
         entry.updated = max(entry.updated, record.added_at)
-        for fe in record.files:
-            mf = _mirror_file(record, fe, cache_dir)
-            if mf is not None:
-                entry.files.setdefault(mf.path, mf)
+        for path, mf in files.items():
+            entry.files.setdefault(path, mf)
         repo.models.append(record.name)
-        if tag := _FORMAT_TAGS.get(record.format):
+        if tag := FORMAT_TAGS.get(record.format):
             repo.tags.add(tag)
         asked = ((record.metadata or {}).get("hub") or {}).get("revision")
         if isinstance(asked, str) and asked and asked != commit and record.repo:
@@ -193,8 +185,11 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
     return repos
 
 
-def _local_commit(record: ModelRecord) -> str:
-    """A stable commit for a model without one: changes only when its record does."""
+def _local_commit(record: ModelRecord, files: dict[str, MirrorFile]) -> str:
+    """A stable commit for a model without one: a bundle's when every sha256 is recorded
+    (the same commit on both sides of a bundle), else one that changes only with the record."""
+    if files and all(f.sha256 for f in files.values()):
+        return synthetic_commit(local_repo_id(record.name), [(f.path, f.sha256) for f in files.values()])
     parts = [record.name, record.format.value, repr(record.added_at)] + [f"{f.path}\0{f.size}" for f in record.files]
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()
 
@@ -256,30 +251,26 @@ class Verifier:
             return self._hash(f)
 
     def _hash(self, f: MirrorFile) -> tuple:
+        """Hash with the downloader's digest (sha256, and the git sha1 where that is the check)."""
         where = f"{f.path} ({f.disk})"
+        expect = RemoteFile(f.path, f.size, f.sha256, None if f.sha256 else f.git_oid)
         try:
-            with open(f.disk, "rb") as fh:
-                before = _stat_key(os.fstat(fh.fileno()))
-                if before[2] != f.size:
-                    raise VerificationFailed(f"{where} is {before[2]} bytes, the store recorded {f.size}",
-                                             hint="the file changed on the mirror host; pull or import it again there")
-                sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % f.size)
-                while block := fh.read(CHUNK_SIZE * 8):
-                    sha256.update(block)
-                    sha1.update(block)
-                after = _stat_key(os.fstat(fh.fileno()))
+            before = _stat_key(os.stat(f.disk))
+            if before[2] != f.size:
+                raise VerificationFailed(f"{where} is {before[2]} bytes, the store recorded {f.size}",
+                                         hint="the file changed on the mirror host; pull or import it again there")
+            digest, _ = hash_file(Path(f.disk), expect, None, None)
+            after = _stat_key(os.stat(f.disk))
         except FileNotFoundError:
             raise VerificationFailed(f"{where} is missing on the mirror host",
                                      hint="pull or import it again there, or `localrun rm` the model") from None
         if after != before:
             raise VerificationFailed(f"{where} changed while it was being checked", hint="try again in a moment")
-        got = sha256.hexdigest()
-        if f.sha256 and got != f.sha256:
-            raise VerificationFailed(f"{where} no longer matches its sha256 (now {got}, recorded {f.sha256}); the mirror will not serve it",
+        problem = digest.mismatch()
+        if problem:
+            raise VerificationFailed(f"{where} no longer matches the hash the store recorded ({problem}); the mirror will not serve it",
                                      hint="the file was modified on the mirror host; pull or import it again there")
-        if f.git_oid and sha1.hexdigest() != f.git_oid:
-            raise VerificationFailed(f"{where} no longer matches its git oid {f.git_oid}; the mirror will not serve it",
-                                     hint="the file was modified on the mirror host; pull it again there")
+        got = digest.sha256.hexdigest()
         self._good[f.disk] = (after, got)
         logger.info("mirror: verified %s", where)
         return after
@@ -293,4 +284,4 @@ def tree_oid(f: MirrorFile, sha256: str | None) -> str | None:
     """The git oid the tree lists: the blob's own, or the LFS pointer's."""
     if not f.lfs:
         return f.git_oid
-    return git_blob_sha1(lfs_pointer(sha256, f.size)) if sha256 else None
+    return lfs_git_oid(sha256, f.size) if sha256 else None

@@ -52,7 +52,7 @@ def test_huggingface_hub_downloads_byte_equal_files(mirror, tmp_path, tiny_gguf)
 def test_tree_matches_the_hub_it_was_pulled_from(mirror):
     """size, lfs.oid and a plain file's oid are what the origin hub listed; an LFS file's oid
     is its pointer's git sha1, as on the real hub (the fake hub lists the content's sha1)."""
-    from localrun.server.mirror_catalog import git_blob_sha1, lfs_pointer
+    from localrun.modelstore.bundle_lock import lfs_git_oid
 
     import httpx
 
@@ -70,7 +70,7 @@ def test_tree_matches_the_hub_it_was_pulled_from(mirror):
                 assert e["size"] == o["size"] and e["type"] == "file"
                 if "lfs" in o:
                     assert e["lfs"]["oid"] == o["lfs"]["oid"] and e["lfs"]["size"] == o["size"]
-                    assert e["oid"] == git_blob_sha1(lfs_pointer(o["lfs"]["oid"], o["size"]))
+                    assert e["oid"] == lfs_git_oid(o["lfs"]["oid"], o["size"])
                 else:
                     assert "lfs" not in e and e["oid"] == o["oid"]
     finally:

@@ -49,6 +49,21 @@ def fill_store(home: Path, hub_url: str, tiny_gguf: Path, *, extra_refs: tuple[s
         subprocess.run([sys.executable, "-m", "localrun", *cmd], env=env, check=True, capture_output=True, timeout=120)
 
 
+def start_serve(home: Path, port: int, *args: str, prefix: list[str] | None = None, until: str = "serving on",
+                timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
+    """``localrun serve --port PORT ARGS`` for ``home``, read until stderr says ``until``;
+    returns the process and what it printed (the caller stops it with SIGINT)."""
+    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "localrun", "serve", "--port", str(port), "--no-default-model",
+                             *args], env=home_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, seen = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline and until not in seen:
+        line = proc.stderr.readline()  # the server prints its ready line promptly, or exits
+        if not line:
+            break
+        seen += line
+    return proc, seen
+
+
 @dataclass
 class MirrorProcess:
     proc: subprocess.Popen

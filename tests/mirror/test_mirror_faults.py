@@ -200,3 +200,24 @@ def test_a_changed_file_is_refused_at_rest_and_cut_short_mid_download(fresh_home
         assert "changed on disk while it was being sent" in mp.log_text()
     finally:
         mp.stop()
+
+
+def test_a_symlink_planted_in_the_store_serves_nothing_of_its_target(fresh_home, tmp_path):
+    """A snapshot link of a registered file swapped for one pointing out of the store: the
+    mirror follows only what the index recorded, and the bytes no longer match → refused."""
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_bytes(b"root:x:0:0:not for you\n" * 200)
+    snap = _store_file(fresh_home, "models--testorg--Tiny-GGUF", "Tiny-Q4_K_M.gguf")
+    snap.unlink()
+    snap.symlink_to(secret)
+    planted = snap.parent / "planted.txt"
+    planted.symlink_to(secret)  # a file the index never registered
+    mp = start_mirror(fresh_home)
+    try:
+        status, h, body = raw(mp.url, "GET", GGUF)
+        assert status == 409 and b"not for you" not in body and "Tiny-Q4_K_M.gguf" in h["x-error-message"]
+        status, h, body = raw(mp.url, "GET", f"/{repos.GGUF_REPO}/resolve/main/planted.txt")
+        assert (status, h["x-error-code"]) == (404, "EntryNotFound") and b"not for you" not in body
+    finally:
+        mp.stop()

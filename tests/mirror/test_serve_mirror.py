@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
 from tests.hub import repos
-from tests.mirror.hosts import free_port, home_env
+from tests.mirror.hosts import free_port, start_serve
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -22,16 +19,9 @@ def test_serve_mirror_serves_models_and_the_hub_on_one_port(filled_home, tmp_pat
     from huggingface_hub import hf_hub_download
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", "--mirror", "--no-default-model", "--port", str(port),
-                             "--runtime", "fake"], env=home_env(filled_home), stderr=subprocess.PIPE, text=True)
+    proc, seen = start_serve(filled_home, port, "--mirror", "--runtime", "fake", until="HF_ENDPOINT=")
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline, seen = time.monotonic() + 90, ""
-        while time.monotonic() < deadline and "HF_ENDPOINT=" not in seen:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen += line
         assert f"HF_ENDPOINT={url}" in seen, seen[-2000:]
         models = httpx.get(f"{url}/v1/models").json()["data"]
         assert any(m["id"] == "tiny-llama" for m in models)

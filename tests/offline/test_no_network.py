@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.mirror.hosts import free_port, home_env
+from tests.mirror.hosts import free_port, home_env, start_serve
 from tests.mirror.netns import no_network
 
 pytestmark = pytest.mark.timeout(300)
@@ -63,17 +63,8 @@ def test_hub_offline_mode_is_plain_too(offline):
 
 
 def test_serve_starts_and_stops(offline):
-    port = free_port()
-    env = home_env(offline["home"])
-    proc = subprocess.Popen([*offline["prefix"], sys.executable, "-m", "localrun", "serve", "--port", str(port),
-                             "--no-default-model"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, seen = start_serve(offline["home"], free_port(), prefix=offline["prefix"])
     try:
-        deadline, seen = time.monotonic() + 90, ""
-        while time.monotonic() < deadline and "serving on" not in seen:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            seen += line
         assert "serving on" in seen, seen[-2000:]
     finally:
         proc.send_signal(signal.SIGINT)

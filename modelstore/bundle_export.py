@@ -12,6 +12,7 @@ Either form is written under a temporary name and renamed into place when comple
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -190,6 +191,10 @@ def export_bundle(store, names: list[str], out: str | Path, *, wheelhouse: Calla
             with contextlib.suppress(OSError):
                 out.rmdir()
             os.rename(partial, out)
+    except OSError as exc:  # the destination, not the store: nothing half-written is left
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        raise LocalrunError(f"cannot write the bundle {out}: " + ("disk full" if full else str(exc)),
+                            hint="free some space or choose another -o path" if full else "check the folder and its permissions") from exc
     finally:
         if partial.is_dir():
             shutil.rmtree(partial, ignore_errors=True)

@@ -23,6 +23,7 @@ else is hashed once, while it is copied or linked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from localrun.errors import LocalrunError, ModelExists
+from localrun.errors import DownloadFailed, LocalrunError, ModelExists
 from localrun.modelstore.bundle_lock import BundleError, Lock, LockModel
 from localrun.modelstore.bundle_source import DirBundle, Item, TarBundle, hash_stream, open_bundle, stat_key
 from localrun.modelstore.download import check_disk_space
@@ -349,10 +350,19 @@ def import_bundle(store, path: str | Path, *, rehash: bool = False, replace: boo
             except LocalrunError:
                 imp.rollback()
                 raise
+            except OSError as exc:  # the disk, not the bundle: what was verified stays for the next run
+                raise _disk_error(exc, imp.cache) from exc
         imp.journal.drop()
         return imp.result
     finally:
         bundle.close()
+
+
+def _disk_error(exc: OSError, cache: Path) -> LocalrunError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DownloadFailed(f"disk full while importing into {cache}", hint="free some space and run the import again: it carries on")
+    return DownloadFailed(f"cannot write into {cache}: {exc}",
+                          hint="check the folder's permissions (HF_HUB_CACHE / HF_HOME), then run the import again")
 
 
 def _place_all(imp: _Importer, bundle: DirBundle | TarBundle) -> None:

@@ -314,3 +314,40 @@ def test_blob_that_is_a_symlink(target, bundle_dir, tmp_path):
     blob.rename(outside)
     os.symlink(outside, blob)  # same bytes, but outside the bundle
     refused(target, bundle_dir, blob.name, "pointing out of the bundle")
+
+
+def test_disk_full_mid_import_is_a_clear_error_and_the_rerun_carries_on(target, bundle_tar, monkeypatch):
+    import errno
+
+    from localrun.errors import DownloadFailed
+    from localrun.modelstore import bundle_import
+
+    real = bundle_import.hash_stream
+
+    def full(stream, item, sink=None):
+        if sink is not None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(stream, item, sink)
+
+    monkeypatch.setattr(bundle_import, "hash_stream", full)
+    store = target.store()
+    with pytest.raises(DownloadFailed, match="disk full"):
+        import_bundle(store, bundle_tar)
+    assert store.list() == [] and not list(target.hf_cache.rglob("*.bundle-partial"))
+    monkeypatch.setattr(bundle_import, "hash_stream", real)
+    assert [r.name for r in import_bundle(store, bundle_tar).records] == ["tiny"]
+
+
+def test_disk_full_while_exporting_leaves_nothing(source, tiny_model, tmp_path, monkeypatch):
+    import errno
+
+    from localrun.errors import LocalrunError
+    from localrun.modelstore import bundle_export
+
+    def full(*a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(bundle_export, "hash_stream", full)
+    with pytest.raises(LocalrunError, match="disk full"):
+        export_bundle(source.store(), ["tiny"], tmp_path / "b")
+    assert list(tmp_path.iterdir()) == []

@@ -72,6 +72,8 @@ class ServerSettings(BaseModel):
     reasoning_field: Literal["both", "reasoning_content", "reasoning"] = "both"
     """Where OpenAI chat answers carry a reasoning model's thinking: ``reasoning_content``
     (DeepSeek, llama.cpp), ``reasoning`` (gpt-oss, vLLM, Ollama) or both (clients read either)."""
+    mirror: bool = False
+    """Also serve the model store as a Hugging Face hub mirror on the same port (`serve --mirror`)."""
 
 
 class RuntimeSettings(BaseModel):

@@ -29,6 +29,7 @@ class Source(str, enum.Enum):
     OLLAMA = "ollama"
     LMSTUDIO = "lmstudio"
     BUILTIN = "builtin"  # the embedded default model
+    BUNDLE = "bundle"  # imported from a `localrun bundle` into the HF cache
 
 
 @dataclass(frozen=True)

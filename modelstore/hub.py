@@ -16,6 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -69,6 +72,78 @@ def hub_token() -> str | None:
         return token_file.read_text().strip() or None
     except OSError:
         return None
+
+
+#: How long the reachability probe may take in all (DNS, then TCP connect): the bound on
+#: "say offline" when there is no network, instead of huggingface_hub's ~24 s of retries.
+PROBE_TIMEOUT_S = 1.5
+_PROBE_OK_TTL_S = 30.0
+_PROBE_FAIL_TTL_S = 3.0
+_probe_cache: dict[tuple[str, int], tuple[float, str | None]] = {}
+_probe_lock = threading.Lock()
+
+
+def _probe(host: str, port: int, timeout: float) -> str | None:
+    """None when a TCP connection to host:port opens within ``timeout``, else why not.
+
+    getaddrinfo has no timeout (a dead resolver can hold it for 5 s per attempt), so it
+    runs on a daemon thread that is simply not waited for past the deadline.
+    """
+    deadline = time.monotonic() + timeout
+    box: dict = {}
+
+    def resolve() -> None:
+        try:
+            box["addrs"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=resolve, name="localrun-hub-dns", daemon=True)
+    t.start()
+    t.join(timeout)
+    if "error" in box:
+        return f"cannot resolve {host} ({box['error'].strerror or box['error']})"
+    if "addrs" not in box:
+        return f"no answer resolving {host} within {timeout:.1f} s"
+    last = None
+    for family, kind, proto, _, addr in box["addrs"]:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(left)
+                sock.connect(addr)
+                return None
+        except OSError as exc:
+            last = exc
+    return f"cannot connect to {host}:{port} ({getattr(last, 'strerror', None) or last or 'timed out'})"
+
+
+def check_reachable(endpoint: str, *, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raise DownloadFailed saying "offline" unless ``endpoint`` accepts a connection now.
+
+    Cached briefly (a success for 30 s, a failure for 3 s) so a burst of calls costs one
+    probe. Called before every listing or search: with no network the answer comes within
+    ``timeout`` instead of after huggingface_hub's connect retries.
+    """
+    from urllib.parse import urlsplit
+
+    u = urlsplit(endpoint)
+    host, port = u.hostname or "", u.port or (443 if u.scheme == "https" else 80)
+    key, now = (host, port), time.monotonic()
+    with _probe_lock:
+        hit = _probe_cache.get(key)
+    if hit and now - hit[0] < (_PROBE_OK_TTL_S if hit[1] is None else _PROBE_FAIL_TTL_S):
+        problem = hit[1]
+    else:
+        problem = _probe(host, port, timeout)
+        with _probe_lock:
+            _probe_cache[key] = (time.monotonic(), problem)
+    if problem:
+        raise DownloadFailed(f"offline: cannot reach the hub at {endpoint} ({problem})",
+                             hint="connect to the network, point HF_ENDPOINT at a mirror (`localrun mirror` on another machine), "
+                                  "or set HF_HUB_OFFLINE=1 to use only the models on disk")
 
 
 @dataclass(frozen=True)
@@ -181,6 +256,7 @@ class HubClient:
     def list_repo(self, repo: str, revision: str | None = None) -> RepoListing:
         """Resolve ``revision`` to a commit and list every file at it, with sizes and LFS sha256."""
         rev = revision or "main"
+        check_reachable(self.endpoint)
         api = self._api()
         try:
             info = api.model_info(repo, revision=rev)
@@ -210,6 +286,7 @@ class HubClient:
 
     def search(self, query: str, *, format: Format | str | None = None, limit: int = 20) -> list[RepoSummary]:
         tag = FORMAT_TAGS.get(Format(format)) if format else None
+        check_reachable(self.endpoint)
         api = self._api()
         try:
             hits = list(api.list_models(search=query or None, filter=tag, sort="downloads", limit=limit,
@@ -229,5 +306,5 @@ class HubClient:
 def search(query: str, *, format: Format | str | None = None, limit: int = 20, settings=None) -> list[RepoSummary]:
     """Repos on the hub matching ``query``, most downloaded first; ``format`` narrows by tag."""
     if hub_offline(settings):
-        raise DownloadFailed("cannot search the hub in offline mode", hint="unset HF_HUB_OFFLINE to search")
+        raise DownloadFailed("offline mode: the hub is not searched", hint="unset HF_HUB_OFFLINE (or drop --offline) to search")
     return HubClient(settings=settings).search(query, format=format, limit=limit)

@@ -54,6 +54,11 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.include_router(responses_api.router)
     app.include_router(anthropic_api.router)
 
+    if settings.server.mirror:  # the store as a hub endpoint, behind the same guards (serve --mirror)
+        from localrun.server.mirror import Mirror, install_mirror
+
+        install_mirror(app, Mirror(manager.store))
+
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def root():
         return PlainTextResponse("localrun is running")

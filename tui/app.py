@@ -185,6 +185,22 @@ class LocalrunApp(App):
             self.embedded = None
 
     async def action_quit(self) -> None:
+        """Quit; while a pull is running, only after a yes (the pull resumes next time)."""
+        running = self.pulls.active_refs()
+        if not running:
+            await self._quit_now()
+            return
+        from localrun.tui.modals import ConfirmModal
+
+        async def answered(yes: bool | None) -> None:
+            if yes:
+                await self._quit_now()
+
+        question = (f"{len(running)} pull(s) running ({', '.join(running[:3])}). Quit and stop them? "
+                    "Pulling again later resumes where they stopped.")
+        self.push_screen(ConfirmModal("Quit localrun?", question, yes="Quit"), answered)
+
+    async def _quit_now(self) -> None:
         self.pulls.cancel_all()
         await self.stop_serving()
         self.exit()

@@ -1,5 +1,10 @@
 """Discover: search the hub, see a repo's quants with size and fit, pull with progress.
 
+The search box has the focus when the screen opens, so typing a query just works; a bare
+``q`` here never quits (it starts a search), and Ctrl+Q asks first while a pull runs.
+When the hub cannot be reached the screen says "offline" and why, within the probe's
+1.5 s, instead of waiting out huggingface_hub's retries.
+
 Pulls belong to the app (see :mod:`localrun.tui.downloads`), so they keep running when
 this screen is left. Offline (``HF_HUB_OFFLINE`` or ``hub.offline``) the search covers the
 local Hugging Face cache and says so; a hub that cannot be reached gets the same calm
@@ -29,6 +34,20 @@ from localrun.tui.tables import fit_columns
 log = logging.getLogger(__name__)
 
 
+class SearchBox(Input):
+    """The search input; while it is empty, the digits 1–5 still switch screens."""
+
+    async def _on_key(self, event) -> None:
+        from localrun.tui.header import TABS
+
+        if not self.value and event.character is not None and event.character.isdigit() and 1 <= int(event.character) <= len(TABS):
+            event.stop()
+            event.prevent_default()
+            self.app.switch_mode(TABS[int(event.character) - 1][0])
+            return
+        await super()._on_key(event)
+
+
 @dataclass(frozen=True)
 class RepoRow:
     name: str
@@ -47,6 +66,7 @@ class DiscoverScreen(LocalrunScreen):
         Binding("x", "cancel_pull", "Cancel pull"),
         Binding("f", "focus_files", "Files", show=False),
         Binding("escape", "leave_search", "Back", show=False),
+        Binding("q", "type_search('q')", show=False),  # outranks the app's quit: "qwen" is a search
     ]
 
     @dataclass
@@ -75,7 +95,7 @@ class DiscoverScreen(LocalrunScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="search-row"):
-            yield Input(placeholder="/ search the hub, e.g. qwen 0.5b gguf — enter to search", id="search")
+            yield SearchBox(placeholder="search the hub, e.g. qwen 0.5b gguf — enter to search", id="search")
         yield Static("", id="hub-note", markup=False)
         yield DataTable(id="repos", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="files", cursor_type="row", zebra_stripes=True)
@@ -87,7 +107,34 @@ class DiscoverScreen(LocalrunScreen):
         self.pulls_table.add_columns("Pull", "File", "Progress", "", "Bytes", "Speed", "ETA")
         self.watch(self.app, "downloads", self._render_pulls)
         self.note.update(self.where_text())
-        self.repos_table.focus()
+        self.search_input.focus()
+        self._check_hub()
+
+    def on_screen_resume(self) -> None:
+        if not self.repos_table.row_count:
+            self.search_input.focus()
+
+    def _check_hub(self) -> None:
+        """Say at once when the hub cannot be reached, so an empty screen explains itself."""
+        if self.offline():
+            return
+        from localrun.modelstore.hub import check_reachable, hub_endpoint
+
+        endpoint = hub_endpoint(self.lapp.settings)
+
+        def job() -> None:
+            try:
+                check_reachable(endpoint)
+            except DownloadFailed as exc:
+                self.app.call_from_thread(self.note.update, self._unreachable_note(exc))
+
+        self.run_worker(job, thread=True, group="hub-check", exclusive=True, name="hub check", exit_on_error=False)
+
+    @staticmethod
+    def _unreachable_note(exc: DownloadFailed) -> str:
+        why = exc.message.removeprefix("offline: ")
+        return (f"Offline: the hub could not be reached — {why}. Search covers the models on disk; "
+                "set HF_HUB_OFFLINE=1 to work offline on purpose, or HF_ENDPOINT to use a mirror.")
 
     # -- where models come from ----------------------------------------------------------
     def offline(self) -> bool:
@@ -108,6 +155,17 @@ class DiscoverScreen(LocalrunScreen):
     # -- search --------------------------------------------------------------------------
     def action_search(self) -> None:
         self.search_input.focus()
+
+    def action_type_search(self, char: str) -> None:
+        """A letter typed while a table has the keys goes to the search box, never to quit."""
+        box = self.search_input
+        box.focus()
+        box.insert_text_at_cursor(char)
+
+    @on(Input.Changed, "#search")
+    def _slash_opens_search(self, event: Input.Changed) -> None:
+        if event.value == "/":  # "/" is the key that opens search; it is not part of a query
+            self.search_input.value = ""
 
     def action_leave_search(self) -> None:
         """Esc hands the keys back to the tables, where 1–5 switch screens again."""
@@ -132,9 +190,7 @@ class DiscoverScreen(LocalrunScreen):
                 hits = search(query, settings=settings, limit=30)
             except DownloadFailed as exc:  # unreachable hub: explain, offer the cache, no error wall
                 repos, _ = self._search_cache(query)
-                note = (f"The hub could not be reached ({exc.message}). Showing what is in the local cache; "
-                        "set HF_HUB_OFFLINE=1 to work offline on purpose.")
-                self.post_message(self.Found(query, repos, note))
+                self.post_message(self.Found(query, repos, self._unreachable_note(exc)))
                 return
             rows = [RepoRow(h.name, h.downloads, h.likes, h.updated.strftime("%Y-%m") if h.updated else "—") for h in hits]
             self.post_message(self.Found(query, rows, self.where_text()))

@@ -24,10 +24,19 @@ log = logging.getLogger(__name__)
 SPARK_POINTS = 60
 
 
+def mirror_line(state, settings) -> str:
+    """What the hub mirror (``server.mirror``) offers other machines, or how to turn it on."""
+    if settings.server.mirror:
+        return (f"Hub mirror: on · other machines set HF_ENDPOINT={state.url} (huggingface_hub, hf download, "
+                "llama.cpp -hf, localrun pull)")
+    return "Hub mirror: off · `localrun serve --mirror`, `localrun mirror` or LOCALRUN_SERVER__MIRROR=1 serves this store to other machines"
+
+
 def address_line(state, settings) -> str:
     cors = "on" if settings.server.cors_origins else "off"
     if state.mode == "embedded":
-        return f"Listening {state.url} · OpenAI /v1 · Ollama /api · key: {'on' if state.key else 'off'} · CORS: {cors}"
+        return (f"Listening {state.url} · OpenAI /v1 · Ollama /api · key: {'on' if state.key else 'off'} · CORS: {cors}\n"
+                + mirror_line(state, settings))
     if state.mode == "attached":
         return f"Attached to {state.url}: another localrun serves it; its request log is in that window. · key: {'on' if state.key else 'off'}"
     if state.mode == "starting":

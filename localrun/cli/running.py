@@ -182,10 +182,11 @@ def pooling_settings(items) -> dict:
 @click.option("--no-default-model", is_flag=True, help="Do not assemble and register the embedded default model.")
 @click.option("--pooling", "poolings", multiple=True, metavar="[MODEL=]KIND",
               help="Embedding pooling (mean, cls, last, none, rank) for MODEL, or every model; repeatable.")
+@click.option("--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL).")
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings):
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
-    server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key}.items() if v is not None}
+    server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items() if v is not None}
     overrides = {"server": server} if server else {}
     if poolings:
         overrides["models"] = pooling_settings(poolings)
@@ -205,6 +206,8 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poo
 
     def ready(url: str) -> None:
         err_console().print(f"localrun serving on [bold]{url}[/] · API key {key} · {len(store.list())} models · Ctrl-C stops", highlight=False)
+        if settings.server.mirror:
+            err_console().print(f"hub mirror on the same port: HF_ENDPOINT={url}", highlight=False)
 
     try:
         run_server(settings, manager, ready_callback=ready)

@@ -46,6 +46,7 @@ def snap_app(settings, facts, monkeypatch):
 
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("localrun.modelstore.hub.check_reachable", lambda *a, **k: None)  # same picture with or without a network
     hw, statuses = facts
     store = FixedStore()
     manager = ModelManager(settings, store, planner=lambda r: plan_placement(r, hw, statuses, settings=settings))

@@ -1,0 +1,116 @@
+"""Two hosts on one machine: network namespaces joined by a veth pair, nothing else.
+
+    host A (lr-a-XXXX)  10.231.N.1/30 ── veth ── 10.231.N.2/30  host B (lr-b-XXXX)
+
+Each namespace has only ``lo`` and its end of the pair, so B has no route but to A, and
+neither can reach any address outside them. The addresses exist only inside these two
+namespaces. :func:`two_hosts` tears everything down, whatever happens in the test.
+
+Where namespaces are not permitted (no root, a locked-down container), it yields a
+loopback stand-in and says so on stderr and as a pytest warning — the test still runs,
+over 127.0.0.1, and its output names the fallback; it never skips silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Hosts:
+    a_ip: str
+    b_ip: str
+    a_prefix: list[str] = field(default_factory=list)
+    b_prefix: list[str] = field(default_factory=list)
+    b_dev: str | None = None
+    isolated: bool = True
+
+    def b_rx_bytes(self) -> int:
+        """Bytes host B has received on its link to A (its veth, or lo in the fallback)."""
+        dev = self.b_dev or "lo"
+        out = subprocess.run([*self.b_prefix, "cat", f"/sys/class/net/{dev}/statistics/rx_bytes"],
+                             capture_output=True, text=True, check=True, timeout=10)
+        return int(out.stdout.strip())
+
+    def throttle_b(self, rate: str) -> bool:
+        """Limit what B receives (tc on B's veth); False where that cannot be done."""
+        if not self.isolated:
+            return False
+        done = subprocess.run([*self.b_prefix, "tc", "qdisc", "replace", "dev", self.b_dev, "root", "tbf", "rate", rate,
+                               "burst", "64kb", "latency", "400ms"], capture_output=True, timeout=10)
+        return done.returncode == 0
+
+    def unthrottle_b(self) -> None:
+        if self.isolated:
+            subprocess.run([*self.b_prefix, "tc", "qdisc", "del", "dev", self.b_dev, "root"], capture_output=True, timeout=10)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def two_hosts():
+    tag = secrets.token_hex(3)
+    a, b, va, vb = f"lr-a-{tag}", f"lr-b-{tag}", f"lra{tag}", f"lrb{tag}"
+    net = 1 + secrets.randbelow(250)
+    a_ip, b_ip = f"10.231.{net}.1", f"10.231.{net}.2"
+    made: list[str] = []
+    try:
+        for ns in (a, b):
+            _ip("netns", "add", ns)
+            made.append(ns)
+        _ip("link", "add", va, "type", "veth", "peer", "name", vb)
+        _ip("link", "set", va, "netns", a)
+        _ip("link", "set", vb, "netns", b)
+        for ns, dev, ip in ((a, va, a_ip), (b, vb, b_ip)):
+            _ip("-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except (OSError, subprocess.CalledProcessError) as exc:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        why = getattr(exc, "stderr", b"") or str(exc).encode()
+        msg = f"NETWORK NAMESPACES UNAVAILABLE ({why.decode(errors='replace').strip()[:200]}): falling back to LOOPBACK, host A and B share this machine's network"
+        print(msg, file=sys.stderr)
+        warnings.warn(msg, stacklevel=2)
+        yield Hosts("127.0.0.1", "127.0.0.1", isolated=False)
+        return
+    try:
+        yield Hosts(a_ip, b_ip, ["ip", "netns", "exec", a], ["ip", "netns", "exec", b], vb)
+    finally:
+        for ns in made:
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split()
+            for pid in pids:  # only processes this test started live in its namespaces
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), 9)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def no_network():
+    """A namespace with only ``lo`` (up): no route anywhere, DNS fails at once. Yields the
+    command prefix; without namespaces it says so and yields None (the caller decides)."""
+    ns = f"lr-off-{secrets.token_hex(3)}"
+    try:
+        _ip("netns", "add", ns)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        msg = f"NETWORK NAMESPACES UNAVAILABLE ({exc}): cannot take the network away from a command here"
+        print(msg, file=sys.stderr)
+        warnings.warn(msg, stacklevel=2)
+        yield None
+        return
+    try:
+        _ip("-n", ns, "link", "set", "lo", "up")
+        yield ["ip", "netns", "exec", ns]
+    finally:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)

@@ -36,6 +36,7 @@ class LoadedModel:
     keep_alive_s: float = 300.0  # negative: never unload on idle
     pinned: bool = False
     active: int = 0  # requests admitted (queued or running)
+    queue_limit: int | None = None  # admission bound; None: server.queue_size
 
     def idle_s(self) -> float:
         return 0.0 if self.active else time.monotonic() - self.last_used
@@ -94,9 +95,13 @@ def machine_facts(settings: Settings, *, refresh: bool = False):
 
 
 class ModelManager:
-    def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None):
+    def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None,
+                 upstreams=None):
         self.settings = settings
         self.store = store
+        #: The upstream pool (localrun.upstream_pool), built from settings.upstreams unless one is passed in.
+        self.upstreams = upstreams if upstreams is not None else _pool_from(settings)
+        self._remote: dict[str, LoadedModel] = {}
         self._planner = planner
         self._events = events
         self._models: dict[str, LoadedModel] = {}
@@ -137,6 +142,9 @@ class ModelManager:
 
     def load(self, name: str, *, keep_alive_s: float | None = None, pin: bool | None = None) -> LoadedModel:
         """Load ``name`` if it is not loaded (or its worker died); return it."""
+        remote = self._remote_model(name)
+        if remote is not None:
+            return remote
         record = self.store.resolve(name)
         key = record.name
         with self._lock:
@@ -228,6 +236,39 @@ class ModelManager:
             names = list(self._models)
         for name in names:
             self.unload(name, reason="shutting down")
+        if self.upstreams is not None:
+            self.upstreams.close()
+
+    # -- upstream models -------------------------------------------------------------------
+    def _is_local(self, name: str) -> bool:
+        from localrun.errors import ModelNotFound
+
+        try:
+            self.store.resolve(name)
+        except ModelNotFound:
+            return False
+        return True
+
+    def _remote_model(self, name: str) -> LoadedModel | None:
+        """The upstream model ``name`` routes to, or None when it is a local name (local wins a bare name)."""
+        if self.upstreams is None:
+            return None
+        route = self.upstreams.route(name)
+        if route is None or (not route.pinned and self._is_local(name)):
+            return None
+        from localrun.upstream_models import remote_loaded_model
+
+        with self._lock:
+            lm = self._remote.get(name)
+            if lm is None or lm.record.metadata.get("upstreams") != list(route.upstreams):
+                lm = self._remote[name] = remote_loaded_model(self.upstreams, route, self.settings)
+            lm.last_used = time.monotonic()
+            return lm
+
+    def remote_loaded(self) -> list[dict[str, Any]]:
+        """Upstream models that have taken requests (they are never "loaded" here, so not in loaded())."""
+        with self._lock:
+            return [m.info() for m in self._remote.values()]
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -239,9 +280,10 @@ class ModelManager:
     # -- requests --------------------------------------------------------------------------
     def _admit(self, lm: LoadedModel) -> None:
         with self._lock:
-            if lm.active >= self.settings.server.queue_size:
+            limit = lm.queue_limit or self.settings.server.queue_size
+            if lm.active >= limit:
                 raise Overloaded(
-                    f"{lm.name} has {lm.active} requests queued (limit {self.settings.server.queue_size})",
+                    f"{lm.name} has {lm.active} requests queued (limit {limit})",
                     hint="retry in a moment",
                 )
             lm.active += 1
@@ -305,7 +347,17 @@ class ModelManager:
             self._release(lm)
 
     def resolve(self, name: str) -> ModelRecord:
-        return self.store.resolve(name)
+        remote = self._remote_model(name)
+        return remote.record if remote is not None else self.store.resolve(name)
+
+
+def _pool_from(settings: Settings):
+    """An upstream pool when config.toml lists upstreams; None (nothing started) otherwise."""
+    if not settings.upstreams:
+        return None
+    from localrun.upstream_pool import UpstreamPool
+
+    return UpstreamPool(list(settings.upstreams), settings.upstream)
 
 
 class OpenStream:

@@ -16,6 +16,8 @@ from typing import Any
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from localrun.upstreams import UpstreamConfig, UpstreamSettings
+
 APP_NAME = "localrun"
 #: Not 11434 (Ollama), 1234 (LM Studio), 8080 (llama-server, mlx_lm, llamafile) or 8000 (mlc, llama_cpp.server).
 DEFAULT_PORT = 8739
@@ -116,6 +118,9 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     hub: HubSettings = Field(default_factory=HubSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    """Other servers whose models localrun serves (``[[upstreams]]``; see localrun/upstreams.py)."""
 
     @field_validator("data_dir", "cache_dir", mode="after")
     @classmethod

@@ -18,6 +18,7 @@ class Format(str, enum.Enum):
     GGUF = "gguf"
     MLX = "mlx"
     MLC = "mlc"
+    REMOTE = "remote"  # served by an upstream server; no files here
 
 
 class Source(str, enum.Enum):
@@ -29,6 +30,7 @@ class Source(str, enum.Enum):
     OLLAMA = "ollama"
     LMSTUDIO = "lmstudio"
     BUILTIN = "builtin"  # the embedded default model
+    UPSTREAM = "upstream"  # a model another server serves (localrun/upstreams.py)
 
 
 @dataclass(frozen=True)

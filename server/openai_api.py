@@ -23,7 +23,7 @@ from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.generation import (
     Generation, app_state, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body, request_stats,
 )
-from localrun.server.model_info import openai_model
+from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
 
@@ -57,7 +57,8 @@ async def list_models(request: Request):
     manager = app_state(request).manager
     records = await asyncio.to_thread(manager.store.list)
     loaded = {m["name"]: m for m in manager.loaded()}
-    return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records]}
+    remote = [openai_upstream_model(u) for u in upstream_listing(manager, records)]
+    return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records] + remote}
 
 
 @router.get("/models/{model:path}")

@@ -57,9 +57,9 @@ def settings_from(ctx: click.Context, **overrides):
 
 
 def _register() -> None:
-    from localrun.cli import hubcmds, machine, models, running, tui_cmd
+    from localrun.cli import hubcmds, machine, models, running, tui_cmd, upstreamcmds
 
-    for module in (models, hubcmds, running, machine, tui_cmd):
+    for module in (models, hubcmds, running, machine, tui_cmd, upstreamcmds):
         for command in module.COMMANDS:
             main.add_command(command)
 

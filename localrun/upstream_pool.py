@@ -73,7 +73,7 @@ class UpstreamState:
             "detail": self.detail, "models": sorted(self.models), "in_flight": self.in_flight,
             "max_concurrency": self.config.max_concurrency, "weight": self.config.weight,
             "latency_ms": None if self.latency_s is None else round(self.latency_s * 1000, 1),
-            "version": self.version, "cooldowns": self.cooldowns,
+            "version": self.version or None, "cooldowns": self.cooldowns,
             "cooldown_left_s": round(max(0.0, self.cooldown_until - now), 1),
             "discovery_error": self.discovery_error,
         }
@@ -261,7 +261,7 @@ class UpstreamPool:
         if was is not result.ok:
             log.info("upstream %s is %s%s", st.name, "up" if result.ok else "down", "" if result.ok else f": {result.detail}")
         if result.ok and st.version is None:
-            st.version = st.client.version()
+            st.version = st.client.version() or ""  # asked once: "" is "it does not say"
 
     def probe_all(self) -> None:
         now = time.monotonic()

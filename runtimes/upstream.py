@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from localrun.errors import LocalrunError
 from localrun.runtimes.openai_client import Piece, _shutdown_response, _usage, iter_sse
 from localrun.runtimes.upstream_kinds import Kind, UpstreamError, UpstreamTimeout, error_text, scrub, status_error
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Sampling
@@ -245,9 +246,8 @@ class UpstreamClient:
             return None
         try:
             data = self._get_json(self.kind.version_path, timeout_s)
-        except UpstreamError:
-            return None
-        except ValueError:
+        except (LocalrunError, ValueError) as exc:
+            log.debug("upstream %s tells no version: %s", self.name, exc)
             return None
         value = data.get("localrun") or data.get("version") if isinstance(data, dict) else None
         return str(value) if value else None

@@ -22,7 +22,7 @@ from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server import admin_api, ollama_api, ollama_models, openai_api
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
-from localrun.server.metrics import Metrics, Observe
+from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
 from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
 
@@ -43,6 +43,7 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.state.settings = settings
     app.state.manager = manager
     app.state.metrics = Metrics()
+    app.state.upstream_metrics = attach_upstream_metrics(manager)
     app.state.started_at = time.monotonic()
 
     for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router):

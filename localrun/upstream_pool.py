@@ -45,6 +45,7 @@ class UpstreamState:
     client: Any  # localrun.runtimes.upstream.UpstreamClient
     models: dict[str, dict] = field(default_factory=dict)  # model id -> its /v1/models entry
     discovered: bool = False
+    discovery_tried: bool = False
     discovery_error: str = ""
     discovered_at: float = 0.0
     in_flight: int = 0
@@ -55,6 +56,7 @@ class UpstreamState:
     version: str | None = None
     cooldown_until: float = 0.0
     cooldowns: int = 0
+    discovery_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def name(self) -> str:
@@ -137,6 +139,7 @@ class UpstreamPool:
 
     def route(self, name: str) -> Route | None:
         """Where ``name`` goes: ``UPSTREAM/MODEL`` first, else a bare model id; None if no upstream has it."""
+        self._discover_untried()
         for attempt in range(2):
             head, sep, rest = name.partition("/")
             st = self._states.get(head) if sep else None
@@ -148,6 +151,17 @@ class UpstreamPool:
             if attempt == 0 and not self._discover_missing():
                 break
         return None
+
+    def _discover_untried(self) -> None:
+        """Read the model list of upstreams never asked yet, so a first request sees every server of its model."""
+        if all(st.discovery_tried for st in self._states.values()):
+            return
+        for st in self._states.values():
+            if not st.discovery_tried:
+                with st.discovery_lock:
+                    tried = st.discovery_tried  # the prober may have just done it
+                if not tried:
+                    self.refresh_models(st)
 
     def _discover_missing(self) -> bool:
         """Try once more the upstreams whose model list is not known yet (a request may name one of theirs)."""
@@ -163,17 +177,21 @@ class UpstreamPool:
     def refresh_models(self, st: UpstreamState) -> None:
         """Re-read ``/v1/models`` of an upstream whose models are not listed in its configuration."""
         if st.config.models:
+            st.discovery_tried = True
             return
         from localrun.errors import LocalrunError
 
-        try:
-            rows = st.client.models(timeout_s=st.config.connect_timeout_s + 5)
-        except LocalrunError as exc:
-            st.discovery_error = exc.message
-            log.info("upstream %s: cannot list its models: %s", st.name, exc.message)
-            return
-        st.models = {r["id"]: r for r in rows}
-        st.discovered, st.discovery_error, st.discovered_at = True, "", time.monotonic()
+        with st.discovery_lock:
+            try:
+                rows = st.client.models(timeout_s=st.config.connect_timeout_s + 5)
+            except LocalrunError as exc:
+                st.discovery_error = exc.message
+                log.info("upstream %s: cannot list its models: %s", st.name, exc.message)
+                return
+            finally:
+                st.discovery_tried = True
+            st.models = {r["id"]: r for r in rows}
+            st.discovered, st.discovery_error, st.discovered_at = True, "", time.monotonic()
 
     # -- routing -------------------------------------------------------------------------
     def _candidates(self, names: tuple[str, ...], exclude: set[str]) -> list[UpstreamState]:

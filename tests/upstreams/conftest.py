@@ -57,6 +57,7 @@ def front_factory(tiny_gguf, live_factory, tmp_path_factory):
         pool = UpstreamPool(list(settings.upstreams), settings.upstream)
         manager = ModelManager(settings, store, planner=fake_planner(), upstreams=pool)
         made.append(manager)
+        wait_until(lambda: all(st.healthy is not None and st.discovery_tried for st in pool.states()), 10)  # first probes done
         stack = Stack(settings, store, manager)
         return Front(stack, live_factory(stack))
 

@@ -67,6 +67,15 @@ class Listed:
     health: str  # "up" when any of its upstreams is up, else the best state among them
 
 
+def source_label(record: ModelRecord) -> str:
+    """``upstream NAME (health)`` for an upstream model, the plain source otherwise (listings, the TUI)."""
+    if record.source is not Source.UPSTREAM:
+        return record.source.value
+    names = ",".join(record.metadata.get("upstreams", ()))
+    health = record.metadata.get("upstream_health")
+    return f"upstream {names}" + (f" ({health})" if health else "")
+
+
 def _health(pool: UpstreamPool, names: Iterable[str]) -> str:
     order = ("up", "cooldown", "unknown", "down")
     states = [pool.get(n).status()["health"] for n in names if pool.get(n) is not None]
@@ -86,5 +95,8 @@ def listed_models(pool: UpstreamPool | None, local_names: Iterable[str]) -> list
         else:
             routes = [Route(model, model, servers, False)]
         for route in routes:
-            out.append(Listed(route.name, route, remote_record(pool, route), _health(pool, route.upstreams)))
+            health = _health(pool, route.upstreams)
+            record = remote_record(pool, route)
+            record.metadata["upstream_health"] = health
+            out.append(Listed(route.name, route, record, health))
     return out

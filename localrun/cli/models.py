@@ -101,7 +101,7 @@ def upstream_rows(settings, records) -> list[dict]:
     """The upstreams' models, probed now (a server does this in the background), as ls rows."""
     if not settings.upstreams:
         return []
-    from localrun.upstream_models import listed_models
+    from localrun.upstream_models import listed_models, source_label
     from localrun.upstream_pool import UpstreamPool
 
     pool = UpstreamPool(list(settings.upstreams), settings.upstream, start=False)
@@ -113,7 +113,7 @@ def upstream_rows(settings, records) -> list[dict]:
         listed = listed_models(pool, (r.name for r in records))
     finally:
         pool.close()
-    return [dict(_row(u.record), source=f"upstream {','.join(u.route.upstreams)} ({u.health})", health=u.health, size=0) for u in listed]
+    return [dict(_row(u.record), source=source_label(u.record), health=u.health, size=0) for u in listed]
 
 
 COMMANDS = [import_cmd, ls_cmd, rm_cmd]

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from localrun.errors import LocalrunError
-from localrun.runtimes.openai_client import Piece, _shutdown_response, _usage, iter_sse
+from localrun.runtimes.openai_client import Piece, _shutdown_response, _usage, iter_sse, sampling_to_openai
 from localrun.runtimes.upstream_kinds import Kind, UpstreamError, UpstreamTimeout, error_text, scrub, status_error
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Sampling
 
@@ -52,36 +52,73 @@ class Probe:
 
 
 class _Watchdog:
-    """Shuts a streaming response when the request is cancelled or the upstream goes quiet."""
+    """One stream's guard: shut it when the request is cancelled or the upstream goes quiet."""
 
-    def __init__(self, response: httpx.Response, cancel: Cancel, timeouts: Timeouts, started: float):
+    def __init__(self, response: httpx.Response, cancel: Cancel, timeouts: Timeouts, started: float, hub: "_WatchHub"):
         self.response, self.cancel, self.timeouts = response, cancel, timeouts
         self.started = started
         self.last_event: float | None = None
         self.fired: str | None = None  # "first byte" | "between chunks" once it shut the stream
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="upstream-watch", daemon=True)
-        self._thread.start()
+        self._hub = hub
+        hub.add(self)
 
     def event(self) -> None:
         self.last_event = time.monotonic()
 
-    def _watch(self) -> None:
-        while not self._done.wait(WATCH_POLL_S):
-            now = time.monotonic()
-            if self.cancel.is_set():
-                _shutdown_response(self.response)
-                return
-            if self.last_event is None and now - self.started > self.timeouts.first_byte_s:
-                self.fired = "first byte"
-            elif self.last_event is not None and now - self.last_event > self.timeouts.chunk_s:
-                self.fired = "between chunks"
-            if self.fired:
-                _shutdown_response(self.response)
-                return
+    def check(self, now: float) -> bool:
+        """Shut the stream if it is due; True once this guard has nothing more to do."""
+        if self.cancel.is_set():
+            _shutdown_response(self.response)
+            return True
+        if self.last_event is None and now - self.started > self.timeouts.first_byte_s:
+            self.fired = "first byte"
+        elif self.last_event is not None and now - self.last_event > self.timeouts.chunk_s:
+            self.fired = "between chunks"
+        if self.fired:
+            _shutdown_response(self.response)
+            return True
+        return False
 
     def stop(self) -> None:
-        self._done.set()
+        self._hub.remove(self)
+
+
+class _WatchHub:
+    """One thread per upstream client checks all its open streams (not a thread per request)."""
+
+    def __init__(self) -> None:
+        self._items: set[_Watchdog] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, w: _Watchdog) -> None:
+        with self._lock:
+            self._items.add(w)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="upstream-watch", daemon=True)
+                self._thread.start()
+
+    def remove(self, w: _Watchdog) -> None:
+        with self._lock:
+            self._items.discard(w)
+
+    def _run(self) -> None:
+        idle = 0
+        while True:
+            time.sleep(WATCH_POLL_S)
+            with self._lock:
+                items = list(self._items)
+                if not items:
+                    idle += 1
+                    if idle * WATCH_POLL_S >= 2.0:  # nothing open for a while: the thread ends
+                        self._thread = None
+                        return
+                    continue
+            idle = 0
+            now = time.monotonic()
+            for w in items:
+                if w.check(now):
+                    self.remove(w)
 
 
 def openai_messages(req: ChatRequest) -> list[dict[str, Any]]:
@@ -102,17 +139,11 @@ def openai_messages(req: ChatRequest) -> list[dict[str, Any]]:
 
 def sampling_body(s: Sampling, kind: Kind, *, chat: bool) -> dict[str, Any]:
     """Sampling as the upstream's request fields; llama.cpp-style knobs only where the kind takes them."""
-    body: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
+    body = sampling_to_openai(s)
     if kind.extra_sampling:
         body.update(top_k=s.top_k, min_p=s.min_p)
         if s.repeat_penalty != 1.0:
             body["repetition_penalty"] = s.repeat_penalty
-    if s.seed is not None:
-        body["seed"] = s.seed
-    if s.stop:
-        body["stop"] = list(s.stop)
-    if s.max_tokens is not None:
-        body["max_tokens"] = s.max_tokens
     if s.json_schema is not None:
         body["response_format"] = ({"type": "json_object"} if not s.json_schema else
                                    {"type": "json_schema", "json_schema": {"name": "answer", "schema": s.json_schema}})
@@ -193,6 +224,7 @@ class UpstreamClient:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         timeout = httpx.Timeout(max(timeouts.first_byte_s, timeouts.chunk_s), connect=timeouts.connect_s, pool=timeouts.first_byte_s)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._watch = _WatchHub()
         self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify,
                                   transport=transport, limits=limits, follow_redirects=False)
 
@@ -267,7 +299,7 @@ class UpstreamClient:
                     response.read()
                     raise status_error(response.status_code, response.content, upstream=self.name, model=model,
                                        secrets=self._secrets, retry_after=response.headers.get("retry-after"))
-                watchdog = _Watchdog(response, cancel, self.timeouts, started)
+                watchdog = _Watchdog(response, cancel, self.timeouts, started, self._watch)
                 try:
                     yield from self._pieces(response, watchdog, cancel)
                 except httpx.HTTPError as exc:
@@ -291,7 +323,8 @@ class UpstreamClient:
     def _pieces(self, response: httpx.Response, watchdog: _Watchdog, cancel: Cancel) -> Iterator[Piece]:
         finish: str | None = None
         calls = _ToolCalls()
-        events = iter_sse(_watched_lines(response, watchdog))
+        lines = _watched_lines(response, watchdog)
+        events = iter_sse(lines)
         while True:
             try:
                 event = next(events)
@@ -309,6 +342,7 @@ class UpstreamClient:
             choices = event.get("choices") or []
             if not choices:
                 if usage is not None and finish is not None:
+                    _drain(lines)
                     yield Piece("", finish_reason=_finish(finish), usage=usage, tokens=0, tool_calls=calls.done())
                     return
                 continue
@@ -324,6 +358,7 @@ class UpstreamClient:
                     yield Piece(text, logprobs=lp)
                 continue  # the usage event follows (include_usage); else the stream ends at [DONE]
             if choice.get("finish_reason"):
+                _drain(lines)
                 yield Piece(text, finish_reason=_finish(finish), usage=usage, tokens=1 if text else 0, logprobs=lp,
                             tool_calls=calls.done())
                 return
@@ -352,6 +387,14 @@ class UpstreamClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _drain(lines: Iterator[str], limit: int = 8) -> None:
+    """Read what follows the last event (``[DONE]``, the end of the body), so the connection
+    goes back to the pool instead of being closed; a server that keeps talking is cut off."""
+    for i, _ in enumerate(lines):
+        if i >= limit:
+            return
 
 
 def _watched_lines(response: httpx.Response, watchdog: _Watchdog) -> Iterator[str]:

@@ -74,3 +74,19 @@ def fake_upstream(build_stack, live_factory):
         return live_factory(build_stack(options=options))
 
     return start
+
+
+@pytest.fixture
+def replays():
+    """``replays(routes)``: a recorded-response server (tests/upstreams/replay.py), closed afterwards."""
+    from tests.upstreams.replay import Replay
+
+    made = []
+
+    def start(routes):
+        made.append(Replay(routes))
+        return made[-1]
+
+    yield start
+    for r in made:
+        r.close()

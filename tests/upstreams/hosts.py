@@ -21,6 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.server.conftest import ServerProcess
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -94,13 +96,7 @@ class Proc:
         raise RuntimeError(f"not ready in {timeout:.0f} s: {self.log_path.read_text(errors='replace')[-3000:]}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        ServerProcess(self.proc, self.url, self.log_path).stop()
 
 
 def localrun_on(host: Host, port: int, *, key: str, log_path: Path, home: Path) -> Proc:

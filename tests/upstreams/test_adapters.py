@@ -13,31 +13,17 @@ import openai
 import pytest
 
 from localrun.runtimes.upstream_kinds import KINDS, error_text, scrub, status_error
-from tests.upstreams.replay import Replay, Reply, chat_sse, models_json, recorded
+from tests.upstreams.replay import Reply, chat_sse, models_json, recorded
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-@pytest.fixture
-def replay_factory():
-    made: list[Replay] = []
-
-    def start(routes: dict[str, Reply]) -> Replay:
-        r = Replay(routes)
-        made.append(r)
-        return r
-
-    yield start
-    for r in made:
-        r.close()
 
 
 def _client(front) -> openai.OpenAI:
     return openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=20)
 
 
-def test_sglang_recorded_chat_and_completion_streams(replay_factory, front_factory):
-    up = replay_factory({
+def test_sglang_recorded_chat_and_completion_streams(replays, front_factory):
+    up = replays({
         "GET /health": Reply(200, b""),
         "GET /v1/models": Reply(body=recorded("sglang/models.json")),
         "POST /v1/chat/completions": Reply(body=recorded("sglang/chat_stream.sse"), sse=True),
@@ -62,8 +48,8 @@ def test_sglang_recorded_chat_and_completion_streams(replay_factory, front_facto
     assert sent[0]["body"]["top_k"] == 40  # SGLang takes llama.cpp-style knobs
 
 
-def test_tgi_recorded_stream_under_its_own_model_id(replay_factory, front_factory):
-    up = replay_factory({
+def test_tgi_recorded_stream_under_its_own_model_id(replays, front_factory):
+    up = replays({
         "GET /health": Reply(200, b""),
         "GET /v1/models": Reply(body=recorded("tgi/models.json")),
         "POST /v1/chat/completions": Reply(body=recorded("tgi/chat_stream.sse"), sse=True),
@@ -78,16 +64,16 @@ def test_tgi_recorded_stream_under_its_own_model_id(replay_factory, front_factor
     assert body["model"] == LLAMA and "top_k" not in body  # TGI's OpenAI route takes OpenAI's fields only
 
 
-def test_tgi_refuses_fields_it_cannot_honour_before_sending(replay_factory, front_factory):
-    up = replay_factory({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=recorded("tgi/models.json"))})
+def test_tgi_refuses_fields_it_cannot_honour_before_sending(replays, front_factory):
+    up = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=recorded("tgi/models.json"))})
     front = front_factory([{"name": "tgi", "url": up.url, "kind": "tgi"}])
     r = httpx.post(front.url + "/v1/embeddings", json={"model": LLAMA, "input": "x"}, timeout=10)
     assert r.status_code == 400 and "upstreams serving" in r.json()["error"]["message"]
     assert not [q for q in up.requests if q["method"] == "POST"]
 
 
-def test_trtllm_refuses_tools_naming_field_and_runtime(replay_factory, front_factory):
-    up = replay_factory({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("trt"))})
+def test_trtllm_refuses_tools_naming_field_and_runtime(replays, front_factory):
+    up = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("trt"))})
     front = front_factory([{"name": "trt", "url": up.url, "kind": "trtllm"}])
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     r = httpx.post(front.url + "/v1/chat/completions", timeout=10,
@@ -104,8 +90,8 @@ def test_trtllm_refuses_tools_naming_field_and_runtime(replay_factory, front_fac
     ("lmdeploy", "lmdeploy/error_404.json", 404, "model_not_found", "does not exist"),
     ("trtllm", "trtllm/error.json", 400, "upstream_error", "max_tokens must be at least 1"),
 ])
-def test_recorded_error_shapes_become_localrun_errors_naming_the_upstream(replay_factory, front_factory, kind, body, status, code, words):
-    up = replay_factory({
+def test_recorded_error_shapes_become_localrun_errors_naming_the_upstream(replays, front_factory, kind, body, status, code, words):
+    up = replays({
         "GET /health": Reply(200, b"{}"),
         "GET /v1/models": Reply(body=models_json("m")),
         "POST /v1/chat/completions": Reply(status, recorded(body)),
@@ -124,11 +110,11 @@ def test_recorded_error_shapes_become_localrun_errors_naming_the_upstream(replay
     ("trtllm", Reply(503, recorded("trtllm/health_503.txt"), content_type="text/plain")),
     ("lmdeploy", Reply(200, recorded("lmdeploy/health_unhealthy.json"))),
 ])
-def test_unhealthy_probes_mark_the_upstream_down(replay_factory, kind, reply):
+def test_unhealthy_probes_mark_the_upstream_down(replays, kind, reply):
     from localrun.upstream_pool import UpstreamPool
     from localrun.upstreams import UpstreamConfig, UpstreamSettings
 
-    up = replay_factory({"GET /health": reply})
+    up = replays({"GET /health": reply})
     pool = UpstreamPool([UpstreamConfig(name="e", url=up.url, kind=kind, models=["m"])], UpstreamSettings(), start=False)
     try:
         pool.probe(pool.get("e"))
@@ -138,10 +124,10 @@ def test_unhealthy_probes_mark_the_upstream_down(replay_factory, kind, reply):
         pool.close()
 
 
-def test_tgi_error_event_mid_stream_reaches_the_client(replay_factory, front_factory):
+def test_tgi_error_event_mid_stream_reaches_the_client(replays, front_factory):
     events = chat_sse(["Hello", " there"], usage=False).split(b"\n\n")
     broken = b"\n\n".join(events[:2] + [b'data: {"error": "Request failed during generation: CUDA OOM", "error_type": "generation"}']) + b"\n\n"
-    up = replay_factory({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("m")),
+    up = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("m")),
                          "POST /v1/chat/completions": Reply(body=broken, sse=True)})
     front = front_factory([{"name": "tgi", "url": up.url, "kind": "tgi"}])
     with httpx.stream("POST", front.url + "/v1/chat/completions", timeout=10,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.upstreams.conftest import free_port, wait_until
-from tests.upstreams.replay import Replay, Reply, chat_sse, models_json
+from tests.upstreams.replay import Reply, chat_sse, models_json
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
 
@@ -37,20 +37,6 @@ def proc_upstream(spawn_server, tiny_gguf):
         return spawn_server(args, port=port, env={"LOCALRUN_RUNTIME__FORCE": "fake"})
 
     return start
-
-
-@pytest.fixture
-def replays():
-    made: list[Replay] = []
-
-    def start(routes):
-        r = Replay(routes)
-        made.append(r)
-        return r
-
-    yield start
-    for r in made:
-        r.close()
 
 
 def _ok_replay(replays, *words):

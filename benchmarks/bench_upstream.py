@@ -40,8 +40,13 @@ N_CTX = 4096
 WORDS = "river stone lamp orchard violin harbor meadow lantern copper thistle glacier ember canyon willow".split()
 
 
-def start_server(home: Path, *, threads: int, config: str = "", model: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """A ``localrun serve`` under ``home``: an upstream (``model`` imported as "gemma") or a front (``config``)."""
+def start_server(home: Path, *, threads: int, config: str = "", model: Path | None = None,
+                 fake_delay_s: float | None = None) -> tuple[subprocess.Popen, str]:
+    """A ``localrun serve`` under ``home``: an upstream (``model`` imported as "gemma") or a front (``config``).
+
+    ``fake_delay_s``: the upstream runs the fake runtime (a token every that many seconds, no
+    compute), which shows what the front itself costs when it does not compete for the CPU.
+    """
     home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__THREADS=str(threads),
                LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX), LOCALRUN_SERVER__QUEUE_SIZE="64", PYTHONPATH=str(ROOT))
@@ -52,8 +57,12 @@ def start_server(home: Path, *, threads: int, config: str = "", model: Path | No
         subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True,
                        capture_output=True)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)]
+    if fake_delay_s is not None:
+        env["LOCALRUN_RUNTIME__FORCE"] = "fake"
+        cmd = [sys.executable, "-m", "tests.server.launch", "--port", str(port), "--fake-delay", str(fake_delay_s),
+               "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")
     return proc, url
@@ -117,6 +126,14 @@ def overhead(direct: str, front: str, *, level: int, runs: int, max_tokens: int)
             "rate_direct": med["direct"][1], "rate_via": med["via"][1], "n": len(samples["via"])}
 
 
+def overhead_table(direct: str, front: str, args) -> None:
+    print(f"{'streams':>7} {'TTFT direct':>12} {'TTFT via':>10} {'overhead':>9} {'tok/s direct':>13} {'tok/s via':>10} {'ratio':>6}")
+    for level in (1, 8):
+        r = overhead(direct, front, level=level, runs=args.runs, max_tokens=args.max_tokens)
+        print(f"{level:>7} {r['ttft_direct_ms']:>10.1f}ms {r['ttft_via_ms']:>8.1f}ms {r['overhead_ms']:>+7.1f}ms "
+              f"{r['rate_direct']:>13.1f} {r['rate_via']:>10.1f} {r['decode_ratio']:>6.3f}")
+
+
 def conversation(front: str, *, seed: int, turns: int = 10) -> tuple[int, int]:
     """A 10-turn chat behind a ~2,000-token system prompt; (cached prompt tokens, prompt tokens) summed."""
     rng = random.Random(seed)
@@ -152,12 +169,15 @@ def main() -> None:
             procs.append(front)
             for s in (url0, front_url):  # load the model and warm both paths
                 stream(httpx.Client(timeout=600), s, chat("warm up", 8))
-            print("\nthrough localrun vs straight to the upstream (p50 over paired rounds)")
-            print(f"{'streams':>7} {'TTFT direct':>12} {'TTFT via':>10} {'overhead':>9} {'tok/s direct':>13} {'tok/s via':>10} {'ratio':>6}")
-            for level in (1, 8):
-                r = overhead(url0, front_url, level=level, runs=args.runs, max_tokens=args.max_tokens)
-                print(f"{level:>7} {r['ttft_direct_ms']:>10.1f}ms {r['ttft_via_ms']:>8.1f}ms {r['overhead_ms']:>+7.1f}ms "
-                      f"{r['rate_direct']:>13.1f} {r['rate_via']:>10.1f} {r['decode_ratio']:>6.3f}")
+            print("\nthrough localrun vs straight to the upstream, Gemma on llama.cpp (p50 over paired rounds)")
+            overhead_table(url0, front_url, args)
+            fake, fake_url = start_server(Path(tmp) / "fake", threads=1, model=model, fake_delay_s=0.01)
+            procs.append(fake)
+            ffront, ffront_url = start_server(Path(tmp) / "ffront", threads=1, config=front_config([fake_url], "least-loaded"))
+            procs.append(ffront)
+            stream(httpx.Client(timeout=600), ffront_url, chat("warm up", 8))
+            print("\nthe same, upstream on the fake runtime (a token per 10 ms, no compute: the front's own cost)")
+            overhead_table(fake_url, ffront_url, args)
             if args.skip_affinity:
                 return
             up1, url1 = start_server(Path(tmp) / "up1", threads=args.threads, model=model)

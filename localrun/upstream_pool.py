@@ -152,6 +152,10 @@ class UpstreamPool:
                 break
         return None
 
+    def discovery_done(self) -> bool:
+        """Every upstream's model list was asked for once (routing a name does no I/O then)."""
+        return all(st.discovery_tried for st in self._states.values())
+
     def _discover_untried(self) -> None:
         """Read the model list of upstreams never asked yet, so a first request sees every server of its model."""
         if all(st.discovery_tried for st in self._states.values()):

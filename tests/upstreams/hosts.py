@@ -109,5 +109,8 @@ def localrun_on(host: Host, port: int, *, key: str, log_path: Path, home: Path) 
 
 def llama_cpp_server(model: Path, port: int, *, alias: str, log_path: Path) -> Proc:
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", alias, "--port", str(port),
-           "--host", "127.0.0.1", "--n_ctx", "512", "--n_threads", "1", "--n_threads_batch", "1"]
+           "--host", "127.0.0.1", "--n_ctx", "512", "--n_threads", "1", "--n_threads_batch", "1",
+           # By default any new request, even GET /v1/models (localrun's probe for kind openai),
+           # cuts off the stream in progress; queue instead, as benchmarks/common.py does.
+           "--interrupt_requests", "false"]
     return Proc(cmd, f"http://127.0.0.1:{port}", log_path)

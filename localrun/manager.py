@@ -23,6 +23,9 @@ from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelR
 log = logging.getLogger(__name__)
 
 Planner = Callable[[ModelRecord], Plan]
+#: How long "is this name a local model?" is remembered for routing to upstreams (a model
+#: imported meanwhile takes its name back from an upstream within this time).
+LOCAL_CHECK_S = 2.0
 
 
 @dataclass
@@ -36,6 +39,7 @@ class LoadedModel:
     keep_alive_s: float = 300.0  # negative: never unload on idle
     pinned: bool = False
     active: int = 0  # requests admitted (queued or running)
+    queue_limit: int | None = None  # admission bound; None: server.queue_size
 
     def idle_s(self) -> float:
         return 0.0 if self.active else time.monotonic() - self.last_used
@@ -96,9 +100,14 @@ def machine_facts(settings: Settings, *, refresh: bool = False):
 
 
 class ModelManager:
-    def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None):
+    def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None,
+                 upstreams=None):
         self.settings = settings
         self.store = store
+        #: The upstream pool (localrun.upstream_pool), built from settings.upstreams unless one is passed in.
+        self.upstreams = upstreams if upstreams is not None else _pool_from(settings)
+        self._remote: dict[str, LoadedModel] = {}
+        self._local_seen: dict[str, tuple[float, bool]] = {}
         self._planner = planner
         self._events = events
         self._models: dict[str, LoadedModel] = {}
@@ -139,6 +148,9 @@ class ModelManager:
 
     def load(self, name: str, *, keep_alive_s: float | None = None, pin: bool | None = None) -> LoadedModel:
         """Load ``name`` if it is not loaded (or its worker died); return it."""
+        remote = self._remote_model(name)
+        if remote is not None:
+            return remote
         record = self.store.resolve(name)
         key = record.name
         with self._lock:
@@ -230,6 +242,50 @@ class ModelManager:
             names = list(self._models)
         for name in names:
             self.unload(name, reason="shutting down")
+        if self.upstreams is not None:
+            self.upstreams.close()
+
+    # -- upstream models -------------------------------------------------------------------
+    def _is_local(self, name: str) -> bool:
+        """Whether the store has ``name``, remembered for LOCAL_CHECK_S: a store lookup costs
+        milliseconds, which every request to an upstream model would otherwise pay."""
+        from localrun.errors import ModelNotFound
+
+        now = time.monotonic()
+        hit = self._local_seen.get(name)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            self.store.resolve(name)
+            found = True
+        except ModelNotFound:
+            found = False
+        if len(self._local_seen) > 4096:
+            self._local_seen.clear()
+        self._local_seen[name] = (now + LOCAL_CHECK_S, found)
+        return found
+
+    def _remote_model(self, name: str) -> LoadedModel | None:
+        """The upstream model ``name`` routes to, or None when it is a local name (local wins a bare name)."""
+        if self.upstreams is None:
+            return None
+        route = self.upstreams.route(name)
+        if route is None or (not route.pinned and self._is_local(name)):
+            return None
+        from localrun.upstream_models import remote_loaded_model
+
+        with self._lock:
+            lm = self._remote.get(name)
+            if lm is None or lm.record.metadata.get("upstreams") != list(route.upstreams):
+                lm = self._remote[name] = remote_loaded_model(self.upstreams, route, self.settings)
+            lm.last_used = time.monotonic()
+            return lm
+
+    def _remote_warm(self, name: str) -> bool:
+        """Whether routing ``name`` needs no I/O now: routed before, every upstream's list read."""
+        pool = self.upstreams
+        return pool is not None and name in self._remote and pool.discovery_done()
+
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -241,9 +297,10 @@ class ModelManager:
     # -- requests --------------------------------------------------------------------------
     def _admit(self, lm: LoadedModel) -> None:
         with self._lock:
-            if lm.active >= self.settings.server.queue_size:
+            limit = lm.queue_limit or self.settings.server.queue_size
+            if lm.active >= limit:
                 raise Overloaded(
-                    f"{lm.name} has {lm.active} requests queued (limit {self.settings.server.queue_size})",
+                    f"{lm.name} has {lm.active} requests queued (limit {limit})",
                     hint="retry in a moment",
                 )
             lm.active += 1
@@ -291,7 +348,10 @@ class ModelManager:
         """
         import asyncio
 
-        lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
+        # An upstream model already routed once is found without a thread hop (nothing to load).
+        lm = self._remote_model(name) if self._remote_warm(name) else None
+        if lm is None:
+            lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
         self._admit(lm)
         op, payload = self._payload(req)
         return OpenStream(self, lm, op, payload)
@@ -318,7 +378,17 @@ class ModelManager:
             self._release(lm)
 
     def resolve(self, name: str) -> ModelRecord:
-        return self.store.resolve(name)
+        remote = self._remote_model(name)
+        return remote.record if remote is not None else self.store.resolve(name)
+
+
+def _pool_from(settings: Settings):
+    """An upstream pool when config.toml lists upstreams; None (nothing started) otherwise."""
+    if not settings.upstreams:
+        return None
+    from localrun.upstream_pool import UpstreamPool
+
+    return UpstreamPool(list(settings.upstreams), settings.upstream)
 
 
 class OpenStream:

@@ -36,7 +36,7 @@ DEVICE_LABELS = {"cpu": "CPU", "cuda": "CUDA", "metal": "Metal", "hip": "ROCm/HI
 #: Which model formats each runtime the planner knows can run, in order of preference.
 RUNTIME_FORMATS: dict[str, frozenset[Format]] = {
     "llama.cpp": frozenset({Format.GGUF}), "ollama": frozenset({Format.GGUF}),
-    "mlx": frozenset({Format.MLX}), "mlc": frozenset({Format.MLC}),
+    "vllm": frozenset({Format.MLX}), "mlx": frozenset({Format.MLX}), "mlc": frozenset({Format.MLC}),
 }
 
 
@@ -251,13 +251,18 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
         options.update(n_slots=slots, slot_ctx=placement.n_ctx)
-    return Plan(
+    plan = Plan(
         runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
         n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
         n_batch=min(N_UBATCH, placement.n_ctx), kv_type=kv_type,
         memory=MemoryEstimate(weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead),
         verdict=verdict, reasons=tuple(reasons), options=options,
     )
+    if runtime == "vllm":  # vLLM places the whole model on CUDA GPUs itself: size it the vLLM way
+        from localrun.runtimes.vllm import plan_for_vllm
+
+        plan = plan_for_vllm(plan, hw, asked_device=ov.device)
+    return plan
 
 
 def _choose_slots(shape: ModelShape, weights: int, budget: Budget, single: Placement, asked: int | None,
@@ -371,6 +376,11 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
     if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
         n = plan.options["n_slots"]
         lines.append(f"parallel  {n} requests at once, each with the whole context" if n > 1 else "parallel  one request at a time")
+    if plan.runtime == "vllm":
+        o = plan.options
+        share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
+        lines.append(f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
+                     f"{o.get('max_model_len', plan.n_ctx):,}{share}")
     if plan.memory:
         m = plan.memory
         lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "

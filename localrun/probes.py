@@ -59,6 +59,7 @@ def probe_runtimes(
         "mlx": lambda: probe_mlx(hw, import_module=import_module, find_spec=find_spec),
         "ollama": lambda: probe_ollama(env=env, transport=transport),
         "mlc": lambda: probe_mlc(find_spec=find_spec, which=which),
+        "vllm": lambda: _probe_vllm(hw),
     }
     statuses = {}
     for name, probe in probes.items():
@@ -169,6 +170,12 @@ def probe_ollama(*, env: Mapping[str, str] | None = None, transport: Any = None)
         return RuntimeStatus(name, False, reason=f"{url}/api/version is not JSON: {exc}",
                              fix="check OLLAMA_HOST", details={"url": url})
     return RuntimeStatus(name, True, version=version, devices=("ollama",), details={"url": url})
+
+
+def _probe_vllm(hw: HardwareProfile) -> RuntimeStatus:
+    from localrun.runtimes.vllm import VllmRuntime
+
+    return VllmRuntime().probe(hw)
 
 
 def probe_mlc(*, find_spec: Callable[[str], Any] = importlib.util.find_spec,

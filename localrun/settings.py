@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from localrun.upstreams import UpstreamConfig, UpstreamSettings
+
 APP_NAME = "localrun"
 #: Not 11434 (Ollama), 1234 (LM Studio), 8080 (llama-server, mlx_lm, llamafile) or 8000 (mlc, llama_cpp.server).
 DEFAULT_PORT = 8739
@@ -134,6 +136,9 @@ class Settings(BaseSettings):
     hub: HubSettings = Field(default_factory=HubSettings)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     """Per-model overrides by model name ("*": every model); see ModelSettings."""
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
+    upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    """Other servers whose models localrun serves (``[[upstreams]]``; see localrun/upstreams.py)."""
 
     @field_validator("data_dir", "cache_dir", mode="after")
     @classmethod

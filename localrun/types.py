@@ -18,6 +18,7 @@ class Format(str, enum.Enum):
     GGUF = "gguf"
     MLX = "mlx"
     MLC = "mlc"
+    REMOTE = "remote"  # served by an upstream server; no files here
 
 
 class Source(str, enum.Enum):
@@ -30,6 +31,7 @@ class Source(str, enum.Enum):
     LMSTUDIO = "lmstudio"
     BUILTIN = "builtin"  # the embedded default model
     BUNDLE = "bundle"  # imported from a `localrun bundle` into the HF cache
+    UPSTREAM = "upstream"  # a model another server serves (localrun/upstreams.py)
 
 
 @dataclass(frozen=True)

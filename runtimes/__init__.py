@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "mlx": "localrun.runtimes.mlx:MlxRuntime",
     "ollama": "localrun.runtimes.ollama:OllamaRuntime",
     "mlc": "localrun.runtimes.mlc:MlcRuntime",
+    "vllm": "localrun.runtimes.vllm:VllmRuntime",
 }
 
 

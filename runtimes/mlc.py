@@ -147,16 +147,30 @@ class MlcServer:
         self.proc: subprocess.Popen | None = None
         self.client: OpenAIClient | None = None
         self.model_id = str(record.path)
+        self.port: int | None = None
+
+    #: How the server is named in logs and errors; subclasses (vLLM) supervise their own server.
+    label: ClassVar[str] = "mlc_llm serve"
+    timeout_option: ClassVar[str] = "mlc_start_timeout_s"
+
+    def serve_command(self, port: int) -> list[str]:
+        return build_serve_command(self.record, self.plan, port, command=mlc_command(self.plan))
+
+    def start_timeout_s(self) -> float:
+        return float(self.plan.options.get(self.timeout_option, DEFAULT_START_TIMEOUT_S))
+
+    def spawn_env(self) -> dict[str, str] | None:
+        return None  # the parent's environment
 
     def start(self) -> None:
         """Start the server and wait for ``/v1/models``; retry once if the port was taken."""
-        command = mlc_command(self.plan)
-        timeout_s = float(self.plan.options.get("mlc_start_timeout_s", DEFAULT_START_TIMEOUT_S))
+        timeout_s = self.start_timeout_s()
         for attempt in range(2):
             port = _free_port()
-            cmd = build_serve_command(self.record, self.plan, port, command=command)
+            cmd = self.serve_command(port)
+            self.port = port
             self._spawn(cmd)
-            self.client = OpenAIClient(f"http://127.0.0.1:{port}", server=f"mlc_llm serve on port {port}",
+            self.client = OpenAIClient(f"http://127.0.0.1:{port}", server=f"{self.label} on port {port}",
                                        read_timeout_s=float(self.plan.options.get("read_timeout_s", 600.0)))
             try:
                 self._wait_ready(timeout_s)
@@ -176,7 +190,7 @@ class MlcServer:
             kwargs: dict[str, Any] = {"start_new_session": True} if os.name == "posix" else {
                 "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                         **kwargs)
+                                         env=self.spawn_env(), **kwargs)
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -185,7 +199,7 @@ class MlcServer:
             code = self.proc.poll()
             if code is not None:
                 raise RuntimeUnavailable(
-                    f"mlc_llm serve exited ({code}) before it was ready for {self.record.name}:\n{self.log_tail()}",
+                    f"{self.label} exited ({code}) before it was ready for {self.record.name}:\n{self.log_tail()}",
                     hint=f"full log: {self.log_path}",
                 )
             try:
@@ -197,8 +211,8 @@ class MlcServer:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeUnavailable(
-                    f"mlc_llm serve did not answer within {timeout_s:.0f} s for {self.record.name}:\n{self.log_tail()}",
-                    hint=f"a first run compiles the model; raise mlc_start_timeout_s. Full log: {self.log_path}",
+                    f"{self.label} did not answer within {timeout_s:.0f} s for {self.record.name}:\n{self.log_tail()}",
+                    hint=f"a first run may compile or warm up the model; raise {self.timeout_option}. Full log: {self.log_path}",
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -232,7 +246,7 @@ class MlcServer:
                 proc.terminate()
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            log.warning("mlc_llm serve (pid %s) ignored SIGTERM for %.0f s; killing it", proc.pid, timeout_s)
+            log.warning("%s (pid %s) ignored SIGTERM for %.0f s; killing it", self.label, proc.pid, timeout_s)
             if os.name == "posix":
                 os.killpg(proc.pid, signal.SIGKILL)
             else:
@@ -278,6 +292,8 @@ class MlcSession:
 
     concurrent = True
     capabilities: frozenset[str] = frozenset()
+    #: Errors that mean the server may have died under the request.
+    lost: tuple[type[Exception], ...] = (WorkerCrashed, RuntimeUnavailable)
 
     def __init__(self, server: MlcServer):
         self._server = server
@@ -299,11 +315,11 @@ class MlcSession:
                 return
             if self._restarts >= MAX_RESTARTS:
                 raise RuntimeUnavailable(
-                    f"mlc_llm serve for {self._server.record.name} stopped ({status}) {self._restarts + 1} times",
+                    f"{self._server.label} for {self._server.record.name} stopped ({status}) {self._restarts + 1} times",
                     hint=f"see {self._server.log_path}",
                 )
             self._restarts += 1
-            log.warning("mlc_llm serve for %s stopped (%s); starting it again", self._server.record.name, status)
+            log.warning("%s for %s stopped (%s); starting it again", self._server.label, self._server.record.name, status)
             self._server.stop()
             self._server.start()
 
@@ -311,7 +327,7 @@ class MlcSession:
         """A stream that breaks because the server died becomes WorkerCrashed with its log."""
         try:
             yield from pieces
-        except (WorkerCrashed, RuntimeUnavailable) as exc:
+        except self.lost as exc:
             try:
                 self._server.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
@@ -320,7 +336,7 @@ class MlcSession:
             if status is None and not isinstance(exc, WorkerCrashed):
                 raise
             raise WorkerCrashed(
-                f"mlc_llm serve running {self._server.record.name} stopped ({status or 'connection lost'}) "
+                f"{self._server.label} running {self._server.record.name} stopped ({status or 'connection lost'}) "
                 f"during the request:\n{self._server.log_tail(10)}",
                 hint=f"retry; the next request starts it again. Full log: {self._server.log_path}",
             ) from exc

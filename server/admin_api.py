@@ -71,6 +71,7 @@ def status(request: Request) -> dict[str, Any]:
         "in_flight": sum(m.get("in_flight", 0) for m in models),
         "worker_restarts": manager.worker_restarts,
         "http_in_flight": state.metrics.in_flight,
+        "upstreams": manager.upstreams.status() if getattr(manager, "upstreams", None) is not None else [],
     }
 
 
@@ -87,6 +88,8 @@ async def health(request: Request):
 async def metrics(request: Request):
     state = app_state(request)
     text = state.metrics.render(loaded=state.manager.loaded(), worker_restarts=state.manager.worker_restarts)
+    if state.upstream_metrics is not None:
+        text += state.upstream_metrics.render(state.manager.upstreams.status())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -135,7 +138,8 @@ async def admin_events(request: Request):
 def _fingerprint(data: dict) -> str:
     """What counts as a change: models, their activity and pins — not idle clocks."""
     keys = ("name", "active", "in_flight", "pinned", "pid", "runtime")
-    return json.dumps([[m.get(k) for k in keys] for m in data["models"]] + [data["worker_restarts"]])
+    ups = [[u["name"], u["health"], u["in_flight"]] for u in data.get("upstreams", ())]
+    return json.dumps([[m.get(k) for k in keys] for m in data["models"]] + [data["worker_restarts"]] + ups)
 
 
 async def _status_events(request: Request, interval_s: float) -> AsyncIterator[bytes]:

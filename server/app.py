@@ -20,12 +20,10 @@ from starlette.responses import PlainTextResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import admin_api, llama_routes, ollama_api, ollama_models, openai_api
+from localrun.server import admin_api, anthropic_api, llama_routes, ollama_api, ollama_models, openai_api, responses_api
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
-from localrun.server.metrics import Metrics, Observe
-from localrun.server import responses_api
-from localrun.server import anthropic_api
+from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
 from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
 
@@ -46,13 +44,12 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.state.settings = settings
     app.state.manager = manager
     app.state.metrics = Metrics()
+    app.state.upstream_metrics = attach_upstream_metrics(manager)
     app.state.started_at = time.monotonic()
 
     for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router, llama_routes.router,
-                   openai_api.bare_router):
+                   responses_api.router, anthropic_api.router, openai_api.bare_router):
         app.include_router(router)
-    app.include_router(responses_api.router)
-    app.include_router(anthropic_api.router)
 
     if settings.server.mirror:  # the store as a hub endpoint, behind the same guards (serve --mirror)
         from localrun.server.mirror import Mirror, install_mirror

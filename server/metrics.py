@@ -195,3 +195,78 @@ def _log_access(scope: Scope, status: int, seconds: float, stats: RequestStats) 
             f" ttft={'-' if ttft is None else f'{ttft * 1000:.1f}ms'} tok/s={'-' if rate is None else f'{rate:.1f}'}"
         )
     access_log.info(" ".join(parts))
+
+
+class UpstreamMetrics:
+    """Per upstream and model: requests, errors by kind, TTFT and duration, cooldowns.
+
+    Fed by the upstream pool's observer callback (from request threads, hence the lock);
+    in-flight counts and health are read from the pool when /metrics is rendered.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.errors: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.cooldowns: dict[str, int] = defaultdict(int)
+        self.ttft: dict[tuple[str, str], Histogram] = {}
+        self.durations: dict[tuple[str, str], Histogram] = {}
+
+    def observe(self, upstream: str, model: str, event: str, **values) -> None:
+        with self._lock:
+            if event == "first_byte":
+                self.ttft.setdefault((upstream, model), Histogram(LATENCY_BUCKETS)).observe(values["seconds"])
+            elif event == "done":
+                self.requests[(upstream, model, values.get("outcome", "ok"))] += 1
+                self.durations.setdefault((upstream, model), Histogram(LATENCY_BUCKETS)).observe(values["seconds"])
+            elif event == "error":
+                self.errors[(upstream, model, values.get("error_kind", "error"))] += 1
+            elif event == "cooldown":
+                self.cooldowns[upstream] += 1
+
+    def render(self, status: list[dict]) -> str:
+        out: list[str] = []
+
+        def header(name: str, kind: str, text: str) -> None:
+            out.append(f"# HELP {name} {text}")
+            out.append(f"# TYPE {name} {kind}")
+
+        def lab(up: str, model: str | None = None) -> str:
+            return f'upstream="{_label(up)}"' + (f',model="{_label(model)}"' if model is not None else "")
+
+        with self._lock:
+            header("localrun_upstream_requests_total", "counter", "Requests an upstream answered, by outcome.")
+            for (up, model, outcome), n in sorted(self.requests.items()):
+                out.append(f'localrun_upstream_requests_total{{{lab(up, model)},outcome="{outcome}"}} {n}')
+            header("localrun_upstream_errors_total", "counter", "Failed upstream requests by kind (connect, timeout, http_5xx, stream, auth…).")
+            for (up, model, kind), n in sorted(self.errors.items()):
+                out.append(f'localrun_upstream_errors_total{{{lab(up, model)},kind="{_label(kind)}"}} {n}')
+            header("localrun_upstream_time_to_first_token_seconds", "histogram", "From sending to an upstream to its first token.")
+            for (up, model), h in sorted(self.ttft.items()):
+                out.extend(h.render("localrun_upstream_time_to_first_token_seconds", lab(up, model)))
+            header("localrun_upstream_request_duration_seconds", "histogram", "From sending to an upstream to its last token.")
+            for (up, model), h in sorted(self.durations.items()):
+                out.extend(h.render("localrun_upstream_request_duration_seconds", lab(up, model)))
+            header("localrun_upstream_cooldowns_total", "counter", "Times an upstream was put in cooldown.")
+            for s in status:
+                out.append(f"localrun_upstream_cooldowns_total{{{lab(s['name'])}}} {self.cooldowns.get(s['name'], 0)}")
+        header("localrun_upstream_in_flight", "gauge", "Requests at an upstream now.")
+        for s in status:
+            out.append(f"localrun_upstream_in_flight{{{lab(s['name'])}}} {s['in_flight']}")
+        header("localrun_upstream_up", "gauge", "1 when the upstream's last probe passed and it is not cooling down.")
+        for s in status:
+            out.append(f'localrun_upstream_up{{{lab(s["name"])},state="{s["health"]}"}} {1 if s["health"] == "up" else 0}')
+        header("localrun_upstream_cooldown_seconds", "gauge", "Seconds of cooldown left.")
+        for s in status:
+            out.append(f"localrun_upstream_cooldown_seconds{{{lab(s['name'])}}} {s['cooldown_left_s']}")
+        return "\n".join(out) + "\n"
+
+
+def attach_upstream_metrics(manager) -> UpstreamMetrics | None:
+    """Subscribe upstream metrics to the manager's pool; None when there are no upstreams."""
+    pool = getattr(manager, "upstreams", None)
+    if pool is None:
+        return None
+    metrics = UpstreamMetrics()
+    pool.observers.append(metrics.observe)
+    return metrics

@@ -119,3 +119,24 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[st
         "context_length": info.get("n_ctx"),
         "localrun": info,
     }
+
+
+def upstream_listing(manager, records) -> list:
+    """The upstream models to list beside ``records`` (the local store's), as Listed entries."""
+    from localrun.upstream_models import listed_models
+
+    return listed_models(getattr(manager, "upstreams", None), (r.name for r in records))
+
+
+def openai_upstream_model(listed) -> dict[str, Any]:
+    """An upstream model in /v1/models: owned by ``upstream:NAME``, with its health."""
+    entry = openai_model(listed.record, None)
+    entry["owned_by"] = "upstream:" + ",".join(listed.route.upstreams)
+    entry["upstream"] = {"names": list(listed.route.upstreams), "model": listed.route.model, "health": listed.health}
+    return entry
+
+
+def ollama_upstream_tag(listed) -> dict[str, Any]:
+    tag = ollama_tag(listed.record)
+    tag["localrun"] = {"source": "upstream " + ",".join(listed.route.upstreams), "health": listed.health}
+    return tag

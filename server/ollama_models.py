@@ -16,7 +16,7 @@ from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
 from localrun.server.generation import app_state, parse_body
-from localrun.server.model_info import ollama_ps_entry, ollama_show, ollama_tag
+from localrun.server.model_info import ollama_ps_entry, ollama_show, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.schemas_ollama import ModelBody, PullBody
 
 log = logging.getLogger(__name__)
@@ -34,8 +34,10 @@ async def version():
 
 @router.get("/tags")
 async def tags(request: Request):
-    records = await asyncio.to_thread(app_state(request).manager.store.list)
-    return {"models": [ollama_tag(r) for r in records]}
+    manager = app_state(request).manager
+    records = await asyncio.to_thread(manager.store.list)
+    remote = [ollama_upstream_tag(u) for u in upstream_listing(manager, records)]
+    return {"models": [ollama_tag(r) for r in records] + remote}
 
 
 def _name(body: ModelBody) -> str:

@@ -27,7 +27,7 @@ from localrun.server.generation import (
 from localrun.server.openai_choices import (
     chat_logprobs, check_best_of, legacy_logprobs, many_choices, sse_choices, system_fingerprint, usage_dict,
 )
-from localrun.server.model_info import openai_model
+from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
 from localrun.server.reasoning_stream import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.schemas_openai import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
@@ -53,7 +53,8 @@ async def list_models(request: Request):
     manager = app_state(request).manager
     records = await asyncio.to_thread(manager.store.list)
     loaded = {m["name"]: m for m in manager.loaded()}
-    return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records]}
+    remote = [openai_upstream_model(u) for u in upstream_listing(manager, records)]
+    return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records] + remote}
 
 
 @router.get("/models/{model:path}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from localrun.errors import LocalrunError, UnsupportedFeature
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Backend(Protocol):
     can_plan: ClassVar[bool]
 
     def list_models(self) -> list[ModelRecord]: ...
+    def upstreams(self) -> list[dict[str, Any]]: ...
     def plan(self, record: ModelRecord) -> Plan | None: ...
     def details(self, name: str) -> ModelDetails: ...
     def loaded(self) -> list[LoadedInfo]: ...
@@ -143,14 +144,28 @@ class LocalBackend:
         self.manager = manager
 
     def list_models(self) -> list[ModelRecord]:
-        return sorted(self.store.list(), key=lambda r: r.name)
+        from localrun.upstream_models import listed_models
+
+        records = self.store.list()
+        remote = [u.record for u in listed_models(getattr(self.manager, "upstreams", None), (r.name for r in records))]
+        return sorted(records, key=lambda r: r.name) + remote
+
+    def upstreams(self) -> list[dict[str, Any]]:
+        pool = getattr(self.manager, "upstreams", None)
+        return pool.status() if pool is not None else []
 
     def plan(self, record: ModelRecord) -> Plan | None:
+        if record.source is Source.UPSTREAM:
+            return None  # its server plans it
         with FACTS_LOCK:
             return self.manager.plan_for(record)
 
     def details(self, name: str) -> ModelDetails:
-        record = self.store.resolve(name)
+        record = self.manager.resolve(name)
+        if record.source is Source.UPSTREAM:
+            where = ", ".join(record.metadata.get("upstreams", ()))
+            return ModelDetails(record, None, (f"Served by upstream {where}; it plans and places the model itself.",),
+                                metadata_lines(record))
         try:
             plan = self.plan(record)
         except LocalrunError as exc:

@@ -24,6 +24,7 @@ from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge
 from localrun.tui.modals import ConfirmModal
 from localrun.tui.tables import fit_columns
+from localrun.upstream_models import source_label
 from localrun.types import ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -191,7 +192,7 @@ class LibraryScreen(LocalrunScreen):
             table.add_row(
                 Text(row.name), rec.format.value, Text(row.quant), Text(human_bytes(rec.size), justify="right"),
                 row.runtime, verdict_badge(row.verdict, theme) if row.plan else Text("? no plan", style="dim"),
-                self._state_cell(row.name, loaded), rec.source.value, key=row.name,
+                self._state_cell(row.name, loaded), source_label(rec), key=row.name,
             )
         fit_columns(table)
         if keep is not None and keep in {r.name for r in self.visible_rows()}:

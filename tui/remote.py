@@ -65,6 +65,9 @@ class RemoteBackend:
         models = self._call("GET", "/api/tags").get("models", [])
         return sorted((_record_from_tag(m) for m in models), key=lambda r: r.name)
 
+    def upstreams(self) -> list[dict]:
+        return list(self._call("GET", "/admin/status").get("upstreams", []))
+
     def plan(self, record: ModelRecord) -> Plan | None:
         return None
 

@@ -14,6 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widgets import DataTable, Sparkline, Static
 
+from localrun.errors import LocalrunError
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import clock, human_bytes, human_duration, sparkline_peak
 from localrun.tui.metering import RequestLogEntry
@@ -52,6 +53,21 @@ def log_cells(e: RequestLogEntry) -> tuple:
             Text(str(e.status), style="bold" if e.status >= 400 else ""))
 
 
+UPSTREAM_COLUMNS = ("Upstream", "Kind", "URL", "Health", "In flight", "Latency", "Models", "Cooldowns")
+UPSTREAM_POLL_S = 2.0
+_HEALTH_STYLE = {"up": "green", "cooldown": "yellow", "down": "bold red", "unknown": "dim"}
+
+
+def upstream_cells(u: dict) -> tuple:
+    """One upstream as the Server screen's table shows it (from the pool's status dicts)."""
+    latency = f"{u['latency_ms']:.0f} ms" if u.get("latency_ms") is not None else "—"
+    health = u["health"] + (f" {u['cooldown_left_s']:.0f}s" if u["health"] == "cooldown" else "")
+    models = ", ".join(u.get("models") or ()) or "—"
+    return (Text(u["name"]), u["kind"], Text(u["url"]), Text(health, style=_HEALTH_STYLE.get(u["health"], "")),
+            Text(f"{u['in_flight']}/{u['max_concurrency']}", justify="right"), Text(latency, justify="right"),
+            Text(models if len(models) <= 40 else models[:39] + "…"), Text(str(u.get("cooldowns", 0)), justify="right"))
+
+
 class ServerScreen(LocalrunScreen):
     TAB = "server"
     BINDINGS = [
@@ -65,6 +81,7 @@ class ServerScreen(LocalrunScreen):
     spark = getters.query_one("#rate", Sparkline)
     peak = getters.query_one("#peak", Static)
     requests = getters.query_one("#requests", DataTable)
+    upstream_table = getters.query_one("#upstreams", DataTable)
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,6 +90,7 @@ class ServerScreen(LocalrunScreen):
     def compose_body(self) -> ComposeResult:
         yield Static("", id="address", markup=False)
         yield DataTable(id="loaded", cursor_type="row")
+        yield DataTable(id="upstreams", cursor_type="row")
         with Horizontal(id="rate-row"):
             yield Static("tok/s ", id="rate-label")
             yield Sparkline([], id="rate")
@@ -90,6 +108,10 @@ class ServerScreen(LocalrunScreen):
         self._new_rate(0.0)
         self.watch(app, "server_state", self._show_address)
         self.watch(app, "loaded", self._show_loaded)
+        self.upstream_table.add_columns(*UPSTREAM_COLUMNS)
+        self.upstream_table.display = False
+        self.set_interval(UPSTREAM_POLL_S, self._poll_upstreams)
+        self._poll_upstreams()
         self.models.focus()
 
     def on_unmount(self) -> None:
@@ -110,6 +132,30 @@ class ServerScreen(LocalrunScreen):
         fit_columns(table)
         if keep and keep in {m.name for m in loaded}:
             table.move_cursor(row=table.get_row_index(keep))
+
+    def _poll_upstreams(self) -> None:
+        """Read the upstreams' health in a thread; the table is filled on the event loop."""
+        backend = self.backend
+        if backend is None or not hasattr(backend, "upstreams"):
+            return
+
+        def job() -> None:
+            try:
+                rows = backend.upstreams()
+            except LocalrunError as exc:
+                log.debug("upstream status: %s", exc)
+                return
+            self.app.call_from_thread(self._show_upstreams, rows)
+
+        self.run_worker(job, thread=True, group="upstreams", exclusive=True, name="read upstreams", exit_on_error=False)
+
+    def _show_upstreams(self, rows: list[dict]) -> None:
+        table = self.upstream_table
+        table.display = bool(rows)
+        table.clear()
+        for u in rows:
+            table.add_row(*upstream_cells(u), key=u["name"])
+        fit_columns(table)
 
     def _add_entry(self, entry: RequestLogEntry) -> None:
         if entry.model:

@@ -57,9 +57,9 @@ def settings_from(ctx: click.Context, **overrides):
 
 
 def _register() -> None:
-    from localrun.cli import bundle_cmd, hubcmds, launch, machine, mirror_cmd, models, running, tui_cmd
+    from localrun.cli import bundle_cmd, hubcmds, launch, machine, mirror_cmd, models, running, tui_cmd, upstreamcmds
 
-    for module in (models, hubcmds, running, machine, tui_cmd, launch, bundle_cmd, mirror_cmd):
+    for module in (models, hubcmds, running, machine, tui_cmd, launch, bundle_cmd, mirror_cmd, upstreamcmds):
         for command in module.COMMANDS:
             main.add_command(command)
 

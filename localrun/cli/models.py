@@ -90,6 +90,7 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         known = {r.path for r in records}
         extra = [r for r in discover_all(store.settings) if r.path not in known]
     rows = [_row(r) for r in records] + [dict(_row(r), registered=False) for r in extra]
+    rows += upstream_rows(store.settings, records)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -120,6 +121,25 @@ def rm_cmd(ctx: click.Context, names: tuple[str, ...]) -> None:
         record = store.remove(name)
         kept = "" if record.owned else " (files left in place: localrun did not download them)"
         console().print(f"removed [bold]{record.name}[/]{kept}", highlight=False)
+
+
+def upstream_rows(settings, records) -> list[dict]:
+    """The upstreams' models, probed now (a server does this in the background), as ls rows."""
+    if not settings.upstreams:
+        return []
+    from localrun.upstream_models import listed_models, source_label
+    from localrun.upstream_pool import UpstreamPool
+
+    pool = UpstreamPool(list(settings.upstreams), settings.upstream, start=False)
+    try:
+        for st in pool.states():
+            pool.probe(st)
+            if st.healthy:
+                pool.refresh_models(st)
+        listed = listed_models(pool, (r.name for r in records))
+    finally:
+        pool.close()
+    return [dict(_row(u.record), source=source_label(u.record), health=u.health, size=0) for u in listed]
 
 
 COMMANDS = [import_cmd, ls_cmd, rm_cmd]

@@ -154,7 +154,7 @@ def test_no_runtime_for_gguf_names_every_reason_and_fix():
 
 def test_unknown_runtime_lists_the_valid_names():
     with pytest.raises(UnknownRuntime) as err:
-        plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(runtime="vllm"))
+        plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(runtime="exllama"))
     for name in ("llama.cpp", "mlx", "ollama", "mlc"):
         assert name in err.value.hint
 

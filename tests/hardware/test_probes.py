@@ -213,12 +213,12 @@ def test_probe_runtimes_covers_all_four_and_survives_a_broken_probe():
 
     statuses = probe_runtimes(profile("cpu_laptop_8gb"), import_module=import_module, env={},
                               transport=ollama_transport(handler), find_spec=lambda n: None, which=lambda n: None)
-    assert list(statuses) == ["llama.cpp", "mlx", "ollama", "mlc"]
+    assert list(statuses) == ["llama.cpp", "mlx", "ollama", "mlc", "vllm"]
     assert all(s.name == n for n, s in statuses.items())
     assert not statuses["llama.cpp"].available and "probe failed" in statuses["llama.cpp"].reason
     assert not any(s.available for s in statuses.values())
     lines = render_statuses(statuses)
-    assert sum(line.startswith("-- ") for line in lines) == 4
+    assert sum(line.startswith("-- ") for line in lines) == 5
     assert any("ollama serve" in line for line in lines)
 
 

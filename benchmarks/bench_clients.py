@@ -1,6 +1,6 @@
 """What issue 14's client features cost, against their anchors, in one run:
 
-    python benchmarks/bench_clients.py [--threads 2] [--rounds 3] [--max-tokens 32]
+    python benchmarks/bench_clients.py [--threads 2] [--rounds 3] [--max-tokens 32] [--parts a,b,c]
 
 (a) OpenAI ``n=4`` on Gemma 3 270M (one prefill, four slots decoding together): wall time ÷
     one ``n=1`` request (target ≤ 1.6), beside four separate requests sent at once and four
@@ -140,30 +140,39 @@ def bench_rerank(threads: int, rounds: int) -> dict:
     return {"docs": 32, "seconds": best, "docs_per_s": 32 / best}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    args = parser.parse_args()
-    print(f"load: {os.getloadavg()[0]:.2f} (1 min), threads {args.threads}")
-    model = gemma_path()
-    with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start(model, "gemma", Path(tmp), threads=args.threads, options={"n_slots": 4, "slot_ctx": 1024})
-        try:
-            n = bench_n(url, args.rounds, args.max_tokens)
-            tok = bench_tokenize(url, model, args.rounds)
-        finally:
-            stop(proc)
+def report_n(n: dict, args) -> None:
     base = n["n=1"]
     print(f"(a) Gemma, ~300-token prompt, {args.max_tokens} tokens per choice (median of {args.rounds}):")
     for case, wall in n.items():
         print(f"    {case:<11} {wall:7.2f} s   ÷ n=1: {wall / base:5.2f}")
     print(f"    target: n=4 ÷ n=1 ≤ 1.6 -> {'met' if n['n=4'] / base <= 1.6 else 'NOT met'}")
-    print(f"(b) /tokenize {tok['tokens']} tokens: {tok['http_ms']:.1f} ms over HTTP (target ≤ 20), "
-          f"llama-cpp-python in process {tok['in_process_ms']:.1f} ms, ratio {tok['http_ms'] / tok['in_process_ms']:.2f}")
-    rr = bench_rerank(args.threads, args.rounds)
-    print(f"(c) /rerank of {rr['docs']} documents on the tiny reranker: {rr['seconds'] * 1e3:.0f} ms, {rr['docs_per_s']:.0f} docs/s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--parts", default="a,b,c", help="which measurements: a (n), b (tokenize), c (rerank)")
+    args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    print(f"load: {os.getloadavg()[0]:.2f} (1 min), threads {args.threads}")
+    if parts & {"a", "b"}:
+        model = gemma_path()
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url = start(model, "gemma", Path(tmp), threads=args.threads, options={"n_slots": 4, "slot_ctx": 1024})
+            try:
+                if "a" in parts:
+                    report_n(bench_n(url, args.rounds, args.max_tokens), args)
+                if "b" in parts:
+                    tok = bench_tokenize(url, model, args.rounds)
+                    print(f"(b) /tokenize {tok['tokens']} tokens: {tok['http_ms']:.1f} ms over HTTP (target ≤ 20), llama-cpp-python "
+                          f"in process {tok['in_process_ms']:.1f} ms, ratio {tok['http_ms'] / tok['in_process_ms']:.2f}")
+            finally:
+                stop(proc)
+    if "c" in parts:
+        rr = bench_rerank(args.threads, args.rounds)
+        print(f"(c) /rerank of {rr['docs']} documents on the tiny reranker: {rr['seconds'] * 1e3:.0f} ms, {rr['docs_per_s']:.0f} docs/s")
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at the end")
     return 0
 

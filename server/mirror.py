@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
-from localrun.modelstore.hub import hub_cache_dir
+from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
 from localrun.modelstore.names import safe_relpath
 from localrun.modelstore.bundle_lock import lfs_pointer
 from localrun.server.mirror_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
@@ -225,6 +225,24 @@ def _list_models(mirror: Mirror, request: Request) -> list[dict]:
     return hits[:limit]
 
 
+async def _with_upstream_hits(mirror: Mirror, request: Request, hits: list[dict]) -> list[dict]:
+    """Local repos first, then the upstream's (pull-through serves those too); upstream
+    trouble leaves the local answer alone."""
+    q = request.query_params
+    tags = [t for t in q.getlist("filter") if t]
+    fmt = next((f for f, tag in FORMAT_TAGS.items() if tag in tags), None)
+    try:
+        limit = max(1, min(int(q.get("limit") or 20), 100))
+        found = await anyio.to_thread.run_sync(lambda: mirror.upstream.client.search(q.get("search") or "", format=fmt, limit=limit))
+    except (LocalrunError, ValueError) as exc:
+        logger.warning("mirror: upstream search failed: %s", getattr(exc, "message", exc))
+        return hits
+    seen = {h["id"] for h in hits}
+    extra = [{"id": r.name, "modelId": r.name, "downloads": r.downloads, "likes": r.likes, "tags": list(r.tags), "gated": r.gated,
+              "private": False, "lastModified": _iso(r.updated.timestamp() if r.updated else 0)} for r in found if r.name not in seen]
+    return (hits + extra)[:limit if q.get("limit") else None]
+
+
 def _flag(request: Request, name: str) -> bool:
     return (request.query_params.get(name) or "").lower() in ("1", "true", "yes")
 
@@ -235,7 +253,10 @@ async def api_models(request: Request) -> Response:
     try:
         segs = _segments(request)[2:]
         if not segs or segs == [""]:
-            return JSONResponse(_list_models(mirror, request))
+            hits = _list_models(mirror, request)
+            if mirror.upstream is not None:
+                hits = await _with_upstream_hits(mirror, request, hits)
+            return JSONResponse(hits)
         if len(segs) < 2:
             return hub_error(404, "no such route on this mirror")
         repo_id, rest = _repo_id(segs[0], segs[1]), segs[2:]

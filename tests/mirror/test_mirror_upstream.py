@@ -40,6 +40,8 @@ def test_pull_through_fetches_once_keeps_and_serves(tmp_path):
         assert blob.read_bytes() == files["Tiny-Q8_0.gguf"]
         info = httpx.get(f"{mp.url}/api/models/{repos.GGUF_REPO}").json()
         assert set(info["siblings"][i]["rfilename"] for i in range(len(info["siblings"]))) == set(files)
+        found = [m["id"] for m in httpx.get(f"{mp.url}/api/models", params={"search": "tiny"}).json()]
+        assert repos.GGUF_REPO in found and repos.MLX_REPO in found  # the upstream's repos, through the edge
         missing = httpx.get(f"{mp.url}/nobody/none/resolve/main/x.gguf")
         assert missing.status_code == 404 and missing.headers["x-error-code"] == "RepoNotFound"
     finally:

@@ -36,7 +36,7 @@ from localrun.modelstore.names import safe_relpath
 from localrun.modelstore.bundle_lock import lfs_pointer
 from localrun.server.mirror_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
                                             valid_repo_part)
-from localrun.server.mirror_files import FileSlice, RangeNotSatisfiable, parse_range
+from localrun.server.mirror_files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 
 logger = logging.getLogger(__name__)
 
@@ -314,9 +314,13 @@ async def resolve(request: Request) -> Response:
                 f = up[1].files.get(path)
         if f is None:
             return hub_error(404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit)
-        if request.method == "HEAD" and mirror.upstream is not None and mirror.upstream.pending(f):
-            headers = _file_headers(f, commit.commit, etag_of(f, f.sha256))  # from the upstream's listing alone
-            return Response(b"", headers={**headers, "Content-Length": str(f.size)})
+        if mirror.upstream is not None and mirror.upstream.pending(f) and (request.method == "HEAD" or "range" not in request.headers):
+            headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size)}  # the listing's
+            if request.method == "HEAD":
+                return Response(b"", headers=headers)
+            done = mirror.upstream.start_fetch(f)
+            done.add_done_callback(lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result()))
+            return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
         key = await mirror.verified(f)
         etag = etag_of(f, mirror.verifier.sha256(f))
         headers = _file_headers(f, commit.commit, etag)

@@ -9,7 +9,8 @@ never at its final path before it matches), into this machine's HF cache, where 
 
 Concurrent requests for one missing file share one download: within this process an
 asyncio future per blob, across processes the downloader's file lock. A HEAD is answered
-from the listing alone and never waits for a download. When the upstream cannot be
+from the listing alone and never waits for a download; a whole-file GET streams the bytes
+as they arrive (:class:`~localrun.server.mirror_files.GrowingFile`), a Range GET waits. When the upstream cannot be
 reached, what was fetched before is still served from the cache, found by revision.
 """
 
@@ -102,16 +103,23 @@ class Upstream:
         """True for an upstream file not yet in this machine's cache."""
         return f.disk in self._remote and not os.path.exists(f.disk)
 
-    async def ensure_local(self, f: MirrorFile, verifier) -> None:
-        """Download ``f`` from the upstream if it is one of its files and not here yet (once)."""
-        if not self.pending(f):
-            return
+    def start_fetch(self, f: MirrorFile) -> asyncio.Future:
+        """The one download of ``f`` (started now unless it is running); resolves to its sha256."""
         fut = self._fetching.get(f.disk)
         if fut is None:
             fut = asyncio.ensure_future(anyio.to_thread.run_sync(self._fetch, f.disk))
             self._fetching[f.disk] = fut
             fut.add_done_callback(lambda _: self._fetching.pop(f.disk, None))
-        sha256 = await asyncio.shield(fut)
+        return fut
+
+    def expected(self, f: MirrorFile) -> RemoteFile:
+        return self._remote[f.disk][2]
+
+    async def ensure_local(self, f: MirrorFile, verifier) -> None:
+        """Download ``f`` from the upstream if it is one of its files and not here yet (once)."""
+        if not self.pending(f):
+            return
+        sha256 = await asyncio.shield(self.start_fetch(f))
         verifier.trust(f, sha256)
 
     def _fetch(self, disk: str) -> str:

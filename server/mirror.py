@@ -269,7 +269,7 @@ async def api_models(request: Request) -> Response:
             found = await _resolved(mirror, repo_id, rest[1] if rest else "main")
             if isinstance(found, Response):
                 return found
-            return JSONResponse(await _info(mirror, *found, blobs=_flag(request, "blobs")))
+            return JSONResponse(await _info(mirror, *found, blobs=_flag(request, "blobs")), headers=_warning(found[0]))
         if len(rest) >= 2 and rest[0] == "tree":
             found = await _resolved(mirror, repo_id, rest[1])
             if isinstance(found, Response):
@@ -278,7 +278,7 @@ async def api_models(request: Request) -> Response:
             entries = await _tree(mirror, found[1], prefix, _flag(request, "recursive"))
             if entries is None:
                 return hub_error(404, f"{prefix!r} is not a folder of {repo_id}", code="EntryNotFound", commit=found[1].commit)
-            return JSONResponse(entries)
+            return JSONResponse(entries, headers=_warning(found[0]))
         return hub_error(404, "no such route on this mirror")
     except LocalrunError as exc:
         return _from_error(exc)
@@ -288,6 +288,11 @@ def _from_error(exc: LocalrunError) -> Response:
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
     status = exc.http_status if 400 <= exc.http_status < 600 else 500
     return hub_error(status, message)
+
+
+def _warning(repo: MirrorRepo) -> dict[str, str]:
+    """``X-HF-Warning`` (logged once per topic by huggingface_hub) when serving a stale copy."""
+    return {"X-HF-Warning": f"localrun-mirror; {repo.warning}"} if repo.warning else {}
 
 
 def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
@@ -306,7 +311,7 @@ async def resolve(request: Request) -> Response:
         found = await _resolved(mirror, repo_id, revision)
         if isinstance(found, Response):
             return found
-        _, commit = found
+        repo, commit = found
         f = commit.files.get(path)
         if f is None and mirror.upstream is not None:  # the store holds this commit, but not this file
             up = await mirror.upstream.lookup(repo_id, revision)
@@ -315,7 +320,7 @@ async def resolve(request: Request) -> Response:
         if f is None:
             return hub_error(404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit)
         if mirror.upstream is not None and mirror.upstream.pending(f) and (request.method == "HEAD" or "range" not in request.headers):
-            headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size)}  # the listing's
+            headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size), **_warning(repo)}
             if request.method == "HEAD":
                 return Response(b"", headers=headers)
             done = mirror.upstream.start_fetch(f)
@@ -323,7 +328,7 @@ async def resolve(request: Request) -> Response:
             return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
         key = await mirror.verified(f)
         etag = etag_of(f, mirror.verifier.sha256(f))
-        headers = _file_headers(f, commit.commit, etag)
+        headers = {**_file_headers(f, commit.commit, etag), **_warning(repo)}
         try:
             span = parse_range(request.headers.get("range"), f.size)
         except RangeNotSatisfiable as exc:

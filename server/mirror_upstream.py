@@ -57,26 +57,29 @@ class Upstream:
             hit = self._listings.get(key)
             if hit and time.monotonic() - hit[0] < LISTING_TTL_S:
                 return hit[1], hit[2]
-            listing = await anyio.to_thread.run_sync(self._listing, repo_id, revision)
+            listing, stale = await anyio.to_thread.run_sync(self._listing, repo_id, revision)
             if listing is None:
                 return None
             found = self._as_repo(listing)
+            if stale:
+                found[0].warning = f"upstream {self.url} is unreachable; serving the copy this mirror fetched before"
             self._listings[key] = (time.monotonic(), *found)
             return found
 
-    def _listing(self, repo_id: str, revision: str) -> RepoListing | None:
+    def _listing(self, repo_id: str, revision: str) -> tuple[RepoListing | None, bool]:
+        """The upstream's listing, or (upstream down) the cache's; the flag says it is the cache's."""
         try:
             listing = self.client.list_repo(repo_id, revision)
         except ModelNotFound:
-            return None
+            return None, False
         except DownloadFailed as exc:
             logger.warning("mirror: upstream %s unreachable for %s@%s (%s); serving what the cache holds", self.url, repo_id, revision, exc.message)
-            return self._cached_listing(repo_id, revision)
+            return self._cached_listing(repo_id, revision), True
         except LocalrunError as exc:
             logger.warning("mirror: upstream %s refused %s@%s: %s", self.url, repo_id, revision, exc.message)
-            return None
+            return None, False
         CacheLayout(self.cache_dir, repo_id).write_ref(revision, listing.commit)
-        return listing
+        return listing, False
 
     def _cached_listing(self, repo_id: str, revision: str) -> RepoListing | None:
         from localrun.modelstore.pull import _listing_from_cache

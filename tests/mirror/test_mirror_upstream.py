@@ -52,7 +52,7 @@ def test_pull_through_fetches_once_keeps_and_serves(tmp_path):
     try:
         got = httpx.get(f"{mp.url}/{repos.GGUF_REPO}/resolve/main/Tiny-Q8_0.gguf", timeout=60)
         assert got.status_code == 200 and got.content == files["Tiny-Q8_0.gguf"]
-        assert "unreachable" in mp.log_text()
+        assert "unreachable" in mp.log_text() and got.headers["x-hf-warning"].startswith("localrun-mirror; upstream")
     finally:
         mp.stop()
 

@@ -320,12 +320,7 @@ async def resolve(request: Request) -> Response:
         if f is None:
             return hub_error(404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit)
         if mirror.upstream is not None and mirror.upstream.pending(f) and (request.method == "HEAD" or "range" not in request.headers):
-            headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size), **_warning(repo)}
-            if request.method == "HEAD":
-                return Response(b"", headers=headers)
-            done = mirror.upstream.start_fetch(f)
-            done.add_done_callback(lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result()))
-            return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
+            return _not_fetched_yet(mirror, request, repo, commit, f)
         key = await mirror.verified(f)
         etag = etag_of(f, mirror.verifier.sha256(f))
         headers = {**_file_headers(f, commit.commit, etag), **_warning(repo)}
@@ -349,6 +344,19 @@ async def resolve(request: Request) -> Response:
         return _from_error(exc)
     except LocalrunError as exc:
         return _from_error(exc)
+    except OSError as exc:  # the store's disk, not the request: say so rather than a bare 500
+        logger.warning("mirror: cannot read for %s: %s", request.url.path[:200], exc)
+        return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or exc})")
+
+
+def _not_fetched_yet(mirror: Mirror, request: Request, repo: MirrorRepo, commit: MirrorCommit, f: MirrorFile):
+    """An upstream file not here yet: HEAD from the listing; GET streams while it is fetched."""
+    headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size), **_warning(repo)}
+    if request.method == "HEAD":
+        return Response(b"", headers=headers)
+    done = mirror.upstream.start_fetch(f)
+    done.add_done_callback(lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result()))
+    return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
 
 
 async def not_found(request: Request, exc=None) -> Response:

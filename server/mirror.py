@@ -31,12 +31,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
-from localrun.modelstore.hub import hub_cache_dir
+from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
 from localrun.modelstore.names import safe_relpath
 from localrun.modelstore.bundle_lock import lfs_pointer
 from localrun.server.mirror_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
                                             valid_repo_part)
-from localrun.server.mirror_files import FileSlice, RangeNotSatisfiable, parse_range
+from localrun.server.mirror_files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +225,24 @@ def _list_models(mirror: Mirror, request: Request) -> list[dict]:
     return hits[:limit]
 
 
+async def _with_upstream_hits(mirror: Mirror, request: Request, hits: list[dict]) -> list[dict]:
+    """Local repos first, then the upstream's (pull-through serves those too); upstream
+    trouble leaves the local answer alone."""
+    q = request.query_params
+    tags = [t for t in q.getlist("filter") if t]
+    fmt = next((f for f, tag in FORMAT_TAGS.items() if tag in tags), None)
+    try:
+        limit = max(1, min(int(q.get("limit") or 20), 100))
+        found = await anyio.to_thread.run_sync(lambda: mirror.upstream.client.search(q.get("search") or "", format=fmt, limit=limit))
+    except (LocalrunError, ValueError) as exc:
+        logger.warning("mirror: upstream search failed: %s", getattr(exc, "message", exc))
+        return hits
+    seen = {h["id"] for h in hits}
+    extra = [{"id": r.name, "modelId": r.name, "downloads": r.downloads, "likes": r.likes, "tags": list(r.tags), "gated": r.gated,
+              "private": False, "lastModified": _iso(r.updated.timestamp() if r.updated else 0)} for r in found if r.name not in seen]
+    return (hits + extra)[:limit if q.get("limit") else None]
+
+
 def _flag(request: Request, name: str) -> bool:
     return (request.query_params.get(name) or "").lower() in ("1", "true", "yes")
 
@@ -235,7 +253,10 @@ async def api_models(request: Request) -> Response:
     try:
         segs = _segments(request)[2:]
         if not segs or segs == [""]:
-            return JSONResponse(_list_models(mirror, request))
+            hits = _list_models(mirror, request)
+            if mirror.upstream is not None:
+                hits = await _with_upstream_hits(mirror, request, hits)
+            return JSONResponse(hits)
         if len(segs) < 2:
             return hub_error(404, "no such route on this mirror")
         repo_id, rest = _repo_id(segs[0], segs[1]), segs[2:]
@@ -248,7 +269,7 @@ async def api_models(request: Request) -> Response:
             found = await _resolved(mirror, repo_id, rest[1] if rest else "main")
             if isinstance(found, Response):
                 return found
-            return JSONResponse(await _info(mirror, *found, blobs=_flag(request, "blobs")))
+            return JSONResponse(await _info(mirror, *found, blobs=_flag(request, "blobs")), headers=_warning(found[0]))
         if len(rest) >= 2 and rest[0] == "tree":
             found = await _resolved(mirror, repo_id, rest[1])
             if isinstance(found, Response):
@@ -257,7 +278,7 @@ async def api_models(request: Request) -> Response:
             entries = await _tree(mirror, found[1], prefix, _flag(request, "recursive"))
             if entries is None:
                 return hub_error(404, f"{prefix!r} is not a folder of {repo_id}", code="EntryNotFound", commit=found[1].commit)
-            return JSONResponse(entries)
+            return JSONResponse(entries, headers=_warning(found[0]))
         return hub_error(404, "no such route on this mirror")
     except LocalrunError as exc:
         return _from_error(exc)
@@ -267,6 +288,11 @@ def _from_error(exc: LocalrunError) -> Response:
     message = exc.message + (f" ({exc.hint})" if exc.hint else "")
     status = exc.http_status if 400 <= exc.http_status < 600 else 500
     return hub_error(status, message)
+
+
+def _warning(repo: MirrorRepo) -> dict[str, str]:
+    """``X-HF-Warning`` (logged once per topic by huggingface_hub) when serving a stale copy."""
+    return {"X-HF-Warning": f"localrun-mirror; {repo.warning}"} if repo.warning else {}
 
 
 def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
@@ -285,7 +311,7 @@ async def resolve(request: Request) -> Response:
         found = await _resolved(mirror, repo_id, revision)
         if isinstance(found, Response):
             return found
-        _, commit = found
+        repo, commit = found
         f = commit.files.get(path)
         if f is None and mirror.upstream is not None:  # the store holds this commit, but not this file
             up = await mirror.upstream.lookup(repo_id, revision)
@@ -293,12 +319,11 @@ async def resolve(request: Request) -> Response:
                 f = up[1].files.get(path)
         if f is None:
             return hub_error(404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit)
-        if request.method == "HEAD" and mirror.upstream is not None and mirror.upstream.pending(f):
-            headers = _file_headers(f, commit.commit, etag_of(f, f.sha256))  # from the upstream's listing alone
-            return Response(b"", headers={**headers, "Content-Length": str(f.size)})
+        if mirror.upstream is not None and mirror.upstream.pending(f) and (request.method == "HEAD" or "range" not in request.headers):
+            return _not_fetched_yet(mirror, request, repo, commit, f)
         key = await mirror.verified(f)
         etag = etag_of(f, mirror.verifier.sha256(f))
-        headers = _file_headers(f, commit.commit, etag)
+        headers = {**_file_headers(f, commit.commit, etag), **_warning(repo)}
         try:
             span = parse_range(request.headers.get("range"), f.size)
         except RangeNotSatisfiable as exc:
@@ -319,6 +344,19 @@ async def resolve(request: Request) -> Response:
         return _from_error(exc)
     except LocalrunError as exc:
         return _from_error(exc)
+    except OSError as exc:  # the store's disk, not the request: say so rather than a bare 500
+        logger.warning("mirror: cannot read for %s: %s", request.url.path[:200], exc)
+        return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or exc})")
+
+
+def _not_fetched_yet(mirror: Mirror, request: Request, repo: MirrorRepo, commit: MirrorCommit, f: MirrorFile):
+    """An upstream file not here yet: HEAD from the listing; GET streams while it is fetched."""
+    headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size), **_warning(repo)}
+    if request.method == "HEAD":
+        return Response(b"", headers=headers)
+    done = mirror.upstream.start_fetch(f)
+    done.add_done_callback(lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result()))
+    return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
 
 
 async def not_found(request: Request, exc=None) -> Response:

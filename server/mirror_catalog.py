@@ -80,6 +80,7 @@ class MirrorRepo:
     branches: dict[str, str] = field(default_factory=dict)
     tags: set[str] = field(default_factory=set)
     models: list[str] = field(default_factory=list)
+    warning: str | None = None  # set when this is a cached copy served because the upstream is down
 
     def resolve(self, revision: str) -> MirrorCommit | None:
         """A branch name or a full commit this repo holds; nothing else (no invented commits)."""

@@ -109,3 +109,57 @@ class FileSlice:
                 pos += len(data)
                 await send({"type": "http.response.body", "body": data, "more_body": pos < self.end})
             tg.cancel_scope.cancel()
+
+
+class GrowingFile:
+    """An ASGI response streaming a file while the pull-through download is still writing it.
+
+    Bytes go out as they land in ``<blob>.incomplete``, except the last block, which is held
+    back until the download has been verified; every byte sent is hashed here too, and the
+    last block goes out only if everything sent matches the upstream's listing (a download
+    that restarted from zero after sending began is caught this way). On any failure the
+    body stops short, so a client never holds a complete-looking wrong file.
+    """
+
+    def __init__(self, partial: str, size: int, *, headers: dict[str, str], done, expect) -> None:
+        self.partial, self.size, self.headers, self.done, self.expect = partial, size, headers, done, expect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        import asyncio
+
+        from localrun.modelstore.download import FileDigest
+
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        hold = min(BLOCK, self.size)
+        digest, pos, fd = FileDigest(self.expect), 0, None
+        try:
+            while pos < self.size:
+                finished = self.done.done()
+                if finished and (self.done.cancelled() or self.done.exception() is not None):
+                    logger.warning("mirror: pull-through of %s failed; cutting the response short", self.partial)
+                    return
+                if fd is None:
+                    try:
+                        fd = os.open(self.partial if not finished else self.partial.removesuffix(".incomplete"), os.O_RDONLY)
+                    except FileNotFoundError:
+                        await asyncio.sleep(0.05)
+                        continue
+                limit = self.size if finished else self.size - hold
+                avail = min(os.fstat(fd).st_size, limit)
+                if avail <= pos:
+                    if finished:
+                        return  # the verified file is shorter than listed: cannot happen after a good fetch
+                    await asyncio.sleep(0.05)
+                    continue
+                data = await anyio.to_thread.run_sync(os.pread, fd, min(BLOCK, avail - pos), pos)
+                digest.update(data)
+                last = pos + len(data) >= self.size
+                if last and digest.mismatch() is not None:
+                    logger.warning("mirror: bytes sent for %s do not match the listing; cutting the response short", self.partial)
+                    return
+                pos += len(data)
+                await send({"type": "http.response.body", "body": data, "more_body": not last})
+        finally:
+            if fd is not None:
+                os.close(fd)

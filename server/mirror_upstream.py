@@ -9,7 +9,8 @@ never at its final path before it matches), into this machine's HF cache, where 
 
 Concurrent requests for one missing file share one download: within this process an
 asyncio future per blob, across processes the downloader's file lock. A HEAD is answered
-from the listing alone and never waits for a download. When the upstream cannot be
+from the listing alone and never waits for a download; a whole-file GET streams the bytes
+as they arrive (:class:`~localrun.server.mirror_files.GrowingFile`), a Range GET waits. When the upstream cannot be
 reached, what was fetched before is still served from the cache, found by revision.
 """
 
@@ -56,26 +57,29 @@ class Upstream:
             hit = self._listings.get(key)
             if hit and time.monotonic() - hit[0] < LISTING_TTL_S:
                 return hit[1], hit[2]
-            listing = await anyio.to_thread.run_sync(self._listing, repo_id, revision)
+            listing, stale = await anyio.to_thread.run_sync(self._listing, repo_id, revision)
             if listing is None:
                 return None
             found = self._as_repo(listing)
+            if stale:
+                found[0].warning = f"upstream {self.url} is unreachable; serving the copy this mirror fetched before"
             self._listings[key] = (time.monotonic(), *found)
             return found
 
-    def _listing(self, repo_id: str, revision: str) -> RepoListing | None:
+    def _listing(self, repo_id: str, revision: str) -> tuple[RepoListing | None, bool]:
+        """The upstream's listing, or (upstream down) the cache's; the flag says it is the cache's."""
         try:
             listing = self.client.list_repo(repo_id, revision)
         except ModelNotFound:
-            return None
+            return None, False
         except DownloadFailed as exc:
             logger.warning("mirror: upstream %s unreachable for %s@%s (%s); serving what the cache holds", self.url, repo_id, revision, exc.message)
-            return self._cached_listing(repo_id, revision)
+            return self._cached_listing(repo_id, revision), True
         except LocalrunError as exc:
             logger.warning("mirror: upstream %s refused %s@%s: %s", self.url, repo_id, revision, exc.message)
-            return None
+            return None, False
         CacheLayout(self.cache_dir, repo_id).write_ref(revision, listing.commit)
-        return listing
+        return listing, False
 
     def _cached_listing(self, repo_id: str, revision: str) -> RepoListing | None:
         from localrun.modelstore.pull import _listing_from_cache
@@ -102,16 +106,23 @@ class Upstream:
         """True for an upstream file not yet in this machine's cache."""
         return f.disk in self._remote and not os.path.exists(f.disk)
 
-    async def ensure_local(self, f: MirrorFile, verifier) -> None:
-        """Download ``f`` from the upstream if it is one of its files and not here yet (once)."""
-        if not self.pending(f):
-            return
+    def start_fetch(self, f: MirrorFile) -> asyncio.Future:
+        """The one download of ``f`` (started now unless it is running); resolves to its sha256."""
         fut = self._fetching.get(f.disk)
         if fut is None:
             fut = asyncio.ensure_future(anyio.to_thread.run_sync(self._fetch, f.disk))
             self._fetching[f.disk] = fut
             fut.add_done_callback(lambda _: self._fetching.pop(f.disk, None))
-        sha256 = await asyncio.shield(fut)
+        return fut
+
+    def expected(self, f: MirrorFile) -> RemoteFile:
+        return self._remote[f.disk][2]
+
+    async def ensure_local(self, f: MirrorFile, verifier) -> None:
+        """Download ``f`` from the upstream if it is one of its files and not here yet (once)."""
+        if not self.pending(f):
+            return
+        sha256 = await asyncio.shield(self.start_fetch(f))
         verifier.trust(f, sha256)
 
     def _fetch(self, disk: str) -> str:

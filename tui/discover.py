@@ -133,8 +133,8 @@ class DiscoverScreen(LocalrunScreen):
     @staticmethod
     def _unreachable_note(exc: DownloadFailed) -> str:
         why = exc.message.removeprefix("offline: ")
-        return (f"Offline: the hub could not be reached — {why}. Search covers the models on disk; "
-                "set HF_HUB_OFFLINE=1 to work offline on purpose, or HF_ENDPOINT to use a mirror.")
+        return (f"Offline: the hub could not be reached — {why}. Showing the models on disk "
+                "(HF_HUB_OFFLINE=1: offline on purpose; HF_ENDPOINT: a mirror).")
 
     # -- where models come from ----------------------------------------------------------
     def offline(self) -> bool:
@@ -205,7 +205,7 @@ class DiscoverScreen(LocalrunScreen):
         return rows, self.where_text()
 
     def on_discover_screen_found(self, message: Found) -> None:
-        self.note.update(message.note if message.repos else f"{message.note}\nNothing matches {message.query!r}.")
+        self.note.update(message.note if message.repos else f"Nothing matches {message.query!r}. {message.note}")
         table = self.repos_table
         table.clear()
         for r in message.repos:

@@ -22,9 +22,6 @@ import pytest
 
 from tests.mirror.hosts import TINY_REPO, free_port, home_env
 
-pytestmark = [pytest.mark.llamacpp_bin, pytest.mark.timeout(300)]
-
-
 def _llama_server() -> Path | None:
     explicit = os.environ.get("LOCALRUN_LLAMA_SERVER")
     if explicit:
@@ -40,11 +37,15 @@ def _llama_server() -> Path | None:
     return path if path.is_file() else (Path(shutil.which("llama-server")) if shutil.which("llama-server") else None)
 
 
+BINARY = _llama_server()
+pytestmark = [pytest.mark.llamacpp_bin, pytest.mark.timeout(300),
+              pytest.mark.skipif(BINARY is None or not os.access(BINARY, os.X_OK),
+                                 reason="no llama-server binary: run scripts/build-llama-server (cached after the first "
+                                        "~8 min build) or set LOCALRUN_LLAMA_SERVER")]
+
+
 def test_llama_server_dash_hf_pulls_from_the_mirror_and_answers(mirror, tmp_path, tiny_gguf):
-    binary = _llama_server()
-    if binary is None or not os.access(binary, os.X_OK):
-        pytest.skip("no llama-server binary: run scripts/build-llama-server (cached after the first ~8 min build) "
-                    "or set LOCALRUN_LLAMA_SERVER")
+    binary = BINARY
     port, cache = free_port(), tmp_path / "llama-cache"
     env = {**home_env(tmp_path / "b"), "HF_ENDPOINT": mirror.url, "LLAMA_CACHE": str(cache)}
     log = tmp_path / "llama-server.log"

@@ -104,6 +104,8 @@ def test_localrun_pull_then_run_on_b(site, tmp_path):
     assert model["source"] == "hub" and _sha(model["path"]) == _sha(site["tiny"])
     search = on_b(site, home, "-m", "localrun", "search", "tiny")
     assert search.returncode == 0 and TINY_REPO in search.stdout and repos.GGUF_REPO in search.stdout
+    plan = on_b(site, home, "-m", "localrun", "plan", model["name"], "--json")
+    assert plan.returncode == 0 and json.loads(plan.stdout)["model"] == model["name"], plan.stderr[-2000:]
     run = on_b(site, home, "-m", "localrun", "run", model["name"], "Hello", "--raw", "--max-tokens", "4", "--threads", "1")
     assert run.returncode == 0 and "tokens" in run.stderr, run.stderr[-2000:]
 

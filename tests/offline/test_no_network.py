@@ -81,3 +81,35 @@ def test_bundle_import_on_a_box_with_no_network(offline, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     listed = run_offline(offline, "ls", home=fresh)
     assert "tiny" in listed.stdout
+
+
+def test_tui_discover_says_offline_in_a_real_terminal(offline, tmp_path):
+    """`localrun tui` in tmux with no network: Discover says offline and why, typing "qwen"
+    searches (never quits), the empty result is explained, Ctrl+Q leaves."""
+    import os
+    import shlex
+    import shutil
+
+    from tests.tui.test_e2e_tmux import LOCALRUN, Tmux
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    env = {**home_env(offline["home"]), "TERM": "xterm-256color", "PATH": os.environ.get("PATH", ""),
+           "HOME": str(tmp_path), "LOCALRUN_RUNTIME__FORCE": "fake", "LOCALRUN_SERVER__PORT": str(free_port())}
+    inner = "env -i " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" {shlex.quote(LOCALRUN)} tui --no-default-model"
+    tmux = Tmux(" ".join(shlex.quote(p) for p in offline["prefix"]) + " " + inner)
+    try:
+        tmux.wait("Library", "tiny")
+        tmux.keys("2")
+        tmux.wait("Offline", "could not be reached")
+        tmux.type("qwen")
+        tmux.keys("Enter")
+        screen = tmux.wait("Nothing matches")
+        assert "qwen" in screen and tmux.alive()
+        tmux.keys("C-q")
+        deadline = time.monotonic() + 20
+        while tmux.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not tmux.alive(), "the TUI did not exit on Ctrl+Q"
+    finally:
+        tmux.kill()

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,22 +24,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E402
+from benchmarks.bench_server import start_localrun  # noqa: E402
+from benchmarks.common import gemma_path, stop  # noqa: E402
 
 PROMPT = "Run {i}: write a short story about a lighthouse keeper who counts ships, and what the sea brings."
-
-
-def start_server(model: Path, home: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__THREADS=str(threads), LOCALRUN_RUNTIME__PARALLEL="1",
-               LOCALRUN_RUNTIME__CONTEXT_LENGTH="4096", PYTHONPATH=str(ROOT))
-    env.pop("LOCALRUN_RUNTIME__FORCE", None)
-    subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True, capture_output=True)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(proc, f"{url}/health")
-    return proc, url
 
 
 def timed_stream(client, path: str, body: dict, is_text) -> tuple[float, float, int]:
@@ -99,7 +86,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-responses-") as home:
-        proc, url = start_server(gemma_path(), Path(home), args.threads)
+        proc, url = start_localrun(gemma_path(), Path(home), args.threads)
         try:
             samples = run(url, args.runs, args.max_tokens)
         finally:

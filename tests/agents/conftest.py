@@ -70,7 +70,7 @@ def agent_env(tmp_path, agents_bin, _isolated_home) -> dict[str, str]:
         "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_STATE_HOME": str(home / ".local" / "state"),
         "LOCALRUN_CHAT_MODEL_CACHE": str(chat_model_cache()),  # the set-up's SmolLM2, found with the new HOME
         "PATH": f"{agents_bin}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(REPO),
-        "LOCALRUN_RUNTIME__THREADS": "2", "LOCALRUN_LOG_LEVEL": "INFO", "NO_COLOR": "1", "CI": "1",
+        "LOCALRUN_RUNTIME__THREADS": "1", "LOCALRUN_LOG_LEVEL": "INFO", "NO_COLOR": "1", "CI": "1",
     })
     return env
 

@@ -156,6 +156,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--skip-turns", action="store_true", help="measure only the route overhead")
     args = parser.parse_args()
     import httpx
 
@@ -179,7 +180,7 @@ def main() -> int:
             per_word = sample.json()["input_tokens"] / 2000
             system_words = int(args.system_tokens / per_word)
             print(f"load: {os.getloadavg()[0]:.2f} (1 min); model {model.name}, n_ctx {n_ctx}, threads {args.threads}")
-            for billing in (True, False):
+            for billing in () if args.skip_turns else (True, False):
                 print(f"agent turns, {'with' if billing else 'without'} the per-request billing line:")
                 res = agent_turns(client, url, "gemma", system_words, args.turns, billing)
                 cold = res[0][0]

@@ -20,12 +20,11 @@ import hashlib
 import logging
 import os
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 from localrun.errors import DownloadFailed, InvalidModelFile
-from localrun.types import FileEntry, Format, ModelRecord, Source
+from localrun.types import ModelRecord, Source
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def ensure_chat_model(store) -> ModelRecord | None:
 
     A model the user imported under the same name is left alone, as with the built-in Gemma.
     """
-    from localrun.modelstore.gguf_meta import read_gguf_metadata
+    from localrun.modelstore.store import builtin_record
 
     path = chat_model_path()
     if path is None:
@@ -95,13 +94,7 @@ def ensure_chat_model(store) -> ModelRecord | None:
     rec = store.index.find(CHAT_MODEL_NAME)
     if rec is not None and (rec.source != Source.BUILTIN or rec.path == str(path)):
         return rec
-    info = read_gguf_metadata(path)
-    record = ModelRecord(
-        name=CHAT_MODEL_NAME, format=Format.GGUF, path=str(path),
-        files=(FileEntry(path=str(path), size=info.size_bytes, sha256=CHAT_MODEL_SHA256, mtime_ns=path.stat().st_mtime_ns),),
-        source=Source.BUILTIN, owned=False, metadata=info.as_dict(), added_at=time.time(),
-    )
-    return store.index.add(record, replace=True)
+    return store.index.add(builtin_record(CHAT_MODEL_NAME, path, CHAT_MODEL_SHA256, owned=False), replace=True)
 
 
 def main(argv: list[str]) -> int:

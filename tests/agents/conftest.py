@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import REPO
+from tests.server.conftest import REPO, ServerProcess
 
 AGENTS_BIN = Path(os.environ.get("LOCALRUN_AGENTS_DIR", REPO / ".cache" / "npm-agents")) / "node_modules" / ".bin"
 BINARIES = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
@@ -70,7 +70,7 @@ def agent_env(tmp_path, agents_bin, _isolated_home) -> dict[str, str]:
         "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_STATE_HOME": str(home / ".local" / "state"),
         "LOCALRUN_CHAT_MODEL_CACHE": str(chat_model_cache()),  # the set-up's SmolLM2, found with the new HOME
         "PATH": f"{agents_bin}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(REPO),
-        "LOCALRUN_RUNTIME__THREADS": "2", "LOCALRUN_LOG_LEVEL": "INFO", "NO_COLOR": "1", "CI": "1",
+        "LOCALRUN_RUNTIME__THREADS": "1", "LOCALRUN_LOG_LEVEL": "INFO", "NO_COLOR": "1", "CI": "1",
     })
     return env
 
@@ -83,32 +83,12 @@ def run_launch(prefix: list[str], agent: str, args: list[str], env: dict, cwd: P
     return subprocess.run(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
 
 
-class Scripted:
-    """A server on the scripted runtime, in the test's namespace; ``stop`` ends it."""
-
-    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
-        self.port = int(url.rsplit(":", 1)[1])
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
 def scripted_server(tmp_path, tiny_gguf_long):
     """``start(prefix, env, script)``: import the tiny model as "tiny", serve it scripted, wait for READY."""
-    started: list[Scripted] = []
+    started: list[ServerProcess] = []
 
-    def start(prefix: list[str], env: dict, script: dict) -> Scripted:
+    def start(prefix: list[str], env: dict, script: dict) -> ServerProcess:
         import json
 
         from tests.server.conftest import free_port
@@ -123,7 +103,8 @@ def scripted_server(tmp_path, tiny_gguf_long):
                 "--option", f"script_calls={json.dumps(script)}"]
         proc = subprocess.Popen(args, env={**env, "LOCALRUN_RUNTIME__FORCE": "scripted"}, cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
-        server = Scripted(proc, f"http://127.0.0.1:{port}", log)
+        server = ServerProcess(proc, f"http://127.0.0.1:{port}", log)
+        server.port = port
         started.append(server)
         deadline = time.monotonic() + 120
         line = proc.stdout.readline()  # "READY <url>" once listening, "" if it died

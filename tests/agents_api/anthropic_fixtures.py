@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.capabilities.conftest import serve  # noqa: F401 - fixture re-exported
+from tests.capabilities.conftest import caps_client, serve  # noqa: F401 - fixtures re-exported
 from tests.server.conftest import build_stack, free_port, spawn_server  # noqa: F401 - fixtures re-exported
 
 ALL = ("tools", "json_schema", "logprobs", "embeddings")
@@ -31,16 +31,9 @@ def claude(fake_server):
 
 
 @pytest.fixture
-def anthropic_app(build_stack):  # noqa: F811 - the imported fixture
+def anthropic_app(caps_client):  # noqa: F811 - the imported fixture
     """The app in-process (fake runtime, every capability, max_tokens capped at 8): for fuzzing."""
-    from fastapi.testclient import TestClient
-
-    from localrun.server.app import create_app
-    from tests.server.conftest import fake_planner
-
-    stack = build_stack(planner=fake_planner(fake_capabilities=list(ALL)), runtime={"max_tokens_cap": 8})
-    with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False) as c:
-        yield c
+    return caps_client
 
 
 WEATHER = {"name": "get_weather", "description": "Weather for a city",

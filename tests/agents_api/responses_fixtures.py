@@ -11,10 +11,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
@@ -24,8 +22,8 @@ ALL = ("tools", "json_schema", "logprobs", "embeddings")
 
 
 def start_server(home: Path, model: Path, name: str, *, runtime: str = "fake", plan: dict | None = None,
-                 timeout: float = 120.0, **options) -> ServerProcess:
-    """Import ``model`` under ``home`` and start ``tests.server.launch`` there; ready once /health answers."""
+                 **options) -> ServerProcess:
+    """Import ``model`` under ``home`` and start ``tests.server.launch`` there; ready once it says READY."""
     from localrun.modelstore.store import ModelStore
     from localrun.settings import Settings
 
@@ -41,19 +39,13 @@ def start_server(home: Path, model: Path, name: str, *, runtime: str = "fake", p
         args += ["--plan", f"{key}={json.dumps(value)}"]
     log_path = home / "server.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, env=env, cwd=REPO, text=True)
     server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {server.log_text()[-2000:]}")
-        try:
-            httpx.get(f"{server.url}/health", timeout=1)
-            return server
-        except httpx.TransportError:
-            time.sleep(0.1)
-    server.stop()
-    raise RuntimeError(f"server did not become ready: {server.log_text()[-2000:]}")
+    line = proc.stdout.readline()  # the launcher prints "READY <url>" once listening; "" when it died
+    if not line.startswith("READY"):
+        server.stop()
+        raise RuntimeError(f"server did not start ({proc.poll()}): {server.log_text()[-2000:]}")
+    return server
 
 
 def client_for(server: ServerProcess, timeout: float = 60) -> openai.OpenAI:

@@ -4,6 +4,7 @@ bounds, a fuzz of request bodies (never a 500) and a disconnect stopping the wor
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import httpx
@@ -119,7 +120,9 @@ def test_a_chain_with_a_missing_link_is_an_error_naming_it(tmp_path):
 
 # --- through the app ---------------------------------------------------------------------
 
-FIELDS = sorted(set(ResponsesRequest.model_fields) | {"role", "content", "type", "call_id", "name", "arguments", "output"})
+FIELDS = sorted(set(ResponsesRequest.model_fields) | {"role", "content", "type", "call_id", "name", "arguments", "output", "text",
+                                                      "namespace", "summary", "encrypted_content", "parameters", "format",
+                                                      "mode", "input", "tools"})
 leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=False, allow_infinity=False),
                  st.text(max_size=12), st.sampled_from(["tiny", "message", "function_call", "user", "developer", "web_search",
                                                         "function", "custom", "namespace", "json_schema", "auto", "required"]))
@@ -127,6 +130,8 @@ value = st.recursive(leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
                                                    st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), inner, max_size=5)),
                      max_leaves=24)
 BASE = {"model": "tiny", "input": "hi", "max_output_tokens": 3}
+KINDS = ["message", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output", "reasoning",
+         "web_search_call", "function", "custom", "namespace", "web_search", "allowed_tools", "input_text", "input_image"]
 
 
 @pytest.fixture
@@ -143,11 +148,15 @@ def app_client(build_stack):  # noqa: F811
 
 def test_fuzzed_bodies_never_500(app_client):
     seen: set[int] = set()
+    typed = st.builds(lambda kind, extra: {**extra, "type": kind}, st.sampled_from(KINDS) | value, st.dictionaries(st.sampled_from(FIELDS), value, max_size=4))
     bodies = st.one_of(value, st.builds(lambda k, v: {**BASE, k: v}, st.sampled_from(FIELDS), value),
-                       st.builds(lambda v: {**BASE, "input": [v]}, value),
-                       st.builds(lambda v: {**BASE, "tools": [v]}, value))
+                       st.builds(lambda v: {**BASE, "input": [v]}, value | typed),
+                       st.builds(lambda v: {**BASE, "input": [{"role": "user", "content": [v]}]}, value | typed),
+                       st.builds(lambda v: {**BASE, "tools": [v]}, value | typed),
+                       st.builds(lambda v: {**BASE, "tools": [{"type": "namespace", "name": "n", "tools": [v]}]}, typed),
+                       st.builds(lambda v: {**BASE, "tool_choice": v}, value | typed))
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(max_examples=int(os.environ.get("LOCALRUN_FUZZ_EXAMPLES", 200)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(body=bodies, stream=st.booleans())
     def run(body, stream) -> None:
         if isinstance(body, dict) and stream:

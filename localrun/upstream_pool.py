@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -326,6 +327,15 @@ def make_client(cfg: UpstreamConfig, settings: UpstreamSettings):
     from localrun.runtimes.upstream import Timeouts, UpstreamClient
     from localrun.runtimes.upstream_kinds import get_kind
 
-    verify: bool | str = cfg.ca_bundle or settings.ca_bundle or True
+    verify: bool | ssl.SSLContext = True
+    bundle = cfg.ca_bundle or settings.ca_bundle
+    if bundle:
+        try:
+            verify = ssl.create_default_context(cafile=bundle)
+        except (OSError, ssl.SSLError) as exc:
+            from localrun.errors import ConfigError
+
+            raise ConfigError(f"upstream {cfg.name!r}: cannot read the CA bundle {bundle}: {exc}",
+                              hint="point ca_bundle at a PEM file of CA certificates") from None
     timeouts = Timeouts(cfg.connect_timeout_s, cfg.first_byte_timeout_s, cfg.chunk_timeout_s)
     return UpstreamClient(cfg.name, cfg.url, get_kind(cfg.kind), key=cfg.api_key(), timeouts=timeouts, verify=verify)

@@ -267,6 +267,8 @@ class ModelManager:
         """The upstream model ``name`` routes to, or None when it is a local name (local wins a bare name)."""
         if self.upstreams is None:
             return None
+        if self.upstreams.get(name.partition("/")[0]) is None and self._is_local(name):
+            return None  # a local name: never wait on an upstream for it
         route = self.upstreams.route(name)
         if route is None or (not route.pinned and self._is_local(name)):
             return None

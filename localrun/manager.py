@@ -286,7 +286,6 @@ class ModelManager:
         pool = self.upstreams
         return pool is not None and name in self._remote and pool.discovery_done()
 
-
     def _reap_loop(self) -> None:
         while not self._stop.wait(1.0):
             with self._lock:

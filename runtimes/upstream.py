@@ -214,8 +214,7 @@ class UpstreamClient:
                     if cancel.is_set():
                         return
                     if watchdog.fired:
-                        raise UpstreamTimeout(f"upstream {self.name!r} sent nothing for {self._limit(watchdog)} s "
-                                              f"({watchdog.fired})", status=504, retryable=True, kind="timeout") from None
+                        raise self._timeout(watchdog) from None
                     raise UpstreamError(f"upstream {self.name!r} broke off the stream: {self.scrub(str(exc)) or type(exc).__name__}",
                                         status=502, retryable=True, kind="stream") from None
                 finally:
@@ -225,8 +224,10 @@ class UpstreamClient:
                 return
             raise self._transport_error(exc, during=f"POST {path}") from None
 
-    def _limit(self, watchdog: _Watchdog) -> str:
-        return f"{self.timeouts.first_byte_s:g}" if watchdog.fired == "first byte" else f"{self.timeouts.chunk_s:g}"
+    def _timeout(self, watchdog: _Watchdog) -> UpstreamTimeout:
+        limit = self.timeouts.first_byte_s if watchdog.fired == "first byte" else self.timeouts.chunk_s
+        return UpstreamTimeout(f"upstream {self.name!r} sent nothing for {limit:g} s ({watchdog.fired})", status=504,
+                               retryable=True, kind="timeout")
 
     def _pieces(self, response: httpx.Response, watchdog: _Watchdog, cancel: Cancel) -> Iterator[Piece]:
         finish: str | None = None
@@ -275,6 +276,8 @@ class UpstreamClient:
         if finish is None:
             if cancel.is_set():
                 return
+            if watchdog.fired:  # the watchdog shut the socket: the stream ended rather than broke
+                raise self._timeout(watchdog)
             raise UpstreamError(f"upstream {self.name!r} ended the stream without finishing the answer",
                                 retryable=True, kind="stream")
         yield Piece("", finish_reason=_finish(finish), tokens=0, tool_calls=calls.done())

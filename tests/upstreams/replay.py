@@ -30,6 +30,7 @@ class Reply:
     sse: bool = False  # send body's events one by one
     cut_after: int | None = None  # send this many events, then drop the connection
     hang: bool = False  # never answer
+    hold_open: bool = False  # after the events, keep the connection open and silent
     headers: dict = field(default_factory=dict)
 
 
@@ -104,6 +105,8 @@ class Replay:
             handler.wfile.write(event)
             handler.wfile.flush()
             time.sleep(0.005)
+        if reply.hold_open:
+            self._release.wait(30)
 
     def close(self) -> None:
         self._release.set()

@@ -23,9 +23,6 @@ from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelR
 log = logging.getLogger(__name__)
 
 Planner = Callable[[ModelRecord], Plan]
-#: How long "is this name a local model?" is remembered for routing to upstreams (a model
-#: imported meanwhile takes its name back from an upstream within this time).
-LOCAL_CHECK_S = 2.0
 
 
 @dataclass
@@ -106,8 +103,11 @@ class ModelManager:
         self.store = store
         #: The upstream pool (localrun.upstream_pool), built from settings.upstreams unless one is passed in.
         self.upstreams = upstreams if upstreams is not None else _pool_from(settings)
-        self._remote: dict[str, LoadedModel] = {}
-        self._local_seen: dict[str, tuple[float, bool]] = {}
+        self._remote = None
+        if self.upstreams is not None:
+            from localrun.upstream_models import RemoteModels
+
+            self._remote = RemoteModels(self.upstreams, store, settings)
         self._planner = planner
         self._events = events
         self._models: dict[str, LoadedModel] = {}
@@ -245,47 +245,9 @@ class ModelManager:
         if self.upstreams is not None:
             self.upstreams.close()
 
-    # -- upstream models -------------------------------------------------------------------
-    def _is_local(self, name: str) -> bool:
-        """Whether the store has ``name``, remembered for LOCAL_CHECK_S: a store lookup costs
-        milliseconds, which every request to an upstream model would otherwise pay."""
-        from localrun.errors import ModelNotFound
-
-        now = time.monotonic()
-        hit = self._local_seen.get(name)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        try:
-            self.store.resolve(name)
-            found = True
-        except ModelNotFound:
-            found = False
-        if len(self._local_seen) > 4096:
-            self._local_seen.clear()
-        self._local_seen[name] = (now + LOCAL_CHECK_S, found)
-        return found
-
     def _remote_model(self, name: str) -> LoadedModel | None:
-        """The upstream model ``name`` routes to, or None when it is a local name (local wins a bare name)."""
-        if self.upstreams is None:
-            return None
-        route = self.upstreams.route(name)
-        if route is None or (not route.pinned and self._is_local(name)):
-            return None
-        from localrun.upstream_models import remote_loaded_model
-
-        with self._lock:
-            lm = self._remote.get(name)
-            if lm is None or lm.record.metadata.get("upstreams") != list(route.upstreams):
-                lm = self._remote[name] = remote_loaded_model(self.upstreams, route, self.settings)
-            lm.last_used = time.monotonic()
-            return lm
-
-    def _remote_warm(self, name: str) -> bool:
-        """Whether routing ``name`` needs no I/O now: routed before, every upstream's list read."""
-        pool = self.upstreams
-        return pool is not None and name in self._remote and pool.discovery_done()
-
+        """The upstream model ``name`` routes to; None for a local name or when no upstream has it."""
+        return self._remote.get(name) if self._remote is not None else None
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -349,7 +311,7 @@ class ModelManager:
         import asyncio
 
         # An upstream model already routed once is found without a thread hop (nothing to load).
-        lm = self._remote_model(name) if self._remote_warm(name) else None
+        lm = self._remote.get(name) if self._remote is not None and self._remote.warm(name) else None
         if lm is None:
             lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
         self._admit(lm)

@@ -15,6 +15,8 @@ visible, neither hidden. ``UPSTREAM/MODEL`` always reaches that upstream alone.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -100,3 +102,57 @@ def listed_models(pool: UpstreamPool | None, local_names: Iterable[str]) -> list
             record.metadata["upstream_health"] = health
             out.append(Listed(route.name, route, record, health))
     return out
+
+
+#: How long "is this name a local model?" is remembered when routing (a store lookup costs
+#: milliseconds; a model imported meanwhile takes its name back within this time).
+LOCAL_CHECK_S = 2.0
+
+
+class RemoteModels:
+    """The manager's upstream models: which name routes where, each a cached LoadedModel."""
+
+    def __init__(self, pool: UpstreamPool, store, settings):
+        self.pool, self.store, self.settings = pool, store, settings
+        self._models: dict[str, object] = {}
+        self._local_seen: dict[str, tuple[float, bool]] = {}
+        self._lock = threading.Lock()
+
+    def is_local(self, name: str) -> bool:
+        from localrun.errors import ModelNotFound
+
+        now = time.monotonic()
+        hit = self._local_seen.get(name)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        try:
+            self.store.resolve(name)
+            found = True
+        except ModelNotFound:
+            found = False
+        if len(self._local_seen) > 4096:
+            self._local_seen.clear()
+        self._local_seen[name] = (now + LOCAL_CHECK_S, found)
+        return found
+
+    def get(self, name: str):
+        """The LoadedModel ``name`` routes to, or None when it is a local name (local wins a bare name)."""
+        if self.pool.get(name.partition("/")[0]) is None and self.is_local(name):
+            return None  # a local name: never wait on an upstream for it
+        route = self.pool.route(name)
+        if route is None or (not route.pinned and self.is_local(name)):
+            return None
+        with self._lock:
+            lm = self._models.get(name)
+            if lm is None or lm.record.metadata.get("upstreams") != list(route.upstreams):
+                lm = self._models[name] = remote_loaded_model(self.pool, route, self.settings)
+            lm.last_used = time.monotonic()
+            return lm
+
+    def warm(self, name: str) -> bool:
+        """Whether routing ``name`` needs no I/O now: routed before, every upstream's list read."""
+        return name in self._models and self.pool.discovery_done()
+
+    def loaded(self, name: str):
+        """The cached LoadedModel of ``name`` (tests look at its queue), None if never routed."""
+        return self._models.get(name)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -34,7 +35,6 @@ from localrun.upstreams import UpstreamConfig, UpstreamSettings
 log = logging.getLogger(__name__)
 
 AFFINITY_ENTRIES = 4096
-DISCOVERY_RETRY_S = 2.0
 
 
 @dataclass
@@ -114,7 +114,6 @@ class UpstreamPool:
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._last_discovery_try = 0.0
         #: Callables ``(upstream, model, event, **values)`` the server's metrics subscribe.
         self.observers: list[Callable[..., None]] = []
         self._thread: threading.Thread | None = None
@@ -140,19 +139,14 @@ class UpstreamPool:
     def route(self, name: str) -> Route | None:
         """Where ``name`` goes: ``UPSTREAM/MODEL`` first, else a bare model id; None if no upstream has it."""
         self._discover_untried()
-        for attempt in range(2):
-            head, sep, rest = name.partition("/")
-            st = self._states.get(head) if sep else None
-            if st is not None and rest in st.models:
-                return Route(name, rest, (st.name,), True)
-            servers = self.catalog().get(name)
-            if servers:
-                return Route(name, name, servers, False)
-            if attempt == 0 and not self._discover_missing():
-                break
-        return None
+        head, sep, rest = name.partition("/")
+        st = self._states.get(head) if sep else None
+        if st is not None and rest in st.models:
+            return Route(name, rest, (st.name,), True)
+        servers = self.catalog().get(name)
+        return Route(name, name, servers, False) if servers else None
 
-    def discovery_done(self) -> bool:
+    def discovery_done(self) -> bool:  # an upstream that was down at first is re-read by the prober
         """Every upstream's model list was asked for once (routing a name does no I/O then)."""
         return all(st.discovery_tried for st in self._states.values())
 
@@ -166,17 +160,6 @@ class UpstreamPool:
                     tried = st.discovery_tried  # the prober may have just done it
                 if not tried:
                     self.refresh_models(st)
-
-    def _discover_missing(self) -> bool:
-        """Try once more the upstreams whose model list is not known yet (a request may name one of theirs)."""
-        now = time.monotonic()
-        pending = [st for st in self._states.values() if not st.discovered]
-        if not pending or now - self._last_discovery_try < DISCOVERY_RETRY_S:
-            return False
-        self._last_discovery_try = now
-        for st in pending:
-            self.refresh_models(st)
-        return any(st.discovered for st in pending)
 
     def refresh_models(self, st: UpstreamState) -> None:
         """Re-read ``/v1/models`` of an upstream whose models are not listed in its configuration."""
@@ -326,6 +309,15 @@ def make_client(cfg: UpstreamConfig, settings: UpstreamSettings):
     from localrun.runtimes.upstream import Timeouts, UpstreamClient
     from localrun.runtimes.upstream_kinds import get_kind
 
-    verify: bool | str = cfg.ca_bundle or settings.ca_bundle or True
+    verify: bool | ssl.SSLContext = True
+    bundle = cfg.ca_bundle or settings.ca_bundle
+    if bundle:
+        try:
+            verify = ssl.create_default_context(cafile=bundle)
+        except (OSError, ssl.SSLError) as exc:
+            from localrun.errors import ConfigError
+
+            raise ConfigError(f"upstream {cfg.name!r}: cannot read the CA bundle {bundle}: {exc}",
+                              hint="point ca_bundle at a PEM file of CA certificates") from None
     timeouts = Timeouts(cfg.connect_timeout_s, cfg.first_byte_timeout_s, cfg.chunk_timeout_s)
     return UpstreamClient(cfg.name, cfg.url, get_kind(cfg.kind), key=cfg.api_key(), timeouts=timeouts, verify=verify)

@@ -115,12 +115,12 @@ class UpstreamSession:
         return shape_stream(self._attempts(path, body, key, cancel), stops=(), cancel=cancel)
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
-        from localrun.runtimes.upstream import chat_body
+        from localrun.runtimes.upstream_wire import chat_body
 
         return self._stream("/v1/chat/completions", req, lambda st, m: chat_body(req, st.client.kind, m), cancel)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
-        from localrun.runtimes.upstream import completion_body
+        from localrun.runtimes.upstream_wire import completion_body
 
         return self._stream("/v1/completions", req, lambda st, m: completion_body(req, st.client.kind, m), cancel)
 

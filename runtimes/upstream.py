@@ -26,9 +26,10 @@ from typing import Any
 import httpx
 
 from localrun.errors import LocalrunError
-from localrun.runtimes.openai_client import Piece, _shutdown_response, _usage, iter_sse, sampling_to_openai
+from localrun.runtimes.openai_client import Piece, _shutdown_response, _usage, iter_sse
 from localrun.runtimes.upstream_kinds import Kind, UpstreamError, UpstreamTimeout, error_text, scrub, status_error
-from localrun.types import Cancel, ChatRequest, CompletionRequest, Sampling
+from localrun.runtimes.upstream_wire import ToolCalls, chat_logprobs
+from localrun.types import Cancel
 
 log = logging.getLogger(__name__)
 
@@ -119,99 +120,6 @@ class _WatchHub:
             for w in items:
                 if w.check(now):
                     self.remove(w)
-
-
-def openai_messages(req: ChatRequest) -> list[dict[str, Any]]:
-    """Core messages in OpenAI's wire shape, tool calls and results included."""
-    out = []
-    for m in req.messages:
-        msg: dict[str, Any] = {"role": m.role, "content": m.content}
-        if m.tool_calls:
-            msg["tool_calls"] = list(m.tool_calls)
-            msg["content"] = m.content or None
-        if m.tool_call_id is not None:
-            msg["tool_call_id"] = m.tool_call_id
-        if m.name is not None and m.role in ("tool", "user", "assistant"):
-            msg["name"] = m.name
-        out.append(msg)
-    return out
-
-
-def sampling_body(s: Sampling, kind: Kind, *, chat: bool) -> dict[str, Any]:
-    """Sampling as the upstream's request fields; llama.cpp-style knobs only where the kind takes them."""
-    body = sampling_to_openai(s)
-    if kind.extra_sampling:
-        body.update(top_k=s.top_k, min_p=s.min_p)
-        if s.repeat_penalty != 1.0:
-            body["repetition_penalty"] = s.repeat_penalty
-    if s.json_schema is not None:
-        body["response_format"] = ({"type": "json_object"} if not s.json_schema else
-                                   {"type": "json_schema", "json_schema": {"name": "answer", "schema": s.json_schema}})
-    if s.logprobs is not None:
-        if chat:
-            body["logprobs"] = True
-            if s.logprobs:
-                body["top_logprobs"] = s.logprobs
-        else:
-            body["logprobs"] = s.logprobs
-    return body
-
-
-def chat_body(req: ChatRequest, kind: Kind, model: str) -> dict[str, Any]:
-    body = {"model": model, "messages": openai_messages(req), **sampling_body(req.sampling, kind, chat=True)}
-    if req.tools:
-        body["tools"] = list(req.tools)
-    if req.tool_choice is not None:
-        body["tool_choice"] = req.tool_choice
-    return body
-
-
-def completion_body(req: CompletionRequest, kind: Kind, model: str) -> dict[str, Any]:
-    return {"model": model, "prompt": req.prompt, **sampling_body(req.sampling, kind, chat=False)}
-
-
-def _completion_logprobs(lp: dict[str, Any]) -> tuple[dict[str, Any], ...]:
-    """The completions API's parallel lists as ``Chunk.logprobs`` entries."""
-    tokens = lp.get("tokens") or []
-    values = lp.get("token_logprobs") or []
-    tops = lp.get("top_logprobs") or []
-    out = []
-    for i, token in enumerate(tokens):
-        entry = {"token": token, "logprob": values[i] if i < len(values) else None, "bytes": list(str(token).encode())}
-        top = tops[i] if i < len(tops) and isinstance(tops[i], dict) else None
-        if top:
-            entry["top_logprobs"] = [{"token": t, "logprob": v, "bytes": list(str(t).encode())} for t, v in top.items()]
-        out.append(entry)
-    return tuple(out)
-
-
-def _chat_logprobs(lp: Any) -> tuple[dict[str, Any], ...]:
-    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
-        return tuple(lp["content"])
-    if isinstance(lp, dict) and "tokens" in lp:
-        return _completion_logprobs(lp)
-    return ()
-
-
-class _ToolCalls:
-    """Tool-call deltas of a stream, joined by their index into whole calls."""
-
-    def __init__(self) -> None:
-        self.calls: dict[int, dict[str, Any]] = {}
-
-    def add(self, deltas: list[dict[str, Any]]) -> None:
-        for d in deltas:
-            call = self.calls.setdefault(int(d.get("index", len(self.calls))),
-                                         {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-            if d.get("id"):
-                call["id"] = d["id"]
-            fn = d.get("function") or {}
-            call["function"]["name"] += fn.get("name") or ""
-            args = fn.get("arguments")
-            call["function"]["arguments"] += args if isinstance(args, str) else (json.dumps(args) if args else "")
-
-    def done(self) -> tuple[dict[str, Any], ...]:
-        return tuple(self.calls[i] for i in sorted(self.calls))
 
 
 class UpstreamClient:
@@ -306,8 +214,7 @@ class UpstreamClient:
                     if cancel.is_set():
                         return
                     if watchdog.fired:
-                        raise UpstreamTimeout(f"upstream {self.name!r} sent nothing for {self._limit(watchdog)} s "
-                                              f"({watchdog.fired})", status=504, retryable=True, kind="timeout") from None
+                        raise self._timeout(watchdog) from None
                     raise UpstreamError(f"upstream {self.name!r} broke off the stream: {self.scrub(str(exc)) or type(exc).__name__}",
                                         status=502, retryable=True, kind="stream") from None
                 finally:
@@ -317,12 +224,14 @@ class UpstreamClient:
                 return
             raise self._transport_error(exc, during=f"POST {path}") from None
 
-    def _limit(self, watchdog: _Watchdog) -> str:
-        return f"{self.timeouts.first_byte_s:g}" if watchdog.fired == "first byte" else f"{self.timeouts.chunk_s:g}"
+    def _timeout(self, watchdog: _Watchdog) -> UpstreamTimeout:
+        limit = self.timeouts.first_byte_s if watchdog.fired == "first byte" else self.timeouts.chunk_s
+        return UpstreamTimeout(f"upstream {self.name!r} sent nothing for {limit:g} s ({watchdog.fired})", status=504,
+                               retryable=True, kind="timeout")
 
     def _pieces(self, response: httpx.Response, watchdog: _Watchdog, cancel: Cancel) -> Iterator[Piece]:
         finish: str | None = None
-        calls = _ToolCalls()
+        calls = ToolCalls()
         lines = _watched_lines(response, watchdog)
         events = iter_sse(lines)
         while True:
@@ -351,7 +260,7 @@ class UpstreamClient:
             text = delta.get("content") or choice.get("text") or ""
             if delta.get("tool_calls"):
                 calls.add(delta["tool_calls"])
-            lp = _chat_logprobs(choice.get("logprobs"))
+            lp = chat_logprobs(choice.get("logprobs"))
             finish = choice.get("finish_reason") or finish
             if choice.get("finish_reason") and usage is None:
                 if text or lp:
@@ -367,6 +276,8 @@ class UpstreamClient:
         if finish is None:
             if cancel.is_set():
                 return
+            if watchdog.fired:  # the watchdog shut the socket: the stream ended rather than broke
+                raise self._timeout(watchdog)
             raise UpstreamError(f"upstream {self.name!r} ended the stream without finishing the answer",
                                 retryable=True, kind="stream")
         yield Piece("", finish_reason=_finish(finish), tokens=0, tool_calls=calls.done())

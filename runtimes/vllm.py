@@ -31,7 +31,8 @@ from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable,
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.mlc import MlcServer, MlcSession
 from localrun.runtimes.openai_client import shape_stream
-from localrun.runtimes.upstream import Timeouts, UpstreamClient, chat_body, completion_body
+from localrun.runtimes.upstream import Timeouts, UpstreamClient
+from localrun.runtimes.upstream_wire import chat_body, completion_body
 from localrun.runtimes.upstream_kinds import KINDS, UpstreamError
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from localrun.settings import Settings
-from localrun.upstreams import UpstreamConfig, UpstreamSettings
+from localrun.upstreams import UpstreamConfig
 from tests.server.conftest import (  # noqa: F401 - fixtures reused by name
     LiveServer, Stack, build_stack, fake_planner, free_port, live_factory, spawn_server, wait_until,
 )

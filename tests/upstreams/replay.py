@@ -30,11 +30,13 @@ class Reply:
     sse: bool = False  # send body's events one by one
     cut_after: int | None = None  # send this many events, then drop the connection
     hang: bool = False  # never answer
+    hold_open: bool = False  # after the events, keep the connection open and silent
     headers: dict = field(default_factory=dict)
 
 
 class Replay:
-    def __init__(self, routes: dict[str, Reply]):
+    def __init__(self, routes: dict[str, Reply], *, tls: tuple[str, str] | None = None):
+        """``tls``: (certificate, key) PEM paths to serve HTTPS."""
         self.routes = routes
         self.requests: list[dict] = []
         self._release = threading.Event()
@@ -67,7 +69,15 @@ class Replay:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="replay", daemon=True)
         self.thread.start()
 
@@ -95,6 +105,8 @@ class Replay:
             handler.wfile.write(event)
             handler.wfile.flush()
             time.sleep(0.005)
+        if reply.hold_open:
+            self._release.wait(30)
 
     def close(self) -> None:
         self._release.set()

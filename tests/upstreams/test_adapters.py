@@ -159,3 +159,36 @@ def test_every_kind_declares_a_health_path_and_known_capabilities():
     for kind in KINDS.values():
         assert kind.health_path.startswith("/")
         assert kind.capabilities <= {"tools", "json_schema", "logprobs", "embeddings"}
+
+
+def test_ollama_kind_probes_api_version_and_streams_its_v1_routes(replays, front_factory):
+    up = replays({
+        "GET /api/version": Reply(body=b'{"version": "0.12.11"}'),
+        "GET /v1/models": Reply(body=models_json("llama3.2:1b")),
+        "POST /v1/chat/completions": Reply(body=chat_sse(["Hi", " there"], model="llama3.2:1b"), sse=True),
+    })
+    front = front_factory([{"name": "ol", "url": up.url, "kind": "ollama"}])
+    assert front.pool.get("ol").status()["health"] == "up" and front.pool.get("ol").version == "0.12.11"
+    out = _client(front).chat.completions.create(model="llama3.2:1b", messages=[{"role": "user", "content": "x"}])
+    assert out.choices[0].message.content == "Hi there"
+    body = [q for q in up.requests if q["method"] == "POST"][0]["body"]
+    assert "top_k" not in body and body["stream_options"] == {"include_usage": True}
+    r = httpx.post(front.url + "/v1/chat/completions", timeout=10, json={
+        "model": "llama3.2:1b", "messages": [{"role": "user", "content": "x"}], "logprobs": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"  # not declared for this kind
+
+
+def test_llama_server_loading_is_down_until_its_health_passes(replays):
+    from localrun.upstream_pool import UpstreamPool
+    from localrun.upstreams import UpstreamConfig, UpstreamSettings
+
+    up = replays({"GET /health": Reply(503, b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}')})
+    pool = UpstreamPool([UpstreamConfig(name="ls", url=up.url, kind="llama-server", models=["m"])], UpstreamSettings(), start=False)
+    try:
+        pool.probe(pool.get("ls"))
+        assert pool.status()[0]["health"] == "down" and "Loading model" in pool.status()[0]["detail"]
+        up.routes["GET /health"] = Reply(200, b'{"status": "ok"}')
+        pool.probe(pool.get("ls"))
+        assert pool.status()[0]["health"] == "up"
+    finally:
+        pool.close()

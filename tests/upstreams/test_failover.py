@@ -88,14 +88,13 @@ def test_upstream_that_never_answers_times_out_and_fails_over(replays, front_fac
 
 def test_silence_between_chunks_ends_the_stream_with_an_error(replays, front_factory):
     events = chat_sse(["one", " two", " three"]).split(b"\n\n")
+    # The role event and two tokens, then silence with the connection open.
     up = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("tiny")),
-                  "POST /v1/chat/completions": Reply(body=b"\n\n".join(events), sse=True, cut_after=None)})
-    # Cut the stream by hanging after two events: a reply whose body stops without closing.
-    up.routes["POST /v1/chat/completions"] = Reply(body=b"\n\n".join(events[:3]) + b"\n\n", sse=True)
+                  "POST /v1/chat/completions": Reply(body=b"\n\n".join(events[:3]) + b"\n\n", sse=True, hold_open=True)})
     front = front_factory([{"name": "slow", "url": up.url, "kind": "vllm", "chunk_timeout_s": 0.5}])
     r = httpx.post(front.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30)
     data = [line for line in r.text.splitlines() if line.startswith("data:")]
-    assert "one" in r.text and '"error"' in data[-1] and "slow" in data[-1]
+    assert "one" in r.text and '"error"' in data[-1] and "upstream 'slow' sent nothing for 0.5 s (between chunks)" in data[-1]
 
 
 def test_broken_sse_fails_over_before_the_first_byte_and_errors_after_it(replays, front_factory):
@@ -179,7 +178,7 @@ def test_full_queue_is_503_with_retry_after(fake_upstream, front_factory):
     for t in threads:
         t.start()
     assert wait_until(lambda: front.pool.get("u").in_flight == 1, 10)
-    assert wait_until(lambda: front.stack.manager._remote["tiny"].active == 2, 10)
+    assert wait_until(lambda: front.stack.manager._remote.loaded("tiny").active == 2, 10)
     r = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30)
     for t in threads:
         t.join(60)

@@ -174,7 +174,6 @@ def test_bad_requests_name_what_was_wrong(oai):
         (dict(input="x", tool_choice={"type": "web_search_preview"}), "tool_choice.type", "hosted"),
         (dict(input="x", tools=[WEATHER], tool_choice={"type": "function", "name": "nope"}), "tool_choice.name", "nope"),
         (dict(input="x", include=["everything"]), "include[0]", "known values"),
-        (dict(input="x", extra_body={"bogus": 1}), "bogus", "unknown field"),
         (dict(input="x", background=True), "background", "fake runtime"),
         (dict(input="x", truncation="auto"), "truncation", "not supported"),
     ]
@@ -186,6 +185,13 @@ def test_bad_requests_name_what_was_wrong(oai):
         assert words in error["message"], (kwargs, error)
     with pytest.raises(openai.NotFoundError, match="ghost"):
         oai.responses.create(model="ghost", input="x")
+
+
+def test_an_unknown_top_level_field_is_ignored_and_named_in_the_header(oai):
+    """The field policy of every route (server/fields.py): accepted, ignored, named."""
+    raw = oai.responses.with_raw_response.create(model="tiny", input="x", max_output_tokens=2, extra_body={"bogus": 1})
+    assert raw.headers.get("X-Localrun-Ignored-Fields") == "bogus"
+    assert raw.parse().status in ("completed", "incomplete")
 
 
 def test_a_runtime_without_tools_or_schemas_refuses_them_by_name(bare_server):

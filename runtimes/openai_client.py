@@ -39,6 +39,7 @@ from localrun.errors import (
     UnsupportedFeature,
     WorkerCrashed,
 )
+from localrun.runtimes.stops import StopMatcher
 from localrun.types import Cancel, Chunk, Sampling, Usage
 
 log = logging.getLogger(__name__)
@@ -49,39 +50,8 @@ CANCEL_POLL_S = 0.01
 CONTEXT_WORDS = re.compile(r"input length limit|context (length|window)|too long|exceeds? the (context|maximum)", re.I)
 
 
-class StopScanner:
-    """Finds stop strings in text that arrives in pieces.
-
-    Text that could still turn into a stop string is held back, so no part of a stop
-    string ever reaches the client, even when it is split across pieces.
-    """
-
-    def __init__(self, stops: Iterable[str]):
-        self._stops = tuple(s for s in stops if s)
-        self._held = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Add ``text``; return what may be sent now and whether a stop string was hit."""
-        if not self._stops:
-            return text, False
-        buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
-        if hits:
-            self._held = ""
-            return buf[: min(hits)], True
-        keep = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(buf)), keep, -1):
-                if buf.endswith(stop[:k]):
-                    keep = k
-                    break
-        self._held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep], False
-
-    def flush(self) -> str:
-        """The held-back tail, once the stream has ended without completing a stop string."""
-        held, self._held = self._held, ""
-        return held
+#: The one stop matcher (``feed`` is its ``push``), under the name this module's callers know.
+StopScanner = StopMatcher
 
 
 @dataclass(frozen=True)

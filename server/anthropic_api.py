@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
 from localrun.reasoning import effort_budget
-from localrun.runtimes.llamacpp.text import StopMatcher
+from localrun.runtimes.stops import StopMatcher
 from localrun.server.anthropic_convert import core_messages, core_tool_choice, core_tools
 from localrun.server.errors import stream_error_line
 from localrun.server.generation import Generation, app_state, make_sampling, open_generation, parse_body

@@ -16,41 +16,9 @@ import codecs
 import logging
 from collections.abc import Iterable
 
+from localrun.runtimes.stops import StopMatcher
+
 log = logging.getLogger(__name__)
-
-
-class StopMatcher:
-    """Finds the earliest stop string in a growing text, holding back possible prefixes."""
-
-    __slots__ = ("_stops", "_pending")
-
-    def __init__(self, stops: Iterable[str] = ()) -> None:
-        self._stops = tuple(s for s in stops if s)
-        self._pending = ""
-
-    def push(self, text: str) -> tuple[str, bool]:
-        """Add ``text``; return (text safe to emit now, whether a stop string was hit)."""
-        if not self._stops:
-            return text, False
-        pending = self._pending + text
-        hits = [i for i in (pending.find(s) for s in self._stops) if i >= 0]
-        if hits:
-            self._pending = ""
-            return pending[: min(hits)], True
-        hold = 0
-        for stop in self._stops:
-            for k in range(min(len(stop) - 1, len(pending)), hold, -1):
-                if pending.endswith(stop[:k]):
-                    hold = k
-                    break
-        cut = len(pending) - hold
-        self._pending = pending[cut:]
-        return pending[:cut], False
-
-    def flush(self) -> str:
-        """The held-back text, once the stream ends without completing a stop string."""
-        text, self._pending = self._pending, ""
-        return text
 
 
 class TextAssembler:

@@ -72,3 +72,16 @@ def test_any_split_of_the_bytes_gives_the_same_text_as_one_piece(text, cuts, sto
     expected = text[: text.find(stop)] if stop in text else text
     assert "".join(out) == expected
     assert stopped == (stop in text)
+
+
+def test_a_shorter_stop_inside_a_longer_one_that_began_earlier_cuts_at_the_longer():
+    """Hypothesis found it: stops 'a' and 'baa' on 'ba'|'a' must cut before 'b', as on the whole text."""
+    m = StopMatcher(["a", "baa"])
+    assert m.push("ba") == ("", False)  # 'a' is complete, but 'baa' may still be starting at 0
+    assert m.push("a") == ("", True)
+    m = StopMatcher(["a", "baa"])
+    assert m.push("ba") == ("", False)
+    assert m.push("x") == ("b", True)  # 'baa' failed: the earliest hit is 'a' at 1
+    m = StopMatcher(["a", "baa"])
+    m.push("ba")
+    assert m.flush() == "b"  # the stream ended holding a complete stop: cut before it

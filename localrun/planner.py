@@ -51,6 +51,7 @@ class PlanOverrides:
     threads: int | None = None
     kv_type: str | None = None
     parallel: int | None = None  # llama.cpp slots
+    speculative: str | None = None  # llama.cpp speculative decoding: auto | off | ngram | draft
 
 
 def _valid_runtimes() -> list[str]:
@@ -251,6 +252,8 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
         options.update(n_slots=slots, slot_ctx=placement.n_ctx)
+        options["speculative"], why = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
+        reasons.append(why)
     return Plan(
         runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
         n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
@@ -351,6 +354,32 @@ def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int
     return MemoryEstimate(weights=weights, kv_cache=kv, overhead=overhead)
 
 
+SPECULATION_WHY = {
+    "auto": "speculative decoding auto: drafts the next tokens from the prompt and the answer itself (n-gram lookup) "
+            "and verifies them in one pass, per request only while its measured acceptance pays for the pass; "
+            "never under exact_prefix, nor where a pass would not give one-row steps' logits bit for bit",
+    "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
+    "off": "speculative decoding off, as asked",
+    "draft": "speculative decoding with a draft model, as asked: not available in this version (loading fails)",
+}
+
+
+def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
+    """The ``speculative`` option for a llama.cpp plan, and the reason line that says why.
+
+    Raises:
+        ConfigError: an unknown mode.
+    """
+    mode = (asked or "auto").strip().lower()
+    if mode not in SPECULATION_WHY:
+        raise ConfigError(f"unknown speculative mode {asked!r}", param="speculative",
+                          hint="use one of: " + ", ".join(SPECULATION_WHY))
+    why = SPECULATION_WHY[mode]
+    if mode == "auto" and slots > 1:
+        why += "; with other requests running, a draft must bring more than the request's share of a batched step"
+    return mode, why
+
+
 def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
     """Plain lines for ``localrun plan``: what runs where, how much memory, the verdict and why."""
     meta = record.metadata
@@ -371,6 +400,8 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
     if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
         n = plan.options["n_slots"]
         lines.append(f"parallel  {n} requests at once, each with the whole context" if n > 1 else "parallel  one request at a time")
+    if plan.runtime == "llama.cpp" and "speculative" in plan.options:
+        lines.append(f"speculate {plan.options['speculative']} (see why)")
     if plan.memory:
         m = plan.memory
         lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "

@@ -99,7 +99,12 @@ def _stream_answer(manager, name: str, req) -> str:
     decode_s = end - (first or end)
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
     ttft = f"{((first or end) - t0) * 1000:.0f} ms"
-    err_console().print(f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft} · {finish or 'done'}[/]", highlight=False)
+    spec = ""
+    if usage and usage.drafted_tokens:
+        spec = (f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
+                f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)")
+    err_console().print(f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]",
+                        highlight=False)
     return "".join(parts)
 
 

@@ -355,9 +355,8 @@ def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int
 
 
 SPECULATION_WHY = {
-    "auto": "speculative decoding auto: drafts the next tokens from the prompt and the answer itself (n-gram lookup) "
-            "and verifies them in one pass, per request only while its measured acceptance pays for the pass; "
-            "never under exact_prefix, nor where a pass would not give one-row steps' logits bit for bit",
+    "auto": "speculative decoding auto: n-gram drafts from the prompt and the answer, verified in one pass, "
+            "per request only while they pay (off where a pass is not bit-exact)",
     "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
     "off": "speculative decoding off, as asked",
     "draft": "speculative decoding with a draft model, as asked: not available in this version (loading fails)",
@@ -376,7 +375,7 @@ def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
                           hint="use one of: " + ", ".join(SPECULATION_WHY))
     why = SPECULATION_WHY[mode]
     if mode == "auto" and slots > 1:
-        why += "; with other requests running, a draft must bring more than the request's share of a batched step"
+        why += "; beside other requests a draft must beat the request's share of a batched step"
     return mode, why
 
 

@@ -39,7 +39,7 @@ def test_plan_says_what_drafting_will_do_and_rejects_unknown_modes():
     from localrun.planner import speculation_plan
 
     mode, why = speculation_plan(None, 1)
-    assert mode == "auto" and "only while" in why and "pays" in why
+    assert mode == "auto" and "only while they pay" in why
     assert "share of a batched step" in speculation_plan("auto", 4)[1]
     assert speculation_plan("OFF", 1) == ("off", "speculative decoding off, as asked")
     with pytest.raises(ConfigError) as exc:
@@ -72,3 +72,19 @@ def test_a_real_server_reports_drafts_in_usage_and_metrics(spawn_server, tiny_gg
     metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
     assert f'localrun_speculative_drafted_tokens_total{{model="tiny"}} {extra["drafted_tokens"]}' in metrics
     assert f'localrun_speculative_accepted_tokens_total{{model="tiny"}} {extra["accepted_tokens"]}' in metrics
+
+
+def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
+    from localrun.planner import PlanOverrides, plan_placement, render_plan
+    from localrun.settings import Settings
+    from tests.hardware.helpers import QWEN_05B, profile, record, statuses
+
+    rec = record(QWEN_05B)
+    auto = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"))
+    assert auto.options["speculative"] == "auto" and any(r.startswith("speculative decoding auto") for r in auto.reasons)
+    assert "speculate auto (see why)" in render_plan(auto, rec)
+    off = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"}))
+    assert off.options["speculative"] == "off"
+    forced = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"}),
+                            overrides=PlanOverrides(speculative="ngram"))
+    assert forced.options["speculative"] == "ngram"  # the flag beats the setting

@@ -51,6 +51,7 @@ class PlanOverrides:
     threads: int | None = None
     kv_type: str | None = None
     parallel: int | None = None  # llama.cpp slots
+    speculative: str | None = None  # llama.cpp speculative decoding: auto | off | ngram | draft
 
 
 def _valid_runtimes() -> list[str]:
@@ -251,6 +252,8 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
         options.update(n_slots=slots, slot_ctx=placement.n_ctx)
+        options["speculative"], why = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
+        reasons.append(why)
     plan = Plan(
         runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
         n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
@@ -356,6 +359,34 @@ def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int
     return MemoryEstimate(weights=weights, kv_cache=kv, overhead=overhead)
 
 
+SPECULATION_WHY = {
+    "auto": "speculative decoding auto: n-gram drafts from the prompt and the answer, verified in one pass, "
+            "per request only while they pay (off where a pass is not bit-exact)",
+    "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
+    "off": "speculative decoding off, as asked",
+    "draft": "speculative decoding with a draft model, as asked: not available in this version (loading fails)",
+}
+
+
+def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
+    """The ``speculative`` option for a llama.cpp plan, and the reason line that says why.
+
+    Raises:
+        ConfigError: an unknown mode.
+    """
+    if not asked:
+        return "off", ("speculative decoding off by default: not yet shown never slower on ordinary text "
+                       "(--speculative auto drafts only while it pays)")
+    mode = asked.strip().lower()
+    if mode not in SPECULATION_WHY:
+        raise ConfigError(f"unknown speculative mode {asked!r}", param="speculative",
+                          hint="use one of: " + ", ".join(SPECULATION_WHY))
+    why = SPECULATION_WHY[mode]
+    if mode == "auto" and slots > 1:
+        why += "; beside other requests a draft must beat the request's share of a batched step"
+    return mode, why
+
+
 def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
     """Plain lines for ``localrun plan``: what runs where, how much memory, the verdict and why."""
     meta = record.metadata
@@ -381,6 +412,8 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
         lines.append(f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
                      f"{o.get('max_model_len', plan.n_ctx):,}{share}")
+    if plan.runtime == "llama.cpp" and "speculative" in plan.options:
+        lines.append(f"speculate {plan.options['speculative']} (see why)")
     if plan.memory:
         m = plan.memory
         lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "

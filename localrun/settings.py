@@ -90,6 +90,11 @@ class RuntimeSettings(BaseModel):
     parallel: int | None = Field(None, ge=1, le=64)
     """Requests one llama.cpp model decodes at once (slots, each with the whole context);
     default: up to 4 when their KV cache fits comfortably, else fewer."""
+    speculative: Literal["auto", "off", "ngram", "draft"] | None = None
+    """Speculative decoding in the llama.cpp runtime: "auto" drafts from the prompt and the
+    answer itself (n-gram lookup) only while it pays, "ngram" at every match, "off" never;
+    "draft" (a draft model) is not available yet. Unset: off, until a quiet run of
+    benchmarks/bench_speculative.py shows "auto" never slower (it has not yet)."""
     max_tokens_cap: int = Field(8192, ge=1)
     """Upper bound on max_tokens for any request."""
     template_timeout_s: float = Field(2.0, gt=0, le=60)

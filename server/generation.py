@@ -174,6 +174,8 @@ class Generation:
             self.stats.prompt_tokens = chunk.usage.prompt_tokens
             self.stats.completion_tokens = chunk.usage.completion_tokens
             self.stats.cached_tokens = chunk.usage.cached_tokens
+            self.stats.drafted_tokens = chunk.usage.drafted_tokens
+            self.stats.accepted_tokens = chunk.usage.accepted_tokens
         if chunk.finish_reason:
             if chunk.finish_reason == "cancelled":
                 raise Cancelled(

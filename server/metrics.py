@@ -35,6 +35,8 @@ class RequestStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified
+    accepted_tokens: int = 0  # … and kept (each one a decode pass saved)
     first_token_at: float | None = None
     last_token_at: float | None = None
 
@@ -93,6 +95,8 @@ class Metrics:
         self.itl = Histogram(ITL_BUCKETS)
         self.prompt_tokens: dict[str, int] = defaultdict(int)
         self.completion_tokens: dict[str, int] = defaultdict(int)
+        self.drafted_tokens: dict[str, int] = defaultdict(int)
+        self.accepted_tokens: dict[str, int] = defaultdict(int)
         self.in_flight = 0
 
     def observe_request(self, route: str, method: str, status: int, seconds: float, stats: RequestStats) -> None:
@@ -102,6 +106,9 @@ class Metrics:
             if stats.model:
                 self.prompt_tokens[stats.model] += stats.prompt_tokens
                 self.completion_tokens[stats.model] += stats.completion_tokens
+                if stats.drafted_tokens:
+                    self.drafted_tokens[stats.model] += stats.drafted_tokens
+                    self.accepted_tokens[stats.model] += stats.accepted_tokens
                 if stats.ttft_s is not None:
                     self.ttft.setdefault(stats.model, Histogram(LATENCY_BUCKETS)).observe(stats.ttft_s)
 
@@ -133,6 +140,7 @@ class Metrics:
             header("localrun_completion_tokens_total", "counter", "Tokens generated.")
             for model, n in sorted(self.completion_tokens.items()):
                 out.append(f'localrun_completion_tokens_total{{model="{_label(model)}"}} {n}')
+            self._render_speculative(out, header)
             header("localrun_http_requests_in_flight", "gauge", "HTTP requests being served.")
             out.append(f"localrun_http_requests_in_flight {self.in_flight}")
         header("localrun_queue_depth", "gauge", "Requests admitted per model (queued or running).")
@@ -143,6 +151,21 @@ class Metrics:
         header("localrun_worker_restarts_total", "counter", "Workers that died and were started again.")
         out.append(f"localrun_worker_restarts_total {worker_restarts}")
         return "\n".join(out) + "\n"
+
+
+    def _render_speculative(self, out: list[str], header) -> None:
+        """Speculative decoding per model: drafted, accepted (= decode passes saved) and the rate."""
+        header("localrun_speculative_drafted_tokens_total", "counter", "Tokens drafted and verified (speculative decoding).")
+        for model, n in sorted(self.drafted_tokens.items()):
+            out.append(f'localrun_speculative_drafted_tokens_total{{model="{_label(model)}"}} {n}')
+        header("localrun_speculative_accepted_tokens_total", "counter",
+               "Drafted tokens the model kept: each one is a decode pass saved.")
+        for model, n in sorted(self.accepted_tokens.items()):
+            out.append(f'localrun_speculative_accepted_tokens_total{{model="{_label(model)}"}} {n}')
+        header("localrun_speculative_acceptance_ratio", "gauge", "Accepted over drafted tokens, since the server started.")
+        for model, n in sorted(self.drafted_tokens.items()):
+            out.append(f'localrun_speculative_acceptance_ratio{{model="{_label(model)}"}} '
+                       f"{self.accepted_tokens[model] / n:.4f}")
 
 
 class Observe:
@@ -192,7 +215,8 @@ def _log_access(scope: Scope, status: int, seconds: float, stats: RequestStats) 
         parts.append(
             f"model={stats.model} prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}"
             f" cached_tokens={stats.cached_tokens}"
-            f" ttft={'-' if ttft is None else f'{ttft * 1000:.1f}ms'} tok/s={'-' if rate is None else f'{rate:.1f}'}"
+            + (f" drafted={stats.drafted_tokens} accepted={stats.accepted_tokens}" if stats.drafted_tokens else "")
+            + f" ttft={'-' if ttft is None else f'{ttft * 1000:.1f}ms'} tok/s={'-' if rate is None else f'{rate:.1f}'}"
         )
     access_log.info(" ".join(parts))
 

@@ -25,12 +25,19 @@ log = logging.getLogger(__name__)
 
 
 def usage_dict(u: Usage) -> dict:
-    return {
+    out = {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.total_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     }
+    if u.drafted_tokens:
+        # Speculative decoding: OpenAI's predicted-output fields say what was kept and what
+        # was rejected; the "speculative" extension gives the plain counts.
+        out["completion_tokens_details"] = {"accepted_prediction_tokens": u.accepted_tokens,
+                                            "rejected_prediction_tokens": u.drafted_tokens - u.accepted_tokens}
+        out["speculative"] = {"drafted_tokens": u.drafted_tokens, "accepted_tokens": u.accepted_tokens}
+    return out
 
 
 def system_fingerprint(gen: Generation) -> str:

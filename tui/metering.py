@@ -44,6 +44,8 @@ class RequestLogEntry:
     tok_s: float | None
     status: int
     duration_s: float
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted and verified
+    accepted_tokens: int = 0  # … and kept
 
 
 @dataclass
@@ -61,6 +63,8 @@ class _Pending:
     first_token: float | None = None
     last_token: float | None = None
     status: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     def observe(self, chunk: Chunk) -> None:
         if chunk.text:
@@ -72,6 +76,8 @@ class _Pending:
         if chunk.usage is not None:
             self.prompt_tokens = chunk.usage.prompt_tokens
             self.completion_tokens = chunk.usage.completion_tokens
+            self.drafted_tokens = chunk.usage.drafted_tokens
+            self.accepted_tokens = chunk.usage.accepted_tokens
 
     def entry(self) -> RequestLogEntry:
         out = self.completion_tokens or self.chunks
@@ -83,6 +89,7 @@ class _Pending:
             at=self.at, method=self.method, route=self.route, model=self.model,
             prompt_tokens=self.prompt_tokens, completion_tokens=out, ttft_s=ttft, tok_s=rate,
             status=self.status, duration_s=time.perf_counter() - self.started,
+            drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens,
         )
 
 
@@ -102,6 +109,8 @@ def _merge_server_stats(pending: _Pending, scope: dict) -> None:
     pending.model = stats.model
     pending.prompt_tokens = stats.prompt_tokens or pending.prompt_tokens
     pending.completion_tokens = stats.completion_tokens or pending.completion_tokens
+    pending.drafted_tokens = getattr(stats, "drafted_tokens", 0) or pending.drafted_tokens
+    pending.accepted_tokens = getattr(stats, "accepted_tokens", 0) or pending.accepted_tokens
     if stats.first_token_at is not None:
         pending.first_token, pending.last_token = stats.first_token_at, stats.last_token_at
         pending.started = stats.start

@@ -45,6 +45,13 @@ def address_line(state, settings) -> str:
     return f"Not serving{': ' + state.detail if state.detail else ''}. Local apps cannot reach these models until localrun serves."
 
 
+def speculation_note(drafted: int, accepted: int) -> str:
+    """The Server screen's word on speculative decoding, over the requests in its log."""
+    if not drafted:
+        return ""
+    return f" · drafts {100 * accepted / drafted:.0f} % kept, {accepted:,} tokens saved"
+
+
 def log_cells(e: RequestLogEntry) -> tuple:
     ttft = f"{e.ttft_s * 1000:.0f} ms" if e.ttft_s is not None else "—"
     rate = f"{e.tok_s:.1f}" if e.tok_s else "—"
@@ -86,6 +93,7 @@ class ServerScreen(LocalrunScreen):
     def __init__(self) -> None:
         super().__init__()
         self._per_model: Counter[str] = Counter()
+        self._drafts = [0, 0]  # drafted, accepted: over the requests logged
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="address", markup=False)
@@ -160,6 +168,10 @@ class ServerScreen(LocalrunScreen):
     def _add_entry(self, entry: RequestLogEntry) -> None:
         if entry.model:
             self._per_model[entry.model] += 1
+        if entry.drafted_tokens:
+            self._drafts[0] += entry.drafted_tokens
+            self._drafts[1] += entry.accepted_tokens
+            self._new_rate(0.0)
         table = self.requests
         key = table.add_row(*log_cells(entry))
         fit_columns(table, [key])
@@ -170,7 +182,8 @@ class ServerScreen(LocalrunScreen):
     def _new_rate(self, _rate: float) -> None:
         samples = list(self.lapp.token_rates)[-SPARK_POINTS:]
         self.spark.data = samples
-        self.peak.update(f" {samples[-1]:.1f} tok/s · {sparkline_peak(samples)}" if samples else "")
+        note = speculation_note(*self._drafts)
+        self.peak.update((f" {samples[-1]:.1f} tok/s · {sparkline_peak(samples)}" if samples else "") + note)
 
     def _selected(self) -> str | None:
         t = self.models

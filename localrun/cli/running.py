@@ -21,16 +21,22 @@ def plan_options(f):
     f = click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads.")(f)
     f = click.option("--parallel", type=click.IntRange(1, 64),
                      help="Requests a llama.cpp model decodes at once, each with the whole context.")(f)
+    f = speculative_option(f)
     return f
 
 
-def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None):
-    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel)):
+def speculative_option(f):
+    return click.option("--speculative", type=click.Choice(["auto", "off", "ngram", "draft"], case_sensitive=False),
+                        default=None, help="Speculative decoding in llama.cpp (default auto: n-gram drafts where they pay).")(f)
+
+
+def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None, speculative=None):
+    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel, speculative)):
         return None
     from localrun.planner import PlanOverrides
 
     return PlanOverrides(runtime=runtime, n_ctx=ctx_len, n_gpu_layers=gpu_layers, device=device, threads=threads,
-                         parallel=parallel)
+                         parallel=parallel, speculative=speculative)
 
 
 def make_manager(settings, store, overrides=None):
@@ -94,7 +100,12 @@ def _stream_answer(manager, name: str, req) -> str:
     decode_s = end - (first or end)
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
     ttft = f"{((first or end) - t0) * 1000:.0f} ms"
-    err_console().print(f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft} · {finish or 'done'}[/]", highlight=False)
+    spec = ""
+    if usage and usage.drafted_tokens:
+        spec = (f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
+                f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)")
+    err_console().print(f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]",
+                        highlight=False)
     return "".join(parts)
 
 
@@ -109,14 +120,15 @@ def _stream_answer(manager, name: str, req) -> str:
 @plan_options
 @click.pass_context
 def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runtime, ctx_len, gpu_layers, device, threads,
-            parallel):
+            parallel, speculative):
     """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     settings = settings_from(ctx)
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
-    manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel))
+    manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel,
+                                                           speculative))
     sampling = {k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None}
     if raw is None:
         raw = not record.metadata.get("chat_template")
@@ -183,14 +195,16 @@ def pooling_settings(items) -> dict:
 @click.option("--pooling", "poolings", multiple=True, metavar="[MODEL=]KIND",
               help="Embedding pooling (mean, cls, last, none, rank) for MODEL, or every model; repeatable.")
 @click.option("--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL).")
+@speculative_option
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror):
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror, speculative):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items() if v is not None}
     overrides = {"server": server} if server else {}
     if poolings:
         overrides["models"] = pooling_settings(poolings)
-    runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel}.items() if v is not None}
+    runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel,
+                                          "speculative": speculative and speculative.lower()}.items() if v is not None}
     if runtime_settings:
         overrides["runtime"] = runtime_settings
     settings = settings_from(ctx, **overrides)

@@ -57,9 +57,10 @@ PRIOR = 0.25
 
 
 def parse_mode(value) -> str:
-    """``plan.options["speculative"]`` as one of :data:`MODES` (``None`` → ``auto``)."""
+    """``plan.options["speculative"]`` as one of :data:`MODES` (``None`` → ``off``, the default
+    until a quiet benchmark shows ``auto`` never slower: see the planner's reason line)."""
     if value is None:
-        return "auto"
+        return "off"
     if isinstance(value, bool):
         return "ngram" if value else "off"
     mode = str(value).strip().lower()

@@ -7,10 +7,11 @@ Why each verification is its own ``llama_decode`` call: with one KV stream per s
 llama.cpp splits a batch into micro-batches with the same number of rows per sequence, so a
 sequence's k+1 rows beside other sequences' single rows would cost k+1 passes. Why at most
 7 rows (``MAX_DRAFT`` + 1): that is the range the scheduler's batch-invariance rule covers.
-Measured here (llama-cpp-python 0.3.36, AVX2): logits of a 2-7 row pass differ from a
-one-row pass in the last bits (1e-7 absolute with flash attention, 1e-6 without), the same
-rounding class as a sequence decoded beside 1-6 others, and equal across 2-8 rows; greedy
-answers are token for token those of plain decoding in every test (tests/speculative).
+Measured here (llama-cpp-python 0.3.36, AVX2), Gemma 3 270M Q4_K_M with flash attention:
+a 2-7 row pass gives one-row steps' logits bit for bit while the KV view is under 512
+cells (~256 tokens); beyond, and without flash attention, it rounds differently, as a
+batched step does (docs/architecture.md, "Speculative decoding"). :func:`verification_is_exact`
+checks this at load, and ``auto`` drafts in a batch-invariant layout only where it holds.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_spec_state_counts_and_feeds_the_index():
 
 
 def test_modes_and_errors():
-    assert parse_mode(None) == "auto" and parse_mode("NGRAM") == "ngram" and parse_mode(False) == "off"
+    assert parse_mode(None) == "off" and parse_mode("NGRAM") == "ngram" and parse_mode(False) == "off"
     with pytest.raises(ConfigError) as exc:
         parse_mode("fast")
     assert "auto, off, ngram, draft" in exc.value.hint and exc.value.param == "speculative"

@@ -1,0 +1,277 @@
+"""Speculative decoding: localrun with and without drafts, native llama.cpp, and
+llama-server's own n-gram speculation, on the same prompts in one run.
+
+    python benchmarks/bench_speculative.py [--max-tokens 192] [--threads 2] [--spec-types ngram-simple,ngram-mod]
+    LLAMA_SERVER_BIN=.../llama-server LLAMA_BENCH_BIN=.../llama-bench   (the anchors; skipped when unset)
+
+Gemma 3 270M Q4_K_M, 2 threads, single stream, greedy. Workloads:
+(a) agent edit: a ~200-line source file to rewrite with one small change;
+(b) RAG: answer by quoting a given passage;
+(c) free generation from a short prompt.
+
+Per workload: decode tok/s (tokens after the first ÷ time from the first to the last) of
+localrun off (``speculative=off``), localrun auto (the adaptive default), the engine's
+plain greedy loop on the low-level API in this process (native llama.cpp decode on the
+same prompt), each the best of ``--rounds`` interleaved rounds; llama-server with each
+``--spec-type`` given (its ``timings``); plus
+``llama-bench`` tg128 for reference. Then 4 concurrent streams (a, b, c, a): aggregate
+tok/s with and without speculation. Acceptance rates and what auto did per workload.
+
+Targets (issue 13): (a) auto >= 2.0x off and >= 1.5x llama-server's best; (b) >= 1.5x off;
+(c) >= 0.97x off; 4 streams: auto >= off. Say ``uptime`` with the numbers: this machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E402
+
+SLOT_CTX = 4096
+
+
+def source_file(lines: int = 200) -> str:
+    """A deterministic ~200-line Python module (an inventory model), the file to edit."""
+    out = ['"""Inventory bookkeeping for a small shop."""', "", "from dataclasses import dataclass", "", ""]
+    items = ["apple", "bread", "candle", "drill", "envelope", "fabric", "glue", "hammer", "ink", "jar",
+             "kettle", "lamp", "marker", "nail", "oil", "paper", "quilt", "rope", "soap", "tape"]
+    out += ["RESTOCK_THRESHOLD = 5", "", ""]
+    for i, name in enumerate(items):
+        out += [f"@dataclass", f"class {name.capitalize()}Stock:", f'    """Stock of {name}s on shelf {i + 1}."""',
+                f"    count: int = {10 + i}", f"    price_cents: int = {100 + 25 * i}", "",
+                f"    def needs_restock(self) -> bool:", f"        return self.count < RESTOCK_THRESHOLD", ""]
+        if len(out) >= lines:
+            break
+    return "\n".join(out[:lines]) + "\n"
+
+
+PASSAGE = (
+    "The lighthouse on Gull Point was built in 1871 from granite quarried on the island itself. Its first keeper, "
+    "Margaret Hale, kept the lamp burning for thirty-two years and recorded every passing ship in a leather log "
+    "that is now held by the county museum. In 1924 the original oil lamp was replaced by an electric lamp "
+    "installed by the engineer Tomas Reyes, who also added a fog signal that could be heard eleven miles away. "
+    "The station was automated in 1968, and the keeper's cottage became a school for marine biology in 1979. "
+    "Visitors may climb the one hundred and twelve steps to the gallery on weekends between May and September."
+)
+WORKLOADS = {
+    "agent-edit": ("Below is the file inventory.py. Rewrite the whole file, changing only RESTOCK_THRESHOLD from 5 "
+                   "to 8. Keep everything else exactly as it is.\n\n```python\n" + source_file()
+                   + "```\n\nThe rewritten inventory.py:\n\n```python\n"),
+    "rag-quote": (f"Passage:\n{PASSAGE}\n\nQuestion: Who replaced the oil lamp, when, and what else did he add? "
+                  "Answer by quoting the passage word for word.\n\nQuote: \""),
+    "free": "Write a short story about a robot who learns to paint.\n\n",
+}
+
+
+# --- localrun ---------------------------------------------------------------------------------
+
+def load_session(model: Path, threads: int, mode: str, n_slots: int = 1):
+    from localrun.runtimes.llamacpp.session import LlamaCppRuntime
+    from localrun.types import Format, ModelRecord, Plan
+
+    plan = Plan(runtime="llama.cpp", n_ctx=SLOT_CTX * n_slots, n_threads=threads, n_batch=512,
+                options={"n_slots": n_slots, "slot_ctx": SLOT_CTX, "speculative": mode, "prefix_cache": False})
+    return LlamaCppRuntime().load(ModelRecord(name="gemma", format=Format.GGUF, path=str(model)), plan)
+
+
+def localrun_one(session, prompt: str, max_tokens: int) -> dict:
+    from localrun.types import Cancel, CompletionRequest, Sampling
+
+    req = CompletionRequest(prompt=prompt, sampling=Sampling(temperature=0.0, max_tokens=max_tokens))
+    first = last = None
+    usage = None
+    text = []
+    for chunk in session.complete(req, Cancel()):
+        if chunk.text:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            text.append(chunk.text)
+        usage = chunk.usage or usage
+    n = usage.completion_tokens
+    return {"tokens": n, "rate": (n - 1) / (last - first) if last and last > first else 0.0, "text": "".join(text),
+            "drafted": usage.drafted_tokens, "accepted": usage.accepted_tokens, "end": last}
+
+
+def localrun_streams(model: Path, threads: int, mode: str, prompts: list[str], max_tokens: int) -> float:
+    session = load_session(model, threads, mode, n_slots=len(prompts))
+    try:
+        localrun_one(session, "Hello", 4)  # warm: the first plain steps are measured
+        out: list = [None] * len(prompts)
+        start = time.perf_counter()
+        threads_ = [threading.Thread(target=lambda i=i: out.__setitem__(i, localrun_one(session, prompts[i], max_tokens)))
+                    for i in range(len(prompts))]
+        for t in threads_:
+            t.start()
+        for t in threads_:
+            t.join()
+        return sum(r["tokens"] for r in out) / (max(r["end"] for r in out) - start)
+    finally:
+        session.close()
+
+
+# --- native llama.cpp ----------------------------------------------------------------------------
+
+class Native:
+    """Plain greedy decoding on the low-level API: the engine alone, on the same prompts."""
+
+    def __init__(self, model: Path, threads: int) -> None:
+        from localrun.runtimes.llamacpp.session import _llama
+
+        llama = self.llama = _llama()
+        self.model = llama.llama_model_load_from_file(str(model).encode(), llama.llama_model_default_params())
+        cp = llama.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = SLOT_CTX, 512, 512
+        cp.n_threads = cp.n_threads_batch = threads
+        self.ctx = llama.llama_init_from_model(self.model, cp)
+        self.vocab = llama.llama_model_get_vocab(self.model)
+        self.batch = llama.llama_batch_init(512, 0, 1)
+        self.chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+        llama.llama_sampler_chain_add(self.chain, llama.llama_sampler_init_greedy())
+
+    def rate(self, prompt: str, max_tokens: int) -> float:
+        from localrun.runtimes.llamacpp.decode import fill_batch
+
+        llama, ctx, batch = self.llama, self.ctx, self.batch
+        llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
+        data = prompt.encode()
+        buf = (llama.llama_token * (len(data) + 8))()
+        toks = list(buf[:llama.llama_tokenize(self.vocab, data, len(data), buf, len(buf), True, True)])
+        for s in range(0, len(toks), 512):
+            chunk = toks[s:s + 512]
+            fill_batch(batch, chunk, range(s, s + len(chunk)), 0, False)
+            batch.logits[len(chunk) - 1] = True
+            llama.llama_decode(ctx, batch)
+        pos, n, first = len(toks), 0, None
+        while n < max_tokens:
+            tok = llama.llama_sampler_sample(self.chain, ctx, -1)
+            first = first or time.perf_counter()
+            n += 1
+            if llama.llama_vocab_is_eog(self.vocab, tok):
+                break
+            fill_batch(batch, [tok], [pos], 0, True)
+            llama.llama_decode(ctx, batch)
+            pos += 1
+        return (n - 1) / (time.perf_counter() - first)
+
+    def close(self) -> None:
+        llama = self.llama
+        llama.llama_sampler_free(self.chain)
+        llama.llama_batch_free(self.batch)
+        llama.llama_free(self.ctx)
+        llama.llama_model_free(self.model)
+
+
+def llama_bench_tg(binary: str, model: Path, threads: int) -> float | None:
+    out = subprocess.run([binary, "-m", str(model), "-t", str(threads), "-p", "0", "-n", "128", "-r", "2", "-o", "json"],
+                         capture_output=True, text=True, timeout=600)
+    rows = json.loads(out.stdout or "[]")
+    return float(rows[0]["avg_ts"]) if rows else None
+
+
+def llama_server_runs(binary: str, model: Path, threads: int, spec: str | None, max_tokens: int) -> dict:
+    import httpx
+
+    port = free_port()
+    args = [binary, "-m", str(model), "--port", str(port), "-c", str(SLOT_CTX), "-np", "1", "-t", str(threads),
+            "-tb", str(threads)] + (["--spec-type", spec] if spec else [])
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, f"{url}/health")
+        out = {}
+        for name, prompt in WORKLOADS.items():
+            r = httpx.post(f"{url}/completion", json={"prompt": prompt, "n_predict": max_tokens, "temperature": 0,
+                                                      "cache_prompt": False}, timeout=600).json()
+            t = r.get("timings", {})
+            out[name] = {"rate": float(t.get("predicted_per_second") or 0), "drafted": t.get("draft_n", 0),
+                         "accepted": t.get("draft_n_accepted", 0)}
+        return out
+    finally:
+        stop(proc)
+
+
+# --- the run ---------------------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per workload (best kept)")
+    ap.add_argument("--spec-types", default="ngram-simple,ngram-mod",
+                    help="llama-server --spec-type values to try (comma-separated)")
+    args = ap.parse_args()
+    model, t, n = gemma_path(), args.threads, args.max_tokens
+    print(f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs")
+    results: dict[str, dict] = {w: {} for w in WORKLOADS}
+    sessions = {mode: load_session(model, t, mode) for mode in ("off", "auto")}
+    native = Native(model, t)
+    try:
+        for session in sessions.values():
+            localrun_one(session, "Hello", 4)  # warm: the first plain steps are measured
+        for name, prompt in WORKLOADS.items():  # interleaved rounds, best of each: the machine is shared
+            for _ in range(args.rounds):
+                for mode, session in sessions.items():
+                    got = localrun_one(session, prompt, n)
+                    if got["rate"] > results[name].get(mode, {"rate": 0})["rate"]:
+                        results[name][mode] = got
+                rate = native.rate(prompt, n)
+                results[name]["native"] = {"rate": max(rate, results[name].get("native", {"rate": 0})["rate"])}
+            results[name]["same_text"] = results[name]["auto"]["text"] == results[name]["off"]["text"]
+    finally:
+        native.close()
+        for session in sessions.values():
+            session.close()
+    anchors: dict[str, dict] = {}
+    server = os.environ.get("LLAMA_SERVER_BIN")
+    if server:
+        for spec in [None, *[s for s in args.spec_types.split(",") if s]]:
+            try:
+                anchors[spec or "none"] = llama_server_runs(server, model, t, spec, n)
+            except Exception as exc:  # noqa: BLE001 - an anchor that cannot run is reported, not fatal
+                print(f"llama-server --spec-type {spec}: failed ({exc})")
+    bench = os.environ.get("LLAMA_BENCH_BIN")
+    tg = llama_bench_tg(bench, model, t) if bench else None
+    mixed = [WORKLOADS["agent-edit"], WORKLOADS["rag-quote"], WORKLOADS["free"], WORKLOADS["agent-edit"]]
+    agg = {mode: localrun_streams(model, t, mode, mixed, n) for mode in ("off", "auto")}
+    report(results, anchors, tg, agg)
+    print(f"load after: {os.getloadavg()[0]:.2f} (1-min)")
+
+
+def report(results: dict, anchors: dict, tg: float | None, agg: dict) -> None:
+    targets = {"agent-edit": 2.0, "rag-quote": 1.5, "free": 0.97}
+    print(f"\n{'workload':<11} {'off':>7} {'auto':>7} {'native':>7} " + " ".join(f"{'ls:' + k:>14}" for k in anchors)
+          + "   auto/off  target  accepted/drafted  same")
+    for name, r in results.items():
+        off, auto = r["off"], r["auto"]
+        ratio = auto["rate"] / off["rate"] if off["rate"] else 0.0
+        acc = f"{auto['accepted']}/{auto['drafted']}" + (f" ({100 * auto['accepted'] / auto['drafted']:.0f} %)" if auto["drafted"] else "")
+        servers = " ".join(f"{a[name]['rate']:>14.1f}" for a in anchors.values())
+        print(f"{name:<11} {off['rate']:>7.1f} {auto['rate']:>7.1f} {r['native']['rate']:>7.1f} {servers}"
+              f"   {ratio:>7.2f}x  {targets[name]:>5}x  {acc:>16}  {r['same_text']}")
+    spec_anchors = {k: v for k, v in anchors.items() if k != "none"}
+    if spec_anchors:
+        best = max(v["agent-edit"]["rate"] for v in spec_anchors.values())
+        print(f"agent-edit: auto / llama-server's best n-gram speculation = "
+              f"{results['agent-edit']['auto']['rate'] / best:.2f}x (target 1.5x)")
+        for k, v in spec_anchors.items():
+            print(f"  llama-server --spec-type {k}: " + ", ".join(
+                f"{w} {d['accepted']}/{d['drafted']} accepted" for w, d in v.items()))
+    if tg:
+        print(f"llama-bench tg128: {tg:.1f} tok/s (no prompt context)")
+    print(f"4 streams (a, b, c, a): off {agg['off']:.1f} tok/s, auto {agg['auto']:.1f} tok/s "
+          f"= {agg['auto'] / agg['off']:.2f}x (target >= 1.0x)")
+
+
+if __name__ == "__main__":
+    main()

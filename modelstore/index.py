@@ -16,6 +16,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -50,6 +51,23 @@ CREATE TABLE IF NOT EXISTS aliases (
 """
 
 _COLUMNS = "name, format, path, source, owned, repo, revision, files, metadata, added_at"
+
+
+def _wal(conn: sqlite3.Connection, *, patience_s: float = 30.0) -> None:
+    """Switch to WAL, waiting out another process doing the same.
+
+    Changing the journal mode needs the database to itself, and SQLite answers "database is
+    locked" at once there instead of calling the busy handler: two first uses of one index at
+    once (two `bundle import`s) made the second one report a damaged index."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 class ModelIndex:
@@ -91,7 +109,7 @@ class ModelIndex:
         with self._schema_lock:
             if self._schema_ready:
                 return
-            conn.execute("PRAGMA journal_mode = WAL")
+            _wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("BEGIN IMMEDIATE")
             try:

@@ -125,6 +125,14 @@ class UpstreamSession:
         return self._stream("/v1/completions", req, lambda st, m: completion_body(req, st.client.kind, m), cancel)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        return self._embed(texts)[0]
+
+    def serve_embed_usage(self, inputs: Sequence) -> dict:
+        """Vectors with the upstream's own count of the tokens they took (the embeddings routes' usage)."""
+        vectors, tokens = self._embed(inputs)
+        return {"embeddings": vectors, "prompt_tokens": tokens}
+
+    def _embed(self, texts: Sequence) -> tuple[list[list[float]], int]:
         from localrun.errors import UnsupportedFeature
 
         if "embeddings" not in self.capabilities:

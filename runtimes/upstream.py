@@ -282,7 +282,8 @@ class UpstreamClient:
                                 retryable=True, kind="stream")
         yield Piece("", finish_reason=_finish(finish), tokens=0, tool_calls=calls.done())
 
-    def embeddings(self, texts: Sequence[str], *, model: str) -> list[list[float]]:
+    def embeddings(self, texts: Sequence, *, model: str) -> tuple[list[list[float]], int]:
+        """The vectors, and the prompt tokens the upstream reports for them (0 when it reports none)."""
         try:
             response = self._http.post("/v1/embeddings", json={"model": model, "input": list(texts)})
         except httpx.HTTPError as exc:
@@ -291,8 +292,10 @@ class UpstreamClient:
             raise status_error(response.status_code, response.content, upstream=self.name, model=model,
                                secrets=self._secrets, retry_after=response.headers.get("retry-after"))
         try:
-            rows = sorted(response.json().get("data", []), key=lambda d: d.get("index", 0))
-            return [list(map(float, r["embedding"])) for r in rows]
+            data = response.json()
+            rows = sorted(data.get("data", []), key=lambda d: d.get("index", 0))
+            tokens = int((data.get("usage") or {}).get("prompt_tokens") or 0)
+            return [list(map(float, r["embedding"])) for r in rows], tokens
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise UpstreamError(f"upstream {self.name!r} sent embeddings localrun cannot read: {exc}") from None
 

@@ -33,7 +33,9 @@ def test_embeddings_match_the_upstreams_own(capable):
     via = _oa(front).embeddings.create(model="tiny", input=["a", "b"])
     direct = openai.OpenAI(base_url=up.url + "/v1", api_key="x").embeddings.create(model="tiny", input=["a", "b"])
     assert [d.embedding for d in via.data] == [d.embedding for d in direct.data] and via.model == "tiny"
+    assert via.usage.prompt_tokens == direct.usage.prompt_tokens > 0  # the upstream's own count, passed on
     emb = ollama.Client(host=front.url).embed(model="tiny", input="a")
+    assert emb.prompt_eval_count > 0
     assert emb.embeddings[0] == pytest.approx(direct.data[0].embedding, rel=1e-6)  # /api/embed rounds to float32
 
 

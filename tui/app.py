@@ -93,6 +93,8 @@ class LocalrunApp(App):
         self.log_path = log_path
         self.poll_s = poll_s
         self.default_model = default_model
+        #: What the upstreams served at the last poll (name, health, models); only the poll worker touches it.
+        self._upstreams_seen: tuple = ()
         self.owned_manager = None
         self.embedded: EmbeddedServer | None = None
         self.request_log: deque[RequestLogEntry] = deque(maxlen=LOG_KEEP)
@@ -218,6 +220,12 @@ class LocalrunApp(App):
 
         def job() -> None:
             self.post_message(LoadedChanged(tuple(backend.loaded())))
+            # Upstream models come and go with their servers' health and model lists, which
+            # nothing in this process announces: a change in what they serve re-lists the models.
+            served = tuple((u.get("name"), u.get("health"), tuple(u.get("models") or ())) for u in backend.upstreams())
+            if served != self._upstreams_seen:
+                self._upstreams_seen = served
+                self.post_message(ModelsChanged("upstreams changed"))
 
         self.run_worker(job, thread=True, group="poll", exclusive=True, name="read loaded models", exit_on_error=False)
 

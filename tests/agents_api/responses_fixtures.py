@@ -7,7 +7,6 @@ LOCALRUN_HOME (the per-test one is function-scoped), stopped when the module end
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.server.conftest import REPO, ServerProcess, free_port
+from tests.server.conftest import REPO, ServerProcess, free_port, launch_args
 
 ALL = ("tools", "json_schema", "logprobs", "embeddings")
 
@@ -32,11 +31,7 @@ def start_server(home: Path, model: Path, name: str, *, runtime: str = "fake", p
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     ModelStore(Settings(data_dir=home / "data", cache_dir=home / "cache")).import_path(model, name=name)
     port = free_port()
-    args = [sys.executable, "-m", "tests.server.launch", "--port", str(port)]
-    for key, value in options.items():
-        args += ["--option", f"{key}={json.dumps(value)}"]
-    for key, value in (plan or {}).items():
-        args += ["--plan", f"{key}={json.dumps(value)}"]
+    args = [sys.executable, "-m", *launch_args(port, options, plan)]
     log_path = home / "server.log"
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, env=env, cwd=REPO, text=True)

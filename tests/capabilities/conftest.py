@@ -3,11 +3,10 @@ validation of JSON answers against their schema."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from tests.server.conftest import build_stack, free_port, spawn_server  # noqa: F401 - fixtures re-exported
+from tests.server.conftest import build_stack, free_port, launch_args, spawn_server  # noqa: F401 - fixtures re-exported
 
 ALL = ("tools", "json_schema", "logprobs", "embeddings")
 
@@ -22,11 +21,7 @@ def serve(spawn_server):  # noqa: F811 - the imported fixture
 
         ModelStore(Settings()).import_path(path, name=name)
         port = free_port()
-        args = ["tests.server.launch", "--port", str(port)]
-        for key, value in options.items():
-            args += ["--option", f"{key}={json.dumps(value)}"]
-        for key, value in (plan or {}).items():
-            args += ["--plan", f"{key}={json.dumps(value)}"]
+        args = launch_args(port, options, plan)
         return spawn_server(args, port=port, env={"LOCALRUN_RUNTIME__FORCE": runtime})
 
     return start

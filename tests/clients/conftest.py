@@ -77,12 +77,11 @@ def serve_module(tmp_path_factory):
     """``serve_module(path, name="tiny", plan={...}, env={...}, **options)``: one real server
     process (``tests.server.launch``, llama.cpp picked by the planner) for a whole test module,
     in a LOCALRUN_HOME of its own, so a module's tests share one model load."""
-    import json
     import os
     import subprocess
     import sys
 
-    from tests.server.conftest import REPO, ServerProcess, wait_for_server
+    from tests.server.conftest import REPO, ServerProcess, launch_args, wait_for_server
 
     started: list[ServerProcess] = []
 
@@ -95,11 +94,7 @@ def serve_module(tmp_path_factory):
                         "from localrun.settings import Settings; ModelStore(Settings()).import_path(sys.argv[1], name=sys.argv[2])",
                         str(path), name], env=full_env, check=True, cwd=REPO)
         port = free_port()
-        args = [sys.executable, "-m", "tests.server.launch", "--port", str(port)]
-        for key, value in options.items():
-            args += ["--option", f"{key}={json.dumps(value)}"]
-        for key, value in (plan or {}).items():
-            args += ["--plan", f"{key}={json.dumps(value)}"]
+        args = [sys.executable, "-m", *launch_args(port, options, plan)]
         log_path = home / "server.log"
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(args, stdout=log_file, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)

@@ -14,6 +14,7 @@ Most run the fake runtime; the llama.cpp ones use the tiny GGUF or Gemma.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import subprocess
@@ -137,6 +138,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch_args(port: int, options: dict | None = None, plan: dict | None = None) -> list[str]:
+    """``tests.server.launch`` on ``port`` with settings ``--option`` and plan ``--plan`` pairs
+    (JSON values): the argument list after ``python -m``, for every test that starts one."""
+    args = ["tests.server.launch", "--port", str(port)]
+    for key, value in (options or {}).items():
+        args += ["--option", f"{key}={json.dumps(value)}"]
+    for key, value in (plan or {}).items():
+        args += ["--plan", f"{key}={json.dumps(value)}"]
+    return args
 
 
 class ServerProcess:

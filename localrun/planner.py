@@ -22,6 +22,7 @@ from localrun.placement import (
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
+from localrun.speculation import speculation_plan
 
 log = logging.getLogger(__name__)
 
@@ -357,34 +358,6 @@ def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int
     kv = kv_cache_bytes(shape, n_ctx * n_seq, kv_type)
     overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu) + (GPU_CONTEXT["cuda"] if on_gpu else 0)
     return MemoryEstimate(weights=weights, kv_cache=kv, overhead=overhead)
-
-
-SPECULATION_WHY = {
-    "auto": "speculative decoding auto: n-gram drafts from the prompt and the answer, verified in one pass, "
-            "per request only while they pay (off where a pass is not bit-exact)",
-    "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
-    "off": "speculative decoding off, as asked",
-    "draft": "speculative decoding with a draft model, as asked: not available in this version (loading fails)",
-}
-
-
-def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
-    """The ``speculative`` option for a llama.cpp plan, and the reason line that says why.
-
-    Raises:
-        ConfigError: an unknown mode.
-    """
-    if not asked:
-        return "off", ("speculative decoding off by default: not yet shown never slower on ordinary text "
-                       "(--speculative auto drafts only while it pays)")
-    mode = asked.strip().lower()
-    if mode not in SPECULATION_WHY:
-        raise ConfigError(f"unknown speculative mode {asked!r}", param="speculative",
-                          hint="use one of: " + ", ".join(SPECULATION_WHY))
-    why = SPECULATION_WHY[mode]
-    if mode == "auto" and slots > 1:
-        why += "; beside other requests a draft must beat the request's share of a batched step"
-    return mode, why
 
 
 def render_plan(plan: Plan, record: ModelRecord) -> list[str]:

@@ -1,7 +1,7 @@
 """Speculative decoding: localrun with and without drafts, native llama.cpp, and
 llama-server's own n-gram speculation, on the same prompts in one run.
 
-    python benchmarks/bench_speculative.py [--max-tokens 192] [--threads 2] [--spec-types ngram-simple,ngram-mod]
+    python benchmarks/bench_speculative.py [--max-tokens 256] [--threads 2] [--spec-types ngram-simple,ngram-mod]
     LLAMA_SERVER_BIN=.../llama-server LLAMA_BENCH_BIN=.../llama-bench   (the anchors; skipped when unset)
 
 Gemma 3 270M Q4_K_M, 2 threads, single stream, greedy. Workloads:
@@ -63,13 +63,15 @@ PASSAGE = (
     "The station was automated in 1968, and the keeper's cottage became a school for marine biology in 1979. "
     "Visitors may climb the one hundred and twelve steps to the gallery on weekends between May and September."
 )
+#: Prompts a base model continues the way the workload asks (Gemma 3 270M is a base model:
+#: an instruction to "rewrite the file" makes it ramble, a document that shows the file and
+#: then begins its new version makes it copy, as an agent's edit does).
 WORKLOADS = {
-    "agent-edit": ("Below is the file inventory.py. Rewrite the whole file, changing only RESTOCK_THRESHOLD from 5 "
-                   "to 8. Keep everything else exactly as it is.\n\n```python\n" + source_file()
-                   + "```\n\nThe rewritten inventory.py:\n\n```python\n"),
+    "agent-edit": ("File: inventory.py\n```python\n" + source_file()
+                   + "```\n\nThe same file after changing RESTOCK_THRESHOLD from 5 to 8:\n\nFile: inventory.py\n```python\n"),
     "rag-quote": (f"Passage:\n{PASSAGE}\n\nQuestion: Who replaced the oil lamp, when, and what else did he add? "
                   "Answer by quoting the passage word for word.\n\nQuote: \""),
-    "free": "Write a short story about a robot who learns to paint.\n\n",
+    "free": "The history of the bicycle begins in the early nineteenth century, when",
 }
 
 
@@ -205,7 +207,7 @@ def llama_server_runs(binary: str, model: Path, threads: int, spec: str | None, 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per workload (best kept)")
     ap.add_argument("--spec-types", default="ngram-simple,ngram-mod",

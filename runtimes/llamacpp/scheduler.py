@@ -58,7 +58,7 @@ from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.prefix import PrefixCache, Slot
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
-from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps, verification_is_exact
+from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps, calibrate
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import Cancel, Chunk, Usage
 
@@ -119,9 +119,9 @@ class Scheduler(SpeculativeSteps):
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
         self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa)
         # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
+        self.costs = DecodeCosts()
         self.speculative = self._speculation(speculative)
         self._draft_k = draft_k if speculative == "ngram" else None
-        self.costs = DecodeCosts()
         self.spec_totals = SpecTotals()
         self.cache = PrefixCache(layout.n_slots, self._kv,
                                  min_tail=layout.min_chunk, host_budget=layout.host_cache_bytes,
@@ -137,18 +137,15 @@ class Scheduler(SpeculativeSteps):
         self._thread.start()
 
     def _speculation(self, mode: str) -> str:
-        """``auto`` drafts only where a verification pass keeps this layout's promise (see
-        speculative_step.py): never under ``exact_prefix``, and in a batch-invariant layout only
-        when the pass is bit-exact here. ``ngram`` drafts regardless (an explicit trade)."""
-        if mode != "auto" or not self.layout.exact:
-            return mode
-        if self.layout.exact_prefix:
-            log.info("speculative decoding off: exact_prefix asks for bit-exact answers, and without flash attention "
-                     "a verification pass rounds differently")
+        """``auto`` drafts in any layout but ``exact_prefix``, whose promise is bit-exact
+        answers (a pass rounds like a batched step, see speculative_step.py); ``ngram`` drafts
+        regardless, as asked. Pass costs are timed here first, when drafting is on."""
+        if mode == "auto" and self.layout.exact_prefix:
+            log.info("speculative decoding off: exact_prefix asks for bit-exact answers, and a verification "
+                     "pass rounds like a batched step")
             return "off"
-        if not verification_is_exact(self._llama, self._ctx, self._batch):
-            log.info("speculative decoding off: a verification pass does not give one-row steps' logits bit for bit here")
-            return "off"
+        if mode != "off":
+            calibrate(self._llama, self._ctx, self._batch, self.costs)
         return mode
 
     # --- request threads --------------------------------------------------------------------

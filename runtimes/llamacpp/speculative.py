@@ -4,31 +4,37 @@ Speculative decoding does less work per token by guessing the next few tokens ch
 checking them in one ``llama_decode`` of the sequence: the model's answer at every drafted
 position comes out of that one pass, and the tokens it agrees with are kept. On a CPU the
 pass over k+1 rows costs more than a one-row step (each row still goes through every
-matmul), so a draft only pays when enough of it is accepted. Hence three parts:
+matmul and the whole output layer), so a draft only pays when enough of it is accepted.
+Hence three parts:
 
-* :class:`NgramIndex` — where the draft comes from: the longest recent n-gram of the
-  sequence's own prompt and output that ends like the sequence does now; the tokens that
-  followed it are the guess. Copy-heavy text (a file rewritten with a small change, a
-  quoted passage) is guessed well; free prose rarely.
-* :class:`DraftPolicy` — per sequence, how far drafts of each length have been right. It
-  learns also while *not* drafting: a proposal it declined is compared with the tokens
-  plain decoding then produces ("shadow" drafts), at no decode cost, so a sequence that
-  turns copy-heavy is noticed, and one that stops being so is dropped.
-* :class:`DecodeCosts` — what a verification pass of m rows costs against a plain step,
-  measured on this machine as the scheduler runs (a one-row step, plus a cost per extra row).
+* :class:`NgramIndex` — where the draft comes from: the sequence's own prompt and output.
+  It *follows a source*: once a draft was copied from position p and agreed with, the next
+  draft continues from where that copy stands, so a rewritten file is copied line after line
+  from the right place even when its lines look alike. When the source stops agreeing, it
+  looks again: among the recent places where the last four tokens occurred, the one whose
+  match reaches furthest back (then the latest), else the latest 3- or 2-gram match.
+* :class:`DraftPolicy` — per sequence, how often a drafted token is right given the one
+  before it was (runs of copied text are long, and a miss ends them), learnt from verified
+  drafts and from "shadow" drafts: a declined proposal is compared with the tokens plain
+  decoding then produces, at no decode cost, so a sequence that turns copy-heavy is noticed.
+  The draft length grows by doubling while whole drafts are accepted and falls back to what
+  was accepted after a miss, so one lucky match does not buy a 32-row pass.
+* :class:`DecodeCosts` — what a pass of m rows costs against a plain step, measured on this
+  machine: timed at load (:func:`.speculative_step.calibrate`) and refined as the scheduler runs.
 
-The policy drafts k tokens only when the expected tokens per pass, 1 + sum of P(first i
-drafted tokens right), divided by the pass's cost in plain steps, beats plain decoding by a
-margin; otherwise the sequence decodes plainly, so ``auto`` is never slower by design
-beyond the cost of the measurements themselves.
+The policy drafts k tokens only when the expected tokens per pass (1 + p + p^2 + ... + p^k)
+divided by the pass's cost in plain steps beats plain decoding by a margin; otherwise the
+sequence decodes plainly, so ``auto`` costs only its measurements where drafts do not pay.
 
-Exactness: the scheduler samples the verification rows in order with the request's own
+Sampling: the scheduler samples the verification rows in order with the request's own
 sampler and stops at the first token that differs from the draft, so the sampler sees the
 same calls as plain decoding (one per output token, the same RNG draws). With a draft that
-is one fixed token per position (n-gram lookup), "sample from the model and compare" *is*
-the standard speculative-sampling rule: the drafted token is kept with probability p(x),
-and on a rejection the token drawn is distributed as p without x, renormalised. The
-output distribution is the model's at any temperature.
+is one fixed token per position (n-gram lookup, or a draft model's greedy guess), "sample
+from the model and compare" *is* the standard speculative-sampling rule: the drafted token
+is kept with probability p(x), and on a rejection the token drawn is distributed as p
+without x, renormalised. The output distribution is the model's at any temperature.
+Rounding is the trade (docs/architecture.md, "Speculative decoding"): a pass of several
+rows goes through batched kernels, whose sums round differently from a one-row step's.
 """
 
 from __future__ import annotations
@@ -42,23 +48,33 @@ log = logging.getLogger(__name__)
 
 #: ``runtime.speculative`` / ``plan.options["speculative"]``.
 MODES = ("auto", "off", "ngram", "draft")
-#: Most tokens drafted at once: k+1 rows per verification pass stay within the 1-7 row
-#: micro-batches the batch-invariance rule of :mod:`.scheduler` allows.
-MAX_DRAFT = 6
+#: The sizes a verification pass may have, in rows (the pending token and k = rows - 1
+#: drafted ones), each timed at load. Multiples of 4 because ggml's CPU kernels for
+#: repacked weights (Q4_0, Q4_K, IQ4_NL, Q8_0 on x86 and ARM) multiply 4 rows at a time and
+#: the rest one by one, re-reading the weights for each: measured here (Gemma 3 270M,
+#: Q8_0 output layer) 2 rows cost 2.2 one-row steps, 4 rows 2.9, 5 rows 4.5. 2 stays for
+#: builds where it is cheap (a GPU, plain kernels).
+PASS_ROWS = (2, 4, 8, 12, 16, 24, 32)
+#: Most tokens drafted at once (a pass is then MAX_DRAFT + 1 rows, one ``llama_decode``).
+MAX_DRAFT = PASS_ROWS[-1] - 1
 #: ``ngram`` mode (draft whenever a match is found) drafts this many unless told otherwise.
-DEFAULT_FIXED_K = 5
+DEFAULT_FIXED_K = 8
 MIN_NGRAM, MAX_NGRAM = 2, 4
+#: Places remembered per 4-gram, and how far back a match is compared to choose among them.
+RECENT_PLACES, BACK_MATCH = 16, 32
 #: A draft must promise this much over plain decoding (tokens per unit of time) to be tried.
 PAY_MARGIN = 1.10
-#: How fast the acceptance estimates follow new outcomes.
-ALPHA = 0.3
+#: How fast the acceptance estimate follows new outcomes (per drafted token scored).
+ALPHA = 0.08
 #: What a sequence believes before it has seen anything: drafts are rarely right.
-PRIOR = 0.25
+PRIOR = 0.3
+#: The longest draft tried first; its pass size doubles after each fully accepted draft.
+FIRST_K = 3
 
 
 def parse_mode(value) -> str:
-    """``plan.options["speculative"]`` as one of :data:`MODES` (``None`` → ``off``, the default
-    until a quiet benchmark shows ``auto`` never slower: see the planner's reason line)."""
+    """``plan.options["speculative"]`` as one of :data:`MODES` (``None`` → ``off``; the
+    planner writes the default it chose, see localrun/speculation.py)."""
     if value is None:
         return "off"
     if isinstance(value, bool):
@@ -71,56 +87,90 @@ def parse_mode(value) -> str:
 
 
 class NgramIndex:
-    """A sequence's tokens (prompt, then output) and, for each n in [min_n, max_n], where
-    each n-gram last ended. ``propose`` finds the longest n-gram ending the sequence that
-    occurred before and returns what followed its latest earlier occurrence."""
+    """A sequence's tokens (prompt, then output), where each n-gram (n in [min_n, max_n])
+    last ended, the recent places of each max_n-gram, and the source being followed."""
 
-    __slots__ = ("tokens", "_maps", "_min", "_max")
+    __slots__ = ("tokens", "_maps", "_places", "_min", "_max", "source")
 
     def __init__(self, tokens=(), *, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM) -> None:
         self.tokens: list[int] = []
         self._min, self._max = min_n, max_n
-        self._maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n + 1)}
+        self._maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n)}
+        self._places: dict[tuple[int, ...], list[int]] = {}
+        #: Where the next token is expected to be copied from (None: look again).
+        self.source: int | None = None
         for token in tokens:
-            self.append(token)
+            self._add(token)
 
     def append(self, token: int) -> None:
+        src = self.source
+        if src is not None:
+            self.source = src + 1 if self.tokens[src] == token else None
+        self._add(token)
+
+    def _add(self, token: int) -> None:
         toks = self.tokens
         toks.append(token)
         end = len(toks) - 1  # the n-grams ending just before ``token`` now have a continuation
         for n, found in self._maps.items():
             if end >= n:
                 found[tuple(toks[end - n:end])] = end
+        if end >= self._max:
+            places = self._places.setdefault(tuple(toks[end - self._max:end]), [])
+            places.append(end)
+            if len(places) > RECENT_PLACES:
+                del places[0]
 
     def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens the sequence is guessed to go on with (empty: no guess)."""
         toks = self.tokens
-        for n in range(min(self._max, len(toks)), self._min - 1, -1):
-            at = self._maps[n].get(tuple(toks[len(toks) - n:]))
+        if k <= 0:
+            return []
+        if self.source is None:
+            self.source = self._find()
+            if self.source is None:
+                return []
+        return toks[self.source:self.source + k]
+
+    def _find(self) -> int | None:
+        toks, n = self.tokens, len(self.tokens)
+        if n >= self._max:
+            places = self._places.get(tuple(toks[n - self._max:]))
+            if places:
+                best, reach = None, -1
+                for at in reversed(places):  # latest first: ties keep the latest
+                    back = 0
+                    while (back < BACK_MATCH and at - self._max - 1 - back >= 0
+                           and toks[at - self._max - 1 - back] == toks[n - self._max - 1 - back]):
+                        back += 1
+                    if back > reach:
+                        best, reach = at, back
+                return best
+        for m in range(min(self._max - 1, n), self._min - 1, -1):
+            at = self._maps[m].get(tuple(toks[n - m:]))
             if at is not None:
-                return toks[at:at + k]
-        return []
+                return at
+        return None
 
 
 class DecodeCosts:
     """Measured seconds of decode calls: plain steps by rows (one row per sequence) and
-    verification passes by rows (one sequence). A verification pass of m rows is modelled
-    as ``one + extra * (m - 1)``, fitted as passes are timed; before any is, ``extra`` is
-    assumed to be ``PRIOR_EXTRA`` of a one-row step."""
+    passes of one sequence by rows. Between measured row counts a pass's cost is read off
+    the line through its neighbours; beyond the largest, the last two extend the line;
+    before any pass is measured, each extra row is ``PRIOR_EXTRA`` of a one-row step."""
 
     PRIOR_EXTRA = 0.35
 
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
-        self.extra: float | None = None
+        self.passes: dict[int, float] = {}
 
     def observe_plain(self, rows: int, seconds: float) -> None:
         self.plain[rows] = _ewma(self.plain.get(rows), seconds)
 
     def observe_verify(self, rows: int, seconds: float) -> None:
-        one = self.plain.get(1)
-        if one is None or rows < 2:
-            return
-        self.extra = _ewma(self.extra, max(0.0, (seconds - one) / (rows - 1)))
+        if rows >= 2:
+            self.passes[rows] = _ewma(self.passes.get(rows), seconds)
 
     def share(self, rows: int) -> float | None:
         """Seconds one sequence costs in a plain step of ``rows`` sequences."""
@@ -134,11 +184,28 @@ class DecodeCosts:
         return got / rows
 
     def verify(self, rows: int) -> float | None:
+        """Seconds a pass of ``rows`` rows of one sequence is expected to take."""
         one = self.plain.get(1)
         if one is None:
             return None
-        extra = self.extra if self.extra is not None else self.PRIOR_EXTRA * one
-        return one + extra * (rows - 1)
+        if rows <= 1:
+            return one
+        got = self.passes.get(rows)
+        if got is not None:
+            return got
+        known = sorted((1, *self.passes))
+        points = {1: one, **self.passes}
+        below = max(r for r in known if r < rows)
+        above = [r for r in known if r > rows]
+        if above:
+            hi = above[0]
+            return points[below] + (points[hi] - points[below]) * (rows - below) / (hi - below)
+        if len(known) >= 2:
+            lo = known[-2]
+            slope = max(0.0, (points[below] - points[lo]) / (below - lo))
+        else:
+            slope = self.PRIOR_EXTRA * one
+        return points[below] + slope * (rows - below)
 
 
 def _ewma(old: float | None, new: float, alpha: float = 0.2) -> float:
@@ -152,25 +219,31 @@ class Decision:
 
 
 class DraftPolicy:
-    """Per sequence: P(the first i drafted tokens are all right), i = 1..MAX_DRAFT, learnt
-    from verified drafts and from shadow drafts (declined proposals checked against what
-    plain decoding produced)."""
+    """Per sequence: p, the chance a drafted token is right when the ones before it were,
+    and the draft length the doubling has reached."""
 
-    __slots__ = ("right", "_shadow", "_at", "fixed_k")
+    __slots__ = ("p", "cap", "_shadow", "_at", "fixed_k")
 
     def __init__(self, fixed_k: int | None = None) -> None:
-        self.right = [PRIOR ** (i + 1) for i in range(MAX_DRAFT)]
+        self.p = PRIOR
+        self.cap = FIRST_K
         self._shadow: list[int] = []
         self._at = 0
         self.fixed_k = fixed_k
 
-    def record(self, proposed: int, accepted: int) -> None:
-        for i in range(min(proposed, MAX_DRAFT)):
-            self.right[i] += ALPHA * ((1.0 if accepted > i else 0.0) - self.right[i])
+    def record(self, proposed: int, accepted: int, *, verified: bool = True) -> None:
+        """Score a draft: ``accepted`` rights then (if short of ``proposed``) one miss."""
+        for _ in range(accepted):
+            self.p += ALPHA * (1.0 - self.p)
+        if accepted < proposed:
+            self.p -= ALPHA * 2 * self.p  # a miss weighs more: it ends the run
+        if verified:
+            self.cap = min(MAX_DRAFT, 2 * self.cap + 1) if accepted >= proposed else max(FIRST_K, accepted)
 
     def expected(self, k: int) -> float:
-        """Tokens a verification pass with k drafted tokens is expected to produce."""
-        return 1.0 + sum(self.right[:k])
+        """Tokens a pass with k drafted tokens is expected to produce."""
+        p = self.p
+        return (1 - p ** (k + 1)) / (1 - p) if p < 1 else float(k + 1)
 
     def choose(self, available: int, costs: DecodeCosts, rows_now: int) -> Decision:
         """How many of ``available`` proposed tokens to verify (0: decode plainly)."""
@@ -180,8 +253,11 @@ class DraftPolicy:
         if share is None:
             return Decision(0, "no plain step measured yet")
         best_k, best_gain = 0, PAY_MARGIN
-        for k in range(1, min(available, MAX_DRAFT) + 1):
-            cost = costs.verify(k + 1)
+        for rows in PASS_ROWS:
+            k = rows - 1
+            if k > min(available, self.cap):
+                break
+            cost = costs.verify(rows)
             gain = self.expected(k) * share / cost if cost else 0.0
             if gain > best_gain:
                 best_k, best_gain = k, gain
@@ -195,15 +271,15 @@ class DraftPolicy:
             self._shadow, self._at = list(proposal[:MAX_DRAFT]), 0
 
     def observe(self, token: int) -> None:
-        """A token plain decoding produced: score the pending shadow draft with it."""
+        """A token plain decoding produced: score the pending shadow draft with it, token by
+        token (a long copy is noticed after a few tokens, not at the end of its draft)."""
         if not self._shadow:
             return
-        if token == self._shadow[self._at]:
-            self._at += 1
-            if self._at < len(self._shadow):
-                return
-        self.record(len(self._shadow), self._at)
-        self._shadow, self._at = [], 0
+        right = token == self._shadow[self._at]
+        self.record(1, 1 if right else 0, verified=False)
+        self._at += 1
+        if not right or self._at == len(self._shadow):
+            self._shadow, self._at = [], 0
 
     def drop_shadow(self) -> None:
         self._shadow, self._at = [], 0
@@ -265,7 +341,7 @@ def speculation(plan, n_swa: int) -> tuple[str, int | None]:
         raise ConfigError(f"draft_k must be a number, not {plan.options.get('draft_k')!r}", param="draft_k") from exc
     if not 1 <= k <= MAX_DRAFT:
         raise ConfigError(f"draft_k must be 1-{MAX_DRAFT}, not {k}", param="draft_k",
-                          hint=f"more rows per pass leave the batch-invariant range ({MAX_DRAFT + 1} rows)")
+                          hint=f"a pass verifies at most {MAX_DRAFT} drafted tokens")
     if mode != "off" and n_swa > 0 and plan.options.get("swa_full") is False:
         # Without a full-size cache a sliding-window layer may already have overwritten what a
         # rejected draft's removal would need back.

@@ -5,13 +5,12 @@ readable); the drafts and the policy that decides when they pay are :mod:`.specu
 
 Why each verification is its own ``llama_decode`` call: with one KV stream per sequence,
 llama.cpp splits a batch into micro-batches with the same number of rows per sequence, so a
-sequence's k+1 rows beside other sequences' single rows would cost k+1 passes. Why at most
-7 rows (``MAX_DRAFT`` + 1): that is the range the scheduler's batch-invariance rule covers.
-Measured here (llama-cpp-python 0.3.36, AVX2), Gemma 3 270M Q4_K_M with flash attention:
-a 2-7 row pass gives one-row steps' logits bit for bit while the KV view is under 512
-cells (~256 tokens); beyond, and without flash attention, it rounds differently, as a
-batched step does (docs/architecture.md, "Speculative decoding"). :func:`verification_is_exact`
-checks this at load, and ``auto`` drafts in a batch-invariant layout only where it holds.
+sequence's k+1 rows beside other sequences' single rows would cost k+1 passes. Rounding: a pass
+of several rows of one sequence goes through batched kernels (ggml's CPU flash attention
+takes a tiled path for several query rows and a split-KV path for one row over 512+ cells;
+the matmuls tile differently), so its logits are not bit for bit a one-row step's: greedy
+answers agree except where two tokens are within rounding of each other
+(docs/architecture.md, "Speculative decoding"). :func:`calibrate` times passes at load.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import logging
 import time
 
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.speculative import MAX_DRAFT
+from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, PASS_ROWS
 
 log = logging.getLogger(__name__)
 
@@ -108,39 +107,36 @@ class SpeculativeSteps:
         return True
 
 
-def verification_is_exact(llama, ctx, batch, *, rows: int = MAX_DRAFT + 1) -> bool:
-    """Whether a pass of ``rows`` rows of one sequence gives, bit for bit, the logits that
-    one-row steps give, on this build, model and context settings (checked at load on
-    sequence 0, which is left empty). Measured here: yes for Gemma 3 270M Q4_K_M with
-    flash attention; no without it (logits differ by up to 1.5), nor for F32 weights
-    (tinyBLAS takes 2+ rows, ~1e-7)."""
-    import numpy as np
-
-    n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(llama.llama_get_model(ctx)))
+def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> None:
+    """Time one-row steps and passes of each size in ``PASS_ROWS`` on this build, model and context (on
+    ``seq``, left empty after), into ``costs``: the policy's first decisions then rest on
+    this machine's numbers, not a guess. A pass's cost is far from linear on a CPU (measured
+    here, see ``PASS_ROWS``), and which drafts pay depends on exactly that. Costs ~60 one-row
+    steps at load (~0.5 s for Gemma 3 270M on 2 cores)."""
     mem = llama.llama_get_memory(ctx)
-    # A short context first: some kernels differ only once there are a few dozen cells to attend to.
+    n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(llama.llama_get_model(ctx)))
     context = [(7 + 13 * i) % n_vocab for i in range(PROBE_CONTEXT)]
-    tokens = [(11 + 17 * i) % n_vocab for i in range(rows)]
-
-    def logits(row: int):
-        return np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).copy()
-
+    tokens = [(11 + 17 * i) % n_vocab for i in range(MAX_DRAFT + 1)]
     try:
-        for start in range(0, PROBE_CONTEXT, rows):  # chunks the batch and the context's n_batch always hold
-            chunk = context[start:start + rows]
-            fill_batch(batch, chunk, range(start, start + len(chunk)), 0, False)
+        for start in range(0, PROBE_CONTEXT, len(tokens)):
+            chunk = context[start:start + len(tokens)]
+            fill_batch(batch, chunk, range(start, start + len(chunk)), seq, False)
             if llama.llama_decode(ctx, batch) != 0:
-                return False
-        alone = []
-        for pos, token in enumerate(tokens, PROBE_CONTEXT):
-            fill_batch(batch, [token], [pos], 0, True)
-            if llama.llama_decode(ctx, batch) != 0:
-                return False
-            alone.append(logits(0))
-        llama.llama_memory_seq_rm(mem, 0, PROBE_CONTEXT, -1)
-        fill_batch(batch, tokens, range(PROBE_CONTEXT, PROBE_CONTEXT + rows), 0, True)
-        if llama.llama_decode(ctx, batch) != 0:
-            return False
-        return all(np.array_equal(logits(i), alone[i]) for i in range(rows))
+                return
+        for rows in (1, 1, *PASS_ROWS):
+            best = None
+            for _ in range(repeats):
+                fill_batch(batch, tokens[:rows], range(PROBE_CONTEXT, PROBE_CONTEXT + rows), seq, True)
+                started = time.perf_counter()
+                rc = llama.llama_decode(ctx, batch)
+                took = time.perf_counter() - started
+                llama.llama_memory_seq_rm(mem, seq, PROBE_CONTEXT, -1)
+                if rc != 0:
+                    return
+                best = took if best is None else min(best, took)
+            if rows == 1:
+                costs.plain[1] = best
+            else:
+                costs.passes[rows] = best
     finally:
-        llama.llama_memory_seq_rm(mem, 0, -1, -1)
+        llama.llama_memory_seq_rm(mem, seq, -1, -1)

@@ -54,7 +54,7 @@ def test_greedy_answers_are_the_same_with_drafts_alone_and_batched(model):
 def test_auto_drafts_on_copy_heavy_text_and_keeps_the_answer(gemma_gguf):
     plain, auto = pair(gemma_gguf, n_slots=2, mode="auto")
     try:
-        assert auto.speculative == "auto"  # a verification pass is bit-exact here (flash attention, Q4_K)
+        assert auto.speculative == "auto"
         prompt = GEMMA_COPY[0]
         ref = run(plain, request(prompt, max_tokens=48))
         got = run(auto, request(prompt, max_tokens=48))
@@ -167,14 +167,24 @@ def test_context_full_mid_draft_ends_at_the_slot_edge(tiny_gguf):
         spec.close()
 
 
-def test_auto_drafts_only_where_a_pass_is_bit_exact(tiny_gguf):
-    """F32 weights: tinyBLAS takes 2+ rows, so a pass rounds differently and auto stays off in a
-    batch-invariant layout; past that range (8 slots) rounding already depends on the batch."""
-    for opts, expected in (({"speculative": "auto"}, "off"), ({"speculative": "auto", "n_slots": 8}, "auto"),
+def test_auto_drafts_in_every_layout_but_exact_prefix_and_times_its_passes(tiny_gguf):
+    """A pass rounds like a batched step (the documented trade), so auto runs in any layout;
+    exact_prefix promises bit-exact answers, so there it is off. Drafting times its pass
+    sizes at load."""
+    from localrun.runtimes.llamacpp.speculative import PASS_ROWS
+
+    for opts, expected in (({"speculative": "auto"}, "auto"), ({"speculative": "auto", "n_slots": 8}, "auto"),
+                           ({"speculative": "auto", "exact_prefix": True}, "off"),
                            ({"speculative": "ngram"}, "ngram"), ({}, "off")):
         s = load(tiny_gguf, **{"slot_ctx": 128, **opts})
         try:
             assert s.speculative == expected, opts
+            costs = s._sched.costs
+            if expected == "off":
+                assert costs.passes == {}
+            else:
+                assert set(costs.passes) == set(PASS_ROWS) and costs.plain[1] > 0
+                assert all(t > 0 for t in costs.passes.values())
         finally:
             s.close()
 

@@ -7,7 +7,7 @@ import pytest
 
 from localrun.errors import ConfigError, UnsupportedFeature
 from localrun.runtimes.llamacpp.speculative import (
-    MAX_DRAFT, DecodeCosts, DraftPolicy, NgramIndex, SpecState, parse_mode, speculation,
+    FIRST_K, MAX_DRAFT, PASS_ROWS, DecodeCosts, DraftPolicy, NgramIndex, SpecState, parse_mode, speculation,
 )
 from localrun.types import Plan
 
@@ -30,45 +30,87 @@ def test_ngram_index_grows_as_tokens_arrive_and_prefers_the_latest_occurrence():
     assert built.propose(2) == idx.propose(2) == [11, 3]
 
 
+def test_among_places_of_a_4gram_the_one_matching_furthest_back_wins():
+    # "1 2 3 4" occurs after "8 9" and after "5 6"; the sequence ends "5 6 1 2 3 4".
+    toks = [8, 9, 1, 2, 3, 4, 70, 5, 6, 1, 2, 3, 4, 71, 8, 9, 0, 5, 6, 1, 2, 3, 4]
+    assert NgramIndex(toks).propose(2) == [71, 8]
+    toks[-5] = 9  # now it ends "9 1 2 3 4": the place after "8 9" matches further back
+    assert NgramIndex(toks).propose(2) == [70, 5]
+
+
+def test_the_index_follows_its_source_while_it_agrees_and_looks_again_after_a_miss():
+    # A file whose lines look alike: "a = 1" then "a = 2"; after "a =" the latest place would be wrong.
+    line1, line2 = [50, 51, 52, 1, 99], [50, 51, 52, 2, 99]
+    prompt = [7, *line1, *line2, 8, 50, 51, 52]  # the copy has begun: "a =" ... of line 1?
+    idx = NgramIndex(prompt)
+    assert idx.propose(2) == [2, 99]  # the latest "50 51 52" place (line 2)
+    idx = NgramIndex([7, *line1, *line2, 8, 7, 50, 51])  # the copy began at the start: "7 50 51"
+    assert idx.propose(3) == [52, 1, 99]
+    for tok in (52, 1, 99):  # agreed: the source moves along
+        idx.append(tok)
+    assert idx.source is not None and idx.propose(3) == [50, 51, 52]
+    idx.append(42)  # a miss: the source is dropped, and found again from the new suffix
+    assert idx.source is None and idx.propose(3) == []
+
+
 def _costs(one=0.010, extra=0.002, rows=None):
     costs = DecodeCosts()
     costs.observe_plain(1, one)
     for r, t in (rows or {}).items():
         costs.observe_plain(r, t)
-    costs.observe_verify(4, one + 3 * extra)
+    for r in PASS_ROWS:
+        costs.observe_verify(r, one + (r - 1) * extra)
     return costs
 
 
 def test_policy_declines_until_shadow_drafts_prove_right_then_backs_off():
     costs, policy = _costs(), DraftPolicy()
-    assert policy.choose(5, costs, 1).k == 0  # the prior: drafts are rarely right
-    for _ in range(4):  # declined proposals that plain decoding then produced exactly
+    assert policy.choose(7, costs, 1).k == 0  # the prior: drafts are rarely right
+    for _ in range(3):  # declined proposals that plain decoding then produced exactly
         policy.shadow([1, 2, 3, 4, 5])
         for tok in (1, 2, 3, 4, 5):
             policy.observe(tok)
-    decision = policy.choose(5, costs, 1)
-    assert decision.k >= 3, decision
-    for _ in range(6):  # verified drafts that were wrong from the first token
-        policy.record(decision.k, 0)
-    assert policy.choose(5, costs, 1).k == 0
+    decision = policy.choose(7, costs, 1)
+    assert decision.k == FIRST_K, decision  # the first verified draft is short
+    policy.record(decision.k, decision.k)
+    assert policy.choose(40, costs, 1).k == 7  # whole drafts accepted: the pass size doubles
+    policy.record(7, 7)
+    assert policy.cap == 15
+    policy.p = 0.97  # and long drafts pay only once nearly every token is right
+    assert policy.choose(40, costs, 1).k == 15
+    for _ in range(10):  # verified drafts that were wrong from the first token
+        policy.record(policy.choose(40, costs, 1).k, 0)
+    assert policy.choose(40, costs, 1).k == 0
 
 
-def test_a_wrong_shadow_draft_is_scored_at_its_first_miss():
+def test_pass_sizes_come_from_the_measured_ladder():
+    costs, policy = _costs(), DraftPolicy()
+    policy.p, policy.cap = 1.0, MAX_DRAFT
+    assert policy.choose(40, costs, 1).k == MAX_DRAFT
+    assert policy.choose(10, costs, 1).k == 7  # 11 rows is no rung: the next one down
+    costs.passes[8] = 0.5  # a size measured as very slow is skipped
+    assert policy.choose(10, costs, 1).k == 3
+
+
+def test_a_wrong_shadow_draft_is_scored_token_by_token_up_to_its_first_miss():
     policy = DraftPolicy()
-    before = list(policy.right)
+    before = policy.p
     policy.shadow([1, 2, 3])
     policy.observe(1)
-    policy.observe(9)  # miss at the second token: one right, then wrong
-    assert policy.right[0] > before[0] and policy.right[1] < before[1] and policy.right[2] < before[2]
-    policy.observe(2)  # no shadow pending any more: nothing changes
-    assert policy.right[1] < before[1]
+    assert policy.p > before
+    raised = policy.p
+    policy.observe(9)  # miss at the second token
+    assert policy.p < raised
+    after_miss = policy.p
+    policy.observe(3)  # no shadow pending any more: nothing changes
+    assert policy.p == after_miss
 
 
 def test_batched_steps_need_better_drafts_than_a_single_stream():
     """Beside 3 others a sequence's share of a step is small, so a pass of its own must bring more."""
     costs = _costs(rows={4: 0.014})
     policy = DraftPolicy()
-    policy.right = [0.7, 0.5, 0.35, 0.25, 0.15, 0.1]
+    policy.p = 0.6
     assert policy.choose(6, costs, 1).k > 0
     assert policy.choose(6, costs, 4).k == 0
 
@@ -79,13 +121,15 @@ def test_no_plain_step_measured_means_no_draft_and_fixed_mode_always_drafts():
     assert DraftPolicy(fixed_k=3).choose(2, DecodeCosts(), 1).k == 2
 
 
-def test_cost_model_fits_the_extra_row_cost():
+def test_cost_model_reads_measured_sizes_and_draws_lines_between_them():
     costs = DecodeCosts()
     assert costs.verify(3) is None
     costs.observe_plain(1, 0.010)
     assert costs.verify(3) == pytest.approx(0.010 * (1 + 2 * DecodeCosts.PRIOR_EXTRA))
     costs.observe_verify(5, 0.018)
     assert costs.verify(5) == pytest.approx(0.018)
+    assert costs.verify(3) == pytest.approx(0.014)  # between 1 row and 5
+    assert costs.verify(9) == pytest.approx(0.026)  # beyond: the last segment's slope
     assert costs.share(3) == pytest.approx(0.010)  # nearest measured row count below, per sequence
 
 
@@ -105,7 +149,7 @@ def test_modes_and_errors():
     assert "auto, off, ngram, draft" in exc.value.hint and exc.value.param == "speculative"
     plan = Plan(runtime="llama.cpp", options={"speculative": "ngram", "draft_k": 3})
     assert speculation(plan, 0) == ("ngram", 3)
-    with pytest.raises(ConfigError, match="draft_k must be 1-6"):
+    with pytest.raises(ConfigError, match=f"draft_k must be 1-{MAX_DRAFT}"):
         speculation(Plan(runtime="llama.cpp", options={"draft_k": MAX_DRAFT + 1}), 0)
     with pytest.raises(UnsupportedFeature, match="draft model"):
         speculation(Plan(runtime="llama.cpp", options={"speculative": "draft"}), 0)

@@ -18,7 +18,7 @@ from tests.factories import write_tiny_llama_gguf
 
 pytest.importorskip("llama_cpp")
 
-SMALL = dict(n_layer=1, n_embd=32, n_head=2, n_head_kv=2, n_ff=64)
+SMALL = dict(n_layer=1, n_ff=96)  # one layer of 64: its next token still depends on the context
 PROMPTS = [[1, 300, 301, 302, 280], [1, 400, 290, 17], [1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 333]]
 
 
@@ -127,14 +127,31 @@ def draft_model(llama, files, target, name="draft", **kw) -> DraftModel:
 # --- proposals -----------------------------------------------------------------------------
 
 
+class CountingLlama:
+    """The llama_cpp module, with the rows of every ``llama_decode`` call written down."""
+
+    def __init__(self, llama) -> None:
+        self._llama, self.rows = llama, []
+
+    def __getattr__(self, name):
+        return getattr(self._llama, name)
+
+    def llama_decode(self, ctx, batch):
+        self.rows.append(batch.n_tokens)
+        return self._llama.llama_decode(ctx, batch)
+
+
 def test_batched_proposals_equal_the_drafts_own_greedy_continuation(llama, files, target):
-    dm = draft_model(llama, files, target)
+    counting = CountingLlama(llama)
+    dm = draft_model(counting, files, target)
     try:
         ks = [6, 2, 5, 1]  # seq 1 and 3 drop out of the batched steps early
         got = dm.propose([(seq, tokens, k) for seq, (tokens, k) in enumerate(zip(PROMPTS, ks))])
         want = [until_eog(llama, files["draft"], greedy(llama, files["draft"], t, k)) for t, k in zip(PROMPTS, ks)]
         assert got == want
         assert [len(g) for g in got] == ks  # the random draft meets no EOG here: full drafts
+        # One call for the prompts, then one per draft step with a row for each sequence still drafting.
+        assert counting.rows == [sum(map(len, PROMPTS)), 3, 2, 2, 2, 1]
         assert dm.seconds > 0
         # Asked again with the same tokens: the same answer (the KV already holds them).
         assert dm.propose([(2, PROMPTS[2], 5)]) == [want[2]]
@@ -182,9 +199,11 @@ def test_forget_drops_a_sequence(llama, files, target):
         dm.close()
 
 
-def test_near_a_full_context_fewer_or_no_tokens(llama, files, target):
-    dm = draft_model(llama, files, target, n_seq=2, n_ctx_per_seq=32)
+@pytest.mark.parametrize("n_ctx", [32, 256])  # llama.cpp gives 256 a sequence either way: the limit asked for counts
+def test_near_a_full_context_fewer_or_no_tokens(llama, files, target, n_ctx):
+    dm = draft_model(llama, files, target, n_seq=2, n_ctx_per_seq=n_ctx)
     n = dm.n_ctx_per_seq
+    assert n == n_ctx
     try:
         long = [1] + [(7 * i) % 300 + 5 for i in range(n + 5)]
         full = greedy(llama, files["draft"], long[:n - 2], 5)
@@ -209,15 +228,16 @@ def test_long_prompts_catch_up_in_chunks_of_the_batch(llama, files, target):
 
 @pytest.mark.parametrize("stop", ["eog", "beyond_target_vocab"])
 def test_a_draft_stops_at_eog_and_at_tokens_the_target_lacks(llama, files, target, tmp_path, stop):
-    """The draft's output row for the stopping token is made 3x the row of the token it
-    would pick second, so it picks the stopping token there instead."""
+    """The draft's output row for the stopping token becomes 1.05x the row of the token it
+    would pick second, so it picks the stopping token there instead (and nowhere the
+    second token's logit was not the largest, or negative)."""
     base = write_tiny_llama_gguf(tmp_path / "d.gguf", seed=2, extra_tokens=("<|x|>",), **SMALL)
     plain = greedy(llama, base, PROMPTS[0], 4)
     from gguf import GGUFReader
 
     rows = next(t for t in GGUFReader(base).tensors if t.name == "output.weight").data
     stop_id = 2 if stop == "eog" else rows.shape[0] - 1  # </s>, or <|x|> (id 414: the target has 414 tokens)
-    _edited(base, {}, {stop_id: np.array(rows[plain[1]]) * 3})
+    _edited(base, {}, {stop_id: np.array(rows[plain[1]]) * 1.05})
     edited = greedy(llama, base, PROMPTS[0], 4)
     assert edited[:2] == [plain[0], stop_id]  # the edit did what it should
     dm = DraftModel(llama, str(base), target_model=target, n_seq=1, n_ctx_per_seq=64, n_threads=1)

@@ -242,7 +242,7 @@ class DraftModel:
         last_rows = set()
         for p in plans:
             held = self._held.get(p.seq, [])
-            keep = min(common_prefix(held, p.tokens), len(p.tokens) - 1)
+            keep = min(shared_prefix(held, p.tokens), len(p.tokens) - 1)
             if keep < len(held) and not self._llama.llama_memory_seq_rm(self._mem, p.seq, keep, -1):
                 # A partial removal can fail (a sliding-window cache): start the sequence over.
                 self._llama.llama_memory_seq_rm(self._mem, p.seq, -1, -1)
@@ -322,6 +322,22 @@ class DraftModel:
             llama.llama_model_free(self._model)
             self._model = None
         self._held.clear()
+
+
+def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share, by halving slice comparisons: they run
+    in C, where :func:`~.decode.common_prefix`'s loop costs ~50 µs per 1,000 tokens, per
+    sequence and draft step, in Python."""
+    lo, hi = 0, min(len(a), len(b))  # a[:lo] == b[:lo]; the first difference, if any, is before hi
+    if a[:hi] == b[:hi]:
+        return hi
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo + common_prefix(a[lo:hi], b[lo:hi])
 
 
 def _native_why() -> str:

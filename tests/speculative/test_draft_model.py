@@ -378,3 +378,16 @@ def test_find_draft_file_on_disk(tmp_path):
     assert find_draft_file(model) == snap / "q4" / "M-draft-Q6_K.gguf"
     with pytest.raises(ConfigError, match="not inside"):
         find_draft_file(model, root=tmp_path / "elsewhere")
+
+
+def test_shared_prefix_agrees_with_the_plain_loop():
+    import random
+
+    from localrun.runtimes.llamacpp.decode import common_prefix
+    from localrun.runtimes.llamacpp.draft_model import shared_prefix
+
+    rng = random.Random(5)
+    for _ in range(300):
+        a = [rng.randrange(3) for _ in range(rng.randrange(0, 200))]
+        b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 50))]
+        assert shared_prefix(a, b) == common_prefix(a, b) == shared_prefix(b, a)

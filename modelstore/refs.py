@@ -9,19 +9,21 @@ MLX repos (``config.json`` + safetensors) and MLC repos (``mlc-chat-config.json`
 ``tensor-cache.json``/``ndarray-cache.json`` + ``params_shard_*.bin``) are recognised by
 their files. The rules follow llama.cpp's ``-hf`` (common/download.cpp) so a ref means
 the same file here as there. Parsing and selection are pure functions over names; the
-caller decides what to do with code and native libraries they flag.
+caller decides what to do with code and native libraries they flag. Draft models for
+speculative decoding: :func:`find_draft_sibling` (names), :func:`find_draft_file` (disk).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
+import os
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from localrun.errors import InvalidName, ModelNotFound
+from localrun.errors import ConfigError, InvalidName, ModelNotFound
 from localrun.modelstore.names import model_name_from_filename, safe_relpath, shard_name, split_shard_name, validate_model_name
 from localrun.types import Format
 
@@ -322,3 +324,33 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
         if best_key is None or key > best_key:
             best, best_key = path, key
     return best
+
+
+def find_draft_file(model_path: str | Path, *, root: str | Path | None = None, tag: str | None = None) -> Path | None:
+    """The draft model on disk that goes with ``model_path``, by :func:`find_draft_sibling`'s
+    rules, or None: the one function here that reads the disk (folder listings).
+
+    Looks in the model's folder and, when ``root`` (a folder above it: a pulled repo's
+    snapshot) is given, in each folder up to ``root``; never below, never above ``root``.
+    Paths are not resolved: a hub cache's snapshot files are links to blobs whose names
+    mean nothing."""
+    model = Path(os.path.abspath(model_path))
+    top = Path(os.path.abspath(root)) if root is not None else model.parent
+    try:
+        rel = model.relative_to(top)
+    except ValueError:
+        raise ConfigError(f"{model} is not inside {top}", param="draft",
+                          hint="give the folder of the pulled repo that holds the model") from None
+    folders = [top.joinpath(*rel.parts[:depth]) for depth in range(len(rel.parts))]
+    listing = []
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            logger.debug("no draft lookup in %s: %s", folder, exc)
+            continue
+        for entry in entries:
+            if entry.name.lower().endswith(".gguf") and entry.is_file():
+                listing.append(PurePosixPath(*Path(entry.path).relative_to(top).parts).as_posix())
+    found = find_draft_sibling(listing, rel.as_posix(), tag)
+    return top.joinpath(*PurePosixPath(found).parts) if found else None

@@ -28,10 +28,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
 
 from localrun.errors import ConfigError, InvalidModelFile, WontFit
-from localrun.modelstore.refs import find_draft_sibling
 from localrun.runtimes.llamacpp.decode import common_prefix, fill_batch
 
 log = logging.getLogger(__name__)
@@ -85,34 +83,6 @@ def vocab_difference(target: VocabFacts, draft: VocabFacts) -> str | None:
 
 def _shown(text: bytes) -> str:
     return repr(text.decode("utf-8", errors="replace")[:40])
-
-
-def find_draft_file(model_path: str | Path, *, root: str | Path | None = None, tag: str | None = None) -> Path | None:
-    """The draft model on disk that goes with ``model_path``, by :func:`find_draft_sibling`'s
-    rules, or None. Looks in the model's folder and, when ``root`` (a folder above it: a
-    pulled repo's snapshot) is given, in each folder up to ``root``; never below, never
-    above ``root``. Paths are not resolved: a hub cache's snapshot files are links to blobs
-    whose names mean nothing."""
-    model = Path(os.path.abspath(model_path))
-    top = Path(os.path.abspath(root)) if root is not None else model.parent
-    try:
-        rel = model.relative_to(top)
-    except ValueError:
-        raise ConfigError(f"{model} is not inside {top}", param="draft",
-                          hint="give the folder of the pulled repo that holds the model") from None
-    folders = [top.joinpath(*rel.parts[:depth]) for depth in range(len(rel.parts))]
-    listing = []
-    for folder in folders:
-        try:
-            entries = list(os.scandir(folder))
-        except OSError as exc:
-            log.debug("no draft lookup in %s: %s", folder, exc)
-            continue
-        for entry in entries:
-            if entry.name.lower().endswith(".gguf") and entry.is_file():
-                listing.append(PurePosixPath(*Path(entry.path).relative_to(top).parts).as_posix())
-    found = find_draft_sibling(listing, rel.as_posix(), tag)
-    return top.joinpath(*PurePosixPath(found).parts) if found else None
 
 
 class _Want:

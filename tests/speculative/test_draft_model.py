@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from localrun.errors import ConfigError, InvalidModelFile, ModelNotFound
-from localrun.modelstore.refs import HubRef, find_draft_sibling, quant_bits, select_files
+from localrun.modelstore.refs import HubRef, find_draft_file, find_draft_sibling, quant_bits, select_files
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.draft_model import DraftModel, VocabFacts, find_draft_file, vocab_difference
+from localrun.runtimes.llamacpp.draft_model import DraftModel, VocabFacts, vocab_difference
 from tests.factories import write_tiny_llama_gguf
 
 pytest.importorskip("llama_cpp")

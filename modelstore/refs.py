@@ -9,19 +9,21 @@ MLX repos (``config.json`` + safetensors) and MLC repos (``mlc-chat-config.json`
 ``tensor-cache.json``/``ndarray-cache.json`` + ``params_shard_*.bin``) are recognised by
 their files. The rules follow llama.cpp's ``-hf`` (common/download.cpp) so a ref means
 the same file here as there. Parsing and selection are pure functions over names; the
-caller decides what to do with code and native libraries they flag.
+caller decides what to do with code and native libraries they flag. Draft models for
+speculative decoding: :func:`find_draft_sibling` (names), :func:`find_draft_file` (disk).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
+import os
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
-from localrun.errors import InvalidName, ModelNotFound
+from localrun.errors import ConfigError, InvalidName, ModelNotFound
 from localrun.modelstore.names import model_name_from_filename, safe_relpath, shard_name, split_shard_name, validate_model_name
 from localrun.types import Format
 
@@ -135,6 +137,11 @@ def _shard_group(path: str) -> tuple[str, ...]:
 
 
 def gguf_candidates(paths: Iterable[str]) -> list[str]:
+    """The files a ref may load: GGUFs that are not sidecars, first split parts only. Draft
+    models (:data:`DRAFT_KEYWORD`) only when the repo holds nothing else: ``org/repo`` with
+    ``Model-Q4_0.gguf`` and ``Model-DRAFT-0.5B-Q4_0.gguf`` means the model, not its draft
+    (llama.cpp would take the draft here, first in name order), while a repo of drafts
+    alone still pulls."""
     out = []
     for path in sorted(paths):
         if not path.lower().endswith(".gguf") or _is_sidecar(path):
@@ -143,7 +150,7 @@ def gguf_candidates(paths: Iterable[str]) -> list[str]:
         if split and split[1] != 1:
             continue
         out.append(path)
-    return out
+    return [p for p in out if not is_draft_file(p)] or out
 
 
 def _tag_matches(tag: str, path: str) -> bool:
@@ -159,7 +166,9 @@ def describe_offer(paths: Iterable[str]) -> str:
         cands = gguf_candidates(paths)
         quants = sorted({q for q in map(quant_label, cands) if q})
         files = ", ".join(cands[:8]) + (" …" if len(cands) > 8 else "")
-        return f"quants {', '.join(quants) or '(unlabelled)'}; files: {files}"
+        drafts = [p for p in gguf_candidates(p for p in paths if is_draft_file(p)) if p not in cands]
+        extra = f"; draft models: {', '.join(drafts[:4])}" + (" …" if len(drafts) > 4 else "") if drafts else ""
+        return f"quants {', '.join(quants) or '(unlabelled)'}; files: {files}{extra}"
     if fmt is not None:
         return f"one {fmt.value.upper()} model (no quant variants: pull the repo itself)"
     shown = ", ".join(sorted(paths)[:10]) + (" …" if len(paths) > 10 else "")
@@ -250,3 +259,98 @@ def model_name_for(repo: str, selection: Selection) -> str:
         except InvalidName:
             continue
     return model_name_from_filename(f"{name}-{tag}" if tag else name)
+
+
+# --- draft models: a smaller GGUF beside the model, for speculative decoding -------------
+
+#: A file whose name holds this word (any case) is a draft model for its siblings.
+DRAFT_KEYWORD = "draft"
+_LAST_TAG_RE = re.compile(r"[-.]([A-Za-z0-9_]+)$")
+
+
+def is_draft_file(path: str) -> bool:
+    return DRAFT_KEYWORD in PurePosixPath(path).name.lower()
+
+
+def quant_bits(path: str) -> int:
+    """The bit count llama.cpp's downloader reads from a file name: the first number in the
+    last ``-``/``.`` segment of the name (split suffix and ``.gguf`` removed), 0 if none.
+    ``Model-Q4_K_M.gguf`` → 4, ``Model-F16.gguf`` → 16, ``Model.gguf`` → 0."""
+    name = PurePosixPath(path).name
+    split = split_shard_name(name)
+    stem = split[0] if split else re.sub(r"\.gguf$", "", name, flags=re.IGNORECASE)
+    tail = _LAST_TAG_RE.search(stem)
+    digits = re.search(r"\d+", tail.group(1)) if tail else None
+    return int(digits.group()) if digits else 0
+
+
+def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = None) -> str | None:
+    """The draft model that goes with ``primary`` among a repo's ``paths``, or None.
+
+    The rules of llama.cpp's downloader for sidecars (``find_best_sibling`` in
+    common/download.cpp), so ``-hf`` and localrun pair the same files: a ``.gguf`` whose
+    name contains "draft" (any case), in the primary's directory or one above it; the
+    deepest such directory wins, then a name carrying ``-TAG.`` (when the ref named a
+    quant), then the quant whose bit count (:func:`quant_bits`) is closest to the tag's, or
+    to the primary's when there is no tag; ties go to the first name in sorted order.
+
+    Unlike llama.cpp: the word is looked for in the file name only (not in folder names),
+    case-insensitively; the primary and its split parts, mmproj/imatrix/… sidecars and the
+    non-first parts of a split draft are never chosen (the first part loads the rest); a
+    split name's ``-TAG`` counts before its ``-0000k-of-0000n`` suffix.
+    """
+    model_dir = PurePosixPath(primary).parts[:-1]
+    own = {primary, *_shard_group(primary)}
+    if tag:
+        number = re.search(r"\d+", tag)
+        want_bits = int(number.group()) if number else 0
+    else:
+        want_bits = quant_bits(primary)
+    mark = f"-{tag.upper()}." if tag else None
+    best, best_key = None, None
+    for path in sorted(set(paths)):
+        p = PurePosixPath(path)
+        if not p.name.lower().endswith(".gguf") or not is_draft_file(path) or path in own or _is_sidecar(path):
+            continue
+        split = split_shard_name(p.name)
+        if split and split[1] != 1:
+            continue
+        sib_dir = p.parts[:-1]
+        if model_dir[:len(sib_dir)] != sib_dir:
+            continue  # not the primary's folder nor one above it
+        stem = split[0] if split else p.name[:-len(".gguf")]
+        exact = mark is not None and mark in stem.upper() + "."
+        key = (len(sib_dir), exact, -abs(quant_bits(path) - want_bits))
+        if best_key is None or key > best_key:
+            best, best_key = path, key
+    return best
+
+
+def find_draft_file(model_path: str | Path, *, root: str | Path | None = None, tag: str | None = None) -> Path | None:
+    """The draft model on disk that goes with ``model_path``, by :func:`find_draft_sibling`'s
+    rules, or None: the one function here that reads the disk (folder listings).
+
+    Looks in the model's folder and, when ``root`` (a folder above it: a pulled repo's
+    snapshot) is given, in each folder up to ``root``; never below, never above ``root``.
+    Paths are not resolved: a hub cache's snapshot files are links to blobs whose names
+    mean nothing."""
+    model = Path(os.path.abspath(model_path))
+    top = Path(os.path.abspath(root)) if root is not None else model.parent
+    try:
+        rel = model.relative_to(top)
+    except ValueError:
+        raise ConfigError(f"{model} is not inside {top}", param="draft",
+                          hint="give the folder of the pulled repo that holds the model") from None
+    folders = [top.joinpath(*rel.parts[:depth]) for depth in range(len(rel.parts))]
+    listing = []
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            logger.debug("no draft lookup in %s: %s", folder, exc)
+            continue
+        for entry in entries:
+            if entry.name.lower().endswith(".gguf") and entry.is_file():
+                listing.append(PurePosixPath(*Path(entry.path).relative_to(top).parts).as_posix())
+    found = find_draft_sibling(listing, rel.as_posix(), tag)
+    return top.joinpath(*PurePosixPath(found).parts) if found else None

@@ -9,7 +9,9 @@ The memory model it uses lives in :mod:`localrun.placement`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +24,7 @@ from localrun.placement import (
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
-from localrun.speculation import speculation_plan
+from localrun.speculation import draft_plan, speculation_plan
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class PlanOverrides:
     kv_type: str | None = None
     parallel: int | None = None  # llama.cpp slots
     speculative: str | None = None  # llama.cpp speculative decoding: auto | off | ngram | draft
+    draft: str | None = None  # its draft model: a store name or a .gguf path ("none": no draft)
 
 
 def _valid_runtimes() -> list[str]:
@@ -230,10 +233,16 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         layers = -1  # these runtimes place the whole model on their device
     placement = _fit_context(shape, weights, budget, n_ctx, adjustable, layers, kv_type)
     threads = ov.threads or rt.threads or hw.physical_cores or 1
-    slots, slot_reasons = 1, []
+    slots, slot_reasons, draft = 1, [], None
     if runtime == "llama.cpp":
         asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
         placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
+        draft = draft_plan(record, ov.speculative or getattr(rt, "speculative", None), ov.draft or getattr(rt, "draft", None),
+                           settings, n_ctx=slots * placement.n_ctx, kv_type=kv_type)
+        if draft is not None:  # its weights and KV cache sit beside the model's, on the same side
+            on_gpu = placement.n_gpu_layers > 0 and placement.gpu > 0
+            host, gpu = placement.host + (0 if on_gpu else draft.bytes), placement.gpu + (draft.bytes if on_gpu else 0)
+            placement = dataclasses.replace(placement, host=host, gpu=gpu, ratio=budget.ratio(host, gpu))
     reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
     reasons += ctx_reasons
     if placement.n_ctx < n_ctx:
@@ -255,6 +264,9 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         options.update(n_slots=slots, slot_ctx=placement.n_ctx)
         options["speculative"], why = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
         reasons.append(why)
+        if draft is not None:
+            options["draft"] = draft.path
+            reasons.append(draft.why)
     plan = Plan(
         runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
         n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
@@ -386,7 +398,9 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         lines.append(f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
                      f"{o.get('max_model_len', plan.n_ctx):,}{share}")
     if plan.runtime == "llama.cpp" and "speculative" in plan.options:
-        lines.append(f"speculate {plan.options['speculative']} (see why)")
+        draft = plan.options.get("draft")
+        with_draft = f", draft model {os.path.basename(draft)}" if draft else ""
+        lines.append(f"speculate {plan.options['speculative']}{with_draft} (see why)")
     if plan.memory:
         m = plan.memory
         lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "

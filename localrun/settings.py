@@ -92,9 +92,13 @@ class RuntimeSettings(BaseModel):
     default: up to 4 when their KV cache fits comfortably, else fewer."""
     speculative: Literal["auto", "off", "ngram", "draft"] | None = None
     """Speculative decoding in the llama.cpp runtime: "auto" drafts from the prompt and the
-    answer itself (n-gram lookup) only while it pays, "ngram" at every match, "off" never;
-    "draft" (a draft model) is not available yet. Unset: off, until a quiet run of
-    benchmarks/bench_speculative.py shows "auto" never slower (it has not yet)."""
+    answer itself (n-gram lookup), and from the draft model if there is one, only while it
+    pays; "ngram" at every match; "draft" with the draft model at every step; "off" never.
+    Unset: the planner's default (see `localrun plan`)."""
+    draft: str | None = None
+    """The draft model for speculative decoding: a model in the store or a .gguf path;
+    "none" for no draft model. Unset: a GGUF whose file name contains "draft" in the
+    model's folder (a repo's sibling draft, as llama.cpp finds sidecars), if there is one."""
     max_tokens_cap: int = Field(8192, ge=1)
     """Upper bound on max_tokens for any request."""
     template_timeout_s: float = Field(2.0, gt=0, le=60)

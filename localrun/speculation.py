@@ -6,14 +6,24 @@ words are what ``plan`` prints and the TUI shows.
 
 from __future__ import annotations
 
+import logging
+import os
+from dataclasses import dataclass
+
 from localrun.errors import ConfigError
+from localrun.hardware import fmt_bytes
+from localrun.placement import ModelShape, kv_cache_bytes, weights_bytes
+from localrun.types import Format, ModelRecord
+
+log = logging.getLogger(__name__)
 
 SPECULATION_WHY = {
     "auto": "speculative decoding auto: n-gram drafts from the prompt and the answer, verified in one pass, "
-            "per request only while they pay (off where a pass is not bit-exact)",
+            "per request only while they pay (greedy answers equal plain decoding's but where two tokens are "
+            "within rounding; off under exact_prefix)",
     "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
     "off": "speculative decoding off, as asked",
-    "draft": "speculative decoding with a draft model, as asked: not available in this version (loading fails)",
+    "draft": "speculative decoding with a draft model, as asked: it drafts at every step, whether it pays or not",
 }
 
 
@@ -34,3 +44,74 @@ def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
     if mode == "auto" and slots > 1:
         why += "; beside other requests a draft must beat the request's share of a batched step"
     return mode, why
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    """The draft model a llama.cpp plan loads: its file, the memory it adds, the reason line."""
+
+    path: str
+    bytes: int
+    why: str
+
+
+#: ``runtime.draft`` / ``--draft`` values that mean "no draft model, do not look for one".
+NO_DRAFT = ("none", "off", "no", "")
+
+
+def draft_plan(record: ModelRecord, mode: str | None, asked: str | None, settings, *, n_ctx: int,
+               kv_type: str = "f16") -> DraftChoice | None:
+    """The draft model for ``record`` under speculative ``mode``: the one asked for (a model
+    in the store or a .gguf path), else a sibling GGUF whose name says "draft" in the model's
+    folder (llama.cpp's sidecar rules, modelstore.refs.find_draft_sibling), else none.
+    Only modes that use one (auto, draft) look; ``n_ctx`` is every slot's context together.
+
+    Raises:
+        ConfigError: ``draft`` mode and no draft model; a draft that is not a GGUF model.
+        ModelNotFound: a draft asked for by a name the store lacks and no such file.
+    """
+    mode = (mode or "").strip().lower() or None
+    wanted = mode in ("auto", "draft")
+    if asked is not None and asked.strip().lower() in NO_DRAFT:
+        if mode == "draft":
+            raise ConfigError("speculative mode 'draft' with the draft model turned off (--draft none)",
+                              param="draft", hint="give a draft model, or use --speculative auto or ngram")
+        return None
+    if not wanted or record.format is not Format.GGUF:
+        if asked:
+            log.info("draft model %s not loaded: speculative decoding is %s", asked, mode or "off")
+        return None
+    from localrun.settings import Settings
+
+    settings = settings or Settings()
+    how = "as asked"
+    if asked:
+        from localrun.modelstore.store import ModelStore
+
+        draft = ModelStore(settings).resolve(asked, allow_path=True)
+    else:
+        from localrun.modelstore.refs import find_draft_file
+
+        found = find_draft_file(record.path) if record.path else None
+        if found is None:
+            if mode == "draft":
+                raise ConfigError(f"speculative mode 'draft' needs a draft model, and {record.name} has none beside it",
+                                  param="draft", hint="pass --draft MODEL (a model in the store or a .gguf file), "
+                                                      "or use --speculative auto")
+            return None
+        from localrun.modelstore.store import ModelStore
+
+        draft = ModelStore(settings).inspect_path(str(found))
+        how = "found beside the model"
+    if draft.format is not Format.GGUF or not draft.path:
+        raise ConfigError(f"the draft model {asked or draft.path} is {draft.format.value}, not a GGUF file",
+                          param="draft", hint="llama.cpp drafts with a GGUF model of the target's family")
+    if os.path.realpath(draft.path) == os.path.realpath(record.path):
+        raise ConfigError(f"the draft model is the model itself ({draft.path})", param="draft",
+                          hint="a draft model is a smaller model of the same family")
+    kv = kv_cache_bytes(ModelShape.from_metadata(draft.metadata), n_ctx, kv_type)
+    size = weights_bytes(draft) + kv
+    use = "every draft" if mode == "draft" else "drafts where the prompt has nothing to copy, while they pay"
+    why = (f"draft model {os.path.basename(draft.path)} ({how}; {fmt_bytes(size)} with its KV cache): {use}; "
+           "its vocabulary is checked against the model's at load")
+    return DraftChoice(path=str(draft.path), bytes=size, why=why)

@@ -50,7 +50,7 @@ def _status_dict(st) -> dict:
 @click.option("--json", "as_json", is_flag=True)
 @plan_options
 @click.pass_context
-def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, parallel, speculative):
+def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft):
     """Explain how REF would run here: runtime, device, layers, context, memory, verdict."""
     from localrun.cli.models import open_store
     from localrun.cli.running import resolve_or_builtin
@@ -60,7 +60,7 @@ def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, p
     store = open_store(ctx)
     record = resolve_or_builtin(store, ref)
     plan = default_plan(record, settings, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel,
-                                                         speculative))
+                                                         speculative, draft))
     if as_json:
         click.echo(json.dumps({"model": record.name, "plan": plan.to_dict()}, indent=2))
         return

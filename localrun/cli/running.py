@@ -26,17 +26,21 @@ def plan_options(f):
 
 
 def speculative_option(f):
+    f = click.option("--draft", default=None, metavar="MODEL",
+                     help="Draft model for speculative decoding: a model in the store or a .gguf file; none: no draft "
+                          "(default: a GGUF whose name contains 'draft' beside the model).")(f)
     return click.option("--speculative", type=click.Choice(["auto", "off", "ngram", "draft"], case_sensitive=False),
-                        default=None, help="Speculative decoding in llama.cpp (default auto: n-gram drafts where they pay).")(f)
+                        default=None, help="Speculative decoding in llama.cpp: auto drafts (n-gram lookup, the draft "
+                                           "model) only while it pays; ngram or draft at every step; off.")(f)
 
 
-def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None, speculative=None):
-    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel, speculative)):
+def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None, speculative=None, draft=None):
+    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)):
         return None
     from localrun.planner import PlanOverrides
 
     return PlanOverrides(runtime=runtime, n_ctx=ctx_len, n_gpu_layers=gpu_layers, device=device, threads=threads,
-                         parallel=parallel, speculative=speculative)
+                         parallel=parallel, speculative=speculative, draft=draft)
 
 
 def make_manager(settings, store, overrides=None):
@@ -120,7 +124,7 @@ def _stream_answer(manager, name: str, req) -> str:
 @plan_options
 @click.pass_context
 def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runtime, ctx_len, gpu_layers, device, threads,
-            parallel, speculative):
+            parallel, speculative, draft):
     """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
@@ -128,7 +132,7 @@ def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runti
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
     manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel,
-                                                           speculative))
+                                                           speculative, draft))
     sampling = {k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None}
     if raw is None:
         raw = not record.metadata.get("chat_template")
@@ -197,14 +201,15 @@ def pooling_settings(items) -> dict:
 @click.option("--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL).")
 @speculative_option
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror, speculative):
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror, speculative, draft):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items() if v is not None}
     overrides = {"server": server} if server else {}
     if poolings:
         overrides["models"] = pooling_settings(poolings)
     runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel,
-                                          "speculative": speculative and speculative.lower()}.items() if v is not None}
+                                          "speculative": speculative and speculative.lower(), "draft": draft}.items()
+                        if v is not None}
     if runtime_settings:
         overrides["runtime"] = runtime_settings
     settings = settings_from(ctx, **overrides)

@@ -9,7 +9,8 @@ One scheduler thread owns the context. Each step it
    most, and a short one is not stuck behind it;
 3. decodes the next token of every running sequence (one ``llama_decode`` per group of up to
    7) and samples each with the request's own C sampler chain (temperature, top-p, seed, …);
-   a sequence whose drafted continuation pays (speculative decoding, :mod:`.speculative`)
+   a sequence whose drafted continuation pays (speculative decoding, :mod:`.speculative`;
+   drafts from the n-gram lookup or a draft model, :mod:`.draft_model`)
    verifies it in a call of its own instead and may gain several tokens in the step
    (:mod:`.speculative_step`).
 
@@ -113,7 +114,7 @@ class Scheduler(SpeculativeSteps):
     """Owns one llama.cpp context on its own thread and runs many requests in it."""
 
     def __init__(self, llama, ctx, layout: Layout, *, n_swa: int, piece_of, is_eog, speculative: str = "off",
-                 draft_k: int | None = None) -> None:
+                 draft_k: int | None = None, drafter=None) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
@@ -121,7 +122,10 @@ class Scheduler(SpeculativeSteps):
         # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
         self.costs = DecodeCosts()
         self.speculative = self._speculation(speculative)
-        self._draft_k = draft_k if speculative == "ngram" else None
+        self._draft_k = draft_k if speculative in ("ngram", "draft") else None
+        #: The draft model (draft_model.DraftModel), when one is loaded: drafts where the n-gram
+        #: lookup has none (auto), or every draft (draft mode). Called from this thread only.
+        self.drafter = drafter if self.speculative in ("auto", "draft") else None
         self.spec_totals = SpecTotals()
         self.cache = PrefixCache(layout.n_slots, self._kv,
                                  min_tail=layout.min_chunk, host_budget=layout.host_cache_bytes,

@@ -185,8 +185,14 @@ class LlamaCppSession(ServerExtras):
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
         n_swa = llama.llama_model_n_swa(model)
         mode, draft_k = speculation(plan, n_swa)
-        self._sched = Scheduler(llama, ctx, layout, n_swa=n_swa, piece_of=piece_of, is_eog=is_eog,
-                                speculative=mode, draft_k=draft_k)
+        self._drafter = self._load_drafter(plan, layout, mode)
+        try:
+            self._sched = Scheduler(llama, ctx, layout, n_swa=n_swa, piece_of=piece_of, is_eog=is_eog,
+                                    speculative=mode, draft_k=draft_k, drafter=self._drafter)
+        except BaseException:
+            if self._drafter is not None:
+                self._drafter.close()
+            raise
         self.speculative = self._sched.speculative  # what auto became on this machine
         # Tools, JSON schemas, grammars, logprobs and embeddings (features.py).
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
@@ -194,6 +200,20 @@ class LlamaCppSession(ServerExtras):
                                          vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
         self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
+
+    def _load_drafter(self, plan: Plan, layout: Layout, mode: str):
+        """The draft model of ``plan.options["draft"]`` (auto and draft modes), in this worker
+        beside the target: one KV stream per slot, the target's threads and flash attention."""
+        path = plan.options.get("draft")
+        if not path or mode not in ("auto", "draft") or (mode == "auto" and layout.exact_prefix):
+            return None  # auto is off under exact_prefix (scheduler.py)
+        from localrun.runtimes.llamacpp.draft_model import DraftModel
+
+        cp = self._context_params(self._llama, plan, layout)
+        return DraftModel(self._llama, str(path), target_model=self._model, n_seq=layout.n_slots,
+                          n_ctx_per_seq=layout.slot_ctx, n_threads=max(1, int(plan.n_threads)),
+                          flash_attn_type=cp.flash_attn_type, n_gpu_layers=int(plan.n_gpu_layers),
+                          target_path=self.record.path)
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
@@ -335,6 +355,8 @@ class LlamaCppSession(ServerExtras):
                 return
             self._closed = True
         self._sched.close()
+        if self._drafter is not None:
+            self._drafter.close()
         self._features.close()
         with self._native:
             self._freed = True

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from localrun.errors import ConfigError, UnsupportedFeature
+from localrun.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +160,24 @@ class DecodeCosts:
     before any pass is measured, each extra row is ``PRIOR_EXTRA`` of a one-row step."""
 
     PRIOR_EXTRA = 0.35
+    #: A draft model's step before one is timed, in one-row steps of the target.
+    PRIOR_DRAFT = 0.25
 
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
         self.passes: dict[int, float] = {}
+        self.draft_step: float | None = None  # seconds per draft-model step (all its sequences at once)
+
+    def observe_draft(self, seconds: float, steps: int) -> None:
+        if steps > 0:
+            self.draft_step = _ewma(self.draft_step, seconds / steps)
+
+    def draft_token(self) -> float | None:
+        """Seconds a draft model's token costs a sequence (None: no plain step timed yet)."""
+        if self.draft_step is not None:
+            return self.draft_step
+        one = self.plain.get(1)
+        return None if one is None else self.PRIOR_DRAFT * one
 
     def observe_plain(self, rows: int, seconds: float) -> None:
         self.plain[rows] = _ewma(self.plain.get(rows), seconds)
@@ -222,14 +236,18 @@ class DraftPolicy:
     """Per sequence: p, the chance a drafted token is right when the ones before it were,
     and the draft length the doubling has reached."""
 
-    __slots__ = ("p", "cap", "_shadow", "_at", "fixed_k")
+    __slots__ = ("p", "cap", "_shadow", "_at", "fixed_k", "probe_every", "_idle")
 
-    def __init__(self, fixed_k: int | None = None) -> None:
-        self.p = PRIOR
+    def __init__(self, fixed_k: int | None = None, *, prior: float = PRIOR, probe_every: int = 0) -> None:
+        self.p = prior
         self.cap = FIRST_K
         self._shadow: list[int] = []
         self._at = 0
         self.fixed_k = fixed_k
+        #: A source with no free shadow drafts (a draft model: a guess costs its steps) is
+        #: tried with a short draft after this many declined steps, to notice when it pays again.
+        self.probe_every = probe_every
+        self._idle = 0
 
     def record(self, proposed: int, accepted: int, *, verified: bool = True) -> None:
         """Score a draft: ``accepted`` rights then (if short of ``proposed``) one miss."""
@@ -245,12 +263,13 @@ class DraftPolicy:
         p = self.p
         return (1 - p ** (k + 1)) / (1 - p) if p < 1 else float(k + 1)
 
-    def choose(self, available: int, costs: DecodeCosts, rows_now: int) -> Decision:
-        """How many of ``available`` proposed tokens to verify (0: decode plainly)."""
+    def choose(self, available: int, costs: DecodeCosts, rows_now: int, *, draft_cost: float | None = 0.0) -> Decision:
+        """How many of ``available`` proposed tokens to verify (0: decode plainly).
+        ``draft_cost``: seconds each drafted token costs to make (0 for an n-gram lookup)."""
         if self.fixed_k is not None:
             return Decision(min(available, self.fixed_k), "fixed")
         share = costs.share(max(1, rows_now))
-        if share is None:
+        if share is None or draft_cost is None:
             return Decision(0, "no plain step measured yet")
         best_k, best_gain = 0, PAY_MARGIN
         for rows in PASS_ROWS:
@@ -258,10 +277,17 @@ class DraftPolicy:
             if k > min(available, self.cap):
                 break
             cost = costs.verify(rows)
-            gain = self.expected(k) * share / cost if cost else 0.0
+            gain = self.expected(k) * share / (cost + k * draft_cost) if cost else 0.0
             if gain > best_gain:
                 best_k, best_gain = k, gain
-        return Decision(best_k, f"gain {best_gain:.2f}" if best_k else "does not pay")
+        if best_k:
+            self._idle = 0
+            return Decision(best_k, f"gain {best_gain:.2f}")
+        self._idle += 1
+        if self.probe_every and self._idle >= self.probe_every and available >= FIRST_K:
+            self._idle = 0
+            return Decision(FIRST_K, "probe")
+        return Decision(0, "does not pay")
 
     # --- shadow drafts ---------------------------------------------------------------------
 
@@ -285,14 +311,23 @@ class DraftPolicy:
         self._shadow, self._at = [], 0
 
 
-class SpecState:
-    """One request's drafting: its n-gram index, its policy and its counts."""
+#: What a draft model's tokens are believed to be worth before any is verified (a draft
+#: model of the target's family guesses most ordinary tokens right), and how often one that
+#: stopped paying is tried again.
+MODEL_PRIOR, MODEL_PROBE_EVERY = 0.6, 16
 
-    __slots__ = ("index", "policy", "drafted", "accepted", "passes")
+
+class SpecState:
+    """One request's drafting: its n-gram index, a policy per draft source (the n-gram
+    lookup; the draft model, when one is loaded) and its counts."""
+
+    __slots__ = ("index", "policy", "model_policy", "source", "drafted", "accepted", "passes")
 
     def __init__(self, prompt: list[int], *, fixed_k: int | None) -> None:
         self.index = NgramIndex(prompt)
         self.policy = DraftPolicy(fixed_k)
+        self.model_policy = DraftPolicy(fixed_k, prior=MODEL_PRIOR, probe_every=MODEL_PROBE_EVERY)
+        self.source = "ngram"  # where the draft being verified came from
         self.drafted = 0
         self.accepted = 0
         self.passes = 0
@@ -304,7 +339,7 @@ class SpecState:
 
     def verified(self, drafted: int, accepted: int) -> None:
         self.policy.drop_shadow()
-        self.policy.record(drafted, accepted)
+        (self.model_policy if self.source == "model" else self.policy).record(drafted, accepted)
         self.drafted += drafted
         self.accepted += accepted
         self.passes += 1
@@ -328,13 +363,14 @@ def speculation(plan, n_swa: int) -> tuple[str, int | None]:
     """(mode the scheduler runs, tokens per draft in ``ngram`` mode) from ``plan.options``.
 
     Raises:
-        ConfigError: an unknown mode or a bad ``draft_k``.
-        UnsupportedFeature: ``draft`` (a draft model), which this runtime does not load yet.
+        ConfigError: an unknown mode, a bad ``draft_k``, or ``draft`` with no draft model
+            (``plan.options["draft"]``, the path the planner found or was given).
     """
     mode = parse_mode(plan.options.get("speculative"))
-    if mode == "draft":
-        raise UnsupportedFeature("speculative mode 'draft' (a draft model) is not available in the llama.cpp runtime yet",
-                                 param="speculative", hint="use auto or ngram (prompt lookup), or off")
+    if mode == "draft" and not plan.options.get("draft"):
+        raise ConfigError("speculative mode 'draft' needs a draft model, and none was given or found beside the model",
+                          param="draft", hint="pass --draft MODEL (a model in the store or a .gguf file), put a GGUF "
+                                              "whose name contains 'draft' next to the model, or use --speculative auto")
     try:
         k = int(plan.options.get("draft_k") or DEFAULT_FIXED_K)
     except (TypeError, ValueError) as exc:

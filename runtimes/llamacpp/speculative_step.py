@@ -33,33 +33,63 @@ class SpeculativeSteps:
     def _speculate(self, jobs: list) -> list:
         """Verify a draft for every sequence whose draft pays, each in its own call (a
         sequence's rows must not share a micro-batch with other sequences', see the module
-        docstring); return the jobs left to decode plainly."""
+        docstring); return the jobs left to decode plainly. Drafts come from the n-gram
+        index first; where it has none (or in ``draft`` mode) from the draft model, one
+        batched call for all the sequences that want one."""
         rows_now = min(len(jobs), self.layout.decode_rows)
+        drafts: dict[int, list[int]] = {}
+        wants = []
+        for job in jobs:
+            if job.spec is None:
+                continue
+            room = self._room(job)
+            draft = self._ngram_draft(job, room, rows_now) if self.speculative != "draft" else []
+            if draft:
+                drafts[id(job)] = draft
+                job.spec.source = "ngram"
+            elif self.drafter is not None and room > 0:
+                k = job.spec.model_policy.choose(room, self.costs, rows_now, draft_cost=self.costs.draft_token()).k
+                if k:
+                    wants.append((job, k))
+        if wants:
+            drafted_before = self.drafter.seconds
+            got = self.drafter.propose([(j.slot.seq, [*j.slot.tokens, j.pending], k) for j, k in wants])
+            self.costs.observe_draft(self.drafter.seconds - drafted_before, max(k for _, k in wants))
+            for (job, _), draft in zip(wants, got):
+                draft = self._grammar_cut(job, draft)
+                if draft:
+                    drafts[id(job)] = draft
+                    job.spec.source = "model"
         plain = []
         for job in jobs:
-            draft = self._draft_for(job, rows_now)
+            draft = drafts.get(id(job))
             if not (draft and self._verify(job, draft)) and job.slot is not None:
                 plain.append(job)
         return plain
 
-    def _draft_for(self, job, rows_now: int) -> list[int]:
+    def _room(self, job) -> int:
+        """Most tokens a draft may hold: k+1 rows at positions base..base+k must fit the slot,
+        and k+1 tokens the request's limit."""
+        return min(MAX_DRAFT, self.layout.slot_ctx - 1 - len(job.slot.tokens), job.limit - job.produced - 1)
+
+    def _ngram_draft(self, job, room: int, rows_now: int) -> list[int]:
         spec = job.spec
-        if spec is None:
-            return []
-        # k+1 rows at positions base..base+k must fit the slot, and k+1 tokens the request's limit.
-        room = min(MAX_DRAFT, self.layout.slot_ctx - 1 - len(job.slot.tokens), job.limit - job.produced - 1)
         if room <= 0:
             return []
-        proposal = spec.index.propose(room)
-        check = getattr(job.sampler, "valid_prefix", None)
-        if proposal and check is not None:
-            proposal = proposal[:check(proposal)]  # a token the grammar forbids would be rejected anyway
+        proposal = self._grammar_cut(job, spec.index.propose(room))
         if not proposal:
             return []
         decision = spec.policy.choose(len(proposal), self.costs, rows_now)
         if decision.k == 0:
             spec.policy.shadow(proposal)
         return proposal[:decision.k]
+
+    @staticmethod
+    def _grammar_cut(job, proposal: list[int]) -> list[int]:
+        check = getattr(job.sampler, "valid_prefix", None)
+        if proposal and check is not None:
+            proposal = proposal[:check(proposal)]  # a token the grammar forbids would be rejected anyway
+        return proposal
 
     def _verify(self, job, draft: list[int]) -> bool:
         """One pass over the pending token and ``draft``; keep the agreeing prefix and the

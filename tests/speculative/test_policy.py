@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from localrun.errors import ConfigError, UnsupportedFeature
+from localrun.errors import ConfigError
 from localrun.runtimes.llamacpp.speculative import (
     FIRST_K, MAX_DRAFT, PASS_ROWS, DecodeCosts, DraftPolicy, NgramIndex, SpecState, parse_mode, speculation,
 )
@@ -151,7 +151,8 @@ def test_modes_and_errors():
     assert speculation(plan, 0) == ("ngram", 3)
     with pytest.raises(ConfigError, match=f"draft_k must be 1-{MAX_DRAFT}"):
         speculation(Plan(runtime="llama.cpp", options={"draft_k": MAX_DRAFT + 1}), 0)
-    with pytest.raises(UnsupportedFeature, match="draft model"):
+    with pytest.raises(ConfigError, match="needs a draft model"):
         speculation(Plan(runtime="llama.cpp", options={"speculative": "draft"}), 0)
+    assert speculation(Plan(runtime="llama.cpp", options={"speculative": "draft", "draft": "/d.gguf"}), 0) == ("draft", 8)
     # a sliding-window cache that is not full-size: no drafting
     assert speculation(Plan(runtime="llama.cpp", options={"swa_full": False}), 512)[0] == "off"

@@ -1,8 +1,11 @@
 """Speculative decoding: localrun with and without drafts, native llama.cpp, and
 llama-server's own n-gram speculation, on the same prompts in one run.
 
-    python benchmarks/bench_speculative.py [--max-tokens 256] [--threads 2] [--spec-types ngram-simple,ngram-mod]
+    python benchmarks/bench_speculative.py [--max-tokens 256] [--threads 2] [--spec-types "ngram-mod;ngram-simple"]
     LLAMA_SERVER_BIN=.../llama-server LLAMA_BENCH_BIN=.../llama-bench   (the anchors; skipped when unset)
+
+``scripts/build-llama-server --native`` builds both from the llama.cpp that the installed
+llama-cpp-python vendors, for this CPU (as pip builds the wheel), and prints their folder.
 
 Gemma 3 270M Q4_K_M, 2 threads, single stream, greedy. Workloads:
 (a) agent edit: a ~200-line source file to rewrite with one small change;
@@ -10,12 +13,14 @@ Gemma 3 270M Q4_K_M, 2 threads, single stream, greedy. Workloads:
 (c) free generation from a short prompt.
 
 Per workload: decode tok/s (tokens after the first ÷ time from the first to the last) of
-localrun off (``speculative=off``), localrun auto (the adaptive default), the engine's
-plain greedy loop on the low-level API in this process (native llama.cpp decode on the
-same prompt), each the best of ``--rounds`` interleaved rounds; llama-server with each
-``--spec-type`` given (its ``timings``); plus
-``llama-bench`` tg128 for reference. Then 4 concurrent streams (a, b, c, a): aggregate
-tok/s with and without speculation. Acceptance rates and what auto did per workload.
+localrun off (``speculative=off``), localrun auto, the engine's plain greedy loop on the
+low-level API in this process (native llama.cpp decode on the same prompt), and
+llama-server with no speculation and with each ``--spec-type`` given (its ``timings``; all
+the servers are up for the whole run); the median of ``--rounds`` rounds in which every
+contender runs once per workload in a rotating order (this machine's speed drifts by
+~15 % from minute to minute); plus ``llama-bench`` tg128 for reference. Then 4 concurrent
+streams (a, b, c, a): aggregate tok/s with and without speculation (median of 2).
+Acceptance rates per workload.
 
 Targets (issue 13): (a) auto >= 2.0x off and >= 1.5x llama-server's best; (b) >= 1.5x off;
 (c) >= 0.97x off; 4 streams: auto >= off. Say ``uptime`` with the numbers: this machine is shared.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -38,6 +44,10 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E402
 
 SLOT_CTX = 4096
+#: llama-server's n-gram speculation (its --spec-type values in this llama.cpp), with their
+#: defaults and one ngram-mod tuned for short drafts (its defaults draft 48-64 tokens).
+SERVER_SPECS = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache",
+                "ngram-mod --spec-ngram-mod-n-min 4 --spec-ngram-mod-n-max 16 --spec-ngram-mod-n-match 8")
 
 
 def source_file(lines: int = 200) -> str:
@@ -181,26 +191,95 @@ def llama_bench_tg(binary: str, model: Path, threads: int) -> float | None:
     return float(rows[0]["avg_ts"]) if rows else None
 
 
-def llama_server_runs(binary: str, model: Path, threads: int, spec: str | None, max_tokens: int) -> dict:
-    import httpx
+class LlamaServer:
+    """One llama-server with one ``--spec-type`` setting (or none), up for the whole run so
+    that its requests interleave with localrun's in every round."""
 
-    port = free_port()
-    args = [binary, "-m", str(model), "--port", str(port), "-c", str(SLOT_CTX), "-np", "1", "-t", str(threads),
-            "-tb", str(threads)] + (["--spec-type", spec] if spec else [])
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    def __init__(self, binary: str, model: Path, threads: int, spec: str | None) -> None:
+        self.spec = spec
+        port = free_port()
+        args = [binary, "-m", str(model), "--port", str(port), "-c", str(SLOT_CTX), "-np", "1", "-t", str(threads),
+                "-tb", str(threads)] + (["--spec-type", *spec.split()] if spec else [])
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.url = f"http://127.0.0.1:{port}"
+        wait_ready(self.proc, f"{self.url}/health")
+
+    def one(self, prompt: str, max_tokens: int) -> dict:
+        import httpx
+
+        r = httpx.post(f"{self.url}/completion", json={"prompt": prompt, "n_predict": max_tokens, "temperature": 0,
+                                                       "cache_prompt": False}, timeout=600).json()
+        t = r.get("timings", {})
+        return {"rate": float(t.get("predicted_per_second") or 0), "drafted": t.get("draft_n", 0),
+                "accepted": t.get("draft_n_accepted", 0), "text": r.get("content", "")}
+
+    def close(self) -> None:
+        stop(self.proc)
+
+
+# --- one process per contender ----------------------------------------------------------------------
+
+class Isolated:
+    """A contender in its own process, as a model runs in its own worker: llama.cpp's OpenMP
+    threads slow each other down when several threads of one process decode (measured here:
+    a plain loop went from 62 to 45 tok/s once a second context had decoded on another
+    thread of the process), which would handicap whoever shares the benchmark's process."""
+
+    def __init__(self, kind: str, model: Path, threads: int, max_tokens: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_serve_contender, args=(child, kind, str(model), threads, max_tokens), daemon=True)
+        self._proc.start()
+        child.close()
+        self._ask("ready")
+
+    def _ask(self, what):
+        self._conn.send(what)
+        got = self._conn.recv()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def one(self, prompt: str) -> dict:
+        return self._ask(("one", prompt))
+
+    def close(self) -> None:
+        try:
+            self._conn.send(None)
+        except OSError:
+            pass
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+def isolated_streams(model: Path, threads: int, mode: str, prompts: list[str], max_tokens: int) -> float:
+    """:func:`localrun_streams` in a process of its own (see :class:`Isolated`)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(localrun_streams, (model, threads, mode, prompts, max_tokens))
+
+
+def _serve_contender(conn, kind: str, model: str, threads: int, max_tokens: int) -> None:
+    sys.path.insert(0, str(ROOT))
+    if kind == "native":
+        engine = Native(Path(model), threads)
+        run, close = (lambda p: {"rate": engine.rate(p, max_tokens)}), engine.close
+    else:
+        session = load_session(Path(model), threads, kind)
+        localrun_one(session, "Hello", 4)  # warm: the first plain steps are measured
+        run, close = (lambda p: localrun_one(session, p, max_tokens)), session.close
     try:
-        wait_ready(proc, f"{url}/health")
-        out = {}
-        for name, prompt in WORKLOADS.items():
-            r = httpx.post(f"{url}/completion", json={"prompt": prompt, "n_predict": max_tokens, "temperature": 0,
-                                                      "cache_prompt": False}, timeout=600).json()
-            t = r.get("timings", {})
-            out[name] = {"rate": float(t.get("predicted_per_second") or 0), "drafted": t.get("draft_n", 0),
-                         "accepted": t.get("draft_n_accepted", 0)}
-        return out
+        while (msg := conn.recv()) is not None:
+            try:
+                conn.send(True if msg == "ready" else run(msg[1]))
+            except Exception as exc:  # noqa: BLE001 - handed to the parent, which stops
+                conn.send(exc)
     finally:
-        stop(proc)
+        close()
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -209,66 +288,83 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per workload (best kept)")
-    ap.add_argument("--spec-types", default="ngram-simple,ngram-mod",
-                    help="llama-server --spec-type values to try (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median of each is kept)")
+    ap.add_argument("--spec-types", default=";".join(SERVER_SPECS),
+                    help="llama-server --spec-type values to try, each optionally with its flags (';'-separated)")
     args = ap.parse_args()
     model, t, n = gemma_path(), args.threads, args.max_tokens
     print(f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs")
-    results: dict[str, dict] = {w: {} for w in WORKLOADS}
-    sessions = {mode: load_session(model, t, mode) for mode in ("off", "auto")}
-    native = Native(model, t)
+    contenders = {kind: Isolated(kind, model, t, n) for kind in ("off", "auto", "native")}
+    servers: list[LlamaServer] = []
+    binary = os.environ.get("LLAMA_SERVER_BIN")
+    for spec in ([None, *[s.strip() for s in args.spec_types.split(";") if s.strip()]] if binary else []):
+        try:
+            servers.append(LlamaServer(binary, model, t, spec))
+        except Exception as exc:  # noqa: BLE001 - an anchor that cannot run is reported, not fatal
+            print(f"llama-server --spec-type {spec}: failed ({exc})")
+    runs: dict[str, dict[str, list[dict]]] = {w: {} for w in WORKLOADS}
     try:
-        for session in sessions.values():
-            localrun_one(session, "Hello", 4)  # warm: the first plain steps are measured
-        for name, prompt in WORKLOADS.items():  # interleaved rounds, best of each: the machine is shared
-            for _ in range(args.rounds):
-                for mode, session in sessions.items():
-                    got = localrun_one(session, prompt, n)
-                    if got["rate"] > results[name].get(mode, {"rate": 0})["rate"]:
-                        results[name][mode] = got
-                rate = native.rate(prompt, n)
-                results[name]["native"] = {"rate": max(rate, results[name].get("native", {"rate": 0})["rate"])}
-            results[name]["same_text"] = results[name]["auto"]["text"] == results[name]["off"]["text"]
+        calls = {**{kind: c.one for kind, c in contenders.items()},
+                 **{f"ls:{srv.spec or 'none'}": (lambda p, srv=srv: srv.one(p, n)) for srv in servers}}
+        names = list(calls)
+        # Every contender once per workload per round, in a rotating order: the machine is
+        # shared and its speed drifts by 15 % from minute to minute, so no one gets the quiet minute.
+        for r in range(args.rounds):
+            for name, prompt in WORKLOADS.items():
+                order = names[r % len(names):] + names[:r % len(names)]
+                for who in order:
+                    runs[name].setdefault(who, []).append(calls[who](prompt))
     finally:
-        native.close()
-        for session in sessions.values():
-            session.close()
-    anchors: dict[str, dict] = {}
-    server = os.environ.get("LLAMA_SERVER_BIN")
-    if server:
-        for spec in [None, *[s for s in args.spec_types.split(",") if s]]:
-            try:
-                anchors[spec or "none"] = llama_server_runs(server, model, t, spec, n)
-            except Exception as exc:  # noqa: BLE001 - an anchor that cannot run is reported, not fatal
-                print(f"llama-server --spec-type {spec}: failed ({exc})")
+        for c in contenders.values():
+            c.close()
+        for srv in servers:
+            srv.close()
+    results = {w: {who: median_run(rs) for who, rs in by.items()} for w, by in runs.items()}
+    for w in results:
+        results[w]["same_text"] = results[w]["auto"]["text"] == results[w]["off"]["text"]
     bench = os.environ.get("LLAMA_BENCH_BIN")
     tg = llama_bench_tg(bench, model, t) if bench else None
     mixed = [WORKLOADS["agent-edit"], WORKLOADS["rag-quote"], WORKLOADS["free"], WORKLOADS["agent-edit"]]
-    agg = {mode: localrun_streams(model, t, mode, mixed, n) for mode in ("off", "auto")}
-    report(results, anchors, tg, agg)
+    agg = {mode: [] for mode in ("off", "auto")}
+    for _ in range(2):
+        for mode in agg:
+            agg[mode].append(isolated_streams(model, t, mode, mixed, n))
+    report(results, tg, {m: statistics.median(v) for m, v in agg.items()})
     print(f"load after: {os.getloadavg()[0]:.2f} (1-min)")
 
 
-def report(results: dict, anchors: dict, tg: float | None, agg: dict) -> None:
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median rate (its counts and text with it), and every rate."""
+    ordered = sorted(runs, key=lambda r: r["rate"])
+    return {**ordered[len(ordered) // 2], "rates": [round(r["rate"], 1) for r in runs]}
+
+
+def report(results: dict, tg: float | None, agg: dict) -> None:
     targets = {"agent-edit": 2.0, "rag-quote": 1.5, "free": 0.97}
-    print(f"\n{'workload':<11} {'off':>7} {'auto':>7} {'native':>7} " + " ".join(f"{'ls:' + k:>14}" for k in anchors)
+    servers = [k for k in next(iter(results.values())) if k.startswith("ls:")]
+    print("\nmedian decode tok/s of the rounds; ls: = llama-server --spec-type ...")
+    print(f"{'workload':<11} {'off':>7} {'auto':>7} {'native':>7} " + " ".join(f"{k[:14]:>14}" for k in servers)
           + "   auto/off  target  accepted/drafted  same")
     for name, r in results.items():
         off, auto = r["off"], r["auto"]
         ratio = auto["rate"] / off["rate"] if off["rate"] else 0.0
         acc = f"{auto['accepted']}/{auto['drafted']}" + (f" ({100 * auto['accepted'] / auto['drafted']:.0f} %)" if auto["drafted"] else "")
-        servers = " ".join(f"{a[name]['rate']:>14.1f}" for a in anchors.values())
-        print(f"{name:<11} {off['rate']:>7.1f} {auto['rate']:>7.1f} {r['native']['rate']:>7.1f} {servers}"
-              f"   {ratio:>7.2f}x  {targets[name]:>5}x  {acc:>16}  {r['same_text']}")
-    spec_anchors = {k: v for k, v in anchors.items() if k != "none"}
-    if spec_anchors:
-        best = max(v["agent-edit"]["rate"] for v in spec_anchors.values())
-        print(f"agent-edit: auto / llama-server's best n-gram speculation = "
-              f"{results['agent-edit']['auto']['rate'] / best:.2f}x (target 1.5x)")
-        for k, v in spec_anchors.items():
-            print(f"  llama-server --spec-type {k}: " + ", ".join(
-                f"{w} {d['accepted']}/{d['drafted']} accepted" for w, d in v.items()))
+        print(f"{name:<11} {off['rate']:>7.1f} {auto['rate']:>7.1f} {r['native']['rate']:>7.1f} "
+              + " ".join(f"{r[k]['rate']:>14.1f}" for k in servers)
+              + f"   {ratio:>7.2f}x  {targets[name]:>5}x  {acc:>16}  {r['same_text']}")
+    for name, r in results.items():
+        print(f"  {name}: rates per round " + "; ".join(f"{k} {v['rates']}" for k, v in r.items() if isinstance(v, dict)))
+    spec = [k for k in servers if k != "ls:none"]
+    for name, r in results.items():
+        if "ls:none" in r:
+            print(f"{name}: localrun off / llama-server plain = {r['off']['rate'] / r['ls:none']['rate']:.2f}x")
+        if spec:
+            best = max(spec, key=lambda k: r[k]["rate"])
+            print(f"{name}: auto / llama-server's best n-gram speculation ({best[3:]}) = "
+                  f"{r['auto']['rate'] / r[best]['rate']:.2f}x" + (" (target 1.5x)" if name == "agent-edit" else ""))
+    for k in spec:
+        print(f"  llama-server --spec-type {k[3:]}: " + ", ".join(
+            f"{w} {r[k]['accepted']}/{r[k]['drafted']} accepted" for w, r in results.items()))
     if tg:
         print(f"llama-bench tg128: {tg:.1f} tok/s (no prompt context)")
     print(f"4 streams (a, b, c, a): off {agg['off']:.1f} tok/s, auto {agg['auto']:.1f} tok/s "

@@ -150,6 +150,8 @@ class Scheduler(SpeculativeSteps):
             return "off"
         if mode != "off":
             calibrate(self._llama, self._ctx, self._batch, self.costs)
+            log.info("speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
+                     mode, self.costs.rounding)
         return mode
 
     # --- request threads --------------------------------------------------------------------

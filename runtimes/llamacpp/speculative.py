@@ -53,12 +53,15 @@ MODES = ("auto", "off", "ngram", "draft")
 #: repacked weights (Q4_0, Q4_K, IQ4_NL, Q8_0 on x86 and ARM) multiply 4 rows at a time and
 #: the rest one by one, re-reading the weights for each: measured here (Gemma 3 270M,
 #: Q8_0 output layer) 2 rows cost 2.2 one-row steps, 4 rows 2.9, 5 rows 4.5. 2 stays for
-#: builds where it is cheap (a GPU, plain kernels).
-PASS_ROWS = (2, 4, 8, 12, 16, 24, 32)
+#: builds where it is cheap (a GPU, plain kernels). Long copies want long passes: a 48-row
+#: pass costs ~14 one-row steps here, 3.4 tokens a step when all is kept.
+PASS_ROWS = (2, 4, 8, 12, 16, 24, 32, 48, 64)
+#: The sizes timed at load; the others are read off the line through these until used.
+CALIBRATED_ROWS = (2, 4, 8, 16, 32)
 #: Most tokens drafted at once (a pass is then MAX_DRAFT + 1 rows, one ``llama_decode``).
 MAX_DRAFT = PASS_ROWS[-1] - 1
 #: ``ngram`` mode (draft whenever a match is found) drafts this many unless told otherwise.
-DEFAULT_FIXED_K = 8
+DEFAULT_FIXED_K = 5
 MIN_NGRAM, MAX_NGRAM = 2, 4
 #: Places remembered per 4-gram, and how far back a match is compared to choose among them.
 RECENT_PLACES, BACK_MATCH = 16, 32
@@ -90,7 +93,7 @@ class NgramIndex:
     """A sequence's tokens (prompt, then output), where each n-gram (n in [min_n, max_n])
     last ended, the recent places of each max_n-gram, and the source being followed."""
 
-    __slots__ = ("tokens", "_maps", "_places", "_min", "_max", "source")
+    __slots__ = ("tokens", "_maps", "_places", "_min", "_max", "source", "run")
 
     def __init__(self, tokens=(), *, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM) -> None:
         self.tokens: list[int] = []
@@ -99,13 +102,19 @@ class NgramIndex:
         self._places: dict[tuple[int, ...], list[int]] = {}
         #: Where the next token is expected to be copied from (None: look again).
         self.source: int | None = None
+        #: How many tokens the source has agreed with so far (from before the 4-gram that
+        #: found it, then as tokens arrive): a long agreement is a copy in progress.
+        self.run = 0
         for token in tokens:
             self._add(token)
 
     def append(self, token: int) -> None:
         src = self.source
         if src is not None:
-            self.source = src + 1 if self.tokens[src] == token else None
+            if self.tokens[src] == token:
+                self.source, self.run = src + 1, self.run + 1
+            else:
+                self.source, self.run = None, 0
         self._add(token)
 
     def _add(self, token: int) -> None:
@@ -130,7 +139,12 @@ class NgramIndex:
             self.source = self._find()
             if self.source is None:
                 return []
-        return toks[self.source:self.source + k]
+        out = toks[self.source:self.source + k]
+        if len(out) < k:  # the source reaches the end: a loop, whose next turn repeats this one
+            period = len(toks) - self.source
+            while len(out) < k:
+                out.append(out[len(out) - period])
+        return out
 
     def _find(self) -> int | None:
         toks, n = self.tokens, len(self.tokens)
@@ -145,6 +159,7 @@ class NgramIndex:
                         back += 1
                     if back > reach:
                         best, reach = at, back
+                self.run = reach
                 return best
         for m in range(min(self._max - 1, n), self._min - 1, -1):
             at = self._maps[m].get(tuple(toks[n - m:]))
@@ -167,6 +182,8 @@ class DecodeCosts:
         self.plain: dict[int, float] = {}
         self.passes: dict[int, float] = {}
         self.draft_step: float | None = None  # seconds per draft-model step (all its sequences at once)
+        #: How far a pass's logits round from a one-row step's (the best few), measured at load.
+        self.rounding = 0.0
 
     def observe_draft(self, seconds: float, steps: int) -> None:
         if steps > 0:
@@ -258,14 +275,22 @@ class DraftPolicy:
         if verified:
             self.cap = min(MAX_DRAFT, 2 * self.cap + 1) if accepted >= proposed else max(FIRST_K, accepted)
 
-    def expected(self, k: int) -> float:
-        """Tokens a pass with k drafted tokens is expected to produce."""
-        p = self.p
-        return (1 - p ** (k + 1)) / (1 - p) if p < 1 else float(k + 1)
+    def expected(self, k: int, run: int = 0) -> float:
+        """Tokens a pass with k drafted tokens is expected to produce: 1 + the sum over i of
+        P(the first i drafted tokens are right), taken as p^i, or, for a copy that has agreed
+        for ``run`` tokens, as run / (run + i) when that is more (a copy that has lasted
+        long is likely to last as long again: the estimate of a run of unknown length)."""
+        p, total, chance = self.p, 1.0, 1.0
+        for i in range(1, k + 1):
+            chance *= p
+            total += max(chance, run / (run + i)) if run else chance
+        return total
 
-    def choose(self, available: int, costs: DecodeCosts, rows_now: int, *, draft_cost: float | None = 0.0) -> Decision:
+    def choose(self, available: int, costs: DecodeCosts, rows_now: int, *, draft_cost: float | None = 0.0,
+               run: int = 0) -> Decision:
         """How many of ``available`` proposed tokens to verify (0: decode plainly).
-        ``draft_cost``: seconds each drafted token costs to make (0 for an n-gram lookup)."""
+        ``draft_cost``: seconds each drafted token costs to make (0 for an n-gram lookup);
+        ``run``: how long the source of the proposal has agreed (:attr:`NgramIndex.run`)."""
         if self.fixed_k is not None:
             return Decision(min(available, self.fixed_k), "fixed")
         share = costs.share(max(1, rows_now))
@@ -277,7 +302,7 @@ class DraftPolicy:
             if k > min(available, self.cap):
                 break
             cost = costs.verify(rows)
-            gain = self.expected(k) * share / (cost + k * draft_cost) if cost else 0.0
+            gain = self.expected(k, run) * share / (cost + k * draft_cost) if cost else 0.0
             if gain > best_gain:
                 best_k, best_gain = k, gain
         if best_k:

@@ -19,16 +19,18 @@ import logging
 import time
 
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, PASS_ROWS
+from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS, MAX_DRAFT
 
 log = logging.getLogger(__name__)
 
 PROBE_CONTEXT = 48
+#: One-row steps compared, logit by logit, with the same positions in a pass at load.
+PROBE_ROWS = 8
 
 
 class SpeculativeSteps:
-    """Needs from the scheduler: ``layout``, ``costs``, ``spec_totals``, ``_batch``,
-    ``_ctx``, ``_kv``, ``_is_eog``, ``_decode_rc``, ``_fail`` and ``_emit``."""
+    """Needs from the scheduler: ``layout``, ``costs``, ``spec_totals``, ``drafter``,
+    ``_batch``, ``_ctx``, ``_kv``, ``_is_eog``, ``_decode_rc``, ``_fail`` and ``_emit``."""
 
     def _speculate(self, jobs: list) -> list:
         """Verify a draft for every sequence whose draft pays, each in its own call (a
@@ -79,7 +81,7 @@ class SpeculativeSteps:
         proposal = self._grammar_cut(job, spec.index.propose(room))
         if not proposal:
             return []
-        decision = spec.policy.choose(len(proposal), self.costs, rows_now)
+        decision = spec.policy.choose(len(proposal), self.costs, rows_now, run=spec.index.run)
         if decision.k == 0:
             spec.policy.shadow(proposal)
         return proposal[:decision.k]
@@ -137,12 +139,18 @@ class SpeculativeSteps:
         return True
 
 
+
 def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> None:
-    """Time one-row steps and passes of each size in ``PASS_ROWS`` on this build, model and context (on
+    """Time one-row steps and passes of each size in ``CALIBRATED_ROWS`` on this build, model and context (on
     ``seq``, left empty after), into ``costs``: the policy's first decisions then rest on
     this machine's numbers, not a guess. A pass's cost is far from linear on a CPU (measured
-    here, see ``PASS_ROWS``), and which drafts pay depends on exactly that. Costs ~60 one-row
-    steps at load (~0.5 s for Gemma 3 270M on 2 cores)."""
+    here, see ``PASS_ROWS``), and which drafts pay depends on exactly that. Costs ~40 one-row
+    steps at load (~0.5 s for Gemma 3 270M on 2 cores). Also measures how far a pass's rows
+    round from the same steps alone, at their best few logits (``costs.rounding``, logged:
+    measured here 2e-8 for the tiny F32 model, ~2 for Gemma 3 270M, whose attention takes
+    another ggml kernel for several rows)."""
+    import numpy as np
+
     mem = llama.llama_get_memory(ctx)
     n_vocab = llama.llama_vocab_n_tokens(llama.llama_model_get_vocab(llama.llama_get_model(ctx)))
     context = [(7 + 13 * i) % n_vocab for i in range(PROBE_CONTEXT)]
@@ -153,20 +161,35 @@ def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> No
             fill_batch(batch, chunk, range(start, start + len(chunk)), seq, False)
             if llama.llama_decode(ctx, batch) != 0:
                 return
-        for rows in (1, 1, *PASS_ROWS):
+        def logits(row: int):
+            return np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).copy()
+
+        alone, steps = [], []
+        for j in range(PROBE_ROWS):  # one-row steps, as plain decoding makes them
+            fill_batch(batch, [tokens[j]], [PROBE_CONTEXT + j], seq, True)
+            started = time.perf_counter()
+            if llama.llama_decode(ctx, batch) != 0:
+                return
+            steps.append(time.perf_counter() - started)
+            alone.append(logits(0))
+        llama.llama_memory_seq_rm(mem, seq, PROBE_CONTEXT, -1)
+        costs.plain[1] = min(steps[1:])  # the first call of a context sets up its graph
+        for rows in CALIBRATED_ROWS:
             best = None
             for _ in range(repeats):
                 fill_batch(batch, tokens[:rows], range(PROBE_CONTEXT, PROBE_CONTEXT + rows), seq, True)
                 started = time.perf_counter()
                 rc = llama.llama_decode(ctx, batch)
                 took = time.perf_counter() - started
+                if rc == 0 and rows >= PROBE_ROWS:  # the same tokens at the same places, alone and in one pass
+                    for j in range(PROBE_ROWS):
+                        row = logits(j)
+                        top = np.union1d(np.argpartition(alone[j], -8)[-8:], np.argpartition(row, -8)[-8:])
+                        costs.rounding = max(costs.rounding, float(np.abs(alone[j][top] - row[top]).max()))
                 llama.llama_memory_seq_rm(mem, seq, PROBE_CONTEXT, -1)
                 if rc != 0:
                     return
                 best = took if best is None else min(best, took)
-            if rows == 1:
-                costs.plain[1] = best
-            else:
-                costs.passes[rows] = best
+            costs.passes[rows] = best
     finally:
         llama.llama_memory_seq_rm(mem, seq, -1, -1)

@@ -26,3 +26,28 @@ def pair(path, *, slot_ctx: int = 512, n_slots: int = 4, **opts):
         plain.close()
         raise
     return plain, spec
+
+
+def assert_same_but_near_ties(plain, prompt: str, got: str, max_tokens: int, bound: float) -> None:
+    """``got`` is plain greedy decoding's answer, or departs from it only at a token where the
+    plain answer's two best logits are within ``bound`` (the documented trade: a verification
+    pass rounds differently from one-row steps, so it may take the other of two near-equal
+    tokens; after that the answers are different texts)."""
+    from localrun.types import Cancel, CompletionRequest, Sampling
+
+    req = CompletionRequest(prompt=prompt, sampling=Sampling(temperature=0.0, max_tokens=max_tokens, logprobs=2))
+    entries = [e for c in plain.complete(req, Cancel()) for e in c.logprobs]
+    ref = "".join(e["token"] for e in entries)
+    if got == ref:
+        return
+    at = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    seen = 0
+    for entry in entries:
+        if seen + len(entry["token"]) > at:
+            tops = entry["top_logprobs"]
+            margin = tops[0]["logprob"] - tops[1]["logprob"]
+            assert margin < bound, (f"the answers part at {entry['token']!r} (of {ref!r}), where the model's top two "
+                                    f"are {margin:.3f} apart, beyond rounding ({bound:.3f})")
+            return
+        seen += len(entry["token"])
+    raise AssertionError(f"{got!r} is longer than plain decoding's {ref!r}")

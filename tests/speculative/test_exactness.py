@@ -13,7 +13,7 @@ import pytest
 from localrun.types import Cancel
 from tests.batching.conftest import assert_idle, load, request, run, together
 from tests.conftest import needs_llama
-from tests.speculative.conftest import GEMMA_COPY, GEMMA_FREE, TINY_PROMPTS, pair
+from tests.speculative.conftest import GEMMA_COPY, GEMMA_FREE, TINY_PROMPTS, assert_same_but_near_ties, pair
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
@@ -51,14 +51,18 @@ def test_greedy_answers_are_the_same_with_drafts_alone_and_batched(model):
 
 
 @pytest.mark.gemma
-def test_auto_drafts_on_copy_heavy_text_and_keeps_the_answer(gemma_gguf):
+def test_auto_drafts_on_copy_heavy_text_and_keeps_the_answer_but_near_ties(gemma_gguf):
+    """auto picks passes of up to 64 rows, where Gemma's logits round by up to ~2 (measured at
+    load, ``costs.rounding``): the answer equals plain decoding's, or departs from it only
+    where the model's two best tokens are that close."""
     plain, auto = pair(gemma_gguf, n_slots=2, mode="auto")
     try:
         assert auto.speculative == "auto"
+        rounding = auto._sched.costs.rounding
+        assert rounding > 0  # measured at load: Gemma's attention takes another kernel for several rows
         prompt = GEMMA_COPY[0]
-        ref = run(plain, request(prompt, max_tokens=48))
         got = run(auto, request(prompt, max_tokens=48))
-        assert got.text == ref.text
+        assert_same_but_near_ties(plain, prompt, got.text, 48, bound=2 * rounding)
         # The switch turned drafting on (whether it keeps it on depends on the measured pass
         # costs, which a loaded machine skews: the benchmark measures that, not this test).
         assert got.usage.drafted_tokens > 0 and got.usage.accepted_tokens > 0, got.usage
@@ -173,7 +177,7 @@ def test_auto_drafts_in_every_layout_but_exact_prefix_and_times_its_passes(tiny_
     """A pass rounds like a batched step (the documented trade), so auto runs in any layout;
     exact_prefix promises bit-exact answers, so there it is off. Drafting times its pass
     sizes at load."""
-    from localrun.runtimes.llamacpp.speculative import PASS_ROWS
+    from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS
 
     for opts, expected in (({"speculative": "auto"}, "auto"), ({"speculative": "auto", "n_slots": 8}, "auto"),
                            ({"speculative": "auto", "exact_prefix": True}, "off"),
@@ -185,7 +189,7 @@ def test_auto_drafts_in_every_layout_but_exact_prefix_and_times_its_passes(tiny_
             if expected == "off":
                 assert costs.passes == {}
             else:
-                assert set(costs.passes) == set(PASS_ROWS) and costs.plain[1] > 0
+                assert set(costs.passes) == set(CALIBRATED_ROWS) and costs.plain[1] > 0
                 assert all(t > 0 for t in costs.passes.values())
         finally:
             s.close()

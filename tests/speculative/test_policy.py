@@ -18,7 +18,7 @@ def test_ngram_index_proposes_what_followed_the_longest_match():
     idx = NgramIndex([5, 1, 2, 9, 4, 1, 2])
     assert idx.propose(2) == [9, 4]  # only the 2-gram matches
     assert NgramIndex([1, 2, 3, 4]).propose(4) == []  # nothing repeats
-    assert NgramIndex([1, 2, 1, 2]).propose(5) == [1, 2]  # a self-overlapping repeat: what is known
+    assert NgramIndex([1, 2, 1, 2]).propose(5) == [1, 2, 1, 2, 1]  # a loop: its next turns repeat it
 
 
 def test_ngram_index_grows_as_tokens_arrive_and_prefers_the_latest_occurrence():
@@ -86,7 +86,7 @@ def test_policy_declines_until_shadow_drafts_prove_right_then_backs_off():
 def test_pass_sizes_come_from_the_measured_ladder():
     costs, policy = _costs(), DraftPolicy()
     policy.p, policy.cap = 1.0, MAX_DRAFT
-    assert policy.choose(40, costs, 1).k == MAX_DRAFT
+    assert policy.choose(MAX_DRAFT + 5, costs, 1).k == MAX_DRAFT
     assert policy.choose(10, costs, 1).k == 7  # 11 rows is no rung: the next one down
     costs.passes[8] = 0.5  # a size measured as very slow is skipped
     assert policy.choose(10, costs, 1).k == 3
@@ -153,6 +153,22 @@ def test_modes_and_errors():
         speculation(Plan(runtime="llama.cpp", options={"draft_k": MAX_DRAFT + 1}), 0)
     with pytest.raises(ConfigError, match="needs a draft model"):
         speculation(Plan(runtime="llama.cpp", options={"speculative": "draft"}), 0)
-    assert speculation(Plan(runtime="llama.cpp", options={"speculative": "draft", "draft": "/d.gguf"}), 0) == ("draft", 8)
+    assert speculation(Plan(runtime="llama.cpp", options={"speculative": "draft", "draft": "/d.gguf"}), 0) == ("draft", 5)
     # a sliding-window cache that is not full-size: no drafting
     assert speculation(Plan(runtime="llama.cpp", options={"swa_full": False}), 512)[0] == "off"
+
+
+def test_a_copy_in_progress_is_expected_to_go_on():
+    """After a long agreement the run-length estimate beats the per-token rate, so long passes pay."""
+    policy = DraftPolicy()
+    policy.p = 0.5
+    assert policy.expected(7) == pytest.approx(sum(0.5 ** i for i in range(8)))
+    assert policy.expected(7, run=60) == pytest.approx(1 + sum(60 / (60 + i) for i in range(1, 8)))
+    costs = _costs()
+    policy.cap = MAX_DRAFT
+    assert policy.choose(MAX_DRAFT, costs, 1).k < policy.choose(MAX_DRAFT, costs, 1, run=200).k
+    idx = NgramIndex([5, 6, 7, 8, 9, 1, 2, 3, 4, 5, 6, 7, 8])
+    assert idx.propose(3) == [9, 1, 2] and idx.run == 0  # "5 6 7 8" found; nothing before it to agree
+    for tok in (9, 1):
+        idx.append(tok)
+    assert idx.run == 2  # two more tokens as the source said

@@ -82,7 +82,17 @@ WORKLOADS = {
     "rag-quote": (f"Passage:\n{PASSAGE}\n\nQuestion: Who replaced the oil lamp, when, and what else did he add? "
                   "Answer by quoting the passage word for word.\n\nQuote: \""),
     "free": "The history of the bicycle begins in the early nineteenth century, when",
+    # Beyond the issue's three: ordinary text where drafts should not pay (Gemma 3 270M's greedy
+    # prose falls into a loop within ~60 tokens, which n-gram drafts then copy): sampled at
+    # temperature 0.9, seed 1. The target is the free one's: never measurably slower.
+    "free-sampled": ("The history of the bicycle begins in the early nineteenth century, when", 0.9),
 }
+SEED = 1
+
+
+def split(workload) -> tuple[str, float]:
+    """(prompt, temperature) of a workload."""
+    return workload if isinstance(workload, tuple) else (workload, 0.0)
 
 
 # --- localrun ---------------------------------------------------------------------------------
@@ -96,10 +106,12 @@ def load_session(model: Path, threads: int, mode: str, n_slots: int = 1):
     return LlamaCppRuntime().load(ModelRecord(name="gemma", format=Format.GGUF, path=str(model)), plan)
 
 
-def localrun_one(session, prompt: str, max_tokens: int) -> dict:
+def localrun_one(session, workload, max_tokens: int) -> dict:
     from localrun.types import Cancel, CompletionRequest, Sampling
 
-    req = CompletionRequest(prompt=prompt, sampling=Sampling(temperature=0.0, max_tokens=max_tokens))
+    prompt, temperature = split(workload)
+    req = CompletionRequest(prompt=prompt, sampling=Sampling(temperature=temperature, max_tokens=max_tokens,
+                                                             seed=SEED if temperature else None))
     first = last = None
     usage = None
     text = []
@@ -151,8 +163,12 @@ class Native:
         self.chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         llama.llama_sampler_chain_add(self.chain, llama.llama_sampler_init_greedy())
 
-    def rate(self, prompt: str, max_tokens: int) -> float:
+    def rate(self, workload, max_tokens: int) -> float:
         from localrun.runtimes.llamacpp.decode import fill_batch
+
+        prompt, temperature = split(workload)
+        if temperature:
+            return float("nan")  # a greedy loop only
 
         llama, ctx, batch = self.llama, self.ctx, self.batch
         llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
@@ -204,11 +220,12 @@ class LlamaServer:
         self.url = f"http://127.0.0.1:{port}"
         wait_ready(self.proc, f"{self.url}/health")
 
-    def one(self, prompt: str, max_tokens: int) -> dict:
+    def one(self, workload, max_tokens: int) -> dict:
         import httpx
 
-        r = httpx.post(f"{self.url}/completion", json={"prompt": prompt, "n_predict": max_tokens, "temperature": 0,
-                                                       "cache_prompt": False}, timeout=600).json()
+        prompt, temperature = split(workload)
+        r = httpx.post(f"{self.url}/completion", json={"prompt": prompt, "n_predict": max_tokens, "temperature": temperature,
+                                                       "seed": SEED, "cache_prompt": False}, timeout=600).json()
         t = r.get("timings", {})
         return {"rate": float(t.get("predicted_per_second") or 0), "drafted": t.get("draft_n", 0),
                 "accepted": t.get("draft_n_accepted", 0), "text": r.get("content", "")}
@@ -242,8 +259,8 @@ class Isolated:
             raise got
         return got
 
-    def one(self, prompt: str) -> dict:
-        return self._ask(("one", prompt))
+    def one(self, workload) -> dict:
+        return self._ask(("one", workload))
 
     def close(self) -> None:
         try:
@@ -340,7 +357,7 @@ def median_run(runs: list[dict]) -> dict:
 
 
 def report(results: dict, tg: float | None, agg: dict) -> None:
-    targets = {"agent-edit": 2.0, "rag-quote": 1.5, "free": 0.97}
+    targets = {"agent-edit": 2.0, "rag-quote": 1.5, "free": 0.97, "free-sampled": 0.97}
     servers = [k for k in next(iter(results.values())) if k.startswith("ls:")]
     print("\nmedian decode tok/s of the rounds; ls: = llama-server --spec-type ...")
     print(f"{'workload':<11} {'off':>7} {'auto':>7} {'native':>7} " + " ".join(f"{k[:14]:>14}" for k in servers)

@@ -137,8 +137,10 @@ class Scheduler(SpeculativeSteps):
         self._waiting: collections.deque[Job] = collections.deque()
         self._prefilling: collections.deque[Job] = collections.deque()
         self._decoding: list[Job] = []  # sorted by slot: consecutive sequences share a micro-batch
+        self._calibrated = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llama-scheduler", daemon=True)
         self._thread.start()
+        self._calibrated.wait(120)  # loading ends once the pass sizes are timed (on that thread)
 
     def _speculation(self, mode: str) -> str:
         """``auto`` drafts in any layout but ``exact_prefix``, whose promise is bit-exact
@@ -148,11 +150,16 @@ class Scheduler(SpeculativeSteps):
             log.info("speculative decoding off: exact_prefix asks for bit-exact answers, and a verification "
                      "pass rounds like a batched step")
             return "off"
-        if mode != "off":
-            calibrate(self._llama, self._ctx, self._batch, self.costs)
-            log.info("speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
-                     mode, self.costs.rounding)
         return mode
+
+    def _calibrate(self) -> None:
+        """Time the pass sizes (speculative_step.calibrate) on the scheduler's own thread, before
+        any request: every decode of this context then runs on one thread. (llama.cpp's OpenMP
+        keeps a thread team per calling thread; two teams on two cores slowed every later step
+        by ~10 %, measured when the load ran this on the loading thread.)"""
+        calibrate(self._llama, self._ctx, self._batch, self.costs)
+        log.info("speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
+                 self.speculative, self.costs.rounding)
 
     # --- request threads --------------------------------------------------------------------
 
@@ -210,6 +217,11 @@ class Scheduler(SpeculativeSteps):
 
     def _run(self) -> None:
         try:
+            try:
+                if self.speculative != "off":
+                    self._calibrate()
+            finally:
+                self._calibrated.set()
             while True:
                 with self._wake:
                     while not (self._inbox or self._stopping or self._waiting or self._prefilling or self._decoding):

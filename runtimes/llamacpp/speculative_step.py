@@ -19,7 +19,7 @@ import logging
 import time
 
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS, MAX_DRAFT
+from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS, MAX_DRAFT, MIN_RUN
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class SpeculativeSteps:
         proposal = self._grammar_cut(job, spec.index.propose(room))
         if not proposal:
             return []
-        decision = spec.policy.choose(len(proposal), self.costs, rows_now, run=spec.index.run)
+        decision = spec.policy.choose(len(proposal), self.costs, rows_now, run=spec.index.run, min_run=MIN_RUN)
         if decision.k == 0:
             spec.policy.shadow(proposal)
         return proposal[:decision.k]

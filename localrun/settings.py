@@ -94,7 +94,7 @@ class RuntimeSettings(BaseModel):
     """Speculative decoding in the llama.cpp runtime: "auto" drafts from the prompt and the
     answer itself (n-gram lookup), and from the draft model if there is one, only while it
     pays; "ngram" at every match; "draft" with the draft model at every step; "off" never.
-    Unset: the planner's default (see `localrun plan`)."""
+    Unset: "auto"."""
     draft: str | None = None
     """The draft model for speculative decoding: a model in the store or a .gguf path;
     "none" for no draft model. Unset: a GGUF whose file name contains "draft" in the

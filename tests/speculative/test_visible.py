@@ -39,7 +39,7 @@ def test_plan_says_what_drafting_will_do_and_rejects_unknown_modes():
     from localrun.planner import speculation_plan
 
     mode, why = speculation_plan(None, 1)
-    assert mode == "off" and "by default" in why  # off until a quiet benchmark shows auto never slower
+    assert mode == "auto" and "auto (the default)" in why
     assert "only while they pay" in speculation_plan("auto", 1)[1]
     assert "share of a batched step" in speculation_plan("auto", 4)[1]
     assert speculation_plan("OFF", 1) == ("off", "speculative decoding off, as asked")
@@ -82,7 +82,7 @@ def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
 
     rec = record(QWEN_05B)
     default = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"))
-    assert default.options["speculative"] == "off" and "speculate off (see why)" in render_plan(default, rec)
+    assert default.options["speculative"] == "auto" and "speculate auto (see why)" in render_plan(default, rec)
     auto = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "auto"}))
     assert auto.options["speculative"] == "auto" and any(r.startswith("speculative decoding auto") for r in auto.reasons)
     assert "speculate auto (see why)" in render_plan(auto, rec)

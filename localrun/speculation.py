@@ -18,9 +18,8 @@ from localrun.types import Format, ModelRecord
 log = logging.getLogger(__name__)
 
 SPECULATION_WHY = {
-    "auto": "speculative decoding auto: n-gram drafts from the prompt and the answer, verified in one pass, "
-            "per request only while they pay (greedy answers equal plain decoding's but where two tokens are "
-            "within rounding; off under exact_prefix)",
+    "auto": "speculative decoding auto: drafts verified in one pass, only while they pay "
+            "(greedy answers may part at near ties; off under exact_prefix)",
     "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
     "off": "speculative decoding off, as asked",
     "draft": "speculative decoding with a draft model, as asked: it drafts at every step, whether it pays or not",
@@ -41,7 +40,7 @@ def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
                           hint="use one of: " + ", ".join(SPECULATION_WHY))
     why = SPECULATION_WHY[mode] if asked else SPECULATION_WHY[mode].replace("auto:", "auto (the default):", 1)
     if mode == "auto" and slots > 1:
-        why += "; beside other requests a draft must beat the request's share of a batched step"
+        why += "; beside other requests, against their share of a batched step"
     return mode, why
 
 

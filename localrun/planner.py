@@ -9,7 +9,6 @@ The memory model it uses lives in :mod:`localrun.placement`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -233,16 +232,15 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         layers = -1  # these runtimes place the whole model on their device
     placement = _fit_context(shape, weights, budget, n_ctx, adjustable, layers, kv_type)
     threads = ov.threads or rt.threads or hw.physical_cores or 1
-    slots, slot_reasons, draft = 1, [], None
+    slots, slot_reasons, draft, speculate = 1, [], None, None
     if runtime == "llama.cpp":
         asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
         placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
-        draft = draft_plan(record, ov.speculative or getattr(rt, "speculative", None), ov.draft or getattr(rt, "draft", None),
-                           settings, n_ctx=slots * placement.n_ctx, kv_type=kv_type)
-        if draft is not None:  # its weights and KV cache sit beside the model's, on the same side
-            on_gpu = placement.n_gpu_layers > 0 and placement.gpu > 0
-            host, gpu = placement.host + (0 if on_gpu else draft.bytes), placement.gpu + (draft.bytes if on_gpu else 0)
-            placement = dataclasses.replace(placement, host=host, gpu=gpu, ratio=budget.ratio(host, gpu))
+        speculate = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
+        draft = draft_plan(record, speculate[0], ov.draft or getattr(rt, "draft", None), settings,
+                           n_ctx=slots * placement.n_ctx, kv_type=kv_type)
+        if draft is not None:
+            placement = draft.beside(placement, budget)
     reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
     reasons += ctx_reasons
     if placement.n_ctx < n_ctx:
@@ -262,8 +260,8 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
         options.update(n_slots=slots, slot_ctx=placement.n_ctx)
-        options["speculative"], why = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
-        reasons.append(why)
+        options["speculative"] = speculate[0]
+        reasons.append(speculate[1])
         if draft is not None:
             options["draft"] = draft.path
             reasons.append(draft.why)

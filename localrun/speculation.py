@@ -6,6 +6,7 @@ words are what ``plan`` prints and the TUI shows.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -52,6 +53,14 @@ class DraftChoice:
     bytes: int
     why: str
 
+    def beside(self, placement, budget):
+        """``placement`` with the draft's weights and KV cache on the model's side (the GPU
+        when the model is offloaded, else the host), its fill ratio recomputed."""
+        on_gpu = placement.n_gpu_layers > 0 and placement.gpu > 0
+        host = placement.host + (0 if on_gpu else self.bytes)
+        gpu = placement.gpu + (self.bytes if on_gpu else 0)
+        return dataclasses.replace(placement, host=host, gpu=gpu, ratio=budget.ratio(host, gpu))
+
 
 #: ``runtime.draft`` / ``--draft`` values that mean "no draft model, do not look for one".
 NO_DRAFT = ("none", "off", "no", "")
@@ -82,10 +91,10 @@ def draft_plan(record: ModelRecord, mode: str | None, asked: str | None, setting
     from localrun.settings import Settings
 
     settings = settings or Settings()
+    from localrun.modelstore.store import ModelStore
+
     how = "as asked"
     if asked:
-        from localrun.modelstore.store import ModelStore
-
         draft = ModelStore(settings).resolve(asked, allow_path=True)
     else:
         from localrun.modelstore.refs import find_draft_file
@@ -97,8 +106,6 @@ def draft_plan(record: ModelRecord, mode: str | None, asked: str | None, setting
                                   param="draft", hint="pass --draft MODEL (a model in the store or a .gguf file), "
                                                       "or use --speculative auto")
             return None
-        from localrun.modelstore.store import ModelStore
-
         draft = ModelStore(settings).inspect_path(str(found))
         how = "found beside the model"
     if draft.format is not Format.GGUF or not draft.path:

@@ -173,3 +173,10 @@ def test_a_record_that_is_not_gguf_gets_no_draft(pair):
 
     mlx = ModelRecord(name="m", format=Format.MLX, path=str(pair["target"]))
     assert draft_plan(mlx, "auto", None, Settings(), n_ctx=256) is None
+
+
+def test_the_default_plan_loads_a_sibling_draft(pair):
+    """auto is the default: a plan with no speculative setting finds the draft beside the model."""
+    rec = _record(pair["target"])
+    plan = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"))
+    assert plan.options["speculative"] == "auto" and plan.options["draft"].endswith("model-DRAFT-Q4_0.gguf")

@@ -4,6 +4,8 @@ rows, a draft model's steps; measured as the scheduler runs and timed at load
 
 from __future__ import annotations
 
+import bisect
+
 
 class DecodeCosts:
     """Measured seconds of decode calls: plain steps by rows (one row per sequence) and
@@ -18,6 +20,7 @@ class DecodeCosts:
     def __init__(self) -> None:
         self.plain: dict[int, float] = {}
         self.passes: dict[int, float] = {}
+        self._known: list[int] = [1]
         self.draft_step: float | None = None  # seconds per draft-model step (all its sequences at once)
         #: How far a pass's logits round from a one-row step's (the best few), measured at load.
         self.rounding = 0.0
@@ -61,19 +64,26 @@ class DecodeCosts:
         got = self.passes.get(rows)
         if got is not None:
             return got
-        known = sorted((1, *self.passes))
-        points = {1: one, **self.passes}
-        below = max(r for r in known if r < rows)
-        above = [r for r in known if r > rows]
-        if above:
-            hi = above[0]
-            return points[below] + (points[hi] - points[below]) * (rows - below) / (hi - below)
+        points = self.passes
+        known = self._known if len(self._known) == len(points) + 1 else self._sort()
+        at = bisect.bisect_left(known, rows)
+        below = known[at - 1]
+        low = one if below == 1 else points[below]
+        if at < len(known):
+            hi = known[at]
+            return low + (points[hi] - low) * (rows - below) / (hi - below)
         if len(known) >= 2:
             lo = known[-2]
-            slope = max(0.0, (points[below] - points[lo]) / (below - lo))
+            slope = max(0.0, (low - (one if lo == 1 else points[lo])) / (below - lo))
         else:
             slope = self.PRIOR_EXTRA * one
-        return points[below] + slope * (rows - below)
+        return low + slope * (rows - below)
+
+    def _sort(self) -> list[int]:
+        """The measured row counts in order (1: the plain step), kept until a new size is timed:
+        :meth:`verify` runs for every pass size a sequence could take, at every step."""
+        self._known = sorted((1, *self.passes))
+        return self._known
 
 
 def ewma(old: float | None, new: float, alpha: float = 0.2) -> float:

@@ -59,7 +59,7 @@ from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.prefix import PrefixCache, Slot
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
-from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps, calibrate
+from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import Cancel, Chunk, Usage
 
@@ -151,15 +151,6 @@ class Scheduler(SpeculativeSteps):
                      "pass rounds like a batched step")
             return "off"
         return mode
-
-    def _calibrate(self) -> None:
-        """Time the pass sizes (speculative_step.calibrate) on the scheduler's own thread, before
-        any request: every decode of this context then runs on one thread. (llama.cpp's OpenMP
-        keeps a thread team per calling thread; two teams on two cores slowed every later step
-        by ~10 %, measured when the load ran this on the loading thread.)"""
-        calibrate(self._llama, self._ctx, self._batch, self.costs)
-        log.info("speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
-                 self.speculative, self.costs.rounding)
 
     # --- request threads --------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ PROBE_ROWS = 8
 
 
 class SpeculativeSteps:
-    """Needs from the scheduler: ``layout``, ``costs``, ``spec_totals``, ``drafter``,
+    """Needs from the scheduler: ``layout``, ``costs``, ``spec_totals``, ``drafter``, ``speculative``, ``_llama``,
     ``_batch``, ``_ctx``, ``_kv``, ``_is_eog``, ``_decode_rc``, ``_fail`` and ``_emit``."""
 
     def _speculate(self, jobs: list) -> list:
@@ -68,6 +68,15 @@ class SpeculativeSteps:
             if not (draft and self._verify(job, draft)) and job.slot is not None:
                 plain.append(job)
         return plain
+
+    def _calibrate(self) -> None:
+        """Time the pass sizes (calibrate, below) on the scheduler's own thread, before
+        any request: every decode of this context then runs on one thread. (llama.cpp's OpenMP
+        keeps a thread team per calling thread; two teams on two cores slowed every later step
+        by ~10 %, measured when the load ran this on the loading thread.)"""
+        calibrate(self._llama, self._ctx, self._batch, self.costs)
+        log.info("speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
+                 self.speculative, self.costs.rounding)
 
     def _room(self, job) -> int:
         """Most tokens a draft may hold: k+1 rows at positions base..base+k must fit the slot,

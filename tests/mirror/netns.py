@@ -30,6 +30,7 @@ class Hosts:
     b_prefix: list[str] = field(default_factory=list)
     b_dev: str | None = None
     isolated: bool = True
+    a_dev: str | None = None
 
     def b_rx_bytes(self) -> int:
         """Bytes host B has received on its link to A (its veth, or lo in the fallback)."""
@@ -39,16 +40,17 @@ class Hosts:
         return int(out.stdout.strip())
 
     def throttle_b(self, rate: str) -> bool:
-        """Limit what B receives (tc on B's veth); False where that cannot be done."""
+        """Limit what B receives; False where that cannot be done. A qdisc shapes what a device
+        sends, so the pacing sits on A's end of the pair (B's end would slow only B's ACKs)."""
         if not self.isolated:
             return False
-        done = subprocess.run([*self.b_prefix, "tc", "qdisc", "replace", "dev", self.b_dev, "root", "tbf", "rate", rate,
+        done = subprocess.run([*self.a_prefix, "tc", "qdisc", "replace", "dev", self.a_dev, "root", "tbf", "rate", rate,
                                "burst", "64kb", "latency", "400ms"], capture_output=True, timeout=10)
         return done.returncode == 0
 
     def unthrottle_b(self) -> None:
         if self.isolated:
-            subprocess.run([*self.b_prefix, "tc", "qdisc", "del", "dev", self.b_dev, "root"], capture_output=True, timeout=10)
+            subprocess.run([*self.a_prefix, "tc", "qdisc", "del", "dev", self.a_dev, "root"], capture_output=True, timeout=10)
 
 
 def _ip(*args: str) -> None:
@@ -83,7 +85,7 @@ def two_hosts():
         yield Hosts("127.0.0.1", "127.0.0.1", isolated=False)
         return
     try:
-        yield Hosts(a_ip, b_ip, ["ip", "netns", "exec", a], ["ip", "netns", "exec", b], vb)
+        yield Hosts(a_ip, b_ip, ["ip", "netns", "exec", a], ["ip", "netns", "exec", b], vb, a_dev=va)
     finally:
         for ns in made:
             pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split()

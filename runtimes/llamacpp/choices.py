@@ -20,7 +20,7 @@ import queue
 import threading
 from collections.abc import Iterator
 
-from localrun.runtimes.llamacpp.scheduler import Job
+from localrun.runtimes.llamacpp.job import Job
 from localrun.types import Cancel, Chunk, Usage
 
 log = logging.getLogger(__name__)

@@ -50,65 +50,19 @@ import collections
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 
 from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.prefix import PrefixCache, Slot
+from localrun.runtimes.llamacpp.job import Job
+from localrun.runtimes.llamacpp.prefix import PrefixCache
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
 from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
-from localrun.runtimes.llamacpp.text import TextAssembler
-from localrun.types import Cancel, Chunk, Usage
+from localrun.types import Chunk
 
 log = logging.getLogger(__name__)
-
-class Job:
-    """One request inside the scheduler. Request threads read ``out``; only the scheduler
-    thread writes the other fields."""
-
-    __slots__ = ("prompt", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
-                 "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked", "spec")
-
-    def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
-                 logprobs: list | None = None) -> None:
-        self.prompt = prompt
-        self.limit = limit
-        self.cancel = cancel
-        # Called on the scheduler thread: returns an object with ``sample(ctx, index)`` and
-        # ``free()`` (a ChainSampler, or a grammar-constrained one); freed there too.
-        self.build_sampler = build_sampler
-        self.out: queue.SimpleQueue = queue.SimpleQueue()
-        self.slot: Slot | None = None
-        self.sampler = None
-        self.text = TextAssembler(stops)
-        self.produced = 0
-        self.cached = 0
-        self.pending = -1
-        self.abandoned = False
-        self.parked = False  # the reader is back, waiting for the next chunk
-        # Log-probability entries the sampler appends (a LogprobSampler), not yet sent: they
-        # go out with the next chunk, so a token whose text is held back is not lost.
-        self.logprobs = logprobs
-        self.spec: SpecState | None = None  # drafting state, when speculation is on (speculative.py)
-
-    def usage(self) -> Usage:
-        spec = self.spec
-        return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached,
-                     drafted_tokens=spec.drafted if spec else 0, accepted_tokens=spec.accepted if spec else 0)
-
-    def take_logprobs(self) -> tuple:
-        if not self.logprobs:
-            return ()
-        out = tuple(self.logprobs)
-        self.logprobs.clear()
-        return out
-
-    def final(self, reason: str, tail: str = "") -> Chunk:
-        return Chunk(text=tail, finish_reason=reason, usage=self.usage(), logprobs=self.take_logprobs())
-
 
 class Scheduler(SpeculativeSteps):
     """Owns one llama.cpp context on its own thread and runs many requests in it."""

@@ -57,7 +57,8 @@ from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
-from localrun.runtimes.llamacpp.scheduler import Job, Scheduler
+from localrun.runtimes.llamacpp.job import Job
+from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling

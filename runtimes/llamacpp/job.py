@@ -1,0 +1,56 @@
+"""One request inside the llama.cpp scheduler (:mod:`.scheduler`): its prompt, limits,
+sampler, slot, text so far and drafting state."""
+
+from __future__ import annotations
+
+import queue
+
+from localrun.runtimes.llamacpp.prefix import Slot
+from localrun.runtimes.llamacpp.speculative import SpecState
+from localrun.runtimes.llamacpp.text import TextAssembler
+from localrun.types import Cancel, Chunk, Usage
+
+
+class Job:
+    """One request inside the scheduler. Request threads read ``out``; only the scheduler
+    thread writes the other fields."""
+
+    __slots__ = ("prompt", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
+                 "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked", "spec")
+
+    def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
+                 logprobs: list | None = None) -> None:
+        self.prompt = prompt
+        self.limit = limit
+        self.cancel = cancel
+        # Called on the scheduler thread: returns an object with ``sample(ctx, index)`` and
+        # ``free()`` (a ChainSampler, or a grammar-constrained one); freed there too.
+        self.build_sampler = build_sampler
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.slot: Slot | None = None
+        self.sampler = None
+        self.text = TextAssembler(stops)
+        self.produced = 0
+        self.cached = 0
+        self.pending = -1
+        self.abandoned = False
+        self.parked = False  # the reader is back, waiting for the next chunk
+        # Log-probability entries the sampler appends (a LogprobSampler), not yet sent: they
+        # go out with the next chunk, so a token whose text is held back is not lost.
+        self.logprobs = logprobs
+        self.spec: SpecState | None = None  # drafting state, when speculation is on (speculative.py)
+
+    def usage(self) -> Usage:
+        spec = self.spec
+        return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached,
+                     drafted_tokens=spec.drafted if spec else 0, accepted_tokens=spec.accepted if spec else 0)
+
+    def take_logprobs(self) -> tuple:
+        if not self.logprobs:
+            return ()
+        out = tuple(self.logprobs)
+        self.logprobs.clear()
+        return out
+
+    def final(self, reason: str, tail: str = "") -> Chunk:
+        return Chunk(text=tail, finish_reason=reason, usage=self.usage(), logprobs=self.take_logprobs())

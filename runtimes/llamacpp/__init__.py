@@ -4,7 +4,10 @@ Parts, from the outside in:
 
 * :mod:`.session`   — ``LlamaCppRuntime`` and its session: loads the model, owns the context,
   turns requests into scheduler jobs.
-* :mod:`.scheduler` — continuous batching: one decode step for every running sequence.
+* :mod:`.scheduler` — continuous batching: one decode step for every running sequence;
+  :mod:`.job` is one request in it, :mod:`.calls` the native work other threads hand it.
+* :mod:`.speculative`, :mod:`.speculative_step`, :mod:`.pass_costs`, :mod:`.draft_model` —
+  speculative decoding: n-gram and draft-model drafts, the policy, verification passes.
 * :mod:`.slots`     — the layout of parallel sequences and the KV operations on them.
 * :mod:`.prefix`, :mod:`.radix` — the prefix cache and the radix index of what each slot holds.
 * :mod:`.features`  — tools, JSON schemas, grammars, logprobs and embeddings for a session.

@@ -13,7 +13,9 @@ what a decode computes) and is created on the first request, so a chat model tha
 never asked for vectors pays nothing. Each text is evaluated alone in one batch (an
 encoder needs the whole input in one micro-batch), pooled by llama.cpp — the model's own
 pooling, or mean when the model names none — and L2-normalised, so a dot product is the
-cosine similarity. Texts longer than the context are refused, never truncated.
+cosine similarity. Texts longer than the context are refused, never truncated. The
+evaluation itself runs on the thread given as ``call`` (the session's scheduler thread:
+:mod:`.calls` says why a second computing thread slows generation).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import ctypes
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from localrun.errors import ContextOverflow, LocalrunError, UnsupportedFeature, WontFit
 from localrun.runtimes.llamacpp.decode import fill_batch
@@ -95,8 +98,10 @@ def embeddings_wanted(llama, model, plan: Plan) -> bool:
 class Embedder:
     """Pooled, normalised embeddings on its own context. Thread-safe (one text at a time)."""
 
-    def __init__(self, llama, model, plan: Plan, *, tokenize: Callable[[str], list[int]], pooling: int | None = None) -> None:
+    def __init__(self, llama, model, plan: Plan, *, tokenize: Callable[[str], list[int]], pooling: int | None = None,
+                 call: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self._llama, self._model, self._tokenize = llama, model, tokenize
+        self._call = call or (lambda fn: fn())
         self._lock = threading.Lock()
         self.n_embd = int(llama.llama_model_n_embd(model))
         self.n_cls_out = max(1, int(llama.llama_model_n_cls_out(model))) if hasattr(llama, "llama_model_n_cls_out") else 1
@@ -167,7 +172,8 @@ class Embedder:
             llama.llama_memory_clear(mem, True)
         fill_batch(self._batch, tokens, range(len(tokens)), 0, True)
         run = llama.llama_encode if self._encoder_only else llama.llama_decode
-        rc = run(self._ctx, self._batch)
+        ctx, batch = self._ctx, self._batch
+        rc = self._call(lambda: run(ctx, batch))
         if rc != 0:
             raise LocalrunError(f"llama.cpp failed to evaluate input[{index}] for embeddings (code {rc})",
                                 hint="retry with a shorter input")

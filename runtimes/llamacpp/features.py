@@ -45,8 +45,10 @@ class SessionFeatures:
     ``chat_inputs``/``job_sampling``/``embed``; built samplers run on the scheduler thread."""
 
     def __init__(self, llama, model, ctx, plan: Plan, *, name: str, tokenize: Callable[[str], list[int]],
-                 is_eog: Callable[[int], bool], vocab, n_vocab: int, piece_of: Callable[[int], bytes]) -> None:
+                 is_eog: Callable[[int], bool], vocab, n_vocab: int, piece_of: Callable[[int], bytes],
+                 call: Callable[[Callable[[], Any]], Any] | None = None) -> None:
         self._llama, self._model, self._ctx, self._plan = llama, model, ctx, plan
+        self._call = call  # runs native compute on the scheduler thread (calls.py)
         self._name, self._tokenize, self._is_eog = name, tokenize, is_eog
         self._vocab, self._n_vocab, self._piece_of = vocab, n_vocab, piece_of
         self.piece = piece_of  # token -> bytes, cached (the extras' /tokenize pieces, /detokenize)
@@ -146,7 +148,7 @@ class SessionFeatures:
             if self._closed:
                 raise RuntimeUnavailable(f"the llama.cpp session for {self._name} is closed", hint="load it again")
             if self._embedder is None:
-                self._embedder = Embedder(self._llama, self._model, self._plan, tokenize=self._tokenize)
+                self._embedder = Embedder(self._llama, self._model, self._plan, tokenize=self._tokenize, call=self._call)
             return self._embedder
 
     def close(self) -> None:

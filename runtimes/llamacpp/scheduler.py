@@ -15,7 +15,9 @@ One scheduler thread owns the context. Each step it
    (:mod:`.speculative_step`).
 
 Request threads never touch llama.cpp: they submit a :class:`Job` and read its chunks from
-a queue. New requests join at the next step; finished ones leave and keep their KV.
+a queue. New requests join at the next step; finished ones leave and keep their KV. Other
+native compute of the worker (embeddings) is handed to this thread too (:meth:`Scheduler.call`,
+:mod:`.calls` says why) and runs between two steps.
 
 Why each prefill chunk is its own ``llama_decode`` call, apart from the decode tokens:
 with one KV stream per sequence llama.cpp splits a mixed batch into per-sequence micro-
@@ -54,6 +56,7 @@ import threading
 import time
 
 from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
+from localrun.runtimes.llamacpp.calls import ThreadCalls
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.prefix import PrefixCache
@@ -63,6 +66,7 @@ from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
 from localrun.types import Chunk
 
 log = logging.getLogger(__name__)
+
 
 class Scheduler(SpeculativeSteps):
     """Owns one llama.cpp context on its own thread and runs many requests in it."""
@@ -85,6 +89,7 @@ class Scheduler(SpeculativeSteps):
                                  min_tail=layout.min_chunk, host_budget=layout.host_cache_bytes,
                                  reuse=layout.prefix_cache)
         self._inbox: list[Job] = []
+        self._calls = ThreadCalls()  # native work of request threads (embeddings), run between steps
         self._wake = threading.Condition()
         self._stopping = False
         self._broken: str | None = None
@@ -137,11 +142,25 @@ class Scheduler(SpeculativeSteps):
 
     def _submit(self, job: Job) -> None:
         with self._wake:
-            if self._broken or self._stopping:
-                raise RuntimeUnavailable(f"the llama.cpp scheduler is not running ({self._broken or 'closed'})",
-                                         hint="load the model again")
+            self._check_running()
             self._inbox.append(job)
             self._wake.notify()
+
+    def call(self, fn):
+        """Run ``fn`` on the scheduler thread between two steps and return its result (or raise
+        its error) here: the way other native compute of this worker stays on one thread."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        with self._wake:
+            self._check_running()
+            future = self._calls.add(fn)
+            self._wake.notify()
+        return future.result()
+
+    def _check_running(self) -> None:
+        if self._broken or self._stopping:
+            raise RuntimeUnavailable(f"the llama.cpp scheduler is not running ({self._broken or 'closed'})",
+                                     hint="load the model again")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """End every request ("cancelled") and stop the thread; the caller frees the context after."""
@@ -169,14 +188,17 @@ class Scheduler(SpeculativeSteps):
                 self._calibrated.set()
             while True:
                 with self._wake:
-                    while not (self._inbox or self._stopping or self._waiting or self._prefilling or self._decoding):
+                    while not (self._inbox or self._calls or self._stopping or self._waiting or self._prefilling
+                               or self._decoding):
                         self._wake.wait()
                     new, self._inbox = self._inbox, []
-                    stopping = self._stopping
+                    calls, stopping = self._calls.take(), self._stopping
                 self._waiting.extend(new)
                 if stopping:
+                    ThreadCalls.fail(calls, RuntimeUnavailable("the llama.cpp scheduler closed", hint="load the model again"))
                     self._end_all("cancelled")
                     return
+                ThreadCalls.run(calls)
                 self._reap()
                 self._admit()
                 self._prefill_step()  # first: a newcomer's first token does not wait for a decode pass
@@ -184,11 +206,13 @@ class Scheduler(SpeculativeSteps):
                 self._let_readers_run()
         except BaseException as exc:  # noqa: BLE001 - every open request must hear about it
             log.exception("the llama.cpp scheduler failed")
+            err = exc if isinstance(exc, LocalrunError) else LocalrunError(
+                f"the llama.cpp scheduler failed: {type(exc).__name__}: {exc}", hint="reload the model")
             with self._wake:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 orphans, self._inbox = self._inbox, []
-            err = exc if isinstance(exc, LocalrunError) else LocalrunError(
-                f"the llama.cpp scheduler failed: {type(exc).__name__}: {exc}", hint="reload the model")
+                calls = self._calls.take()
+            ThreadCalls.fail(calls, err)
             for job in [*self._waiting, *self._prefilling, *self._decoding, *orphans]:
                 job.out.put(err)
 

@@ -198,7 +198,8 @@ class LlamaCppSession(ServerExtras):
         # Tools, JSON schemas, grammars, logprobs and embeddings (features.py).
         self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
                                          tokenize=lambda text: self.tokenize(text, add_special=True),
-                                         vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of)
+                                         vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of,
+                                         call=self._sched.call)
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
         self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
 

@@ -10,7 +10,8 @@ choices decode side by side in the scheduler's batch like any other requests.
 Each choice is an ordinary :class:`~.scheduler.Job` whose output queue is tagged with its
 index, so one reader merges them: chunks go out with ``Chunk.index``, every choice ends with
 its own final chunk (finish reason, no usage), and the last chunk of all carries the usage
-of the whole request — the prompt counted once, the completions summed.
+of the whole request — the prompt counted once, the completions and the speculative
+decoding's drafted and accepted tokens summed.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def stream_choices(submit, jobs: list[Job], cancel: Cancel) -> Iterator[Chunk]:
 
 def _merge(shared: queue.SimpleQueue, jobs: list[Job], cancel: Cancel, release_rest) -> Iterator[Chunk]:
     open_ = set(range(len(jobs)))
-    prompt, produced, cached = 0, 0, 0
+    total = Usage()
     try:
         while open_:
             for i in open_:
@@ -95,7 +96,7 @@ def _merge(shared: queue.SimpleQueue, jobs: list[Job], cancel: Cancel, release_r
             if isinstance(item, BaseException):
                 raise item
             if item.finish_reason is None and cancel.is_set():
-                yield Chunk(finish_reason="cancelled", usage=Usage(prompt, produced, cached))
+                yield Chunk(finish_reason="cancelled", usage=total)
                 return
             if item.finish_reason is None:
                 yield Chunk(text=item.text, logprobs=item.logprobs, index=index)
@@ -103,15 +104,21 @@ def _merge(shared: queue.SimpleQueue, jobs: list[Job], cancel: Cancel, release_r
             open_.discard(index)
             if index == 0:
                 release_rest()  # the first choice ended before drawing a token (or was cancelled)
-            u = item.usage or Usage()
-            prompt, produced = max(prompt, u.prompt_tokens), produced + u.completion_tokens
-            cached = u.cached_tokens if index == 0 else cached
+            total = _add(total, item.usage or Usage(), first=index == 0)
             if item.finish_reason == "cancelled":
-                yield Chunk(finish_reason="cancelled", usage=Usage(prompt, produced, cached))
+                yield Chunk(finish_reason="cancelled", usage=total)
                 return
             last = not open_
             yield Chunk(text=item.text, finish_reason=item.finish_reason, logprobs=item.logprobs, index=index,
-                        usage=Usage(prompt, produced, cached) if last else None)
+                        usage=total if last else None)
     finally:
         for job in jobs:
             job.abandoned = True  # finished ones are gone already; the rest stop at the next step
+
+
+def _add(total: Usage, u: Usage, *, first: bool) -> Usage:
+    """A request's usage with one more choice's: the prompt once (and its cache hits as the
+    first choice saw them), completions and drafts summed."""
+    return Usage(max(total.prompt_tokens, u.prompt_tokens), total.completion_tokens + u.completion_tokens,
+                 u.cached_tokens if first else total.cached_tokens,
+                 total.drafted_tokens + u.drafted_tokens, total.accepted_tokens + u.accepted_tokens)

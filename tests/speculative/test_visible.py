@@ -91,3 +91,27 @@ def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
     forced = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"}),
                             overrides=PlanOverrides(speculative="ngram"))
     assert forced.options["speculative"] == "ngram"  # the flag beats the setting
+
+
+@needs_llama
+@pytest.mark.llama
+def test_several_choices_sum_their_drafts_in_the_usage(tiny_gguf):
+    from localrun.types import Cancel, CompletionRequest, Sampling
+    from tests.batching.conftest import load
+    from tests.speculative.conftest import TINY_PROMPTS
+
+    spec = load(tiny_gguf, n_slots=4, slot_ctx=512, speculative="ngram")
+    try:
+        prompt = TINY_PROMPTS[0]
+
+        def usage(n: int) -> Usage:
+            req = CompletionRequest(prompt=prompt, sampling=Sampling(temperature=0.0, max_tokens=24, n=n))
+            return [c for c in spec.complete(req, Cancel())][-1].usage
+
+        one, three = usage(1), usage(3)
+        assert one.drafted_tokens > 0, one  # the n-gram lookup drafts on this looping prompt
+        # Greedy: every choice is the lone answer, drafted alike, and the request counts all three.
+        assert three.completion_tokens == 3 * one.completion_tokens
+        assert three.drafted_tokens == 3 * one.drafted_tokens and three.accepted_tokens == 3 * one.accepted_tokens
+    finally:
+        spec.close()

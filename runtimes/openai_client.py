@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import re
 import socket
 import threading
@@ -244,10 +245,31 @@ def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 
 def _usage(data: Any) -> Usage | None:
+    """The usage an OpenAI-compatible server reported. Drafting counts come from localrun's
+    ``speculative`` extension, else from OpenAI's prediction fields (accepted + rejected);
+    a count that is not a number is taken as 0, never an error."""
     if not isinstance(data, dict):
         return None
-    cached = (data.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0), int(cached))
+    cached = _count(_field(data, "prompt_tokens_details", "cached_tokens"))
+    spec = data.get("speculative")
+    if isinstance(spec, dict):
+        drafted, accepted = _count(spec.get("drafted_tokens")), _count(spec.get("accepted_tokens"))
+    else:
+        accepted = _count(_field(data, "completion_tokens_details", "accepted_prediction_tokens"))
+        drafted = accepted + _count(_field(data, "completion_tokens_details", "rejected_prediction_tokens"))
+    return Usage(_count(data.get("prompt_tokens")), _count(data.get("completion_tokens")), cached,
+                 drafted_tokens=drafted, accepted_tokens=min(accepted, drafted))
+
+
+def _field(data: dict, outer: str, inner: str) -> Any:
+    part = data.get(outer)
+    return part.get(inner) if isinstance(part, dict) else None
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0
+    return max(0, int(value))
 
 
 class OpenAIClient:

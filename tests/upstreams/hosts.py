@@ -10,6 +10,7 @@ own interface, reached over a link. Where namespaces are not permitted (not root
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -99,10 +100,13 @@ class Proc:
         ServerProcess(self.proc, self.url, self.log_path).stop()
 
 
-def localrun_on(host: Host, port: int, *, key: str, log_path: Path, home: Path) -> Proc:
-    """A localrun server (the test launcher, real llama.cpp with one thread) on ``host``."""
+def localrun_on(host: Host, port: int, *, key: str, log_path: Path, home: Path, options: dict | None = None) -> Proc:
+    """A localrun server (the test launcher, real llama.cpp with one thread) on ``host``;
+    ``options``: plan options for its models (``speculative``, …)."""
     cmd = [*host.prefix, sys.executable, "-m", "tests.server.launch", "--host", host.address, "--port", str(port),
            "--api-key", key, "--plan", "n_threads=1", "--log-level", "WARNING"]
+    for name, value in (options or {}).items():
+        cmd += ["--option", f"{name}={json.dumps(value)}"]
     env = {"LOCALRUN_HOME": str(home), "LOCALRUN_RUNTIME__FORCE": "", "LOCALRUN_SERVER__ALLOWED_HOSTS": f'["{host.address}"]'}
     return Proc(cmd, f"http://{host.address}:{port}", log_path, env)
 

@@ -28,7 +28,9 @@ def engines(tiny_gguf, tmp_path_factory):
     home = tmp_path_factory.mktemp("remote-home")
     ModelStore(Settings(data_dir=home / "data", cache_dir=home / "cache")).import_path(tiny_gguf, name="tiny")
     with other_host() as host:
-        remote = localrun_on(host, free_port(), key="remote-key-0001", log_path=logs / "remote.log", home=home)
+        # ngram: drafts at every match (the tiny model loops), so usage carries drafting counts to relay
+        remote = localrun_on(host, free_port(), key="remote-key-0001", log_path=logs / "remote.log", home=home,
+                             options={"speculative": "ngram"})
         cpp = llama_cpp_server(tiny_gguf, free_port(), alias="tiny-cpp", log_path=logs / "llama_cpp.log")
         try:
             remote.wait_ready("/health")
@@ -105,3 +107,18 @@ def test_wrong_key_against_the_other_host_names_it(engines, front_factory):
     bad = front_factory([{"name": "box2", "url": engines["remote"].url, "kind": "localrun", "key": "nope-nope-nope", "models": ["tiny"]}])
     r = httpx.post(bad.url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]}, timeout=60)
     assert r.status_code == 403 and "box2" in r.json()["error"]["message"] and "nope-nope" not in r.text
+
+
+def test_drafting_counts_of_a_localrun_upstream_reach_the_client(engines, front):
+    """The front relays the upstream's usage whole: the drafted and accepted tokens too."""
+    body = {"model": "tiny", "prompt": "hello world " * 5, "max_tokens": 24, "temperature": 0}
+    direct = httpx.post(engines["remote"].url + "/v1/completions", json=body,
+                        headers={"Authorization": "Bearer remote-key-0001"}, timeout=120).json()["usage"]
+    via = httpx.post(front.url + "/v1/completions", json=body, timeout=120).json()["usage"]
+    assert direct["speculative"]["drafted_tokens"] > 0, direct
+    assert via["speculative"] == direct["speculative"]
+    assert via["completion_tokens_details"] == direct["completion_tokens_details"]
+    client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    chunks = list(client.completions.create(model="tiny", prompt=body["prompt"], max_tokens=24, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.model_extra["speculative"] == direct["speculative"]

@@ -183,3 +183,20 @@ def test_upstream_commands_add_ls_check_rm(tmp_path, fake_upstream):
     down = _lr("upstream", "add", "dead", "http://127.0.0.1:9", "--kind", "vllm", "--key-env", "NOPE_KEY", env=env)
     assert "Connection refused" in down.stdout and "NOPE_KEY is not set" in down.stdout
     assert _lr("upstream", "check", "dead", env=env).returncode == 11
+
+
+@pytest.mark.parametrize("usage, want", [
+    ({"prompt_tokens": 5, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4},
+      "speculative": {"drafted_tokens": 12, "accepted_tokens": 7}}, (5, 9, 4, 12, 7)),
+    ({"prompt_tokens": 5, "completion_tokens": 9,  # OpenAI's prediction fields, no extension
+      "completion_tokens_details": {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 2}}, (5, 9, 0, 5, 3)),
+    ({"prompt_tokens": "5", "completion_tokens": -3, "prompt_tokens_details": "x",  # hostile: never an error
+      "speculative": {"drafted_tokens": 2, "accepted_tokens": 1e9}}, (0, 0, 0, 2, 2)),
+    ({"prompt_tokens": True, "completion_tokens": float("nan"), "completion_tokens_details": None,
+      "speculative": {"drafted_tokens": float("inf")}}, (0, 0, 0, 0, 0)),
+])
+def test_upstream_usage_keeps_drafting_counts_and_survives_odd_values(usage, want):
+    from localrun.runtimes.openai_client import _usage
+
+    u = _usage(usage)
+    assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.drafted_tokens, u.accepted_tokens) == want

@@ -316,3 +316,11 @@ def _native_why() -> str:
 
     why = _NATIVE_LOG.take_recent()
     return f": {why}" if why else ""
+
+
+def load_drafter(llama, target_model, plan, layout, target_path: str, *, flash_attn_type: int | None) -> DraftModel:
+    """The draft model of ``plan.options["draft"]``, in the target's worker beside it: one KV
+    stream per slot of ``layout``, the target's threads, GPU layers and flash attention."""
+    return DraftModel(llama, str(plan.options["draft"]), target_model=target_model, n_seq=layout.n_slots,
+                      n_ctx_per_seq=layout.slot_ctx, n_threads=max(1, int(plan.n_threads)),
+                      flash_attn_type=flash_attn_type, n_gpu_layers=int(plan.n_gpu_layers), target_path=target_path)

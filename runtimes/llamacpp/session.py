@@ -186,7 +186,12 @@ class LlamaCppSession(ServerExtras):
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
         n_swa = llama.llama_model_n_swa(model)
         mode, draft_k = speculation(plan, n_swa)
-        self._drafter = self._load_drafter(plan, layout, mode)
+        self._drafter = None
+        if plan.options.get("draft") and mode in ("auto", "draft") and not (mode == "auto" and layout.exact_prefix):
+            from localrun.runtimes.llamacpp.draft_model import load_drafter  # auto is off under exact_prefix
+
+            self._drafter = load_drafter(llama, model, plan, layout, record.path,
+                                         flash_attn_type=self._context_params(llama, plan, layout).flash_attn_type)
         try:
             self._sched = Scheduler(llama, ctx, layout, n_swa=n_swa, piece_of=piece_of, is_eog=is_eog,
                                     speculative=mode, draft_k=draft_k, drafter=self._drafter)
@@ -202,20 +207,6 @@ class LlamaCppSession(ServerExtras):
                                          call=self._sched.call)
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
         self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
-
-    def _load_drafter(self, plan: Plan, layout: Layout, mode: str):
-        """The draft model of ``plan.options["draft"]`` (auto and draft modes), in this worker
-        beside the target: one KV stream per slot, the target's threads and flash attention."""
-        path = plan.options.get("draft")
-        if not path or mode not in ("auto", "draft") or (mode == "auto" and layout.exact_prefix):
-            return None  # auto is off under exact_prefix (scheduler.py)
-        from localrun.runtimes.llamacpp.draft_model import DraftModel
-
-        cp = self._context_params(self._llama, plan, layout)
-        return DraftModel(self._llama, str(path), target_model=self._model, n_seq=layout.n_slots,
-                          n_ctx_per_seq=layout.slot_ctx, n_threads=max(1, int(plan.n_threads)),
-                          flash_attn_type=cp.flash_attn_type, n_gpu_layers=int(plan.n_gpu_layers),
-                          target_path=self.record.path)
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":

@@ -122,8 +122,9 @@ def main() -> None:
     args = ap.parse_args()
     model = gemma_path()
     binary = os.environ.get("LLAMA_SERVER_BIN")
+    skipped = "" if binary else "; llama-server skipped (LLAMA_SERVER_BIN unset)"
     print(f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs; Gemma 3 270M, {len(WORDS)} chat "
-          f"answers of up to {args.max_tokens} tokens, greedy" + ("" if binary else "; llama-server skipped (LLAMA_SERVER_BIN unset)"))
+          f"answers of up to {args.max_tokens} tokens, greedy{skipped}")
     spawn = multiprocessing.get_context("spawn")
     for threads in (int(t) for t in args.threads.split(",")):
         servers = [LlamaServer(binary, model, threads, spec) for spec in (None, "ngram-simple")] if binary else []

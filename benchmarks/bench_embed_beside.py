@@ -26,12 +26,12 @@ import os
 import statistics
 import sys
 import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_speculative import localrun_one  # noqa: E402
 from benchmarks.common import gemma_path  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -40,17 +40,7 @@ PASSAGE = ("The lighthouse stood on a rock a mile from the shore. Its keeper lit
 
 
 def _rate(session, max_tokens: int) -> float:
-    from localrun.types import Cancel, CompletionRequest, Sampling
-
-    req = CompletionRequest(prompt=PROMPT, sampling=Sampling(temperature=0.0, max_tokens=max_tokens))
-    first = last = None
-    usage = None
-    for chunk in session.complete(req, Cancel()):
-        if chunk.text:
-            last = time.perf_counter()
-            first = first or last
-        usage = chunk.usage or usage
-    return (usage.completion_tokens - 1) / (last - first)
+    return localrun_one(session, PROMPT, max_tokens)["rate"]  # timed as bench_speculative times it
 
 
 def contender(where: str, model: str, threads: int, max_tokens: int, rounds: int) -> dict:

@@ -41,7 +41,7 @@ def _store(home: Path):
 
 
 def _timed_import(base: Path, bundle: Path, label: str, **kw) -> float:
-    from localrun.modelstore.bundle_import import import_bundle
+    from localrun.modelstore.bundle.importer import import_bundle
 
     home = Path(tempfile.mkdtemp(dir=base, prefix=f"{label}-"))
     try:
@@ -95,7 +95,7 @@ def main() -> int:
     ap.add_argument("--other-fs", default="/dev/shm", help="a folder on another filesystem (tmpfs, loop mount)")
     args = ap.parse_args()
     from benchmarks.common import gemma_path
-    from localrun.modelstore.bundle_export import export_bundle
+    from localrun.modelstore.bundle.export import export_bundle
 
     gemma = gemma_path()
     work = Path(tempfile.mkdtemp(prefix="localrun-bench-bundle-"))

@@ -66,11 +66,11 @@ class LoadedModel:
 
 def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Plan:
     """Plan with this machine's hardware and runtimes (detected once per process)."""
-    from localrun.planner import PlanOverrides, plan_placement
+    from localrun.planning.planner import PlanOverrides, plan_placement
 
     if overrides is None and settings.runtime.force:
         overrides = PlanOverrides(runtime=settings.runtime.force)
-    from localrun.model_overrides import with_overrides
+    from localrun.planning.overrides import with_overrides
 
     hw, statuses = machine_facts(settings)
     return with_overrides(plan_placement(record, hw, statuses, overrides=overrides, settings=settings), record, settings)
@@ -88,8 +88,8 @@ def machine_facts(settings: Settings, *, refresh: bool = False):
     """
     with _FACTS_LOCK:
         if refresh or "facts" not in _FACTS:
-            from localrun.hardware import detect_hardware
-            from localrun.probes import probe_runtimes
+            from localrun.planning.hardware import detect_hardware
+            from localrun.planning.facts import probe_runtimes
 
             hw = detect_hardware()
             _FACTS["facts"] = (hw, probe_runtimes(hw, settings=settings))
@@ -101,11 +101,11 @@ class ModelManager:
                  upstreams=None):
         self.settings = settings
         self.store = store
-        #: The upstream pool (localrun.upstream_pool), built from settings.upstreams unless one is passed in.
+        #: The upstream pool (localrun.upstreams.pool), built from settings.upstreams unless one is passed in.
         self.upstreams = upstreams if upstreams is not None else _pool_from(settings)
         self._remote = None
         if self.upstreams is not None:
-            from localrun.upstream_models import RemoteModels
+            from localrun.upstreams.routing import RemoteModels
 
             self._remote = RemoteModels(self.upstreams, store, settings)
         self._planner = planner
@@ -348,7 +348,7 @@ def _pool_from(settings: Settings):
     """An upstream pool when config.toml lists upstreams; None (nothing started) otherwise."""
     if not settings.upstreams:
         return None
-    from localrun.upstream_pool import UpstreamPool
+    from localrun.upstreams.pool import UpstreamPool
 
     return UpstreamPool(list(settings.upstreams), settings.upstream)
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from localrun.upstreams import UpstreamConfig, UpstreamSettings
+from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
 
 APP_NAME = "localrun"
 #: Not 11434 (Ollama), 1234 (LM Studio), 8080 (llama-server, mlx_lm, llamafile) or 8000 (mlc, llama_cpp.server).

@@ -314,7 +314,7 @@ class ModelStore:
 
     def ensure_chat_model(self) -> ModelRecord | None:
         """Register the default chat model (SmolLM2 135M Instruct) when the set-up fetched it."""
-        from .chat_model import ensure_chat_model
+        from .builtins import ensure_chat_model
 
         return ensure_chat_model(self)
 

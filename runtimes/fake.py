@@ -21,7 +21,7 @@ them declared it honours the fields the way a real runtime would, in the same wo
 
 * ``json_schema``: the answer is the smallest JSON instance of the schema (``{}`` for any
   object) — valid by construction, as a grammar-constrained model's would be;
-* ``tools``: tools reach the prompt through :mod:`localrun.tools`; when ``tool_choice``
+* ``tools``: tools reach the prompt through :mod:`localrun.chat.tools`; when ``tool_choice``
   forces a call, or the last user message says ``call NAME`` for one of the tools, the
   answer is a Hermes ``<tool_call>`` whose arguments are the smallest instance of the
   function's parameters, recognised by the same parser as llama.cpp's answers;
@@ -45,8 +45,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from localrun import __version__
-from localrun.chat_template import fallback_chat, render_chat
-from localrun import tools as toolcalls
+from localrun.chat.template import fallback_chat, render_chat
+from localrun.chat import tools as toolcalls
 from localrun.errors import ContextOverflow, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp.text import TextAssembler

@@ -8,7 +8,7 @@ itself would import a ``model_file`` (CVE-2026-5843) and never touch the network
 folder that exists, which is checked first.
 
 Chat prompts are rendered from the tokenizer's chat template by localrun's sandboxed,
-time-boxed renderer (:mod:`localrun.chat_template`), not by transformers' Jinja: a model
+time-boxed renderer (:mod:`localrun.chat.template`), not by transformers' Jinja: a model
 without a template gets that module's plain-transcript fallback. Generation streams with
 ``mlx_lm.stream_generate``; the KV cache of the previous request is kept and trimmed to
 the prefix the next prompt shares with it, so a chat's next turn prefills only its new
@@ -38,10 +38,10 @@ from localrun.errors import (
     RuntimeUnavailable,
     UnsupportedFeature,
 )
-from localrun import tools
+from localrun.chat import tools
 from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_client import Piece, shape_stream
+from localrun.runtimes.openai_compat.client import Piece, shape_stream
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, Usage
 
 log = logging.getLogger(__name__)
@@ -195,9 +195,9 @@ class MlxSession:
                     variables: dict[str, Any] | None = None) -> tuple[list[int], tuple[str, ...]]:
         """Token ids of the chat prompt, and stop strings the prompt format adds.
 
-        ``variables`` are extra template variables (``tools``, from :mod:`localrun.tools`).
+        ``variables`` are extra template variables (``tools``, from :mod:`localrun.chat.tools`).
         """
-        from localrun.chat_template import fallback_chat, render_chat
+        from localrun.chat.template import fallback_chat, render_chat
 
         tok = self._tokenizer
         template = self.prompt_template()

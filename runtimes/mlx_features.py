@@ -2,12 +2,12 @@
 
 Kept out of :mod:`.mlx` so the session stays about loading, prompts and the KV cache.
 
-* **tools**: the definitions reach the prompt through :mod:`localrun.tools`, as for
+* **tools**: the definitions reach the prompt through :mod:`localrun.chat.tools`, as for
   llama.cpp — the chat template's ``tools`` variable when it reads one, else the fallback
   system block; mlx-lm's own renderers (``chat_template_type`` modules, tokenizer classes
   with their own ``apply_chat_template``) get ``tools=`` and the history's tool turns as
   Hugging Face templates do. The answer's calls are parsed onto its last chunk
-  (:func:`localrun.tools.with_tool_calls`). A *forced* call (``tool_choice`` "required" or
+  (:func:`localrun.chat.tools.with_tool_calls`). A *forced* call (``tool_choice`` "required" or
   a named function) needs a grammar, which mlx-lm does not have: it is refused, never
   silently answered freely.
 * **logprobs**: mlx-lm's generation step gives the log-softmax over the vocabulary for
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localrun import tools
+from localrun.chat import tools
 from localrun.errors import UnsupportedFeature
 from localrun.types import ChatRequest, Sampling, logprob_entry
 
@@ -34,7 +34,7 @@ from localrun.types import ChatRequest, Sampling, logprob_entry
 CAPABILITIES = frozenset({"tools", "logprobs"})
 
 #: Stands for mlx-lm's own chat renderers, which take ``tools`` (and tool turns) like a
-#: Hugging Face template that reads the variable: :func:`localrun.tools.prompt_messages`
+#: Hugging Face template that reads the variable: :func:`localrun.chat.tools.prompt_messages`
 #: then shapes the messages for it.
 RENDERER_TEMPLATE = "{{ tools }}"
 

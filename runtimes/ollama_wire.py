@@ -26,7 +26,7 @@ session's life. Every rule here follows Ollama's ``docs/api.md``:
   {}``) and the schema itself otherwise. A GBNF grammar cannot be honoured by Ollama and
   is refused (param ``grammar``).
 * **Answers** (:func:`shape_ollama_stream`). Text goes through the shared
-  :func:`~localrun.runtimes.openai_client.shape_stream` (stop strings, cancel, usage).
+  :func:`~localrun.runtimes.openai_compat.client.shape_stream` (stop strings, cancel, usage).
   Calls Ollama sends (arguments as objects, sometimes with an ``id``) are gathered and
   put on the last chunk in OpenAI's shape (arguments a JSON string, ``call_…`` ids) with
   ``finish_reason="tool_calls"``; log-probability entries ride on the next chunk emitted,
@@ -40,10 +40,10 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from localrun import tools as toolcalls
+from localrun.chat import tools as toolcalls
 from localrun.errors import UnsupportedFeature
-from localrun.runtimes.openai_client import Piece, shape_stream
-from localrun.tool_parsing import openai_calls
+from localrun.runtimes.openai_compat.client import Piece, shape_stream
+from localrun.chat.tool_calls import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, Message, Sampling, Usage
 
 #: The first Ollama with structured outputs (``format`` as a JSON schema).

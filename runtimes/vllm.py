@@ -30,10 +30,10 @@ from typing import Any, ClassVar
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature, WorkerCrashed
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.mlc import MlcServer, MlcSession
-from localrun.runtimes.openai_client import shape_stream
-from localrun.runtimes.upstream import Timeouts, UpstreamClient
-from localrun.runtimes.upstream_wire import chat_body, completion_body
-from localrun.runtimes.upstream_kinds import KINDS, UpstreamError
+from localrun.runtimes.openai_compat.client import shape_stream
+from localrun.runtimes.openai_compat.upstream_client import Timeouts, UpstreamClient
+from localrun.runtimes.openai_compat.wire import chat_body, completion_body
+from localrun.runtimes.openai_compat.kinds import KINDS, UpstreamError
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)

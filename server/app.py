@@ -20,7 +20,13 @@ from starlette.responses import PlainTextResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import admin_api, anthropic_api, llama_routes, ollama_api, ollama_models, openai_api, responses_api
+from localrun.server import admin as admin_api
+from localrun.server.anthropic import routes as anthropic_api
+from localrun.server.llama_server import routes as llama_routes
+from localrun.server.ollama import routes as ollama_api
+from localrun.server.ollama import models as ollama_models
+from localrun.server.openai import routes as openai_api
+from localrun.server.responses import routes as responses_api
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
@@ -52,7 +58,7 @@ def create_app(settings: Settings, manager) -> FastAPI:
         app.include_router(router)
 
     if settings.server.mirror:  # the store as a hub endpoint, behind the same guards (serve --mirror)
-        from localrun.server.mirror import Mirror, install_mirror
+        from localrun.server.mirror.routes import Mirror, install_mirror
 
         install_mirror(app, Mirror(manager.store))
 

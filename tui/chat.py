@@ -22,7 +22,7 @@ from textual.widgets import Input, Markdown, Select, Static
 from textual.widgets.markdown import MarkdownStream
 
 from localrun.errors import ConfigError
-from localrun.modelstore.chat_model import CHAT_MODEL_NAME
+from localrun.modelstore.builtins import CHAT_MODEL_NAME
 from localrun.tui.base import LocalrunScreen
 from localrun.types import Cancel, ChatRequest, Message as ChatMessage, Sampling
 

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 def profile_lines(hw) -> list[str]:
     """The hardware module's own lines, so the CLI and the TUI say the same thing."""
-    from localrun import hardware
+    from localrun.planning import hardware
 
     lines = getattr(hardware, "hardware_lines", None)
     if lines is not None:

@@ -15,7 +15,7 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Static
 
-from localrun.hardware import fmt_bytes
+from localrun.planning.hardware import fmt_bytes
 from localrun.tui.format import human_bytes
 
 log = logging.getLogger(__name__)

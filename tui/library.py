@@ -24,7 +24,7 @@ from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge
 from localrun.tui.modals import ConfirmModal
 from localrun.tui.tables import fit_columns
-from localrun.upstream_models import source_label
+from localrun.upstreams.routing import source_label
 from localrun.types import ModelRecord, Plan
 
 log = logging.getLogger(__name__)

@@ -43,21 +43,14 @@ def main(ctx: click.Context, log_level: str | None) -> None:
     ctx.obj["log_level"] = log_level
 
 
-def settings_from(ctx: click.Context, **overrides):
-    """Load settings once per invocation and set up logging to stderr."""
-    obj = ctx.find_root().obj
-    if "settings" not in obj:
-        from localrun.settings import load_settings
-
-        s = load_settings(**overrides)
-        level = (obj.get("log_level") or s.log_level).upper()
-        logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        obj["settings"] = s
-    return obj["settings"]
-
-
 def _register() -> None:
-    from localrun.cli import bundle_cmd, hubcmds, launch, machine, mirror_cmd, models, running, tui_cmd, upstreamcmds
+    from localrun.cli import launch, machine, models
+    from localrun.cli import bundle as bundle_cmd
+    from localrun.cli import hub as hubcmds
+    from localrun.cli import mirror as mirror_cmd
+    from localrun.cli import run as running
+    from localrun.cli import tui as tui_cmd
+    from localrun.cli import upstream as upstreamcmds
 
     for module in (models, hubcmds, running, machine, tui_cmd, launch, bundle_cmd, mirror_cmd, upstreamcmds):
         for command in module.COMMANDS:

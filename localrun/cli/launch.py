@@ -32,7 +32,7 @@ from typing import Callable
 
 import click
 
-from localrun.cli import settings_from
+from localrun.cli.output import settings_from
 from localrun.cli.output import err_console
 from localrun.errors import LocalrunError
 
@@ -218,9 +218,9 @@ def context_notes(agent: Agent, record, plan) -> list[str]:
 
 
 def _model_and_plan(settings, store, name: str | None, agent: Agent):
-    from localrun.cli.running import resolve_or_builtin
+    from localrun.cli.run import resolve_or_builtin
     from localrun.manager import default_plan
-    from localrun.planner import PlanOverrides
+    from localrun.planning.planner import PlanOverrides
 
     record = resolve_or_builtin(store, name or _default_model_name(store))
     plan = default_plan(record, settings, PlanOverrides(n_ctx=agent.context))
@@ -275,8 +275,8 @@ def launch_cmd(ctx, agent_name, args, model_name, print_only):
     exe = find_executable(agent)
     background = None
     if running_server(url, key) is None:
-        from localrun.cli.running import make_manager
-        from localrun.planner import PlanOverrides
+        from localrun.cli.run import make_manager
+        from localrun.planning.planner import PlanOverrides
 
         background = Background(settings, make_manager(settings, store, PlanOverrides(n_ctx=agent.context)))
         url = background.url

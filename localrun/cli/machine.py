@@ -6,9 +6,9 @@ import json
 
 import click
 
-from localrun.cli import settings_from
+from localrun.cli.output import settings_from
 from localrun.cli.output import console
-from localrun.cli.running import overrides_from, plan_options
+from localrun.cli.run import overrides_from, plan_options
 
 
 @click.command("hw")
@@ -24,7 +24,7 @@ def hw_cmd(ctx, as_json):
         data = {"hardware": hw.to_dict(), "runtimes": {n: _status_dict(s) for n, s in statuses.items()}}
         click.echo(json.dumps(data, indent=2))
         return
-    from localrun.hardware import render_hardware
+    from localrun.planning.hardware import render_hardware
 
     console().print(render_hardware(hw))
     from rich.table import Table
@@ -53,7 +53,7 @@ def _status_dict(st) -> dict:
 def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft):
     """Explain how REF would run here: runtime, device, layers, context, memory, verdict."""
     from localrun.cli.models import open_store
-    from localrun.cli.running import resolve_or_builtin
+    from localrun.cli.run import resolve_or_builtin
     from localrun.manager import default_plan
 
     settings = settings_from(ctx)
@@ -64,7 +64,7 @@ def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, p
     if as_json:
         click.echo(json.dumps({"model": record.name, "plan": plan.to_dict()}, indent=2))
         return
-    from localrun.planner import render_plan
+    from localrun.planning.planner import render_plan
 
     for line in render_plan(plan, record):
         console().print(line, highlight=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from localrun.cli import settings_from
+from localrun.cli.output import settings_from
 from localrun.cli.output import console, err_console, human_bytes
 
 
@@ -46,7 +46,7 @@ def _import_with_overrides(store, path: Path, name, replace: bool, pooling, chat
     """Import and record the overrides in the model's index entry (re-importing the same file updates them)."""
     import dataclasses
 
-    from localrun.model_overrides import META_POOLING, META_TEMPLATE, META_TEMPLATE_FILE, read_chat_template
+    from localrun.planning.overrides import META_POOLING, META_TEMPLATE, META_TEMPLATE_FILE, read_chat_template
 
     record = store.inspect_path(path, name=name)
     meta = dict(record.metadata)
@@ -127,8 +127,8 @@ def upstream_rows(settings, records) -> list[dict]:
     """The upstreams' models, probed now (a server does this in the background), as ls rows."""
     if not settings.upstreams:
         return []
-    from localrun.upstream_models import listed_models, source_label
-    from localrun.upstream_pool import UpstreamPool
+    from localrun.upstreams.routing import listed_models, source_label
+    from localrun.upstreams.pool import UpstreamPool
 
     pool = UpstreamPool(list(settings.upstreams), settings.upstream, start=False)
     try:

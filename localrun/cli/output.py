@@ -1,9 +1,13 @@
-"""Consoles and small formatters shared by the commands. Diagnostics go to stderr so
-``localrun ls --json | jq`` stays clean."""
+"""What every command shares: settings loaded once per invocation, the consoles, small
+formatters. Diagnostics go to stderr so ``localrun ls --json | jq`` stays clean."""
 
 from __future__ import annotations
 
 import functools
+import logging
+import sys
+
+import click
 
 
 @functools.cache
@@ -29,3 +33,16 @@ def human_bytes(n: int | None) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
     return f"{size:.1f} TB"
+
+
+def settings_from(ctx: click.Context, **overrides):
+    """Load settings once per invocation and set up logging to stderr."""
+    obj = ctx.find_root().obj
+    if "settings" not in obj:
+        from localrun.settings import load_settings
+
+        s = load_settings(**overrides)
+        level = (obj.get("log_level") or s.log_level).upper()
+        logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        obj["settings"] = s
+    return obj["settings"]

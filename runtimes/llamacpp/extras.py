@@ -19,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from localrun.chat_template import fallback_chat, render_chat
+from localrun.chat.template import fallback_chat, render_chat
 from localrun.errors import UnsupportedFeature
 from localrun.types import CompletionRequest
 

@@ -2,7 +2,7 @@
 log-probabilities and embeddings, behind one object the session holds.
 
 Kept out of :mod:`.llamacpp` so the session stays about loading and scheduling. Each piece
-lives in its own module — :mod:`localrun.tools` (prompt and parsing), :mod:`.grammar`
+lives in its own module — :mod:`localrun.chat.tools` (prompt and parsing), :mod:`.grammar`
 (grammar and logprob samplers), :mod:`.embed` (the embedding context) — and this
 one wires them to a request:
 
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from localrun import tools
+from localrun.chat import tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.llamacpp.decode import EogGuard, build_sampler
 from localrun.runtimes.llamacpp.embed import POOLING, Embedder, effective_pooling, embeddings_wanted

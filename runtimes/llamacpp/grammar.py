@@ -5,7 +5,7 @@ Only ever used inside the worker: the JSON Schema converter is llama-cpp-python'
 ``json-schema-to-grammar``), and importing ``llama_cpp`` loads the native library.
 
 * :func:`request_grammar` picks the one grammar a request needs: a forced tool call
-  (:func:`localrun.tools.forced_call`), else ``Sampling.json_schema`` (``{}`` → any JSON
+  (:func:`localrun.chat.tools.forced_call`), else ``Sampling.json_schema`` (``{}`` → any JSON
   object), else a raw ``Sampling.grammar``.
 * :func:`sequence_sampler` wraps a sequence's C sampler chain with llama.cpp's grammar
   sampler (:class:`ConstrainedSampler`), so every token keeps the text valid and, once the
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from localrun.errors import UnsupportedFeature
-from localrun.tools import ForcedCall
+from localrun.chat.tools import ForcedCall
 from localrun.types import Sampling, logprob_entry
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def json_schema_gbnf(schema: dict[str, Any], *, param: str = "response_format") 
 
 
 def forced_call_gbnf(call: ForcedCall) -> str:
-    """``prefix`` + one call object + ``suffix``, the shape :func:`localrun.tools.forced_call` asks for."""
+    """``prefix`` + one call object + ``suffix``, the shape :func:`localrun.chat.tools.forced_call` asks for."""
     conv = _compile(call.schema, "call", CALL_PROP_ORDER, "tool_choice")
     body = conv.format_grammar()
     parts = [gbnf_literal(call.prefix)] if call.prefix else []

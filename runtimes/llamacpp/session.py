@@ -43,7 +43,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
-from localrun import tools
+from localrun.chat import tools
 from localrun.errors import (
     ContextOverflow,
     InvalidModelFile,

@@ -16,7 +16,7 @@ import codecs
 import logging
 from collections.abc import Iterable
 
-from localrun.runtimes.stops import StopMatcher
+from localrun.chat.stops import StopMatcher
 
 log = logging.getLogger(__name__)
 

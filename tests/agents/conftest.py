@@ -60,7 +60,7 @@ def netns():
 @pytest.fixture
 def agent_env(tmp_path, agents_bin, _isolated_home) -> dict[str, str]:
     """The environment of one agent run: its own HOME, the agents on PATH, localrun's test home."""
-    from localrun.modelstore.chat_model import chat_model_cache
+    from localrun.modelstore.builtins import chat_model_cache
 
     home = tmp_path / "agent-home"
     home.mkdir()

@@ -16,7 +16,7 @@ import json
 import sys
 from typing import ClassVar
 
-from localrun import tools as toolcalls
+from localrun.chat import tools as toolcalls
 from localrun.runtimes import REGISTRY
 from localrun.runtimes.fake import FakeRuntime, FakeSession
 from localrun.types import Cancel, ChatRequest
@@ -47,7 +47,7 @@ class ScriptedSession(FakeSession):
                 head = f"<tool_call>{json.dumps({'name': name, 'arguments': script[name]})}</tool_call>"
         if head is None:
             return super().chat(req, cancel)
-        from localrun.chat_template import fallback_chat
+        from localrun.chat.template import fallback_chat
 
         messages, _ = toolcalls.prompt_messages(req, None)
         prompt = fallback_chat(messages)

@@ -213,7 +213,7 @@ def test_a_full_queue_is_overloaded_529(build_stack, live_factory):  # noqa: F81
 
 
 def test_pings_while_the_first_token_is_late(build_stack, live_factory, monkeypatch):  # noqa: F811
-    from localrun.server import anthropic_api
+    from localrun.server.anthropic import routes as anthropic_api
 
     monkeypatch.setattr(anthropic_api, "PING_AFTER_S", 0.05)
     monkeypatch.setattr(anthropic_api, "PING_EVERY_S", 0.1)
@@ -228,14 +228,14 @@ def test_pings_while_the_first_token_is_late(build_stack, live_factory, monkeypa
 
 
 def _in_flight(stack) -> int:
-    from localrun.server.admin_api import in_flight_by_model
+    from localrun.server.admin import in_flight_by_model
 
     return sum(in_flight_by_model(stack.manager).values())
 
 
 @pytest.mark.parametrize("pings", [False, True])
 def test_disconnect_mid_stream_stops_the_generation(build_stack, live_factory, monkeypatch, pings):  # noqa: F811
-    from localrun.server import anthropic_api
+    from localrun.server.anthropic import routes as anthropic_api
 
     if pings:  # the client leaves while the stream is still waiting for the first chunk
         monkeypatch.setattr(anthropic_api, "PING_AFTER_S", 0.01)

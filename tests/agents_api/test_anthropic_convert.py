@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from localrun.server.anthropic_convert import core_messages, core_tool_choice, core_tools, stable_system_text
+from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools, stable_system_text
 from localrun.server.errors import InvalidRequest
-from localrun.server.schemas_anthropic import MessagesRequest
+from localrun.server.anthropic.schemas import MessagesRequest
 
 
 def body(**fields) -> MessagesRequest:

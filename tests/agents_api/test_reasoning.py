@@ -17,7 +17,7 @@ import ollama
 import openai
 import pytest
 
-from localrun.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format, effort_budget, split_text
+from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format, effort_budget, split_text
 from tests.agents_api.anthropic_fixtures import anthropic_client, serve, spawn_server  # noqa: F401 - fixtures
 
 anthropic = pytest.importorskip("anthropic")

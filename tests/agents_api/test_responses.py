@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.agents_api.responses_fixtures import bare_server, client_for, fake_server, oai  # noqa: F401 - fixtures
-from localrun.server.responses_convert import decode_reasoning
+from localrun.server.responses.convert import decode_reasoning
 from tests.capabilities.conftest import validate
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localrun.errors import LocalrunError
-from localrun.server.response_store import MAX_CHAIN, PreviousNotFound, ResponseStore
-from localrun.server.responses_convert import conversation, decode_reasoning, encode_reasoning, parse_items, tool_choice, tool_set
-from localrun.server.schemas_responses import ResponsesRequest
+from localrun.server.responses.store import MAX_CHAIN, PreviousNotFound, ResponseStore
+from localrun.server.responses.convert import conversation, decode_reasoning, encode_reasoning, parse_items, tool_choice, tool_set
+from localrun.server.responses.schemas import ResponsesRequest
 from localrun.types import Message
 from tests.server.conftest import build_stack, live_factory, wait_until  # noqa: F401 - fixtures re-exported
 
@@ -191,8 +191,8 @@ def test_client_disconnect_mid_stream_stops_the_generation(build_stack, live_fac
 
 def test_an_error_after_the_stream_started_ends_it_with_response_failed():
     from localrun.errors import WorkerCrashed
-    from localrun.server.responses_convert import ToolSet
-    from localrun.server.responses_output import Draft, EventWriter
+    from localrun.server.responses.convert import ToolSet
+    from localrun.server.responses.output import Draft, EventWriter
 
     writer = EventWriter(Draft("resp_1", "tiny", {}), ToolSet(), encrypted=False)
     events = writer.start() + writer.text("half an ans")

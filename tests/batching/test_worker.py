@@ -130,9 +130,9 @@ def _workload(seed: int, n: int):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/<pid>/status")
 @pytest.mark.timeout(900)  # 30 s on a quiet 2-core box; its thread joins allow a shared, loaded one
 def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf, tmp_path):
-    from localrun.hardware import detect_hardware
-    from localrun.planner import plan_placement
-    from localrun.probes import probe_llamacpp
+    from localrun.planning.hardware import detect_hardware
+    from localrun.planning.planner import plan_placement
+    from localrun.planning.facts import probe_llamacpp
 
     record = _gemma_record(gemma_gguf)
     hw = detect_hardware()

@@ -27,7 +27,7 @@ def _killer(n: int):
 
 
 def main() -> int:
-    from localrun.modelstore import bundle_import as bi
+    from localrun.modelstore.bundle import importer as bi
     from localrun.modelstore.hfcache import CacheLayout
     from localrun.modelstore.index import ModelIndex
     from localrun.modelstore.store import ModelStore

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import InvalidModelFile
-from localrun.modelstore.bundle_export import export_bundle
-from localrun.modelstore.bundle_import import import_bundle, verify_bundle
-from localrun.modelstore.bundle_lock import LOCK_NAME, BundleError
+from localrun.modelstore.bundle.export import export_bundle
+from localrun.modelstore.bundle.importer import import_bundle, verify_bundle
+from localrun.modelstore.bundle.lock import LOCK_NAME, BundleError
 
 HOSTILE_PATHS = ["../x.gguf", "/abs.gguf", "C:x.gguf", "c:/x.gguf", "a/../../b.gguf", "..\\x.gguf", "\\\\host\\x.gguf",
                  "x\x00.gguf", "~/x.gguf", "con.gguf", "\uff0e\uff0e/x.gguf"]
@@ -271,7 +271,7 @@ def test_consistent_lock_but_not_a_model(target, bundle_dir):
     """Hashes can be made to match anything; the store's GGUF validation still has the last word."""
     import hashlib
 
-    from localrun.modelstore.bundle_lock import lfs_git_oid
+    from localrun.modelstore.bundle.lock import lfs_git_oid
 
     junk = b"GGUF" + bytes(range(256)) * 64
     old = blob_of(bundle_dir)
@@ -320,7 +320,7 @@ def test_disk_full_mid_import_is_a_clear_error_and_the_rerun_carries_on(target, 
     import errno
 
     from localrun.errors import DownloadFailed
-    from localrun.modelstore import bundle_import
+    from localrun.modelstore.bundle import importer as bundle_import
 
     real = bundle_import.hash_stream
 
@@ -342,7 +342,7 @@ def test_disk_full_while_exporting_leaves_nothing(source, tiny_model, tmp_path, 
     import errno
 
     from localrun.errors import LocalrunError
-    from localrun.modelstore import bundle_export
+    from localrun.modelstore.bundle import export as bundle_export
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")

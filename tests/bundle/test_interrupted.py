@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from localrun.modelstore.bundle_export import export_bundle
-from localrun.modelstore.bundle_import import import_bundle
+from localrun.modelstore.bundle.export import export_bundle
+from localrun.modelstore.bundle.importer import import_bundle
 from tests.bundle.conftest import Machine
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import ModelExists
-from localrun.modelstore.bundle_export import export_bundle
-from localrun.modelstore.bundle_import import import_bundle, verify_bundle
-from localrun.modelstore.bundle_lock import LOCK_NAME, lfs_git_oid
+from localrun.modelstore.bundle.export import export_bundle
+from localrun.modelstore.bundle.importer import import_bundle, verify_bundle
+from localrun.modelstore.bundle.lock import LOCK_NAME, lfs_git_oid
 from tests.bundle.conftest import sha256_file
 from tests.conftest import needs_llama
 from tests.hub.fakehub import git_blob_oid

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from localrun.modelstore import bundle_wheels as bw
-from localrun.modelstore.bundle_export import export_bundle
-from localrun.modelstore.bundle_import import import_bundle, verify_bundle
-from localrun.modelstore.bundle_lock import LOCK_NAME, BundleError
+from localrun.modelstore.bundle import wheels as bw
+from localrun.modelstore.bundle.export import export_bundle
+from localrun.modelstore.bundle.importer import import_bundle, verify_bundle
+from localrun.modelstore.bundle.lock import LOCK_NAME, BundleError
 
 
 def fake_llama_wheel(folder: Path, native: str | None) -> Path:

@@ -217,7 +217,7 @@ def test_a_runtime_without_tools_refuses_legacy_functions_naming_the_field(serve
 
 def test_several_calls_answer_the_first_and_log_the_rest_as_dropped(caplog):
     """The legacy shape carries one call; a model that made more has the rest dropped, said at info."""
-    from localrun.server import openai_api
+    from localrun.server.openai import routes as openai_api
 
     calls = tuple({"id": f"call_{n}", "type": "function", "function": {"name": n, "arguments": f'{{"n": "{n}"}}'}}
                   for n in ("get_weather", "get_time", "add"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from localrun.errors import ContextOverflow, UnsupportedFeature
-from localrun.tools import HERMES, LLAMA3, forced_call
+from localrun.chat.tools import HERMES, LLAMA3, forced_call
 from localrun.types import ChatRequest, Plan, Sampling
 from tests.capabilities.conftest import validate
 from tests.conftest import needs_llama
@@ -157,7 +157,7 @@ def test_checking_the_pick_first_keeps_answers_valid_and_seeded(tiny, sampling):
 
 def test_forced_call_grammar_gives_a_parsable_call(tiny):
     from localrun.runtimes.llamacpp.grammar import forced_call_gbnf
-    from localrun.tools import parse_tool_calls
+    from localrun.chat.tools import parse_tool_calls
 
     for style in (HERMES, LLAMA3):
         call = forced_call(ChatRequest(messages=(), tools=(WEATHER,), tool_choice={"type": "function", "function": {"name": "get_weather"}}), style)
@@ -213,7 +213,7 @@ def test_embeddings_on_a_decoder_with_forced_mean_pooling(tiny):
 @pytest.mark.slow
 def test_gemma_grammar_logprobs_and_embeddings(gemma_gguf):
     from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, json_schema_gbnf
-    from localrun.tools import parse_tool_calls
+    from localrun.chat.tools import parse_tool_calls
 
     m = Model(gemma_gguf)
     try:

@@ -1,4 +1,4 @@
-"""localrun.tools: tool definitions into the prompt, calls out of the answer, forced calls."""
+"""localrun.chat.tools: tool definitions into the prompt, calls out of the answer, forced calls."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from localrun import tools as tc
-from localrun.chat_template import render_chat
+from localrun.chat import tools as tc
+from localrun.chat.template import render_chat
 from localrun.errors import UnsupportedFeature
 from localrun.types import ChatRequest, Chunk, Message, Usage
 

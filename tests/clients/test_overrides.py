@@ -29,7 +29,7 @@ def lr(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def test_precedence_import_then_config_star_then_config_name(tiny_gguf):
     import dataclasses
 
-    from localrun.model_overrides import META_POOLING, model_overrides
+    from localrun.planning.overrides import META_POOLING, model_overrides
     from localrun.modelstore.store import ModelStore
     from localrun.settings import Settings
 

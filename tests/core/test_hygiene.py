@@ -84,3 +84,93 @@ def test_no_plain_server_or_tui_package_is_installed():
     found = json.loads(out.stdout)
     assert not any(found.values()), found
     assert _loaded_after("import localrun.server, localrun.tui")  # and the namespaced ones are
+
+
+# --- The layer table (docs/architecture.md), read from the AST: tests/core/layers.py -----------------
+
+import pytest  # noqa: E402
+
+from tests.core import layers as L  # noqa: E402
+
+#: For every row of the table, imports it must refuse: (a module of the layer, the forbidden target).
+PLANTED = [
+    ("localrun.types", "localrun.chat.template"),
+    ("localrun.settings", "localrun.upstreams.config_file"),
+    ("localrun.chat.template", "localrun.runtimes.base"),
+    ("localrun.chat.reasoning", "localrun.server.errors"),
+    ("localrun.runtimes.fake", "localrun.modelstore.store"),
+    ("localrun.runtimes.fake", "localrun.planning.planner"),
+    ("localrun.modelstore.store", "localrun.runtimes.base"),
+    ("localrun.modelstore.store", "localrun.manager"),
+    ("localrun.planning.planner", "localrun.manager"),
+    ("localrun.planning.planner", "localrun.upstreams.pool"),
+    ("localrun.planning.planner", "localrun.runtimes.llamacpp.session"),
+    ("localrun.upstreams.pool", "localrun.manager"),
+    ("localrun.upstreams.pool", "localrun.worker.host"),
+    ("localrun.upstreams.pool", "localrun.planning.planner"),
+    ("localrun.worker.host", "localrun.manager"),
+    ("localrun.worker.host", "localrun.upstreams.pool"),
+    ("localrun.manager", "localrun.server.app"),
+    ("localrun.manager", "localrun.tui.app"),
+    ("localrun.server.app", "localrun.runtimes.base"),
+    ("localrun.server.app", "localrun.planning.planner"),
+    ("localrun.server.app", "localrun.upstreams.pool"),
+    ("localrun.server.app", "localrun.worker.host"),
+    ("localrun.server.app", "localrun.manager"),
+    ("localrun.server.app", "localrun.tui.app"),
+    ("localrun.tui.app", "localrun.runtimes.base"),
+    ("localrun.tui.app", "localrun.upstreams.pool"),
+    ("localrun.tui.app", "localrun.worker.host"),
+    ("localrun.tui.app", "localrun.server.generation"),
+    ("localrun.tui.app", "localrun.cli.output"),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="the moves of issue 18 are under way: this mark goes when they land")
+def test_every_import_keeps_to_the_layer_table():
+    found = L.violations(L.package_sources())
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.xfail(strict=True, reason="the moves of issue 18 are under way: this mark goes when they land")
+def test_no_import_loop_at_import_or_call_time():
+    loops = L.cycles(L.import_graph(L.package_sources()))
+    assert not loops, loops
+
+
+def _planted(sources: dict[str, str], module: str, line: str) -> dict[str, str]:
+    assert module in sources, module
+    return {**sources, module: sources[module] + f"\n\ndef _planted():\n    {line}\n"}
+
+
+def test_each_row_of_the_table_fails_on_a_planted_violation():
+    sources = L.package_sources()
+    rows = {L.layer_of(m) for m, _ in PLANTED}
+    assert rows == set(L.RULES) - {"cli"}, "every row but the CLI's (which may import anything) is planted"
+    for module, target in PLANTED:
+        parent, _, leaf = target.rpartition(".")
+        for line in (f"import {target}", f"from {parent} import {leaf}"):
+            found = L.violations(_planted(sources, module, line))
+            assert any(f"imports {target} " in f for f in found), (module, line, found)
+
+
+def test_the_doors_and_type_checking_imports_are_allowed():
+    sources = L.package_sources()
+    before = set(L.violations(sources))
+    for module, line in [
+        ("localrun.upstreams.pool", "from localrun.runtimes.openai_compat.client import X"),
+        ("localrun.planning.planner", "from localrun.runtimes import REGISTRY"),
+        ("localrun.tui.app", "from localrun.server.app import create_app"),
+        ("localrun.cli.run", "import localrun.runtimes.llamacpp.session"),
+    ]:
+        assert not set(L.violations(_planted(sources, module, line))) - before, line
+    typed = sources["localrun.server.app"] + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import localrun.manager\n"
+    assert not set(L.violations({**sources, "localrun.server.app": typed})) - before
+    unlayered = set(L.violations({**sources, "localrun.nowhere": ""})) - before
+    assert unlayered == {"localrun.nowhere has no layer: add its prefix to the layer table"}
+
+
+def test_a_planted_loop_is_found():
+    sources = _planted(L.package_sources(), "localrun.errors", "import localrun.types")
+    sources = _planted(sources, "localrun.types", "from localrun import errors")
+    assert ["localrun.errors", "localrun.types"] in L.cycles(L.import_graph(sources))

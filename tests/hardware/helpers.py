@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from localrun.hardware import HardwareProfile
+from localrun.planning.hardware import HardwareProfile
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import FileEntry, Format, ModelRecord
 

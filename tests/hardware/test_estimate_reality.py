@@ -14,9 +14,9 @@ import sys
 
 import pytest
 
-from localrun.hardware import detect_hardware
-from localrun.planner import PlanOverrides, plan_placement
-from localrun.probes import probe_llamacpp
+from localrun.planning.hardware import detect_hardware
+from localrun.planning.planner import PlanOverrides, plan_placement
+from localrun.planning.facts import probe_llamacpp
 from localrun.types import FileEntry, Format, ModelRecord
 from tests.conftest import needs_llama
 

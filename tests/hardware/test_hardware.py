@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from localrun.hardware import (
+from localrun.planning.hardware import (
     GIB, MIB, GpuInfo, HardwareProfile, apple_gpu_budget, detect_hardware, hardware_lines,
     render_hardware,
 )
@@ -196,7 +196,7 @@ def test_a_detector_that_raises_never_takes_detection_down(tmp_path, caplog):
 
     vm = SimpleNamespace(virtual_memory=boom, cpu_count=lambda **kw: 4)
     write_tree(tmp_path, {"proc/cpuinfo": (DATA / "cpuinfo_x86_epyc.txt").read_text()})
-    with caplog.at_level(logging.WARNING, logger="localrun.hardware"):
+    with caplog.at_level(logging.WARNING, logger="localrun.planning.hardware"):
         hw = linux(tmp_path, vm=vm, nvml=fake_nvml(NVIDIA[:1]))
     assert hw.notes == ("memory and cores detection failed: psutil exploded",)
     assert any("psutil exploded" in r.getMessage() for r in caplog.records)

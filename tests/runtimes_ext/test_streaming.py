@@ -11,7 +11,7 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.runtimes.openai_client import Piece, StopScanner, abort_on_cancel, iter_sse, shape_stream
+from localrun.runtimes.openai_compat.client import Piece, StopScanner, abort_on_cancel, iter_sse, shape_stream
 from localrun.types import Cancel, Usage, fold
 
 

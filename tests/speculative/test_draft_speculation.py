@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from localrun.errors import ConfigError, ModelNotFound
-from localrun.planner import PlanOverrides, plan_placement, render_plan
+from localrun.planning.planner import PlanOverrides, plan_placement, render_plan
 from localrun.settings import Settings
 from localrun.types import Format, ModelRecord
 from tests.batching.conftest import assert_idle, load, request, run, together
@@ -169,7 +169,7 @@ def test_cli_plan_takes_draft_and_says_what_it_loads(pair):
 
 
 def test_a_record_that_is_not_gguf_gets_no_draft(pair):
-    from localrun.speculation import draft_plan
+    from localrun.planning.speculation import draft_plan
 
     mlx = ModelRecord(name="m", format=Format.MLX, path=str(pair["target"]))
     assert draft_plan(mlx, "auto", None, Settings(), n_ctx=256) is None

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from localrun.server.metrics import Metrics, RequestStats
-from localrun.server.openai_api import usage_dict
+from localrun.server.openai.routes import usage_dict
 from localrun.types import Usage
 from tests.conftest import needs_llama
 from tests.server.conftest import free_port, spawn_server  # noqa: F401 - a fixture
@@ -36,7 +36,7 @@ def test_metrics_count_drafts_per_model():
 
 def test_plan_says_what_drafting_will_do_and_rejects_unknown_modes():
     from localrun.errors import ConfigError
-    from localrun.planner import speculation_plan
+    from localrun.planning.planner import speculation_plan
 
     mode, why = speculation_plan(None, 1)
     assert mode == "auto" and "auto (the default)" in why
@@ -76,7 +76,7 @@ def test_a_real_server_reports_drafts_in_usage_and_metrics(spawn_server, tiny_gg
 
 
 def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
-    from localrun.planner import PlanOverrides, plan_placement, render_plan
+    from localrun.planning.planner import PlanOverrides, plan_placement, render_plan
     from localrun.settings import Settings
     from tests.hardware.helpers import QWEN_05B, profile, record, statuses
 

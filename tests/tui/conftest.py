@@ -20,7 +20,7 @@ def free_port() -> int:
 
 def make_facts():
     """A fixed CPU-only laptop, so screens and snapshots never depend on the test machine."""
-    from localrun.hardware import HardwareProfile
+    from localrun.planning.hardware import HardwareProfile
     from localrun.runtimes.base import RuntimeStatus
 
     hw = HardwareProfile(os="linux", arch="x86_64", cpu_model="Test CPU 9000", physical_cores=4, logical_cores=8,
@@ -54,7 +54,7 @@ def settings():
 
 @pytest.fixture
 def planner(settings, facts):
-    from localrun.planner import PlanOverrides, plan_placement
+    from localrun.planning.planner import PlanOverrides, plan_placement
 
     hw, statuses = facts
     return lambda record: plan_placement(record, hw, statuses, overrides=PlanOverrides(runtime="fake"), settings=settings)

@@ -133,7 +133,7 @@ def test_rate_text():
 async def test_chat_with_the_tiny_gguf_on_real_llama_cpp(settings, store, facts):
     """The same screen over a real worker process running llama.cpp (random weights: any text)."""
     from localrun.manager import ModelManager
-    from localrun.planner import PlanOverrides, plan_placement
+    from localrun.planning.planner import PlanOverrides, plan_placement
     from localrun.tui import make_app
     from tests.conftest import llama_available
 

@@ -41,7 +41,7 @@ class FixedStore:
 @pytest.fixture
 def snap_app(settings, facts, monkeypatch):
     from localrun.manager import ModelManager
-    from localrun.planner import plan_placement
+    from localrun.planning.planner import plan_placement
     from localrun.tui import make_app
 
     monkeypatch.delenv("HF_ENDPOINT", raising=False)

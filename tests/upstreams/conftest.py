@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from localrun.settings import Settings
-from localrun.upstreams import UpstreamConfig
+from localrun.upstreams.config_file import UpstreamConfig
 from tests.server.conftest import (  # noqa: F401 - fixtures reused by name
     LiveServer, Stack, build_stack, fake_planner, free_port, live_factory, spawn_server, wait_until,
 )
@@ -43,7 +43,7 @@ def front_factory(tiny_gguf, live_factory, tmp_path_factory):
     """``front(upstreams=[dict…], local=("name",…), routing=…, **upstream_settings)``: a live front server."""
     from localrun.manager import ModelManager
     from localrun.modelstore.store import ModelStore
-    from localrun.upstream_pool import UpstreamPool
+    from localrun.upstreams.pool import UpstreamPool
 
     made: list[ModelManager] = []
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from localrun.runtimes.upstream_kinds import KINDS, error_text, scrub, status_error
+from localrun.runtimes.openai_compat.kinds import KINDS, error_text, scrub, status_error
 from tests.upstreams.replay import Reply, chat_sse, models_json, recorded
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -111,8 +111,8 @@ def test_recorded_error_shapes_become_localrun_errors_naming_the_upstream(replay
     ("lmdeploy", Reply(200, recorded("lmdeploy/health_unhealthy.json"))),
 ])
 def test_unhealthy_probes_mark_the_upstream_down(replays, kind, reply):
-    from localrun.upstream_pool import UpstreamPool
-    from localrun.upstreams import UpstreamConfig, UpstreamSettings
+    from localrun.upstreams.pool import UpstreamPool
+    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
 
     up = replays({"GET /health": reply})
     pool = UpstreamPool([UpstreamConfig(name="e", url=up.url, kind=kind, models=["m"])], UpstreamSettings(), start=False)
@@ -179,8 +179,8 @@ def test_ollama_kind_probes_api_version_and_streams_its_v1_routes(replays, front
 
 
 def test_llama_server_loading_is_down_until_its_health_passes(replays):
-    from localrun.upstream_pool import UpstreamPool
-    from localrun.upstreams import UpstreamConfig, UpstreamSettings
+    from localrun.upstreams.pool import UpstreamPool
+    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
 
     up = replays({"GET /health": Reply(503, b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}')})
     pool = UpstreamPool([UpstreamConfig(name="ls", url=up.url, kind="llama-server", models=["m"])], UpstreamSettings(), start=False)

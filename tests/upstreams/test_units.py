@@ -12,9 +12,9 @@ import pytest
 
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, ModelRecord
-from localrun.upstream_models import listed_models
-from localrun.upstream_pool import Route, UpstreamPool, affinity_key
-from localrun.upstreams import UpstreamConfig, UpstreamSettings, read_upstreams, write_upstreams
+from localrun.upstreams.routing import listed_models
+from localrun.upstreams.pool import Route, UpstreamPool, affinity_key
+from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings, read_upstreams, write_upstreams
 
 GIB = 2**30
 
@@ -126,7 +126,7 @@ def test_vllm_placement_sizes_tensor_parallelism_and_context():
 
 
 def test_planner_picks_vllm_on_cuda_only_and_shows_its_options(monkeypatch):
-    from localrun.planner import PlanOverrides, plan_placement, render_plan
+    from localrun.planning.planner import PlanOverrides, plan_placement, render_plan
     from tests.hardware.helpers import LLAMA_8B, profile, statuses
 
     monkeypatch.delenv("LOCALRUN_VLLM_DEVICE", raising=False)
@@ -196,7 +196,7 @@ def test_upstream_commands_add_ls_check_rm(tmp_path, fake_upstream):
       "speculative": {"drafted_tokens": float("inf")}}, (0, 0, 0, 0, 0)),
 ])
 def test_upstream_usage_keeps_drafting_counts_and_survives_odd_values(usage, want):
-    from localrun.runtimes.openai_client import _usage
+    from localrun.runtimes.openai_compat.client import _usage
 
     u = _usage(usage)
     assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.drafted_tokens, u.accepted_tokens) == want

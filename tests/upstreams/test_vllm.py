@@ -36,7 +36,7 @@ def vllm_front(tmp_path_factory):
     """A localrun whose store holds the tiny Llama folder, planned onto the vllm runtime (CPU)."""
     from localrun.manager import ModelManager, default_plan
     from localrun.modelstore.store import ModelStore
-    from localrun.planner import PlanOverrides
+    from localrun.planning.planner import PlanOverrides
     from localrun.settings import Settings
     from tests.server.conftest import LiveServer, Stack
 

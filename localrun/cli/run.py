@@ -1,0 +1,281 @@
+"""Commands that run models: run (chat or complete in the terminal), serve, ps."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from localrun.cli.output import settings_from
+from localrun.cli.models import open_store
+from localrun.cli.output import console, err_console, human_bytes
+
+
+def plan_options(f):
+    """The planner overrides shared by run, serve and plan."""
+    f = click.option("--runtime", help="Runtime to use (llama.cpp, mlx, ollama, mlc, fake).")(f)
+    f = click.option("--ctx", "ctx_len", type=click.IntRange(64, None), help="Context length to load with.")(f)
+    f = click.option("--gpu-layers", type=int, help="Layers to offload to the GPU (-1: all).")(f)
+    f = click.option("--device", help="Device: cpu, cuda, metal…")(f)
+    f = click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads.")(f)
+    f = click.option("--parallel", type=click.IntRange(1, 64),
+                     help="Requests a llama.cpp model decodes at once, each with the whole context.")(f)
+    f = speculative_option(f)
+    return f
+
+
+def speculative_option(f):
+    f = click.option("--draft", default=None, metavar="MODEL",
+                     help="Draft model for speculative decoding: a model in the store or a .gguf file; none: no draft "
+                          "(default: a GGUF whose name contains 'draft' beside the model).")(f)
+    return click.option("--speculative", type=click.Choice(["auto", "off", "ngram", "draft"], case_sensitive=False),
+                        default=None, help="Speculative decoding in llama.cpp: auto drafts (n-gram lookup, the draft "
+                                           "model) only while it pays; ngram or draft at every step; off.")(f)
+
+
+def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None, speculative=None, draft=None):
+    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)):
+        return None
+    from localrun.planning.planner import PlanOverrides
+
+    return PlanOverrides(runtime=runtime, n_ctx=ctx_len, n_gpu_layers=gpu_layers, device=device, threads=threads,
+                         parallel=parallel, speculative=speculative, draft=draft)
+
+
+def make_manager(settings, store, overrides=None):
+    from localrun.manager import ModelManager, default_plan
+
+    if overrides is None:
+        return ModelManager(settings, store)
+    return ModelManager(settings, store, planner=lambda record: default_plan(record, settings, overrides))
+
+
+def resolve_or_builtin(store, name: str):
+    """Resolve ``name``; the embedded default model is assembled on first use."""
+    from localrun.errors import ModelNotFound
+
+    try:
+        return store.resolve(name, allow_path=True)
+    except ModelNotFound:
+        from localrun.modelstore.builtins import CHAT_MODEL_NAME
+        from localrun.modelstore.store import DEFAULT_MODEL_NAME
+
+        if name not in (DEFAULT_MODEL_NAME, CHAT_MODEL_NAME):
+            raise
+        record = store.ensure_default_model() if name == DEFAULT_MODEL_NAME else store.ensure_chat_model()
+        if record is None:
+            raise
+        return record
+
+
+def _stream_answer(manager, name: str, req) -> str:
+    """Print one answer as it streams; Ctrl-C stops it. Returns the text."""
+    from localrun.types import Cancel
+
+    cancel = Cancel()
+    parts: list[str] = []
+    t0 = time.perf_counter()
+    first = None
+    usage = None
+    finish = None
+    out = sys.stdout
+    stream = manager.stream(name, req, cancel)
+    try:
+        for chunk in stream:
+            if chunk.text:
+                if first is None:
+                    first = time.perf_counter()
+                parts.append(chunk.text)
+                out.write(chunk.text)
+                out.flush()
+            if chunk.usage:
+                usage = chunk.usage
+            if chunk.finish_reason:
+                finish = chunk.finish_reason
+    except KeyboardInterrupt:
+        cancel.set()
+        stream.close()
+        finish = "cancelled"
+    end = time.perf_counter()
+    out.write("\n")
+    out.flush()
+    n = usage.completion_tokens if usage else len(parts)
+    decode_s = end - (first or end)
+    rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
+    ttft = f"{((first or end) - t0) * 1000:.0f} ms"
+    spec = ""
+    if usage and usage.drafted_tokens:
+        spec = (f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
+                f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)")
+    err_console().print(f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]",
+                        highlight=False)
+    return "".join(parts)
+
+
+@click.command("run")
+@click.argument("name")
+@click.argument("prompt", nargs=-1)
+@click.option("--raw/--chat", "raw", default=None, help="Complete the prompt as plain text, or chat with the model's template (default: chat when the model has a template).")
+@click.option("--system", help="System prompt for chat.")
+@click.option("--max-tokens", type=click.IntRange(1, None), default=None, help="Stop after this many tokens.")
+@click.option("--temperature", type=click.FloatRange(0, 2), default=None)
+@click.option("--seed", type=int, default=None)
+@plan_options
+@click.pass_context
+def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runtime, ctx_len, gpu_layers, device, threads,
+            parallel, speculative, draft):
+    """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
+    from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
+
+    settings = settings_from(ctx)
+    store = open_store(ctx)
+    record = resolve_or_builtin(store, name)
+    manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel,
+                                                           speculative, draft))
+    sampling = {k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None}
+    if raw is None:
+        raw = not record.metadata.get("chat_template")
+    try:
+        if prompt:
+            text = " ".join(prompt)
+            if raw:
+                _stream_answer(manager, record.name, CompletionRequest(prompt=text, sampling=Sampling(**sampling)))
+            else:
+                msgs = ([Message("system", system)] if system else []) + [Message("user", text)]
+                _stream_answer(manager, record.name, ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling)))
+            return
+        _interactive(manager, record, raw, system, sampling)
+    finally:
+        manager.shutdown()
+
+
+def _interactive(manager, record, raw: bool, system: str | None, sampling: dict) -> None:
+    from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
+
+    mode = "completion" if raw else "chat"
+    err_console().print(f"[dim]{record.name} · {mode} · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]", highlight=False)
+    history: list[Message] = [Message("system", system)] if system else []
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            err_console().print()
+            return
+        except KeyboardInterrupt:
+            err_console().print()
+            continue
+        if line.strip() in ("/bye", "/exit", "/quit"):
+            return
+        if not line.strip():
+            continue
+        if raw:
+            _stream_answer(manager, record.name, CompletionRequest(prompt=line, sampling=Sampling(**sampling)))
+            continue
+        history.append(Message("user", line))
+        answer = _stream_answer(manager, record.name, ChatRequest(messages=tuple(history), sampling=Sampling(**sampling)))
+        history.append(Message("assistant", answer))
+
+
+def pooling_settings(items) -> dict:
+    """``--pooling`` values as ``Settings.models`` entries: ``KIND`` for every model ("*"), ``MODEL=KIND`` for one."""
+    from localrun.planning.overrides import check_pooling
+
+    out: dict = {}
+    for item in items:
+        model, _, kind = item.rpartition("=")
+        out.setdefault(model or "*", {})["pooling"] = check_pooling(kind)
+    return out
+
+
+@click.command("serve")
+@click.option("--host", default=None, help="Interface to bind (default 127.0.0.1). Non-loopback needs --api-key.")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8739).")
+@click.option("--api-key", default=None, envvar="LOCALRUN_API_KEY", help="Require this Bearer key (env LOCALRUN_API_KEY).")
+@click.option("--runtime", default=None, help="Force one runtime for every model.")
+@click.option("--parallel", type=click.IntRange(1, 64), default=None,
+              help="Requests each llama.cpp model decodes at once (default: up to 4 when they fit).")
+@click.option("--no-default-model", is_flag=True, help="Do not assemble and register the embedded default model.")
+@click.option("--pooling", "poolings", multiple=True, metavar="[MODEL=]KIND",
+              help="Embedding pooling (mean, cls, last, none, rank) for MODEL, or every model; repeatable.")
+@click.option("--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL).")
+@speculative_option
+@click.pass_context
+def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror, speculative, draft):
+    """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
+    server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items() if v is not None}
+    overrides = {"server": server} if server else {}
+    if poolings:
+        overrides["models"] = pooling_settings(poolings)
+    runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel,
+                                          "speculative": speculative and speculative.lower(), "draft": draft}.items()
+                        if v is not None}
+    if runtime_settings:
+        overrides["runtime"] = runtime_settings
+    settings = settings_from(ctx, **overrides)
+    store = open_store(ctx)
+    if not no_default_model:
+        store.ensure_default_model()
+        store.ensure_chat_model()
+    from localrun.manager import ModelManager
+    from localrun.server.serve import run_server
+
+    manager = ModelManager(settings, store)
+    key = "on" if settings.server.api_key else "off"
+
+    def ready(url: str) -> None:
+        err_console().print(f"localrun serving on [bold]{url}[/] · API key {key} · {len(store.list())} models · Ctrl-C stops", highlight=False)
+        if settings.server.mirror:
+            err_console().print(f"hub mirror on the same port: HF_ENDPOINT={url}", highlight=False)
+
+    try:
+        run_server(settings, manager, ready_callback=ready)
+    finally:
+        manager.shutdown()
+
+
+@click.command("ps")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def ps_cmd(ctx, as_json):
+    """Show the models the running server has loaded."""
+    import json
+
+    import httpx
+
+    from localrun.errors import RuntimeUnavailable
+
+    settings = settings_from(ctx)
+    host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
+    url = f"http://{host}:{settings.server.port}/api/ps"
+    headers = {}
+    if settings.server.api_key:
+        headers["Authorization"] = f"Bearer {settings.server.api_key.get_secret_value()}"
+    try:
+        data = httpx.get(url, headers=headers, timeout=3).raise_for_status().json()
+    except httpx.HTTPError as exc:
+        raise RuntimeUnavailable(f"no localrun server answered at {url}: {exc}", hint="start one with `localrun serve`") from exc
+    models = data.get("models", [])
+    if as_json:
+        click.echo(json.dumps(models, indent=2))
+        return
+    if not models:
+        err_console().print("no models loaded")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in ("Name", "Runtime", "Device", "Memory", "Idle", "Until unload"):
+        table.add_column(col)
+    for m in models:
+        lr = m.get("localrun", {})
+        ttl = lr.get("ttl_left_s")
+        table.add_row(
+            m.get("name", "?"), lr.get("runtime", "?"), lr.get("device", "?"),
+            human_bytes(m.get("size_vram") or m.get("size")), f"{lr.get('idle_s', 0):.0f} s",
+            "pinned" if ttl is None else f"{ttl:.0f} s",
+        )
+    console().print(table)
+
+
+COMMANDS = [run_cmd, serve_cmd, ps_cmd]

@@ -1,0 +1,413 @@
+"""The planner: which runtime runs a model, where, with how much context, and whether it fits.
+
+``plan_placement`` turns (model record, hardware profile, runtime statuses, overrides) into
+a :class:`~localrun.types.Plan` with a memory estimate, a verdict and the reasons in words.
+It is pure: no I/O, no detection, so every decision is testable from JSON profiles.
+
+The memory model it uses lives in :mod:`localrun.planning.placement`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
+from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
+from localrun.planning.placement import (
+    GPU_CONTEXT, KV_BYTES, N_UBATCH, TIGHT_RATIO, Budget, ModelShape, Placement, compute_bytes, host_base_bytes,
+    kv_cache_bytes, place, verdict_for, weights_bytes,
+)
+from localrun.runtimes.base import RuntimeStatus
+from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
+from localrun.planning.speculation import draft_plan, speculation_plan
+
+log = logging.getLogger(__name__)
+
+#: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
+AUTO_SLOTS = (4, 3, 2)
+MIN_CONTEXT = 512  # below this a chat model is of no use: the verdict becomes wont-fit instead
+VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fragmentation
+#: Which GPUs each llama.cpp GPU backend can drive.
+BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
+DEVICES = ("auto", "cpu", "gpu", "cuda", "metal", "hip", "vulkan", "sycl")
+DEVICE_LABELS = {"cpu": "CPU", "cuda": "CUDA", "metal": "Metal", "hip": "ROCm/HIP", "vulkan": "Vulkan", "sycl": "SYCL"}
+#: Which model formats each runtime the planner knows can run, in order of preference.
+RUNTIME_FORMATS: dict[str, frozenset[Format]] = {
+    "llama.cpp": frozenset({Format.GGUF}), "ollama": frozenset({Format.GGUF}),
+    "vllm": frozenset({Format.MLX}), "mlx": frozenset({Format.MLX}), "mlc": frozenset({Format.MLC}),
+}
+
+
+@dataclass(frozen=True)
+class PlanOverrides:
+    """What the user asked for on the command line or in a request; ``None`` leaves it to the planner."""
+
+    runtime: str | None = None
+    device: str | None = None
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None  # -1: all
+    threads: int | None = None
+    kv_type: str | None = None
+    parallel: int | None = None  # llama.cpp slots
+    speculative: str | None = None  # llama.cpp speculative decoding: auto | off | ngram | draft
+    draft: str | None = None  # its draft model: a store name or a .gguf path ("none": no draft)
+
+
+def _valid_runtimes() -> list[str]:
+    from localrun.runtimes import REGISTRY
+
+    return sorted(set(RUNTIME_FORMATS) | set(REGISTRY))
+
+
+def choose_runtime(record: ModelRecord, statuses: Mapping[str, RuntimeStatus], asked: str | None) -> tuple[str, list[str]]:
+    """The runtime for this model: the one asked for (checked), else the first available for its format."""
+    valid = _valid_runtimes()
+    if asked is not None:
+        if asked not in valid:
+            raise UnknownRuntime(f"no runtime named {asked!r}", hint="try one of: " + ", ".join(valid), param="runtime")
+        formats = RUNTIME_FORMATS.get(asked)
+        if formats is not None and record.format not in formats:
+            able = [n for n, f in RUNTIME_FORMATS.items() if record.format in f]
+            raise RuntimeUnavailable(f"{asked} cannot run {record.format.value.upper()} models like {record.name}",
+                                     hint="use " + " or ".join(able), param="runtime")
+        status = _status(asked, statuses)
+        if not status.available:
+            raise RuntimeUnavailable(f"{asked} is not available here: {status.reason}", hint=status.fix, param="runtime")
+        return asked, []
+    candidates = [n for n, f in RUNTIME_FORMATS.items() if record.format in f]
+    for i, name in enumerate(candidates):
+        if _status(name, statuses).available:
+            skipped = [f"{n} is unavailable ({_status(n, statuses).reason})" for n in candidates[:i]]
+            return name, [f"{'; '.join(skipped)}: using {_describe(_status(name, statuses))}"] if skipped else []
+    why = "; ".join(f"{n}: {_status(n, statuses).reason}" for n in candidates)
+    fixes = " or ".join(s.fix for n in candidates if (s := _status(n, statuses)).fix)
+    raise RuntimeUnavailable(f"no runtime can run {record.name} ({record.format.value.upper()}) here — {why}",
+                             hint=fixes or None)
+
+
+def _describe(status: RuntimeStatus) -> str:
+    where = status.details.get("url")
+    return " ".join(x for x in (status.name, status.version, f"at {where}" if where else None) if x)
+
+
+def _status(name: str, statuses: Mapping[str, RuntimeStatus]) -> RuntimeStatus:
+    if name in statuses:
+        return statuses[name]
+    if name in RUNTIME_FORMATS:
+        return RuntimeStatus(name, False, reason="not probed")
+    return RuntimeStatus(name, True)  # a registry-only runtime (the fake) needs no probe
+
+
+def _hw_backend(hw: HardwareProfile) -> str:
+    """The GPU backend a runtime that ships its own GPU libraries (Ollama, MLC) would use here."""
+    if hw.apple:
+        return "metal"
+    vendors = {g.vendor for g in hw.gpus if not g.integrated}
+    return "cuda" if "nvidia" in vendors else "hip" if "amd" in vendors else "vulkan" if vendors else "cpu"
+
+
+def _runtime_backend(runtime: str, status: RuntimeStatus, hw: HardwareProfile) -> str:
+    if runtime == "llama.cpp":
+        backend = status.details.get("backend") or next((d for d in status.devices if d != "cpu"), "cpu")
+        return "metal" if backend == "gpu" and hw.apple else backend
+    if runtime == "mlx":
+        return "metal" if "metal" in status.devices else "cuda" if "cuda" in status.devices else "cpu"
+    if runtime in ("ollama", "mlc"):
+        return _hw_backend(hw)
+    return "cpu"
+
+
+def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOverrides) -> tuple[Budget, str | None]:
+    """The memory this plan may use, and why it runs on the CPU when it does."""
+    device = (ov.device or "auto").lower().replace("rocm", "hip")
+    if device not in DEVICES:
+        raise ConfigError(f"unknown device {ov.device!r}", hint="use one of: " + ", ".join(DEVICES), param="device")
+    cpu = Budget("cpu", hw.ram_available)
+    if device == "cpu" or ov.n_gpu_layers == 0:
+        return cpu, "CPU requested"
+    backend = _runtime_backend(runtime, status, hw)
+    wants_gpu = device != "auto" or (ov.n_gpu_layers or 0) != 0
+    if backend == "cpu":
+        if wants_gpu:
+            raise RuntimeUnavailable(f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
+                                     hint=status.fix, param="device")
+        if hw.gpus or hw.apple:
+            gpu = hw.apple.chip if hw.apple else hw.gpus[0].name
+            return cpu, f"{runtime} is built without GPU offload, so the {gpu} goes unused" + (
+                f" (to use it: {status.fix})" if status.fix else "")
+        return cpu, "no GPU on this machine"
+    if device not in ("auto", "gpu") and device != backend:
+        raise RuntimeUnavailable(f"{runtime} here uses {backend.upper()}, not {device.upper()}", hint=status.fix, param="device")
+    if backend == "metal":
+        if not hw.apple:
+            return cpu, f"{runtime} is built for Metal but this is not an Apple Silicon Mac"
+        gpu_budget = min(hw.apple.gpu_working_set_budget, hw.ram_available)
+        return Budget("metal", hw.ram_available, gpu_budget, unified=True, label=f"Metal ({hw.apple.chip})"), None
+    vendors = BACKEND_VENDORS.get(backend, {"nvidia", "amd", "intel"})
+    gpus = [g for g in hw.gpus if g.vendor in vendors and not g.integrated]
+    if not gpus:
+        if wants_gpu:
+            raise RuntimeUnavailable(f"{runtime} uses {backend.upper()} but no GPU for it was found", param="device")
+        return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
+    usable = sum(max(0, g.vram_free - VRAM_MARGIN) for g in gpus)
+    names = ", ".join(dict.fromkeys(g.name for g in gpus)) + (f" ×{len(gpus)}" if len(gpus) > 1 else "")
+    return Budget(backend, hw.ram_available, usable, gpu_margin=VRAM_MARGIN * len(gpus),
+                  label=f"{DEVICE_LABELS.get(backend, backend)} ({names})"), None
+
+
+def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int, list[str], bool]:
+    """The context to start from, why, and whether the planner may shrink it to fit."""
+    trained = shape.n_ctx_train
+    if ov.n_ctx is not None:
+        if ov.n_ctx < 1:
+            raise ConfigError(f"context length must be positive, not {ov.n_ctx}", param="n_ctx")
+        if trained and ov.n_ctx > trained:
+            return trained, [f"context {ov.n_ctx:,} asked for, but the model was trained on {trained:,}: using {trained:,}"], False
+        return ov.n_ctx, [], False
+    cap, by = rt.max_context_default, "the default max_context (raise with --ctx)"
+    if rt.context_length is not None:
+        cap, by = rt.context_length, "runtime.context_length in the settings"
+    if not trained:
+        return cap, [f"the model does not state its trained context: using {cap:,}"], True
+    if trained > cap:
+        return cap, [f"context {cap:,} of the trained {trained:,}: capped by {by}"], True
+    return trained, [], True
+
+
+def _fit_context(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, adjustable: bool,
+                 n_gpu_layers: int | None, kv_type: str) -> Placement:
+    """Keep the context if the model fits with it at all; otherwise take the largest multiple of
+    256 tokens (not below MIN_CONTEXT) that fits comfortably, else the largest that fits tightly."""
+
+    def at(ctx: int) -> Placement:
+        return place(shape, weights, budget, ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type)
+
+    first = at(n_ctx)
+    if first.ratio <= 1.0 or not adjustable or n_ctx <= MIN_CONTEXT:
+        return first
+    for limit in (TIGHT_RATIO, 1.0):  # memory grows with the context, so a binary search finds the edge
+        lo, hi, best = MIN_CONTEXT // 256, max(MIN_CONTEXT, n_ctx - 1) // 256, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            candidate = at(mid * 256)
+            if candidate.ratio <= limit:
+                best, lo = candidate, mid + 1
+            else:
+                hi = mid - 1
+        if best is not None:
+            return best
+    return at(MIN_CONTEXT)
+
+
+def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[str, RuntimeStatus], *,
+                   overrides: PlanOverrides | None = None, settings: Any = None) -> Plan:
+    """Decide runtime, device, GPU layers, context and threads for ``record`` on ``hw``.
+
+    Returns a plan even when the model does not fit (verdict ``wont-fit``, reasons say why);
+    loading it is the caller's call (see :func:`require_fit`).
+
+    Raises:
+        UnknownRuntime: ``overrides.runtime`` names no runtime.
+        RuntimeUnavailable: the runtime asked for (or every runtime for this format) cannot run
+            here, or the device asked for is not available.
+        ConfigError: an override out of range (device name, context, KV type).
+    """
+    ov = overrides or PlanOverrides()
+    rt = settings.runtime if settings is not None else _default_runtime_settings()
+    kv_type = (ov.kv_type or "f16").lower()
+    if kv_type not in KV_BYTES:
+        raise ConfigError(f"unknown KV cache type {ov.kv_type!r}", hint="use one of: " + ", ".join(KV_BYTES), param="kv_type")
+    runtime, reasons = choose_runtime(record, statuses, ov.runtime)
+    status = _status(runtime, statuses)
+    budget, cpu_why = _budget(runtime, status, hw, ov)
+    shape = ModelShape.from_metadata(record.metadata)
+    weights = weights_bytes(record)
+    n_ctx, ctx_reasons, adjustable = _initial_context(shape, ov, rt)
+    layers = ov.n_gpu_layers
+    if runtime in ("mlx", "mlc") and budget.backend != "cpu":
+        layers = -1  # these runtimes place the whole model on their device
+    placement = _fit_context(shape, weights, budget, n_ctx, adjustable, layers, kv_type)
+    threads = ov.threads or rt.threads or hw.physical_cores or 1
+    slots, slot_reasons, draft, speculate = 1, [], None, None
+    if runtime == "llama.cpp":
+        asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
+        placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
+        speculate = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
+        draft = draft_plan(record, speculate[0], ov.draft or getattr(rt, "draft", None), settings,
+                           n_ctx=slots * placement.n_ctx, kv_type=kv_type)
+        if draft is not None:
+            placement = draft.beside(placement, budget)
+    reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
+    reasons += ctx_reasons
+    if placement.n_ctx < n_ctx:
+        reasons.append(f"context reduced from {n_ctx:,} to {placement.n_ctx:,} to fit in memory")
+    if not shape.knows_kv:
+        reasons.append("the metadata lacks layer and head counts: the KV cache is not counted")
+    reasons += slot_reasons
+    verdict = verdict_for(placement.ratio)
+    reasons += _verdict_reasons(placement, budget, verdict, shape)
+    if runtime == "ollama":
+        reasons.append("Ollama makes the final placement itself; these numbers are localrun's estimate")
+    options: dict[str, Any] = {"placement": {
+        "host_bytes": placement.host, "gpu_bytes": placement.gpu, "host_budget": budget.host,
+        "gpu_budget": budget.gpu, "ratio": round(placement.ratio, 4), "layers_total": (shape.n_layer or 0) + 1,
+        "backend": budget.backend, "unified": budget.unified}}
+    if runtime == "ollama":
+        options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
+    if runtime == "llama.cpp":
+        options.update(n_slots=slots, slot_ctx=placement.n_ctx)
+        options["speculative"] = speculate[0]
+        reasons.append(speculate[1])
+        if draft is not None:
+            options["draft"] = draft.path
+            reasons.append(draft.why)
+    plan = Plan(
+        runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
+        n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
+        n_batch=min(N_UBATCH, placement.n_ctx), kv_type=kv_type,
+        memory=MemoryEstimate(weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead),
+        verdict=verdict, reasons=tuple(reasons), options=options,
+    )
+    if runtime == "vllm":  # vLLM places the whole model on CUDA GPUs itself: size it the vLLM way
+        from localrun.runtimes.vllm import plan_for_vllm
+
+        plan = plan_for_vllm(plan, hw, asked_device=ov.device)
+    return plan
+
+
+def _choose_slots(shape: ModelShape, weights: int, budget: Budget, single: Placement, asked: int | None,
+                  kv_type: str) -> tuple[Placement, int, list[str]]:
+    """How many requests llama.cpp decodes at once, each with the plan's whole context.
+
+    Asked for: that many, whatever the verdict says of it. Otherwise the most of
+    AUTO_SLOTS whose extra KV cache keeps the plan comfortably within memory ("fits"),
+    with the GPU layers of the single-request plan (offload speeds every request; slots
+    only help when several arrive together); one when the model is tight already."""
+
+    def at(n: int) -> Placement:
+        return place(shape, weights, budget, single.n_ctx, n_gpu_layers=single.n_gpu_layers, kv_type=kv_type, n_seq=n)
+
+    if asked is not None:
+        if asked < 1:
+            raise ConfigError(f"parallel must be at least 1, not {asked}", param="parallel")
+        return at(asked), asked, [f"parallel {asked}, as asked: that many requests at once, each with the whole context"]
+    for n in AUTO_SLOTS:
+        candidate = at(n)
+        if candidate.ratio <= TIGHT_RATIO:
+            extra = candidate.kv - single.kv
+            return candidate, n, [f"{n} requests run at once, each with the whole context "
+                                  f"(+{fmt_bytes(extra)} of KV cache; --parallel or runtime.parallel to change)"]
+    return single, 1, ["one request at a time: more parallel slots would not fit comfortably"]
+
+
+def _default_runtime_settings() -> Any:
+    from localrun.settings import RuntimeSettings
+
+    return RuntimeSettings()
+
+
+def _device_reasons(p: Placement, budget: Budget, cpu_why: str | None, shape: ModelShape, threads: int) -> list[str]:
+    total = (shape.n_layer or 0) + 1
+    if p.n_gpu_layers == 0:
+        if cpu_why is None:  # a GPU was there, but not even one layer fits in it
+            cpu_why = f"not even one layer fits in the {fmt_bytes(budget.gpu)} of usable {budget.label} memory"
+        return [f"{cpu_why}: running on CPU with {threads} threads"]
+    if p.n_gpu_layers >= total or not shape.n_layer:
+        return [f"all {total} layers on {budget.label}: {fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)} usable"]
+    return [f"partial offload: {p.n_gpu_layers} of {total} layers on {budget.label} using "
+            f"{fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)}, the rest on CPU with {threads} threads"]
+
+
+def _verdict_reasons(p: Placement, budget: Budget, verdict: str, shape: ModelShape) -> list[str]:
+    if verdict == "fits":
+        return []
+    host_share = p.host / budget.host if budget.host else float("inf")
+    gpu_share = p.gpu / budget.gpu if p.gpu and budget.gpu else 0.0
+    if budget.unified and p.gpu:
+        where, need, have = "memory", p.host + p.gpu, budget.host
+        if gpu_share > host_share and gpu_share >= (need / have if have else 0):
+            where, need, have = "the GPU budget", p.gpu, budget.gpu
+    elif gpu_share > host_share:
+        where, need, have = "VRAM", p.gpu, budget.gpu
+    else:
+        where, need, have = "RAM", p.host, budget.host
+    if verdict == "tight":
+        return [f"tight: needs {fmt_bytes(need)} of the {fmt_bytes(have)} of {where} available ({need / have:.0%})"]
+    return [f"does not fit: needs {fmt_bytes(need)} of {where} at context {p.n_ctx:,}, "
+            f"only {fmt_bytes(have)} is available"]
+
+
+def require_fit(plan: Plan, record: ModelRecord) -> Plan:
+    """Raise :class:`WontFit` for a plan whose verdict is ``wont-fit``; return it otherwise."""
+    if plan.verdict == "wont-fit":
+        from localrun.errors import WontFit
+
+        raise WontFit(f"{record.name} does not fit on this machine: " + "; ".join(plan.reasons),
+                      hint="pick a smaller quant or model, a shorter --ctx, or free some memory")
+    return plan
+
+
+def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int | None = None,
+                 n_ctx: int | None = None, on_gpu: bool = False, kv_type: str = "f16",
+                 settings: Any = None, n_seq: int = 1) -> MemoryEstimate:
+    """Memory for a model not downloaded yet: hub file sizes plus its GGUF header metadata.
+
+    ``n_ctx`` defaults to what the planner would pick before fitting (trained length capped by
+    the settings); ``on_gpu`` counts a GPU's compute reservation and driver context; ``n_seq``
+    parallel sequences of ``n_ctx`` each multiply the KV cache.
+    """
+    shape = ModelShape.from_metadata(metadata)
+    weights = weights_bytes(file_sizes if file_sizes is not None else 0, metadata)
+    if n_ctx is None:
+        rt = settings.runtime if settings is not None else _default_runtime_settings()
+        n_ctx = _initial_context(shape, PlanOverrides(), rt)[0]
+    kv = kv_cache_bytes(shape, n_ctx * n_seq, kv_type)
+    overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu) + (GPU_CONTEXT["cuda"] if on_gpu else 0)
+    return MemoryEstimate(weights=weights, kv_cache=kv, overhead=overhead)
+
+
+def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
+    """Plain lines for ``localrun plan``: what runs where, how much memory, the verdict and why."""
+    meta = record.metadata
+    facts = [record.format.value.upper(), meta.get("quant"), fmt_bytes(record.size) if record.size else None]
+    placed = plan.options.get("placement", {})
+    total = placed.get("layers_total")
+    if plan.n_gpu_layers and total:
+        layers = f"{min(plan.n_gpu_layers, total)} of {total} on {DEVICE_LABELS.get(plan.device, plan.device)}"
+    else:
+        layers = "CPU only"
+    trained = ModelShape.from_metadata(meta).n_ctx_train
+    lines = [
+        f"model     {record.name} ({', '.join(f for f in facts if f)})",
+        f"runtime   {plan.runtime} on {DEVICE_LABELS.get(plan.device, plan.device)}, {plan.n_threads} threads",
+        f"layers    {layers}",
+        f"context   {plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "") + f", KV cache {plan.kv_type}",
+    ]
+    if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
+        n = plan.options["n_slots"]
+        lines.append(f"parallel  {n} requests at once, each with the whole context" if n > 1 else "parallel  one request at a time")
+    if plan.runtime == "vllm":
+        o = plan.options
+        share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
+        lines.append(f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
+                     f"{o.get('max_model_len', plan.n_ctx):,}{share}")
+    if plan.runtime == "llama.cpp" and "speculative" in plan.options:
+        draft = plan.options.get("draft")
+        with_draft = f", draft model {os.path.basename(draft)}" if draft else ""
+        lines.append(f"speculate {plan.options['speculative']}{with_draft} (see why)")
+    if plan.memory:
+        m = plan.memory
+        lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "
+                     f"+ overhead {fmt_bytes(m.overhead)} = {fmt_bytes(m.total)}")
+    if placed.get("gpu_bytes"):
+        lines.append(f"placement GPU {fmt_bytes(placed['gpu_bytes'])} of {fmt_bytes(placed['gpu_budget'])}, "
+                     f"RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])}")
+    elif placed:
+        lines.append(f"placement RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])} available")
+    lines.append(f"verdict   {plan.verdict}")
+    lines.extend(("why       " if i == 0 else "          ") + f"- {r}" for i, r in enumerate(plan.reasons))
+    return lines

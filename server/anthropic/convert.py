@@ -1,0 +1,158 @@
+"""An Anthropic Messages request as the core's ChatRequest: the one translation both
+``/v1/messages`` and ``count_tokens`` use, so a count is the rendering the request gets.
+
+Rules, each chosen so that what an agent re-sends every turn renders to the same prompt
+(the prefix cache then keeps it; see "Agents' prefix cache" in docs/architecture.md):
+
+* ``system`` (a string or text blocks) is one system turn, blocks joined by a blank line.
+  Claude Code's first block, ``x-anthropic-billing-header: cc_version=…; cch=<hex>;``,
+  changes its ``cch`` value on every request: it is rewritten to a constant
+  (:func:`stable_system_text`) — it means nothing to the model.
+* ``role: "system"`` turns inside ``messages`` (Claude Code ≥ 2.1 sends them) join the
+  system prompt while no other turn came before; later ones become user text in place.
+  Hoisting them to the front would change the prefix every turn, and many templates
+  (Qwen, Gemma) refuse a system turn after the first.
+* Consecutive turns of one role are joined, as Anthropic's API does.
+* ``tool_use`` blocks are OpenAI-shaped calls whose arguments keep the client's key order
+  (a dict in, the same JSON out); ``tool_result`` blocks are ``tool`` turns naming their call.
+  ``is_error`` results are prefixed ``Error:``.
+* Tools are sorted by name: an agent reconnecting its MCP servers may list them in another
+  order, which means nothing but would change the prompt.
+* ``thinking`` / ``redacted_thinking`` blocks of earlier turns are accepted and left out of
+  the prompt (chat templates of reasoning models drop earlier reasoning as well).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from localrun.server.errors import InvalidRequest
+from localrun.server.anthropic.schemas import CountTokensRequest, MessageParam, ToolResultBlock
+from localrun.types import Message
+
+_BILLING = re.compile(r"^(x-anthropic-billing-header:.*?\bcch=)[0-9A-Za-z]+;", re.MULTILINE)
+BILLING_CONSTANT = "00000"
+
+
+def stable_system_text(text: str) -> str:
+    """The system text with a per-request billing hash made constant (see the module doc)."""
+    return _BILLING.sub(lambda m: m.group(1) + BILLING_CONSTANT + ";", text)
+
+
+def _blocks_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n\n".join(b.text for b in content if getattr(b, "type", None) == "text")
+
+
+def system_text(body: CountTokensRequest) -> str:
+    return stable_system_text(_blocks_text(body.system))
+
+
+def _tool_result_text(block: ToolResultBlock) -> str:
+    text = _blocks_text(block.content)
+    return f"Error: {text}" if block.is_error else text
+
+
+def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
+    """The core messages of one Anthropic turn (tool results first, then the text)."""
+    if isinstance(m.content, str):
+        return [Message(m.role, m.content)]
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[Message] = []
+    for j, block in enumerate(m.content):
+        kind = block.type
+        if kind == "text":
+            texts.append(block.text)
+        elif kind in ("tool_use", "server_tool_use"):
+            if m.role != "assistant":
+                raise InvalidRequest(f"messages[{i}].content[{j}] is a tool_use block in a {m.role} turn: only the "
+                                     "assistant calls tools", param=f"messages[{i}].content[{j}]")
+            names[block.id] = block.name
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+        elif kind == "tool_result":
+            if m.role != "user":
+                raise InvalidRequest(f"messages[{i}].content[{j}] is a tool_result block in a {m.role} turn: results "
+                                     "come back in a user turn", param=f"messages[{i}].content[{j}]")
+            results.append(Message("tool", _tool_result_text(block), tool_call_id=block.tool_use_id,
+                                   name=names.get(block.tool_use_id)))
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # earlier reasoning: accepted, not rendered (see the module doc)
+        elif kind not in ("image", "document"):  # those are refused by capability before this runs
+            raise InvalidRequest(f"messages[{i}].content[{j}] has block type {kind!r}, which localrun does not serve",
+                                 hint="send text, tool_use, tool_result or thinking blocks",
+                                 param=f"messages[{i}].content[{j}].type")
+    out = results
+    if texts or calls or not results:
+        out.append(Message(m.role, "\n\n".join(texts), tool_calls=tuple(calls)))
+    return out
+
+
+def _join(a: Message, b: Message) -> Message:
+    text = "\n\n".join(t for t in (a.content, b.content) if t)
+    return Message(a.role, text, tool_calls=a.tool_calls + b.tool_calls)
+
+
+def core_messages(body: CountTokensRequest) -> tuple[Message, ...]:
+    """The conversation as core messages: the system turn first, then the turns in order."""
+    system = [system_text(body)] if body.system else []
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for i, m in enumerate(body.messages):
+        if m.role == "system":
+            text = _blocks_text(m.content)
+            if not out:
+                system.append(stable_system_text(text))
+                continue
+            m = MessageParam(role="user", content=text)
+        for msg in _turns(i, m, names):
+            if out and msg.role == out[-1].role and msg.role != "tool":
+                out[-1] = _join(out[-1], msg)
+            else:
+                out.append(msg)
+    if not out:
+        raise InvalidRequest("'messages' holds only system turns: send at least one user turn", param="messages")
+    if out[-1].role == "assistant":
+        raise InvalidRequest("the last turn is the assistant's: continuing a prefilled answer is not supported",
+                             hint="end 'messages' with a user turn", param=f"messages[{len(body.messages) - 1}]")
+    head = [Message("system", "\n\n".join(t for t in system if t))] if any(system) else []
+    return tuple(head + out)
+
+
+def core_tools(body: CountTokensRequest) -> tuple[dict[str, Any], ...]:
+    """Client tools as OpenAI-shaped definitions, sorted by name; Anthropic's own tools are refused."""
+    tools = []
+    for i, t in enumerate(body.tools or ()):
+        if t.type not in (None, "custom"):
+            raise InvalidRequest(f"tools[{i}] is Anthropic's server or built-in tool {t.type!r}, which a local model "
+                                 "cannot run", hint="define it as a client tool with an input_schema",
+                                 param=f"tools[{i}].type")
+        fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema or {"type": "object", "properties": {}}}
+        if t.description:
+            fn["description"] = t.description
+        tools.append({"type": "function", "function": fn})
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("two tools share a name: tool names must be unique", param="tools")
+    return tuple(sorted(tools, key=lambda t: t["function"]["name"]))
+
+
+def core_tool_choice(body: CountTokensRequest, tools: tuple[dict[str, Any], ...]) -> Any:
+    choice = body.tool_choice
+    if choice is None:
+        return None
+    if choice.type in ("any", "tool") and not tools:
+        raise InvalidRequest(f"tool_choice {choice.type!r} needs at least one tool in 'tools'", param="tool_choice")
+    if choice.type == "tool":
+        if choice.name is None:
+            raise InvalidRequest("tool_choice of type 'tool' needs a 'name'", param="tool_choice.name")
+        if choice.name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(f"tool_choice names {choice.name!r}, which is not among 'tools'", param="tool_choice.name")
+        return {"type": "function", "function": {"name": choice.name}}
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]

@@ -1,0 +1,397 @@
+"""``localrun mirror``: the store served as a Hugging Face hub endpoint, read-only.
+
+On another machine ``HF_ENDPOINT=http://HOST:PORT`` then makes huggingface_hub
+(``hf_hub_download``, ``snapshot_download``, ``model_info``, ``list_repo_files`` /
+``list_repo_tree`` / ``list_repo_refs``, ``list_models``), ``hf download``, llama.cpp's
+``-hf`` and ``localrun pull`` / ``search`` work unchanged. The routes (reference A1.2):
+
+    GET       /api/models?search=&author=&filter=&limit=        the store's repos
+    GET       /api/models/{ns}/{name}[/revision/{rev}]          id, sha, siblings (?blobs=true: sizes, oids, lfs)
+    GET       /api/models/{ns}/{name}/tree/{rev}[/{path}]       files and folders (?recursive=true)
+    GET       /api/models/{ns}/{name}/refs                      branches (→ commits), tags, converts
+    HEAD/GET  /{ns}/{name}/resolve/{rev}/{path}                 the bytes; Range → 206
+
+Paths are split from the raw request path, segment by segment, so a revision sent as
+``refs%2Fpr%2F1`` stays one segment. Every answer comes from :mod:`.mirror_catalog`;
+a HEAD is a catalog lookup and a stat. Errors carry ``X-Error-Code`` (``RepoNotFound``,
+``RevisionNotFound``, ``EntryNotFound``) and ``X-Repo-Commit`` where the commit is known,
+which huggingface_hub turns into its typed errors. No Xet header is ever sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime, timezone
+from urllib.parse import quote, unquote
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from localrun.errors import InvalidName, LocalrunError, VerificationFailed
+from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
+from localrun.modelstore.names import safe_relpath
+from localrun.modelstore.bundle.lock import lfs_pointer
+from localrun.modelstore.hub_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
+                                            valid_repo_part)
+from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MIRROR_PORT = 8740
+_MAX_LIST = 1000
+
+
+def hub_error(status: int, message: str, *, code: str | None = None, commit: str | None = None) -> Response:
+    """The hub's error shape: ``{"error": …}`` plus the headers huggingface_hub maps to types."""
+    safe = message.encode("ascii", "replace").decode().replace("\r", " ").replace("\n", " ")[:400]
+    headers = {"X-Error-Message": safe}
+    if code:
+        headers["X-Error-Code"] = code
+    if commit:
+        headers["X-Repo-Commit"] = commit
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts or 0, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+
+
+class Mirror:
+    """The catalog (rebuilt when the index changes), the verifier and the optional upstream."""
+
+    def __init__(self, store, *, upstream=None) -> None:
+        self.store = store
+        self.cache_dir = hub_cache_dir()
+        self.verifier = Verifier()
+        self.upstream = upstream
+        self._repos: dict[str, MirrorRepo] = {}
+        self._signature: tuple | None = None
+
+    def _index_signature(self) -> tuple:
+        path = self.store.index.path
+        out = []
+        for p in (path, path.with_name(path.name + "-wal")):
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def repos(self) -> dict[str, MirrorRepo]:
+        sig = self._index_signature()
+        if sig != self._signature:
+            self._repos = build_catalog(self.store.list(), self.cache_dir)
+            self._signature = sig
+            logger.debug("mirror: catalog rebuilt, %d repos", len(self._repos))
+        return self._repos
+
+    async def lookup(self, repo_id: str, revision: str) -> tuple[MirrorRepo | None, MirrorCommit | None]:
+        """The local repo and commit; through the upstream when the store lacks them."""
+        repo = self.repos().get(repo_id)
+        commit = repo.resolve(revision) if repo else None
+        if commit is None and self.upstream is not None:
+            found = await self.upstream.lookup(repo_id, revision)
+            if found is not None:
+                return found
+        return repo, commit
+
+    async def sha256(self, f: MirrorFile) -> str:
+        """The file's sha256, hashing it (once, in a thread) when nothing recorded it."""
+        known = self.verifier.sha256(f)
+        if known:
+            return known
+        await self.verified(f)
+        return self.verifier.sha256(f) or ""
+
+    async def verified(self, f: MirrorFile) -> tuple:
+        """The stat key at which ``f`` is good now; hashes first if it changed. Raises VerificationFailed."""
+        if self.upstream is not None:
+            await self.upstream.ensure_local(f, self.verifier)
+        key = self.verifier.good_key(f)
+        if key is None:
+            key = await anyio.to_thread.run_sync(self.verifier.verify, f)
+        return key
+
+
+def _segments(request: Request) -> list[str]:
+    """The raw path's segments, each percent-decoded on its own (``%2F`` stays inside one)."""
+    raw = request.scope.get("raw_path") or quote(request.scope.get("path", "")).encode()
+    try:
+        return [unquote(s.decode("ascii"), errors="strict") for s in raw.split(b"/")[1:]]
+    except UnicodeError:
+        raise InvalidName("the request path is not valid percent-encoded UTF-8", hint="quote file names as UTF-8") from None
+
+
+def _repo_id(ns: str, name: str) -> str:
+    if not (valid_repo_part(ns) and valid_repo_part(name)):
+        raise InvalidName(f"invalid repo id {(ns + '/' + name)[:120]!r}", hint="a repo id is namespace/name: letters, digits, '-', '_' and '.'")
+    return f"{ns}/{name}"
+
+
+def _relpath(parts: list[str]) -> str:
+    joined = "/".join(parts)
+    return str(safe_relpath(joined)) if joined else ""
+
+
+async def _resolved(mirror: Mirror, repo_id: str, revision: str) -> tuple[MirrorRepo, MirrorCommit] | Response:
+    repo, commit = await mirror.lookup(repo_id, revision)
+    if repo is None:
+        return hub_error(404, f"Repository {repo_id} not found on this mirror", code="RepoNotFound")
+    if commit is None:
+        return hub_error(404, f"Revision {revision!r} not found in {repo_id} on this mirror", code="RevisionNotFound")
+    return repo, commit
+
+
+async def _info(mirror: Mirror, repo: MirrorRepo, commit: MirrorCommit, blobs: bool) -> dict:
+    siblings = []
+    for f in sorted(commit.files.values(), key=lambda f: f.path):
+        item: dict = {"rfilename": f.path}
+        if blobs:
+            sha = await mirror.sha256(f) if f.lfs else None
+            item.update(size=f.size, blobId=tree_oid(f, sha))
+            if f.lfs:
+                item["lfs"] = {"size": f.size, "sha256": sha, "pointerSize": len(lfs_pointer(sha, f.size))}
+        siblings.append(item)
+    ns = repo.repo.split("/")[0]
+    return {"_id": commit.commit[:24], "id": repo.repo, "modelId": repo.repo, "author": ns, "sha": commit.commit,
+            "lastModified": _iso(commit.updated), "createdAt": _iso(commit.updated), "private": False, "gated": False,
+            "disabled": False, "downloads": 0, "likes": 0, "tags": sorted(repo.tags), "library_name": next(iter(sorted(repo.tags)), None),
+            "siblings": siblings}
+
+
+async def _tree(mirror: Mirror, commit: MirrorCommit, prefix: str, recursive: bool) -> list[dict] | None:
+    """Entries below ``prefix`` (a folder); None when no such folder exists."""
+    import hashlib
+
+    base = prefix + "/" if prefix else ""
+    files, folders = [], set()
+    for f in sorted(commit.files.values(), key=lambda f: f.path):
+        if not f.path.startswith(base):
+            continue
+        rest = f.path[len(base):]
+        parts = rest.split("/")
+        for k in range(1, len(parts) if recursive else min(len(parts), 2)):
+            folders.add(base + "/".join(parts[:k]))
+        if recursive or len(parts) == 1:
+            files.append(f)
+    if prefix and not files and not folders:
+        return None
+    out = [{"type": "directory", "oid": hashlib.sha1(f"{commit.commit}\0{d}".encode()).hexdigest(), "size": 0, "path": d}
+           for d in sorted(folders)]
+    for f in files:
+        sha = await mirror.sha256(f) if f.lfs else None
+        entry = {"type": "file", "oid": tree_oid(f, sha), "size": f.size, "path": f.path}
+        if f.lfs:
+            entry["lfs"] = {"oid": sha, "size": f.size, "pointerSize": len(lfs_pointer(sha, f.size))}
+        out.append(entry)
+    return out
+
+
+def _refs(repo: MirrorRepo, include_prs: bool) -> dict:
+    branches = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": c} for b, c in sorted(repo.branches.items())
+                if not b.startswith("refs/")]
+    out = {"branches": branches, "tags": [], "converts": []}
+    if include_prs:
+        out["pullRequests"] = [{"name": b.rsplit("/", 1)[-1], "ref": b, "targetCommit": c}
+                               for b, c in sorted(repo.branches.items()) if b.startswith("refs/pr/")]
+    return out
+
+
+def _list_models(mirror: Mirror, request: Request) -> list[dict]:
+    q = request.query_params
+    search = (q.get("search") or "").lower()
+    author = q.get("author")
+    wanted = {t.lower() for t in q.getlist("filter") for t in t.split(",") if t}
+    try:
+        limit = max(0, min(int(q.get("limit") or _MAX_LIST), _MAX_LIST))
+    except ValueError:
+        limit = _MAX_LIST
+    hits = []
+    for repo in sorted(mirror.repos().values(), key=lambda r: (-r.updated, r.repo)):
+        if search and search not in repo.repo.lower():
+            continue
+        if author and repo.repo.split("/")[0] != author:
+            continue
+        if wanted and not wanted <= repo.tags:
+            continue
+        main = repo.resolve("main") or next(iter(repo.commits.values()))
+        hits.append({"_id": main.commit[:24], "id": repo.repo, "modelId": repo.repo, "sha": main.commit, "downloads": 0, "likes": 0,
+                     "lastModified": _iso(repo.updated), "createdAt": _iso(repo.updated), "tags": sorted(repo.tags),
+                     "gated": False, "private": False, "library_name": next(iter(sorted(repo.tags)), None)})
+    return hits[:limit]
+
+
+async def _with_upstream_hits(mirror: Mirror, request: Request, hits: list[dict]) -> list[dict]:
+    """Local repos first, then the upstream's (pull-through serves those too); upstream
+    trouble leaves the local answer alone."""
+    q = request.query_params
+    tags = [t for t in q.getlist("filter") if t]
+    fmt = next((f for f, tag in FORMAT_TAGS.items() if tag in tags), None)
+    try:
+        limit = max(1, min(int(q.get("limit") or 20), 100))
+        found = await anyio.to_thread.run_sync(lambda: mirror.upstream.client.search(q.get("search") or "", format=fmt, limit=limit))
+    except (LocalrunError, ValueError) as exc:
+        logger.warning("mirror: upstream search failed: %s", getattr(exc, "message", exc))
+        return hits
+    seen = {h["id"] for h in hits}
+    extra = [{"id": r.name, "modelId": r.name, "downloads": r.downloads, "likes": r.likes, "tags": list(r.tags), "gated": r.gated,
+              "private": False, "lastModified": _iso(r.updated.timestamp() if r.updated else 0)} for r in found if r.name not in seen]
+    return (hits + extra)[:limit if q.get("limit") else None]
+
+
+def _flag(request: Request, name: str) -> bool:
+    return (request.query_params.get(name) or "").lower() in ("1", "true", "yes")
+
+
+async def api_models(request: Request) -> Response:
+    """Every ``/api/models…`` route, dispatched on raw path segments."""
+    mirror: Mirror = request.app.state.mirror
+    try:
+        segs = _segments(request)[2:]
+        if not segs or segs == [""]:
+            hits = _list_models(mirror, request)
+            if mirror.upstream is not None:
+                hits = await _with_upstream_hits(mirror, request, hits)
+            return JSONResponse(hits)
+        if len(segs) < 2:
+            return hub_error(404, "no such route on this mirror")
+        repo_id, rest = _repo_id(segs[0], segs[1]), segs[2:]
+        if rest == ["refs"]:
+            repo, _ = await mirror.lookup(repo_id, "main")
+            if repo is None:
+                return hub_error(404, f"Repository {repo_id} not found on this mirror", code="RepoNotFound")
+            return JSONResponse(_refs(repo, _flag(request, "include_prs")))
+        if not rest or (len(rest) == 2 and rest[0] == "revision"):
+            found = await _resolved(mirror, repo_id, rest[1] if rest else "main")
+            if isinstance(found, Response):
+                return found
+            return JSONResponse(await _info(mirror, *found, blobs=_flag(request, "blobs")), headers=_warning(found[0]))
+        if len(rest) >= 2 and rest[0] == "tree":
+            found = await _resolved(mirror, repo_id, rest[1])
+            if isinstance(found, Response):
+                return found
+            prefix = _relpath(rest[2:])
+            entries = await _tree(mirror, found[1], prefix, _flag(request, "recursive"))
+            if entries is None:
+                return hub_error(404, f"{prefix!r} is not a folder of {repo_id}", code="EntryNotFound", commit=found[1].commit)
+            return JSONResponse(entries, headers=_warning(found[0]))
+        return hub_error(404, "no such route on this mirror")
+    except LocalrunError as exc:
+        return _from_error(exc)
+
+
+def _from_error(exc: LocalrunError) -> Response:
+    message = exc.message + (f" ({exc.hint})" if exc.hint else "")
+    status = exc.http_status if 400 <= exc.http_status < 600 else 500
+    return hub_error(status, message)
+
+
+def _warning(repo: MirrorRepo) -> dict[str, str]:
+    """``X-HF-Warning`` (logged once per topic by huggingface_hub) when serving a stale copy."""
+    return {"X-HF-Warning": f"localrun-mirror; {repo.warning}"} if repo.warning else {}
+
+
+def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
+    return {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(f.size),
+            "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream", "Cache-Control": "no-transform"}
+
+
+async def resolve(request: Request) -> Response:
+    """HEAD/GET ``/{ns}/{name}/resolve/{rev}/{path}``: a verified file, whole or a Range of it."""
+    mirror: Mirror = request.app.state.mirror
+    try:
+        segs = _segments(request)
+        if len(segs) < 5 or segs[2] != "resolve":
+            return hub_error(404, "no such route on this mirror")
+        repo_id, revision, path = _repo_id(segs[0], segs[1]), segs[3], _relpath(segs[4:])
+        found = await _resolved(mirror, repo_id, revision)
+        if isinstance(found, Response):
+            return found
+        repo, commit = found
+        f = commit.files.get(path)
+        if f is None and mirror.upstream is not None:  # the store holds this commit, but not this file
+            up = await mirror.upstream.lookup(repo_id, revision)
+            if up is not None and up[1].commit == commit.commit:
+                f = up[1].files.get(path)
+        if f is None:
+            return hub_error(404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit)
+        if mirror.upstream is not None and mirror.upstream.pending(f) and (request.method == "HEAD" or "range" not in request.headers):
+            return _not_fetched_yet(mirror, request, repo, commit, f)
+        key = await mirror.verified(f)
+        etag = etag_of(f, mirror.verifier.sha256(f))
+        headers = {**_file_headers(f, commit.commit, etag), **_warning(repo)}
+        try:
+            span = parse_range(request.headers.get("range"), f.size)
+        except RangeNotSatisfiable as exc:
+            return Response(str(exc), status_code=416, headers={**headers, "Content-Range": f"bytes */{f.size}", "Content-Type": "text/plain"})
+        start, end = span or (0, f.size)
+        headers["Content-Length"] = str(end - start)
+        if span:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{f.size}"
+
+        def refuse() -> Response:
+            return hub_error(409, f"{path} changed on the mirror host just now; it is checked again on the next request",
+                             commit=commit.commit)
+
+        return FileSlice(f.disk, start, end, status=206 if span else 200, headers=headers, good_key=key,
+                         on_changed=lambda: mirror.verifier.forget(f), refuse=refuse)
+    except VerificationFailed as exc:
+        logger.warning("mirror: refusing %s: %s", request.url.path[:200], exc.message)
+        return _from_error(exc)
+    except LocalrunError as exc:
+        return _from_error(exc)
+    except OSError as exc:  # the store's disk, not the request: say so rather than a bare 500
+        logger.warning("mirror: cannot read for %s: %s", request.url.path[:200], exc)
+        return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or exc})")
+
+
+def _not_fetched_yet(mirror: Mirror, request: Request, repo: MirrorRepo, commit: MirrorCommit, f: MirrorFile):
+    """An upstream file not here yet: HEAD from the listing; GET streams while it is fetched."""
+    headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size), **_warning(repo)}
+    if request.method == "HEAD":
+        return Response(b"", headers=headers)
+    done = mirror.upstream.start_fetch(f)
+    done.add_done_callback(lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result()))
+    return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
+
+
+async def not_found(request: Request, exc=None) -> Response:
+    return hub_error(404, f"no route {request.method} {request.url.path[:200]} on this mirror")
+
+
+async def root(request: Request) -> Response:
+    return Response("localrun mirror: set HF_ENDPOINT to this URL\n", media_type="text/plain")
+
+
+def install_mirror(app, mirror: Mirror) -> None:
+    """Add the mirror's routes to ``app`` (a Starlette or FastAPI app): its own, or the server's."""
+    from starlette.routing import Route
+
+    app.state.mirror = mirror
+    app.router.routes.extend([
+        Route("/api/models", api_models, methods=["GET"]),
+        Route("/api/models/{rest:path}", api_models, methods=["GET"]),
+        Route("/{ns}/{name}/resolve/{rest:path}", resolve, methods=["GET", "HEAD"]),
+    ])
+
+
+def create_mirror_app(settings, store, *, upstream=None):
+    """The standalone mirror: its routes behind the server's Host and key guards."""
+    from starlette.applications import Starlette
+
+    from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
+
+    from starlette.routing import Route
+
+    app = Starlette(routes=[Route("/", root, methods=["GET", "HEAD"])], exception_handlers={404: not_found, 405: not_found})
+    install_mirror(app, Mirror(store, upstream=upstream))
+    server = settings.server
+    key = server.api_key.get_secret_value() if server.api_key else None
+    app.add_middleware(RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes)
+    app.add_middleware(HostGuard, allowed=allowed_host_names(server.host, server.allowed_hosts))
+    app.state.started_at = time.monotonic()
+    return app

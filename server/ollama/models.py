@@ -1,0 +1,153 @@
+"""Ollama-compatible model management: /api/version, /api/tags, /api/show, /api/ps,
+/api/delete and /api/pull (NDJSON progress)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from localrun import __version__
+from localrun.errors import LocalrunError
+from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
+from localrun.server.generation import app_state, parse_body
+from localrun.server.model_info import ollama_ps_entry, ollama_show, ollama_tag, ollama_upstream_tag, upstream_listing
+from localrun.server.ollama.schemas import ModelBody, PullBody
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/api")
+
+#: The Ollama API level these routes follow (clients gate features on it).
+OLLAMA_COMPAT_VERSION = "0.12.0"
+
+
+@router.api_route("/version", methods=["GET", "HEAD"])
+async def version():
+    return {"version": OLLAMA_COMPAT_VERSION, "localrun": __version__}
+
+
+@router.get("/tags")
+async def tags(request: Request):
+    manager = app_state(request).manager
+    records = await asyncio.to_thread(manager.store.list)
+    remote = [ollama_upstream_tag(u) for u in upstream_listing(manager, records)]
+    return {"models": [ollama_tag(r) for r in records] + remote}
+
+
+def _name(body: ModelBody) -> str:
+    name = body.model_name()
+    if not name:
+        raise InvalidRequest("missing required field 'model'", param="model")
+    return name
+
+
+@router.post("/show")
+async def show(request: Request):
+    body: ModelBody = await parse_body(request, ModelBody)
+    manager = app_state(request).manager
+    record = await asyncio.to_thread(manager.resolve, _name(body))
+    loaded = next((m for m in manager.loaded() if m["name"] == record.name), None)
+    return ollama_show(record, loaded, verbose=bool(body.verbose))
+
+
+@router.get("/ps")
+async def ps(request: Request):
+    manager = app_state(request).manager
+    entries = []
+    for info in manager.loaded():
+        try:
+            record = await asyncio.to_thread(manager.resolve, info["name"])
+        except LocalrunError:  # removed from the store while loaded: still worth showing
+            record = None
+        entries.append(ollama_ps_entry(record, info))
+    return {"models": entries}
+
+
+@router.delete("/delete")
+async def delete(request: Request):
+    body: ModelBody = await parse_body(request, ModelBody)
+    manager = app_state(request).manager
+    record = await asyncio.to_thread(manager.resolve, _name(body))
+    await asyncio.to_thread(manager.unload, record.name)
+    await asyncio.to_thread(manager.store.remove, record.name)
+    log.info("deleted %s", record.name)
+    return Response(status_code=200)
+
+
+def _pull_function():
+    try:
+        from localrun.modelstore.pull import pull
+    except ImportError as exc:
+        raise NotAvailable(
+            f"pulling models is not available in this installation ({exc})",
+            hint="pull with `localrun pull NAME` instead",
+        ) from None
+    return pull
+
+
+def _progress_line(p: Any) -> dict:
+    """A store Progress (file, done, total, phase) as Ollama's pull status line."""
+    file = getattr(p, "file", "")
+    phase = getattr(p, "phase", "downloading")
+    status = {"checking": "verifying sha256 digest", "done": f"pulled {file}"}.get(phase, f"pulling {file}")
+    return {"status": status, "digest": file, "total": int(getattr(p, "total", 0) or 0), "completed": int(getattr(p, "done", 0) or 0)}
+
+
+@router.post("/pull")
+async def pull(request: Request):
+    body: PullBody = await parse_body(request, PullBody)
+    ref = body.model or body.name
+    if not ref:
+        raise InvalidRequest("missing required field 'model'", param="model")
+    if body.insecure:
+        raise InvalidRequest("'insecure' pulls are not supported: localrun verifies every file", param="insecure")
+    pull_fn = _pull_function()
+    state = app_state(request)
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def progress(p: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, ("progress", _progress_line(p)))
+
+    def run() -> None:
+        try:
+            record = pull_fn(state.manager.store, ref, offline=state.settings.hub.offline, progress=progress)
+            loop.call_soon_threadsafe(queue.put_nowait, ("done", record.name))
+        except LocalrunError as exc:
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
+        except Exception as exc:  # noqa: BLE001 - the thread's failure must reach the client
+            log.exception("pull of %s failed", ref)
+            loop.call_soon_threadsafe(queue.put_nowait, ("error", LocalrunError(f"pull failed: {type(exc).__name__}: {exc}")))
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    if body.stream is False:
+        while True:
+            kind, data = await queue.get()
+            if kind == "error":
+                await task
+                raise data
+            if kind == "done":
+                await task
+                return JSONResponse({"status": "success"})
+    return StreamingResponse(_pull_lines(queue, task), media_type="application/x-ndjson")
+
+
+async def _pull_lines(queue: asyncio.Queue, task) -> AsyncIterator[bytes]:
+    yield b'{"status":"pulling manifest"}\n'
+    while True:
+        kind, data = await queue.get()
+        if kind == "progress":
+            yield json.dumps(data).encode() + b"\n"
+        elif kind == "error":
+            yield json.dumps(stream_error_line(data, ollama=True)).encode() + b"\n"
+            break
+        else:
+            yield b'{"status":"writing manifest"}\n{"status":"success"}\n'
+            break
+    await task

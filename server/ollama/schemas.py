@@ -1,0 +1,229 @@
+"""Strict request schemas for the Ollama-compatible routes (``/api/...``).
+
+Declares what the official ``ollama`` client sends (``ollama._types``). ``options`` keys
+localrun honours are typed and bounded; Ollama's other option names are accepted by the
+schema so the route can name them in a 400 rather than call them unknown.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field, StringConstraints
+
+from localrun.server.openai.schemas import Seed, Stop, Strict, ToolDef, ToolName
+
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=512)]
+KeepAlive = Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[str, StringConstraints(max_length=64)] | None
+
+
+class Options(Strict):
+    """Ollama's ``options``. The first block is honoured; the rest is named in a 400 when set."""
+
+    temperature: Annotated[float, Field(ge=0, le=100)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_penalty: Annotated[float, Field(ge=0, le=10)] | None = None
+    seed: Seed | None = None
+    stop: Stop = None
+    num_predict: Annotated[int, Field(ge=-2, le=2**31 - 1)] | None = None
+    num_ctx: Annotated[int, Field(ge=1, le=2**31 - 1)] | None = None
+
+    numa: bool | None = None
+    num_batch: int | None = None
+    num_gpu: int | None = None
+    main_gpu: int | None = None
+    low_vram: bool | None = None
+    f16_kv: bool | None = None
+    logits_all: bool | None = None
+    vocab_only: bool | None = None
+    use_mmap: bool | None = None
+    use_mlock: bool | None = None
+    embedding_only: bool | None = None
+    num_thread: int | None = None
+    num_keep: int | None = None
+    tfs_z: float | None = None
+    typical_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    penalize_newline: bool | None = None
+
+    HONOURED: ClassVar[frozenset[str]] = frozenset({"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "num_predict", "num_ctx"})
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        return [(f"options.{k}", k) for k in sorted(self.model_fields_set - self.HONOURED) if getattr(self, k) is not None]
+
+
+class CalledFunction(Strict):
+    name: ToolName
+    arguments: dict[str, Any] = {}
+    index: int | None = None
+
+
+class ToolCallIn(Strict):
+    """A call in an assistant turn of the history: Ollama's shape, arguments as an object."""
+
+    function: CalledFunction
+    id: Annotated[str, StringConstraints(max_length=256)] | None = None
+    type: str | None = None
+
+
+class ChatMessage(Strict):
+    role: Annotated[str, StringConstraints(pattern=r"^(system|user|assistant|tool)$")]
+    content: str | None = None
+    thinking: str | None = None
+    images: list[Any] | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
+    tool_name: Annotated[str, StringConstraints(max_length=256)] | None = None
+    tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = None
+
+
+class _Generating(Strict):
+    model: ModelName
+    stream: bool | None = None
+    options: Options | None = None
+    format: Annotated[str, StringConstraints(max_length=16)] | dict[str, Any] | None = None
+    keep_alive: KeepAlive = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """``Sampling.json_schema`` from ``format``: ``"json"`` → any object, an object → that schema."""
+        if self.format in (None, ""):
+            return None
+        if isinstance(self.format, str):
+            if self.format != "json":
+                raise ValueError(f"format {self.format!r} is neither \"json\" nor a JSON schema object")
+            return {}
+        return self.format
+
+    def _unsupported_common(self) -> list[tuple[str, str]]:
+        found = list(self.options.unsupported()) if self.options else []
+        if self.format not in (None, ""):
+            found.append(("format", "json_schema"))
+        if self.logprobs or self.top_logprobs:
+            found.append(("logprobs", "logprobs"))
+        return found
+
+
+class ChatBody(_Generating):
+    messages: Annotated[list[ChatMessage], Field(max_length=10_000)] | None = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        found = self._unsupported_common()
+        if self.tools:
+            found.append(("tools", "tools"))
+        for i, m in enumerate(self.messages or ()):
+            if m.images:
+                found.append((f"messages[{i}].images", "vision"))
+            if m.tool_calls or m.role == "tool":
+                found.append((f"messages[{i}]", "tools"))
+        return found
+
+
+class GenerateBody(_Generating):
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool | None = None
+    images: list[Any] | None = None
+    width: int | None = None
+    height: int | None = None
+    steps: int | None = None
+
+    def unsupported(self) -> list[tuple[str, str]]:
+        found = self._unsupported_common()
+        for name, cap in (("suffix", "fill-in-the-middle"), ("template", "custom templates"), ("context", "context tokens"), ("images", "vision")):
+            if getattr(self, name):
+                found.append((name, cap))
+        for name in ("width", "height", "steps"):
+            if getattr(self, name) is not None:
+                found.append((name, "image generation"))
+        return found
+
+
+class EmbedBody(Strict):
+    model: ModelName
+    input: str | Annotated[list[str], Field(max_length=2048)]
+    truncate: bool | None = None
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+    dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
+
+
+class EmbeddingsBody(Strict):
+    """The legacy ``/api/embeddings`` (one prompt, one vector)."""
+
+    model: ModelName
+    prompt: str | None = None
+    options: Options | None = None
+    keep_alive: KeepAlive = None
+
+
+class ModelBody(Strict):
+    """``/api/show`` and ``/api/delete``: ``model``, or the older ``name``."""
+
+    model: ModelName | None = None
+    name: ModelName | None = None
+    verbose: bool | None = None
+
+    def model_name(self) -> str | None:
+        return self.model or self.name
+
+
+class PullBody(Strict):
+    model: ModelName | None = None
+    name: ModelName | None = None
+    insecure: bool | None = None
+    stream: bool | None = None
+    username: str | None = None
+    password: str | None = None
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's keep_alive: a number of seconds or a Go duration ("5m", "1h30m", "-1").
+
+    Returns None (server default), 0 (unload after the request) or a negative number (keep
+    forever). Raises ValueError on anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value >= 0 else -1.0
+    text = value.strip()
+    if text == "":
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is not None:  # Ollama accepts a bare number in a string as seconds
+        if number != number or abs(number) == float("inf"):
+            raise ValueError(f"keep_alive {value!r} is not a finite number")
+        return number if number >= 0 else -1.0
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text[1:] if text[:1] in "+-" else text
+    pos, total = 0, 0.0
+    while pos < len(body):
+        m = _DURATION_PART.match(body, pos)
+        if not m:
+            raise ValueError(f"keep_alive {value!r} is not a duration like 30s, 5m, 1h30m or a number of seconds")
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    if not body:
+        raise ValueError(f"keep_alive {value!r} is not a duration")
+    return -1.0 if sign < 0 else total

@@ -1,0 +1,374 @@
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings.
+
+One chunk stream, OpenAI's wire format: Server-Sent Events ``data: {…}`` ending with
+``data: [DONE]``. Each event is formatted from a prebuilt prefix, so a token costs one
+``json.dumps`` of its text and one socket write — no thread hop, no flush timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.generation import (
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body,
+    request_stats, session_call,
+)
+from localrun.server.openai.choices import (
+    chat_logprobs, check_best_of, legacy_logprobs, many_choices, sse_choices, system_fingerprint, usage_dict,
+)
+from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
+from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
+from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
+from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Usage
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/v1")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_ROLES = {"developer": "system"}
+
+
+def _message_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text or "" for part in content)
+
+
+@router.get("/models")
+async def list_models(request: Request):
+    manager = app_state(request).manager
+    records = await asyncio.to_thread(manager.store.list)
+    loaded = {m["name"]: m for m in manager.loaded()}
+    remote = [openai_upstream_model(u) for u in upstream_listing(manager, records)]
+    return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records] + remote}
+
+
+@router.get("/models/{model:path}")
+async def get_model(request: Request, model: str):
+    manager = app_state(request).manager
+    record = await asyncio.to_thread(manager.resolve, model)
+    loaded = {m["name"]: m for m in manager.loaded()}
+    return openai_model(record, loaded.get(record.name))
+
+
+def _messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
+    """Core messages; a tool result without a ``name`` gets the one its call had, which some templates show.
+
+    Legacy turns become tool turns: an assistant ``function_call`` is a ``tool_calls`` turn with
+    one call whose id is ``call_<message index>`` (stable, so a repeated history renders the same
+    prompt), and a ``role: "function"`` result is a ``tool`` turn answering the most recent
+    unanswered call of its name (``tool_call_id`` None when there is none).
+    """
+    called: dict[str, str] = {}
+    pending: list[tuple[str, str]] = []  # (id, name) of calls not answered yet, oldest first
+    out = []
+    for i, m in enumerate(body.messages):
+        calls = tuple({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                      for c in m.tool_calls or ())
+        if m.function_call is not None:
+            calls = _legacy_history_call(i, m, calls)
+        called.update((c["id"], c["function"]["name"]) for c in calls)
+        pending.extend((c["id"], c["function"]["name"]) for c in calls)
+        role, call_id = _ROLES.get(m.role, m.role), m.tool_call_id
+        if m.role == "function":
+            if m.name is None:
+                raise InvalidRequest(f"messages[{i}] has role 'function' but no 'name': name the function whose result it is",
+                                     param=f"messages[{i}].name")
+            role = "tool"
+            if call_id is None:
+                call_id = next((cid for cid, name in reversed(pending) if name == m.name), None)
+        if call_id is not None and role == "tool":
+            pending = [p for p in pending if p[0] != call_id]
+        name = m.name if m.name is not None or role != "tool" else called.get(call_id or "")
+        out.append(Message(role, _message_text(m.content), tool_calls=calls, tool_call_id=call_id, name=name))
+    return tuple(out)
+
+
+def _legacy_history_call(i: int, m, calls: tuple[dict, ...]) -> tuple[dict, ...]:
+    """The one tool call of an assistant turn that carries a legacy ``function_call``."""
+    if m.role != "assistant":
+        raise InvalidRequest(f"messages[{i}] has a 'function_call' but role {m.role!r}: only an assistant turn calls functions",
+                             param=f"messages[{i}].function_call")
+    if calls:
+        raise InvalidRequest(f"messages[{i}] has both 'tool_calls' and 'function_call': send one of them",
+                             param=f"messages[{i}].function_call")
+    fn = m.function_call
+    return ({"id": f"call_{i}", "type": "function", "function": {"name": fn.name, "arguments": fn.arguments}},)
+
+
+def _tool_fields(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
+    """(tools, tool_choice) for ChatRequest; a choice that cannot be met is a 400 before any load."""
+    legacy = [f for f in ("functions", "function_call") if getattr(body, f) is not None]
+    if legacy:
+        return _legacy_tool_fields(body, legacy)
+    tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    choice = body.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        names = {t["function"]["name"] for t in tools}
+        if choice.function.name not in names:
+            raise InvalidRequest(f"tool_choice names {choice.function.name!r}, which is not among 'tools'", param="tool_choice")
+        choice = choice.model_dump()
+    elif choice == "required" and not tools:
+        raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice")
+    return tools, choice
+
+
+def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple[tuple[dict, ...], object]:
+    """``functions`` / ``function_call`` as (tools, tool_choice); mixed with ``tools`` / ``tool_choice`` it is a 400."""
+    modern = [f for f in ("tools", "tool_choice") if getattr(body, f) is not None]
+    if modern:
+        raise InvalidRequest(f"{legacy[0]!r} and {modern[0]!r} cannot be combined: send either 'functions' and "
+                             "'function_call' (legacy) or 'tools' and 'tool_choice'", param=legacy[0])
+    tools = tuple({"type": "function", "function": f.model_dump(exclude_none=True)} for f in body.functions or ())
+    choice = body.function_call
+    if choice is not None and not isinstance(choice, str):
+        if choice.name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(f"function_call names {choice.name!r}, which is not among 'functions'", param="function_call")
+        choice = {"type": "function", "function": {"name": choice.name}}
+    return tools, choice
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request):
+    body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
+    cap = app_state(request).settings.runtime.max_tokens_cap
+    tools, tool_choice = _tool_fields(body)
+    if (body.n or 1) > 1 and tools:
+        raise InvalidRequest("'n' above 1 cannot be combined with tools: each answer would need its own calls",
+                             param="n", hint="ask for one choice, or leave the tools out")
+    sampling = make_sampling(
+        cap=cap, max_tokens=body.token_limit(body.max_completion_tokens), seed=body.seed, stop=body.stop,
+        json_schema=_json_schema(body, body.response_format.schema_for_sampling() if body.response_format else None),
+        logprobs=logprobs_asked(body.logprobs, body.top_logprobs), **body.sampling_knobs(),
+    )
+    req = ChatRequest(messages=_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice,
+                      template_kwargs=dict(body.chat_template_kwargs or {}),
+                      add_generation_prompt=body.add_generation_prompt is not False,
+                      continue_final_message=bool(body.continue_final_message))
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    try:
+        enable_reasoning(request, gen, req, effort_ask(body.reasoning_effort, "reasoning_effort"))
+    except LocalrunError:
+        await gen.aclose()
+        raise
+    return await _respond(request, gen, body, chat=True)
+
+
+def _json_schema(body, from_format):
+    """``Sampling.json_schema`` from response_format or llama.cpp's top-level ``json_schema``; both, or
+    either with a ``grammar``, is a 400 (they would constrain the answer twice)."""
+    if body.json_schema is not None and from_format is not None:
+        raise InvalidRequest("'json_schema' and 'response_format' both constrain the answer: send one", param="json_schema")
+    schema = body.json_schema if body.json_schema is not None else from_format
+    if schema is not None and body.grammar:
+        raise InvalidRequest("'grammar' and a JSON schema both constrain the answer: send one", param="grammar")
+    return schema
+
+
+@router.post("/completions")
+async def completions(request: Request):
+    body: CompletionRequestBody = await parse_body(request, CompletionRequestBody)
+    cap = app_state(request).settings.runtime.max_tokens_cap
+    n, best_of = body.n or 1, body.best_of or 1
+    check_best_of(body, n, best_of)
+    knobs = body.sampling_knobs()
+    knobs["n"] = max(n, best_of)
+    # best_of ranks candidates by their tokens' mean log-probability: gathered even when not asked.
+    logprobs = body.logprobs if body.logprobs is not None else (0 if best_of > 1 else None)
+    sampling = make_sampling(cap=cap, max_tokens=body.token_limit(), seed=body.seed, stop=body.stop,
+                             json_schema=_json_schema(body, None), logprobs=logprobs, **knobs)
+    ids = body.prompt_ids()
+    req = CompletionRequest(prompt=body.prompt_text(), sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix)
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    echo = None
+    if body.echo:
+        echo = body.prompt_text() if ids is None else (await session_call(request, gen.record.name, "detokenize", {"tokens": ids}))["content"]
+    return await _respond(request, gen, body, chat=False, echo=echo)
+
+
+def _tool_calls(gen: Generation, body) -> list[dict]:
+    calls = list(gen.tool_calls)
+    if getattr(body, "parallel_tool_calls", None) is False:
+        calls = calls[:1]
+    return calls
+
+
+def _legacy(body, chat: bool) -> bool:
+    """Whether the answer takes the legacy shape: the request offered ``functions``, not ``tools``."""
+    return chat and bool(getattr(body, "functions", None))
+
+
+def _function_call(gen: Generation) -> dict | None:
+    """The legacy ``function_call`` of the answer: its first call, the only one that shape can carry."""
+    if not gen.tool_calls:
+        return None
+    if len(gen.tool_calls) > 1:
+        log.info("%s made %d calls but a 'functions' request's answer carries one: kept %r, dropped %s", gen.record.name,
+                 len(gen.tool_calls), gen.tool_calls[0]["function"]["name"], [c["function"]["name"] for c in gen.tool_calls[1:]])
+    fn = gen.tool_calls[0]["function"]
+    return {"name": fn["name"], "arguments": fn["arguments"]}
+
+
+def _finish(gen: Generation, legacy: bool) -> str:
+    finish = finish_for_wire(gen.finish_reason)
+    return "function_call" if legacy and finish == "tool_calls" else finish
+
+
+async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo: str | None = None) -> Response:
+    ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+    created = int(time.time())
+    asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+    fingerprint = system_fingerprint(gen)
+    if not body.stream:
+        text = await gen.collect()
+        if len(gen.texts) > 1 or (body.n or 1) > 1:
+            choices = many_choices(gen, body, chat=chat, asked_logprobs=asked_logprobs, echo=echo)
+        elif chat:
+            choices = [_chat_choice(gen, body, text, asked_logprobs, app_state(request).settings)]
+        else:
+            lp = legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(body.prompt_text())) if asked_logprobs else None
+            choices = [{"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": _finish(gen, False)}]
+        return JSONResponse({
+            "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": gen.record.name, "system_fingerprint": fingerprint, "choices": choices, "usage": usage_dict(gen.usage),
+        })
+    first = await gen.first()
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    meta = {"ident": ident, "created": created, "chat": chat, "include_usage": include_usage, "fingerprint": fingerprint}
+    if (body.n or 1) > 1:
+        events = sse_choices(gen, first, body, echo=echo, **meta)
+    else:
+        events = _sse_events(gen, first, body, echo=echo, settings=app_state(request).settings, **meta)
+    return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool, settings) -> dict:
+    legacy = _legacy(body, True)
+    message: dict = {"role": "assistant", "content": text}
+    if legacy:
+        call = _function_call(gen)
+        if call:
+            message = {"role": "assistant", "content": text or None, "function_call": call}
+    elif calls := _tool_calls(gen, body):
+        message = {"role": "assistant", "content": text or None, "tool_calls": calls}
+    message.update(reasoning_fields(gen.reasoning, settings))
+    lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
+    return {"index": 0, "message": message, "logprobs": lp, "finish_reason": _finish(gen, legacy)}
+
+
+async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool,
+                      fingerprint: str, echo: str | None = None, settings=None) -> AsyncIterator[bytes]:
+    """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
+    or tool calls are built as whole objects (they are rarer, and larger anyway)."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name, "system_fingerprint": fingerprint}
+    head = "data: " + json.dumps(base)[:-1]
+    if chat:
+        opening = (head + ',"choices":[{"index":0,"delta":{"role":"assistant","content":').encode()
+        before = (head + ',"choices":[{"index":0,"delta":{"content":').encode()
+        after = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        closing = head + ',"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":'
+    else:
+        before = opening = (head + ',"choices":[{"index":0,"text":').encode()
+        after = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        closing = head + ',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":'
+    dumps = json.dumps
+    legacy = _legacy(body, chat)
+    offset = [0 if chat else len(echo) if echo is not None else len(body.prompt_text())]  # the logprobs' text_offset
+
+    def full(chunk, *, role: bool) -> bytes:
+        """One event for a chunk that carries more than text."""
+        if chat:
+            delta: dict = {"role": "assistant"} if role else {}
+            delta.update(reasoning_fields(chunk.reasoning, settings))
+            if chunk.text or not (chunk.tool_calls or chunk.reasoning):
+                delta["content"] = chunk.text
+            if chunk.tool_calls and legacy:
+                delta["function_call"] = _function_call(gen)  # name and the whole arguments string in one delta
+            elif chunk.tool_calls:
+                calls = _tool_calls(gen, body)
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+            choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(chunk.logprobs) if chunk.logprobs else None}
+        else:
+            lp = legacy_logprobs(chunk.logprobs, offset[0])
+            offset[0] += len(chunk.text)
+            choice = {"index": 0, "text": chunk.text, "logprobs": lp}
+        choice["finish_reason"] = None
+        return b"data: " + dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
+
+    def event(chunk, *, role: bool) -> bytes | None:
+        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:
+            return full(chunk, role=role)
+        if not chunk.text and not role:
+            return None
+        if not chat:
+            offset[0] += len(chunk.text)
+        return (opening if role else before) + dumps(chunk.text, ensure_ascii=False).encode() + after
+
+    try:
+        if echo:
+            yield event(Chunk(text=echo), role=True) or b""
+        yield event(first if first is not None else Chunk(), role=not echo) or b""
+        async for chunk in gen.rest():
+            line = event(chunk, role=False)
+            if line:
+                yield line
+    except LocalrunError as exc:  # started already: the error travels in the stream
+        log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
+        yield b"data: " + json.dumps(stream_error_line(exc, ollama=False)).encode() + b"\n\n"
+        return
+    yield (closing + dumps(_finish(gen, legacy)) + "}]}\n\n").encode()
+    if include_usage:
+        yield (head + ',"choices":[],"usage":' + dumps(usage_dict(gen.usage)) + "}\n\n").encode()
+    yield b"data: [DONE]\n\n"
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request):
+    body: EmbeddingRequestBody = await parse_body(request, EmbeddingRequestBody)
+    vectors, n_tokens = await embed_counted(request, body.model, body.inputs(), found=body.unsupported())
+    name = request_stats(request).model or body.model
+    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
+        raise UnsupportedFeature(
+            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}: truncating embeddings is not supported",
+            hint="leave 'dimensions' out", param="dimensions",
+        )
+    data = []
+    for i, vec in enumerate(vectors):
+        if body.encoding_format == "base64":
+            import numpy as np
+
+            value = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
+        else:
+            value = vec
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    request_stats(request).prompt_tokens = n_tokens
+    return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+
+
+def _bare_router() -> APIRouter:
+    """The same routes without ``/v1``, for clients configured with a base URL that lacks it.
+    ``/embeddings`` is not among them: llama_routes answers it (OpenAI's shape for ``input``)."""
+    bare = APIRouter()
+    for route in router.routes:
+        path = route.path.removeprefix("/v1")
+        if path != "/embeddings":
+            bare.add_api_route(path, route.endpoint, methods=list(route.methods), include_in_schema=False)
+    return bare
+
+
+bare_router = _bare_router()

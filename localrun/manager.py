@@ -64,38 +64,6 @@ class LoadedModel:
         }
 
 
-def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Plan:
-    """Plan with this machine's hardware and runtimes (detected once per process)."""
-    from localrun.planning.planner import PlanOverrides, plan_placement
-
-    if overrides is None and settings.runtime.force:
-        overrides = PlanOverrides(runtime=settings.runtime.force)
-    from localrun.planning.overrides import with_overrides
-
-    hw, statuses = machine_facts(settings)
-    return with_overrides(plan_placement(record, hw, statuses, overrides=overrides, settings=settings), record, settings)
-
-
-_FACTS: dict[str, Any] = {}
-_FACTS_LOCK = threading.Lock()
-
-
-def machine_facts(settings: Settings, *, refresh: bool = False):
-    """The hardware profile and runtime statuses, cached: detection is not free.
-
-    Computed once under a lock and stored as one pair, so concurrent first callers
-    (server threads, the TUI) never see half a cache.
-    """
-    with _FACTS_LOCK:
-        if refresh or "facts" not in _FACTS:
-            from localrun.planning.hardware import detect_hardware
-            from localrun.planning.facts import probe_runtimes
-
-            hw = detect_hardware()
-            _FACTS["facts"] = (hw, probe_runtimes(hw, settings=settings))
-        return _FACTS["facts"]
-
-
 class ModelManager:
     def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None,
                  upstreams=None):
@@ -122,6 +90,8 @@ class ModelManager:
     def plan_for(self, record: ModelRecord) -> Plan:
         if self._planner is not None:
             return self._planner(record)
+        from localrun.planning.facts import default_plan
+
         return default_plan(record, self.settings)
 
     def _emit(self, event: dict) -> None:

@@ -51,6 +51,7 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
@@ -66,7 +67,6 @@ log = logging.getLogger(__name__)
 
 #: ggml type ids for ``Plan.kv_type`` (ggml.h ``enum ggml_type``).
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
-INSTALL_FIX = "pip install 'localrun[llama]'"
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,22 +86,9 @@ class LlamaCppRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.GGUF})
     in_worker: ClassVar[bool] = True
 
-    def probe(self, hw=None) -> RuntimeStatus:
-        try:
-            llama = _llama()
-        except RuntimeUnavailable as exc:
-            return RuntimeStatus(self.name, False, reason=exc.message, fix=INSTALL_FIX)
-        except OSError as exc:  # the bundled native library fails to load
-            return RuntimeStatus(self.name, False, reason=f"llama-cpp-python's native library fails to load: {exc}",
-                                 fix=INSTALL_FIX)
-        gpu = bool(llama.llama_supports_gpu_offload())
-        info = llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
-        return RuntimeStatus(
-            self.name, True, version=getattr(llama, "__version__", None),
-            devices=("cpu", "gpu") if gpu else ("cpu",),
-            reason=None if gpu else "built without GPU offload: runs on the CPU",
-            details={"gpu_offload": gpu, "system_info": info},
-        )
+    def probe(self, hw=None, *, import_module=None) -> RuntimeStatus:
+        """Installed, which GPU backend, and the rebuild this machine's GPU calls for (see :mod:`.probe`)."""
+        return probe_llamacpp(hw, import_module=import_module)
 
     def load(self, model: ModelRecord, plan: Plan) -> "LlamaCppSession":
         return LlamaCppSession.open(model, plan)

@@ -132,7 +132,7 @@ def _workload(seed: int, n: int):
 def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf, tmp_path):
     from localrun.planning.hardware import detect_hardware
     from localrun.planning.planner import plan_placement
-    from localrun.planning.facts import probe_llamacpp
+    from localrun.runtimes.llamacpp.probe import probe_llamacpp
 
     record = _gemma_record(gemma_gguf)
     hw = detect_hardware()

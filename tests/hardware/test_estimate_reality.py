@@ -16,7 +16,7 @@ import pytest
 
 from localrun.planning.hardware import detect_hardware
 from localrun.planning.planner import PlanOverrides, plan_placement
-from localrun.planning.facts import probe_llamacpp
+from localrun.runtimes.llamacpp.probe import probe_llamacpp
 from localrun.types import FileEntry, Format, ModelRecord
 from tests.conftest import needs_llama
 

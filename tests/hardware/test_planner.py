@@ -6,13 +6,13 @@ import pytest
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime, WontFit
 from localrun.planning.placement import (
-    KV_BYTES, TIGHT_RATIO, ModelShape, compute_bytes, host_base_bytes, kv_cache_bytes,
+    GPU_CONTEXT, KV_BYTES, TIGHT_RATIO, ModelShape, compute_bytes, host_base_bytes, kv_cache_bytes, weights_bytes,
 )
 from localrun.planning.planner import (
-    MIN_CONTEXT, PlanOverrides, estimate_for, plan_placement, render_plan, require_fit,
+    MIN_CONTEXT, PlanOverrides, _initial_context, plan_placement, render_plan, require_fit,
 )
-from localrun.settings import Settings
-from localrun.types import Format, Plan
+from localrun.settings import RuntimeSettings, Settings
+from localrun.types import Format, MemoryEstimate, Plan
 from tests.hardware.helpers import (
     LLAMA_8B, LLAMA_70B, LLAMA_405B, PROFILES, QWEN_05B, profile, record, statuses,
 )
@@ -341,6 +341,16 @@ def test_the_vram_margin_is_the_tight_zone(gpu_gib, verdict):
     assert verdict_for(ratio) == verdict
     if gpu_gib <= 10:
         assert ratio == pytest.approx(TIGHT_RATIO * gpu_gib / 10)
+
+
+def estimate_for(metadata, *, file_sizes, on_gpu: bool = False, n_seq: int = 1) -> MemoryEstimate:
+    """Memory for a model not downloaded yet (hub file sizes plus its GGUF header), from the
+    placement module's parts at the context the planner starts from: the planner's sums, redone."""
+    shape = ModelShape.from_metadata(metadata)
+    n_ctx = _initial_context(shape, PlanOverrides(), RuntimeSettings())[0]
+    overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu) + (GPU_CONTEXT["cuda"] if on_gpu else 0)
+    return MemoryEstimate(weights=weights_bytes(file_sizes, metadata), kv_cache=kv_cache_bytes(shape, n_ctx * n_seq, "f16"),
+                          overhead=overhead)
 
 
 def test_estimate_for_a_model_not_yet_downloaded_matches_the_cpu_plan():

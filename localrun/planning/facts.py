@@ -68,7 +68,8 @@ def default_plan(record: ModelRecord, settings: Any, overrides: Any = None) -> P
     if overrides is None and settings.runtime.force:
         overrides = PlanOverrides(runtime=settings.runtime.force)
     hw, statuses = machine_facts(settings)
-    return with_overrides(plan_placement(record, hw, statuses, overrides=overrides, settings=settings), record, settings)
+    plan = plan_placement(record, hw, statuses, overrides=overrides, settings=settings)
+    return with_overrides(plan, record, settings)
 
 
 def status_cells(status: RuntimeStatus) -> tuple[str, str, str]:

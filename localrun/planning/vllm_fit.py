@@ -57,8 +57,8 @@ def plan_for_vllm(plan: Plan, hw, status: RuntimeStatus, *, asked_device: str | 
     cuda = [g for g in getattr(hw, "gpus", ()) or () if str(getattr(g, "vendor", "")).lower() == "nvidia"]
     options = {**plan.options, "tensor_parallel_size": 1, "max_model_len": plan.n_ctx}
     if not cuda or status.devices == ("cpu",) or asked_device == "cpu":
-        return dataclasses.replace(plan, device="cpu", n_gpu_layers=0, options=options,
-                                   reasons=(*plan.reasons, "vLLM on the CPU: a CPU build, for tests; it is a GPU engine"))
+        why = "vLLM on the CPU: a CPU build, for tests; it is a GPU engine"
+        return dataclasses.replace(plan, device="cpu", n_gpu_layers=0, options=options, reasons=(*plan.reasons, why))
     fit = vllm_placement(weights, per_token, plan.n_ctx, [int(g.vram_free or g.vram_total) for g in cuda])
     if not fit["fits"]:
         return dataclasses.replace(plan, device="cuda", verdict="wont-fit", options=options,

@@ -25,7 +25,8 @@ def _handle(tmp_path, runtime="fake", path="/nonexistent", **options):
 
 
 def _chat(text="hello there", max_tokens=16, temperature=0.0):
-    return ChatRequest(messages=(Message("user", text),), sampling=Sampling(max_tokens=max_tokens, temperature=temperature))
+    sampling = Sampling(max_tokens=max_tokens, temperature=temperature)
+    return ChatRequest(messages=(Message("user", text),), sampling=sampling)
 
 
 def test_fake_runtime_streams_through_a_worker_process(tmp_path):

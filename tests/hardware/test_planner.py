@@ -348,9 +348,10 @@ def estimate_for(metadata, *, file_sizes, on_gpu: bool = False, n_seq: int = 1) 
     placement module's parts at the context the planner starts from: the planner's sums, redone."""
     shape = ModelShape.from_metadata(metadata)
     n_ctx = _initial_context(shape, PlanOverrides(), RuntimeSettings())[0]
-    overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu) + (GPU_CONTEXT["cuda"] if on_gpu else 0)
-    return MemoryEstimate(weights=weights_bytes(file_sizes, metadata), kv_cache=kv_cache_bytes(shape, n_ctx * n_seq, "f16"),
-                          overhead=overhead)
+    overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu)
+    overhead += GPU_CONTEXT["cuda"] if on_gpu else 0
+    kv = kv_cache_bytes(shape, n_ctx * n_seq, "f16")
+    return MemoryEstimate(weights=weights_bytes(file_sizes, metadata), kv_cache=kv, overhead=overhead)
 
 
 def test_estimate_for_a_model_not_yet_downloaded_matches_the_cpu_plan():
@@ -430,3 +431,24 @@ def test_parallel_from_the_settings_and_only_for_llama_cpp():
     ollama = plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, ollama=True), settings=settings)
     assert ollama.runtime == "ollama" and "n_slots" not in ollama.options  # Ollama schedules its own
     assert ollama.memory.kv_cache == plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(parallel=1)).memory.kv_cache
+
+
+# --- the runtimes' own formats, read through the registry ----------------------------------------
+
+
+def test_the_planner_reads_each_runtimes_formats_from_its_class(monkeypatch):
+    """No copy of the formats in the planner: a runtime that learns a format is chosen for it."""
+    from localrun.runtimes.mlc import MlcRuntime
+
+    with pytest.raises(RuntimeUnavailable):
+        plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, mlc=True))
+    monkeypatch.setattr(MlcRuntime, "formats", frozenset({Format.MLC, Format.GGUF}))
+    assert plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, mlc=True)).runtime == "mlc"
+
+
+def test_the_fake_runs_only_when_asked_for():
+    """It can run every format, but it is not listed: never the planner's own choice."""
+    with pytest.raises(RuntimeUnavailable) as err:
+        plan(QWEN_05B, "cpu_laptop_8gb", statuses(None))
+    assert "fake" not in err.value.message
+    assert plan(QWEN_05B, "cpu_laptop_8gb", statuses(None), overrides=PlanOverrides(runtime="fake")).runtime == "fake"

@@ -103,13 +103,11 @@ def start_localrun(model: Path, threads: int, log_dir: Path):
 
 
 def localrun_stream(handle, req, usage: list | None = None) -> tuple[float, int]:
-    from localrun.types import ChatRequest
     from localrun.worker.host import iter_chunks
 
-    op = "chat" if isinstance(req, ChatRequest) else "complete"
     start = time.perf_counter()
     first, tokens = None, 0
-    for chunk in iter_chunks(handle, op, {"req": req.to_dict()}):
+    for chunk in iter_chunks(handle, req):
         if first is None and chunk.text:
             first = time.perf_counter() - start
         if chunk.usage:
@@ -129,7 +127,7 @@ def localrun_decode_rate(handle, max_tokens: int, rounds: int) -> float:
         req = CompletionRequest(PROMPT.format(i=f"decode-{r}"), Sampling(temperature=0.0, max_tokens=max_tokens))
         first = last = None
         tokens = 0
-        for chunk in iter_chunks(handle, "complete", {"req": req.to_dict()}):
+        for chunk in iter_chunks(handle, req):
             if chunk.text:
                 last = time.perf_counter()
                 first = first or last

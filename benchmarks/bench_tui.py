@@ -134,7 +134,8 @@ def child_main(port: int) -> None:
     """The TUI with a fake runtime slowed to ~200 tokens/s and a long answer (run on the pty)."""
     import dataclasses
 
-    from localrun.manager import ModelManager, default_plan
+    from localrun.manager import ModelManager
+    from localrun.planning.facts import default_plan
     from localrun.settings import load_settings
     from localrun.tui import make_app
 

@@ -64,38 +64,6 @@ class LoadedModel:
         }
 
 
-def default_plan(record: ModelRecord, settings: Settings, overrides=None) -> Plan:
-    """Plan with this machine's hardware and runtimes (detected once per process)."""
-    from localrun.planning.planner import PlanOverrides, plan_placement
-
-    if overrides is None and settings.runtime.force:
-        overrides = PlanOverrides(runtime=settings.runtime.force)
-    from localrun.planning.overrides import with_overrides
-
-    hw, statuses = machine_facts(settings)
-    return with_overrides(plan_placement(record, hw, statuses, overrides=overrides, settings=settings), record, settings)
-
-
-_FACTS: dict[str, Any] = {}
-_FACTS_LOCK = threading.Lock()
-
-
-def machine_facts(settings: Settings, *, refresh: bool = False):
-    """The hardware profile and runtime statuses, cached: detection is not free.
-
-    Computed once under a lock and stored as one pair, so concurrent first callers
-    (server threads, the TUI) never see half a cache.
-    """
-    with _FACTS_LOCK:
-        if refresh or "facts" not in _FACTS:
-            from localrun.planning.hardware import detect_hardware
-            from localrun.planning.facts import probe_runtimes
-
-            hw = detect_hardware()
-            _FACTS["facts"] = (hw, probe_runtimes(hw, settings=settings))
-        return _FACTS["facts"]
-
-
 class ModelManager:
     def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None,
                  upstreams=None):
@@ -122,6 +90,8 @@ class ModelManager:
     def plan_for(self, record: ModelRecord) -> Plan:
         if self._planner is not None:
             return self._planner(record)
+        from localrun.planning.facts import default_plan
+
         return default_plan(record, self.settings)
 
     def _emit(self, event: dict) -> None:
@@ -272,10 +242,6 @@ class ModelManager:
             lm.active -= 1
             lm.last_used = time.monotonic()
 
-    @staticmethod
-    def _payload(req: ChatRequest | CompletionRequest) -> tuple[str, dict]:
-        return ("chat" if isinstance(req, ChatRequest) else "complete"), {"req": req.to_dict()}
-
     def stream(self, name: str, req: ChatRequest | CompletionRequest, cancel: Cancel | None = None, *, keep_alive_s: float | None = None) -> Iterator[Chunk]:
         """Blocking chunk stream for the CLI and the TUI's workers."""
         from localrun.worker.host import iter_chunks
@@ -283,23 +249,7 @@ class ModelManager:
         lm = self.load(name, keep_alive_s=keep_alive_s)
         self._admit(lm)
         try:
-            op, payload = self._payload(req)
-            yield from iter_chunks(lm.handle, op, payload, cancel)
-        finally:
-            self._release(lm)
-
-    async def astream(self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None) -> AsyncIterator[Chunk]:
-        """Asyncio chunk stream for the server. Closing it early cancels the generation."""
-        import asyncio
-
-        from localrun.worker.host import aiter_chunks
-
-        lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
-        self._admit(lm)
-        try:
-            op, payload = self._payload(req)
-            async for chunk in aiter_chunks(lm.handle, op, payload):
-                yield chunk
+            yield from iter_chunks(lm.handle, req, cancel)
         finally:
             self._release(lm)
 
@@ -315,27 +265,28 @@ class ModelManager:
         if lm is None:
             lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
         self._admit(lm)
-        op, payload = self._payload(req)
-        return OpenStream(self, lm, op, payload)
+        return OpenStream(self, lm, req)
 
     def embed(self, name: str, texts: list[str]) -> list[list[float]]:
         from localrun.worker.host import call_result
+        from localrun.worker.ops import Embed
 
         lm = self.load(name)
         self._admit(lm)
         try:
-            return call_result(lm.handle, "embed", {"texts": list(texts)})
+            return call_result(lm.handle, Embed(tuple(texts)))
         finally:
             self._release(lm)
 
     def call(self, name: str, method: str, args: dict[str, Any] | None = None) -> Any:
         """One of the session extras (``runtimes.base.EXTRAS``: tokenize, rerank…), admitted like a request."""
         from localrun.worker.host import call_result
+        from localrun.worker.ops import Call
 
         lm = self.load(name)
         self._admit(lm)
         try:
-            return call_result(lm.handle, "call", {"method": method, "args": dict(args or {}), "runtime": lm.plan.runtime})
+            return call_result(lm.handle, Call(method, dict(args or {})))
         finally:
             self._release(lm)
 
@@ -356,11 +307,11 @@ def _pool_from(settings: Settings):
 class OpenStream:
     """An admitted request whose chunks have not been read yet (see ``ModelManager.aopen``)."""
 
-    def __init__(self, manager: ModelManager, lm: LoadedModel, op: str, payload: dict):
+    def __init__(self, manager: ModelManager, lm: LoadedModel, req: ChatRequest | CompletionRequest):
         self.record = lm.record
         self.plan = lm.plan
         self.capabilities = lm.handle.capabilities
-        self._manager, self._lm, self._op, self._payload = manager, lm, op, payload
+        self._manager, self._lm, self._req = manager, lm, req
         self._released = False
 
     def _release(self) -> None:
@@ -372,7 +323,7 @@ class OpenStream:
         from localrun.worker.host import aiter_chunks
 
         try:
-            async for chunk in aiter_chunks(self._lm.handle, self._op, self._payload):
+            async for chunk in aiter_chunks(self._lm.handle, self._req):
                 yield chunk
         finally:
             self._release()

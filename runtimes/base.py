@@ -80,7 +80,14 @@ class Runtime(Protocol):
     formats: ClassVar[frozenset[Format]]
     #: True when sessions must live in a worker subprocess (native code in-process).
     in_worker: ClassVar[bool]
+    #: False for a runtime that probing (``localrun hw``) and the planner's own choice leave out:
+    #: the fake, which runs only when asked for by name.
+    listed: ClassVar[bool] = True
 
-    def probe(self, hw=None) -> RuntimeStatus: ...
+    def probe(self, hw=None) -> RuntimeStatus:
+        """Whether it can run here, and if not why and what would fix it; ``hw`` is a
+        HardwareProfile or None. May raise on a bug: the caller turns that into a status.
+        Implementations add keyword-only hooks (an importer, an environment) for tests."""
+        ...
 
     def load(self, model: ModelRecord, plan: Plan) -> Session: ...

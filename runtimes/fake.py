@@ -73,6 +73,8 @@ class FakeRuntime:
     name: ClassVar[str] = "fake"
     formats: ClassVar[frozenset[Format]] = frozenset(Format)
     in_worker: ClassVar[bool] = False
+    #: Not probed, never chosen for a model by the planner: only ``--runtime fake`` runs it.
+    listed: ClassVar[bool] = False
 
     def probe(self, hw=None) -> RuntimeStatus:
         return RuntimeStatus(name=self.name, available=True, version=__version__, devices=("cpu",),

@@ -261,17 +261,38 @@ class MlcRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.MLC})
     in_worker: ClassVar[bool] = False
 
-    def probe(self, hw=None) -> RuntimeStatus:
-        """Installed is enough: importing mlc_llm loads TVM, slow and sometimes toolchain-bound."""
+    def probe(self, hw=None, *, env=None, find_spec=None, which=None) -> RuntimeStatus:
+        """Installed is enough: importing mlc_llm loads TVM, slow and sometimes toolchain-bound.
+
+        Looks where :func:`mlc_command` looks, in its order (the configured command, ``mlc_llm``
+        on PATH, the Python package), so the probe reports what a load would run; ``env``,
+        ``find_spec`` and ``which`` replay a machine in tests.
+        """
+        env = os.environ if env is None else env
+        find_spec = find_spec or importlib.util.find_spec
+        which = which or shutil.which
+        configured = env.get(COMMAND_ENV)
+        if configured:
+            command = shlex.split(configured)
+            if which(command[0]) is None:
+                return RuntimeStatus(self.name, False, reason=f"the configured MLC command {command[0]!r} is not there",
+                                     fix=f"fix {COMMAND_ENV} or the model's mlc_command, or: {FIX}")
+            return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
+                                 details={"via": "configured", "command": shlex.join(command)})
+        cli = which("mlc_llm")
+        if cli:
+            return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
+                                 details={"via": "cli", "path": cli, "command": cli})
         try:
-            command = mlc_command()
-        except RuntimeUnavailable as exc:
-            return RuntimeStatus(self.name, False, reason=exc.message, fix=FIX)
-        if shutil.which(command[0]) is None:
-            return RuntimeStatus(self.name, False, reason=f"the configured MLC command {command[0]!r} is not there",
-                                 fix=f"fix {COMMAND_ENV} or the model's mlc_command, or: {FIX}")
-        return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
-                             details={"command": shlex.join(command)})
+            spec = find_spec("mlc_llm")
+        except (ImportError, ValueError) as exc:
+            log.debug("looking for mlc_llm: %s", exc)
+            spec = None
+        if spec is not None:
+            return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
+                                 details={"via": "python", "command": shlex.join([sys.executable, "-m", "mlc_llm"])})
+        return RuntimeStatus(self.name, False, fix=FIX,
+                             reason="MLC LLM is not installed (it ships from mlc.ai's wheel index, not PyPI)")
 
     def load(self, model: ModelRecord, plan: Plan) -> MlcSession:
         check_model_folder(Path(model.path), allow_native=bool(plan.options.get("allow_native")))

@@ -23,6 +23,7 @@ for them and the session refuses them too.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -115,30 +116,44 @@ class _PrefillCancelled(Exception):
     """Raised from mlx-lm's prefill progress callback to stop between prefill chunks."""
 
 
+def _device_kind(mx, device, hw) -> str:
+    """``metal``, ``cuda`` or ``cpu`` for MLX's default device: the hardware profile says which GPU
+    when there is one; without it, MLX's own Metal check (``gpu`` when neither tells)."""
+    if "gpu" not in str(device):  # "Device(gpu, 0)" / "Device(cpu, 0)"
+        return "cpu"
+    if hw is not None:
+        return "metal" if hw.apple else "cuda"
+    metal = getattr(mx, "metal", None)
+    return "metal" if metal is not None and metal.is_available() else "gpu"
+
+
 class MlxRuntime:
     name: ClassVar[str] = "mlx"
     formats: ClassVar[frozenset[Format]] = frozenset({Format.MLX})
     in_worker: ClassVar[bool] = True
 
-    def probe(self, hw=None) -> RuntimeStatus:
+    def probe(self, hw=None, *, import_module=None, find_spec=None) -> RuntimeStatus:
+        """mlx.core is imported for its device; mlx-lm is only looked up (importing it pulls in
+        transformers, about a second). ``import_module``/``find_spec`` replay a machine in tests."""
+        import_module = import_module or importlib.import_module
+        find_spec = find_spec or importlib.util.find_spec
         try:
-            import mlx.core as mx
+            mx = import_module("mlx.core")
         except ImportError:
             return RuntimeStatus(self.name, False, reason="mlx is not installed", fix=FIX)
         except OSError as exc:  # a wheel whose native library cannot load on this machine
             return RuntimeStatus(self.name, False, reason=f"mlx is installed but will not load: {exc}", fix=FIX)
-        # Looked up, not imported: importing mlx-lm pulls in transformers (about a second).
-        if importlib.util.find_spec("mlx_lm") is None:
+        if find_spec("mlx_lm") is None:
             return RuntimeStatus(self.name, False, reason="mlx is installed but mlx-lm is not", fix=FIX)
         device = mx.default_device()
-        on_gpu = device.type == mx.gpu
-        kind = ("metal" if mx.metal.is_available() else "gpu") if on_gpu else "cpu"
+        kind = _device_kind(mx, device, hw)
         details: dict[str, Any] = {"device": str(device), "mlx_version": _dist_version("mlx")}
         try:
-            details["device_info"] = {k: v for k, v in mx.device_info(device).items() if isinstance(v, (str, int, float))}
+            info = mx.device_info(device).items()
+            details["device_info"] = {k: v for k, v in info if isinstance(v, (str, int, float))}
         except (AttributeError, RuntimeError, ValueError) as exc:
             log.debug("mlx device_info: %s", exc)
-        reason = None if on_gpu else "no GPU for MLX here: it runs on the CPU, slower than llama.cpp"
+        reason = None if kind != "cpu" else "no GPU for MLX here: it runs on the CPU, slower than llama.cpp"
         return RuntimeStatus(self.name, True, version=_dist_version("mlx-lm"), devices=(kind,), reason=reason,
                              details=details)
 

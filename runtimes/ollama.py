@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
@@ -176,7 +176,7 @@ class OllamaClient:
         try:
             return response.json()
         except ValueError as exc:
-            raise LocalrunError(f"{self.base_url}{path} did not answer JSON: is this an Ollama server?") from exc
+            raise LocalrunError(f"{self.base_url}{path} is not JSON: is this an Ollama server?") from exc
 
     def version(self) -> str | None:
         """The server's version, or None when it does not say (a proxy that hides the route)."""
@@ -238,14 +238,23 @@ class OllamaRuntime:
     def _client(self, host: str | None = None, **kw: Any) -> OllamaClient:
         return OllamaClient(ollama_base_url(host or self._host), transport=self._transport, **kw)
 
-    def probe(self, hw=None) -> RuntimeStatus:
-        client = self._client(read_timeout_s=PROBE_TIMEOUT_S, connect_timeout_s=PROBE_TIMEOUT_S)
+    def probe(self, hw=None, *, env: Mapping[str, str] | None = None) -> RuntimeStatus:
+        """An Ollama server reachable, its version and models. The host is this runtime's, else
+        ``OLLAMA_HOST`` from ``env`` (default: the process environment); the transport is the
+        runtime's, so tests replay every answer. Waits at most PROBE_TIMEOUT_S per request."""
+        host = self._host if self._host is not None else (os.environ if env is None else env).get("OLLAMA_HOST", "")
+        try:
+            client = OllamaClient(ollama_base_url(host), transport=self._transport, read_timeout_s=PROBE_TIMEOUT_S,
+                                  connect_timeout_s=PROBE_TIMEOUT_S)
+        except LocalrunError as exc:  # an OLLAMA_HOST that does not parse
+            return RuntimeStatus(self.name, False, reason=exc.message, fix=exc.hint)
         try:
             version = client.request("GET", "/api/version").get("version")
             models = [m.get("name", "") for m in client.request("GET", "/api/tags").get("models", [])]
         except LocalrunError as exc:
-            return RuntimeStatus(self.name, False, reason=exc.message, fix="ollama serve",
-                                 details={"url": client.base_url})
+            # Nothing answering wants a server started; something else answering wants the address checked.
+            fix = "ollama serve" if exc.hint == START_HINT else "check OLLAMA_HOST"
+            return RuntimeStatus(self.name, False, reason=exc.message, fix=fix, details={"url": client.base_url})
         finally:
             client.close()
         return RuntimeStatus(self.name, True, version=version, devices=("ollama",),

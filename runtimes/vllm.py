@@ -12,7 +12,7 @@ completions, JSON schemas, log-probabilities and streamed usage all work.
 
 The store registers a config + safetensors folder as format ``mlx`` (the same layout);
 vLLM runs the unquantised ones. The planner picks vLLM only where a CUDA GPU can hold the
-model (:func:`vllm_placement` sizes tensor parallelism, context and memory share), or when
+model (:mod:`localrun.planning.vllm_fit` sizes tensor parallelism, context and memory share), or when
 asked (``--runtime vllm``); ``LOCALRUN_VLLM_DEVICE=cpu`` admits a CPU build for tests.
 """
 
@@ -78,30 +78,6 @@ def build_vllm_command(record: ModelRecord, plan: Plan, port: int, *, python: st
     return cmd
 
 
-def vllm_placement(weights: int, kv_per_token: int, n_ctx: int, gpu_vram: Sequence[int]) -> dict[str, Any]:
-    """Tensor parallel size, context and memory share for vLLM on these GPUs (bytes of VRAM each).
-
-    The smallest power-of-two number of GPUs whose share of the weights plus the KV cache
-    of one full context fits in ``GPU_MEMORY_UTILISATION`` of each; the context is halved
-    (down to 512) when even all GPUs cannot hold it. ``fits`` is False when nothing works.
-    """
-    gpus = sorted(gpu_vram, reverse=True)
-    if not gpus:
-        return {"fits": False, "why": "no CUDA GPU"}
-    ctx = n_ctx
-    while ctx >= 512:
-        tp = 1
-        while tp <= len(gpus):
-            per_gpu = (weights + kv_per_token * ctx) / tp * 1.1  # +10 %: activations, CUDA graphs
-            budget = gpus[tp - 1] * GPU_MEMORY_UTILISATION
-            if per_gpu <= budget:
-                return {"fits": True, "tensor_parallel_size": tp, "max_model_len": ctx,
-                        "gpu_memory_utilization": GPU_MEMORY_UTILISATION, "per_gpu_bytes": int(per_gpu)}
-            tp *= 2
-        ctx //= 2
-    return {"fits": False, "why": f"{weights / 2**30:.1f} GiB of weights do not fit {len(gpus)} GPU(s)"}
-
-
 def _read_config(folder: Path) -> dict[str, Any]:
     import json
 
@@ -136,14 +112,18 @@ class VllmRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.MLX})
     in_worker: ClassVar[bool] = False
 
-    def probe(self, hw=None) -> RuntimeStatus:
-        """Installed, and a CUDA GPU to run on (or ``LOCALRUN_VLLM_DEVICE=cpu`` for a CPU build)."""
+    def probe(self, hw=None, *, env=None) -> RuntimeStatus:
+        """Installed, and a CUDA GPU to run on (or ``LOCALRUN_VLLM_DEVICE=cpu`` for a CPU build).
+
+        ``env`` (default: the process environment) replays a machine in tests.
+        """
+        env = os.environ if env is None else env
         try:
-            python = vllm_python()
+            python = vllm_python(env=env)
         except RuntimeUnavailable as exc:
             return RuntimeStatus(self.name, False, reason=exc.message, fix=FIX)
         cuda = [g for g in getattr(hw, "gpus", ()) or () if str(getattr(g, "vendor", "")).lower() == "nvidia"]
-        if os.environ.get(DEVICE_ENV) == "cpu":
+        if env.get(DEVICE_ENV) == "cpu":
             return RuntimeStatus(self.name, True, devices=("cpu",), reason="CPU build (LOCALRUN_VLLM_DEVICE=cpu)",
                                  details={"python": python})
         if not cuda:
@@ -219,31 +199,3 @@ class VllmSession(MlcSession):
         if self._client is not None:
             self._client.close()
         super().close()
-
-
-def plan_for_vllm(plan: Plan, hw, *, asked_device: str | None = None) -> Plan:
-    """The planner's plan made vLLM's: CUDA placement (tensor parallel size, context, memory share).
-
-    On a machine without a CUDA GPU (reached only through ``LOCALRUN_VLLM_DEVICE=cpu`` or
-    ``--runtime vllm`` with a CPU build) it runs on the CPU with the planner's context.
-    """
-    import dataclasses
-
-    mem = plan.memory
-    weights, kv = (mem.weights, mem.kv_cache) if mem else (0, 0)
-    per_token = kv // plan.n_ctx if plan.n_ctx else 0
-    cuda = [g for g in getattr(hw, "gpus", ()) or () if str(getattr(g, "vendor", "")).lower() == "nvidia"]
-    options = {**plan.options, "tensor_parallel_size": 1, "max_model_len": plan.n_ctx}
-    if not cuda or os.environ.get(DEVICE_ENV) == "cpu" or asked_device == "cpu":
-        return dataclasses.replace(plan, device="cpu", n_gpu_layers=0, options=options,
-                                   reasons=(*plan.reasons, "vLLM on the CPU: a CPU build, for tests; it is a GPU engine"))
-    fit = vllm_placement(weights, per_token, plan.n_ctx, [int(g.vram_free or g.vram_total) for g in cuda])
-    if not fit["fits"]:
-        return dataclasses.replace(plan, device="cuda", verdict="wont-fit", options=options,
-                                   reasons=(*plan.reasons, f"vLLM: {fit['why']}"))
-    options.update(tensor_parallel_size=fit["tensor_parallel_size"], max_model_len=fit["max_model_len"],
-                   gpu_memory_utilization=fit["gpu_memory_utilization"])
-    why = (f"vLLM on {fit['tensor_parallel_size']} CUDA GPU(s): {fit['per_gpu_bytes'] / 2**30:.1f} GiB each "
-           f"within {fit['gpu_memory_utilization']:.0%} of its memory")
-    return dataclasses.replace(plan, device="cuda", n_gpu_layers=-1, n_ctx=fit["max_model_len"], verdict="fits",
-                               options=options, reasons=(*plan.reasons, why))

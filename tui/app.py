@@ -130,7 +130,7 @@ class LocalrunApp(App):
 
     @work(thread=True, exit_on_error=False, group="facts", exclusive=True, name="detect hardware")
     def detect_facts(self, refresh: bool = False) -> None:
-        from localrun.manager import machine_facts
+        from localrun.planning.facts import machine_facts
         from localrun.tui.backend import FACTS_LOCK
 
         with FACTS_LOCK:

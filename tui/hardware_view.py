@@ -18,12 +18,9 @@ log = logging.getLogger(__name__)
 
 def profile_lines(hw) -> list[str]:
     """The hardware module's own lines, so the CLI and the TUI say the same thing."""
-    from localrun.planning import hardware
+    from localrun.planning.hardware import hardware_lines
 
-    lines = getattr(hardware, "hardware_lines", None)
-    if lines is not None:
-        return [str(line) for line in lines(hw)]
-    return str(hardware.render_hardware(hw)).splitlines()
+    return [str(line) for line in hardware_lines(hw)]
 
 
 class HardwareScreen(LocalrunScreen):
@@ -53,10 +50,13 @@ class HardwareScreen(LocalrunScreen):
         theme = self.app.theme_variables
         table = self.runtimes
         table.clear()
+        from localrun.planning.facts import status_cells
+
         for name, st in statuses.items():
-            status = Text("● ready", style=theme.get("success", "")) if st.available else Text("✕ unavailable", style=theme.get("error", ""))
-            why = " · ".join(x for x in (st.reason, st.fix) if x)
-            table.add_row(Text(name), status, st.version or "—", ", ".join(st.devices) or "—", Text(why or "—"), key=name)
+            ok = st.available
+            status = Text("● ready" if ok else "✕ unavailable", style=theme.get("success" if ok else "error", ""))
+            version, devices, why = status_cells(st)
+            table.add_row(Text(name), status, version, devices, Text(why or "—"), key=name)
         fit_columns(table)
 
     @on(DataTable.RowHighlighted, "#runtimes")

@@ -211,13 +211,6 @@ class MeteredManager:
             if own:
                 self._meter._finish(pending)
 
-    async def astream(self, name: str, req, **kw) -> AsyncIterator[Chunk]:
-        pending, _ = self._pending_for(name)
-        async for chunk in self._manager.astream(name, req, **kw):
-            pending.observe(chunk)
-            self._meter._count(chunk)
-            yield chunk
-
     async def aopen(self, name: str, req, **kw) -> "_MeteredOpenStream":
         pending, _ = self._pending_for(name)
         opened = await self._manager.aopen(name, req, **kw)

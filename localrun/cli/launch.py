@@ -219,7 +219,7 @@ def context_notes(agent: Agent, record, plan) -> list[str]:
 
 def _model_and_plan(settings, store, name: str | None, agent: Agent):
     from localrun.cli.run import resolve_or_builtin
-    from localrun.manager import default_plan
+    from localrun.planning.facts import default_plan
     from localrun.planning.planner import PlanOverrides
 
     record = resolve_or_builtin(store, name or _default_model_name(store))

@@ -16,7 +16,7 @@ from localrun.cli.run import overrides_from, plan_options
 @click.pass_context
 def hw_cmd(ctx, as_json):
     """Show this machine's hardware and which runtimes can run here."""
-    from localrun.manager import machine_facts
+    from localrun.planning.facts import machine_facts, status_cells
 
     settings = settings_from(ctx)
     hw, statuses = machine_facts(settings)
@@ -34,8 +34,7 @@ def hw_cmd(ctx, as_json):
         table.add_column(col)
     for name, st in statuses.items():
         mark = "[green]● ready[/]" if st.available else "[red]✕ unavailable[/]"
-        why = " · ".join(x for x in (st.reason, st.fix) if x)
-        table.add_row(name, mark, st.version or "—", ", ".join(st.devices) or "—", why)
+        table.add_row(name, mark, *status_cells(st))
     console().print(table)
 
 
@@ -54,7 +53,7 @@ def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, p
     """Explain how REF would run here: runtime, device, layers, context, memory, verdict."""
     from localrun.cli.models import open_store
     from localrun.cli.run import resolve_or_builtin
-    from localrun.manager import default_plan
+    from localrun.planning.facts import default_plan
 
     settings = settings_from(ctx)
     store = open_store(ctx)

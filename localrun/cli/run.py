@@ -44,7 +44,8 @@ def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None,
 
 
 def make_manager(settings, store, overrides=None):
-    from localrun.manager import ModelManager, default_plan
+    from localrun.manager import ModelManager
+    from localrun.planning.facts import default_plan
 
     if overrides is None:
         return ModelManager(settings, store)

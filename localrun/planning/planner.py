@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
 from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
 from localrun.planning.placement import (
-    GPU_CONTEXT, KV_BYTES, N_UBATCH, TIGHT_RATIO, Budget, ModelShape, Placement, compute_bytes, host_base_bytes,
-    kv_cache_bytes, place, verdict_for, weights_bytes,
+    KV_BYTES, N_UBATCH, TIGHT_RATIO, Budget, ModelShape, Placement, place, verdict_for, weights_bytes,
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
 from localrun.planning.speculation import draft_plan, speculation_plan
+from localrun.planning.vllm_fit import plan_for_vllm
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,9 @@ VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fr
 BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
 DEVICES = ("auto", "cpu", "gpu", "cuda", "metal", "hip", "vulkan", "sycl")
 DEVICE_LABELS = {"cpu": "CPU", "cuda": "CUDA", "metal": "Metal", "hip": "ROCm/HIP", "vulkan": "Vulkan", "sycl": "SYCL"}
-#: Which model formats each runtime the planner knows can run, in order of preference.
-RUNTIME_FORMATS: dict[str, frozenset[Format]] = {
-    "llama.cpp": frozenset({Format.GGUF}), "ollama": frozenset({Format.GGUF}),
-    "vllm": frozenset({Format.MLX}), "mlx": frozenset({Format.MLX}), "mlc": frozenset({Format.MLC}),
-}
+#: The order the planner tries the runtimes that can run a model's format (each runtime's own
+#: ``formats`` says which can); a listed runtime not named here comes after them.
+PREFERENCE = ("llama.cpp", "ollama", "vllm", "mlx", "mlc")
 
 
 @dataclass(frozen=True)
@@ -57,28 +55,32 @@ class PlanOverrides:
     draft: str | None = None  # its draft model: a store name or a .gguf path ("none": no draft)
 
 
-def _valid_runtimes() -> list[str]:
-    from localrun.runtimes import REGISTRY
+def runtime_formats() -> dict[str, frozenset[Format]]:
+    """Each listed runtime's formats, read from its class through the registry, in order of preference."""
+    from localrun.runtimes import listed_runtimes, runtime_class
 
-    return sorted(set(RUNTIME_FORMATS) | set(REGISTRY))
+    names = sorted(listed_runtimes(), key=lambda n: PREFERENCE.index(n) if n in PREFERENCE else len(PREFERENCE))
+    return {name: runtime_class(name).formats for name in names}
 
 
 def choose_runtime(record: ModelRecord, statuses: Mapping[str, RuntimeStatus], asked: str | None) -> tuple[str, list[str]]:
     """The runtime for this model: the one asked for (checked), else the first available for its format."""
-    valid = _valid_runtimes()
+    from localrun.runtimes import runtime_class, runtime_names
+
+    listed = runtime_formats()
     if asked is not None:
-        if asked not in valid:
-            raise UnknownRuntime(f"no runtime named {asked!r}", hint="try one of: " + ", ".join(valid), param="runtime")
-        formats = RUNTIME_FORMATS.get(asked)
-        if formats is not None and record.format not in formats:
-            able = [n for n, f in RUNTIME_FORMATS.items() if record.format in f]
+        if asked not in runtime_names():
+            raise UnknownRuntime(f"no runtime named {asked!r}", hint="try one of: " + ", ".join(runtime_names()),
+                                 param="runtime")
+        if record.format not in runtime_class(asked).formats:
+            able = [n for n, f in listed.items() if record.format in f]
             raise RuntimeUnavailable(f"{asked} cannot run {record.format.value.upper()} models like {record.name}",
                                      hint="use " + " or ".join(able), param="runtime")
         status = _status(asked, statuses)
         if not status.available:
             raise RuntimeUnavailable(f"{asked} is not available here: {status.reason}", hint=status.fix, param="runtime")
         return asked, []
-    candidates = [n for n, f in RUNTIME_FORMATS.items() if record.format in f]
+    candidates = [n for n, f in listed.items() if record.format in f]
     for i, name in enumerate(candidates):
         if _status(name, statuses).available:
             skipped = [f"{n} is unavailable ({_status(n, statuses).reason})" for n in candidates[:i]]
@@ -95,11 +97,13 @@ def _describe(status: RuntimeStatus) -> str:
 
 
 def _status(name: str, statuses: Mapping[str, RuntimeStatus]) -> RuntimeStatus:
+    from localrun.runtimes import runtime_class
+
     if name in statuses:
         return statuses[name]
-    if name in RUNTIME_FORMATS:
+    if getattr(runtime_class(name), "listed", True):
         return RuntimeStatus(name, False, reason="not probed")
-    return RuntimeStatus(name, True)  # a registry-only runtime (the fake) needs no probe
+    return RuntimeStatus(name, True)  # a runtime probing leaves out (the fake) runs when asked
 
 
 def _hw_backend(hw: HardwareProfile) -> str:
@@ -273,9 +277,7 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         verdict=verdict, reasons=tuple(reasons), options=options,
     )
     if runtime == "vllm":  # vLLM places the whole model on CUDA GPUs itself: size it the vLLM way
-        from localrun.runtimes.vllm import plan_for_vllm
-
-        plan = plan_for_vllm(plan, hw, asked_device=ov.device)
+        plan = plan_for_vllm(plan, hw, status, asked_device=ov.device)
     return plan
 
 
@@ -349,25 +351,6 @@ def require_fit(plan: Plan, record: ModelRecord) -> Plan:
         raise WontFit(f"{record.name} does not fit on this machine: " + "; ".join(plan.reasons),
                       hint="pick a smaller quant or model, a shorter --ctx, or free some memory")
     return plan
-
-
-def estimate_for(metadata: Mapping[str, Any], *, file_sizes: Iterable[int] | int | None = None,
-                 n_ctx: int | None = None, on_gpu: bool = False, kv_type: str = "f16",
-                 settings: Any = None, n_seq: int = 1) -> MemoryEstimate:
-    """Memory for a model not downloaded yet: hub file sizes plus its GGUF header metadata.
-
-    ``n_ctx`` defaults to what the planner would pick before fitting (trained length capped by
-    the settings); ``on_gpu`` counts a GPU's compute reservation and driver context; ``n_seq``
-    parallel sequences of ``n_ctx`` each multiply the KV cache.
-    """
-    shape = ModelShape.from_metadata(metadata)
-    weights = weights_bytes(file_sizes if file_sizes is not None else 0, metadata)
-    if n_ctx is None:
-        rt = settings.runtime if settings is not None else _default_runtime_settings()
-        n_ctx = _initial_context(shape, PlanOverrides(), rt)[0]
-    kv = kv_cache_bytes(shape, n_ctx * n_seq, kv_type)
-    overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu) + (GPU_CONTEXT["cuda"] if on_gpu else 0)
-    return MemoryEstimate(weights=weights, kv_cache=kv, overhead=overhead)
 
 
 def render_plan(plan: Plan, record: ModelRecord) -> list[str]:

@@ -1,11 +1,13 @@
 """The parent's handle on a loaded model: a worker subprocess, or a thread for runtimes
 that need no isolation (the fake runtime, HTTP-backed runtimes).
 
-Both handles offer the same small interface — ``submit(op, payload, sink)``,
-``cancel(rid)``, ``close()`` — and the adaptors ``iter_chunks`` (blocking) and
-``aiter_chunks`` (asyncio) turn a submission into a chunk stream. Events reach a sink
-from the handle's reader thread; the adaptors move them onto a queue without a
-thread-pool hop per token.
+Both handles offer the same small interface — ``submit(request, sink)``, ``cancel(rid)``,
+``close()`` — where a request is a core object (:data:`.ops.Request`: ChatRequest,
+CompletionRequest, Embed, Call). Both run it with the one dispatcher of :mod:`.ops`; only
+``WorkerHandle`` turns it into a frame for its pipe. The adaptors ``iter_chunks``
+(blocking), ``aiter_chunks`` (asyncio) and ``call_result`` turn a submission into a chunk
+stream or a result. Events reach a sink from the handle's reader thread; the adaptors move
+them onto a queue without a thread-pool hop per token.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from localrun.errors import LocalrunError, RuntimeUnavailable, WorkerCrashed
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
+from localrun.types import Cancel, Chunk, ModelRecord, Plan
+from localrun.worker import ops
+from localrun.worker.ops import Call, Embed, Request
 
 log = logging.getLogger(__name__)
 
@@ -143,14 +147,15 @@ class WorkerHandle:
         self._log_file.close()
 
     # -- requests ----------------------------------------------------------------------
-    def submit(self, op: str, payload: dict[str, Any], sink: Sink) -> int:
+    def submit(self, request: Request, sink: Sink) -> int:
+        frame = ops.to_frame(request)  # the one place a request is serialised: it crosses a pipe
         rid = next(self._ids)
         with self._lock:
             if not self.alive:
                 raise WorkerCrashed(f"the worker running {self.record.name} is not running ({self._exit_text()})")
             self._sinks[rid] = sink
         try:
-            self._writer.send({"op": op, "id": rid, **payload})
+            self._writer.send({"id": rid, **frame})
         except OSError as exc:
             with self._lock:
                 self._sinks.pop(rid, None)
@@ -208,27 +213,21 @@ class InProcessHandle:
         """Open, and the session's own process (an MLC server, say) still running."""
         return self._open and bool(getattr(self.session, "alive", True))
 
-    def submit(self, op: str, payload: dict[str, Any], sink: Sink) -> int:
+    def submit(self, request: Request, sink: Sink) -> int:
+        ops.op_name(request)  # a wrong request fails here, in the caller, not on the thread
         rid = next(self._ids)
         cancel = self._cancels[rid] = Cancel()
-        threading.Thread(target=self._run, args=(rid, op, payload, sink, cancel), daemon=True).start()
+        threading.Thread(target=self._run, args=(rid, request, sink, cancel), daemon=True).start()
         return rid
 
-    def _run(self, rid: int, op: str, payload: dict[str, Any], sink: Sink, cancel: Cancel) -> None:
+    def _run(self, rid: int, request: Request, sink: Sink, cancel: Cancel) -> None:
         lock = self._serial or _NullLock()
         try:
             with lock:
-                if op == "embed":
-                    sink("result", self.session.embed(payload["texts"]))
-                elif op == "call":
-                    from localrun.runtimes.base import call_extra
-
-                    sink("result", call_extra(self.session, self.plan.runtime, payload["method"], payload.get("args") or {}))
-                else:
-                    req = (ChatRequest if op == "chat" else CompletionRequest).from_dict(payload["req"])
-                    stream = self.session.chat(req, cancel) if op == "chat" else self.session.complete(req, cancel)
-                    for chunk in stream:
-                        sink("chunk", chunk)
+                result = ops.run(self.session, request, cancel, lambda chunk: sink("chunk", chunk),
+                                 runtime=self.plan.runtime)
+                if not ops.streams(request):
+                    sink("result", result)
             sink("end", None)
         except LocalrunError as exc:
             sink("error", exc)
@@ -274,10 +273,11 @@ def _chunk_or_end(ev: str, data: Any) -> Chunk | None:
     return None
 
 
-def iter_chunks(handle, op: str, payload: dict[str, Any], cancel: Cancel | None = None) -> Iterator[Chunk]:
-    """Blocking chunk stream. Closing the generator early (or ``cancel``) cancels the request."""
+def iter_chunks(handle, request: Request, cancel: Cancel | None = None) -> Iterator[Chunk]:
+    """Blocking chunk stream of a chat or completion request. Closing the generator early (or
+    ``cancel``) cancels the request."""
     q: queue.SimpleQueue = queue.SimpleQueue()
-    rid = handle.submit(op, payload, lambda ev, data: q.put((ev, data)))
+    rid = handle.submit(request, lambda ev, data: q.put((ev, data)))
     done = False
     try:
         while True:
@@ -298,7 +298,7 @@ def iter_chunks(handle, op: str, payload: dict[str, Any], cancel: Cancel | None 
             handle.cancel(rid)
 
 
-async def aiter_chunks(handle, op: str, payload: dict[str, Any]) -> AsyncIterator[Chunk]:
+async def aiter_chunks(handle, request: Request) -> AsyncIterator[Chunk]:
     """Asyncio chunk stream. Leaving the loop early (a client gone) cancels the request."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
@@ -309,7 +309,7 @@ async def aiter_chunks(handle, op: str, payload: dict[str, Any]) -> AsyncIterato
         except RuntimeError:  # the event loop is gone (server shutting down): nobody is listening
             log.debug("dropping %s event: event loop closed", ev)
 
-    rid = handle.submit(op, payload, sink)
+    rid = handle.submit(request, sink)
     done = False
     try:
         while True:
@@ -324,10 +324,10 @@ async def aiter_chunks(handle, op: str, payload: dict[str, Any]) -> AsyncIterato
             handle.cancel(rid)
 
 
-def call_result(handle, op: str, payload: dict[str, Any], timeout_s: float = 600.0) -> Any:
-    """Run a non-streaming op (embed) and return its result."""
+def call_result(handle, request: Embed | Call, timeout_s: float = 600.0) -> Any:
+    """Run a non-streaming request (embed, call) and return its result."""
     q: queue.SimpleQueue = queue.SimpleQueue()
-    handle.submit(op, payload, lambda ev, data: q.put((ev, data)))
+    handle.submit(request, lambda ev, data: q.put((ev, data)))
     result = None
     while True:
         ev, data = q.get(timeout=timeout_s)

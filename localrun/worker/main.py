@@ -15,7 +15,8 @@ import threading
 from typing import Any, BinaryIO
 
 from localrun.errors import LocalrunError
-from localrun.types import Cancel, ChatRequest, CompletionRequest, ModelRecord, Plan
+from localrun.types import Cancel, ModelRecord, Plan
+from localrun.worker import ops
 from localrun.worker.protocol import FrameWriter, read_frame
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class WorkerServer:
     def __init__(self, writer: FrameWriter):
         self.writer = writer
         self.session = None
+        self.runtime = "this"  # the runtime's name, once loaded: errors of a missing extra name it
         self.cancels: dict[int, Cancel] = {}
         self.jobs: queue.Queue = queue.Queue()
 
@@ -39,6 +41,7 @@ class WorkerServer:
 
         try:
             runtime = get_runtime(msg["runtime"])
+            self.runtime = msg["runtime"]
             self.session = runtime.load(ModelRecord.from_dict(msg["record"]), Plan.from_dict(msg["plan"]))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
             log.debug("load failed", exc_info=True)
@@ -51,22 +54,16 @@ class WorkerServer:
         rid = msg["id"]
         cancel = self.cancels.setdefault(rid, Cancel())
         try:
-            if msg["op"] == "embed":
-                self.writer.send({"ev": "result", "id": rid, "data": self.session.embed(msg["texts"])})
-            elif msg["op"] == "call":
-                from localrun.runtimes.base import call_extra
+            request = ops.from_frame(msg)
+            send = self.writer.send
 
-                data = call_extra(self.session, msg.get("runtime", "this"), msg["method"], msg.get("args") or {})
-                self.writer.send({"ev": "result", "id": rid, "data": data})
-            else:
-                if msg["op"] == "chat":
-                    stream = self.session.chat(ChatRequest.from_dict(msg["req"]), cancel)
-                else:
-                    stream = self.session.complete(CompletionRequest.from_dict(msg["req"]), cancel)
-                send = self.writer.send
-                for chunk in stream:
-                    send({"ev": "chunk", "id": rid, "c": chunk.to_dict()})
-            self.writer.send({"ev": "end", "id": rid})
+            def emit(chunk) -> None:
+                send({"ev": "chunk", "id": rid, "c": chunk.to_dict()})
+
+            result = ops.run(self.session, request, cancel, emit, runtime=self.runtime)
+            if not ops.streams(request):
+                send({"ev": "result", "id": rid, "data": result})
+            send({"ev": "end", "id": rid})
         except BaseException as exc:  # noqa: BLE001 - every failure becomes the request's error event
             log.debug("request %s failed", rid, exc_info=True)
             self.writer.send({"ev": "error", "id": rid, "error": _error_dict(exc)})
@@ -93,7 +90,7 @@ class WorkerServer:
                 cancel = self.cancels.get(msg["id"])
                 if cancel is not None:  # else the request already ended: nothing to stop
                     cancel.set()
-            elif op in ("chat", "complete", "embed", "call"):
+            elif op in ops.OPS:
                 self.cancels.setdefault(msg["id"], Cancel())
                 if concurrent:
                     threading.Thread(target=self.run_request, args=(msg,), daemon=True).start()

@@ -4,7 +4,8 @@ Each frame is a 4-byte big-endian length and a UTF-8 JSON object. JSON keeps it
 debuggable; per token it costs a few microseconds, far below a token's time.
 
 Parent → worker ops: ``load`` {runtime, record, plan}; ``chat``/``complete`` {id, req};
-``embed`` {id, texts}; ``cancel`` {id}; ``shutdown``.
+``embed`` {id, texts}; ``call`` {id, method, args}; ``cancel`` {id}; ``shutdown``. The request
+ops are written and read by :mod:`.ops` (``to_frame`` / ``from_frame``), nowhere else.
 Worker → parent events: ``ready`` {info}; ``load_error`` {error}; ``chunk`` {id, c};
 ``result`` {id, data}; ``end`` {id}; ``error`` {id, error}.
 

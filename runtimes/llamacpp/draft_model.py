@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from localrun.errors import ConfigError, InvalidModelFile, WontFit
 from localrun.runtimes.llamacpp.decode import common_prefix, fill_batch
+from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 
 log = logging.getLogger(__name__)
 
@@ -312,9 +313,7 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _native_why() -> str:
     """llama.cpp's last warnings, when the session's log hook collected them."""
-    from localrun.runtimes.llamacpp.session import _NATIVE_LOG
-
-    why = _NATIVE_LOG.take_recent()
+    why = NATIVE_LOG.take_recent()
     return f": {why}" if why else ""
 
 

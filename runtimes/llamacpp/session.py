@@ -33,8 +33,6 @@ tokens per step), ``host_cache_mib`` (host RAM for evicted prefixes, 0 = off),
 
 from __future__ import annotations
 
-import collections
-import ctypes
 import dataclasses
 import functools
 import logging
@@ -53,57 +51,22 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.job import Job
+from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
-native_log = logging.getLogger(__name__ + ".native")
 
 #: ggml type ids for ``Plan.kv_type`` (ggml.h ``enum ggml_type``).
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
-INSTALL_FIX = "pip install 'localrun[llama]'"
-
-
-class _NativeLog:
-    """Routes llama.cpp's log lines to :mod:`logging` at debug level instead of stderr,
-    and remembers the last warnings and errors so a failed load can say why. Holds the
-    ctypes callback: if it were collected, llama.cpp would call freed memory."""
-
-    def __init__(self) -> None:
-        self.recent: collections.deque[str] = collections.deque(maxlen=6)
-        self.callback = None
-
-    def install(self, llama) -> None:
-        last_level = [0]
-
-        def on_log(level: int, text: bytes, _user_data) -> None:
-            # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line)
-            if level == 5:
-                level = last_level[0]
-            last_level[0] = level
-            line = (text or b"").decode("utf-8", errors="replace").rstrip()
-            if line:
-                native_log.debug("%s", line)
-                if level >= 3:
-                    self.recent.append(line)
-
-        self.callback = llama.llama_log_callback(on_log)
-        llama.llama_log_set(self.callback, ctypes.c_void_p(0))
-
-    def take_recent(self) -> str:
-        lines = "; ".join(self.recent)
-        self.recent.clear()
-        return lines
-
-
-_NATIVE_LOG = _NativeLog()
 
 
 @functools.lru_cache(maxsize=1)
@@ -113,7 +76,7 @@ def _llama():
         import llama_cpp
     except ImportError as exc:
         raise RuntimeUnavailable(f"llama-cpp-python is not installed ({exc})", hint=INSTALL_FIX) from exc
-    _NATIVE_LOG.install(llama_cpp)  # after the import (it installs its own printer), before any work
+    NATIVE_LOG.install(llama_cpp)  # after the import (it installs its own printer), before any work
     llama_cpp.llama_backend_init()
     return llama_cpp
 
@@ -123,22 +86,9 @@ class LlamaCppRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.GGUF})
     in_worker: ClassVar[bool] = True
 
-    def probe(self, hw=None) -> RuntimeStatus:
-        try:
-            llama = _llama()
-        except RuntimeUnavailable as exc:
-            return RuntimeStatus(self.name, False, reason=exc.message, fix=INSTALL_FIX)
-        except OSError as exc:  # the bundled native library fails to load
-            return RuntimeStatus(self.name, False, reason=f"llama-cpp-python's native library fails to load: {exc}",
-                                 fix=INSTALL_FIX)
-        gpu = bool(llama.llama_supports_gpu_offload())
-        info = llama.llama_print_system_info().decode("utf-8", errors="replace").strip()
-        return RuntimeStatus(
-            self.name, True, version=getattr(llama, "__version__", None),
-            devices=("cpu", "gpu") if gpu else ("cpu",),
-            reason=None if gpu else "built without GPU offload: runs on the CPU",
-            details={"gpu_offload": gpu, "system_info": info},
-        )
+    def probe(self, hw=None, *, import_module=None) -> RuntimeStatus:
+        """Installed, which GPU backend, and the rebuild this machine's GPU calls for (see :mod:`.probe`)."""
+        return probe_llamacpp(hw, import_module=import_module)
 
     def load(self, model: ModelRecord, plan: Plan) -> "LlamaCppSession":
         return LlamaCppSession.open(model, plan)
@@ -224,16 +174,16 @@ class LlamaCppSession(ServerExtras):
             # Repacked weights (AVX2 Q4_K 8x8, …) change a row's arithmetic with the rows
             # decoded beside it; measured here they bought no speed on Gemma 3 270M.
             mp.use_extra_bufts = bool(plan.options.get("repack", False))
-        _NATIVE_LOG.take_recent()
+        NATIVE_LOG.take_recent()
         model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
         if not model:
-            why = _NATIVE_LOG.take_recent()
+            why = NATIVE_LOG.take_recent()
             raise InvalidModelFile(f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
                                    hint="the file may be corrupt or an architecture this llama.cpp does not know")
         ctx = llama.llama_init_from_model(model, cp)
         if not ctx:
             llama.llama_model_free(model)
-            why = _NATIVE_LOG.take_recent()
+            why = NATIVE_LOG.take_recent()
             raise WontFit(f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
                           f"{record.name}" + (f": {why}" if why else ""),
                           hint="lower the context length, the slots or the GPU layers")

@@ -21,15 +21,10 @@ from tests.conftest import needs_llama
 pytestmark = [needs_llama, pytest.mark.llama]
 
 
-def _payload(req) -> tuple[str, dict]:
-    return ("chat" if isinstance(req, ChatRequest) else "complete"), {"req": req.to_dict()}
-
-
 def _stream(handle, req, cancel: Cancel | None = None, stop_after: int | None = None):
     """(text, last chunk) of one request; ``stop_after`` chunks then leave (a client gone)."""
-    op, payload = _payload(req)
     chunks = []
-    it = iter_chunks(handle, op, payload, cancel)
+    it = iter_chunks(handle, req, cancel)
     for chunk in it:
         chunks.append(chunk)
         if stop_after is not None and len(chunks) >= stop_after:
@@ -72,7 +67,7 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
 
         def cancelled_one():
             chunks = []
-            for chunk in iter_chunks(h, "complete", {"req": _complete(prompts[0], max_tokens=200).to_dict()}, cancel):
+            for chunk in iter_chunks(h, _complete(prompts[0], max_tokens=200), cancel):
                 chunks.append(chunk)
                 if len(chunks) == 3:
                     cancel.set()
@@ -132,7 +127,7 @@ def _workload(seed: int, n: int):
 def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf, tmp_path):
     from localrun.planning.hardware import detect_hardware
     from localrun.planning.planner import plan_placement
-    from localrun.planning.facts import probe_llamacpp
+    from localrun.runtimes.llamacpp.probe import probe_llamacpp
 
     record = _gemma_record(gemma_gguf)
     hw = detect_hardware()
@@ -154,9 +149,8 @@ def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf
                         return
                     req, cancel_after, leave_after = todo.pop(0)
                 cancel = Cancel()
-                op, payload = _payload(req)
                 chunks = []
-                it = iter_chunks(h, op, payload, cancel)
+                it = iter_chunks(h, req, cancel)
                 for chunk in it:
                     chunks.append(chunk)
                     if cancel_after is not None and len(chunks) == cancel_after:

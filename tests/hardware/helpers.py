@@ -48,7 +48,7 @@ def record(meta: dict[str, Any], *, name: str = "model", fmt: Format = Format.GG
 
 
 def llama_status(backend: str | None) -> RuntimeStatus:
-    """What probe_llamacpp reports for a build with ``backend``; ``None``: not installed."""
+    """What the llama.cpp probe reports for a build with ``backend``; ``None``: not installed."""
     if backend is None:
         return RuntimeStatus("llama.cpp", False, reason="llama-cpp-python is not installed",
                              fix="pip install 'localrun[llama]'")

@@ -16,7 +16,7 @@ import pytest
 
 from localrun.planning.hardware import detect_hardware
 from localrun.planning.planner import PlanOverrides, plan_placement
-from localrun.planning.facts import probe_llamacpp
+from localrun.runtimes.llamacpp.probe import probe_llamacpp
 from localrun.types import FileEntry, Format, ModelRecord
 from tests.conftest import needs_llama
 
@@ -119,7 +119,7 @@ def test_gemma_estimate_with_the_planners_parallel_slots_matches_a_real_worker(g
         words = "the quick brown fox jumps over the lazy dog and keeps on running through the field "
         prompt = words * (plan.n_ctx // 20)  # most of one slot's context: this request may use all of it
         req = CompletionRequest(prompt=prompt, sampling=Sampling(max_tokens=8, temperature=0.0))
-        chunks = list(iter_chunks(handle, "complete", {"req": req.to_dict()}, Cancel()))
+        chunks = list(iter_chunks(handle, req, Cancel()))
         assert chunks[-1].usage.prompt_tokens > plan.n_ctx // 2
         with open(f"/proc/{handle.pid}/status") as f:
             peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))

@@ -6,13 +6,13 @@ import pytest
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime, WontFit
 from localrun.planning.placement import (
-    KV_BYTES, TIGHT_RATIO, ModelShape, compute_bytes, host_base_bytes, kv_cache_bytes,
+    GPU_CONTEXT, KV_BYTES, TIGHT_RATIO, ModelShape, compute_bytes, host_base_bytes, kv_cache_bytes, weights_bytes,
 )
 from localrun.planning.planner import (
-    MIN_CONTEXT, PlanOverrides, estimate_for, plan_placement, render_plan, require_fit,
+    MIN_CONTEXT, PlanOverrides, _initial_context, plan_placement, render_plan, require_fit,
 )
-from localrun.settings import Settings
-from localrun.types import Format, Plan
+from localrun.settings import RuntimeSettings, Settings
+from localrun.types import Format, MemoryEstimate, Plan
 from tests.hardware.helpers import (
     LLAMA_8B, LLAMA_70B, LLAMA_405B, PROFILES, QWEN_05B, profile, record, statuses,
 )
@@ -343,6 +343,17 @@ def test_the_vram_margin_is_the_tight_zone(gpu_gib, verdict):
         assert ratio == pytest.approx(TIGHT_RATIO * gpu_gib / 10)
 
 
+def estimate_for(metadata, *, file_sizes, on_gpu: bool = False, n_seq: int = 1) -> MemoryEstimate:
+    """Memory for a model not downloaded yet (hub file sizes plus its GGUF header), from the
+    placement module's parts at the context the planner starts from: the planner's sums, redone."""
+    shape = ModelShape.from_metadata(metadata)
+    n_ctx = _initial_context(shape, PlanOverrides(), RuntimeSettings())[0]
+    overhead = host_base_bytes(shape) + compute_bytes(shape, n_ctx, on_gpu=on_gpu)
+    overhead += GPU_CONTEXT["cuda"] if on_gpu else 0
+    kv = kv_cache_bytes(shape, n_ctx * n_seq, "f16")
+    return MemoryEstimate(weights=weights_bytes(file_sizes, metadata), kv_cache=kv, overhead=overhead)
+
+
 def test_estimate_for_a_model_not_yet_downloaded_matches_the_cpu_plan():
     p = plan(QWEN_05B, "cpu_laptop_8gb")
     est = estimate_for(QWEN_05B, file_sizes=[QWEN_05B["size_bytes"] // 2, QWEN_05B["size_bytes"] - QWEN_05B["size_bytes"] // 2],
@@ -420,3 +431,24 @@ def test_parallel_from_the_settings_and_only_for_llama_cpp():
     ollama = plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, ollama=True), settings=settings)
     assert ollama.runtime == "ollama" and "n_slots" not in ollama.options  # Ollama schedules its own
     assert ollama.memory.kv_cache == plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(parallel=1)).memory.kv_cache
+
+
+# --- the runtimes' own formats, read through the registry ----------------------------------------
+
+
+def test_the_planner_reads_each_runtimes_formats_from_its_class(monkeypatch):
+    """No copy of the formats in the planner: a runtime that learns a format is chosen for it."""
+    from localrun.runtimes.mlc import MlcRuntime
+
+    with pytest.raises(RuntimeUnavailable):
+        plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, mlc=True))
+    monkeypatch.setattr(MlcRuntime, "formats", frozenset({Format.MLC, Format.GGUF}))
+    assert plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, mlc=True)).runtime == "mlc"
+
+
+def test_the_fake_runs_only_when_asked_for():
+    """It can run every format, but it is not listed: never the planner's own choice."""
+    with pytest.raises(RuntimeUnavailable) as err:
+        plan(QWEN_05B, "cpu_laptop_8gb", statuses(None))
+    assert "fake" not in err.value.message
+    assert plan(QWEN_05B, "cpu_laptop_8gb", statuses(None), overrides=PlanOverrides(runtime="fake")).runtime == "fake"

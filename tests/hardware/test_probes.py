@@ -1,4 +1,7 @@
-"""Runtime probes: every case a machine can be in, replayed with fake modules and transports."""
+"""Runtime probes: every case a machine can be in, replayed with fake modules and transports.
+
+Each runtime probes itself (``Runtime.probe`` with keyword-only test hooks); planning's
+``probe_runtimes`` is one loop over the registry."""
 
 from __future__ import annotations
 
@@ -8,10 +11,13 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from localrun.planning.facts import (
-    llama_backend, ollama_base_url, probe_llamacpp, probe_mlc, probe_mlx, probe_ollama, probe_runtimes,
-    render_statuses,
-)
+from localrun.planning.facts import probe_runtimes, status_cells
+from localrun.runtimes.llamacpp.probe import llama_backend
+from localrun.runtimes.llamacpp.session import LlamaCppRuntime
+from localrun.runtimes.mlc import MlcRuntime
+from localrun.runtimes.mlx import MlxRuntime
+from localrun.runtimes.ollama import OllamaRuntime, ollama_base_url
+from localrun.runtimes.vllm import VllmRuntime
 from tests.conftest import needs_llama
 from tests.hardware.helpers import profile
 
@@ -33,6 +39,22 @@ def importer(modules: dict):
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
     return import_module
+
+
+def probe_llamacpp(hw, **hooks):
+    return LlamaCppRuntime().probe(hw, **hooks)
+
+
+def probe_mlx(hw, **hooks):
+    return MlxRuntime().probe(hw, **hooks)
+
+
+def probe_ollama(*, env, transport=None):
+    return OllamaRuntime(transport=transport).probe(None, env=env)
+
+
+def probe_mlc(**hooks):
+    return MlcRuntime().probe(None, env={}, **hooks)
 
 
 def fake_llama(info: bytes, offload: bool, version: str = "0.3.36"):
@@ -142,7 +164,7 @@ def test_ollama_up_reports_its_version():
 
     status = probe_ollama(env={}, transport=ollama_transport(handler))
     assert status.available and status.version == "0.12.3"
-    assert seen == ["http://127.0.0.1:11434/api/version"]
+    assert seen == ["http://127.0.0.1:11434/api/version", "http://127.0.0.1:11434/api/tags"]
 
 
 def test_ollama_down_says_to_start_it():
@@ -183,8 +205,9 @@ def test_ollama_probe_gives_up_quickly_on_a_silent_server():
     ("https://ollama.lan:443/", "https://ollama.lan:443"), ("http://[::1]:11434", "http://[::1]:11434"),
     ("box.local:8000", "http://box.local:8000"),
 ])
-def test_ollama_host_is_read_like_ollama_reads_it(host, url):
-    assert ollama_base_url({} if host is None else {"OLLAMA_HOST": host}) == url
+def test_ollama_host_is_read_like_ollama_reads_it(host, url, monkeypatch):
+    monkeypatch.delenv("OLLAMA_HOST", raising=False)
+    assert (ollama_base_url() if host is None else ollama_base_url(host)) == url
 
 
 def test_mlc_installed_as_python_package():
@@ -202,7 +225,17 @@ def test_mlc_missing_points_at_its_own_wheel_index():
     assert not status.available and "mlc.ai/wheels" in status.fix
 
 
-def test_probe_runtimes_covers_all_four_and_survives_a_broken_probe():
+class Hooked:
+    """A runtime whose probe gets a test's hooks: ``probe_runtimes`` calls ``probe(hw)`` alone."""
+
+    def __init__(self, runtime, **hooks):
+        self.runtime, self.hooks = runtime, hooks
+
+    def probe(self, hw):
+        return self.runtime.probe(hw, **self.hooks)
+
+
+def test_probe_runtimes_covers_every_listed_runtime_and_survives_a_broken_probe():
     def handler(request):
         raise httpx.ConnectError("refused", request=request)
 
@@ -211,15 +244,51 @@ def test_probe_runtimes_covers_all_four_and_survives_a_broken_probe():
             return SimpleNamespace(llama_supports_gpu_offload=lambda: 1 / 0)  # a probe bug, not an ImportError
         raise ModuleNotFoundError(name=name)
 
-    statuses = probe_runtimes(profile("cpu_laptop_8gb"), import_module=import_module, env={},
-                              transport=ollama_transport(handler), find_spec=lambda n: None, which=lambda n: None)
+    none = {"find_spec": lambda n: None}
+    runtimes = {
+        "llama.cpp": Hooked(LlamaCppRuntime(), import_module=import_module),
+        "mlx": Hooked(MlxRuntime(), import_module=import_module, **none),
+        "ollama": Hooked(OllamaRuntime(transport=ollama_transport(handler)), env={}),
+        "mlc": Hooked(MlcRuntime(), env={}, which=lambda n: None, **none),
+        "vllm": Hooked(VllmRuntime(), env={}),
+    }
+    statuses = probe_runtimes(profile("cpu_laptop_8gb"), runtimes=runtimes)
     assert list(statuses) == ["llama.cpp", "mlx", "ollama", "mlc", "vllm"]
     assert all(s.name == n for n, s in statuses.items())
     assert not statuses["llama.cpp"].available and "probe failed" in statuses["llama.cpp"].reason
     assert not any(s.available for s in statuses.values())
-    lines = render_statuses(statuses)
-    assert sum(line.startswith("-- ") for line in lines) == 5
-    assert any("ollama serve" in line for line in lines)
+    assert any("ollama serve" in status_cells(s)[2] for s in statuses.values())
+
+
+def test_probe_runtimes_asks_the_registry_and_leaves_the_fake_out(monkeypatch):
+    """The one loop: every listed runtime of the registry, in its order; the list ``localrun hw`` shows."""
+    from localrun.planning import facts
+    from localrun.runtimes import REGISTRY
+
+    asked = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def probe(self, hw):
+            asked.append(self.name)
+            return facts.RuntimeStatus(self.name, True)
+
+    monkeypatch.setattr(facts, "get_runtime", Stub)
+    statuses = probe_runtimes(profile("cpu_laptop_8gb"))
+    assert list(statuses) == asked == ["llama.cpp", "mlx", "ollama", "mlc", "vllm"]
+    assert "fake" in REGISTRY and "fake" not in statuses
+
+
+def test_vllm_without_cuda_and_with_a_cpu_build():
+    env = {"LOCALRUN_VLLM_PYTHON": __import__("sys").executable}
+    status = VllmRuntime().probe(profile("cpu_laptop_8gb"), env=env)
+    assert not status.available and "CUDA" in status.reason
+    status = VllmRuntime().probe(profile("cpu_laptop_8gb"), env={**env, "LOCALRUN_VLLM_DEVICE": "cpu"})
+    assert status.available and status.devices == ("cpu",)
+    status = VllmRuntime().probe(profile("rtx4090_desktop"), env=env)
+    assert status.available and status.devices == ("cuda:0",)
 
 
 def test_probes_do_not_import_heavy_libraries_at_module_import():

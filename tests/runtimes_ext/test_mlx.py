@@ -240,12 +240,12 @@ def test_a_real_worker_process_runs_mlx_and_cancels(tiny_mlx_dir, tmp_path):
 
     handle = WorkerHandle(_record(tiny_mlx_dir), Plan(runtime="mlx", n_ctx=256), log_path=tmp_path / "w.log")
     try:
-        text, finish, usage = fold(iter_chunks(handle, "chat", {"req": _chat().to_dict()}))
+        text, finish, usage = fold(iter_chunks(handle, _chat()))
         assert finish == "length" and usage.completion_tokens == 10 and text
         cancel = Cancel()
         long = ChatRequest(messages=(Message("user", "hello"),), sampling=Sampling(temperature=0.0))
         got = []
-        for chunk in iter_chunks(handle, "chat", {"req": long.to_dict()}, cancel):
+        for chunk in iter_chunks(handle, long, cancel):
             got.append(chunk)
             if len(got) == 3:
                 threading.Timer(0.0, cancel.set).start()

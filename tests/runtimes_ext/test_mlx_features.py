@@ -378,7 +378,7 @@ def test_a_real_worker_declares_tools_and_logprobs_and_sends_entries(roomy_dir, 
         assert handle.capabilities == frozenset({"tools", "logprobs"})
         req = ChatRequest(messages=(Message("user", "hi"),), sampling=Sampling(temperature=0.0, max_tokens=6, logprobs=2),
                           tools=(WEATHER,))
-        chunks = list(iter_chunks(handle, "chat", {"req": req.to_dict()}))
+        chunks = list(iter_chunks(handle, req))
         entries = _entries(chunks)
         assert len(entries) == 6 and "".join(e["token"] for e in entries) == fold(chunks)[0]
         assert all(len(e["top_logprobs"]) == 2 for e in entries)

@@ -276,9 +276,9 @@ def test_through_the_in_process_handle_two_streams_run_at_once(fake_ollama):
     session = OllamaRuntime(host=fake_ollama.url).load(_record(), _plan())
     assert session.concurrent
     handle = InProcessHandle(_record(), _plan(), session)
-    req = ChatRequest(messages=(Message("user", "hi"),), sampling=Sampling(max_tokens=8)).to_dict()
-    a = iter_chunks(handle, "chat", {"req": req})
-    b = iter_chunks(handle, "chat", {"req": req})
+    req = ChatRequest(messages=(Message("user", "hi"),), sampling=Sampling(max_tokens=8))
+    a = iter_chunks(handle, req)
+    b = iter_chunks(handle, req)
     first_a = next(a)
     started = time.monotonic()
     first_b = next(b)

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     from localrun.errors import LocalrunError
-    from localrun.manager import ModelManager, default_plan
+    from localrun.manager import ModelManager
+    from localrun.planning.facts import default_plan
     from localrun.modelstore.store import ModelStore
     from localrun.server.serve import run_server
     from localrun.settings import load_settings

@@ -34,7 +34,8 @@ pytestmark = [
 @pytest.fixture(scope="module")
 def vllm_front(tmp_path_factory):
     """A localrun whose store holds the tiny Llama folder, planned onto the vllm runtime (CPU)."""
-    from localrun.manager import ModelManager, default_plan
+    from localrun.manager import ModelManager
+    from localrun.planning.facts import default_plan
     from localrun.modelstore.store import ModelStore
     from localrun.planning.planner import PlanOverrides
     from localrun.settings import Settings
@@ -50,7 +51,7 @@ def vllm_front(tmp_path_factory):
     plans = []
 
     def planner(record):
-        from localrun.manager import machine_facts
+        from localrun.planning.facts import machine_facts
 
         machine_facts(settings, refresh=True)
         plan = default_plan(record, settings, PlanOverrides(runtime="vllm"))

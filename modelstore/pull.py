@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound
+from localrun.errors import InvalidModelFile, ModelNotFound
 from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, hash_file, fetch_file
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
@@ -261,16 +261,4 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
         source=Source.HUB, owned=True, repo=plan.repo, revision=plan.commit,
         metadata=_metadata(plan, primary, [r.path for r in results.values()]), added_at=time.time(),
     )
-    return _register(store, record)
-
-
-def _register(store, record: ModelRecord) -> ModelRecord:
-    """Add the record; a re-pull of the same repo replaces its entry, another owner's name is kept."""
-    try:
-        return store.index.add(record)
-    except ModelExists:
-        existing = store.index.find(record.name)
-        if existing is not None and existing.repo != record.repo:
-            raise ModelExists(f"the name {record.name} is taken by {existing.repo or existing.path}",
-                              hint=f"remove it first (localrun rm {record.name})") from None
-        return store.index.add(record, replace=True)
+    return store.register(record)

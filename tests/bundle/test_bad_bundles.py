@@ -271,7 +271,7 @@ def test_consistent_lock_but_not_a_model(target, bundle_dir):
     """Hashes can be made to match anything; the store's GGUF validation still has the last word."""
     import hashlib
 
-    from localrun.modelstore.bundle.lock import lfs_git_oid
+    from localrun.modelstore.gitids import lfs_git_oid
 
     junk = b"GGUF" + bytes(range(256)) * 64
     old = blob_of(bundle_dir)

@@ -183,6 +183,36 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
     return repos
 
 
+class StoreCatalog:
+    """One store's catalog, rebuilt only when its index changed (the index file's and its WAL's
+    stat, so a HEAD costs two stats, not a read of every record)."""
+
+    def __init__(self, store, cache_dir: Path) -> None:
+        self.store = store
+        self.cache_dir = cache_dir
+        self._repos: dict[str, MirrorRepo] = {}
+        self._signature: tuple | None = None
+
+    def _index_signature(self) -> tuple:
+        path = self.store.index.path
+        out = []
+        for p in (path, path.with_name(path.name + "-wal")):
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def repos(self) -> dict[str, MirrorRepo]:
+        sig = self._index_signature()
+        if sig != self._signature:
+            self._repos = build_catalog(self.store.list(), self.cache_dir)
+            self._signature = sig
+            logger.debug("mirror: catalog rebuilt, %d repos", len(self._repos))
+        return self._repos
+
+
 def _local_commit(record: ModelRecord, files: dict[str, MirrorFile]) -> str:
     """A stable commit for a model without one: a bundle's when every sha256 is recorded
     (the same commit on both sides of a bundle), else one that changes only with the record."""

@@ -16,7 +16,7 @@ Order of work, so that a bad bundle leaves nothing half-done and an interrupted 
    store, and one index transaction per model. Re-running converges to the same state.
 
 Hashing: a folder bundle exported on this machine carries a seal (see
-:mod:`.bundle_source`); its blobs are not re-hashed unless ``rehash=True``. Everything
+:mod:`.source`); its blobs are not re-hashed unless ``rehash=True``. Everything
 else is hashed once, while it is copied or linked.
 """
 

@@ -31,3 +31,14 @@ def test_synthetic_ids_are_stable_and_valid():
     a = synthetic_commit("local/m", [("b", "2" * 64), ("a", "1" * 64)])
     assert a == synthetic_commit("local/m", [("a", "1" * 64), ("b", "2" * 64)]) and len(a) == 40
     assert a != synthetic_commit("local/n", [("a", "1" * 64), ("b", "2" * 64)])
+
+
+def test_the_mirrors_catalog_speaks_no_http():
+    """hub_catalog is store logic: importing it pulls in no HTTP stack (server/mirror does the HTTP)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, localrun.modelstore.hub_catalog; "
+            "print(','.join(m for m in ('httpx', 'fastapi', 'starlette', 'uvicorn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""

@@ -135,7 +135,8 @@ def ensure_default_model(store: ModelStore) -> ModelRecord | None:
     target = store.settings.data_dir / "builtin" / DEFAULT_MODEL_FILE
 
     def done(rec: ModelRecord | None) -> bool:
-        return rec is not None and rec.source == Source.BUILTIN and rec.path == str(target) and _size(target) == rec.size
+        return (rec is not None and rec.source == Source.BUILTIN and rec.path == str(target)
+                and _size(target) == rec.size)
 
     rec = store.index.find(DEFAULT_MODEL_NAME)
     if rec is not None and rec.source != Source.BUILTIN:

@@ -158,7 +158,8 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
             logger.warning("mirror: %s has repo %r, which the hub protocol cannot carry; leaving it out", record.name, repo_id)
             continue
         files = {mf.path: mf for mf in (_mirror_file(record, fe, cache_dir) for fe in record.files) if mf is not None}
-        commit = record.revision if record.repo and record.revision and is_sha1(record.revision) else _local_commit(record, files)
+        has_commit = bool(record.repo and record.revision and is_sha1(record.revision))
+        commit = record.revision if has_commit else _local_commit(record, files)
         repo = repos.setdefault(repo_id, MirrorRepo(repo_id))
         entry = repo.commits.setdefault(commit, MirrorCommit(commit))
         entry.updated = max(entry.updated, record.added_at)

@@ -92,8 +92,9 @@ class ModelStore:
         except ModelExists:
             existing = self.index.find(record.name)
             if existing is not None and existing.repo != record.repo:
-                raise ModelExists(f"the name {record.name} is taken by {existing.repo or existing.path}",
-                                  hint=f"remove it first (localrun rm {record.name}), or replace it (--replace)") from None
+                hint = f"remove it first (localrun rm {record.name}), or replace it (--replace)"
+                holder = existing.repo or existing.path
+                raise ModelExists(f"the name {record.name} is taken by {holder}", hint=hint) from None
             return self.index.add(record, replace=True)
 
     def inspect_path(self, path: str | Path, *, name: str | None = None) -> ModelRecord:

@@ -104,7 +104,8 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
         repo, synthetic, revision = rec.repo, False, str(hub_meta.get("revision") or commit)
         for local, rel, blob in files:
             lfs = bool(is_sha256(blob)) or (not is_sha1(blob) and is_lfs_path(rel, os.stat(local).st_size))
-            sources.append(_describe(rec, local, rel, lfs, f"{endpoint}/{repo}/resolve/{commit}/{rel}", git_oid=blob if is_sha1(blob) else None))
+            sources.append(_describe(rec, local, rel, lfs, f"{endpoint}/{repo}/resolve/{commit}/{rel}",
+                                     git_oid=blob if is_sha1(blob) else None))
         origin = endpoint
     else:
         repo, synthetic, revision = synthetic_repo(rec.name), True, "main"

@@ -34,7 +34,8 @@ def test_native_wheel_is_refused_unless_allowed(tmp_path):
     with pytest.raises(wheels.WheelhouseError, match="GGML_NATIVE=ON") as info:
         wheels.choose_llama_wheel(wheels.WheelhouseOptions(llama_wheel=wheel), tmp_path)
     assert "--build-portable-llama" in info.value.hint
-    assert wheels.choose_llama_wheel(wheels.WheelhouseOptions(llama_wheel=wheel, allow_native=True), tmp_path) == (wheel, True)
+    native = wheels.WheelhouseOptions(llama_wheel=wheel, allow_native=True)
+    assert wheels.choose_llama_wheel(native, tmp_path) == (wheel, True)
     (tmp_path / "p").mkdir()
     portable = fake_llama_wheel(tmp_path / "p", "OFF")
     assert wheels.choose_llama_wheel(wheels.WheelhouseOptions(llama_wheel=portable), tmp_path) == (portable, False)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 from localrun.errors import AccessDenied, DownloadFailed, ModelNotFound
+from localrun.modelstore.gitids import git_blob_hasher
 from localrun.modelstore.hub import RemoteFile
 from localrun.modelstore.hfcache import CacheLayout
 
@@ -73,7 +74,7 @@ class FileDigest:
     def __init__(self, rf: RemoteFile) -> None:
         self.rf = rf
         self.sha256 = hashlib.sha256()
-        self.sha1 = None if rf.sha256 else hashlib.sha1(b"blob %d\0" % rf.size)
+        self.sha1 = None if rf.sha256 else git_blob_hasher(rf.size)
 
     def update(self, data) -> None:
         self.sha256.update(data)

@@ -18,7 +18,8 @@ import shutil
 import uuid
 from pathlib import Path
 
-from localrun.errors import InvalidName
+from localrun.errors import InvalidName, ModelNotFound
+from localrun.modelstore.hub import RemoteFile, RepoListing
 from localrun.modelstore.names import safe_join, safe_relpath
 
 logger = logging.getLogger(__name__)
@@ -90,3 +91,34 @@ class CacheLayout:
             shutil.copyfile(blob, tmp)
         os.replace(tmp, snap)
         return snap
+
+
+def listing_from_cache(layout: CacheLayout, revision: str | None) -> RepoListing:
+    """What the cache holds for the layout's repo at ``revision`` (default ``main``), in the shape
+    of a hub listing: offline pulls plan from it, and a pull-through mirror serves it when its
+    upstream is down. Etags are read from the snapshot links, so no byte is hashed here.
+
+    Raises:
+        ModelNotFound: the revision or its snapshot is not in the cache.
+    """
+    repo = layout.repo
+    rev = revision or "main"
+    commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else layout.read_ref(rev)
+    where = f"the local cache ({layout.cache_dir})"
+    if commit is None or not layout.snapshot_dir(commit).is_dir():
+        raise ModelNotFound(f"offline: {repo}@{rev} is not in {where}",
+                            hint="connect and pull it first, or unset HF_HUB_OFFLINE / drop --offline")
+    root = layout.snapshot_dir(commit)
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not Path(dirpath, d).is_symlink()]
+        for fn in filenames:
+            full = Path(dirpath, fn)
+            rel = full.relative_to(root).as_posix()
+            if not full.exists():
+                continue  # a dangling link: treated as missing
+            etag = os.path.basename(os.readlink(full)) if full.is_symlink() else ""
+            etag = etag if _ETAG_RE.match(etag) else ""
+            sha256, oid = (etag, None) if len(etag) == 64 else (None, etag or None)
+            files.append(RemoteFile(rel, full.stat().st_size, sha256, oid))
+    return RepoListing(repo, rev, commit, tuple(sorted(files, key=lambda f: f.path)))

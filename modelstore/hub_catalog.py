@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localrun.errors import LocalrunError, VerificationFailed
-from localrun.modelstore.bundle.lock import lfs_git_oid, synthetic_commit, synthetic_repo
 from localrun.modelstore.download import hash_file
+from localrun.modelstore.gitids import SYNTHETIC_ORG, is_sha1, is_sha256, lfs_git_oid, synthetic_commit, synthetic_repo
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import FORMAT_TAGS, RemoteFile
 from localrun.modelstore.names import safe_relpath
@@ -39,9 +39,6 @@ from localrun.types import ModelRecord
 
 logger = logging.getLogger(__name__)
 
-LOCAL_NAMESPACE = "local"
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
@@ -84,7 +81,7 @@ class MirrorRepo:
 
     def resolve(self, revision: str) -> MirrorCommit | None:
         """A branch name or a full commit this repo holds; nothing else (no invented commits)."""
-        commit = self.branches.get(revision) or (revision if _HEX40.match(revision) else None)
+        commit = self.branches.get(revision) or (revision if is_sha1(revision) else None)
         return self.commits.get(commit) if commit else None
 
     @property
@@ -97,7 +94,7 @@ def local_repo_id(name: str) -> str:
     try:
         return synthetic_repo(name)
     except LocalrunError:
-        return f"{LOCAL_NAMESPACE}/model"
+        return f"{SYNTHETIC_ORG}/model"
 
 
 def _repo_relpath(record: ModelRecord, disk: Path, cache_dir: Path) -> str:
@@ -128,9 +125,9 @@ def _mirror_file(record: ModelRecord, entry, cache_dir: Path) -> MirrorFile | No
     blob = os.path.basename(os.readlink(disk)) if disk.is_symlink() else ""
     sha256 = (entry.sha256 or "").lower() or None
     git_oid = None
-    if _HEX40.match(blob) and record.repo:
+    if is_sha1(blob) and record.repo:
         git_oid = blob  # the hub said this is a plain git file with this oid
-    elif _HEX64.match(blob) and sha256 is None:
+    elif is_sha256(blob) and sha256 is None:
         sha256 = blob  # the blob's name is the sha256 it was verified against
     return MirrorFile(rel, entry.size, os.path.realpath(disk), sha256, git_oid, entry.mtime_ns)
 
@@ -146,7 +143,7 @@ def _read_branches(layout: CacheLayout) -> dict[str, str]:
                 value = path.read_text().strip()
             except OSError:
                 continue
-            if _HEX40.match(value):
+            if is_sha1(value):
                 out[path.relative_to(refs).as_posix()] = value
     return out
 
@@ -161,7 +158,8 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
             logger.warning("mirror: %s has repo %r, which the hub protocol cannot carry; leaving it out", record.name, repo_id)
             continue
         files = {mf.path: mf for mf in (_mirror_file(record, fe, cache_dir) for fe in record.files) if mf is not None}
-        commit = record.revision if record.repo and record.revision and _HEX40.match(record.revision) else _local_commit(record, files)
+        has_commit = bool(record.repo and record.revision and is_sha1(record.revision))
+        commit = record.revision if has_commit else _local_commit(record, files)
         repo = repos.setdefault(repo_id, MirrorRepo(repo_id))
         entry = repo.commits.setdefault(commit, MirrorCommit(commit))
         entry.updated = max(entry.updated, record.added_at)
@@ -174,7 +172,7 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
         if isinstance(asked, str) and asked and asked != commit and record.repo:
             repo.branches.setdefault(asked, commit)
     for repo in repos.values():
-        if not repo.repo.startswith(LOCAL_NAMESPACE + "/"):
+        if not repo.repo.startswith(SYNTHETIC_ORG + "/"):
             try:
                 on_disk = _read_branches(CacheLayout(cache_dir, repo.repo))
             except Exception:  # noqa: BLE001 - unreadable refs: keep what the index said
@@ -184,6 +182,36 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
         if not repo.branches:  # the store never saw a branch name: main is its newest commit
             repo.branches["main"] = max(repo.commits.values(), key=lambda c: c.updated).commit
     return repos
+
+
+class StoreCatalog:
+    """One store's catalog, rebuilt only when its index changed (the index file's and its WAL's
+    stat, so a HEAD costs two stats, not a read of every record)."""
+
+    def __init__(self, store, cache_dir: Path) -> None:
+        self.store = store
+        self.cache_dir = cache_dir
+        self._repos: dict[str, MirrorRepo] = {}
+        self._signature: tuple | None = None
+
+    def _index_signature(self) -> tuple:
+        path = self.store.index.path
+        out = []
+        for p in (path, path.with_name(path.name + "-wal")):
+            try:
+                st = os.stat(p)
+                out.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    def repos(self) -> dict[str, MirrorRepo]:
+        sig = self._index_signature()
+        if sig != self._signature:
+            self._repos = build_catalog(self.store.list(), self.cache_dir)
+            self._signature = sig
+            logger.debug("mirror: catalog rebuilt, %d repos", len(self._repos))
+        return self._repos
 
 
 def _local_commit(record: ModelRecord, files: dict[str, MirrorFile]) -> str:

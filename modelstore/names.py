@@ -80,14 +80,6 @@ def validate_model_name(name: object) -> str:
     return norm
 
 
-def is_valid_model_name(name: object) -> bool:
-    try:
-        validate_model_name(name)
-    except InvalidName:
-        return False
-    return True
-
-
 def model_name_from_filename(filename: str) -> str:
     """Derive a valid default model name from a file or folder name.
 

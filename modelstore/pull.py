@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound
+from localrun.errors import InvalidModelFile, ModelNotFound
 from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, hash_file, fetch_file
-from localrun.modelstore.hfcache import CacheLayout
+from localrun.modelstore.hfcache import CacheLayout, listing_from_cache
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
 from localrun.modelstore.refs import HubRef, Selection, model_name_for, parse_ref, select_files
 from localrun.types import FileEntry, Format, ModelRecord, Source
@@ -32,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 CONFIG_FILES = ("config.json", "mlc-chat-config.json")
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
-_HEX_RE = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
 
 
 @dataclass(frozen=True)
@@ -100,29 +98,6 @@ def _refuse_code(ref: HubRef, sel: Selection, trust_remote_code: bool, allow_nat
                                hint="MLC compiles its own library on first use; pass allow_native (--allow-native) only if you trust the publisher")
 
 
-def _listing_from_cache(layout: CacheLayout, repo: str, revision: str | None) -> RepoListing:
-    """What the local cache holds for ``repo`` at ``revision``, in the shape of a hub listing."""
-    rev = revision or "main"
-    commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else layout.read_ref(rev)
-    where = f"the local cache ({layout.cache_dir})"
-    if commit is None or not layout.snapshot_dir(commit).is_dir():
-        raise ModelNotFound(f"offline: {repo}@{rev} is not in {where}",
-                            hint="connect and pull it first, or unset HF_HUB_OFFLINE / drop --offline")
-    root = layout.snapshot_dir(commit)
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not Path(dirpath, d).is_symlink()]
-        for fn in filenames:
-            full = Path(dirpath, fn)
-            rel = full.relative_to(root).as_posix()
-            if not full.exists():
-                continue  # a dangling link: treated as missing
-            etag = os.path.basename(os.readlink(full)) if full.is_symlink() else ""
-            etag = etag if _HEX_RE.match(etag) else ""
-            files.append(RemoteFile(rel, full.stat().st_size, etag if len(etag) == 64 else None, etag if len(etag) == 40 else None))
-    return RepoListing(repo, rev, commit, tuple(sorted(files, key=lambda f: f.path)))
-
-
 def plan_pull(ref: str | HubRef, *, settings=None, revision: str | None = None, offline: bool = False,
               trust_remote_code: bool = False, allow_native: bool = False, hub: HubClient | None = None) -> PullPlan:
     """List the repo (or the cache, offline) and choose the files; downloads nothing."""
@@ -134,7 +109,7 @@ def plan_pull(ref: str | HubRef, *, settings=None, revision: str | None = None, 
     cache_dir = hub_cache_dir()
     layout = CacheLayout(cache_dir, ref.repo)
     client = hub or HubClient(settings=settings)
-    listing = _listing_from_cache(layout, ref.repo, ref.revision) if offline else client.list_repo(ref.repo, ref.revision)
+    listing = listing_from_cache(layout, ref.revision) if offline else client.list_repo(ref.repo, ref.revision)
     try:
         sel = select_files(ref, listing.paths, include_code=trust_remote_code, include_native=allow_native)
     except ModelNotFound as exc:
@@ -261,16 +236,4 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
         source=Source.HUB, owned=True, repo=plan.repo, revision=plan.commit,
         metadata=_metadata(plan, primary, [r.path for r in results.values()]), added_at=time.time(),
     )
-    return _register(store, record)
-
-
-def _register(store, record: ModelRecord) -> ModelRecord:
-    """Add the record; a re-pull of the same repo replaces its entry, another owner's name is kept."""
-    try:
-        return store.index.add(record)
-    except ModelExists:
-        existing = store.index.find(record.name)
-        if existing is not None and existing.repo != record.repo:
-            raise ModelExists(f"the name {record.name} is taken by {existing.repo or existing.path}",
-                              hint=f"remove it first (localrun rm {record.name})") from None
-        return store.index.add(record, replace=True)
+    return store.register(record)

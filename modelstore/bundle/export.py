@@ -29,16 +29,14 @@ from typing import BinaryIO, Callable
 from localrun import __version__
 from localrun.errors import LocalrunError, VerificationFailed
 from localrun.modelstore.bundle.lock import (LOCK_NAME, WHEELS_DIR, BundleError, Lock, LockFile, LockModel, LockWheel,
-                                              is_lfs_path, lfs_git_oid, parse_lock, synthetic_commit, synthetic_repo)
+                                              parse_lock)
 from localrun.modelstore.bundle.source import SEAL_NAME, Item, hash_stream, stat_key
+from localrun.modelstore.gitids import (git_blob_hasher, is_lfs_path, is_sha1, is_sha256, lfs_git_oid,
+                                         synthetic_commit, synthetic_repo)
 from localrun.modelstore.verify import file_path
 from localrun.types import ModelRecord, Source
 
 logger = logging.getLogger(__name__)
-
-_HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
 
 @dataclass(frozen=True)
 class _Source:
@@ -58,7 +56,7 @@ class ExportResult:
 def _hashes(path: Path, lfs: bool) -> tuple[str, str | None]:
     """sha256, and the git blob sha1 for a file git keeps itself (small files)."""
     sha256 = hashlib.sha256()
-    sha1 = None if lfs else hashlib.sha1(b"blob %d\0" % os.stat(path).st_size)
+    sha1 = None if lfs else git_blob_hasher(os.stat(path).st_size)
     with open(path, "rb") as f:
         while block := f.read(8 << 20):
             sha256.update(block)
@@ -86,7 +84,7 @@ def _hub_layout(rec: ModelRecord) -> tuple[str, list[tuple[Path, str, str]]] | N
         if "snapshots" not in parts:
             return None
         k = len(parts) - 1 - parts[::-1].index("snapshots")
-        if k + 2 >= len(parts) or not _HEX40.match(parts[k + 1]) or not parts[k - 1].startswith("models--"):
+        if k + 2 >= len(parts) or not is_sha1(parts[k + 1]) or not parts[k - 1].startswith("models--"):
             return None
         if commit not in (None, parts[k + 1]):
             return None
@@ -105,8 +103,9 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
         endpoint = str(hub_meta.get("endpoint") or endpoint_default)
         repo, synthetic, revision = rec.repo, False, str(hub_meta.get("revision") or commit)
         for local, rel, blob in files:
-            lfs = bool(_HEX64.match(blob)) or (not _HEX40.match(blob) and is_lfs_path(rel, os.stat(local).st_size))
-            sources.append(_describe(rec, local, rel, lfs, f"{endpoint}/{repo}/resolve/{commit}/{rel}", git_oid=blob if _HEX40.match(blob) else None))
+            lfs = bool(is_sha256(blob)) or (not is_sha1(blob) and is_lfs_path(rel, os.stat(local).st_size))
+            sources.append(_describe(rec, local, rel, lfs, f"{endpoint}/{repo}/resolve/{commit}/{rel}",
+                                     git_oid=blob if is_sha1(blob) else None))
         origin = endpoint
     else:
         repo, synthetic, revision = synthetic_repo(rec.name), True, "main"

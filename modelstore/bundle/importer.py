@@ -16,7 +16,7 @@ Order of work, so that a bad bundle leaves nothing half-done and an interrupted 
    store, and one index transaction per model. Re-running converges to the same state.
 
 Hashing: a folder bundle exported on this machine carries a seal (see
-:mod:`.bundle_source`); its blobs are not re-hashed unless ``rehash=True``. Everything
+:mod:`.source`); its blobs are not re-hashed unless ``rehash=True``. Everything
 else is hashed once, while it is copied or linked.
 """
 
@@ -239,16 +239,8 @@ class _Importer:
 
     def register(self) -> None:
         records = [self._record(m) for m in self.lock.models]
-        for rec in records:
-            try:
-                self.store.index.add(rec)
-            except ModelExists:  # ours from an earlier run (or a concurrent one), or --replace
-                existing = self.store.index.find(rec.name)
-                if existing is not None and existing.repo != rec.repo and not self.replace:
-                    raise ModelExists(f"bundle model {rec.name!r}: the name was just taken by {existing.repo or existing.path}",
-                                      hint=f"remove it first (localrun rm {rec.name}), or import with --replace") from None
-                self.store.index.add(rec, replace=True)
-            self.result.records.append(rec)
+        for rec in records:  # ours from an earlier or concurrent run is replaced, a stranger's only on --replace
+            self.result.records.append(self.store.register(rec, replace=self.replace))
 
     def _record(self, m: LockModel) -> ModelRecord:
         layout = CacheLayout(self.cache, m.repo)

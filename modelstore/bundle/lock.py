@@ -7,23 +7,19 @@ The importer trusts nothing else in the bundle: paths it writes are derived from
 (validated here, once, into types that cannot hold a bad name) and every byte is checked
 against it before it becomes visible at a final path.
 
-Git oids follow the hub: a small file's oid is the sha1 of its git blob; a large (LFS) file's
-oid is the sha1 of its LFS pointer text, and its blob in the cache is named by its sha256.
-Models that never had a repo (imported from a path, Ollama, LM Studio, the built-in one) get
-a synthetic repo ``local/<name>`` and a commit derived from their files, so exporting the
-same model twice gives the same lock.
+The ids a lock carries (git oids, LFS pointers, a synthetic repo and commit for a model that
+never had a repo) are :mod:`localrun.modelstore.gitids`'s, shared with the mirror's catalog.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from localrun.errors import InvalidModelFile, InvalidName
+from localrun.modelstore.gitids import is_sha1, is_sha256, lfs_git_oid
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.names import safe_relpath, validate_model_name
 from localrun.modelstore.refs import validate_repo_id, validate_revision
@@ -33,54 +29,15 @@ LOCK_NAME = "localrun.lock.json"
 SCHEMA_VERSION = 1
 HUB_DIR = "hub"
 WHEELS_DIR = "wheels"
-SYNTHETIC_ORG = "local"
 MAX_LOCK_BYTES = 16 * 1024 * 1024
-#: Files the hub keeps in LFS whatever their size (its default .gitattributes), and the size
-#: above which it always does; used only for synthetic repos, which have no hub to ask.
-LFS_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".npz", ".npy", ".onnx", ".msgpack", ".h5", ".model", ".params")
-LFS_THRESHOLD = 10 * 1024 * 1024
 #: Code never rides along in a bundle (security.md: code that ships with a model).
 CODE_SUFFIXES = (".py", ".pyc", ".so", ".dylib", ".dll", ".pyd")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_SHA1_RE = re.compile(r"^[0-9a-f]{40}$")
 
 
 class BundleError(InvalidModelFile):
     """A bundle that cannot be used: names the file and the problem. Nothing was registered."""
 
     code = "bad_bundle"
-
-
-def lfs_pointer(sha256: str, size: int) -> bytes:
-    """The pointer text git-lfs commits in place of a large file (what the hub's tree oid hashes)."""
-    return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()
-
-
-def git_blob_oid_of_bytes(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def lfs_git_oid(sha256: str, size: int) -> str:
-    return git_blob_oid_of_bytes(lfs_pointer(sha256, size))
-
-
-def is_lfs_path(path: str, size: int) -> bool:
-    return size >= LFS_THRESHOLD or path.lower().endswith(LFS_SUFFIXES)
-
-
-def synthetic_repo(name: str) -> str:
-    """``local/<name>`` with the name made a valid repo segment; stable for a given name."""
-    seg = re.sub(r"[^a-z0-9._-]+", "_", name.lower())
-    seg = re.sub(r"-{2,}", "-", re.sub(r"\.{2,}", ".", seg)).strip("._-")[:96] or "model"
-    return validate_repo_id(f"{SYNTHETIC_ORG}/{seg}")
-
-
-def synthetic_commit(repo: str, files: list[tuple[str, str]]) -> str:
-    """A 40-hex commit for a repo that has none: a digest of its (path, sha256) pairs."""
-    h = hashlib.sha1(f"localrun-bundle\0{repo}\0".encode())
-    for path, sha in sorted(files):
-        h.update(f"{path}\0{sha}\0".encode())
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -255,7 +212,7 @@ def _parse_model(d: Any, where: str) -> LockModel:
         raise BundleError(f"{where}: unknown format {d.get('format')!r}", hint=f"one of: {', '.join(f.value for f in Format)}") from None
     repo = _named(validate_repo_id, d.get("repo"), where)
     commit = _field(d, "commit", str, where)
-    if not _SHA1_RE.match(commit):
+    if not is_sha1(commit):
         raise BundleError(f"{where}: commit {commit[:80]!r} is not 40 hex digits", hint="the lock is damaged; export it again")
     revision = _named(validate_revision, d.get("revision") or commit, where)
     if revision != commit:
@@ -297,9 +254,9 @@ def _parse_file(d: Any, where: str) -> LockFile:
     lfs = d.get("lfs")
     if size < 0:
         raise BundleError(f"{where}: negative size {size}", hint="the lock is damaged; export it again")
-    if not _SHA256_RE.match(sha256):
+    if not is_sha256(sha256):
         raise BundleError(f"{where}: sha256 {sha256[:80]!r} is not 64 hex digits", hint="the lock is damaged; export it again")
-    if not _SHA1_RE.match(git_oid):
+    if not is_sha1(git_oid):
         raise BundleError(f"{where}: git_oid {git_oid[:80]!r} is not 40 hex digits", hint="the lock is damaged; export it again")
     if not isinstance(lfs, bool):
         raise BundleError(f"{where}: 'lfs' must be true or false", hint="the lock is damaged; export it again")
@@ -316,7 +273,7 @@ def _parse_wheel(d: Any, where: str) -> LockWheel:
     if not path.startswith(WHEELS_DIR + "/"):
         raise BundleError(f"{where}: {path!r} is not under {WHEELS_DIR}/", hint="the lock is damaged; export it again")
     sha256 = _field(d, "sha256", str, where).lower()
-    if not _SHA256_RE.match(sha256):
+    if not is_sha256(sha256):
         raise BundleError(f"{where}: sha256 {sha256[:80]!r} is not 64 hex digits", hint="the lock is damaged; export it again")
     size = _field(d, "size", int, where)
     if size < 0:

@@ -1,6 +1,6 @@
 """Reading a bundle, folder or tar, as a stream of entries the lock expects.
 
-The lock is read first and validated whole (:mod:`.bundle_lock`); then every entry of the
+The lock is read first and validated whole (:mod:`.lock`); then every entry of the
 bundle is checked against it before anyone reads a byte of content: its name (relative,
 inside, no ``..``), its kind (regular file, or a snapshot symlink whose text is exactly
 the link the lock implies), that it is expected and seen once, and that its size matches.

@@ -62,7 +62,7 @@ async def pick_model(request: Request, name: str | None) -> str:
     names = [r.name for r in records]
     if len(names) == 1:
         return names[0]
-    from localrun.modelstore.store import DEFAULT_MODEL_NAME
+    from localrun.modelstore.builtins import DEFAULT_MODEL_NAME
 
     if not loaded and DEFAULT_MODEL_NAME in names:
         return DEFAULT_MODEL_NAME

@@ -24,7 +24,7 @@ import time
 import anyio
 
 from localrun.errors import DownloadFailed, LocalrunError, ModelNotFound
-from localrun.modelstore.hfcache import CacheLayout
+from localrun.modelstore.hfcache import CacheLayout, listing_from_cache
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir
 from localrun.modelstore.hub_catalog import MirrorCommit, MirrorFile, MirrorRepo
 
@@ -82,10 +82,8 @@ class Upstream:
         return listing, False
 
     def _cached_listing(self, repo_id: str, revision: str) -> RepoListing | None:
-        from localrun.modelstore.pull import _listing_from_cache
-
         try:
-            return _listing_from_cache(CacheLayout(self.cache_dir, repo_id), repo_id, revision)
+            return listing_from_cache(CacheLayout(self.cache_dir, repo_id), revision)
         except LocalrunError:
             return None
 

@@ -12,7 +12,7 @@ On another machine ``HF_ENDPOINT=http://HOST:PORT`` then makes huggingface_hub
     HEAD/GET  /{ns}/{name}/resolve/{rev}/{path}                 the bytes; Range → 206
 
 Paths are split from the raw request path, segment by segment, so a revision sent as
-``refs%2Fpr%2F1`` stays one segment. Every answer comes from :mod:`.mirror_catalog`;
+``refs%2Fpr%2F1`` stays one segment. Every answer comes from :mod:`localrun.modelstore.hub_catalog`;
 a HEAD is a catalog lookup and a stat. Errors carry ``X-Error-Code`` (``RepoNotFound``,
 ``RevisionNotFound``, ``EntryNotFound``) and ``X-Repo-Commit`` where the commit is known,
 which huggingface_hub turns into its typed errors. No Xet header is ever sent.
@@ -21,7 +21,6 @@ which huggingface_hub turns into its typed errors. No Xet header is ever sent.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import datetime, timezone
 from urllib.parse import quote, unquote
@@ -32,10 +31,10 @@ from starlette.responses import JSONResponse, Response
 
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
 from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
+from localrun.modelstore.gitids import lfs_pointer
 from localrun.modelstore.names import safe_relpath
-from localrun.modelstore.bundle.lock import lfs_pointer
-from localrun.modelstore.hub_catalog import (MirrorCommit, MirrorFile, MirrorRepo, Verifier, build_catalog, etag_of, tree_oid,
-                                            valid_repo_part)
+from localrun.modelstore.hub_catalog import (MirrorCommit, MirrorFile, MirrorRepo, StoreCatalog, Verifier, etag_of,
+                                            tree_oid, valid_repo_part)
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 
 logger = logging.getLogger(__name__)
@@ -64,30 +63,12 @@ class Mirror:
 
     def __init__(self, store, *, upstream=None) -> None:
         self.store = store
-        self.cache_dir = hub_cache_dir()
+        self.catalog = StoreCatalog(store, hub_cache_dir())
         self.verifier = Verifier()
         self.upstream = upstream
-        self._repos: dict[str, MirrorRepo] = {}
-        self._signature: tuple | None = None
-
-    def _index_signature(self) -> tuple:
-        path = self.store.index.path
-        out = []
-        for p in (path, path.with_name(path.name + "-wal")):
-            try:
-                st = os.stat(p)
-                out.append((st.st_mtime_ns, st.st_size))
-            except OSError:
-                out.append(None)
-        return tuple(out)
 
     def repos(self) -> dict[str, MirrorRepo]:
-        sig = self._index_signature()
-        if sig != self._signature:
-            self._repos = build_catalog(self.store.list(), self.cache_dir)
-            self._signature = sig
-            logger.debug("mirror: catalog rebuilt, %d repos", len(self._repos))
-        return self._repos
+        return self.catalog.repos()
 
     async def lookup(self, repo_id: str, revision: str) -> tuple[MirrorRepo | None, MirrorCommit | None]:
         """The local repo and commit; through the upstream when the store lacks them."""

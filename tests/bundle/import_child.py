@@ -27,7 +27,7 @@ def _killer(n: int):
 
 
 def main() -> int:
-    from localrun.modelstore.bundle import importer as bi
+    from localrun.modelstore.bundle import importer
     from localrun.modelstore.hfcache import CacheLayout
     from localrun.modelstore.index import ModelIndex
     from localrun.modelstore.store import ModelStore
@@ -36,7 +36,7 @@ def main() -> int:
     path, point, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     tick = _killer(n)
     if point == "write":
-        real = bi.hash_stream
+        real = importer.hash_stream
 
         class HalfSink:
             def __init__(self, f):
@@ -48,9 +48,9 @@ def main() -> int:
                 tick()
                 self.f.write(data[len(data) // 2:])
 
-        bi.hash_stream = lambda stream, item, sink=None: real(stream, item, HalfSink(sink) if sink else None)
+        importer.hash_stream = lambda stream, item, sink=None: real(stream, item, HalfSink(sink) if sink else None)
     elif point in ("journal", "after-journal"):
-        real_add = bi._Journal.add
+        real_add = importer._Journal.add
 
         def add(self, blob, sha256):
             if point == "journal":
@@ -59,14 +59,14 @@ def main() -> int:
             if point == "after-journal":
                 tick()
 
-        bi._Journal.add = add
+        importer._Journal.add = add
     elif point == "ref":
         real_ref = CacheLayout.write_ref
         CacheLayout.write_ref = lambda self, rev, commit: (real_ref(self, rev, commit), tick())
     elif point == "index":
         real_index = ModelIndex.add
         ModelIndex.add = lambda self, rec, **kw: (real_index(self, rec, **kw), tick())[0]
-    result = bi.import_bundle(ModelStore(load_settings()), path)
+    result = importer.import_bundle(ModelStore(load_settings()), path)
     sys.stdout.write(" ".join(r.name for r in result.records) + "\n")
     return 0
 

@@ -271,7 +271,7 @@ def test_consistent_lock_but_not_a_model(target, bundle_dir):
     """Hashes can be made to match anything; the store's GGUF validation still has the last word."""
     import hashlib
 
-    from localrun.modelstore.bundle.lock import lfs_git_oid
+    from localrun.modelstore.gitids import lfs_git_oid
 
     junk = b"GGUF" + bytes(range(256)) * 64
     old = blob_of(bundle_dir)
@@ -320,21 +320,21 @@ def test_disk_full_mid_import_is_a_clear_error_and_the_rerun_carries_on(target, 
     import errno
 
     from localrun.errors import DownloadFailed
-    from localrun.modelstore.bundle import importer as bundle_import
+    from localrun.modelstore.bundle import importer
 
-    real = bundle_import.hash_stream
+    real = importer.hash_stream
 
     def full(stream, item, sink=None):
         if sink is not None:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(stream, item, sink)
 
-    monkeypatch.setattr(bundle_import, "hash_stream", full)
+    monkeypatch.setattr(importer, "hash_stream", full)
     store = target.store()
     with pytest.raises(DownloadFailed, match="disk full"):
         import_bundle(store, bundle_tar)
     assert store.list() == [] and not list(target.hf_cache.rglob("*.bundle-partial"))
-    monkeypatch.setattr(bundle_import, "hash_stream", real)
+    monkeypatch.setattr(importer, "hash_stream", real)
     assert [r.name for r in import_bundle(store, bundle_tar).records] == ["tiny"]
 
 
@@ -342,12 +342,12 @@ def test_disk_full_while_exporting_leaves_nothing(source, tiny_model, tmp_path, 
     import errno
 
     from localrun.errors import LocalrunError
-    from localrun.modelstore.bundle import export as bundle_export
+    from localrun.modelstore.bundle import export
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(bundle_export, "hash_stream", full)
+    monkeypatch.setattr(export, "hash_stream", full)
     with pytest.raises(LocalrunError, match="disk full"):
         export_bundle(source.store(), ["tiny"], tmp_path / "b")
     assert list(tmp_path.iterdir()) == []

@@ -14,7 +14,8 @@ import pytest
 from localrun.errors import ModelExists
 from localrun.modelstore.bundle.export import export_bundle
 from localrun.modelstore.bundle.importer import import_bundle, verify_bundle
-from localrun.modelstore.bundle.lock import LOCK_NAME, lfs_git_oid
+from localrun.modelstore.bundle.lock import LOCK_NAME
+from localrun.modelstore.gitids import lfs_git_oid
 from tests.bundle.conftest import sha256_file
 from tests.conftest import needs_llama
 from tests.hub.fakehub import git_blob_oid

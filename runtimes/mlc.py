@@ -35,7 +35,8 @@ from typing import Any, ClassVar
 from localrun.errors import InvalidModelFile, LocalrunError, ModelNotFound, RuntimeUnavailable, WorkerCrashed
 from localrun.proc import describe_exit
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_compat.client import OpenAIClient, Piece, sampling_to_openai, shape_stream
+from localrun.runtimes.openai_compat.client import OpenAIClient, sampling_to_openai
+from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature, WorkerCrashed
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.mlc import MlcServer, MlcSession
-from localrun.runtimes.openai_compat.client import shape_stream
+from localrun.runtimes.pieces import shape_stream
 from localrun.runtimes.openai_compat.upstream_client import Timeouts, UpstreamClient
 from localrun.runtimes.openai_compat.wire import chat_body, completion_body
 from localrun.runtimes.openai_compat.kinds import KINDS, UpstreamError

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localrun.errors import Overloaded
-from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+from localrun.settings import UpstreamConfig, UpstreamSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,7 @@
-"""Streaming helpers shared by the runtimes that do not decode tokens themselves.
+"""The HTTP side of every OpenAI-compatible server localrun talks to.
 
-Three pieces, each small:
+(:mod:`localrun.runtimes.pieces` turns what it yields into chunks; :mod:`.sse` parses the events.)
 
-* :class:`StopScanner` and :func:`shape_stream` turn a backend's text pieces into the
-  core's :class:`~localrun.types.Chunk` stream with one behaviour for every runtime: stop
-  strings cut the text (a tail that could begin a stop string is held back until it
-  cannot), a cancel ends the stream with ``finish_reason="cancelled"`` at the next piece,
-  and the last chunk carries the finish reason and the usage. MLX feeds it tokens, the
-  HTTP runtimes feed it what their servers send.
 * :func:`abort_on_cancel` shuts a streaming HTTP response's socket the moment a request is
   cancelled, so a read blocked on a slow server (a long prefill) returns at once instead
   of at the next token. Ollama and ``mlc_llm serve`` both stop generating when their
@@ -26,8 +20,7 @@ import math
 import re
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -40,8 +33,9 @@ from localrun.errors import (
     UnsupportedFeature,
     WorkerCrashed,
 )
-from localrun.chat.stops import StopMatcher
-from localrun.types import Cancel, Chunk, Sampling, Usage
+from localrun.runtimes.openai_compat.sse import iter_sse
+from localrun.runtimes.pieces import Piece
+from localrun.types import Cancel, Sampling, Usage
 
 log = logging.getLogger(__name__)
 
@@ -49,90 +43,6 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.01
 #: Servers' wording for a prompt longer than the context (MLC, Ollama, llama-server, vLLM).
 CONTEXT_WORDS = re.compile(r"input length limit|context (length|window)|too long|exceeds? the (context|maximum)", re.I)
-
-
-#: The one stop matcher (``feed`` is its ``push``), under the name this module's callers know.
-StopScanner = StopMatcher
-
-
-@dataclass(frozen=True)
-class Piece:
-    """What a backend produced in one step: text, and on its last step why it ended."""
-
-    text: str = ""
-    finish_reason: str | None = None  # "stop" | "length" from the backend, on its last piece
-    usage: Usage | None = None  # the backend's own count, when it reports one
-    tokens: int = 1  # tokens this piece stands for, when the backend reports no usage
-    #: Log-probability entries of the tokens behind this piece (``Chunk.logprobs`` shape).
-    logprobs: tuple[dict[str, Any], ...] = ()
-    #: Tool calls the backend parsed itself (OpenAI shape), gathered onto the last chunk.
-    tool_calls: tuple[dict[str, Any], ...] = ()
-
-
-def shape_stream(
-    pieces: Iterator[Piece], *, stops: Sequence[str], cancel: Cancel, prompt_tokens: int = 0
-) -> Iterator[Chunk]:
-    """Turn backend pieces into chunks: stop strings, cancel and a final chunk with usage.
-
-    A piece's logprob entries ride the next chunk sent, so a token whose text is held back
-    (a stop string may be starting) loses none; what is left rides the last chunk, with
-    the tool calls, whose finish reason becomes "tool_calls" when the answer made any.
-    The source iterator is closed on the way out (early stop, cancel, error), which for
-    the HTTP runtimes closes the response and so stops the server's generation.
-    """
-    scanner = StopScanner(stops)
-    generated = 0
-    usage: Usage | None = None
-    finish = "stop"
-    pending: list[dict[str, Any]] = []
-    calls: list[dict[str, Any]] = []
-
-    def chunk(text: str) -> Chunk:
-        lp = tuple(pending)
-        pending.clear()
-        return Chunk(text, logprobs=lp)
-
-    try:
-        for piece in pieces:
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-            generated += piece.tokens
-            usage = piece.usage or usage
-            pending.extend(piece.logprobs)
-            calls.extend(piece.tool_calls)
-            text, hit = scanner.feed(piece.text)
-            if hit:
-                finish = "stop"
-                if text:
-                    yield chunk(text)
-                break
-            if piece.finish_reason is not None:
-                finish = piece.finish_reason
-                text += scanner.flush()
-                if text:
-                    yield chunk(text)
-                break
-            if text:
-                yield chunk(text)
-        else:
-            # The source ended without a finish reason: a cancel that closed it, or a
-            # backend that just stops sending.
-            finish = "cancelled" if cancel.is_set() else "stop"
-            if finish != "cancelled":
-                rest = scanner.flush()
-                if rest:
-                    yield chunk(rest)
-    finally:
-        close = getattr(pieces, "close", None)
-        if close is not None:
-            close()
-    if usage is None or (finish == "cancelled" and usage.completion_tokens < generated):
-        usage = Usage(prompt_tokens=usage.prompt_tokens if usage else prompt_tokens, completion_tokens=generated)
-    if calls and finish in ("stop", "length"):
-        finish = "tool_calls"
-    last = chunk("")
-    yield Chunk("", finish_reason=finish, usage=usage, tool_calls=tuple(calls), logprobs=last.logprobs)
 
 
 # --- cancelling a blocked read --------------------------------------------------------
@@ -225,23 +135,6 @@ def raise_for_response(response: httpx.Response, *, server: str, model: str) -> 
     if response.status_code in (400, 422):
         raise UnsupportedFeature(f"{server} refused the request: {message}")
     raise LocalrunError(f"{server} answered {response.status_code}: {message}")
-
-
-def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Decode a server-sent-event stream of JSON ``data:`` events until ``[DONE]``."""
-    data: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
-            continue
-        if line or not data:
-            continue  # comments (":"), "event:"/"id:" fields, keep-alive blank lines
-        payload, data = "\n".join(data), []
-        if payload.strip() == "[DONE]":
-            return
-        yield json.loads(payload)
-    if data and "\n".join(data).strip() != "[DONE]":
-        yield json.loads("\n".join(data))
 
 
 def _usage(data: Any) -> Usage | None:

@@ -26,7 +26,9 @@ from typing import Any
 import httpx
 
 from localrun.errors import LocalrunError
-from localrun.runtimes.openai_compat.client import Piece, _shutdown_response, _usage, iter_sse
+from localrun.runtimes.openai_compat.client import _shutdown_response, _usage
+from localrun.runtimes.openai_compat.sse import iter_sse
+from localrun.runtimes.pieces import Piece
 from localrun.runtimes.openai_compat.kinds import Kind, UpstreamError, UpstreamTimeout, error_text, scrub, status_error
 from localrun.runtimes.openai_compat.wire import ToolCalls, chat_logprobs
 from localrun.types import Cancel

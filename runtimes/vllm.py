@@ -8,7 +8,7 @@ plan's ``vllm_python``, or this interpreter. The supervision is the one MLC uses
 (:mod:`localrun.runtimes.openai_compat.supervisor`: a free loopback port, wait for
 ``/v1/models``, log file, stop the process group, a crash becomes
 :class:`~localrun.errors.WorkerCrashed` and the next request starts it again);
-requests go through the upstream client with vLLM's dialect, so tools-free chat,
+requests go through the one OpenAI-compatible client with vLLM's dialect, so tools-free chat,
 completions, JSON schemas, log-probabilities and streamed usage all work.
 
 The store registers a config + safetensors folder as format ``mlx`` (the same layout);
@@ -28,13 +28,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature, WorkerCrashed
+from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.runtimes.pieces import shape_stream
-from localrun.runtimes.openai_compat.upstream_client import Timeouts, UpstreamClient
 from localrun.runtimes.openai_compat.wire import chat_body, completion_body
-from localrun.runtimes.openai_compat.kinds import KINDS, UpstreamError
+from localrun.runtimes.openai_compat.kinds import KINDS
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -177,26 +176,11 @@ class VllmSession(SupervisedSession):
 
     concurrent = True
     capabilities: frozenset[str] = frozenset({"json_schema", "logprobs"})
-    lost = (WorkerCrashed, RuntimeUnavailable, UpstreamError)
-
-    def __init__(self, server: VllmServer):
-        super().__init__(server)
-        self._client: UpstreamClient | None = None
-        self._client_port: int | None = None
-
-    def _upstream(self) -> UpstreamClient:
-        port = self._server.port
-        if self._client is None or self._client_port != port:
-            if self._client is not None:
-                self._client.close()
-            read = float(self._server.plan.options.get("read_timeout_s", 600.0))
-            self._client = UpstreamClient(f"vLLM server on port {port}", f"http://127.0.0.1:{port}", KINDS["vllm"],
-                                          timeouts=Timeouts(5.0, read, read))
-            self._client_port = port
-        return self._client
 
     def _run(self, path: str, body: dict[str, Any], cancel: Cancel) -> Iterator[Chunk]:
-        pieces = self._guard(self._upstream().stream(path, body, cancel, model=self._server.record.name))
+        """vLLM applies the stop strings itself (they are in the body); the supervisor's client streams."""
+        client = self._server.client
+        pieces = self._guard(client.stream(path, body, cancel, model=self._server.record.name))
         return shape_stream(pieces, stops=(), cancel=cancel)
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
@@ -214,10 +198,6 @@ class VllmSession(SupervisedSession):
         raise UnsupportedFeature(f"{self._server.record.name}: the vllm runtime serves generation models here; "
                                  "run an embedding model as an upstream", param="input")
 
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        super().close()
 
 
 def plan_for_vllm(plan: Plan, hw, *, asked_device: str | None = None) -> Plan:

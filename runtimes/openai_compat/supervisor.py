@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from localrun.errors import LocalrunError, RuntimeUnavailable, WorkerCrashed
 from localrun.proc import describe_exit
 from localrun.runtimes.openai_compat.client import OpenAIClient
+from localrun.runtimes.openai_compat.watch import Timeouts
 from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import Cancel, Chunk, ModelRecord, Plan
 
@@ -81,8 +82,9 @@ class SupervisedServer:
             cmd = self.serve_command(port)
             self.port = port
             self._spawn(cmd)
+            read = float(self.plan.options.get("read_timeout_s", 600.0))
             self.client = OpenAIClient(f"http://127.0.0.1:{port}", server=f"{self.label} on port {port}",
-                                       read_timeout_s=float(self.plan.options.get("read_timeout_s", 600.0)))
+                                       timeouts=Timeouts(5.0, read, read))
             try:
                 self._wait_ready(timeout_s)
                 return
@@ -114,7 +116,7 @@ class SupervisedServer:
                     hint=f"full log: {self.log_path}",
                 )
             try:
-                ids = self.client.models(timeout_s=2.0)
+                ids = [m["id"] for m in self.client.models(timeout_s=2.0)]
             except LocalrunError:
                 ids = None
             if ids is not None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localrun.chat.stops import StopMatcher
-from localrun.runtimes.openai_compat.client import abort_on_cancel
+from localrun.runtimes.openai_compat.watch import abort_on_cancel
 from localrun.runtimes.openai_compat.sse import iter_sse
 from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import Cancel, Usage, fold

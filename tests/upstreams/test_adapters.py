@@ -161,6 +161,13 @@ def test_every_kind_declares_a_health_path_and_known_capabilities():
         assert kind.capabilities <= {"tools", "json_schema", "logprobs", "embeddings"}
 
 
+def test_the_kinds_table_agrees_with_the_settings_list_of_kind_names():
+    """config.toml accepts exactly the kinds that have a dialect: one list of names, one table."""
+    from localrun.settings import UPSTREAM_KINDS
+
+    assert tuple(KINDS) == UPSTREAM_KINDS and all(KINDS[name].name == name for name in UPSTREAM_KINDS)
+
+
 def test_ollama_kind_probes_api_version_and_streams_its_v1_routes(replays, front_factory):
     up = replays({
         "GET /api/version": Reply(body=b'{"version": "0.12.11"}'),

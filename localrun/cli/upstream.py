@@ -43,7 +43,8 @@ def upstream_group() -> None:
 @upstream_group.command("add")
 @click.argument("name")
 @click.argument("url")
-@click.option("--kind", type=click.Choice(UPSTREAM_KINDS), default="openai", show_default=True, help="Which engine it is.")
+@click.option("--kind", type=click.Choice(UPSTREAM_KINDS), default="openai", show_default=True,
+              help="Which engine it is.")
 @click.option("--key-env", help="Environment variable that holds its API key (kept out of config.toml).")
 @click.option("--key", help="Its API key, written to config.toml (prefer --key-env).")
 @click.option("--model", "models", multiple=True, help="A model it serves (repeat); default: ask its /v1/models.")

@@ -67,7 +67,8 @@ def remote_entry(pool: UpstreamPool, route: Route, settings) -> RemoteEntry:
                 n_ctx=record.metadata.get("context_length") or 0,
                 reasons=(f"served by upstream {', '.join(route.upstreams)}",))
     slots = sum(pool.get(n).config.max_concurrency for n in route.upstreams if pool.get(n) is not None)
-    return RemoteEntry(route.name, route, record, plan, UpstreamSession(pool, route), slots + settings.server.queue_size)
+    return RemoteEntry(route.name, route, record, plan, UpstreamSession(pool, route),
+                       slots + settings.server.queue_size)
 
 
 @dataclass(frozen=True)

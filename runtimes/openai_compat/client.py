@@ -78,7 +78,8 @@ def engine_status_error(response: httpx.Response, *, server: str, model: str) ->
     if response.status_code == 404:
         return ModelNotFound(f"{server} has no model {model!r}: {message}")
     if response.status_code in (400, 413, 422) and CONTEXT_WORDS.search(message):
-        return ContextOverflow(f"{server}: {message}", hint="shorten the conversation or load the model with a larger context")
+        return ContextOverflow(f"{server}: {message}",
+                               hint="shorten the conversation or load the model with a larger context")
     if response.status_code in (400, 422):
         return UnsupportedFeature(f"{server} refused the request: {message}")
     return LocalrunError(f"{server} answered {response.status_code}: {message}")
@@ -277,7 +278,8 @@ class OpenAIClient:
                         return
                     if watchdog.fired:
                         raise self._timeout(watchdog) from None
-                    raise self._stream_error(f"broke off the stream: {self.scrub(str(exc)) or type(exc).__name__}") from None
+                    why = self.scrub(str(exc)) or type(exc).__name__
+                    raise self._stream_error(f"broke off the stream: {why}") from None
                 finally:
                     watchdog.stop()
         except httpx.HTTPError as exc:

@@ -125,7 +125,8 @@ class SupervisedServer:
             if time.monotonic() > deadline:
                 raise RuntimeUnavailable(
                     f"{self.label} did not answer within {timeout_s:.0f} s for {self.record.name}:\n{self.log_tail()}",
-                    hint=f"a first run may compile or warm up the model; raise {self.timeout_option}. Full log: {self.log_path}",
+                    hint=f"a first run may compile or warm up the model; raise {self.timeout_option}. "
+                         f"Full log: {self.log_path}",
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -201,11 +202,13 @@ class SupervisedSession:
                 return
             if self._restarts >= MAX_RESTARTS:
                 raise RuntimeUnavailable(
-                    f"{self._server.label} for {self._server.record.name} stopped ({status}) {self._restarts + 1} times",
+                    f"{self._server.label} for {self._server.record.name} stopped ({status}) "
+                    f"{self._restarts + 1} times",
                     hint=f"see {self._server.log_path}",
                 )
             self._restarts += 1
-            log.warning("%s for %s stopped (%s); starting it again", self._server.label, self._server.record.name, status)
+            log.warning("%s for %s stopped (%s); starting it again", self._server.label, self._server.record.name,
+                        status)
             self._server.stop()
             self._server.start()
 

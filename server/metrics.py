@@ -287,10 +287,6 @@ class UpstreamMetrics:
 
 
 def attach_upstream_metrics(manager) -> UpstreamMetrics | None:
-    """Subscribe upstream metrics to the manager's pool; None when there are no upstreams."""
-    pool = getattr(manager, "upstreams", None)
-    if pool is None:
-        return None
+    """Subscribe upstream metrics to the manager's upstreams; None when there are none."""
     metrics = UpstreamMetrics()
-    pool.observers.append(metrics.observe)
-    return metrics
+    return metrics if manager.observe_upstreams(metrics.observe) else None

@@ -122,21 +122,19 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[st
 
 
 def upstream_listing(manager, records) -> list:
-    """The upstream models to list beside ``records`` (the local store's), as Listed entries."""
-    from localrun.upstreams.routing import listed_models
-
-    return listed_models(getattr(manager, "upstreams", None), (r.name for r in records))
+    """The upstream entries of the manager's catalog, listed beside ``records`` (the local store's)."""
+    return [e for e in manager.catalog(records) if e.upstreams]
 
 
-def openai_upstream_model(listed) -> dict[str, Any]:
-    """An upstream model in /v1/models: owned by ``upstream:NAME``, with its health."""
-    entry = openai_model(listed.record, None)
-    entry["owned_by"] = "upstream:" + ",".join(listed.route.upstreams)
-    entry["upstream"] = {"names": list(listed.route.upstreams), "model": listed.route.model, "health": listed.health}
-    return entry
+def openai_upstream_model(entry) -> dict[str, Any]:
+    """An upstream model (a catalog entry) in /v1/models: owned by ``upstream:NAME``, with its health."""
+    model = openai_model(entry.record, None)
+    model["owned_by"] = "upstream:" + ",".join(entry.upstreams)
+    model["upstream"] = {"names": list(entry.upstreams), "model": entry.upstream_model, "health": entry.health}
+    return model
 
 
-def ollama_upstream_tag(listed) -> dict[str, Any]:
-    tag = ollama_tag(listed.record)
-    tag["localrun"] = {"source": "upstream " + ",".join(listed.route.upstreams), "health": listed.health}
+def ollama_upstream_tag(entry) -> dict[str, Any]:
+    tag = ollama_tag(entry.record)
+    tag["localrun"] = {"source": "upstream " + ",".join(entry.upstreams), "health": entry.health}
     return tag

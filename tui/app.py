@@ -131,10 +131,8 @@ class LocalrunApp(App):
     @work(thread=True, exit_on_error=False, group="facts", exclusive=True, name="detect hardware")
     def detect_facts(self, refresh: bool = False) -> None:
         from localrun.planning.facts import machine_facts
-        from localrun.tui.backend import FACTS_LOCK
 
-        with FACTS_LOCK:
-            hw, statuses = machine_facts(self.settings, refresh=refresh)
+        hw, statuses = machine_facts(self.settings, refresh=refresh)
         self.post_message(FactsReady(hw, statuses))
 
     def on_facts_ready(self, message: FactsReady) -> None:

@@ -13,20 +13,15 @@ error handler shows them.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.manager import CatalogEntry
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
 
 log = logging.getLogger(__name__)
-
-#: Serialises the TUI's calls that may run hardware detection for the first time
-#: (``machine_facts`` caches, but two first calls at once can see a half-filled cache).
-FACTS_LOCK = threading.Lock()
-
 
 @dataclass(frozen=True)
 class ModelDetails:
@@ -76,6 +71,7 @@ class Backend(Protocol):
     can_plan: ClassVar[bool]
 
     def list_models(self) -> list[ModelRecord]: ...
+    def catalog(self) -> list[CatalogEntry]: ...  # the models with their source labels (the library)
     def upstreams(self) -> list[dict[str, Any]]: ...
     def plan(self, record: ModelRecord) -> Plan | None: ...
     def details(self, name: str) -> ModelDetails: ...
@@ -144,21 +140,19 @@ class LocalBackend:
         self.manager = manager
 
     def list_models(self) -> list[ModelRecord]:
-        from localrun.upstreams.routing import listed_models
+        return [e.record for e in self.catalog()]
 
-        records = self.store.list()
-        remote = [u.record for u in listed_models(getattr(self.manager, "upstreams", None), (r.name for r in records))]
-        return sorted(records, key=lambda r: r.name) + remote
+    def catalog(self) -> list[CatalogEntry]:
+        local = sorted(self.store.list(), key=lambda r: r.name)
+        return self.manager.catalog(local)
 
     def upstreams(self) -> list[dict[str, Any]]:
-        pool = getattr(self.manager, "upstreams", None)
-        return pool.status() if pool is not None else []
+        return self.manager.upstream_status()
 
     def plan(self, record: ModelRecord) -> Plan | None:
         if record.source is Source.UPSTREAM:
             return None  # its server plans it
-        with FACTS_LOCK:
-            return self.manager.plan_for(record)
+        return self.manager.plan_for(record)
 
     def details(self, name: str) -> ModelDetails:
         record = self.manager.resolve(name)

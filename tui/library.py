@@ -24,7 +24,6 @@ from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge
 from localrun.tui.modals import ConfirmModal
 from localrun.tui.tables import fit_columns
-from localrun.upstreams.routing import source_label
 from localrun.types import ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -39,6 +38,8 @@ class LibraryRow:
     record: ModelRecord
     plan: Plan | None
     plan_error: str | None = None
+    #: What the Source column shows: the store's source, or ``upstream NAME (health)`` (the catalog's label).
+    source: str = ""
 
     @property
     def name(self) -> str:
@@ -57,7 +58,7 @@ class LibraryRow:
         return self.plan.verdict if self.plan else None
 
     def matches(self, needle: str) -> bool:
-        hay = " ".join((self.name, self.record.format.value, self.quant, self.runtime, self.record.source.value)).lower()
+        hay = " ".join((self.name, self.record.format.value, self.quant, self.runtime, self.source)).lower()
         return all(word in hay for word in needle.lower().split())
 
 
@@ -69,18 +70,18 @@ SORT_KEYS: dict[str, Callable[[LibraryRow], Any]] = {
     "Size": lambda r: r.record.size,
     "Runtime": lambda r: (r.runtime, r.name),
     "Fit": lambda r: (_VERDICT_ORDER.get(r.verdict or "", 3), r.name),
-    "Source": lambda r: (r.record.source.value, r.name),
+    "Source": lambda r: (r.source, r.name),
 }
 
 
 def read_rows(backend) -> list[LibraryRow]:
     """Every model with its plan; a model the planner refuses keeps its row, with the reason."""
     rows = []
-    for record in backend.list_models():
+    for entry in backend.catalog():
         try:
-            rows.append(LibraryRow(record, backend.plan(record)))
+            rows.append(LibraryRow(entry.record, backend.plan(entry.record), source=entry.source))
         except LocalrunError as exc:
-            rows.append(LibraryRow(record, None, str(exc)))
+            rows.append(LibraryRow(entry.record, None, str(exc), source=entry.source))
     return rows
 
 
@@ -192,7 +193,7 @@ class LibraryScreen(LocalrunScreen):
             table.add_row(
                 Text(row.name), rec.format.value, Text(row.quant), Text(human_bytes(rec.size), justify="right"),
                 row.runtime, verdict_badge(row.verdict, theme) if row.plan else Text("? no plan", style="dim"),
-                self._state_cell(row.name, loaded), source_label(rec), key=row.name,
+                self._state_cell(row.name, loaded), row.source, key=row.name,
             )
         fit_columns(table)
         if keep is not None and keep in {r.name for r in self.visible_rows()}:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from localrun.errors import LocalrunError, RuntimeUnavailable, UnsupportedFeature
+from localrun.manager import CatalogEntry
 from localrun.tui.backend import LoadedInfo, ModelDetails, VerifyResult, metadata_lines
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, FileEntry, Format, ModelRecord, Plan, Source, Usage
 
@@ -62,8 +63,12 @@ class RemoteBackend:
         return resp.json() if resp.content else {}
 
     def list_models(self) -> list[ModelRecord]:
+        return [e.record for e in self.catalog()]
+
+    def catalog(self) -> list[CatalogEntry]:
+        """The server's catalog as its /api/tags tells it: an upstream model's label comes from there."""
         models = self._call("GET", "/api/tags").get("models", [])
-        return sorted((_record_from_tag(m) for m in models), key=lambda r: r.name)
+        return sorted((_entry_from_tag(m) for m in models), key=lambda e: e.name)
 
     def upstreams(self) -> list[dict]:
         return list(self._call("GET", "/admin/status").get("upstreams", []))
@@ -121,6 +126,17 @@ class RemoteBackend:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _entry_from_tag(m: dict[str, Any]) -> CatalogEntry:
+    record = _record_from_tag(m)
+    lr = m.get("localrun") or {}
+    where = str(lr.get("source") or "")
+    if not where.startswith("upstream "):
+        return CatalogEntry(record.name, record, record.source.value)
+    health = lr.get("health")
+    label = where + (f" ({health})" if health else "")
+    return CatalogEntry(record.name, record, label, health, tuple(where.removeprefix("upstream ").split(",")))
 
 
 def _record_from_tag(m: dict[str, Any]) -> ModelRecord:

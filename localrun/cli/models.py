@@ -90,7 +90,7 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         known = {r.path for r in records}
         extra = [r for r in discover_all(store.settings) if r.path not in known]
     rows = [_row(r) for r in records] + [dict(_row(r), registered=False) for r in extra]
-    rows += upstream_rows(store.settings, records)
+    rows += upstream_rows(store, records)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -123,23 +123,18 @@ def rm_cmd(ctx: click.Context, names: tuple[str, ...]) -> None:
         console().print(f"removed [bold]{record.name}[/]{kept}", highlight=False)
 
 
-def upstream_rows(settings, records) -> list[dict]:
-    """The upstreams' models, probed now (a server does this in the background), as ls rows."""
-    if not settings.upstreams:
+def upstream_rows(store, records) -> list[dict]:
+    """The upstreams' models as ls rows, from the manager's catalog, probed now (no server probed them)."""
+    if not store.settings.upstreams:
         return []
-    from localrun.upstreams.routing import listed_models, source_label
-    from localrun.upstreams.pool import UpstreamPool
+    from localrun.manager import ModelManager
 
-    pool = UpstreamPool(list(settings.upstreams), settings.upstream, start=False)
+    manager = ModelManager(store.settings, store)
     try:
-        for st in pool.states():
-            pool.probe(st)
-            if st.healthy:
-                pool.refresh_models(st)
-        listed = listed_models(pool, (r.name for r in records))
+        listed = [e for e in manager.catalog(records, probe=True) if e.upstreams]
     finally:
-        pool.close()
-    return [dict(_row(u.record), source=source_label(u.record), health=u.health, size=0) for u in listed]
+        manager.shutdown()
+    return [dict(_row(e.record), source=e.source, health=e.health, size=0) for e in listed]
 
 
 COMMANDS = [import_cmd, ls_cmd, rm_cmd]

@@ -15,7 +15,7 @@ import click
 
 from localrun.cli.output import settings_from
 from localrun.cli.output import console, err_console
-from localrun.upstreams.config_file import KINDS
+from localrun.settings import UPSTREAM_KINDS
 
 
 def _config_path():
@@ -43,7 +43,8 @@ def upstream_group() -> None:
 @upstream_group.command("add")
 @click.argument("name")
 @click.argument("url")
-@click.option("--kind", type=click.Choice(KINDS), default="openai", show_default=True, help="Which engine it is.")
+@click.option("--kind", type=click.Choice(UPSTREAM_KINDS), default="openai", show_default=True,
+              help="Which engine it is.")
 @click.option("--key-env", help="Environment variable that holds its API key (kept out of config.toml).")
 @click.option("--key", help="Its API key, written to config.toml (prefer --key-env).")
 @click.option("--model", "models", multiple=True, help="A model it serves (repeat); default: ask its /v1/models.")
@@ -62,7 +63,8 @@ def add_cmd(ctx: click.Context, name: str, url: str, kind: str, key_env, key, mo
     from pydantic import ValidationError
 
     from localrun.errors import ConfigError, ModelExists
-    from localrun.upstreams.config_file import UpstreamConfig, write_upstreams
+    from localrun.settings import UpstreamConfig
+    from localrun.upstreams.config_file import write_upstreams
 
     settings_from(ctx)
     fields = {"name": name, "url": url, "kind": kind, "key_env": key_env, "key": key, "models": list(models) or None,
@@ -158,7 +160,7 @@ def _check(up) -> dict:
     """What the server would find: probe, models, version, and the problems in words."""
     from localrun.errors import LocalrunError
     from localrun.upstreams.pool import make_client
-    from localrun.upstreams.config_file import UpstreamSettings
+    from localrun.settings import UpstreamSettings
 
     client = make_client(up, UpstreamSettings())
     problems: list[str] = []

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localrun.errors import Overloaded
-from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+from localrun.settings import UpstreamConfig, UpstreamSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class UpstreamState:
     """One upstream as the pool sees it now."""
 
     config: UpstreamConfig
-    client: Any  # localrun.runtimes.openai_compat.upstream_client.UpstreamClient
+    client: Any  # localrun.runtimes.openai_compat.client.OpenAIClient (or a test stand-in)
     models: dict[str, dict] = field(default_factory=dict)  # model id -> its /v1/models entry
     discovered: bool = False
     discovery_tried: bool = False
@@ -306,8 +306,9 @@ class UpstreamPool:
 
 def make_client(cfg: UpstreamConfig, settings: UpstreamSettings):
     """The HTTP client of one upstream: its kind, key, timeouts and TLS trust."""
-    from localrun.runtimes.openai_compat.upstream_client import Timeouts, UpstreamClient
+    from localrun.runtimes.openai_compat.client import OpenAIClient
     from localrun.runtimes.openai_compat.kinds import get_kind
+    from localrun.runtimes.openai_compat.watch import Timeouts
 
     verify: bool | ssl.SSLContext = True
     bundle = cfg.ca_bundle or settings.ca_bundle
@@ -320,4 +321,5 @@ def make_client(cfg: UpstreamConfig, settings: UpstreamSettings):
             raise ConfigError(f"upstream {cfg.name!r}: cannot read the CA bundle {bundle}: {exc}",
                               hint="point ca_bundle at a PEM file of CA certificates") from None
     timeouts = Timeouts(cfg.connect_timeout_s, cfg.first_byte_timeout_s, cfg.chunk_timeout_s)
-    return UpstreamClient(cfg.name, cfg.url, get_kind(cfg.kind), key=cfg.api_key(), timeouts=timeouts, verify=verify)
+    return OpenAIClient(cfg.url, server=f"upstream {cfg.name!r}", upstream=cfg.name, kind=get_kind(cfg.kind),
+                        key=cfg.api_key(), timeouts=timeouts, verify=verify)

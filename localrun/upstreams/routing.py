@@ -1,10 +1,10 @@
-"""Upstream models as the rest of localrun sees them: records, loaded-model entries, listings.
+"""Upstream models as the rest of localrun sees them: records, routed entries, listings.
 
 An upstream model gets a :class:`~localrun.types.ModelRecord` (format ``remote``, source
 ``upstream``, no files) so every listing and ``/api/show`` can describe it like a local
-one, and a :class:`~localrun.manager.LoadedModel` around an in-process handle, so requests
-take the same admission queue and chunk stream. It is never evicted or reaped: there is
-nothing here to free.
+one, and a :class:`RemoteEntry` (record, plan, session, queue room) that the manager wraps
+into its own loaded model, so requests take the same admission queue and chunk stream.
+It is never evicted or reaped: there is nothing here to free.
 
 Names (llama-swap's rule, with the local store first): a model id is listed under its own
 name when only upstreams offer it; when a local model has the same name, the local one
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from localrun.types import Format, ModelRecord, Plan, Source
 from localrun.upstreams.pool import Route, UpstreamPool
+from localrun.upstreams.session import UpstreamSession
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +44,31 @@ def remote_record(pool: UpstreamPool, route: Route) -> ModelRecord:
                        added_at=float(entry.get("created") or 0) if isinstance(entry.get("created"), (int, float)) else 0.0)
 
 
-def remote_loaded_model(pool: UpstreamPool, route: Route, settings):
-    """A LoadedModel for ``route``: pinned, with room for every upstream's slots plus the queue."""
-    from localrun.manager import LoadedModel
-    from localrun.upstreams.session import UpstreamSession
-    from localrun.worker.host import InProcessHandle
+@dataclass(frozen=True)
+class RemoteEntry:
+    """What a routed upstream name is served by; the manager wraps it into its own LoadedModel.
 
+    Routing stops here (a record, a plan, a session and the queue room), so this package
+    never imports the manager or the worker: the arrow points one way.
+    """
+
+    name: str
+    route: Route
+    record: ModelRecord
+    plan: Plan
+    session: UpstreamSession
+    queue_limit: int  # every upstream's slots plus the server's queue
+
+
+def remote_entry(pool: UpstreamPool, route: Route, settings) -> RemoteEntry:
+    """The entry for ``route``: room for every upstream's slots plus the queue."""
     record = remote_record(pool, route)
-    plan = Plan(runtime="upstream", device="upstream " + ",".join(route.upstreams), n_ctx=record.metadata.get("context_length") or 0,
+    plan = Plan(runtime="upstream", device="upstream " + ",".join(route.upstreams),
+                n_ctx=record.metadata.get("context_length") or 0,
                 reasons=(f"served by upstream {', '.join(route.upstreams)}",))
-    session = UpstreamSession(pool, route)
     slots = sum(pool.get(n).config.max_concurrency for n in route.upstreams if pool.get(n) is not None)
-    lm = LoadedModel(route.name, record, plan, InProcessHandle(record, plan, session), keep_alive_s=-1.0, pinned=True,
-                     queue_limit=slots + settings.server.queue_size)
-    return lm
+    return RemoteEntry(route.name, route, record, plan, UpstreamSession(pool, route),
+                       slots + settings.server.queue_size)
 
 
 @dataclass(frozen=True)
@@ -67,15 +79,6 @@ class Listed:
     route: Route
     record: ModelRecord
     health: str  # "up" when any of its upstreams is up, else the best state among them
-
-
-def source_label(record: ModelRecord) -> str:
-    """``upstream NAME (health)`` for an upstream model, the plain source otherwise (listings, the TUI)."""
-    if record.source is not Source.UPSTREAM:
-        return record.source.value
-    names = ",".join(record.metadata.get("upstreams", ()))
-    health = record.metadata.get("upstream_health")
-    return f"upstream {names}" + (f" ({health})" if health else "")
 
 
 def _health(pool: UpstreamPool, names: Iterable[str]) -> str:
@@ -110,11 +113,11 @@ LOCAL_CHECK_S = 2.0
 
 
 class RemoteModels:
-    """The manager's upstream models: which name routes where, each a cached LoadedModel."""
+    """The manager's upstream models: which name routes where, each a cached :class:`RemoteEntry`."""
 
     def __init__(self, pool: UpstreamPool, store, settings):
         self.pool, self.store, self.settings = pool, store, settings
-        self._models: dict[str, object] = {}
+        self._entries: dict[str, RemoteEntry] = {}
         self._local_seen: dict[str, tuple[float, bool]] = {}
         self._lock = threading.Lock()
 
@@ -135,24 +138,19 @@ class RemoteModels:
         self._local_seen[name] = (now + LOCAL_CHECK_S, found)
         return found
 
-    def get(self, name: str):
-        """The LoadedModel ``name`` routes to, or None when it is a local name (local wins a bare name)."""
+    def get(self, name: str) -> RemoteEntry | None:
+        """The entry ``name`` routes to, or None when it is a local name (local wins a bare name)."""
         if self.pool.get(name.partition("/")[0]) is None and self.is_local(name):
             return None  # a local name: never wait on an upstream for it
         route = self.pool.route(name)
         if route is None or (not route.pinned and self.is_local(name)):
             return None
         with self._lock:
-            lm = self._models.get(name)
-            if lm is None or lm.record.metadata.get("upstreams") != list(route.upstreams):
-                lm = self._models[name] = remote_loaded_model(self.pool, route, self.settings)
-            lm.last_used = time.monotonic()
-            return lm
+            entry = self._entries.get(name)
+            if entry is None or entry.route.upstreams != route.upstreams:
+                entry = self._entries[name] = remote_entry(self.pool, route, self.settings)
+            return entry
 
     def warm(self, name: str) -> bool:
         """Whether routing ``name`` needs no I/O now: routed before, every upstream's list read."""
-        return name in self._models and self.pool.discovery_done()
-
-    def loaded(self, name: str):
-        """The cached LoadedModel of ``name`` (tests look at its queue), None if never routed."""
-        return self._models.get(name)
+        return name in self._entries and self.pool.discovery_done()

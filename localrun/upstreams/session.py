@@ -108,7 +108,7 @@ class UpstreamSession:
             self.pool.observe(st.name, self.route.model, "done", seconds=time.perf_counter() - started, outcome=outcome)
 
     def _stream(self, path: str, req, body, cancel: Cancel) -> Iterator[Chunk]:
-        from localrun.runtimes.openai_compat.client import shape_stream
+        from localrun.runtimes.pieces import shape_stream
 
         key = affinity_key(_prompt_text(req), self.pool.settings.affinity_prefix_chars)
         # The upstream applies the stop strings itself; shape_stream adds cancel and the last chunk.

@@ -1,32 +1,29 @@
-"""Streaming helpers shared by the runtimes that do not decode tokens themselves.
+"""The one client for an OpenAI-compatible server, whoever runs it.
 
-Three pieces, each small:
+One state machine reads every OpenAI-compatible stream localrun consumes: the engines it
+supervises (``mlc_llm serve``, vLLM: :mod:`.supervisor`) and the upstreams it routes to
+(:mod:`localrun.upstreams`). What differs is an option, not a second class:
 
-* :class:`StopScanner` and :func:`shape_stream` turn a backend's text pieces into the
-  core's :class:`~localrun.types.Chunk` stream with one behaviour for every runtime: stop
-  strings cut the text (a tail that could begin a stop string is held back until it
-  cannot), a cancel ends the stream with ``finish_reason="cancelled"`` at the next piece,
-  and the last chunk carries the finish reason and the usage. MLX feeds it tokens, the
-  HTTP runtimes feed it what their servers send.
-* :func:`abort_on_cancel` shuts a streaming HTTP response's socket the moment a request is
-  cancelled, so a read blocked on a slow server (a long prefill) returns at once instead
-  of at the next token. Ollama and ``mlc_llm serve`` both stop generating when their
-  client goes away.
-* :class:`OpenAIClient`, an httpx client for an OpenAI-compatible server (``mlc_llm
-  serve``): model list, SSE chat and completion streams, embeddings, errors mapped to the
-  localrun error tree.
+* **errors**: an engine's client (no ``upstream`` name) maps failures to the runtime errors
+  (:class:`~localrun.errors.RuntimeUnavailable` when it does not answer,
+  :class:`~localrun.errors.WorkerCrashed` when a stream breaks, which the supervisor turns
+  into a restart); an upstream's client maps them to :class:`.kinds.UpstreamError` and its
+  subclasses, whose ``retryable`` flag drives failover.
+* **timeouts**: a watchdog (one thread per client for all its streams) shuts a stream that
+  sends nothing for ``first_byte_s`` before its first event (the prefill) or ``chunk_s``
+  between events; a cancel (the client went away) shuts the socket at once, which makes
+  every engine stop generating.
+* **key**: sent as a Bearer token to this server only, and scrubbed from any text that
+  leaves this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import re
-import socket
-import threading
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,159 +37,21 @@ from localrun.errors import (
     UnsupportedFeature,
     WorkerCrashed,
 )
-from localrun.chat.stops import StopMatcher
-from localrun.types import Cancel, Chunk, Sampling, Usage
-
+from localrun.runtimes.openai_compat.kinds import (
+    CONTEXT_WORDS,
+    Kind,
+    UpstreamError,
+    UpstreamTimeout,
+    error_text,
+    scrub,
+    status_error,
+)
+from localrun.runtimes.openai_compat.sse import iter_sse
+from localrun.runtimes.openai_compat.watch import Timeouts, Watchdog, WatchHub
+from localrun.runtimes.openai_compat.wire import ToolCalls, chat_logprobs
+from localrun.runtimes.pieces import Piece
+from localrun.types import Cancel, Usage
 log = logging.getLogger(__name__)
-
-#: How often a cancel watcher looks at the flag; also the worst-case cancel latency.
-CANCEL_POLL_S = 0.01
-#: Servers' wording for a prompt longer than the context (MLC, Ollama, llama-server, vLLM).
-CONTEXT_WORDS = re.compile(r"input length limit|context (length|window)|too long|exceeds? the (context|maximum)", re.I)
-
-
-#: The one stop matcher (``feed`` is its ``push``), under the name this module's callers know.
-StopScanner = StopMatcher
-
-
-@dataclass(frozen=True)
-class Piece:
-    """What a backend produced in one step: text, and on its last step why it ended."""
-
-    text: str = ""
-    finish_reason: str | None = None  # "stop" | "length" from the backend, on its last piece
-    usage: Usage | None = None  # the backend's own count, when it reports one
-    tokens: int = 1  # tokens this piece stands for, when the backend reports no usage
-    #: Log-probability entries of the tokens behind this piece (``Chunk.logprobs`` shape).
-    logprobs: tuple[dict[str, Any], ...] = ()
-    #: Tool calls the backend parsed itself (OpenAI shape), gathered onto the last chunk.
-    tool_calls: tuple[dict[str, Any], ...] = ()
-
-
-def shape_stream(
-    pieces: Iterator[Piece], *, stops: Sequence[str], cancel: Cancel, prompt_tokens: int = 0
-) -> Iterator[Chunk]:
-    """Turn backend pieces into chunks: stop strings, cancel and a final chunk with usage.
-
-    A piece's logprob entries ride the next chunk sent, so a token whose text is held back
-    (a stop string may be starting) loses none; what is left rides the last chunk, with
-    the tool calls, whose finish reason becomes "tool_calls" when the answer made any.
-    The source iterator is closed on the way out (early stop, cancel, error), which for
-    the HTTP runtimes closes the response and so stops the server's generation.
-    """
-    scanner = StopScanner(stops)
-    generated = 0
-    usage: Usage | None = None
-    finish = "stop"
-    pending: list[dict[str, Any]] = []
-    calls: list[dict[str, Any]] = []
-
-    def chunk(text: str) -> Chunk:
-        lp = tuple(pending)
-        pending.clear()
-        return Chunk(text, logprobs=lp)
-
-    try:
-        for piece in pieces:
-            if cancel.is_set():
-                finish = "cancelled"
-                break
-            generated += piece.tokens
-            usage = piece.usage or usage
-            pending.extend(piece.logprobs)
-            calls.extend(piece.tool_calls)
-            text, hit = scanner.feed(piece.text)
-            if hit:
-                finish = "stop"
-                if text:
-                    yield chunk(text)
-                break
-            if piece.finish_reason is not None:
-                finish = piece.finish_reason
-                text += scanner.flush()
-                if text:
-                    yield chunk(text)
-                break
-            if text:
-                yield chunk(text)
-        else:
-            # The source ended without a finish reason: a cancel that closed it, or a
-            # backend that just stops sending.
-            finish = "cancelled" if cancel.is_set() else "stop"
-            if finish != "cancelled":
-                rest = scanner.flush()
-                if rest:
-                    yield chunk(rest)
-    finally:
-        close = getattr(pieces, "close", None)
-        if close is not None:
-            close()
-    if usage is None or (finish == "cancelled" and usage.completion_tokens < generated):
-        usage = Usage(prompt_tokens=usage.prompt_tokens if usage else prompt_tokens, completion_tokens=generated)
-    if calls and finish in ("stop", "length"):
-        finish = "tool_calls"
-    last = chunk("")
-    yield Chunk("", finish_reason=finish, usage=usage, tool_calls=tuple(calls), logprobs=last.logprobs)
-
-
-# --- cancelling a blocked read --------------------------------------------------------
-
-
-def _shutdown_response(response: httpx.Response) -> None:
-    """Wake a thread blocked reading ``response``: shut its socket, then close it."""
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError as exc:  # already closed by the server: nothing left to wake
-            log.debug("socket shutdown on cancel: %s", exc)
-    else:
-        response.close()
-
-
-@contextlib.contextmanager
-def abort_on_cancel(response: httpx.Response, cancel: Cancel) -> Iterator[None]:
-    """While the block runs, a set ``cancel`` shuts the response's connection.
-
-    The reader then sees the stream end or break; callers check ``cancel.is_set()`` to
-    tell that apart from a server that went away.
-    """
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(CANCEL_POLL_S):
-            if cancel.is_set():
-                _shutdown_response(response)
-                return
-
-    watcher = threading.Thread(target=watch, name="cancel-watch", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-
-
-# --- an OpenAI-compatible server ------------------------------------------------------
-
-
-def sampling_to_openai(s: Sampling) -> dict[str, Any]:
-    """The OpenAI request fields for ``s``.
-
-    OpenAI's protocol (and MLC's copy of it) has no ``top_k``, ``min_p`` or multiplicative
-    repeat penalty; MLC ignores fields it does not know, so they are left out rather than
-    sent to be dropped.
-    """
-    body: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
-    if s.seed is not None:
-        body["seed"] = s.seed
-    if s.stop:
-        body["stop"] = list(s.stop)
-    if s.max_tokens is not None:
-        body["max_tokens"] = s.max_tokens
-    return body
-
 
 def error_message(response: httpx.Response) -> str:
     """The server's own words for an error response (OpenAI, MLC and Ollama shapes)."""
@@ -213,35 +72,17 @@ def error_message(response: httpx.Response) -> str:
     return json.dumps(data)[:500]
 
 
-def raise_for_response(response: httpx.Response, *, server: str, model: str) -> None:
-    """Map an error status to the localrun error a person can act on."""
-    if response.status_code < 400:
-        return
+def engine_status_error(response: httpx.Response, *, server: str, model: str) -> LocalrunError:
+    """The localrun error a person can act on for an engine's error status."""
     message = error_message(response) or f"HTTP {response.status_code}"
     if response.status_code == 404:
-        raise ModelNotFound(f"{server} has no model {model!r}: {message}")
+        return ModelNotFound(f"{server} has no model {model!r}: {message}")
     if response.status_code in (400, 413, 422) and CONTEXT_WORDS.search(message):
-        raise ContextOverflow(f"{server}: {message}", hint="shorten the conversation or load the model with a larger context")
+        return ContextOverflow(f"{server}: {message}",
+                               hint="shorten the conversation or load the model with a larger context")
     if response.status_code in (400, 422):
-        raise UnsupportedFeature(f"{server} refused the request: {message}")
-    raise LocalrunError(f"{server} answered {response.status_code}: {message}")
-
-
-def iter_sse(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Decode a server-sent-event stream of JSON ``data:`` events until ``[DONE]``."""
-    data: list[str] = []
-    for line in lines:
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip(" "))
-            continue
-        if line or not data:
-            continue  # comments (":"), "event:"/"id:" fields, keep-alive blank lines
-        payload, data = "\n".join(data), []
-        if payload.strip() == "[DONE]":
-            return
-        yield json.loads(payload)
-    if data and "\n".join(data).strip() != "[DONE]":
-        yield json.loads("\n".join(data))
+        return UnsupportedFeature(f"{server} refused the request: {message}")
+    return LocalrunError(f"{server} answered {response.status_code}: {message}")
 
 
 def _usage(data: Any) -> Usage | None:
@@ -272,91 +113,255 @@ def _count(value: Any) -> int:
     return max(0, int(value))
 
 
-class OpenAIClient:
-    """A client for one OpenAI-compatible server, built for streaming.
+@dataclass(frozen=True)
+class Probe:
+    """One health probe: did it pass, how long it took, and the server's words if it failed."""
 
-    ``server`` names the server in error messages ("mlc_llm serve on port 41234").
+    ok: bool
+    latency_s: float
+    detail: str = ""
+
+
+class OpenAIClient:
+    """One OpenAI-compatible server: its own httpx connection pool, streams under one watchdog.
+
+    ``server`` names it in error messages ("mlc_llm serve on port 41234", "upstream 'gpu1'").
+    ``upstream`` (the configured name) makes its errors upstream errors, for failover; ``kind``
+    is the engine's dialect (health and version endpoints); ``key`` is sent and scrubbed.
     """
 
-    def __init__(self, base_url: str, *, server: str, read_timeout_s: float = 600.0,
-                 connect_timeout_s: float = 5.0, transport: httpx.BaseTransport | None = None):
-        self.server = server
-        self.base_url = base_url.rstrip("/")
-        timeout = httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+    def __init__(self, base_url: str, *, server: str, kind: Kind | None = None, upstream: str | None = None,
+                 key: str | None = None, timeouts: Timeouts = Timeouts(), verify: bool | Any = True,
+                 transport: httpx.BaseTransport | None = None):
+        self.server, self.url, self.kind, self.timeouts = server, base_url.rstrip("/"), kind, timeouts
+        self.upstream = upstream
+        self._secrets = (key,) if key else ()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        timeout = httpx.Timeout(max(timeouts.first_byte_s, timeouts.chunk_s), connect=timeouts.connect_s,
+                                pool=timeouts.first_byte_s)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        self._watch = WatchHub()
+        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify,
+                                  transport=transport, limits=limits, follow_redirects=False)
 
-    def models(self, *, timeout_s: float | None = None) -> list[str]:
+    @property
+    def base_url(self) -> str:
+        return self.url
+
+    def scrub(self, text: str) -> str:
+        return scrub(text, self._secrets)
+
+    # -- the two error dialects ----------------------------------------------------------
+    def _transport_error(self, exc: httpx.HTTPError, *, during: str) -> LocalrunError:
+        """Not answering: connect refused, timed out, or the connection dropped before an answer."""
+        text = self.scrub(f"{type(exc).__name__}: {exc}")
+        if self.upstream is None:
+            if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+                return RuntimeUnavailable(f"{self.server} is not answering at {self.url}: {text}")
+            return WorkerCrashed(f"{self.server} broke off the stream: {text}")
+        if isinstance(exc, httpx.TimeoutException):
+            what = "connect" if isinstance(exc, httpx.ConnectTimeout) else "first byte"
+            return UpstreamTimeout(f"{self.server} timed out ({what}) during {during}: {text}", status=504,
+                                   retryable=True, kind="timeout")
+        kind = "connect" if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) else "stream"
+        return UpstreamError(f"{self.server} at {self.url} is not answering ({during}): {text}", status=503,
+                             retryable=True, kind=kind, hint="`localrun upstream check` probes it")
+
+    def _status_error(self, response: httpx.Response, *, model: str) -> LocalrunError:
+        response.read()
+        if self.upstream is None:
+            return engine_status_error(response, server=self.server, model=model)
+        return status_error(response.status_code, response.content, upstream=self.upstream, model=model,
+                            secrets=self._secrets, retry_after=response.headers.get("retry-after"))
+
+    def _stream_error(self, message: str, *, retryable: bool = True, status: int = 502) -> LocalrunError:
+        """A stream that broke, ended early or made no sense; for an engine, a retryable one may be its crash
+        (the supervisor looks), the others are the engine's own answer."""
+        if self.upstream is None:
+            return WorkerCrashed(f"{self.server} {message}") if retryable else LocalrunError(f"{self.server} {message}")
+        return UpstreamError(f"{self.server} {message}", status=status, retryable=retryable, kind="stream")
+
+    def _timeout(self, watchdog: Watchdog) -> LocalrunError:
+        limit = self.timeouts.first_byte_s if watchdog.fired == "first byte" else self.timeouts.chunk_s
+        message = f"{self.server} sent nothing for {limit:g} s ({watchdog.fired})"
+        if self.upstream is None:
+            return WorkerCrashed(message)
+        return UpstreamTimeout(message, status=504, retryable=True, kind="timeout")
+
+    def _finish(self, reason: str) -> str:
+        if reason == "error":
+            if self.upstream is None:
+                raise LocalrunError(f"{self.server} ended the answer with an error", hint="see the server's log")
+            raise UpstreamError(f"{self.server} ended the answer with an error", kind="stream")
+        return "length" if reason == "length" else "stop"
+
+    # -- plain requests ------------------------------------------------------------------
+    def _get_json(self, path: str, timeout_s: float) -> Any:
         try:
-            response = self._http.get("/v1/models", timeout=timeout_s or httpx.USE_CLIENT_DEFAULT)
+            response = self._http.get(path, timeout=timeout_s)
         except httpx.HTTPError as exc:
-            raise RuntimeUnavailable(f"{self.server} is not answering at {self.base_url}: {exc}") from exc
-        raise_for_response(response, server=self.server, model="*")
-        return [m.get("id", "") for m in response.json().get("data", [])]
+            raise self._transport_error(exc, during=f"GET {path}") from None
+        if response.status_code >= 400:
+            raise self._status_error(response, model="*")
+        return response.json() if response.content else {}
 
-    def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Iterator[Piece]:
-        """POST a streaming request; yield one piece per event that carries text or an end."""
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    def models(self, *, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """``/v1/models``' entries (id plus whatever the engine adds, e.g. vLLM's max_model_len)."""
+        data = self._get_json("/v1/models", timeout_s)
+        rows = data.get("data") if isinstance(data, dict) else None
+        if not isinstance(rows, list):
+            raise self._stream_error("answered /v1/models with something that is not an OpenAI model list",
+                                     retryable=False)
+        return [r for r in rows if isinstance(r, dict) and isinstance(r.get("id"), str)]
+
+    def probe(self, *, timeout_s: float = 3.0) -> Probe:
+        """GET the kind's own health endpoint: a 2xx passes (LMDeploy's body must not say unhealthy)."""
+        t0 = time.monotonic()
         try:
-            with self._http.stream("POST", path, json=body) as response:
-                raise_for_response(response, server=self.server, model=model)
-                with abort_on_cancel(response, cancel):
-                    yield from self._pieces(response, cancel)
-        except httpx.ConnectError as exc:
-            raise RuntimeUnavailable(f"{self.server} is not answering at {self.base_url}: {exc}") from exc
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout) as exc:
-            if cancel.is_set():
-                return
-            raise WorkerCrashed(f"{self.server} broke off the stream: {type(exc).__name__}: {exc}") from exc
+            response = self._http.get(self.kind.health_path if self.kind else "/v1/models", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            return Probe(False, time.monotonic() - t0, self.scrub(f"{type(exc).__name__}: {exc}"))
+        latency = time.monotonic() - t0
+        if response.status_code >= 400:
+            return Probe(False, latency, f"HTTP {response.status_code}: {self.scrub(error_text(response.content)[0])}")
+        if b"unhealthy" in response.content[:200]:
+            return Probe(False, latency, self.scrub(response.text[:200]))
+        return Probe(True, latency)
 
-    def _pieces(self, response: httpx.Response, cancel: Cancel) -> Iterator[Piece]:
-        finish: str | None = None
-        for event in iter_sse(response.iter_lines()):
-            if "error" in event and not event.get("choices"):
-                raise LocalrunError(f"{self.server} failed mid-stream: {error_message_from(event)}")
-            usage = _usage(event.get("usage"))
-            choices = event.get("choices") or []
-            if not choices:
-                if usage is not None:  # the usage-only event after the last choice
-                    yield Piece("", finish_reason=_openai_finish(finish), usage=usage, tokens=0)
-                    return
-                continue
-            choice = choices[0]
-            text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-            finish = choice.get("finish_reason") or None
-            if finish is not None and usage is None:
-                # Hold the end back: the usage event follows when the server honours
-                # include_usage; without it the stream simply ends after [DONE].
-                if text:
-                    yield Piece(text)
-                continue
-            end = _openai_finish(finish) if finish is not None else None
-            yield Piece(text, finish_reason=end, usage=usage, tokens=1 if text else 0)
-            if end is not None:
-                return
-        if finish is not None:
-            yield Piece("", finish_reason=_openai_finish(finish), tokens=0)
+    def version(self, *, timeout_s: float = 3.0) -> str | None:
+        """The engine's version where it tells one (vLLM /version, TGI /info, Ollama, localrun)."""
+        if self.kind is None or not self.kind.version_path:
+            return None
+        try:
+            data = self._get_json(self.kind.version_path, timeout_s)
+        except (LocalrunError, ValueError) as exc:
+            log.debug("%s tells no version: %s", self.server, exc)
+            return None
+        value = data.get("localrun") or data.get("version") if isinstance(data, dict) else None
+        return str(value) if value else None
 
-    def embeddings(self, texts: Sequence[str], *, model: str) -> list[list[float]]:
+    def embeddings(self, texts: Sequence, *, model: str) -> tuple[list[list[float]], int]:
+        """The vectors, and the prompt tokens the server reports for them (0 when it reports none)."""
         try:
             response = self._http.post("/v1/embeddings", json={"model": model, "input": list(texts)})
         except httpx.HTTPError as exc:
-            raise RuntimeUnavailable(f"{self.server} is not answering at {self.base_url}: {exc}") from exc
-        raise_for_response(response, server=self.server, model=model)
-        rows = sorted(response.json().get("data", []), key=lambda d: d.get("index", 0))
-        return [list(map(float, r["embedding"])) for r in rows]
+            raise self._transport_error(exc, during="POST /v1/embeddings") from None
+        if response.status_code >= 400:
+            raise self._status_error(response, model=model)
+        try:
+            data = response.json()
+            rows = sorted(data.get("data", []), key=lambda d: d.get("index", 0))
+            tokens = int((data.get("usage") or {}).get("prompt_tokens") or 0)
+            return [list(map(float, r["embedding"])) for r in rows], tokens
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self._stream_error(f"sent embeddings localrun cannot read: {exc}", retryable=False) from None
+
+    # -- streams -------------------------------------------------------------------------
+    def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Iterator[Piece]:
+        """POST a streaming request; yield a piece per event that carries text, and one at the end.
+
+        Raises:
+            LocalrunError: connect failure, HTTP error (mapped per status), a timeout, a stream
+                that breaks off or is not valid SSE, or an error event in the stream — upstream
+                errors for an upstream's client, runtime errors for an engine's.
+        """
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        started = time.monotonic()
+        try:
+            with self._http.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    raise self._status_error(response, model=model)
+                watchdog = Watchdog(response, cancel, self.timeouts, started, self._watch)
+                try:
+                    yield from self._pieces(response, watchdog, cancel)
+                except httpx.HTTPError as exc:
+                    if cancel.is_set():
+                        return
+                    if watchdog.fired:
+                        raise self._timeout(watchdog) from None
+                    why = self.scrub(str(exc)) or type(exc).__name__
+                    raise self._stream_error(f"broke off the stream: {why}") from None
+                finally:
+                    watchdog.stop()
+        except httpx.HTTPError as exc:
+            if cancel.is_set():
+                return
+            raise self._transport_error(exc, during=f"POST {path}") from None
+
+    def _events(self, lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+        events = iter_sse(lines)
+        while True:
+            try:
+                event = next(events)
+            except StopIteration:
+                return
+            except ValueError as exc:  # json.JSONDecodeError: not an event stream
+                raise self._stream_error(f"sent a broken event stream: {exc}") from None
+            if not isinstance(event, dict):
+                raise self._stream_error("sent an event that is not an object")
+            if "error" in event and not event.get("choices"):
+                message, _ = error_text(json.dumps(event))
+                raise self._stream_error(f"failed mid-stream: {self.scrub(message)}", retryable=False)
+            yield event
+
+    def _pieces(self, response: httpx.Response, watchdog: Watchdog, cancel: Cancel) -> Iterator[Piece]:
+        """The one state machine: text and log-probabilities as they come, tool-call deltas joined,
+        the end held back until the usage event (``include_usage``) or the end of the stream."""
+        finish: str | None = None
+        calls = ToolCalls()
+        lines = _watched_lines(response, watchdog)
+        for event in self._events(lines):
+            usage = _usage(event.get("usage"))
+            choices = event.get("choices") or []
+            if not choices:
+                # The usage-only event after the last choice (an engine may send it with no finish).
+                if usage is not None and (finish is not None or self.upstream is None):
+                    _drain(lines)
+                    yield Piece("", finish_reason=self._finish(finish or "stop"), usage=usage, tokens=0,
+                                tool_calls=calls.done())
+                    return
+                continue
+            choice = choices[0]
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or choice.get("text") or ""
+            if delta.get("tool_calls"):
+                calls.add(delta["tool_calls"])
+            lp = chat_logprobs(choice.get("logprobs"))
+            finish = choice.get("finish_reason") or finish
+            if choice.get("finish_reason") and usage is None:
+                if text or lp:
+                    yield Piece(text, logprobs=lp)
+                continue  # the usage event follows (include_usage); else the stream ends at [DONE]
+            if choice.get("finish_reason"):
+                _drain(lines)
+                yield Piece(text, finish_reason=self._finish(finish), usage=usage, tokens=1 if text else 0, logprobs=lp,
+                            tool_calls=calls.done())
+                return
+            if text or lp:
+                yield Piece(text, logprobs=lp)
+        if finish is None:
+            if cancel.is_set():
+                return
+            if watchdog.fired:  # the watchdog shut the socket: the stream ended rather than broke
+                raise self._timeout(watchdog)
+            if self.upstream is None:
+                return  # an engine that just stops sending: shape_stream ends the answer
+            raise self._stream_error("ended the stream without finishing the answer", status=502)
+        yield Piece("", finish_reason=self._finish(finish), tokens=0, tool_calls=calls.done())
 
     def close(self) -> None:
         self._http.close()
 
 
-def _openai_finish(reason: str | None) -> str:
-    if reason == "error":
-        raise LocalrunError("the server ended the answer with an error", hint="see the server's log")
-    return "length" if reason == "length" else "stop"
+def _drain(lines: Iterator[str], limit: int = 8) -> None:
+    """Read what follows the last event (``[DONE]``, the end of the body), so the connection
+    goes back to the pool instead of being closed; a server that keeps talking is cut off."""
+    for i, _ in enumerate(lines):
+        if i >= limit:
+            return
 
 
-def error_message_from(event: dict[str, Any]) -> str:
-    err = event.get("error")
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err or event.get("message", event))
+def _watched_lines(response: httpx.Response, watchdog: Watchdog) -> Iterator[str]:
+    for line in response.iter_lines():
+        watchdog.event()
+        yield line

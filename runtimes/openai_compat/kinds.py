@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import ContextOverflow, LocalrunError, ModelNotFound
-from localrun.runtimes.openai_compat.client import CONTEXT_WORDS
+
+#: Servers' wording for a prompt longer than the context (MLC, Ollama, llama-server, vLLM).
+CONTEXT_WORDS = re.compile(r"input length limit|context (length|window)|too long|exceeds? the (context|maximum)", re.I)
 
 ALL_FEATURES = frozenset({"tools", "json_schema", "logprobs", "embeddings"})
 

@@ -7,9 +7,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from localrun.runtimes.openai_compat.client import sampling_to_openai
 from localrun.runtimes.openai_compat.kinds import Kind
 from localrun.types import ChatRequest, CompletionRequest, Sampling
+
+
+def sampling_to_openai(s: Sampling) -> dict[str, Any]:
+    """The OpenAI request fields for ``s``.
+
+    OpenAI's protocol (and MLC's copy of it) has no ``top_k``, ``min_p`` or multiplicative
+    repeat penalty; MLC ignores fields it does not know, so they are left out rather than
+    sent to be dropped.
+    """
+    body: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
+    if s.seed is not None:
+        body["seed"] = s.seed
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.max_tokens is not None:
+        body["max_tokens"] = s.max_tokens
+    return body
 
 
 def openai_messages(req: ChatRequest) -> list[dict[str, Any]]:

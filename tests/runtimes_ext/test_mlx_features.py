@@ -75,7 +75,7 @@ def _prompt_of(session, req: ChatRequest) -> str:
 
 def _scripted(session, monkeypatch, *parts: str) -> None:
     """Make the session 'generate' ``parts`` (the last one ends the answer with "stop")."""
-    from localrun.runtimes.openai_compat.client import Piece
+    from localrun.runtimes.pieces import Piece
 
     def pieces(prompt, s, max_tokens, cancel, track=None):
         for i, part in enumerate(parts):

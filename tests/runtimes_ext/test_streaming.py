@@ -11,12 +11,15 @@ import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.runtimes.openai_compat.client import Piece, StopScanner, abort_on_cancel, iter_sse, shape_stream
+from localrun.chat.stops import StopMatcher
+from localrun.runtimes.openai_compat.watch import abort_on_cancel
+from localrun.runtimes.openai_compat.sse import iter_sse
+from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import Cancel, Usage, fold
 
 
 def _scan(pieces, stops):
-    scanner = StopScanner(stops)
+    scanner = StopMatcher(stops)
     out = []
     for p in pieces:
         text, hit = scanner.feed(p)
@@ -32,7 +35,7 @@ def test_stop_string_split_across_pieces_is_cut_and_never_sent():
 
 
 def test_held_back_prefix_is_released_when_it_does_not_complete():
-    scanner = StopScanner(["STOP"])
+    scanner = StopMatcher(["STOP"])
     assert scanner.feed("abcST") == ("abc", False)
     assert scanner.feed("x") == ("STx", False)
     assert scanner.flush() == ""
@@ -43,8 +46,8 @@ def test_earliest_of_several_stops_wins():
 
 
 def test_no_stops_passes_text_through_untouched():
-    assert StopScanner([]).feed("abc") == ("abc", False)
-    assert StopScanner(["", ""]).feed("abc") == ("abc", False)
+    assert StopMatcher([]).feed("abc") == ("abc", False)
+    assert StopMatcher(["", ""]).feed("abc") == ("abc", False)
 
 
 @settings(max_examples=300, deadline=None)

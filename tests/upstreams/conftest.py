@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 
 from localrun.settings import Settings
-from localrun.upstreams.config_file import UpstreamConfig
+from localrun.settings import UpstreamConfig
 from tests.server.conftest import (  # noqa: F401 - fixtures reused by name
     LiveServer, Stack, build_stack, fake_planner, free_port, live_factory, spawn_server, wait_until,
 )

@@ -112,7 +112,7 @@ def test_recorded_error_shapes_become_localrun_errors_naming_the_upstream(replay
 ])
 def test_unhealthy_probes_mark_the_upstream_down(replays, kind, reply):
     from localrun.upstreams.pool import UpstreamPool
-    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+    from localrun.settings import UpstreamConfig, UpstreamSettings
 
     up = replays({"GET /health": reply})
     pool = UpstreamPool([UpstreamConfig(name="e", url=up.url, kind=kind, models=["m"])], UpstreamSettings(), start=False)
@@ -161,6 +161,13 @@ def test_every_kind_declares_a_health_path_and_known_capabilities():
         assert kind.capabilities <= {"tools", "json_schema", "logprobs", "embeddings"}
 
 
+def test_the_kinds_table_agrees_with_the_settings_list_of_kind_names():
+    """config.toml accepts exactly the kinds that have a dialect: one list of names, one table."""
+    from localrun.settings import UPSTREAM_KINDS
+
+    assert tuple(KINDS) == UPSTREAM_KINDS and all(KINDS[name].name == name for name in UPSTREAM_KINDS)
+
+
 def test_ollama_kind_probes_api_version_and_streams_its_v1_routes(replays, front_factory):
     up = replays({
         "GET /api/version": Reply(body=b'{"version": "0.12.11"}'),
@@ -180,7 +187,7 @@ def test_ollama_kind_probes_api_version_and_streams_its_v1_routes(replays, front
 
 def test_llama_server_loading_is_down_until_its_health_passes(replays):
     from localrun.upstreams.pool import UpstreamPool
-    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+    from localrun.settings import UpstreamConfig, UpstreamSettings
 
     up = replays({"GET /health": Reply(503, b'{"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}')})
     pool = UpstreamPool([UpstreamConfig(name="ls", url=up.url, kind="llama-server", models=["m"])], UpstreamSettings(), start=False)

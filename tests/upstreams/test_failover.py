@@ -178,7 +178,7 @@ def test_full_queue_is_503_with_retry_after(fake_upstream, front_factory):
     for t in threads:
         t.start()
     assert wait_until(lambda: front.pool.get("u").in_flight == 1, 10)
-    assert wait_until(lambda: front.stack.manager._remote.loaded("tiny").active == 2, 10)
+    assert wait_until(lambda: front.stack.manager.load("tiny").active == 2, 10)
     r = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30)
     for t in threads:
         t.join(60)

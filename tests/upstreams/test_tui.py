@@ -22,7 +22,7 @@ async def test_library_and_server_screen_show_the_upstream(fake_upstream, tmp_pa
     from localrun.settings import Settings
     from localrun.tui import make_app
     from localrun.upstreams.pool import UpstreamPool
-    from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings
+    from localrun.settings import UpstreamConfig, UpstreamSettings
 
     up = fake_upstream()
     settings = Settings(data_dir=tmp_path / "data", cache_dir=tmp_path / "cache", runtime={"force": "fake"})

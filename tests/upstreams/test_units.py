@@ -14,7 +14,8 @@ from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, ModelRecord
 from localrun.upstreams.routing import listed_models
 from localrun.upstreams.pool import Route, UpstreamPool, affinity_key
-from localrun.upstreams.config_file import UpstreamConfig, UpstreamSettings, read_upstreams, write_upstreams
+from localrun.settings import UpstreamConfig, UpstreamSettings
+from localrun.upstreams.config_file import read_upstreams, write_upstreams
 
 GIB = 2**30
 
@@ -200,3 +201,52 @@ def test_upstream_usage_keeps_drafting_counts_and_survives_odd_values(usage, wan
 
     u = _usage(usage)
     assert (u.prompt_tokens, u.completion_tokens, u.cached_tokens, u.drafted_tokens, u.accepted_tokens) == want
+
+
+def test_manager_catalog_lists_local_then_upstream_models_with_labels_and_status():
+    """Every front end reads this one listing: a local name keeps its bare name, the upstream copy gets a prefix."""
+    from localrun.manager import ModelManager
+    from localrun.settings import load_settings
+    from tests.core.test_manager import DictStore
+
+    pool = _pool("a", "b", models=("m", "only-up"))
+    manager = ModelManager(load_settings(), DictStore("m"), upstreams=pool)
+    try:
+        entries = {e.name: e for e in manager.catalog()}
+        assert list(entries) == ["m", "a/m", "b/m", "only-up"]
+        assert entries["m"].upstreams == () and entries["m"].health is None
+        assert entries["only-up"].upstreams == ("a", "b") and entries["only-up"].upstream_model == "only-up"
+        assert entries["a/m"].source == "upstream a (unknown)" and entries["a/m"].health == "unknown"
+        assert [s["name"] for s in manager.upstream_status()] == ["a", "b"]
+        assert manager.observe_upstreams(lambda *a, **k: None) and len(pool.observers) == 1
+    finally:
+        manager.shutdown()
+
+
+def test_manager_without_upstreams_has_an_empty_status_and_a_local_catalog():
+    from localrun.manager import ModelManager
+    from localrun.settings import load_settings
+    from tests.core.test_manager import DictStore
+
+    manager = ModelManager(load_settings(), DictStore("x"))
+    try:
+        assert manager.upstream_status() == [] and not manager.observe_upstreams(lambda *a, **k: None)
+        assert [(e.name, e.source, e.upstreams) for e in manager.catalog()] == [("x", "imported", ())]
+    finally:
+        manager.shutdown()
+
+
+def test_an_upstream_name_routes_to_a_loaded_model_the_manager_builds_itself():
+    """Routing hands back an entry; the manager wraps it (pinned, never reaped) and reuses it."""
+    from localrun.manager import LoadedModel, ModelManager
+    from localrun.settings import load_settings
+    from tests.core.test_manager import DictStore
+
+    pool = _pool("a", models=("only-up",))
+    manager = ModelManager(load_settings(), DictStore(), upstreams=pool)
+    try:
+        lm = manager.load("only-up")
+        assert isinstance(lm, LoadedModel) and lm.pinned and lm.plan.runtime == "upstream"
+        assert manager.load("only-up") is lm and manager.resolve("only-up").metadata["upstreams"] == ["a"]
+    finally:
+        manager.shutdown()

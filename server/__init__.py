@@ -1,4 +1,4 @@
-"""The embedded server: OpenAI- and Ollama-compatible HTTP APIs over the ModelManager.
+"""The embedded server: the OpenAI, Ollama, Anthropic, Responses and llama-server wire families over the ModelManager.
 
 ``create_app(settings, manager)`` builds the FastAPI app (server/app.py);
 ``run_server(settings, manager, ready_callback=...)`` serves it with uvicorn

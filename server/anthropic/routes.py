@@ -43,7 +43,8 @@ from localrun.chat.reasoning import effort_budget
 from localrun.chat.stops import StopMatcher
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
 from localrun.server.errors import stream_error_line
-from localrun.server.generation import Generation, app_state, make_sampling, open_generation, parse_body
+from localrun.server.fields import parse_body
+from localrun.server.generation import Generation, app_state, make_sampling, open_generation
 from localrun.server.reasoning import ReasoningAsk, enable_reasoning
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.types import ChatRequest, Chunk, Sampling, Usage

@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body,
-    request_stats,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, request_stats,
 )
 from localrun.server.model_info import iso
 from localrun.server.reasoning import think_reasoning

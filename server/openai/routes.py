@@ -20,9 +20,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body,
-    request_stats, session_call,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, request_stats,
+    session_call,
 )
 from localrun.server.openai.choices import (
     chat_logprobs, check_best_of, legacy_logprobs, many_choices, sse_choices, system_fingerprint, usage_dict,

@@ -38,14 +38,13 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localrun.errors import LocalrunError
-from localrun.chat.reasoning import effort_budget
 from localrun.chat.stops import StopMatcher
+from localrun.errors import LocalrunError
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
 from localrun.server.errors import stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, make_sampling, open_generation
-from localrun.server.reasoning import ReasoningAsk, enable_reasoning
+from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
 
@@ -137,7 +136,7 @@ async def create_message(request: Request):
 
 def reasoning_ask(body: MessagesRequest) -> ReasoningAsk:
     """The reasoning budget: ``thinking`` (disabled: none; enabled: its budget_tokens) and
-    ``output_config.effort`` (a word, see localrun.chat.reasoning.EFFORT_TOKENS); the smaller wins.
+    ``output_config.effort`` (a word, see localrun.server.reasoning.EFFORT_TOKENS); the smaller wins.
     ``adaptive`` leaves it to the model, bounded by max_tokens."""
     asks: list[tuple[int, str]] = []
     thinking = body.thinking

@@ -17,7 +17,8 @@ import ollama
 import openai
 import pytest
 
-from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format, effort_budget, split_text
+from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format
+from localrun.server.reasoning import effort_budget
 from tests.agents_api.anthropic_fixtures import anthropic_client, serve, spawn_server  # noqa: F401 - fixtures
 
 anthropic = pytest.importorskip("anthropic")
@@ -32,6 +33,15 @@ THINK_TEMPLATE = (
 OPEN_TEMPLATE = THINK_TEMPLATE.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n{% endif %}")
 THINK_WORDS = 12  # the fake model's reasoning: the first 12 filler words
 USER = [{"role": "user", "content": "hello"}]
+
+
+def split_text(fmt, text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a whole output, fed in one piece."""
+    if fmt is None:
+        return "", text
+    splitter = ReasoningSplitter(fmt)
+    parts = splitter.feed(text) + splitter.flush()
+    return "".join(t for c, t in parts if c == REASONING), "".join(t for c, t in parts if c == ANSWER)
 
 
 def chunked(fmt, text: str, seed: int) -> tuple[str, str]:

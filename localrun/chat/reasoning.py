@@ -223,7 +223,7 @@ class ChunkSplitter:
         parts = self._splitter.feed(chunk.text)
         if chunk.finish_reason:
             parts += self._splitter.flush()
-        reasoning = "".join(t for c, t in parts if c == REASONING)
+        reasoning = chunk.reasoning + "".join(t for c, t in parts if c == REASONING)  # kept if split already
         if not self._continued:
             self.pieces += bool(reasoning)
         return dataclasses.replace(chunk, text="".join(t for c, t in parts if c != REASONING), reasoning=reasoning)

@@ -65,6 +65,25 @@ def test_think_tags_split_on_any_chunking(seed):
     assert chunked(HARMONY, harmony, seed) == ("User wants 2+2.", "**4**")
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_chunk_stream_splits_the_same_for_every_front_end(seed):
+    """split_chunks (the CLI's and the TUI's form) on core Chunks cut anywhere; the last chunk flushes."""
+    from localrun.chat.reasoning import split_chunks
+    from localrun.types import Chunk
+
+    text, rng, pieces, i = "<think>\nstep 1 <thin</think>\n\nIt is 4.", random.Random(seed), [], 0
+    while i < len(text):
+        k = rng.randint(1, 4)
+        pieces.append(Chunk(text=text[i:i + k]))
+        i += k
+    pieces[-1] = dataclasses.replace(pieces[-1], finish_reason="stop")
+    out = list(split_chunks(iter(pieces), THINK))
+    assert "".join(c.reasoning for c in out) == "step 1 <thin" and "".join(c.text for c in out) == "It is 4."
+    assert out[-1].finish_reason == "stop" and len(out) == len(pieces)
+    assert list(split_chunks(iter(pieces), None)) == pieces
+    assert list(split_chunks(iter([Chunk(reasoning="r", text="a")]), THINK)) == [Chunk(reasoning="r", text="a")]
+
+
 def test_no_reasoning_is_all_answer_and_formats_come_from_the_template():
     assert split_text(THINK, "plain answer, no tags") == ("", "plain answer, no tags")
     assert split_text(None, "<think>x</think>y") == ("", "<think>x</think>y")

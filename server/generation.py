@@ -101,7 +101,7 @@ class Generation:
         self.finishes: dict[int, str] = {}
         self.texts: dict[int, str] = {}
         self.choice_logprobs: dict[int, list[dict[str, Any]]] = {0: self.logprobs}
-        #: The reasoning channel's text so far (see reasoning_stream): empty for other models.
+        #: The reasoning channel's text so far (localrun.chat.reasoning): empty for other models.
         self.reasoning_parts: list[str] = []
         self._iter = stream.__aiter__()
 
@@ -159,7 +159,7 @@ class Generation:
 
     def pipe(self, transform) -> None:
         """Put ``transform`` (an async generator over chunks) between the runtime and every reader:
-        how the reasoning channel is split off (``reasoning_stream``). Before the first read only."""
+        how the reasoning channel is split off (``server.reasoning``). Before the first read only."""
         self._iter = transform(self._iter)
 
     async def guarded(self, work):
@@ -222,7 +222,8 @@ async def open_generation(request: Request, model: str, req, *, keep_alive_s: fl
     state = app_state(request)
     stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s)
     try:
-        refuse_unsupported(found, model=stream.record.name, runtime=stream.plan.runtime, capabilities=frozenset(stream.capabilities or ()))
+        refuse_unsupported(found, model=stream.record.name, runtime=stream.plan.runtime,
+                           capabilities=frozenset(stream.capabilities or ()))
     except LocalrunError:
         await stream.aclose()
         raise

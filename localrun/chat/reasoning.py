@@ -235,7 +235,8 @@ class ChunkSplitter:
         sampling = req.sampling
         if sampling.max_tokens is not None:
             sampling = dataclasses.replace(sampling, max_tokens=max(1, sampling.max_tokens - self.pieces))
-        return dataclasses.replace(req, prefix=req.prefix + "".join(self._raw) + self.fmt.forced_close, sampling=sampling)
+        prefix = req.prefix + "".join(self._raw) + self.fmt.forced_close
+        return dataclasses.replace(req, prefix=prefix, sampling=sampling)
 
     def split_continued(self, chunk: Chunk) -> Chunk:
         out = self.split(chunk)

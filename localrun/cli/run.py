@@ -165,7 +165,8 @@ def _stream_answer(manager, name: str, req, fmt=None, *, show_thinking: bool = T
 @click.option("--temperature", type=click.FloatRange(0, 2), default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--hide-thinking", is_flag=True,
-              help="Do not show a reasoning model's thinking (by default it streams dimmed on stderr before the answer).")
+              help="Do not show a reasoning model's thinking (by default it streams dimmed on stderr, "
+                   "before the answer).")
 @plan_options
 @click.pass_context
 def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, hide_thinking, runtime, ctx_len, gpu_layers,
@@ -190,8 +191,8 @@ def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, hide_
                 _stream_answer(manager, record.name, CompletionRequest(prompt=text, sampling=Sampling(**sampling)))
             else:
                 msgs = ([Message("system", system)] if system else []) + [Message("user", text)]
-                _stream_answer(manager, record.name, ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling)), fmt,
-                               show_thinking=show)
+                req = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
+                _stream_answer(manager, record.name, req, fmt, show_thinking=show)
             return
         _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show)
     finally:

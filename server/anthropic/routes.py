@@ -18,7 +18,7 @@ counts (the official SDK and Claude Code take them from there).
 ended it (``stop_reason: "stop_sequence"``); the generation is then stopped, and its usage
 is the tokens streamed so far (the runtime's own count never arrives).
 
-A reasoning model's thinking (see ``reasoning_stream``) is a ``thinking`` block before the
+A reasoning model's thinking (split by ``localrun.chat.reasoning``) is a ``thinking`` block before the
 text, with an empty signature (nothing to sign locally; Claude Code needs the
 ``signature_delta`` to render it); ``thinking`` and ``output_config.effort`` bound it.
 

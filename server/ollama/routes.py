@@ -20,7 +20,8 @@ from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, request_stats,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation,
+    request_stats,
 )
 from localrun.server.model_info import iso
 from localrun.server.reasoning import think_reasoning
@@ -91,7 +92,8 @@ async def chat(request: Request):
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
-    req = ChatRequest(messages=core_messages(body), sampling=_sampling(request, body), tools=tools, tool_choice="auto" if tools else None)
+    req = ChatRequest(messages=core_messages(body), sampling=_sampling(request, body), tools=tools,
+                      tool_choice="auto" if tools else None)
     return await _generate(request, body, req, keep_alive_s, chat=True)
 
 

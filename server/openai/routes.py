@@ -22,8 +22,8 @@ from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, request_stats,
-    session_call,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation,
+    request_stats, session_call,
 )
 from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.choices import (

@@ -180,7 +180,8 @@ async def test_a_reasoning_models_thinking_shows_in_its_own_block_above_the_answ
     try:
         async with app.run_test(size=(100, 32), message_hook=messages.append) as pilot:
             await pilot.press("5")
-            screen = await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen, what="chat screen")
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen,
+                                    what="chat screen")
             screen.select_model("r1")
             await wait_for(pilot, lambda: screen.model_select.value == "r1", what="the reasoning model chosen")
             screen.query_one("#temperature").value = "0"  # the fixed filler: none of the thinking's words in the answer

@@ -266,7 +266,8 @@ class Chunk:
     logprobs: tuple[dict[str, Any], ...] = ()
     #: Which choice this chunk belongs to (``Sampling.n`` > 1); every choice ends with its own final chunk.
     index: int = 0
-    #: Reasoning-channel text, split from ``text`` by the server (:mod:`localrun.chat.reasoning`); runtimes leave it empty.
+    #: Reasoning-channel text, split from ``text`` by each front end (:mod:`localrun.chat.reasoning`);
+    #: runtimes leave it empty.
     reasoning: str = ""
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""The embedded server: OpenAI- and Ollama-compatible HTTP APIs over the ModelManager.
+"""The embedded server: OpenAI, Ollama, Anthropic, Responses and llama-server wire families over the ModelManager.
 
-``create_app(settings, manager)`` builds the FastAPI app (server/app.py);
-``run_server(settings, manager, ready_callback=...)`` serves it with uvicorn
-(server/serve.py). Security defaults live in server/security.py.
+``create_app(settings, manager)`` builds the FastAPI app (server/app.py), including each
+family's ``router`` (server/openai/, ollama/, anthropic/, responses/, llama_server/: routes.py,
+schemas.py, convert.py); ``run_server(settings, manager, ready_callback=...)`` serves it with
+uvicorn (server/serve.py). Security defaults live in server/security.py, the one error mapper in
+server/errors.py.
 """
 
 from __future__ import annotations

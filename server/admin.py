@@ -22,7 +22,8 @@ from starlette.responses import PlainTextResponse, StreamingResponse
 
 from localrun import __version__
 from localrun.server.errors import InvalidRequest
-from localrun.server.generation import app_state, parse_body
+from localrun.server.fields import parse_body
+from localrun.server.generation import app_state
 from localrun.server.ollama.schemas import KeepAlive, keep_alive_seconds
 from localrun.server.openai.schemas import Strict
 from localrun.server.security import AUTHENTICATED_KEY

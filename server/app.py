@@ -20,13 +20,7 @@ from starlette.responses import PlainTextResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import admin as admin_api
-from localrun.server.anthropic import routes as anthropic_api
-from localrun.server.llama_server import routes as llama_routes
-from localrun.server.ollama import routes as ollama_api
-from localrun.server.ollama import models as ollama_models
-from localrun.server.openai import routes as openai_api
-from localrun.server.responses import routes as responses_api
+from localrun.server import admin, anthropic, llama_server, ollama, openai, responses
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
@@ -53,8 +47,10 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.state.upstream_metrics = attach_upstream_metrics(manager)
     app.state.started_at = time.monotonic()
 
-    for router in (openai_api.router, ollama_api.router, ollama_models.router, admin_api.router, llama_routes.router,
-                   responses_api.router, anthropic_api.router, openai_api.bare_router):
+    # Each wire family is a package exposing ``router``; the order is the order paths are matched in,
+    # and OpenAI's bare paths (no /v1) come last so every other family's path wins.
+    for router in (openai.router, ollama.router, admin.router, llama_server.router, responses.router, anthropic.router,
+                   openai.bare_router):
         app.include_router(router)
 
     if settings.server.mirror:  # the store as a hub endpoint, behind the same guards (serve --mirror)

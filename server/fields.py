@@ -1,5 +1,5 @@
-"""The field policy of every request body, in one place for every route (OpenAI, Ollama,
-llama-server's, and the Anthropic and Responses routes to come).
+"""The field policy of every request body, in one place for every wire family (OpenAI, Ollama,
+Anthropic, Responses, llama-server's) and localrun's admin routes.
 
 Three kinds of top-level field:
 
@@ -80,9 +80,37 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        from localrun.server.generation import validation_error
-
         raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> InvalidRequest:
+    first = exc.errors(include_url=False, include_input=False)[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if not _is_union_tag(p))
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        msg = f"unknown field {loc!r}"
+    elif kind == "missing":
+        msg = f"missing required field {loc!r}"
+    elif kind in ("json_invalid", "json_type"):
+        msg = f"the body is not valid JSON: {first.get('msg', '')}"
+    elif not loc:
+        msg = f"the body must be a JSON object: {first.get('msg', '')}"
+    else:
+        msg = f"invalid value for {loc!r}: {first.get('msg', '')}"
+    more = exc.error_count() - 1
+    if more > 0:
+        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return InvalidRequest(msg, param=loc or None)
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Pydantic puts a union member's type in the location ('str', 'list[str]', 'Loose'): not a field.
+
+    Field names here are snake_case, so a capitalised, bracketed or hyphenated part is a tag.
+    """
+    if not isinstance(part, str):
+        return False
+    return part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper() or "[" in part or "-" in part
 
 
 def _no_constant(name: str):

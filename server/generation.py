@@ -1,5 +1,5 @@
-"""What the OpenAI and Ollama routes share: parsing a body, building sampling options,
-opening a generation, and reading its chunks while watching the client.
+"""What every wire family's routes share once a body is parsed (:mod:`.fields` parses it):
+sampling options, opening a generation, and reading its chunks while watching the client.
 
 A :class:`Generation` wraps the manager's ``OpenStream``. Its first chunk is read before
 the response starts, so an error the runtime raises at once (context overflow, template
@@ -17,11 +17,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from localrun.errors import Cancelled, LocalrunError, UnsupportedFeature
+from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
+from localrun.server.fields import refuse_unsupported
 from localrun.server.metrics import STATS_KEY, Metrics, RequestStats
 from localrun.types import Chunk, Sampling, Usage
 
@@ -37,43 +37,6 @@ def request_stats(request: Request) -> RequestStats:
     if stats is None:  # app used without the Observe middleware (unit tests)
         stats = request.scope[STATS_KEY] = RequestStats()
     return stats
-
-
-async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool = True) -> Any:
-    """Validate the JSON body under the field policy (:mod:`.fields`); any problem is one 400 naming the field."""
-    from localrun.server.fields import parse_body as parse
-
-    return await parse(request, schema, lenient=lenient)
-
-
-def validation_error(exc: ValidationError) -> InvalidRequest:
-    first = exc.errors(include_url=False, include_input=False)[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()) if not _is_union_tag(p))
-    kind = first.get("type", "")
-    if kind == "extra_forbidden":
-        msg = f"unknown field {loc!r}"
-    elif kind == "missing":
-        msg = f"missing required field {loc!r}"
-    elif kind in ("json_invalid", "json_type"):
-        msg = f"the body is not valid JSON: {first.get('msg', '')}"
-    elif not loc:
-        msg = f"the body must be a JSON object: {first.get('msg', '')}"
-    else:
-        msg = f"invalid value for {loc!r}: {first.get('msg', '')}"
-    more = exc.error_count() - 1
-    if more > 0:
-        msg += f" (and {more} more problem{'s' if more > 1 else ''})"
-    return InvalidRequest(msg, param=loc or None)
-
-
-def _is_union_tag(part: Any) -> bool:
-    """Pydantic puts a union member's type in the location ('str', 'list[str]', 'Loose'): not a field.
-
-    Field names here are snake_case, so a capitalised, bracketed or hyphenated part is a tag.
-    """
-    if not isinstance(part, str):
-        return False
-    return part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper() or "[" in part or "-" in part
 
 
 def clamp_max_tokens(requested: int | None, cap: int) -> int:
@@ -107,16 +70,6 @@ def make_sampling(*, cap: int, max_tokens: int | None = None, seed: int | None =
     return Sampling(**fields)
 
 
-def reject_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str, capabilities: frozenset[str]) -> None:
-    """A 400 naming the first field whose capability the runtime does not declare; never a silent ignore.
-
-    ``found`` pairs each field the request set with the capability it needs (see :mod:`.fields`).
-    """
-    from localrun.server.fields import refuse_unsupported
-
-    refuse_unsupported(found, model=model, runtime=runtime, capabilities=capabilities)
-
-
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -148,7 +101,7 @@ class Generation:
         self.finishes: dict[int, str] = {}
         self.texts: dict[int, str] = {}
         self.choice_logprobs: dict[int, list[dict[str, Any]]] = {0: self.logprobs}
-        #: The reasoning channel's text so far (see reasoning_stream): empty for other models.
+        #: The reasoning channel's text so far (localrun.chat.reasoning): empty for other models.
         self.reasoning_parts: list[str] = []
         self._iter = stream.__aiter__()
 
@@ -206,7 +159,7 @@ class Generation:
 
     def pipe(self, transform) -> None:
         """Put ``transform`` (an async generator over chunks) between the runtime and every reader:
-        how the reasoning channel is split off (``reasoning_stream``). Before the first read only."""
+        how the reasoning channel is split off (``server.reasoning``). Before the first read only."""
         self._iter = transform(self._iter)
 
     async def guarded(self, work):
@@ -269,7 +222,8 @@ async def open_generation(request: Request, model: str, req, *, keep_alive_s: fl
     state = app_state(request)
     stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s)
     try:
-        reject_unsupported(found, model=stream.record.name, runtime=stream.plan.runtime, capabilities=frozenset(stream.capabilities or ()))
+        refuse_unsupported(found, model=stream.record.name, runtime=stream.plan.runtime,
+                           capabilities=frozenset(stream.capabilities or ()))
     except LocalrunError:
         await stream.aclose()
         raise
@@ -287,7 +241,7 @@ async def session_call(request: Request, model: str, method: str, args: dict[str
     manager = app_state(request).manager
     lm = await asyncio.to_thread(manager.load, model)
     request_stats(request).model = lm.record.name
-    reject_unsupported(list(found), model=lm.record.name, runtime=lm.plan.runtime,
+    refuse_unsupported(list(found), model=lm.record.name, runtime=lm.plan.runtime,
                        capabilities=frozenset(lm.handle.capabilities or ()))
     return await asyncio.to_thread(manager.call, lm.record.name, method, args or {})
 

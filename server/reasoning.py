@@ -1,34 +1,43 @@
-"""The reasoning channel on a Generation: split it off the answer and hold it to a budget.
+"""The reasoning knobs of each wire family, turned into one budget for the splitter below them.
 
-Every route asks for it the same way: it turns its own fields into a :class:`ReasoningAsk`
-(Anthropic ``thinking``/``output_config.effort``, OpenAI ``reasoning_effort``, Ollama
-``think``) and calls :func:`enable_reasoning` on the opened generation. For a model whose
-template has a reasoning format (:mod:`localrun.chat.reasoning`) the chunks then carry the
-reasoning in ``Chunk.reasoning`` and only the answer in ``Chunk.text``.
+Every route asks the same way: it turns its own fields into a :class:`ReasoningAsk`
+(Anthropic ``thinking.budget_tokens``/``output_config.effort``, OpenAI ``reasoning_effort``,
+Responses ``reasoning.effort``, Ollama ``think``) and calls :func:`enable_reasoning` on the
+opened generation. The split and the budget are :mod:`localrun.chat.reasoning`'s, the same code
+``localrun run`` and the TUI use; for a model whose template has a reasoning format the chunks
+then carry the reasoning in ``Chunk.reasoning`` and only the answer in ``Chunk.text``.
 
-The budget is kept above the runtime, so it holds on each runtime that can continue a turn
-(the ``reasoning_budget`` capability: the request's ``ChatRequest.prefix``). When the
-reasoning reaches the budget (counted in streamed pieces, about a token each), the stream
-is stopped and a second one started from the prompt + the reasoning so far + the format's
-forced close; the prefix cache holds all but the close, so the answer starts at once.
-``think: false`` (a budget of 0) closes the block before any reasoning. The usage of such
-an answer adds the reasoning pieces to the continuation's completion tokens.
+A budget needs the runtime to continue a turn (the ``reasoning_budget`` capability): past it
+the splitter stops the stream and the answer continues from the prompt + the reasoning + the
+format's forced close. ``think: false`` (a budget of 0) closes the block before any reasoning.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from localrun.chat.reasoning import ChunkSplitter, ReasoningFormat, asplit_chunks, detect_format, template_of
 from localrun.errors import UnsupportedFeature
-from localrun.chat.reasoning import REASONING, ReasoningFormat, ReasoningSplitter, detect_format, effort_budget
 from localrun.server.errors import InvalidRequest
 from localrun.server.generation import Generation, app_state
-from localrun.types import ChatRequest, Chunk, Usage
+from localrun.types import ChatRequest
 
 log = logging.getLogger(__name__)
+
+#: Reasoning tokens per effort word (OpenAI reasoning_effort, Anthropic output_config.effort,
+#: Ollama think levels). ``None``: no bound beyond max_tokens.
+EFFORT_TOKENS: dict[str, int | None] = {
+    "none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None,
+}
+
+
+def effort_budget(effort: str) -> int | None:
+    """Tokens of reasoning an effort word allows; a word not in :data:`EFFORT_TOKENS` is a ValueError naming them."""
+    try:
+        return EFFORT_TOKENS[effort]
+    except KeyError:
+        raise ValueError(f"unknown effort {effort!r}; use one of: {', '.join(EFFORT_TOKENS)}") from None
 
 
 @dataclass(frozen=True)
@@ -77,14 +86,9 @@ def reasoning_fields(reasoning: str, settings) -> dict:
     return {name: reasoning for name in names}
 
 
-def reasoning_format(gen: Generation) -> ReasoningFormat | None:
-    template = gen.plan.options.get("chat_template") or gen.record.metadata.get("chat_template")
-    return detect_format(template if isinstance(template, str) else None)
-
-
 def enable_reasoning(request, gen: Generation, req: ChatRequest, ask: ReasoningAsk) -> ReasoningFormat | None:
     """Split the reasoning off ``gen``'s chunks (and bound it); None when the model has no reasoning channel."""
-    fmt = reasoning_format(gen)
+    fmt = detect_format(template_of(gen.record, gen.plan))
     if fmt is None:
         return None
     budget = ask.budget
@@ -94,61 +98,7 @@ def enable_reasoning(request, gen: Generation, req: ChatRequest, ask: ReasoningA
         raise UnsupportedFeature(f"{ask.field or 'the reasoning budget'!r} is not supported by the {gen.plan.runtime} runtime "
                                  f"serving {gen.record.name}: it cannot continue a turn past a forced end of thinking",
                                  hint="leave the budget out (max_tokens still bounds the answer)", param=ask.field)
-    manager = app_state(request).manager
-    gen.pipe(lambda source: _reasoned(source, fmt, budget, manager, gen.record.name, req))
+    manager, model = app_state(request).manager, gen.record.name
+    splitter = ChunkSplitter(fmt, budget)
+    gen.pipe(lambda source: asplit_chunks(source, splitter, req, lambda cont: manager.aopen(model, cont)))
     return fmt
-
-
-async def _reasoned(source: AsyncIterator[Chunk], fmt: ReasoningFormat, budget: int | None, manager, model: str,
-                    req: ChatRequest) -> AsyncIterator[Chunk]:
-    splitter = ReasoningSplitter(fmt)
-    raw: list[str] = []
-    pieces = 0
-    second = rest = None
-    try:
-        if budget == 0 and fmt.open_at_start:
-            pass  # the prompt opened the block: close it before the model says anything
-        else:
-            async for chunk in source:
-                raw.append(chunk.text)
-                out = _split(splitter, chunk)
-                pieces += bool(out.reasoning)
-                if budget is not None and splitter.channel == REASONING and pieces >= budget and not chunk.finish_reason:
-                    if out.reasoning or out.text:
-                        yield out
-                    break
-                yield out
-            else:
-                return
-        await source.aclose()  # stops the first generation in the worker
-        splitter.feed(fmt.forced_close)  # now in the answer
-        log.debug("%s: reasoning budget of %s reached; closing the reasoning", model, budget)
-        sampling = req.sampling
-        if sampling.max_tokens is not None:
-            sampling = dataclasses.replace(sampling, max_tokens=max(1, sampling.max_tokens - pieces))
-        cont = dataclasses.replace(req, prefix=req.prefix + "".join(raw) + fmt.forced_close, sampling=sampling)
-        second = await manager.aopen(model, cont)
-        rest = second.__aiter__()
-        async for chunk in rest:
-            out = _split(splitter, chunk)
-            if chunk.usage is not None:
-                u = chunk.usage
-                out = dataclasses.replace(out, usage=Usage(prompt_tokens=max(0, u.prompt_tokens - pieces),
-                                                           completion_tokens=u.completion_tokens + pieces,
-                                                           cached_tokens=min(u.cached_tokens, max(0, u.prompt_tokens - pieces))))
-            yield out
-    finally:
-        await source.aclose()
-        if rest is not None:
-            await rest.aclose()  # a client gone mid-answer stops the continuation in the worker too
-        if second is not None:
-            await second.aclose()
-
-
-def _split(splitter: ReasoningSplitter, chunk: Chunk) -> Chunk:
-    parts = splitter.feed(chunk.text)
-    if chunk.finish_reason:
-        parts += splitter.flush()
-    reasoning = "".join(t for c, t in parts if c == REASONING)
-    text = "".join(t for c, t in parts if c != REASONING)
-    return dataclasses.replace(chunk, text=text, reasoning=reasoning)

@@ -5,6 +5,10 @@ server uses). The worker batches tokens into a message about every 30 ms so a fa
 cannot flood the event loop, and the Markdown stream coalesces further when rendering
 falls behind: keys stay responsive while tokens pour in. Esc sets the Cancel the runtime
 checks between tokens.
+
+A reasoning model's thinking is split off the answer by the same code the server and
+``localrun run`` use (:mod:`localrun.chat.reasoning`) and shows in a dimmed :class:`ThinkingBlock`
+above the answer; the history keeps the answer alone.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from textual.message import Message
 from textual.widgets import Input, Markdown, Select, Static
 from textual.widgets.markdown import MarkdownStream
 
-from localrun.errors import ConfigError
+from localrun.chat.reasoning import detect_format, split_chunks, template_of
+from localrun.errors import ConfigError, LocalrunError
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
 from localrun.tui.base import LocalrunScreen
-from localrun.types import Cancel, ChatRequest, Message as ChatMessage, Sampling
+from localrun.types import Cancel, ChatRequest, Message as ChatMessage, ModelRecord, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,30 @@ def rate_text(ttft_s: float | None, tokens: int, decode_s: float, *, running: bo
     return f"{ttft}{rate} · {tokens} tokens" + (" · esc stop" if running else "")
 
 
+class ThinkingBlock(Static):
+    """A reasoning model's thinking, dimmed under a "Thinking…" title, above its answer."""
+
+    DEFAULT_CSS = """
+    ThinkingBlock {
+        color: $text-muted;
+        text-style: italic;
+        border: round $panel-lighten-2;
+        border-title-color: $text-muted;
+        padding: 0 1;
+        margin: 0 0 1 0;
+    }
+    """
+
+    def __init__(self) -> None:
+        super().__init__("", markup=False, classes="thinking")
+        self.border_title = "Thinking…"
+        self.text = ""
+
+    def add(self, text: str) -> None:
+        self.text += text
+        self.update(self.text)
+
+
 class ChatScreen(LocalrunScreen):
     TAB = "chat"
     BINDINGS = [
@@ -70,10 +99,11 @@ class ChatScreen(LocalrunScreen):
 
     @dataclass
     class Tokens(Message, bubble=False):
-        """A batch of streamed text."""
+        """A batch of streamed text: answer text, and a reasoning model's thinking."""
 
         text: str
         stats: str
+        reasoning: str = ""
 
     @dataclass
     class Finished(Message, bubble=False):
@@ -92,7 +122,10 @@ class ChatScreen(LocalrunScreen):
         self.last_answer: str = ""
         self._cancel: Cancel | None = None
         self._stream: MarkdownStream | None = None
+        self._answer: Markdown | None = None  # the answer being streamed, below which no thinking goes
+        self._thinking: ThinkingBlock | None = None
         self._wanted: str | None = None
+        self._records: dict[str, ModelRecord] = {}
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="chat-settings"):
@@ -126,13 +159,15 @@ class ChatScreen(LocalrunScreen):
         backend = self.backend
 
         def job() -> None:
-            names = [r.name for r in backend.list_models()]
+            records = backend.list_models()
             loaded = [m.name for m in backend.loaded()]
-            self.app.call_from_thread(self._set_models, names, loaded)
+            self.app.call_from_thread(self._set_models, records, loaded)
 
         self.run_worker(job, thread=True, group="chat-models", exclusive=True, name="list models", exit_on_error=False)
 
-    def _set_models(self, names: list[str], loaded: list[str]) -> None:
+    def _set_models(self, records: list[ModelRecord], loaded: list[str]) -> None:
+        self._records = {r.name: r for r in records}
+        names = list(self._records)
         current = self.model_select.value
         self.model_select.set_options([(n, n) for n in names])
         wanted = self._wanted if self._wanted in names else None
@@ -175,6 +210,7 @@ class ChatScreen(LocalrunScreen):
         messages = ([ChatMessage("system", chat.system)] if chat.system else []) + self.history
         await self._add_turn("you", text)
         answer = await self._add_turn("ai", "")
+        self._answer, self._thinking = answer, None
         self._stream = Markdown.get_stream(answer)
         self.transcript.anchor()
         self._cancel = Cancel()
@@ -187,6 +223,19 @@ class ChatScreen(LocalrunScreen):
         await self.transcript.mount_all([label, body])
         return body
 
+    def _reasoning_format(self, model: str):
+        """The model's reasoning format, once per request (from its plan's template when the backend plans)."""
+        record = self._records.get(model)
+        if record is None:
+            return None
+        plan = None
+        if self.backend.can_plan:
+            try:
+                plan = self.backend.plan(record)
+            except LocalrunError as exc:  # the load will say it better; split by the GGUF's own template
+                log.debug("no plan for %s to read its chat template from: %s", model, exc)
+        return detect_format(template_of(record, plan))
+
     def _generate(self, model: str, req: ChatRequest, cancel: Cancel) -> None:
         backend = self.backend
 
@@ -195,34 +244,47 @@ class ChatScreen(LocalrunScreen):
             first = last = None
             parts: list[str] = []
             batch: list[str] = []
+            thought: list[str] = []
+            pieces = 0
             finish = None
             posted = started
 
             def stats(running: bool) -> str:
                 ttft = first - started if first is not None else None
-                return rate_text(ttft, len(parts), (last - first) if first and last else 0.0, running=running)
+                return rate_text(ttft, pieces, (last - first) if first and last else 0.0, running=running)
+
+            def post() -> None:
+                self.post_message(self.Tokens("".join(batch), stats(True), "".join(thought)))
+                batch.clear()
+                thought.clear()
 
             try:
-                for chunk in backend.stream(model, req, cancel):
-                    if chunk.text:
+                for chunk in split_chunks(backend.stream(model, req, cancel), self._reasoning_format(model)):
+                    if chunk.text or chunk.reasoning:
                         last = time.perf_counter()
                         first = first or last
+                        pieces += 1
                         parts.append(chunk.text)
                         batch.append(chunk.text)
+                        thought.append(chunk.reasoning)
                         if last - posted >= BATCH_S:
-                            self.post_message(self.Tokens("".join(batch), stats(True)))
-                            batch.clear()
+                            post()
                             posted = last
                     finish = chunk.finish_reason or finish
             finally:
                 if batch:
-                    self.post_message(self.Tokens("".join(batch), stats(True)))
+                    post()
                 self.post_message(self.Finished("".join(parts), "cancelled" if cancel.is_set() else finish, stats(False)))
 
         self.run_worker(job, thread=True, group="generate", name=f"chat with {model}", exit_on_error=False)
 
     async def on_chat_screen_tokens(self, message: Tokens) -> None:
-        if self._stream is not None:
+        if message.reasoning and self._answer is not None:
+            if self._thinking is None:
+                self._thinking = ThinkingBlock()
+                await self.transcript.mount(self._thinking, before=self._answer)
+            self._thinking.add(message.reasoning)
+        if self._stream is not None and message.text:
             await self._stream.write(message.text)
         self.stats.update(message.stats)
 
@@ -230,6 +292,7 @@ class ChatScreen(LocalrunScreen):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        self._answer = None
         self._cancel = None
         if message.text:
             self.last_answer = message.text

@@ -1,50 +1,43 @@
 """Reasoning models: telling the reasoning channel from the answer, and bounding it.
 
-Pure Python on text, no runtime import: the server applies it to the one chunk stream of
-every runtime, so each API shows the same split (OpenAI ``reasoning_content``/``reasoning``,
-Ollama ``thinking``, Anthropic ``thinking`` blocks, Responses ``reasoning`` items).
+Pure Python on the core ``Chunk`` stream, below every front end: the server's APIs, ``localrun run``
+and the TUI's Chat all split with :func:`split_chunks` / :class:`ChunkSplitter`, so each shows the
+same reasoning (OpenAI ``reasoning_content``/``reasoning``, Ollama ``thinking``, Anthropic
+``thinking`` blocks, Responses ``reasoning`` items, the terminal's and the TUI's thinking block).
+What each API calls its knobs lives with the server (``localrun.server.reasoning``).
 
 **Formats** (:func:`detect_format`, from the model's chat template):
 
 * ``think`` — DeepSeek-R1 and Qwen3: ``<think>…</think>`` then the answer. Some templates
-  open the block in the generation prompt (the output then *starts* in reasoning);
-  :func:`starts_open` renders the template once to find out.
+  open the block in the generation prompt (the output then *starts* in reasoning); that is
+  found by rendering the template once, the first time a template is seen (cached after).
 * ``harmony`` — gpt-oss: ``<|channel|>analysis<|message|>…<|end|>`` then
   ``<|start|>assistant<|channel|>final<|message|>…``. Channels named ``analysis`` are
   reasoning; the others (``final``, ``commentary``) the answer. The markers are dropped.
   (No gpt-oss model could be run here: this follows the published format, tested on text.)
 
-**Budgets**: :func:`effort_budget` maps the APIs' effort words to reasoning tokens. The
-server enforces a budget above the runtime: when it runs out, it stops the generation and
-continues from the prompt plus the reasoning plus :attr:`ReasoningFormat.forced_close`
-(the prefix cache makes that cheap), so the answer follows on every runtime that can
-continue a turn.
+**Budgets** (:class:`ChunkSplitter`): when the reasoning reaches its budget, the front end stops
+the generation and continues from the prompt plus the reasoning plus
+:attr:`ReasoningFormat.forced_close` (:meth:`ChunkSplitter.continuation`; the prefix cache makes
+that cheap), so the answer follows on every runtime that can continue a turn.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
+
+from localrun.chat.template import render_chat
+from localrun.errors import TemplateError
+from localrun.types import ChatRequest, Chunk, Usage
 
 log = logging.getLogger(__name__)
 
 REASONING, ANSWER = "reasoning", "answer"
-
-#: Reasoning tokens per effort word (OpenAI reasoning_effort, Anthropic output_config.effort,
-#: Ollama think levels). ``None``: no bound beyond max_tokens.
-EFFORT_TOKENS: dict[str, int | None] = {
-    "none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None,
-}
-
-
-def effort_budget(effort: str) -> int | None:
-    """Tokens of reasoning an effort word allows; a word not in :data:`EFFORT_TOKENS` is a ValueError naming them."""
-    try:
-        return EFFORT_TOKENS[effort]
-    except KeyError:
-        raise ValueError(f"unknown effort {effort!r}; use one of: {', '.join(EFFORT_TOKENS)}") from None
-
 
 @dataclass(frozen=True)
 class ReasoningFormat:
@@ -64,8 +57,13 @@ HARMONY = ReasoningFormat("harmony", ("<|channel|>", "<|message|>", "<|end|>", "
 FORMATS = {f.name: f for f in (THINK, HARMONY)}
 
 
+@functools.lru_cache(maxsize=32)
 def detect_format(template: str | None) -> ReasoningFormat | None:
-    """The reasoning format a chat template speaks, or None for a model without one."""
+    """The reasoning format a chat template speaks, or None for a model without one.
+
+    Cached per template: a front end asks once per request, and a template is rendered (to see
+    whether its generation prompt opens the block) only the first time it is seen.
+    """
     if not template:
         return None
     if "<|channel|>" in template:
@@ -75,12 +73,10 @@ def detect_format(template: str | None) -> ReasoningFormat | None:
     return None
 
 
-@functools.lru_cache(maxsize=16)
 def starts_open(template: str) -> bool:
     """Whether the template's generation prompt ends inside ``<think>`` (DeepSeek-R1's newer templates)."""
-    from localrun.chat.template import render_chat
-    from localrun.errors import TemplateError
-
+    if "<think>" not in template:
+        return False  # nothing to render: the prompt cannot open a block the template never writes
     try:
         text = render_chat(template, [{"role": "user", "content": "x"}], timeout_s=1.0)
     except TemplateError as exc:
@@ -188,10 +184,111 @@ class ReasoningSplitter:
         # <|end|>, <|return|>, <|call|>: structure, not text
 
 
-def split_text(fmt: ReasoningFormat | None, text: str) -> tuple[str, str]:
-    """(reasoning, answer) of a whole output: what a non-streamed history or answer holds."""
+def template_of(record: Any, plan: Any) -> str | None:
+    """The chat template a loaded model speaks: the plan's override (``--chat-template``) or the GGUF's."""
+    template = (getattr(plan, "options", None) or {}).get("chat_template") or record.metadata.get("chat_template")
+    return template if isinstance(template, str) else None
+
+
+class ChunkSplitter:
+    """One request's reasoning split on the core ``Chunk`` stream, with its budget kept.
+
+    :meth:`split` moves reasoning text from ``Chunk.text`` to ``Chunk.reasoning``. With a
+    ``budget`` (reasoning pieces, about a token each), :attr:`exhausted` turns true when the
+    reasoning reaches it; the caller then closes its stream and opens :meth:`continuation`,
+    whose chunks go through :meth:`split_continued` (usage counts the reasoning as completion).
+    """
+
+    def __init__(self, fmt: ReasoningFormat, budget: int | None = None) -> None:
+        self.fmt = fmt
+        self.budget = budget
+        self._splitter = ReasoningSplitter(fmt)
+        self._raw: list[str] = []
+        #: Reasoning pieces streamed before the continuation (what its usage adds to the completion).
+        self.pieces = 0
+        self._continued = False
+
+    @property
+    def skips_generation(self) -> bool:
+        """No reasoning allowed and the prompt opened the block: close it before the model says anything."""
+        return self.budget == 0 and self.fmt.open_at_start
+
+    @property
+    def exhausted(self) -> bool:
+        return self.budget is not None and self._splitter.channel == REASONING and self.pieces >= self.budget
+
+    def split(self, chunk: Chunk) -> Chunk:
+        if not self._continued:
+            self._raw.append(chunk.text)
+        parts = self._splitter.feed(chunk.text)
+        if chunk.finish_reason:
+            parts += self._splitter.flush()
+        reasoning = chunk.reasoning + "".join(t for c, t in parts if c == REASONING)  # kept if split already
+        if not self._continued:
+            self.pieces += bool(reasoning)
+        return dataclasses.replace(chunk, text="".join(t for c, t in parts if c != REASONING), reasoning=reasoning)
+
+    def continuation(self, req: ChatRequest) -> ChatRequest:
+        """``req`` continued past a forced end of the reasoning: the prompt, the reasoning so far, the close."""
+        self._splitter.feed(self.fmt.forced_close)  # now in the answer
+        self._continued = True
+        sampling = req.sampling
+        if sampling.max_tokens is not None:
+            sampling = dataclasses.replace(sampling, max_tokens=max(1, sampling.max_tokens - self.pieces))
+        prefix = req.prefix + "".join(self._raw) + self.fmt.forced_close
+        return dataclasses.replace(req, prefix=prefix, sampling=sampling)
+
+    def split_continued(self, chunk: Chunk) -> Chunk:
+        out = self.split(chunk)
+        if chunk.usage is None:
+            return out
+        u, n = chunk.usage, self.pieces
+        usage = Usage(prompt_tokens=max(0, u.prompt_tokens - n), completion_tokens=u.completion_tokens + n,
+                      cached_tokens=min(u.cached_tokens, max(0, u.prompt_tokens - n)))
+        return dataclasses.replace(out, usage=usage)
+
+
+def split_chunks(chunks: Iterable[Chunk], fmt: ReasoningFormat | None) -> Iterator[Chunk]:
+    """``chunks`` with the reasoning in ``Chunk.reasoning`` (unchanged for a model without a format):
+    the blocking form, for the CLI and the TUI's workers. Closing it closes ``chunks``."""
     if fmt is None:
-        return "", text
-    splitter = ReasoningSplitter(fmt)
-    parts = splitter.feed(text) + splitter.flush()
-    return ("".join(t for c, t in parts if c == REASONING), "".join(t for c, t in parts if c == ANSWER))
+        yield from chunks
+        return
+    splitter = ChunkSplitter(fmt)
+    try:
+        for chunk in chunks:
+            yield splitter.split(chunk)
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+async def asplit_chunks(source: AsyncIterator[Chunk], splitter: ChunkSplitter, req: ChatRequest,
+                        reopen: Callable[[ChatRequest], Awaitable[Any]]) -> AsyncIterator[Chunk]:
+    """``source`` split by ``splitter``; at the budget ``source`` is closed (the worker stops) and the
+    answer comes from ``await reopen(continuation)``, an async iterable closed with it. The server's form."""
+    second = rest = None
+    try:
+        if not splitter.skips_generation:
+            async for chunk in source:
+                out = splitter.split(chunk)
+                if splitter.exhausted and not chunk.finish_reason:
+                    if out.reasoning or out.text:
+                        yield out
+                    break
+                yield out
+            else:
+                return
+        await source.aclose()
+        log.debug("reasoning budget of %s reached; closing the reasoning", splitter.budget)
+        second = await reopen(splitter.continuation(req))
+        rest = second.__aiter__()
+        async for chunk in rest:
+            yield splitter.split_continued(chunk)
+    finally:
+        await source.aclose()
+        if rest is not None:
+            await rest.aclose()  # a client gone mid-answer stops the continuation in the worker too
+        if second is not None:
+            await second.aclose()

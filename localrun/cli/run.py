@@ -69,26 +69,68 @@ def resolve_or_builtin(store, name: str):
         return record
 
 
-def _stream_answer(manager, name: str, req) -> str:
-    """Print one answer as it streams; Ctrl-C stops it. Returns the text."""
+def reasoning_format_of(manager, name: str):
+    """The loaded model's reasoning format (None for a model without one), found once per session:
+    loading here is the load the first answer would do anyway."""
+    from localrun.chat.reasoning import detect_format, template_of
+
+    lm = manager.load(name)
+    return detect_format(template_of(lm.record, lm.plan))
+
+
+class _Printer:
+    """Writes one answer as it streams: the thinking dimmed on stderr under a "Thinking…" line (or not
+    at all), the answer on stdout, so ``localrun run … > answer.txt`` holds the answer alone."""
+
+    def __init__(self, show_thinking: bool) -> None:
+        self.show_thinking = show_thinking
+        self.thinking = False  # inside a shown thinking block
+
+    def reasoning(self, text: str) -> None:
+        if not self.show_thinking:
+            return
+        err = err_console()
+        if not self.thinking:
+            err.print("Thinking…", style="dim italic", highlight=False)
+            self.thinking = True
+        err.print(text, style="dim", end="", highlight=False, markup=False, soft_wrap=True)
+
+    def answer(self, text: str) -> None:
+        self.end_thinking()
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def end_thinking(self) -> None:
+        if self.thinking:
+            err_console().print("\n", highlight=False)  # the block ends on its own line, a blank line before the answer
+            self.thinking = False
+
+
+def _stream_answer(manager, name: str, req, fmt=None, *, show_thinking: bool = True) -> str:
+    """Print one answer as it streams (a reasoning model's thinking apart, see :class:`_Printer`);
+    Ctrl-C stops it. Returns the answer's text, without the thinking."""
+    from localrun.chat.reasoning import split_chunks
     from localrun.types import Cancel
 
     cancel = Cancel()
+    printer = _Printer(show_thinking)
     parts: list[str] = []
     t0 = time.perf_counter()
     first = None
+    pieces = 0
     usage = None
     finish = None
-    out = sys.stdout
-    stream = manager.stream(name, req, cancel)
+    stream = split_chunks(manager.stream(name, req, cancel), fmt)
     try:
         for chunk in stream:
+            if chunk.text or chunk.reasoning:
+                first = first or time.perf_counter()
+                pieces += 1
+            if chunk.reasoning:
+                printer.reasoning(chunk.reasoning)
             if chunk.text:
-                if first is None:
-                    first = time.perf_counter()
                 parts.append(chunk.text)
-                out.write(chunk.text)
-                out.flush()
+                printer.answer(chunk.text)
             if chunk.usage:
                 usage = chunk.usage
             if chunk.finish_reason:
@@ -98,9 +140,10 @@ def _stream_answer(manager, name: str, req) -> str:
         stream.close()
         finish = "cancelled"
     end = time.perf_counter()
-    out.write("\n")
-    out.flush()
-    n = usage.completion_tokens if usage else len(parts)
+    printer.end_thinking()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    n = usage.completion_tokens if usage else pieces
     decode_s = end - (first or end)
     rate = (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0
     ttft = f"{((first or end) - t0) * 1000:.0f} ms"
@@ -121,10 +164,13 @@ def _stream_answer(manager, name: str, req) -> str:
 @click.option("--max-tokens", type=click.IntRange(1, None), default=None, help="Stop after this many tokens.")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=None)
 @click.option("--seed", type=int, default=None)
+@click.option("--hide-thinking", is_flag=True,
+              help="Do not show a reasoning model's thinking (by default it streams dimmed on stderr, "
+                   "before the answer).")
 @plan_options
 @click.pass_context
-def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runtime, ctx_len, gpu_layers, device, threads,
-            parallel, speculative, draft):
+def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, hide_thinking, runtime, ctx_len, gpu_layers,
+            device, threads, parallel, speculative, draft):
     """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
@@ -136,21 +182,25 @@ def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, runti
     sampling = {k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None}
     if raw is None:
         raw = not record.metadata.get("chat_template")
+    show = not hide_thinking
     try:
+        fmt = None if raw else reasoning_format_of(manager, record.name)
         if prompt:
             text = " ".join(prompt)
             if raw:
                 _stream_answer(manager, record.name, CompletionRequest(prompt=text, sampling=Sampling(**sampling)))
             else:
                 msgs = ([Message("system", system)] if system else []) + [Message("user", text)]
-                _stream_answer(manager, record.name, ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling)))
+                req = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
+                _stream_answer(manager, record.name, req, fmt, show_thinking=show)
             return
-        _interactive(manager, record, raw, system, sampling)
+        _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show)
     finally:
         manager.shutdown()
 
 
-def _interactive(manager, record, raw: bool, system: str | None, sampling: dict) -> None:
+def _interactive(manager, record, raw: bool, system: str | None, sampling: dict, fmt=None, *,
+                 show_thinking: bool = True) -> None:
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     mode = "completion" if raw else "chat"
@@ -173,8 +223,9 @@ def _interactive(manager, record, raw: bool, system: str | None, sampling: dict)
             _stream_answer(manager, record.name, CompletionRequest(prompt=line, sampling=Sampling(**sampling)))
             continue
         history.append(Message("user", line))
-        answer = _stream_answer(manager, record.name, ChatRequest(messages=tuple(history), sampling=Sampling(**sampling)))
-        history.append(Message("assistant", answer))
+        req = ChatRequest(messages=tuple(history), sampling=Sampling(**sampling))
+        answer = _stream_answer(manager, record.name, req, fmt, show_thinking=show_thinking)
+        history.append(Message("assistant", answer))  # the answer alone: templates drop earlier thinking anyway
 
 
 def pooling_settings(items) -> dict:

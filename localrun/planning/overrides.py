@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 POOLING = ("mean", "cls", "last", "none", "rank")
 #: Keys in ``ModelRecord.metadata`` that ``localrun import`` writes.
 META_POOLING = "localrun.pooling"
-META_TEMPLATE = "localrun.chat.template"
+META_TEMPLATE = "localrun.chat_template"
 META_TEMPLATE_FILE = "localrun.chat_template_file"
 _SAMPLE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
            {"role": "user", "content": "u2"}]

@@ -18,7 +18,7 @@ counts (the official SDK and Claude Code take them from there).
 ended it (``stop_reason: "stop_sequence"``); the generation is then stopped, and its usage
 is the tokens streamed so far (the runtime's own count never arrives).
 
-A reasoning model's thinking (see ``reasoning_stream``) is a ``thinking`` block before the
+A reasoning model's thinking (split by ``localrun.chat.reasoning``) is a ``thinking`` block before the
 text, with an empty signature (nothing to sign locally; Claude Code needs the
 ``signature_delta`` to render it); ``thinking`` and ``output_config.effort`` bound it.
 
@@ -38,13 +38,13 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localrun.errors import LocalrunError
-from localrun.chat.reasoning import effort_budget
 from localrun.chat.stops import StopMatcher
+from localrun.errors import LocalrunError
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
 from localrun.server.errors import stream_error_line
-from localrun.server.generation import Generation, app_state, make_sampling, open_generation, parse_body
-from localrun.server.reasoning import ReasoningAsk, enable_reasoning
+from localrun.server.fields import parse_body
+from localrun.server.generation import Generation, app_state, make_sampling, open_generation
+from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
 
@@ -136,7 +136,7 @@ async def create_message(request: Request):
 
 def reasoning_ask(body: MessagesRequest) -> ReasoningAsk:
     """The reasoning budget: ``thinking`` (disabled: none; enabled: its budget_tokens) and
-    ``output_config.effort`` (a word, see localrun.chat.reasoning.EFFORT_TOKENS); the smaller wins.
+    ``output_config.effort`` (a word, see localrun.server.reasoning.EFFORT_TOKENS); the smaller wins.
     ``adaptive`` leaves it to the model, bounded by max_tokens."""
     asks: list[tuple[int, str]] = []
     thinking = body.thinking

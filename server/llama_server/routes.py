@@ -32,8 +32,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, logprobs_asked, make_sampling, open_generation, parse_body, request_stats, session_call,
+    Generation, app_state, logprobs_asked, make_sampling, open_generation, request_stats, session_call,
 )
 from localrun.server.llama_server.schemas import (
     ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletion, NativeEmbeddingBody, NativeSampling, RerankBody,

@@ -15,7 +15,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
-from localrun.server.generation import app_state, parse_body
+from localrun.server.fields import parse_body
+from localrun.server.generation import app_state
 from localrun.server.model_info import ollama_ps_entry, ollama_show, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.ollama.schemas import ModelBody, PullBody
 

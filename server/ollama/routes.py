@@ -18,14 +18,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation, parse_body,
+    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation,
     request_stats,
 )
 from localrun.server.model_info import iso
 from localrun.server.reasoning import think_reasoning
+from localrun.server.ollama.convert import core_messages, ollama_tool_calls
 from localrun.server.ollama.schemas import ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Options, keep_alive_seconds
-from localrun.chat.tool_calls import arguments_object, openai_calls
 from localrun.types import ChatRequest, CompletionRequest, Message
 
 log = logging.getLogger(__name__)
@@ -60,27 +61,6 @@ def _sampling(request: Request, body):
     )
 
 
-def _messages(body: ChatBody) -> tuple[Message, ...]:
-    """Core messages: Ollama's calls (arguments as objects, often no id) in OpenAI's shape."""
-    out = []
-    for m in body.messages or ():
-        calls = tuple(openai_calls([c.model_dump() for c in m.tool_calls or ()]))
-        out.append(Message(m.role, m.content or "", tool_calls=calls, tool_call_id=m.tool_call_id, name=m.tool_name))
-    return tuple(out)
-
-
-def ollama_tool_calls(calls) -> list[dict]:
-    """OpenAI-shaped calls as Ollama writes them: arguments as an object."""
-    out = []
-    for i, c in enumerate(calls):
-        fn = c["function"]
-        args = arguments_object(fn["arguments"])
-        if isinstance(args, str):  # not JSON: Ollama's clients expect an object
-            args = {}
-        out.append({"id": c.get("id"), "function": {"index": i, "name": fn["name"], "arguments": args}})
-    return out
-
-
 async def _load_or_unload(request: Request, model: str, keep_alive_s: float | None, *, chat: bool) -> Response:
     """An empty prompt: Ollama's way to load a model (or, with keep_alive 0, unload it)."""
     manager = app_state(request).manager
@@ -112,7 +92,8 @@ async def chat(request: Request):
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
-    req = ChatRequest(messages=_messages(body), sampling=_sampling(request, body), tools=tools, tool_choice="auto" if tools else None)
+    req = ChatRequest(messages=core_messages(body), sampling=_sampling(request, body), tools=tools,
+                      tool_choice="auto" if tools else None)
     return await _generate(request, body, req, keep_alive_s, chat=True)
 
 

@@ -233,7 +233,7 @@ class ChatCompletionRequest(Sampled):
             if m.audio is not None:
                 found.append((f"messages[{i}].audio", "audio"))
         found.extend(_common_unsupported(self))
-        for name in ("prediction", "web_search_options", "verbosity"):  # reasoning_effort: a budget (reasoning_stream)
+        for name in ("prediction", "web_search_options", "verbosity"):  # reasoning_effort: a budget (server.reasoning)
             if getattr(self, name) is not None:
                 found.append((name, name))
         if self.store:

@@ -21,7 +21,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from localrun.errors import LocalrunError
-from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation, parse_body
+from localrun.server.fields import parse_body
+from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation
 from localrun.server.reasoning import effort_ask, enable_reasoning
 from localrun.server.responses.store import ResponseStore
 from localrun.server.responses.convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set

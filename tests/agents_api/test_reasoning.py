@@ -17,7 +17,8 @@ import ollama
 import openai
 import pytest
 
-from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format, effort_budget, split_text
+from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format
+from localrun.server.reasoning import effort_budget
 from tests.agents_api.anthropic_fixtures import anthropic_client, serve, spawn_server  # noqa: F401 - fixtures
 
 anthropic = pytest.importorskip("anthropic")
@@ -32,6 +33,15 @@ THINK_TEMPLATE = (
 OPEN_TEMPLATE = THINK_TEMPLATE.replace("<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n{% endif %}")
 THINK_WORDS = 12  # the fake model's reasoning: the first 12 filler words
 USER = [{"role": "user", "content": "hello"}]
+
+
+def split_text(fmt, text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a whole output, fed in one piece."""
+    if fmt is None:
+        return "", text
+    splitter = ReasoningSplitter(fmt)
+    parts = splitter.feed(text) + splitter.flush()
+    return "".join(t for c, t in parts if c == REASONING), "".join(t for c, t in parts if c == ANSWER)
 
 
 def chunked(fmt, text: str, seed: int) -> tuple[str, str]:
@@ -53,6 +63,25 @@ def test_think_tags_split_on_any_chunking(seed):
     harmony = ("<|channel|>analysis<|message|>User wants 2+2.<|end|><|start|>assistant<|channel|>final<|message|>"
                "**4**<|return|>")
     assert chunked(HARMONY, harmony, seed) == ("User wants 2+2.", "**4**")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_chunk_stream_splits_the_same_for_every_front_end(seed):
+    """split_chunks (the CLI's and the TUI's form) on core Chunks cut anywhere; the last chunk flushes."""
+    from localrun.chat.reasoning import split_chunks
+    from localrun.types import Chunk
+
+    text, rng, pieces, i = "<think>\nstep 1 <thin</think>\n\nIt is 4.", random.Random(seed), [], 0
+    while i < len(text):
+        k = rng.randint(1, 4)
+        pieces.append(Chunk(text=text[i:i + k]))
+        i += k
+    pieces[-1] = dataclasses.replace(pieces[-1], finish_reason="stop")
+    out = list(split_chunks(iter(pieces), THINK))
+    assert "".join(c.reasoning for c in out) == "step 1 <thin" and "".join(c.text for c in out) == "It is 4."
+    assert out[-1].finish_reason == "stop" and len(out) == len(pieces)
+    assert list(split_chunks(iter(pieces), None)) == pieces
+    assert list(split_chunks(iter([Chunk(reasoning="r", text="a")]), THINK)) == [Chunk(reasoning="r", text="a")]
 
 
 def test_no_reasoning_is_all_answer_and_formats_come_from_the_template():

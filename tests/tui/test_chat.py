@@ -157,3 +157,45 @@ async def test_chat_with_the_tiny_gguf_on_real_llama_cpp(settings, store, facts)
             assert "ttft" in screen_text(app)
     finally:
         manager.shutdown()
+
+
+async def test_a_reasoning_models_thinking_shows_in_its_own_block_above_the_answer(settings, store, planner, facts,
+                                                                                   tmp_path):
+    """The fake runtime thinks (``fake_think_words``) behind a GGUF whose template has a <think> channel."""
+    from localrun.manager import ModelManager
+    from localrun.tui import make_app
+    from localrun.tui.chat import ThinkingBlock
+    from tests.agents_api.test_reasoning import THINK_TEMPLATE
+    from tests.factories import write_tiny_llama_gguf
+
+    store.import_path(write_tiny_llama_gguf(tmp_path / "tiny-r1.gguf", chat_template=THINK_TEMPLATE), name="r1")
+
+    def thinking(record):
+        plan = planner(record)
+        return dataclasses.replace(plan, options={**plan.options, "fake_think_words": 14, "fake_reply_words": 3})
+
+    manager = ModelManager(settings, store, planner=thinking)
+    messages: list = []
+    app = make_app(settings, store=store, manager=manager, facts=facts, serve=False)
+    try:
+        async with app.run_test(size=(100, 32), message_hook=messages.append) as pilot:
+            await pilot.press("5")
+            screen = await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen,
+                                    what="chat screen")
+            screen.select_model("r1")
+            await wait_for(pilot, lambda: screen.model_select.value == "r1", what="the reasoning model chosen")
+            screen.query_one("#temperature").value = "0"  # the fixed filler: none of the thinking's words in the answer
+            await pilot.click("#prompt")
+            await pilot.press(*"hello", "enter")
+            await wait_for(pilot, lambda: screen.last_answer, what="an answer")
+            assert screen.last_answer.startswith("You said: hello.") and "llamas" not in screen.last_answer
+            assert "think>" not in screen.last_answer and screen.history[-1].content == screen.last_answer
+            block = screen.query_one(ThinkingBlock)
+            assert block.text.strip().endswith("seven small llamas count")
+            shown = list(screen.transcript.children)
+            assert shown.index(block) == len(shown) - 2  # between the "ai" label and the answer
+            text = screen_text(app)
+            assert "Thinking…" in text and "llamas count" in text and "think>" not in text
+            assert "".join(m.reasoning for m in messages if isinstance(m, ChatScreen.Tokens)) == block.text
+    finally:
+        manager.shutdown()

@@ -1,0 +1,99 @@
+"""OpenAI's chat wire to the core's types: messages (legacy ``function`` turns included) and tools
+(legacy ``functions`` / ``function_call`` included). A request that cannot be met is a 400 here,
+before any model loads."""
+
+from __future__ import annotations
+
+from localrun.server.errors import InvalidRequest
+from localrun.server.openai.schemas import ChatCompletionRequest
+from localrun.types import Message
+
+_ROLES = {"developer": "system"}
+
+
+def _message_text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(part.text or "" for part in content)
+
+
+def core_messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
+    """Core messages; a tool result without a ``name`` gets the one its call had, which some templates show.
+
+    Legacy turns become tool turns: an assistant ``function_call`` is a ``tool_calls`` turn with
+    one call whose id is ``call_<message index>`` (stable, so a repeated history renders the same
+    prompt), and a ``role: "function"`` result is a ``tool`` turn answering the most recent
+    unanswered call of its name (``tool_call_id`` None when there is none).
+    """
+    called: dict[str, str] = {}
+    pending: list[tuple[str, str]] = []  # (id, name) of calls not answered yet, oldest first
+    out = []
+    for i, m in enumerate(body.messages):
+        calls = tuple({"id": c.id, "type": "function",
+                       "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                      for c in m.tool_calls or ())
+        if m.function_call is not None:
+            calls = _legacy_history_call(i, m, calls)
+        called.update((c["id"], c["function"]["name"]) for c in calls)
+        pending.extend((c["id"], c["function"]["name"]) for c in calls)
+        role, call_id = _ROLES.get(m.role, m.role), m.tool_call_id
+        if m.role == "function":
+            if m.name is None:
+                raise InvalidRequest(f"messages[{i}] has role 'function' but no 'name': "
+                                     "name the function whose result it is", param=f"messages[{i}].name")
+            role = "tool"
+            if call_id is None:
+                call_id = next((cid for cid, name in reversed(pending) if name == m.name), None)
+        if call_id is not None and role == "tool":
+            pending = [p for p in pending if p[0] != call_id]
+        name = m.name if m.name is not None or role != "tool" else called.get(call_id or "")
+        out.append(Message(role, _message_text(m.content), tool_calls=calls, tool_call_id=call_id, name=name))
+    return tuple(out)
+
+
+def _legacy_history_call(i: int, m, calls: tuple[dict, ...]) -> tuple[dict, ...]:
+    """The one tool call of an assistant turn that carries a legacy ``function_call``."""
+    if m.role != "assistant":
+        raise InvalidRequest(f"messages[{i}] has a 'function_call' but role {m.role!r}: "
+                             "only an assistant turn calls functions", param=f"messages[{i}].function_call")
+    if calls:
+        raise InvalidRequest(f"messages[{i}] has both 'tool_calls' and 'function_call': send one of them",
+                             param=f"messages[{i}].function_call")
+    fn = m.function_call
+    return ({"id": f"call_{i}", "type": "function", "function": {"name": fn.name, "arguments": fn.arguments}},)
+
+
+def core_tools(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
+    """(tools, tool_choice) for ChatRequest; a choice that cannot be met is a 400 before any load."""
+    legacy = [f for f in ("functions", "function_call") if getattr(body, f) is not None]
+    if legacy:
+        return _legacy_tool_fields(body, legacy)
+    tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    choice = body.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        names = {t["function"]["name"] for t in tools}
+        if choice.function.name not in names:
+            raise InvalidRequest(f"tool_choice names {choice.function.name!r}, which is not among 'tools'",
+                                 param="tool_choice")
+        choice = choice.model_dump()
+    elif choice == "required" and not tools:
+        raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice")
+    return tools, choice
+
+
+def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple[tuple[dict, ...], object]:
+    """``functions`` / ``function_call`` as (tools, tool_choice); mixed with ``tools`` / ``tool_choice`` it is a 400."""
+    modern = [f for f in ("tools", "tool_choice") if getattr(body, f) is not None]
+    if modern:
+        raise InvalidRequest(f"{legacy[0]!r} and {modern[0]!r} cannot be combined: send either 'functions' and "
+                             "'function_call' (legacy) or 'tools' and 'tool_choice'", param=legacy[0])
+    tools = tuple({"type": "function", "function": f.model_dump(exclude_none=True)} for f in body.functions or ())
+    choice = body.function_call
+    if choice is not None and not isinstance(choice, str):
+        if choice.name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(f"function_call names {choice.name!r}, which is not among 'functions'",
+                                 param="function_call")
+        choice = {"type": "function", "function": {"name": choice.name}}
+    return tools, choice

@@ -88,8 +88,6 @@ def test_no_plain_server_or_tui_package_is_installed():
 
 # --- The layer table (docs/architecture.md), read from the AST: tests/core/layers.py -----------------
 
-import pytest  # noqa: E402
-
 from tests.core import layers as L  # noqa: E402
 
 #: For every row of the table, imports it must refuse: (a module of the layer, the forbidden target).
@@ -126,13 +124,11 @@ PLANTED = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="the moves of issue 18 are under way: this mark goes when they land")
 def test_every_import_keeps_to_the_layer_table():
     found = L.violations(L.package_sources())
     assert not found, "\n".join(found)
 
 
-@pytest.mark.xfail(strict=True, reason="the moves of issue 18 are under way: this mark goes when they land")
 def test_no_import_loop_at_import_or_call_time():
     loops = L.cycles(L.import_graph(L.package_sources()))
     assert not loops, loops

@@ -15,7 +15,6 @@ import pytest
 
 from localrun.errors import UnsupportedFeature
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
-from tests.capabilities.conftest import serve, spawn_server  # noqa: F401 - fixtures for the server test
 from tests.runtimes_ext.conftest import needs_mlx
 
 pytestmark = needs_mlx

@@ -21,7 +21,7 @@ from localrun.runtimes.ollama_wire import ollama_messages, parse_version, sessio
 from localrun.chat.tool_calls import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
 from tests.runtimes_ext.fake_ollama import FakeModel, FakeOllama
-from tests.server.conftest import build_stack, free_port, live_factory, spawn_server  # noqa: F401 - fixtures
+from tests.support.servers import free_port
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "minLength": 2}, "age": {"type": "integer", "minimum": 0},
                                            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2}},

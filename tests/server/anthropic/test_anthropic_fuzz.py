@@ -11,7 +11,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.agents_api.anthropic_fixtures import anthropic_app, build_stack, caps_client  # noqa: F401 - fixtures
 from tests.server.test_fuzz import json_leaf
 
 BASE = {

@@ -7,7 +7,7 @@ import ollama
 import pytest
 
 from tests.hub.conftest import fake_hub  # noqa: F401
-from tests.server.conftest import wait_until
+from tests.support.servers import wait_until
 
 
 @pytest.fixture

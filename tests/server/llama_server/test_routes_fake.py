@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tests.clients.conftest import chat
+from tests.support.clients import chat
 
 
 def test_unprefixed_openai_aliases_answer_like_v1(app_client):

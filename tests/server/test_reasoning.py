@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, THINK, ReasoningSplitter, detect_format, effort_budget, split_text
-from tests.agents_api.anthropic_fixtures import anthropic_client, serve, spawn_server  # noqa: F401 - fixtures
+from tests.support.clients import anthropic_client
 
 anthropic = pytest.importorskip("anthropic")
 

@@ -10,9 +10,8 @@ import httpx
 import openai
 import pytest
 
-from tests.agents_api.responses_fixtures import bare_server, client_for, fake_server, oai  # noqa: F401 - fixtures
 from localrun.server.responses.convert import decode_reasoning
-from tests.capabilities.conftest import validate
+from tests.support.clients import client_for, validate
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -210,12 +209,12 @@ def test_a_runtime_without_tools_or_schemas_refuses_them_by_name(bare_server):
 @pytest.fixture(scope="module")
 def r1_server(tmp_path_factory):
     """The fake runtime playing a reasoning model (a Qwen3-like template, five words of reasoning)."""
-    from tests.agents_api.responses_fixtures import start_server
-    from tests.agents_api.test_reasoning import THINK_TEMPLATE
+    from tests.server.test_reasoning import THINK_TEMPLATE
+    from tests.support.servers import start_in_home
     from tests.factories import write_tiny_llama_gguf
 
     model = write_tiny_llama_gguf(tmp_path_factory.mktemp("r1") / "tiny-r1.gguf", chat_template=THINK_TEMPLATE)
-    server = start_server(tmp_path_factory.mktemp("resp-r1"), model, "r1", fake_capabilities=["tools", "reasoning_budget"],
+    server = start_in_home(tmp_path_factory.mktemp("resp-r1"), model, "r1", fake_capabilities=["tools", "reasoning_budget"],
                           fake_think_words=5, fake_reply_words=3)
     yield server
     server.stop()

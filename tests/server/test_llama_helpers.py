@@ -12,7 +12,7 @@ import pytest
 from localrun.errors import ContextOverflow, UnsupportedFeature
 from localrun.chat.tools import HERMES, LLAMA3, forced_call
 from localrun.types import ChatRequest, Plan, Sampling
-from tests.capabilities.conftest import validate
+from tests.support.clients import validate
 from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]

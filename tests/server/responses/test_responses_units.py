@@ -17,7 +17,7 @@ from localrun.server.responses.store import MAX_CHAIN, PreviousNotFound, Respons
 from localrun.server.responses.convert import conversation, decode_reasoning, encode_reasoning, parse_items, tool_choice, tool_set
 from localrun.server.responses.schemas import ResponsesRequest
 from localrun.types import Message
-from tests.server.conftest import build_stack, live_factory, wait_until  # noqa: F401 - fixtures re-exported
+from tests.support.servers import wait_until
 
 
 def messages(raw, instructions=None):
@@ -139,7 +139,7 @@ def app_client(build_stack):  # noqa: F811
     from fastapi.testclient import TestClient
 
     from localrun.server.app import create_app
-    from tests.server.conftest import fake_planner
+    from tests.support.stacks import fake_planner
 
     stack = build_stack(planner=fake_planner(fake_capabilities=["tools", "json_schema", "logprobs"]), runtime={"max_tokens_cap": 8})
     with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False) as c:

@@ -13,7 +13,7 @@ import ollama
 import openai
 import pytest
 
-from tests.capabilities.conftest import validate
+from tests.support.clients import validate
 from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agents_api.anthropic_fixtures import anthropic_client, serve, spawn_server  # noqa: F401 - fixtures
-from tests.agents_api.test_reasoning import OPEN_TEMPLATE
+from tests.support.clients import anthropic_client
+from tests.server.test_reasoning import OPEN_TEMPLATE
 from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]

@@ -7,7 +7,7 @@ import base64
 import openai
 import pytest
 
-from tests.server.conftest import wait_until
+from tests.support.servers import wait_until
 
 
 @pytest.fixture

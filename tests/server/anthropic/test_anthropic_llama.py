@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.agents_api.anthropic_fixtures import WEATHER, anthropic_client, serve, spawn_server  # noqa: F401 - fixtures
+from tests.support.clients import WEATHER, anthropic_client
 from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]

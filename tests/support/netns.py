@@ -1,4 +1,7 @@
-"""Two hosts on one machine: network namespaces joined by a veth pair, nothing else.
+"""Other hosts on one machine, made of network namespaces joined by veth pairs, nothing else.
+
+:func:`other_host`: one namespace joined to this one (an upstream on another host, 10.232.N.0/30).
+:func:`two_hosts`: two namespaces joined to each other (the mirror's host A and host B):
 
     host A (lr-a-XXXX)  10.231.N.1/30 ── veth ── 10.231.N.2/30  host B (lr-b-XXXX)
 
@@ -16,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -55,6 +60,52 @@ class Hosts:
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@dataclass
+class Host:
+    address: str  # where the server listens, as seen from here
+    prefix: list[str]  # command prefix that runs a program on that host
+    isolated: bool  # a real namespace (False: loopback fallback)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
+
+
+@contextlib.contextmanager
+def other_host() -> Iterator[Host]:
+    """A namespace host at 10.232.N.2 (N from this process id), or loopback where not permitted."""
+    n = os.getpid() % 250 + 1
+    ns, here, there = f"lrup{os.getpid()}", f"lru{os.getpid() % 100000}a", f"lru{os.getpid() % 100000}b"
+    if shutil.which("ip") is None or os.geteuid() != 0:
+        print("network namespaces not permitted here (need root and `ip`): upstream runs on loopback instead")
+        yield Host("127.0.0.1", [], False)
+        return
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", here, "type", "veth", "peer", "name", there)
+        _ip("link", "set", there, "netns", ns)
+        _ip("addr", "add", f"10.232.{n}.1/30", "dev", here)
+        _ip("link", "set", here, "up")
+        _ip("-n", ns, "addr", "add", f"10.232.{n}.2/30", "dev", there)
+        _ip("-n", ns, "link", "set", there, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        _cleanup(ns, here)
+        print(f"network namespace not permitted ({exc}): upstream runs on loopback instead")
+        yield Host("127.0.0.1", [], False)
+        return
+    try:
+        print(f"upstream host: network namespace {ns} at 10.232.{n}.2 over veth {here}")
+        yield Host(f"10.232.{n}.2", ["ip", "netns", "exec", ns], True)
+    finally:
+        _cleanup(ns, here)
+
+
+def _cleanup(ns: str, link: str) -> None:
+    for args in (("link", "del", link), ("netns", "del", ns)):
+        subprocess.run(["ip", *args], capture_output=True, timeout=20)
 
 
 @contextlib.contextmanager

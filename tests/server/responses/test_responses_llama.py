@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from tests.agents_api.responses_fixtures import client_for, start_server
-from tests.capabilities.conftest import validate
+from tests.support.clients import client_for, validate
+from tests.support.servers import start_in_home
 from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]
@@ -25,7 +25,7 @@ def llama_server(tmp_path_factory):
     from tests.factories import write_tiny_llama_gguf
 
     model = write_tiny_llama_gguf(tmp_path_factory.mktemp("tiny-long") / "tiny-long.gguf", n_ctx_train=4096)
-    server = start_server(tmp_path_factory.mktemp("resp-llama"), model, "tiny", runtime="", plan={"n_threads": 1})
+    server = start_in_home(tmp_path_factory.mktemp("resp-llama"), model, "tiny", runtime="", plan={"n_threads": 1})
     yield server
     server.stop()
 

@@ -1,6 +1,6 @@
-"""A test launcher for a real server process: like ``localrun serve``, plus test knobs.
+"""The one place a test server's command line and environment are built, and the launcher itself.
 
-``python -m tests.server.launch --port P [--fake-delay S] [--queue-size N]
+``python -m tests.support.launch --port P [--fake-delay S] [--queue-size N]
 [--option KEY=JSON ...] [--plan KEY=JSON ...]`` builds settings (``LOCALRUN_*`` env
 applies, ``LOCALRUN_HOME`` included), the store and a ModelManager whose plans take the
 planner's choice with the test's changes: ``--option`` merges into every plan's options
@@ -17,7 +17,52 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launch_args(port: int, options: dict | None = None, plan: dict | None = None, *, host: str | None = None,
+                api_key: str | None = None, log_level: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    """This launcher on ``port`` with settings ``--option`` and plan ``--plan`` pairs (JSON values):
+    the argument list after ``python -m``, so every test that starts one spells it the same way."""
+    args = ["tests.support.launch", "--port", str(port)]
+    if host:
+        args += ["--host", host]
+    if api_key:
+        args += ["--api-key", api_key]
+    if log_level:
+        args += ["--log-level", log_level]
+    for key, value in (options or {}).items():
+        args += ["--option", f"{key}={json.dumps(value)}"]
+    for key, value in (plan or {}).items():
+        args += ["--plan", f"{key}={json.dumps(value)}"]
+    return [*args, *extra]
+
+
+def serve_args(port: int, *extra: str) -> list[str]:
+    """``localrun serve`` itself (the real CLI, no default model) after ``python -m``."""
+    return ["localrun", "serve", "--port", str(port), "--no-default-model", *extra]
+
+
+def launch_env(home: Path | None = None, *, runtime: str | None = None, clean: bool = False, **extra: str) -> dict:
+    """The child's environment: this repository importable, and where given, a LOCALRUN_HOME of
+    its own (``home``), a forced runtime ("" lets the planner pick) and the user's own HF/LOCALRUN
+    variables dropped (``clean``), so a server never reads the caller's config or models."""
+    env = dict(os.environ)
+    if clean:
+        env = {k: v for k, v in env.items() if not k.startswith(("HF_", "LOCALRUN_", "HUGGING"))}
+        env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    if home is not None:
+        env.update(LOCALRUN_HOME=str(home), HF_HOME=str(Path(home) / "hf"), OLLAMA_MODELS=str(Path(home) / "ollama-models"))
+        env.pop("LOCALRUN_API_KEY", None)
+    if runtime is not None:
+        env["LOCALRUN_RUNTIME__FORCE"] = runtime
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(extra)
+    return env
 
 
 def _pairs(items: list[str]) -> dict:

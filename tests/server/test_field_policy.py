@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.clients.conftest import chat
+from tests.support.clients import chat
 
 HEADER = "x-localrun-ignored-fields"
 

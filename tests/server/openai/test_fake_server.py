@@ -10,7 +10,7 @@ import ollama
 import openai
 import pytest
 
-from tests.capabilities.conftest import ask, validate
+from tests.support.clients import ask, validate
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}, "age": {"type": "integer", "minimum": 0},
                                            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2}},

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.capabilities.conftest import ask, validate
+from tests.support.clients import ask, validate
 from tests.conftest import needs_llama
 
 WEATHER = {"name": "get_weather", "description": "Current weather",

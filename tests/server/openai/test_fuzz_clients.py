@@ -17,8 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.capabilities.test_fuzz_caps import mutations
-from tests.clients.conftest import serve_module, tiny_fim  # noqa: F401 - fixtures
+from tests.server.openai.test_fuzz_caps import mutations
 from tests.conftest import needs_llama
 
 BIG = st.one_of(st.integers(-(2**63), 2**64), st.sampled_from([-1, 0, 1, 2, 127, 128, 129, 413, 414, 416, 417, 10**6, 2**31]),
@@ -71,7 +70,7 @@ def fake_client(build_stack):
     from fastapi.testclient import TestClient
 
     from localrun.server.app import create_app
-    from tests.server.conftest import fake_planner
+    from tests.support.stacks import fake_planner
 
     stack = build_stack(planner=fake_planner(fake_capabilities=["tools", "json_schema", "logprobs", "embeddings", "n"]),
                         runtime={"max_tokens_cap": 8})
@@ -96,7 +95,7 @@ def test_new_fields_and_routes_never_500_on_the_fake_runtime(fake_client, route)
 
 
 @pytest.fixture(scope="module")
-def llama_server(serve_module, tiny_fim):  # noqa: F811 - the imported fixtures
+def llama_server(serve_module, tiny_fim):
     return serve_module(tiny_fim, plan={"n_threads": 1}, n_slots=2, slot_ctx=256,
                         env={"LOCALRUN_RUNTIME__MAX_TOKENS_CAP": "8"}, pooling="mean")
 

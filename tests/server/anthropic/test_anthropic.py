@@ -10,10 +10,9 @@ import threading
 import httpx
 import pytest
 
-from tests.agents_api.anthropic_fixtures import (  # noqa: F401 - fixtures
-    ALL, WEATHER, anthropic_app, anthropic_client, build_stack, claude, fake_server, serve, spawn_server,
-)
-from tests.server.conftest import free_port, health, live_factory, wait_until  # noqa: F401 - fixtures
+from tests.support.capabilities import ALL
+from tests.support.clients import WEATHER, anthropic_client
+from tests.support.servers import free_port, health, wait_until
 
 anthropic = pytest.importorskip("anthropic")
 
@@ -185,7 +184,7 @@ def test_api_key_as_x_api_key_or_bearer(tiny_gguf, spawn_server):  # noqa: F811
 
     ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
-    server = spawn_server(["tests.server.launch", "--port", str(port), "--api-key", "s3cret"], port=port,
+    server = spawn_server(["tests.support.launch", "--port", str(port), "--api-key", "s3cret"], port=port,
                           env={"LOCALRUN_RUNTIME__FORCE": "fake"})
     with anthropic_client(server, api_key="s3cret") as by_header:  # the SDK sends x-api-key
         assert by_header.messages.create(model="tiny", max_tokens=4, messages=USER).content

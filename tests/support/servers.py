@@ -135,7 +135,9 @@ def fake_all_caps(port: int, *, home: Path | None = None, **options) -> ServerSp
 
 def llama_tiny(port: int, *, home: Path | None = None, plan: dict | None = None, **options) -> ServerSpec:
     """Real llama.cpp, picked by the planner, for whatever small GGUF the home holds (the tiny one)."""
-    return launcher(port, home=home, runtime="", plan=plan, options=options, timeout=120.0)
+    spec = launcher(port, home=home, runtime="", plan=plan, options=options)
+    spec.timeout = 120.0
+    return spec
 
 
 def gemma(port: int, *, home: Path | None = None, **options) -> ServerSpec:

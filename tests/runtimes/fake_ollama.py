@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.runtimes_ext import fakegen
+from tests.runtimes import fakegen
 
 VERSION = "0.13.0"
 MIN_FORMAT_SCHEMA = (0, 5, 0)

@@ -14,7 +14,7 @@ import pytest
 
 from localrun.errors import ContextOverflow, InvalidModelFile, ModelNotFound, TemplateError, UnsupportedFeature
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
-from tests.runtimes_ext.conftest import needs_mlx
+from tests.runtimes.conftest import needs_mlx
 
 pytestmark = needs_mlx
 

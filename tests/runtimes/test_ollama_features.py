@@ -20,7 +20,7 @@ from localrun.runtimes.ollama import OllamaRuntime
 from localrun.runtimes.ollama_wire import ollama_messages, parse_version, session_capabilities
 from localrun.chat.tool_calls import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
-from tests.runtimes_ext.fake_ollama import FakeModel, FakeOllama
+from tests.runtimes.fake_ollama import FakeModel, FakeOllama
 from tests.support.servers import free_port
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "minLength": 2}, "age": {"type": "integer", "minimum": 0},
@@ -184,7 +184,7 @@ def test_tool_call_round_trip(fake, ollama_ids):
 
 
 def test_two_calls_in_separate_chunks_both_reach_the_last_chunk(fake, monkeypatch):
-    from tests.runtimes_ext import fake_ollama as module
+    from tests.runtimes import fake_ollama as module
 
     def two_calls(self, body, prompt, *, chat, empty):
         self._start_stream()

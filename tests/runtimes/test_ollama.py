@@ -216,7 +216,7 @@ def test_cancel_closes_the_stream_and_ollama_stops(fake_ollama):
 
 
 def test_an_error_line_mid_stream_becomes_an_error_with_ollamas_words(fake_ollama, monkeypatch):
-    from tests.runtimes_ext import fake_ollama as module
+    from tests.runtimes import fake_ollama as module
 
     def failing(self, body, prompt, *, chat, empty):
         self._start_stream()
@@ -231,7 +231,7 @@ def test_an_error_line_mid_stream_becomes_an_error_with_ollamas_words(fake_ollam
 
 
 def test_a_stream_cut_mid_answer_is_a_crash_not_an_end(fake_ollama, monkeypatch):
-    from tests.runtimes_ext import fake_ollama as module
+    from tests.runtimes import fake_ollama as module
 
     def cut(self, body, prompt, *, chat, empty):
         self._start_stream()
@@ -259,7 +259,7 @@ def test_pull_of_an_unknown_model(fake_ollama):
 
 
 def test_pull_that_ends_early_is_a_download_failure(fake_ollama, monkeypatch):
-    from tests.runtimes_ext import fake_ollama as module
+    from tests.runtimes import fake_ollama as module
 
     def cut(self, body):
         self._start_stream()

@@ -5,7 +5,7 @@ without ``mlc-chat-config.json`` as MLC does, and serves the OpenAI-compatible r
 ``mlc_llm serve`` offers (``GET /v1/models``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``) with SSE streams, ``stream_options.include_usage`` and MLC's
 error body for a prompt longer than the context. It generates words with
-:mod:`tests.runtimes_ext.fakegen`. Real MLC is never run in these tests.
+:mod:`tests.runtimes.fakegen`. Real MLC is never run in these tests.
 
 Test knobs (environment): FAKE_MLC_ARGV_FILE (write argv as JSON), FAKE_MLC_STARTUP_S
 (sleep before listening), FAKE_MLC_FAIL (print it and exit 1 at start),
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.runtimes_ext import fakegen  # noqa: E402
+from tests.runtimes import fakegen  # noqa: E402
 
 STREAMED = {"tokens": 0}
 

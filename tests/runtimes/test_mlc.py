@@ -24,7 +24,7 @@ from localrun.runtimes.mlc import (
     mlc_device,
 )
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
-from tests.runtimes_ext.conftest import mlc_plan
+from tests.runtimes.conftest import mlc_plan
 
 
 def _record(path, **metadata) -> ModelRecord:

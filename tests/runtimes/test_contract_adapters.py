@@ -13,8 +13,8 @@ import pytest
 from localrun.errors import ModelNotFound
 from localrun.runtimes.base import Session
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
-from tests.runtimes_ext.conftest import mlc_plan, mlx_available
-from tests.runtimes_ext.fake_ollama import FakeModel, FakeOllama
+from tests.runtimes.conftest import mlc_plan, mlx_available
+from tests.runtimes.fake_ollama import FakeModel, FakeOllama
 
 
 @dataclass

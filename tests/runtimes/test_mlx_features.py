@@ -15,7 +15,7 @@ import pytest
 
 from localrun.errors import UnsupportedFeature
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
-from tests.runtimes_ext.conftest import needs_mlx
+from tests.runtimes.conftest import needs_mlx
 
 pytestmark = needs_mlx
 
@@ -89,7 +89,7 @@ def _scripted(session, monkeypatch, *parts: str) -> None:
 @pytest.fixture(scope="module")
 def roomy_dir(tmp_path_factory) -> Path:
     """The tiny model with room for a tools block (several hundred of its character-level tokens)."""
-    from tests.runtimes_ext.mlx_model import write_tiny_mlx_model
+    from tests.runtimes.mlx_model import write_tiny_mlx_model
 
     return write_tiny_mlx_model(tmp_path_factory.mktemp("roomy") / "tiny-mlx", max_position_embeddings=4096)
 
@@ -337,7 +337,7 @@ def test_spm_detokenizer_token_texts_concatenate_to_the_text(tiny_mlx_dir):
 
 @pytest.fixture(scope="module")
 def byte_level_session(tmp_path_factory):
-    from tests.runtimes_ext.mlx_model import write_tiny_mlx_model
+    from tests.runtimes.mlx_model import write_tiny_mlx_model
 
     session = _load(write_tiny_mlx_model(tmp_path_factory.mktemp("bpe") / "m", byte_level=True))
     yield session

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localrun.types import Format, ModelRecord, Plan
-from tests.runtimes_ext.fake_ollama import FakeModel, FakeOllama
+from tests.runtimes.fake_ollama import FakeModel, FakeOllama
 
 HERE = Path(__file__).resolve().parent
 FAKE_MLC = HERE / "fake_mlc_llm.py"
@@ -32,7 +32,7 @@ needs_mlx = pytest.mark.skipif(not mlx_available(), reason="mlx / mlx-lm are not
 def tiny_mlx_dir(tmp_path_factory) -> Path:
     if not mlx_available():
         pytest.skip("mlx / mlx-lm are not installed")
-    from tests.runtimes_ext.mlx_model import write_tiny_mlx_model
+    from tests.runtimes.mlx_model import write_tiny_mlx_model
 
     return write_tiny_mlx_model(tmp_path_factory.mktemp("mlx") / "tiny-mlx")
 

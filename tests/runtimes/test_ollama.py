@@ -7,7 +7,6 @@ official ``ollama`` client, so the fake cannot drift into something only localru
 from __future__ import annotations
 
 import functools
-import socket
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -27,6 +26,7 @@ from localrun.errors import (
 from localrun.runtimes.ollama import OllamaRuntime, PullProgress, ollama_base_url, ollama_options
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
 from localrun.worker.host import InProcessHandle, iter_chunks
+from tests.support.servers import free_port
 
 
 def _record(name: str = "llama3.2", **metadata) -> ModelRecord:
@@ -93,14 +93,8 @@ def test_probe_reports_version_and_models(fake_ollama):
     assert status.details["models"] == ["llama3.2:latest", "nomic-embed-text:latest"]
 
 
-def _dead_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_probe_and_load_when_ollama_is_down_say_how_to_start_it():
-    url = f"http://127.0.0.1:{_dead_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     status = OllamaRuntime(host=url).probe()
     assert not status.available and url in status.reason and status.fix == "ollama serve"
     with pytest.raises(RuntimeUnavailable) as info:

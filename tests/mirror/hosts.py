@@ -40,7 +40,8 @@ def start_serve(home: Path, port: int, *args: str, prefix: list[str] | None = No
                 timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
     """``localrun serve --port PORT ARGS`` for ``home``, read until stderr says ``until``;
     returns the process and what it printed (the caller stops it with SIGINT)."""
-    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", *serve_args(port, *args)], env=home_env(home), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", *serve_args(port, *args)], env=home_env(home),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline, seen = time.monotonic() + timeout, ""
     while time.monotonic() < deadline and until not in seen:
         line = proc.stderr.readline()  # the server prints its ready line promptly, or exits

@@ -56,7 +56,8 @@ def launch_env(home: Path | None = None, *, runtime: str | None = None, clean: b
         env = {k: v for k, v in env.items() if not k.startswith(("HF_", "LOCALRUN_", "HUGGING"))}
         env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     if home is not None:
-        env.update(LOCALRUN_HOME=str(home), HF_HOME=str(Path(home) / "hf"), OLLAMA_MODELS=str(Path(home) / "ollama-models"))
+        home = Path(home)
+        env.update(LOCALRUN_HOME=str(home), HF_HOME=str(home / "hf"), OLLAMA_MODELS=str(home / "ollama-models"))
         env.pop("LOCALRUN_API_KEY", None)
     if runtime is not None:
         env["LOCALRUN_RUNTIME__FORCE"] = runtime

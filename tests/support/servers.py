@@ -153,7 +153,8 @@ def localrun_serve(port: int, *args: str, home: Path | None = None) -> ServerSpe
 
 
 def mirror(home: Path, port: int, *, host: str = "127.0.0.1", key: str | None = None, upstream: str | None = None,
-           prefix: list[str] | None = None, connect_host: str | None = None, extra_env: dict | None = None) -> ServerSpec:
+           prefix: list[str] | None = None, connect_host: str | None = None,
+           extra_env: dict | None = None) -> ServerSpec:
     """``localrun mirror`` serving ``home``'s store (its env holds nothing of the caller's)."""
     args = ["localrun", "--log-level", "INFO", "mirror", "--host", host, "--port", str(port)]
     if key:

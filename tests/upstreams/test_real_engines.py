@@ -29,8 +29,9 @@ def engines(tiny_gguf, tmp_path_factory):
     ModelStore(Settings(data_dir=home / "data", cache_dir=home / "cache")).import_path(tiny_gguf, name="tiny")
     with other_host() as host:
         # ngram: drafts at every match (the tiny model loops), so usage carries drafting counts to relay
-        remote = start(upstream_localrun(host.address, free_port(), key="remote-key-0001", home=home, prefix=host.prefix,
-                                         options={"speculative": "ngram"}), logs / "remote.log", wait=False)
+        spec = upstream_localrun(host.address, free_port(), key="remote-key-0001", home=home, prefix=host.prefix,
+                                 options={"speculative": "ngram"})
+        remote = start(spec, logs / "remote.log", wait=False)
         cpp = start(llama_cpp_server(tiny_gguf, free_port(), alias="tiny-cpp"), logs / "llama_cpp.log", wait=False)
         try:
             remote.wait_ready()

@@ -167,7 +167,7 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.server.launch", "--port", str(port), "--log-level", "WARNING",
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.launch", "--port", str(port), "--log-level", "WARNING",
                              "--plan", f"n_ctx={n_ctx}", "--plan", f"n_threads={args.threads}",
                              "--option", "n_slots=1", "--option", f"slot_ctx={n_ctx}"], env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

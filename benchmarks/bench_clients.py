@@ -10,7 +10,7 @@
     llama-cpp-python's ``Llama.tokenize`` on the same vocabulary in this process.
 (c) ``/v1/rerank`` of 32 short documents on the tiny reranker fixture: documents per second.
 
-Each server is ``tests.server.launch`` (``localrun serve`` plus test knobs) with a
+Each server is ``tests.support.launch`` (``localrun serve`` plus test knobs) with a
 LOCALRUN_HOME of its own. Report ``uptime`` with the numbers: this box is shared.
 """
 
@@ -41,7 +41,7 @@ def start(model: Path, name: str, home: Path, *, threads: int, options: dict) ->
                     "from localrun.settings import Settings; ModelStore(Settings()).import_path(sys.argv[1], name=sys.argv[2])",
                     str(model), name], env=env, check=True, cwd=ROOT)
     port = free_port()
-    args = [sys.executable, "-m", "tests.server.launch", "--port", str(port), "--plan", f"n_threads={threads}",
+    args = [sys.executable, "-m", "tests.support.launch", "--port", str(port), "--plan", f"n_threads={threads}",
             "--log-level", "WARNING"]
     for key, value in options.items():
         args += ["--option", f"{key}={json.dumps(value)}"]

@@ -116,8 +116,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
-    from tests.mirror.hosts import free_port, home_env, start_mirror
-    from tests.mirror.netns import two_hosts
+    from tests.mirror.hosts import home_env, start_mirror
+    from tests.support.netns import two_hosts
+    from tests.support.servers import free_port
 
     work = Path(tempfile.mkdtemp(prefix="bench-mirror-"))
     try:

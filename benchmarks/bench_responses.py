@@ -42,7 +42,7 @@ def start_fake(home: Path) -> tuple[subprocess.Popen, str]:
     model = write_tiny_llama_gguf(home / "tiny.gguf", n_ctx_train=4096)
     subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True, capture_output=True)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.server.launch", "--port", str(port), "--fake-words", "1000",
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.launch", "--port", str(port), "--fake-words", "1000",
                              "--log-level", "WARNING"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")

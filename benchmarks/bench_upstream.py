@@ -60,7 +60,7 @@ def start_server(home: Path, *, threads: int, config: str = "", model: Path | No
     cmd = [sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)]
     if fake_delay_s is not None:
         env["LOCALRUN_RUNTIME__FORCE"] = "fake"
-        cmd = [sys.executable, "-m", "tests.server.launch", "--port", str(port), "--fake-delay", str(fake_delay_s),
+        cmd = [sys.executable, "-m", "tests.support.launch", "--port", str(port), "--fake-delay", str(fake_delay_s),
                "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import REPO, ServerProcess
+from tests.support.launch import REPO
+from tests.support.servers import ServerProcess, ServerSpec, free_port
 
 AGENTS_BIN = Path(os.environ.get("LOCALRUN_AGENTS_DIR", REPO / ".cache" / "npm-agents")) / "node_modules" / ".bin"
 BINARIES = {"claude": "claude", "codex": "codex", "opencode": "opencode"}
@@ -91,8 +92,6 @@ def scripted_server(tmp_path, tiny_gguf_long):
     def start(prefix: list[str], env: dict, script: dict) -> ServerProcess:
         import json
 
-        from tests.server.conftest import free_port
-
         from localrun.modelstore.store import ModelStore
         from localrun.settings import Settings
 
@@ -103,7 +102,7 @@ def scripted_server(tmp_path, tiny_gguf_long):
                 "--option", f"script_calls={json.dumps(script)}"]
         proc = subprocess.Popen(args, env={**env, "LOCALRUN_RUNTIME__FORCE": "scripted"}, cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
-        server = ServerProcess(proc, f"http://127.0.0.1:{port}", log)
+        server = ServerProcess(proc, ServerSpec(args, port), log)
         server.port = port
         started.append(server)
         deadline = time.monotonic() + 120

@@ -57,7 +57,7 @@ class ScriptedSession(FakeSession):
 
 def main(argv: list[str] | None = None) -> int:
     REGISTRY[NAME] = "tests.agents.scripted:ScriptedRuntime"
-    from tests.server import launch
+    from tests.support import launch
 
     return launch.main(argv)
 

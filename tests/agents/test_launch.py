@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from localrun.cli import main
 from localrun.cli.launch import AGENTS, Endpoint, codex_catalog, context_notes, opencode_config
 from localrun.types import ModelRecord, Format, Plan
-from tests.server.conftest import REPO
+from tests.support.launch import REPO
 
 
 def launch(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from localrun.cli import main
-from tests.agents_api.test_reasoning import THINK_TEMPLATE
+from tests.server.test_reasoning import THINK_TEMPLATE
 
 pytestmark = pytest.mark.timeout(120)
 

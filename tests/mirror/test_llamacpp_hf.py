@@ -20,7 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.mirror.hosts import TINY_REPO, free_port, home_env
+from tests.mirror.hosts import TINY_REPO, home_env
+from tests.support.servers import free_port
 
 def _llama_server() -> Path | None:
     explicit = os.environ.get("LOCALRUN_LLAMA_SERVER")

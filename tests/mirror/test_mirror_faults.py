@@ -15,7 +15,8 @@ import pytest
 
 from tests.hub import repos
 from tests.hub.hostile import HOSTILE_NAMES
-from tests.mirror.hosts import free_port, home_env, start_mirror
+from tests.mirror.hosts import home_env, start_mirror
+from tests.support.servers import free_port
 from tests.modelstore.test_names import HOSTILE_RELPATHS
 
 pytestmark = pytest.mark.timeout(180)

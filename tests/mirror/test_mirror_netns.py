@@ -14,8 +14,9 @@ import time
 import pytest
 
 from tests.hub import repos
-from tests.mirror.hosts import TINY_REPO, fill_store, free_port, home_env, start_mirror
-from tests.mirror.netns import two_hosts
+from tests.mirror.hosts import TINY_REPO, fill_store, home_env, start_mirror
+from tests.support.netns import two_hosts
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

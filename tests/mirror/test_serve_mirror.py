@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from tests.hub import repos
-from tests.mirror.hosts import free_port, start_serve
+from tests.mirror.hosts import start_serve
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

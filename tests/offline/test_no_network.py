@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from tests.mirror.hosts import free_port, home_env, start_serve
-from tests.mirror.netns import no_network
+from tests.mirror.hosts import home_env, start_serve
+from tests.support.netns import no_network
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.conftest import needs_llama
-from tests.server.conftest import free_port, health, wait_until
+from tests.support.servers import free_port, health, wait_until
 
 SLOW = {"fake_delay_s": 0.02, "fake_reply_words": 2000}  # a 40 s answer unless cancelled
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "stream": True}
@@ -149,7 +149,7 @@ def test_access_log_line_per_request(live, caplog):
 def test_non_loopback_host_without_key_refuses_to_start(spawn_server):
     port = free_port()
     for args in (["localrun", "serve", "--host", "0.0.0.0", "--no-default-model", "--port", str(port)],
-                 ["tests.server.launch", "--host", "0.0.0.0", "--port", str(port)]):
+                 ["tests.support.launch", "--host", "0.0.0.0", "--port", str(port)]):
         server = spawn_server(args, port=port, wait=False)
         assert server.proc.wait(60) == 2
         assert "refusing to listen on 0.0.0.0" in server.log_text() and "API key" in server.log_text()
@@ -198,7 +198,7 @@ def test_kill_worker_mid_stream_errors_fast_and_server_survives(spawn_server, tm
     model = write_tiny_llama_gguf(tmp_path / "long.gguf", n_embd=256, n_layer=4, n_ff=512, n_ctx_train=4096)
     ModelStore(Settings()).import_path(model, name="long")
     port = free_port()
-    server = spawn_server(["tests.server.launch", "--port", str(port)], port=port, env={"LOCALRUN_RUNTIME__FORCE": ""})
+    server = spawn_server(["tests.support.launch", "--port", str(port)], port=port, env={"LOCALRUN_RUNTIME__FORCE": ""})
     body = {"model": "long", "prompt": "once upon a time", "max_tokens": 3000, "temperature": 0, "stream": True}
     # a client that leaves: the worker stops generating (its in-flight count drops) within 1 s
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=30) as r:

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.conftest import needs_llama
-from tests.server.conftest import free_port, health
+from tests.support.servers import free_port, health
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
@@ -26,7 +26,7 @@ def serve(spawn_server, path, name: str):
 
     ModelStore(Settings()).import_path(path, name=name)
     port = free_port()
-    return spawn_server(["tests.server.launch", "--port", str(port)], port=port, env={"LOCALRUN_RUNTIME__FORCE": ""})
+    return spawn_server(["tests.support.launch", "--port", str(port)], port=port, env={"LOCALRUN_RUNTIME__FORCE": ""})
 
 
 def exercise(server, name: str, prompt: str) -> None:

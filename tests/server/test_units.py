@@ -11,7 +11,7 @@ from localrun.server.metrics import Metrics, RequestStats
 from localrun.server.ollama.schemas import keep_alive_seconds
 from localrun.server.security import allowed_host_names, host_allowed, is_loopback_host
 from localrun.server.serve import check_bind_policy, probe_port
-from tests.server.conftest import make_settings
+from tests.support.stacks import make_settings
 
 
 @pytest.mark.parametrize(

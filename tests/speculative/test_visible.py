@@ -11,7 +11,7 @@ from localrun.server.metrics import Metrics, RequestStats
 from localrun.server.openai.routes import usage_dict
 from localrun.types import Usage
 from tests.conftest import needs_llama
-from tests.server.conftest import free_port, spawn_server  # noqa: F401 - a fixture
+from tests.support.servers import free_port
 
 
 def test_usage_shows_drafts_only_when_there_were_some():
@@ -63,7 +63,7 @@ def test_a_real_server_reports_drafts_in_usage_and_metrics(spawn_server, tiny_gg
 
     ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
-    server = spawn_server(["tests.server.launch", "--port", str(port)], port=port,
+    server = spawn_server(["tests.support.launch", "--port", str(port)], port=port,
                           env={"LOCALRUN_RUNTIME__FORCE": "", "LOCALRUN_RUNTIME__SPECULATIVE": "ngram"})
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
         got = oai.completions.create(model="tiny", prompt="hello world " * 5, max_tokens=40, temperature=0)

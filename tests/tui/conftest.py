@@ -4,18 +4,13 @@ imported into a fresh store, and helpers to wait on an app under Pilot."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
 
+from tests.support.servers import free_port
+
 GIB = 1024**3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_facts():

@@ -165,7 +165,7 @@ async def test_a_reasoning_models_thinking_shows_in_its_own_block_above_the_answ
     from localrun.manager import ModelManager
     from localrun.tui import make_app
     from localrun.tui.chat import ThinkingBlock
-    from tests.agents_api.test_reasoning import THINK_TEMPLATE
+    from tests.server.test_reasoning import THINK_TEMPLATE
     from tests.factories import write_tiny_llama_gguf
 
     store.import_path(write_tiny_llama_gguf(tmp_path / "tiny-r1.gguf", chat_template=THINK_TEMPLATE), name="r1")

@@ -68,7 +68,7 @@ async def test_quit_while_pulling_asks_first(make, fake_hub, store):  # noqa: F8
 
 
 async def test_unreachable_hub_says_offline_when_the_screen_opens(make, monkeypatch):
-    from tests.mirror.hosts import free_port
+    from tests.support.servers import free_port
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

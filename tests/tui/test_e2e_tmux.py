@@ -19,7 +19,7 @@ import pytest
 
 from tests.hub import repos
 from tests.hub.conftest import fake_hub  # noqa: F401 - the fixture
-from tests.tui.conftest import free_port
+from tests.support.servers import free_port
 
 TMUX = shutil.which("tmux")
 pytestmark = [pytest.mark.skipif(TMUX is None, reason="tmux is not installed"), pytest.mark.timeout(180), pytest.mark.slow]

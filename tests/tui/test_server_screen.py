@@ -11,7 +11,8 @@ import pytest
 
 from localrun.tui.messages import RequestLogged, ServerChanged
 from localrun.tui.server_view import ServerScreen
-from tests.tui.conftest import free_port, screen_text, wait_for
+from tests.support.servers import free_port
+from tests.tui.conftest import screen_text, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 

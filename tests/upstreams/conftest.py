@@ -9,56 +9,21 @@ llama.cpp on the tiny GGUF (tests/upstreams/test_real_engines.py) and vLLM (test
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from localrun.settings import Settings
-from localrun.settings import UpstreamConfig
-from tests.server.conftest import (  # noqa: F401 - fixtures reused by name
-    LiveServer, Stack, build_stack, fake_planner, free_port, live_factory, spawn_server, wait_until,
-)
-
-FAST = {"probe_interval_s": 0.3, "cooldown_s": 30.0}
-
-
-@dataclasses.dataclass
-class Front:
-    """The localrun that routes to the upstreams, served live."""
-
-    stack: Stack
-    server: LiveServer
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    @property
-    def pool(self):
-        return self.stack.manager.upstreams
+from tests.support.stacks import Front, LiveServer, front_with_upstreams
 
 
 @pytest.fixture
 def front_factory(tiny_gguf, live_factory, tmp_path_factory):
     """``front(upstreams=[dict…], local=("name",…), routing=…, **upstream_settings)``: a live front server."""
-    from localrun.manager import ModelManager
-    from localrun.modelstore.store import ModelStore
-    from localrun.upstreams.pool import UpstreamPool
-
-    made: list[ModelManager] = []
+    made = []
 
     def build(upstreams: list[dict], *, local: tuple[str, ...] = (), queue_size: int = 16, **upstream) -> Front:
-        home = tmp_path_factory.mktemp("front")  # its own store: the upstreams' models are not local here
-        settings = Settings(data_dir=home / "data", cache_dir=home / "cache", server={"queue_size": queue_size},
-                            upstream={**FAST, **upstream}, upstreams=[UpstreamConfig(**u) for u in upstreams])
-        store = ModelStore(settings)
-        for name in local:
-            store.import_path(tiny_gguf, name=name)
-        pool = UpstreamPool(list(settings.upstreams), settings.upstream)
-        manager = ModelManager(settings, store, planner=fake_planner(), upstreams=pool)
-        made.append(manager)
-        wait_until(lambda: all(st.healthy is not None and st.discovery_tried for st in pool.states()), 10)  # first probes done
-        stack = Stack(settings, store, manager)
+        # its own store: the upstreams' models are not local here
+        stack = front_with_upstreams(tmp_path_factory.mktemp("front"), upstreams, model=tiny_gguf, local=local,
+                                     queue_size=queue_size, **upstream)
+        made.append(stack.manager)
         return Front(stack, live_factory(stack))
 
     yield build

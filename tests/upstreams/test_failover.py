@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from tests.upstreams.conftest import free_port, wait_until
+from tests.support.launch import launch_args
+from tests.support.servers import free_port, wait_until
 from tests.upstreams.replay import Reply, chat_sse, models_json
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}]}
@@ -32,8 +33,7 @@ def proc_upstream(spawn_server, tiny_gguf):
 
     def start(port: int | None = None, delay: float = 0.05, words: int = 40):
         port = port or free_port()
-        args = ["tests.server.launch", "--port", str(port), "--fake-delay", str(delay), "--fake-words", str(words),
-                "--log-level", "WARNING"]
+        args = launch_args(port, {"fake_delay_s": delay, "fake_reply_words": words}, log_level="WARNING")
         return spawn_server(args, port=port, env={"LOCALRUN_RUNTIME__FORCE": "fake"})
 
     return start

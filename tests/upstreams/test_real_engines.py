@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from tests.conftest import needs_llama
-from tests.upstreams.conftest import free_port
-from tests.upstreams.hosts import llama_cpp_server, localrun_on, other_host
+from tests.support.netns import other_host
+from tests.support.servers import free_port, llama_cpp_server, start, upstream_localrun
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
@@ -29,12 +29,13 @@ def engines(tiny_gguf, tmp_path_factory):
     ModelStore(Settings(data_dir=home / "data", cache_dir=home / "cache")).import_path(tiny_gguf, name="tiny")
     with other_host() as host:
         # ngram: drafts at every match (the tiny model loops), so usage carries drafting counts to relay
-        remote = localrun_on(host, free_port(), key="remote-key-0001", log_path=logs / "remote.log", home=home,
-                             options={"speculative": "ngram"})
-        cpp = llama_cpp_server(tiny_gguf, free_port(), alias="tiny-cpp", log_path=logs / "llama_cpp.log")
+        spec = upstream_localrun(host.address, free_port(), key="remote-key-0001", home=home, prefix=host.prefix,
+                                 options={"speculative": "ngram"})
+        remote = start(spec, logs / "remote.log", wait=False)
+        cpp = start(llama_cpp_server(tiny_gguf, free_port(), alias="tiny-cpp"), logs / "llama_cpp.log", wait=False)
         try:
-            remote.wait_ready("/health")
-            cpp.wait_ready("/v1/models")
+            remote.wait_ready()
+            cpp.wait_ready()
             yield {"host": host, "remote": remote, "cpp": cpp}
         finally:
             remote.stop()

@@ -39,7 +39,7 @@ def vllm_front(tmp_path_factory):
     from localrun.modelstore.store import ModelStore
     from localrun.planning.planner import PlanOverrides
     from localrun.settings import Settings
-    from tests.server.conftest import LiveServer, Stack
+    from tests.support.stacks import LiveServer, Stack
 
     home = tmp_path_factory.mktemp("vllm-home")
     env = {"LOCALRUN_VLLM_DEVICE": "cpu", "LOCALRUN_VLLM_PYTHON": str(VENV / "bin" / "python"), "LOCALRUN_HOME": str(home)}

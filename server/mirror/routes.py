@@ -45,7 +45,9 @@ _MAX_LIST = 1000
 
 def hub_error(status: int, message: str, *, code: str | None = None, commit: str | None = None) -> Response:
     """The hub's error shape: ``{"error": …}`` plus the headers huggingface_hub maps to types."""
-    safe = message.encode("ascii", "replace").decode().replace("\r", " ").replace("\n", " ")[:400]
+    # h11 refuses a header value with white space at either end (and drops the connection), so
+    # the cut at 400 characters must not leave a trailing space.
+    safe = message.encode("ascii", "replace").decode().replace("\r", " ").replace("\n", " ")[:400].strip()
     headers = {"X-Error-Message": safe}
     if code:
         headers["X-Error-Code"] = code

@@ -92,14 +92,23 @@ def run_level(one, n: int, rounds: int, tag: str) -> Level:
 
 # --- (a) localrun through a worker ------------------------------------------------------------
 
+
 def start_localrun(model: Path, threads: int, log_dir: Path):
     from localrun.types import Format, ModelRecord, Plan
     from localrun.worker.host import WorkerHandle
 
-    plan = Plan(runtime="llama.cpp", n_ctx=N_SLOTS * SLOT_CTX, n_threads=threads,
-                options={"n_slots": N_SLOTS, "slot_ctx": SLOT_CTX, "step_tokens": STEP_TOKENS})
-    return WorkerHandle(ModelRecord(name="gemma", format=Format.GGUF, path=str(model)), plan,
-                        log_path=log_dir / "worker.log", load_timeout_s=300)
+    plan = Plan(
+        runtime="llama.cpp",
+        n_ctx=N_SLOTS * SLOT_CTX,
+        n_threads=threads,
+        options={"n_slots": N_SLOTS, "slot_ctx": SLOT_CTX, "step_tokens": STEP_TOKENS},
+    )
+    return WorkerHandle(
+        ModelRecord(name="gemma", format=Format.GGUF, path=str(model)),
+        plan,
+        log_path=log_dir / "worker.log",
+        load_timeout_s=300,
+    )
 
 
 def localrun_stream(handle, req, usage: list | None = None) -> tuple[float, int]:
@@ -140,16 +149,37 @@ def localrun_decode_rate(handle, max_tokens: int, rounds: int) -> float:
 def localrun_one(handle, max_tokens: int):
     from localrun.types import CompletionRequest, Sampling
 
-    return lambda prompt: localrun_stream(handle, CompletionRequest(prompt, Sampling(temperature=0.0, max_tokens=max_tokens)))
+    return lambda prompt: localrun_stream(
+        handle, CompletionRequest(prompt, Sampling(temperature=0.0, max_tokens=max_tokens))
+    )
 
 
 # --- (b) and (d): servers behind the openai client ---------------------------------------------
 
+
 def start_llama_server(binary: str, model: Path, threads: int, n_parallel: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [binary, "-m", str(model), "--port", str(port), "-c", str(SLOT_CTX * n_parallel), "-np", str(n_parallel),
-         "-t", str(threads), "-tb", str(threads), "--alias", "gemma"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            binary,
+            "-m",
+            str(model),
+            "--port",
+            str(port),
+            "-c",
+            str(SLOT_CTX * n_parallel),
+            "-np",
+            str(n_parallel),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "--alias",
+            "gemma",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")
     return proc, url
@@ -163,8 +193,14 @@ def openai_one(url: str, max_tokens: int):
     def one(prompt: str) -> tuple[float, int]:
         start = time.perf_counter()
         first, tokens, parts = None, 0, 0
-        stream = client.completions.create(model="gemma", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                           stream=True, stream_options={"include_usage": True})
+        stream = client.completions.create(
+            model="gemma",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         for part in stream:
             if part.choices and part.choices[0].text:
                 parts += 1
@@ -178,6 +214,7 @@ def openai_one(url: str, max_tokens: int):
 
 
 # --- (c) the engine's batched ceiling --------------------------------------------------------
+
 
 class Engine:
     """N sequences in one context, one ``llama_decode`` per step, C greedy samplers: what the
@@ -224,8 +261,13 @@ class Engine:
             i, last = 0, []
             for s, toks in enumerate(prompts):
                 for p, tok in enumerate(toks):
-                    batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = \
-                        tok, p, 1, s, p == len(toks) - 1
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = (
+                        tok,
+                        p,
+                        1,
+                        s,
+                        p == len(toks) - 1,
+                    )
                     i += 1
                 last.append(i - 1)
             batch.n_tokens = i
@@ -234,8 +276,13 @@ class Engine:
             pos = [len(toks) for toks in prompts]
             for _ in range(max_tokens - 1):
                 for s in range(n_seq):
-                    batch.token[s], batch.pos[s], batch.n_seq_id[s], batch.seq_id[s][0], batch.logits[s] = \
-                        pending[s], pos[s], 1, s, 1
+                    batch.token[s], batch.pos[s], batch.n_seq_id[s], batch.seq_id[s][0], batch.logits[s] = (
+                        pending[s],
+                        pos[s],
+                        1,
+                        s,
+                        1,
+                    )
                 batch.n_tokens = n_seq
                 assert L.llama_decode(ctx, batch) == 0
                 for s in range(n_seq):
@@ -262,7 +309,13 @@ class Engine:
             token, pos = L.llama_sampler_sample(chain, ctx, len(toks) - 1), len(toks)
             start = time.perf_counter()
             for _ in range(steps):
-                batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = token, pos, 1, 0, 1
+                batch.token[0], batch.pos[0], batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = (
+                    token,
+                    pos,
+                    1,
+                    0,
+                    1,
+                )
                 batch.n_tokens = 1
                 assert L.llama_decode(ctx, batch) == 0
                 token, pos = L.llama_sampler_sample(chain, ctx, 0), pos + 1
@@ -294,16 +347,25 @@ class Engine:
     @staticmethod
     def _fill(batch, toks: list[int], start: int, seq: int) -> None:
         for i, tok in enumerate(toks):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = tok, start + i, 1, seq, 0
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = (
+                tok,
+                start + i,
+                1,
+                seq,
+                0,
+            )
         batch.logits[len(toks) - 1] = 1
         batch.n_tokens = len(toks)
 
 
 # --- multi-turn -----------------------------------------------------------------------------
 
+
 def system_prompt(engine: Engine, tokens: int = 2000) -> str:
-    sentence = ("You are the assistant of a harbour office. Ships arrive at dawn and leave at dusk; every cargo is "
-                "logged with its weight, its owner and the berth it used. ")
+    sentence = (
+        "You are the assistant of a harbour office. Ships arrive at dawn and leave at dusk; every cargo is "
+        "logged with its weight, its owner and the berth it used. "
+    )
     text = ""
     while len(engine.tokenize(text)) < tokens:
         text += sentence
@@ -319,7 +381,9 @@ def multi_turn(handle, system: str, rounds: int = 2) -> tuple[float, float]:
     def background(k: int) -> None:
         i = 0
         while not stop_bg.is_set():
-            localrun_stream(handle, CompletionRequest(PROMPT.format(i=f"bg-{k}-{i}"), Sampling(temperature=0.0, max_tokens=48)))
+            localrun_stream(
+                handle, CompletionRequest(PROMPT.format(i=f"bg-{k}-{i}"), Sampling(temperature=0.0, max_tokens=48))
+            )
             i += 1
 
     bg = [threading.Thread(target=background, args=(k,), daemon=True) for k in range(3)]
@@ -339,8 +403,11 @@ def multi_turn(handle, system: str, rounds: int = 2) -> tuple[float, float]:
             q2 = Message("user", "And who owned its cargo?")
             ttft2, _ = localrun_stream(handle, ChatRequest((sys_msg, q1, answer, q2), sampling), usage)
             warm.append(ttft2)
-            print(f"    multi-turn round {r}: cold {ttft * 1000:.0f} ms ({usage[0].prompt_tokens} prompt tokens), "
-                  f"turn 2 {ttft2 * 1000:.0f} ms ({usage[1].cached_tokens} of {usage[1].prompt_tokens} cached)", flush=True)
+            print(
+                f"    multi-turn round {r}: cold {ttft * 1000:.0f} ms ({usage[0].prompt_tokens} prompt tokens), "
+                f"turn 2 {ttft2 * 1000:.0f} ms ({usage[1].cached_tokens} of {usage[1].prompt_tokens} cached)",
+                flush=True,
+            )
     finally:
         stop_bg.set()
         for t in bg:
@@ -349,6 +416,7 @@ def multi_turn(handle, system: str, rounds: int = 2) -> tuple[float, float]:
 
 
 # --- main -------------------------------------------------------------------------------------
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -359,8 +427,11 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     model = gemma_path()
-    print(f"{model.name}, {args.threads} threads, {SLOT_CTX} tokens per stream, greedy, max_tokens {args.max_tokens}, "
-          f"{args.rounds} rounds per level; load average {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"{model.name}, {args.threads} threads, {SLOT_CTX} tokens per stream, greedy, max_tokens {args.max_tokens}, "
+        f"{args.rounds} rounds per level; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
     results: dict[str, dict[int, Level]] = {"a": {}, "b": {}, "d": {}}
     ceiling: dict[int, float] = {}
 
@@ -383,8 +454,10 @@ def main() -> None:
                 results["a"][n] = run_level(localrun_one(handle, args.max_tokens), n, args.rounds, "lr")
                 print(f"(a) localrun, {n} streams: {results['a'][n].row()}", flush=True)
             cold, warm = multi_turn(handle, system)
-            print(f"(a) multi-turn, 3 other streams running: cold TTFT {cold * 1000:.0f} ms, "
-                  f"turn 2 {warm * 1000:.0f} ms", flush=True)
+            print(
+                f"(a) multi-turn, 3 other streams running: cold TTFT {cold * 1000:.0f} ms, turn 2 {warm * 1000:.0f} ms",
+                flush=True,
+            )
         finally:
             handle.close()
 
@@ -411,13 +484,19 @@ def main() -> None:
     else:
         print("(d) llama-server skipped: set LLAMA_SERVER_BIN to its binary")
 
-    print("\nstreams   (a) localrun              (b) llama_cpp.server      (c) engine   (d) llama-server   (a)/(c)  (a)/(b)")
+    print(
+        "\nstreams   (a) localrun              (b) llama_cpp.server      (c) engine   (d) llama-server   (a)/(c)  (a)/(b)"
+    )
     for n in levels:
         a, b, d = results["a"][n], results["b"].get(n), results["d"].get(n)
-        print(f"{n:>7}   {a.rate:6.1f} tok/s {pct(a.ttft, 50) * 1000:6.0f} ms   "
-              + (f"{b.rate:6.1f} tok/s {pct(b.ttft, 50) * 1000:7.0f} ms   " if b else f"{'-':>24}   ")
-              + f"{ceiling[n]:6.1f} tok/s   " + (f"{d.rate:6.1f} tok/s     " if d else f"{'-':>14}     ")
-              + f"{a.rate / ceiling[n]:6.2f}   " + (f"{a.rate / b.rate:6.2f}" if b else "     -"))
+        print(
+            f"{n:>7}   {a.rate:6.1f} tok/s {pct(a.ttft, 50) * 1000:6.0f} ms   "
+            + (f"{b.rate:6.1f} tok/s {pct(b.ttft, 50) * 1000:7.0f} ms   " if b else f"{'-':>24}   ")
+            + f"{ceiling[n]:6.1f} tok/s   "
+            + (f"{d.rate:6.1f} tok/s     " if d else f"{'-':>14}     ")
+            + f"{a.rate / ceiling[n]:6.2f}   "
+            + (f"{a.rate / b.rate:6.2f}" if b else "     -")
+        )
     single = results["a"].get(1)
     four = results["a"].get(4)
     print("\ntargets")
@@ -428,8 +507,10 @@ def main() -> None:
         print(f"  aggregate (a) ÷ (c) at {n}: {results['a'][n].rate / ceiling[n]:.3f}   (≥ 0.9)")
     if single and four:
         bound = pct(single.ttft, 50) + chunk_s
-        print(f"  p95 TTFT at 4: {pct(four.ttft, 95) * 1000:.0f} ms; single-stream TTFT + one {STEP_TOKENS}-token chunk: "
-              f"{bound * 1000:.0f} ms   ({'met' if pct(four.ttft, 95) <= bound else 'missed'})")
+        print(
+            f"  p95 TTFT at 4: {pct(four.ttft, 95) * 1000:.0f} ms; single-stream TTFT + one {STEP_TOKENS}-token chunk: "
+            f"{bound * 1000:.0f} ms   ({'met' if pct(four.ttft, 95) <= bound else 'missed'})"
+        )
     print(f"  multi-turn turn-2 ÷ cold TTFT: {warm / cold:.3f}   (≤ 0.05)")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
 

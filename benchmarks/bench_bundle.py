@@ -60,8 +60,12 @@ def _timed_cli_import(base: Path, bundle: Path) -> float:
     try:
         env = {**os.environ, "LOCALRUN_HOME": str(home), "HF_HOME": str(home / "hf")}
         t = time.perf_counter()
-        subprocess.run([str(Path(sys.executable).with_name("localrun")), "bundle", "import", str(bundle)], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [str(Path(sys.executable).with_name("localrun")), "bundle", "import", str(bundle)],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
         return time.perf_counter() - t
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -73,7 +77,9 @@ def _timed_startup(base: Path) -> float:
     try:
         env = {**os.environ, "LOCALRUN_HOME": str(home), "HF_HOME": str(home / "hf")}
         t = time.perf_counter()
-        subprocess.run([str(Path(sys.executable).with_name("localrun")), "ls"], env=env, check=True, capture_output=True)
+        subprocess.run(
+            [str(Path(sys.executable).with_name("localrun")), "ls"], env=env, check=True, capture_output=True
+        )
         return time.perf_counter() - t
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -114,22 +120,36 @@ def main() -> int:
         cli = best(lambda: _timed_cli_import(work, work / "bundle"))
         startup = best(lambda: _timed_startup(work))
         # cp and the import alternate, so a burst of load on this shared machine hits both alike
-        pairs = [(_timed_cp(blob, other), _timed_import(other, work / "bundle", "cross")) for _ in range(args.rounds * 2)]
+        pairs = [
+            (_timed_cp(blob, other), _timed_import(other, work / "bundle", "cross")) for _ in range(args.rounds * 2)
+        ]
         cp_other, cross = min(p[0] for p in pairs), min(p[1] for p in pairs)
         ratios = sorted(c / i for c, i in pairs)
         cross_hashed = best(lambda: _timed_import(other, work / "bundle", "rehash", rehash=True))
         tar = best(lambda: _timed_import(other, work / "bundle.tar", "tar"))
         mb = size / 1e6
-        print(f"Gemma 3 270M Q4_K_M: {mb:.1f} MB, best of {args.rounds}; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
-        print(f"same filesystem  import (in-process)         {same:7.3f} s   target <= 1 s   {'OK' if same <= 1 else 'MISS'}")
-        print(f"same filesystem  localrun bundle import (CLI) {cli:7.3f} s   target <= 1 s   {'OK' if cli <= 1 else 'MISS'}")
+        print(
+            f"Gemma 3 270M Q4_K_M: {mb:.1f} MB, best of {args.rounds}; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        )
+        print(
+            f"same filesystem  import (in-process)         {same:7.3f} s   target <= 1 s   {'OK' if same <= 1 else 'MISS'}"
+        )
+        print(
+            f"same filesystem  localrun bundle import (CLI) {cli:7.3f} s   target <= 1 s   {'OK' if cli <= 1 else 'MISS'}"
+        )
         print(f"  (CLI start-up alone, `localrun ls` on an empty home: {startup:.3f} s)")
         print(f"other filesystem cp                          {cp_other:7.3f} s   {mb / cp_other:7.0f} MB/s")
-        print(f"other filesystem import (sealed)             {cross:7.3f} s   {mb / cross:7.0f} MB/s   ratio vs cp {cp_other / cross:.2f} "
-              f"(target >= 0.8) {'OK' if cp_other / cross >= 0.8 else 'MISS'}; median of {len(ratios)} paired rounds "
-              f"{ratios[len(ratios) // 2]:.2f}")
-        print(f"other filesystem import --rehash             {cross_hashed:7.3f} s   {mb / cross_hashed:7.0f} MB/s   ratio vs cp {cp_other / cross_hashed:.2f}")
-        print(f"other filesystem import of the tar           {tar:7.3f} s   {mb / tar:7.0f} MB/s   ratio vs cp {cp_other / tar:.2f}")
+        print(
+            f"other filesystem import (sealed)             {cross:7.3f} s   {mb / cross:7.0f} MB/s   ratio vs cp {cp_other / cross:.2f} "
+            f"(target >= 0.8) {'OK' if cp_other / cross >= 0.8 else 'MISS'}; median of {len(ratios)} paired rounds "
+            f"{ratios[len(ratios) // 2]:.2f}"
+        )
+        print(
+            f"other filesystem import --rehash             {cross_hashed:7.3f} s   {mb / cross_hashed:7.0f} MB/s   ratio vs cp {cp_other / cross_hashed:.2f}"
+        )
+        print(
+            f"other filesystem import of the tar           {tar:7.3f} s   {mb / tar:7.0f} MB/s   ratio vs cp {cp_other / tar:.2f}"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(other, ignore_errors=True)

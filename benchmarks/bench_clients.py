@@ -32,17 +32,38 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E402
 
-PROMPT = ("Here is a long story about a lighthouse keeper who lived on a small island far from the coast. " * 14).strip()
+PROMPT = (
+    "Here is a long story about a lighthouse keeper who lived on a small island far from the coast. " * 14
+).strip()
 
 
 def start(model: Path, name: str, home: Path, *, threads: int, options: dict) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "LOCALRUN_HOME": str(home), "PYTHONPATH": str(ROOT), "LOCALRUN_RUNTIME__FORCE": ""}
-    subprocess.run([sys.executable, "-c", "import sys; from localrun.modelstore.store import ModelStore; "
-                    "from localrun.settings import Settings; ModelStore(Settings()).import_path(sys.argv[1], name=sys.argv[2])",
-                    str(model), name], env=env, check=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from localrun.modelstore.store import ModelStore; "
+            "from localrun.settings import Settings; ModelStore(Settings()).import_path(sys.argv[1], name=sys.argv[2])",
+            str(model),
+            name,
+        ],
+        env=env,
+        check=True,
+        cwd=ROOT,
+    )
     port = free_port()
-    args = [sys.executable, "-m", "tests.support.launch", "--port", str(port), "--plan", f"n_threads={threads}",
-            "--log-level", "WARNING"]
+    args = [
+        sys.executable,
+        "-m",
+        "tests.support.launch",
+        "--port",
+        str(port),
+        "--plan",
+        f"n_threads={threads}",
+        "--log-level",
+        "WARNING",
+    ]
     for key, value in options.items():
         args += ["--option", f"{key}={json.dumps(value)}"]
     proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -122,8 +143,12 @@ def bench_rerank(threads: int, rounds: int) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         head = np.random.default_rng(3).standard_normal((2, 64)).astype(np.float32)
-        path = write_tiny_llama_gguf(Path(tmp) / "rank.gguf", arch="qwen3", extra_tensors={"cls.output.weight": head},
-                                     extra_kv={"qwen3.pooling_type": 4, "qwen3.classifier.output_labels": ["yes", "no"]})
+        path = write_tiny_llama_gguf(
+            Path(tmp) / "rank.gguf",
+            arch="qwen3",
+            extra_tensors={"cls.output.weight": head},
+            extra_kv={"qwen3.pooling_type": 4, "qwen3.classifier.output_labels": ["yes", "no"]},
+        )
         proc, url = start(path, "rank", Path(tmp) / "home", threads=threads, options={})
         try:
             docs = [f"document number {i} about the weather in a small town" for i in range(32)]
@@ -132,7 +157,9 @@ def bench_rerank(threads: int, rounds: int) -> dict:
                 times = []
                 for _ in range(rounds):
                     t0 = time.perf_counter()
-                    client.post(f"{url}/rerank", json={"query": "weather in town", "documents": docs}).raise_for_status()
+                    client.post(
+                        f"{url}/rerank", json={"query": "weather in town", "documents": docs}
+                    ).raise_for_status()
                     times.append(time.perf_counter() - t0)
         finally:
             stop(proc)
@@ -166,13 +193,17 @@ def main() -> int:
                     report_n(bench_n(url, args.rounds, args.max_tokens), args)
                 if "b" in parts:
                     tok = bench_tokenize(url, model, args.rounds)
-                    print(f"(b) /tokenize {tok['tokens']} tokens: {tok['http_ms']:.1f} ms over HTTP (target ≤ 20), llama-cpp-python "
-                          f"in process {tok['in_process_ms']:.1f} ms, ratio {tok['http_ms'] / tok['in_process_ms']:.2f}")
+                    print(
+                        f"(b) /tokenize {tok['tokens']} tokens: {tok['http_ms']:.1f} ms over HTTP (target ≤ 20), llama-cpp-python "
+                        f"in process {tok['in_process_ms']:.1f} ms, ratio {tok['http_ms'] / tok['in_process_ms']:.2f}"
+                    )
             finally:
                 stop(proc)
     if "c" in parts:
         rr = bench_rerank(args.threads, args.rounds)
-        print(f"(c) /rerank of {rr['docs']} documents on the tiny reranker: {rr['seconds'] * 1e3:.0f} ms, {rr['docs_per_s']:.0f} docs/s")
+        print(
+            f"(c) /rerank of {rr['docs']} documents on the tiny reranker: {rr['seconds'] * 1e3:.0f} ms, {rr['docs_per_s']:.0f} docs/s"
+        )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at the end")
     return 0
 

@@ -35,8 +35,10 @@ from benchmarks.bench_speculative import localrun_one  # noqa: E402
 from benchmarks.common import gemma_path  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-PASSAGE = ("The lighthouse stood on a rock a mile from the shore. Its keeper lit the lamp at dusk, wound the clockwork "
-           "that turned the lens, and wrote the ships he saw in a book. ") * 4
+PASSAGE = (
+    "The lighthouse stood on a rock a mile from the shore. Its keeper lit the lamp at dusk, wound the clockwork "
+    "that turned the lens, and wrote the ships he saw in a book. "
+) * 4
 
 
 def _rate(session, max_tokens: int) -> float:
@@ -47,8 +49,13 @@ def contender(where: str, model: str, threads: int, max_tokens: int, rounds: int
     from localrun.runtimes.llamacpp.session import LlamaCppRuntime
     from localrun.types import Format, ModelRecord, Plan
 
-    plan = Plan(runtime="llama.cpp", n_ctx=1024, n_threads=threads, n_batch=512,
-                options={"speculative": "off", "embedding": True, "prefix_cache": False})
+    plan = Plan(
+        runtime="llama.cpp",
+        n_ctx=1024,
+        n_threads=threads,
+        n_batch=512,
+        options={"speculative": "off", "embedding": True, "prefix_cache": False},
+    )
     session = LlamaCppRuntime().load(ModelRecord(name="gemma", format=Format.GGUF, path=model), plan)
     try:
         if where == "request-thread":
@@ -83,17 +90,22 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=3, help="fresh processes per contender, alternating")
     args = ap.parse_args()
     model = str(gemma_path())
-    print(f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs; Gemma 3 270M, {args.threads} threads, "
-          f"{args.max_tokens} tokens greedy")
+    print(
+        f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs; Gemma 3 270M, {args.threads} threads, "
+        f"{args.max_tokens} tokens greedy"
+    )
     results: dict[str, list[dict]] = {"scheduler": [], "request-thread": []}
     spawn = multiprocessing.get_context("spawn")
     for i in range(args.processes):
-        for where in (results if i % 2 == 0 else reversed(list(results))):
+        for where in results if i % 2 == 0 else reversed(list(results)):
             with spawn.Pool(1) as pool:
                 got = pool.apply(contender, (where, model, args.threads, args.max_tokens, args.rounds))
             results[where].append(got)
-            print(f"  process {i + 1} {where:>15}: {got['before']:6.1f} → {got['after']:6.1f} tok/s "
-                  f"({got['after'] / got['before']:.2f})", flush=True)
+            print(
+                f"  process {i + 1} {where:>15}: {got['before']:6.1f} → {got['after']:6.1f} tok/s "
+                f"({got['after'] / got['before']:.2f})",
+                flush=True,
+            )
     print(f"\n{'embeddings run on':>18} | before tok/s | after tok/s | after ÷ before")
     for where, runs in results.items():
         b = statistics.median(r["before"] for r in runs)

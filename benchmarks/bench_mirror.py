@@ -72,10 +72,14 @@ async def _get(host: str, port: int, path: str, start: int, end: int | None) -> 
     """One GET on a raw socket (bytes counted, not kept); returns the body length."""
     reader, writer = await asyncio.open_connection(host, port)
     rng = f"Range: bytes={start}-{'' if end is None else end}\r\n" if end is not None or start else ""
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept-Encoding: identity\r\n{rng}Connection: close\r\n\r\n".encode())
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept-Encoding: identity\r\n{rng}Connection: close\r\n\r\n".encode()
+    )
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     got = 0
     while got < length:
         block = await reader.read(1 << 20)
@@ -105,8 +109,13 @@ def _make_home(work: Path, size: int) -> tuple[Path, Path]:
     src = work / "src" / "big-Q4_K_M.gguf"
     src.parent.mkdir(parents=True)
     src.write_bytes(make_gguf(payload=size, seed=1))
-    subprocess.run([sys.executable, "-m", "localrun", "import", str(src), "--name", "big"], env=home_env(home), check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "localrun", "import", str(src), "--name", "big"],
+        env=home_env(home),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return home, src
 
 
@@ -137,10 +146,19 @@ def main() -> int:
             bwork.mkdir()
             env = {**home_env(bwork), "HF_ENDPOINT": url, "HF_TOKEN": KEY}
             warm = "import httpx,sys,time\nfor _ in range(300):\n try:\n  httpx.head(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]},timeout=120).raise_for_status(); break\n except Exception: time.sleep(0.2)"
-            subprocess.run([*hosts.b_prefix, sys.executable, "-c", warm, f"{url}/{REPO}/resolve/main/big-Q4_K_M.gguf", KEY],
-                           env=env, check=True, timeout=300)  # the first HEAD hashes A's file (its sha256 was never recorded)
-            out = subprocess.run([*hosts.b_prefix, sys.executable, "-c", B_SCRIPT, url, KEY, str(args.rounds), str(bwork)],
-                                 env=env, capture_output=True, text=True, timeout=900)
+            subprocess.run(
+                [*hosts.b_prefix, sys.executable, "-c", warm, f"{url}/{REPO}/resolve/main/big-Q4_K_M.gguf", KEY],
+                env=env,
+                check=True,
+                timeout=300,
+            )  # the first HEAD hashes A's file (its sha256 was never recorded)
+            out = subprocess.run(
+                [*hosts.b_prefix, sys.executable, "-c", B_SCRIPT, url, KEY, str(args.rounds), str(bwork)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             mp.stop()
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
@@ -149,8 +167,9 @@ def main() -> int:
             where = "veth between two network namespaces" if hosts.isolated else "LOOPBACK (namespaces unavailable)"
         lp = start_mirror(home)  # loopback, no key: the concurrency figure
         try:
-            single, aggregate = asyncio.run(_concurrent("127.0.0.1", int(lp.url.rsplit(":", 1)[1]),
-                                                        f"/{REPO}/resolve/main/big-Q4_K_M.gguf", size))
+            single, aggregate = asyncio.run(
+                _concurrent("127.0.0.1", int(lp.url.rsplit(":", 1)[1]), f"/{REPO}/resolve/main/big-Q4_K_M.gguf", size)
+            )
         finally:
             lp.stop()
     finally:

@@ -43,7 +43,11 @@ def plain_copy(url: str, dest: Path) -> tuple[float, float]:
     import httpx
 
     began, cpu = time.perf_counter(), time.process_time()
-    with httpx.Client() as client, client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp, open(dest, "wb") as f:
+    with (
+        httpx.Client() as client,
+        client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as resp,
+        open(dest, "wb") as f,
+    ):
         resp.raise_for_status()
         for chunk in resp.iter_raw():
             f.write(chunk)
@@ -73,7 +77,9 @@ def main() -> int:
     server.start()
     url, sha, size, commit = parent.recv()
     work = Path(tempfile.mkdtemp(prefix="bench-pull-"))
-    os.environ.update(HF_ENDPOINT=url, HF_HOME=str(work / "hf"), LOCALRUN_HOME=str(work / "home"), HF_HUB_DISABLE_TELEMETRY="1")
+    os.environ.update(
+        HF_ENDPOINT=url, HF_HOME=str(work / "hf"), LOCALRUN_HOME=str(work / "home"), HF_HUB_DISABLE_TELEMETRY="1"
+    )
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
         os.environ.pop(var, None)
     file_url = f"{url}/{REPO}/resolve/{commit}/{FILE}"

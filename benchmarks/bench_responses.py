@@ -40,10 +40,30 @@ def start_fake(home: Path) -> tuple[subprocess.Popen, str]:
 
     env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__FORCE="fake", PYTHONPATH=str(ROOT))
     model = write_tiny_llama_gguf(home / "tiny.gguf", n_ctx_train=4096)
-    subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.launch", "--port", str(port), "--fake-words", "1000",
-                             "--log-level", "WARNING"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.launch",
+            "--port",
+            str(port),
+            "--fake-words",
+            "1000",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+    )
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")
     return proc, url
@@ -82,11 +102,25 @@ def run(url: str, runs: int, max_tokens: int) -> dict[str, list[tuple[float, flo
     with httpx.Client(base_url=url, timeout=600) as client:
         for i in range(runs + 1):  # the first pair warms the model up and is not counted
             text = PROMPT.format(i=i)
-            chat = {"model": "gemma", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                    "temperature": 0, "stream": True}
-            resp = {"model": "gemma", "input": text, "max_output_tokens": max_tokens, "temperature": 0, "stream": True,
-                    "store": False}
-            order = [("chat", "/v1/chat/completions", chat, chat_text), ("responses", "/v1/responses", resp, responses_text)]
+            chat = {
+                "model": "gemma",
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+            }
+            resp = {
+                "model": "gemma",
+                "input": text,
+                "max_output_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "store": False,
+            }
+            order = [
+                ("chat", "/v1/chat/completions", chat, chat_text),
+                ("responses", "/v1/responses", resp, responses_text),
+            ]
             if i % 2:
                 order.reverse()
             for name, path, body, is_text in order:

@@ -63,13 +63,27 @@ def in_process_run(llm, i: str, max_tokens: int) -> tuple[float, float, int]:
 
 
 def start_localrun(model: Path, home: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__THREADS=str(threads),
-               LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX), PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        LOCALRUN_HOME=str(home),
+        LOCALRUN_RUNTIME__THREADS=str(threads),
+        LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX),
+        PYTHONPATH=str(ROOT),
+    )
     env.pop("LOCALRUN_RUNTIME__FORCE", None)
-    subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")
     return proc, url
@@ -80,8 +94,14 @@ def one_stream(client, i: str, max_tokens: int) -> tuple[float, float, int]:
     start = time.perf_counter()
     first = last = None
     tokens = chunks = 0
-    stream = client.completions.create(model="gemma", prompt=PROMPT.format(i=i), max_tokens=max_tokens, temperature=0,
-                                       stream=True, stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model="gemma",
+        prompt=PROMPT.format(i=i),
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     for part in stream:
         if part.choices and part.choices[0].text:
             last = time.perf_counter()
@@ -98,8 +118,10 @@ def bench_concurrency(url: str, level: int, max_tokens: int, tag: str) -> tuple[
 
     results: list[tuple[float, float, int]] = []
     with openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600) as client:
-        threads = [threading.Thread(target=lambda k=k: results.append(one_stream(client, f"{tag}-c{level}-{k}", max_tokens)))
-                   for k in range(level)]
+        threads = [
+            threading.Thread(target=lambda k=k: results.append(one_stream(client, f"{tag}-c{level}-{k}", max_tokens)))
+            for k in range(level)
+        ]
         start = time.perf_counter()
         for t in threads:
             t.start()
@@ -114,13 +136,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--concurrency", default="", help="comma-separated levels, e.g. 1,2,4,8 (compares with llama_cpp.server)")
+    ap.add_argument(
+        "--concurrency", default="", help="comma-separated levels, e.g. 1,2,4,8 (compares with llama_cpp.server)"
+    )
     ap.add_argument("--concurrency-tokens", type=int, default=64, help="max_tokens per stream in the concurrency runs")
     args = ap.parse_args()
     import openai
 
     model = gemma_path()
-    print(f"model {model.name}, n_ctx {N_CTX}, {args.threads} threads, greedy, max_tokens {args.max_tokens}, p50 of {args.runs} runs")
+    print(
+        f"model {model.name}, n_ctx {N_CTX}, {args.threads} threads, greedy, max_tokens {args.max_tokens}, p50 of {args.runs} runs"
+    )
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     llm = load_in_process(model, args.threads)
     with tempfile.TemporaryDirectory() as home:
@@ -138,7 +164,10 @@ def main() -> None:
             ttft_b, rate_b = summarize(b)
             print(f"(a) llama-cpp-python in-process  : TTFT {ttft_a * 1000:7.1f} ms   decode {rate_a:6.1f} tok/s")
             print(f"(b) localrun serve, openai client: TTFT {ttft_b * 1000:7.1f} ms   decode {rate_b:6.1f} tok/s")
-            print(f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x ({(ttft_b - ttft_a) * 1000:+.1f} ms)", flush=True)
+            print(
+                f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x ({(ttft_b - ttft_a) * 1000:+.1f} ms)",
+                flush=True,
+            )
             if levels:
                 concurrency_table(url, model, levels, args)
         finally:
@@ -159,7 +188,11 @@ def concurrency_table(url: str, model: Path, levels: list[int], args) -> None:
             ours = bench_concurrency(url, n, args.concurrency_tokens, "lr")
             theirs = bench_concurrency(other[1], n, args.concurrency_tokens, "lc") if other else None
             rows.append((n, ours, theirs))
-            print(f"  {n} streams: localrun {ours[0]:.1f} tok/s" + (f", llama_cpp.server {theirs[0]:.1f} tok/s" if theirs else ""), flush=True)
+            print(
+                f"  {n} streams: localrun {ours[0]:.1f} tok/s"
+                + (f", llama_cpp.server {theirs[0]:.1f} tok/s" if theirs else ""),
+                flush=True,
+            )
     finally:
         if other:
             stop(other[0])

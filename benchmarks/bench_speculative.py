@@ -46,20 +46,53 @@ from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E
 SLOT_CTX = 4096
 #: llama-server's n-gram speculation (its --spec-type values in this llama.cpp), with their
 #: defaults and one ngram-mod tuned for short drafts (its defaults draft 48-64 tokens).
-SERVER_SPECS = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache",
-                "ngram-mod --spec-ngram-mod-n-min 4 --spec-ngram-mod-n-max 16 --spec-ngram-mod-n-match 8")
+SERVER_SPECS = (
+    "ngram-simple",
+    "ngram-map-k",
+    "ngram-mod",
+    "ngram-cache",
+    "ngram-mod --spec-ngram-mod-n-min 4 --spec-ngram-mod-n-max 16 --spec-ngram-mod-n-match 8",
+)
 
 
 def source_file(lines: int = 200) -> str:
     """A deterministic ~200-line Python module (an inventory model), the file to edit."""
     out = ['"""Inventory bookkeeping for a small shop."""', "", "from dataclasses import dataclass", "", ""]
-    items = ["apple", "bread", "candle", "drill", "envelope", "fabric", "glue", "hammer", "ink", "jar",
-             "kettle", "lamp", "marker", "nail", "oil", "paper", "quilt", "rope", "soap", "tape"]
+    items = [
+        "apple",
+        "bread",
+        "candle",
+        "drill",
+        "envelope",
+        "fabric",
+        "glue",
+        "hammer",
+        "ink",
+        "jar",
+        "kettle",
+        "lamp",
+        "marker",
+        "nail",
+        "oil",
+        "paper",
+        "quilt",
+        "rope",
+        "soap",
+        "tape",
+    ]
     out += ["RESTOCK_THRESHOLD = 5", "", ""]
     for i, name in enumerate(items):
-        out += [f"@dataclass", f"class {name.capitalize()}Stock:", f'    """Stock of {name}s on shelf {i + 1}."""',
-                f"    count: int = {10 + i}", f"    price_cents: int = {100 + 25 * i}", "",
-                f"    def needs_restock(self) -> bool:", f"        return self.count < RESTOCK_THRESHOLD", ""]
+        out += [
+            "@dataclass",
+            f"class {name.capitalize()}Stock:",
+            f'    """Stock of {name}s on shelf {i + 1}."""',
+            f"    count: int = {10 + i}",
+            f"    price_cents: int = {100 + 25 * i}",
+            "",
+            "    def needs_restock(self) -> bool:",
+            "        return self.count < RESTOCK_THRESHOLD",
+            "",
+        ]
         if len(out) >= lines:
             break
     return "\n".join(out[:lines]) + "\n"
@@ -77,10 +110,15 @@ PASSAGE = (
 #: an instruction to "rewrite the file" makes it ramble, a document that shows the file and
 #: then begins its new version makes it copy, as an agent's edit does).
 WORKLOADS = {
-    "agent-edit": ("File: inventory.py\n```python\n" + source_file()
-                   + "```\n\nThe same file after changing RESTOCK_THRESHOLD from 5 to 8:\n\nFile: inventory.py\n```python\n"),
-    "rag-quote": (f"Passage:\n{PASSAGE}\n\nQuestion: Who replaced the oil lamp, when, and what else did he add? "
-                  "Answer by quoting the passage word for word.\n\nQuote: \""),
+    "agent-edit": (
+        "File: inventory.py\n```python\n"
+        + source_file()
+        + "```\n\nThe same file after changing RESTOCK_THRESHOLD from 5 to 8:\n\nFile: inventory.py\n```python\n"
+    ),
+    "rag-quote": (
+        f"Passage:\n{PASSAGE}\n\nQuestion: Who replaced the oil lamp, when, and what else did he add? "
+        'Answer by quoting the passage word for word.\n\nQuote: "'
+    ),
     "free": "The history of the bicycle begins in the early nineteenth century, when",
     # Beyond the issue's three: ordinary text where drafts should not pay (Gemma 3 270M's greedy
     # prose falls into a loop within ~60 tokens, which n-gram drafts then copy): sampled at
@@ -97,12 +135,18 @@ def split(workload) -> tuple[str, float]:
 
 # --- localrun ---------------------------------------------------------------------------------
 
+
 def load_session(model: Path, threads: int, mode: str, n_slots: int = 1):
     from localrun.runtimes.llamacpp.session import LlamaCppRuntime
     from localrun.types import Format, ModelRecord, Plan
 
-    plan = Plan(runtime="llama.cpp", n_ctx=SLOT_CTX * n_slots, n_threads=threads, n_batch=512,
-                options={"n_slots": n_slots, "slot_ctx": SLOT_CTX, "speculative": mode, "prefix_cache": False})
+    plan = Plan(
+        runtime="llama.cpp",
+        n_ctx=SLOT_CTX * n_slots,
+        n_threads=threads,
+        n_batch=512,
+        options={"n_slots": n_slots, "slot_ctx": SLOT_CTX, "speculative": mode, "prefix_cache": False},
+    )
     return LlamaCppRuntime().load(ModelRecord(name="gemma", format=Format.GGUF, path=str(model)), plan)
 
 
@@ -110,8 +154,10 @@ def localrun_one(session, workload, max_tokens: int) -> dict:
     from localrun.types import Cancel, CompletionRequest, Sampling
 
     prompt, temperature = split(workload)
-    req = CompletionRequest(prompt=prompt, sampling=Sampling(temperature=temperature, max_tokens=max_tokens,
-                                                             seed=SEED if temperature else None))
+    req = CompletionRequest(
+        prompt=prompt,
+        sampling=Sampling(temperature=temperature, max_tokens=max_tokens, seed=SEED if temperature else None),
+    )
     first = last = None
     usage = None
     text = []
@@ -123,8 +169,14 @@ def localrun_one(session, workload, max_tokens: int) -> dict:
             text.append(chunk.text)
         usage = chunk.usage or usage
     n = usage.completion_tokens
-    return {"tokens": n, "rate": (n - 1) / (last - first) if last and last > first else 0.0, "text": "".join(text),
-            "drafted": usage.drafted_tokens, "accepted": usage.accepted_tokens, "end": last}
+    return {
+        "tokens": n,
+        "rate": (n - 1) / (last - first) if last and last > first else 0.0,
+        "text": "".join(text),
+        "drafted": usage.drafted_tokens,
+        "accepted": usage.accepted_tokens,
+        "end": last,
+    }
 
 
 def localrun_streams(model: Path, threads: int, mode: str, prompts: list[str], max_tokens: int) -> float:
@@ -133,8 +185,10 @@ def localrun_streams(model: Path, threads: int, mode: str, prompts: list[str], m
         localrun_one(session, "Hello", 4)  # warm: the first plain steps are measured
         out: list = [None] * len(prompts)
         start = time.perf_counter()
-        threads_ = [threading.Thread(target=lambda i=i: out.__setitem__(i, localrun_one(session, prompts[i], max_tokens)))
-                    for i in range(len(prompts))]
+        threads_ = [
+            threading.Thread(target=lambda i=i: out.__setitem__(i, localrun_one(session, prompts[i], max_tokens)))
+            for i in range(len(prompts))
+        ]
         for t in threads_:
             t.start()
         for t in threads_:
@@ -145,6 +199,7 @@ def localrun_streams(model: Path, threads: int, mode: str, prompts: list[str], m
 
 
 # --- native llama.cpp ----------------------------------------------------------------------------
+
 
 class Native:
     """Plain greedy decoding on the low-level API: the engine alone, on the same prompts."""
@@ -174,9 +229,9 @@ class Native:
         llama.llama_memory_clear(llama.llama_get_memory(ctx), True)
         data = prompt.encode()
         buf = (llama.llama_token * (len(data) + 8))()
-        toks = list(buf[:llama.llama_tokenize(self.vocab, data, len(data), buf, len(buf), True, True)])
+        toks = list(buf[: llama.llama_tokenize(self.vocab, data, len(data), buf, len(buf), True, True)])
         for s in range(0, len(toks), 512):
-            chunk = toks[s:s + 512]
+            chunk = toks[s : s + 512]
             fill_batch(batch, chunk, range(s, s + len(chunk)), 0, False)
             batch.logits[len(chunk) - 1] = True
             llama.llama_decode(ctx, batch)
@@ -201,8 +256,12 @@ class Native:
 
 
 def llama_bench_tg(binary: str, model: Path, threads: int) -> float | None:
-    out = subprocess.run([binary, "-m", str(model), "-t", str(threads), "-p", "0", "-n", "128", "-r", "2", "-o", "json"],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [binary, "-m", str(model), "-t", str(threads), "-p", "0", "-n", "128", "-r", "2", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     rows = json.loads(out.stdout or "[]")
     return float(rows[0]["avg_ts"]) if rows else None
 
@@ -214,8 +273,21 @@ class LlamaServer:
     def __init__(self, binary: str, model: Path, threads: int, spec: str | None) -> None:
         self.spec = spec
         port = free_port()
-        args = [binary, "-m", str(model), "--port", str(port), "-c", str(SLOT_CTX), "-np", "1", "-t", str(threads),
-                "-tb", str(threads)] + (["--spec-type", *spec.split()] if spec else [])
+        args = [
+            binary,
+            "-m",
+            str(model),
+            "--port",
+            str(port),
+            "-c",
+            str(SLOT_CTX),
+            "-np",
+            "1",
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+        ] + (["--spec-type", *spec.split()] if spec else [])
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{port}"
         wait_ready(self.proc, f"{self.url}/health")
@@ -224,17 +296,31 @@ class LlamaServer:
         import httpx
 
         prompt, temperature = split(workload)
-        r = httpx.post(f"{self.url}/completion", json={"prompt": prompt, "n_predict": max_tokens, "temperature": temperature,
-                                                       "seed": SEED, "cache_prompt": False}, timeout=600).json()
+        r = httpx.post(
+            f"{self.url}/completion",
+            json={
+                "prompt": prompt,
+                "n_predict": max_tokens,
+                "temperature": temperature,
+                "seed": SEED,
+                "cache_prompt": False,
+            },
+            timeout=600,
+        ).json()
         t = r.get("timings", {})
-        return {"rate": float(t.get("predicted_per_second") or 0), "drafted": t.get("draft_n", 0),
-                "accepted": t.get("draft_n_accepted", 0), "text": r.get("content", "")}
+        return {
+            "rate": float(t.get("predicted_per_second") or 0),
+            "drafted": t.get("draft_n", 0),
+            "accepted": t.get("draft_n_accepted", 0),
+            "text": r.get("content", ""),
+        }
 
     def close(self) -> None:
         stop(self.proc)
 
 
 # --- one process per contender ----------------------------------------------------------------------
+
 
 class Isolated:
     """A contender in its own process, as a model runs in its own worker: llama.cpp's OpenMP
@@ -247,7 +333,9 @@ class Isolated:
 
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve_contender, args=(child, kind, str(model), threads, max_tokens), daemon=True)
+        self._proc = ctx.Process(
+            target=_serve_contender, args=(child, kind, str(model), threads, max_tokens), daemon=True
+        )
         self._proc.start()
         child.close()
         self._ask("ready")
@@ -301,34 +389,40 @@ def _serve_contender(conn, kind: str, model: str, threads: int, max_tokens: int)
 
 # --- the run ---------------------------------------------------------------------------------------
 
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the median of each is kept)")
-    ap.add_argument("--spec-types", default=";".join(SERVER_SPECS),
-                    help="llama-server --spec-type values to try, each optionally with its flags (';'-separated)")
+    ap.add_argument(
+        "--spec-types",
+        default=";".join(SERVER_SPECS),
+        help="llama-server --spec-type values to try, each optionally with its flags (';'-separated)",
+    )
     args = ap.parse_args()
     model, t, n = gemma_path(), args.threads, args.max_tokens
     print(f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs")
     contenders = {kind: Isolated(kind, model, t, n) for kind in ("off", "auto", "native")}
     servers: list[LlamaServer] = []
     binary = os.environ.get("LLAMA_SERVER_BIN")
-    for spec in ([None, *[s.strip() for s in args.spec_types.split(";") if s.strip()]] if binary else []):
+    for spec in [None, *[s.strip() for s in args.spec_types.split(";") if s.strip()]] if binary else []:
         try:
             servers.append(LlamaServer(binary, model, t, spec))
         except Exception as exc:  # noqa: BLE001 - an anchor that cannot run is reported, not fatal
             print(f"llama-server --spec-type {spec}: failed ({exc})")
     runs: dict[str, dict[str, list[dict]]] = {w: {} for w in WORKLOADS}
     try:
-        calls = {**{kind: c.one for kind, c in contenders.items()},
-                 **{f"ls:{srv.spec or 'none'}": (lambda p, srv=srv: srv.one(p, n)) for srv in servers}}
+        calls = {
+            **{kind: c.one for kind, c in contenders.items()},
+            **{f"ls:{srv.spec or 'none'}": (lambda p, srv=srv: srv.one(p, n)) for srv in servers},
+        }
         names = list(calls)
         # Every contender once per workload per round, in a rotating order: the machine is
         # shared and its speed drifts by 15 % from minute to minute, so no one gets the quiet minute.
         for r in range(args.rounds):
             for name, prompt in WORKLOADS.items():
-                order = names[r % len(names):] + names[:r % len(names)]
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for who in order:
                     runs[name].setdefault(who, []).append(calls[who](prompt))
     finally:
@@ -360,32 +454,47 @@ def report(results: dict, tg: float | None, agg: dict) -> None:
     targets = {"agent-edit": 2.0, "rag-quote": 1.5, "free": 0.97, "free-sampled": 0.97}
     servers = [k for k in next(iter(results.values())) if k.startswith("ls:")]
     print("\nmedian decode tok/s of the rounds; ls: = llama-server --spec-type ...")
-    print(f"{'workload':<11} {'off':>7} {'auto':>7} {'native':>7} " + " ".join(f"{k[:14]:>14}" for k in servers)
-          + "   auto/off  target  accepted/drafted  same")
+    print(
+        f"{'workload':<11} {'off':>7} {'auto':>7} {'native':>7} "
+        + " ".join(f"{k[:14]:>14}" for k in servers)
+        + "   auto/off  target  accepted/drafted  same"
+    )
     for name, r in results.items():
         off, auto = r["off"], r["auto"]
         ratio = auto["rate"] / off["rate"] if off["rate"] else 0.0
-        acc = f"{auto['accepted']}/{auto['drafted']}" + (f" ({100 * auto['accepted'] / auto['drafted']:.0f} %)" if auto["drafted"] else "")
-        print(f"{name:<11} {off['rate']:>7.1f} {auto['rate']:>7.1f} {r['native']['rate']:>7.1f} "
-              + " ".join(f"{r[k]['rate']:>14.1f}" for k in servers)
-              + f"   {ratio:>7.2f}x  {targets[name]:>5}x  {acc:>16}  {r['same_text']}")
+        acc = f"{auto['accepted']}/{auto['drafted']}" + (
+            f" ({100 * auto['accepted'] / auto['drafted']:.0f} %)" if auto["drafted"] else ""
+        )
+        print(
+            f"{name:<11} {off['rate']:>7.1f} {auto['rate']:>7.1f} {r['native']['rate']:>7.1f} "
+            + " ".join(f"{r[k]['rate']:>14.1f}" for k in servers)
+            + f"   {ratio:>7.2f}x  {targets[name]:>5}x  {acc:>16}  {r['same_text']}"
+        )
     for name, r in results.items():
-        print(f"  {name}: rates per round " + "; ".join(f"{k} {v['rates']}" for k, v in r.items() if isinstance(v, dict)))
+        print(
+            f"  {name}: rates per round " + "; ".join(f"{k} {v['rates']}" for k, v in r.items() if isinstance(v, dict))
+        )
     spec = [k for k in servers if k != "ls:none"]
     for name, r in results.items():
         if "ls:none" in r:
             print(f"{name}: localrun off / llama-server plain = {r['off']['rate'] / r['ls:none']['rate']:.2f}x")
         if spec:
             best = max(spec, key=lambda k: r[k]["rate"])
-            print(f"{name}: auto / llama-server's best n-gram speculation ({best[3:]}) = "
-                  f"{r['auto']['rate'] / r[best]['rate']:.2f}x" + (" (target 1.5x)" if name == "agent-edit" else ""))
+            print(
+                f"{name}: auto / llama-server's best n-gram speculation ({best[3:]}) = "
+                f"{r['auto']['rate'] / r[best]['rate']:.2f}x" + (" (target 1.5x)" if name == "agent-edit" else "")
+            )
     for k in spec:
-        print(f"  llama-server --spec-type {k[3:]}: " + ", ".join(
-            f"{w} {r[k]['accepted']}/{r[k]['drafted']} accepted" for w, r in results.items()))
+        print(
+            f"  llama-server --spec-type {k[3:]}: "
+            + ", ".join(f"{w} {r[k]['accepted']}/{r[k]['drafted']} accepted" for w, r in results.items())
+        )
     if tg:
         print(f"llama-bench tg128: {tg:.1f} tok/s (no prompt context)")
-    print(f"4 streams (a, b, c, a): off {agg['off']:.1f} tok/s, auto {agg['auto']:.1f} tok/s "
-          f"= {agg['auto'] / agg['off']:.2f}x (target >= 1.0x)")
+    print(
+        f"4 streams (a, b, c, a): off {agg['off']:.1f} tok/s, auto {agg['auto']:.1f} tok/s "
+        f"= {agg['auto'] / agg['off']:.2f}x (target >= 1.0x)"
+    )
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ def localrun_round(mode: str, model: str, threads: int, max_tokens: int) -> dict
     rates, drafted, accepted = [], 0, 0
     try:
         for text in ["Say hello.", *prompts()]:  # the first warms the context up and is not counted
-            req = ChatRequest(messages=(Message("user", text),), sampling=Sampling(temperature=0.0, max_tokens=max_tokens))
+            req = ChatRequest(
+                messages=(Message("user", text),), sampling=Sampling(temperature=0.0, max_tokens=max_tokens)
+            )
             first = last = usage = None
             for chunk in session.chat(req, Cancel()):
                 if chunk.text:
@@ -77,8 +79,21 @@ def localrun_round(mode: str, model: str, threads: int, max_tokens: int) -> dict
 class LlamaServer:
     def __init__(self, binary: str, model: Path, threads: int, spec: str | None) -> None:
         self.spec, port = spec, free_port()
-        args = [binary, "-m", str(model), "--port", str(port), "-c", "2048", "-np", "1", "-t", str(threads),
-                "-tb", str(threads)] + (["--spec-type", spec] if spec else [])
+        args = [
+            binary,
+            "-m",
+            str(model),
+            "--port",
+            str(port),
+            "-c",
+            "2048",
+            "-np",
+            "1",
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+        ] + (["--spec-type", spec] if spec else [])
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{port}"
         wait_ready(self.proc, f"{self.url}/health")
@@ -88,8 +103,14 @@ class LlamaServer:
 
         rates, drafted, accepted = [], 0, 0
         for text in prompts():
-            body = {"prompt": f"User: {text}\nAssistant:", "n_predict": max_tokens, "temperature": 0, "stop": STOPS,
-                    "cache_prompt": False, "stream": True}
+            body = {
+                "prompt": f"User: {text}\nAssistant:",
+                "n_predict": max_tokens,
+                "temperature": 0,
+                "stop": STOPS,
+                "cache_prompt": False,
+                "stream": True,
+            }
             first = last = None
             t: dict = {}
             # Timed as localrun's are: tokens after the first ÷ time from the first to the last
@@ -123,21 +144,26 @@ def main() -> None:
     model = gemma_path()
     binary = os.environ.get("LLAMA_SERVER_BIN")
     skipped = "" if binary else "; llama-server skipped (LLAMA_SERVER_BIN unset)"
-    print(f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs; Gemma 3 270M, {len(WORDS)} chat "
-          f"answers of up to {args.max_tokens} tokens, greedy{skipped}")
+    print(
+        f"load before: {os.getloadavg()[0]:.2f} (1-min), {os.cpu_count()} CPUs; Gemma 3 270M, {len(WORDS)} chat "
+        f"answers of up to {args.max_tokens} tokens, greedy{skipped}"
+    )
     spawn = multiprocessing.get_context("spawn")
     for threads in (int(t) for t in args.threads.split(",")):
         servers = [LlamaServer(binary, model, threads, spec) for spec in (None, "ngram-simple")] if binary else []
         runs: dict[str, list[dict]] = {"off": [], "auto": [], **{f"ls:{s.spec or 'none'}": [] for s in servers}}
         try:
             for i in range(args.processes):
-                for mode in (("off", "auto") if i % 2 == 0 else ("auto", "off")):
+                for mode in ("off", "auto") if i % 2 == 0 else ("auto", "off"):
                     with spawn.Pool(1) as pool:
                         runs[mode].append(pool.apply(localrun_round, (mode, str(model), threads, args.max_tokens)))
                 for srv in servers:
                     runs[f"ls:{srv.spec or 'none'}"].append(srv.round(args.max_tokens))
-                print(f"  {threads} thread(s), round {i + 1}: " + ", ".join(f"{k} {v[-1]['rate']:.1f}" for k, v in runs.items()),
-                      flush=True)
+                print(
+                    f"  {threads} thread(s), round {i + 1}: "
+                    + ", ".join(f"{k} {v[-1]['rate']:.1f}" for k, v in runs.items()),
+                    flush=True,
+                )
         finally:
             for srv in servers:
                 srv.close()
@@ -148,8 +174,10 @@ def main() -> None:
             d, a = sum(r["drafted"] for r in rs), sum(r["accepted"] for r in rs)
             print(f"{'':13}{who:<16} {med[who]:>7.1f}  {a}/{d}" + (f" ({a / d:.0%})" if d else ""))
         pairs = [a["rate"] / o["rate"] for a, o in zip(runs["auto"], runs["off"])]
-        print(f"{'':13}auto ÷ off {med['auto'] / med['off']:.2f} (per round {', '.join(f'{r:.2f}' for r in pairs)}; "
-              f"target ≥ 0.97)\n")
+        print(
+            f"{'':13}auto ÷ off {med['auto'] / med['off']:.2f} (per round {', '.join(f'{r:.2f}' for r in pairs)}; "
+            f"target ≥ 0.97)\n"
+        )
     print(f"load after: {os.getloadavg()[0]:.2f}")
 
 

@@ -51,8 +51,9 @@ class Terminal:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=ROOT, start_new_session=True
+        )
         os.close(slave)
         self._chunks: list[tuple[float, bytes]] = []
         self._lock = threading.Lock()
@@ -83,7 +84,7 @@ class Terminal:
                 chunks = [(t, d) for t, d in self._chunks if t >= after]
             seen = b""
             for t, d in chunks:
-                seen = (seen + d)[-(len(needle) + 65536):]
+                seen = (seen + d)[-(len(needle) + 65536) :]
                 if needle in seen:
                     return t
             time.sleep(0.002)
@@ -108,11 +109,21 @@ def prepare_home() -> tuple[str, dict[str, str]]:
     """A throwaway LOCALRUN_HOME with the tiny GGUF imported; the env a child needs."""
     home = tempfile.mkdtemp(prefix="lr-bench-")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCALRUN_", "HF_"))}
-    env.update(LOCALRUN_HOME=home, LOCALRUN_RUNTIME__FORCE="fake", HF_HOME=f"{home}/hf", HF_HUB_OFFLINE="1",
-               TERM="xterm-256color", COLORTERM="truecolor", PYTHONPATH=str(ROOT), OLLAMA_HOST="http://127.0.0.1:9")
-    code = ("from pathlib import Path; from tests.factories import write_tiny_llama_gguf as w;"
-            "from localrun.settings import load_settings; from localrun.modelstore.store import ModelStore;"
-            f"ModelStore(load_settings()).import_path(w(Path({home!r}) / 'tiny.gguf'), name='tiny')")
+    env.update(
+        LOCALRUN_HOME=home,
+        LOCALRUN_RUNTIME__FORCE="fake",
+        HF_HOME=f"{home}/hf",
+        HF_HUB_OFFLINE="1",
+        TERM="xterm-256color",
+        COLORTERM="truecolor",
+        PYTHONPATH=str(ROOT),
+        OLLAMA_HOST="http://127.0.0.1:9",
+    )
+    code = (
+        "from pathlib import Path; from tests.factories import write_tiny_llama_gguf as w;"
+        "from localrun.settings import load_settings; from localrun.modelstore.store import ModelStore;"
+        f"ModelStore(load_settings()).import_path(w(Path({home!r}) / 'tiny.gguf'), name='tiny')"
+    )
     subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, check=True)
     return home, env
 
@@ -192,13 +203,17 @@ def main() -> None:
     _home, env = prepare_home()
     frames, rows = bench_first_paint(env, args.runs)
     med = statistics.median(frames)
-    print(f"first paint (tab row)     median {med * 1000:6.0f} ms  min {min(frames) * 1000:6.0f}  max {max(frames) * 1000:6.0f}"
-          f"  target ≤ {PAINT_TARGET_S * 1000:.0f} ms  {'OK' if med <= PAINT_TARGET_S else 'SLOW'}")
+    print(
+        f"first paint (tab row)     median {med * 1000:6.0f} ms  min {min(frames) * 1000:6.0f}  max {max(frames) * 1000:6.0f}"
+        f"  target ≤ {PAINT_TARGET_S * 1000:.0f} ms  {'OK' if med <= PAINT_TARGET_S else 'SLOW'}"
+    )
     print(f"first row of data         median {statistics.median(rows) * 1000:6.0f} ms  (library with plans)")
     lat = bench_keys(env, args.keys)
     p50, p95 = statistics.median(lat), sorted(lat)[max(0, int(len(lat) * 0.95) - 1)]
-    print(f"keystroke → repaint       median {p50 * 1000:6.1f} ms  p95 {p95 * 1000:6.1f}  max {max(lat) * 1000:6.1f}"
-          f"  (while streaming ~200 tok/s)  target ≤ {KEY_TARGET_S * 1000:.0f} ms  {'OK' if p95 <= KEY_TARGET_S else 'SLOW'}")
+    print(
+        f"keystroke → repaint       median {p50 * 1000:6.1f} ms  p95 {p95 * 1000:6.1f}  max {max(lat) * 1000:6.1f}"
+        f"  (while streaming ~200 tok/s)  target ≤ {KEY_TARGET_S * 1000:.0f} ms  {'OK' if p95 <= KEY_TARGET_S else 'SLOW'}"
+    )
 
 
 if __name__ == "__main__":

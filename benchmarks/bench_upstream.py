@@ -40,28 +40,48 @@ N_CTX = 4096
 WORDS = "river stone lamp orchard violin harbor meadow lantern copper thistle glacier ember canyon willow".split()
 
 
-def start_server(home: Path, *, threads: int, config: str = "", model: Path | None = None,
-                 fake_delay_s: float | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(
+    home: Path, *, threads: int, config: str = "", model: Path | None = None, fake_delay_s: float | None = None
+) -> tuple[subprocess.Popen, str]:
     """A ``localrun serve`` under ``home``: an upstream (``model`` imported as "gemma") or a front (``config``).
 
     ``fake_delay_s``: the upstream runs the fake runtime (a token every that many seconds, no
     compute), which shows what the front itself costs when it does not compete for the CPU.
     """
     home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, LOCALRUN_HOME=str(home), LOCALRUN_RUNTIME__THREADS=str(threads),
-               LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX), LOCALRUN_SERVER__QUEUE_SIZE="64", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        LOCALRUN_HOME=str(home),
+        LOCALRUN_RUNTIME__THREADS=str(threads),
+        LOCALRUN_RUNTIME__CONTEXT_LENGTH=str(N_CTX),
+        LOCALRUN_SERVER__QUEUE_SIZE="64",
+        PYTHONPATH=str(ROOT),
+    )
     env.pop("LOCALRUN_RUNTIME__FORCE", None)
     if config:
         (home / "config.toml").write_text(config)
     if model is not None:
-        subprocess.run([sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"], env=env, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "localrun", "import", str(model), "--name", "gemma"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
     port = free_port()
     cmd = [sys.executable, "-m", "localrun", "serve", "--no-default-model", "--port", str(port)]
     if fake_delay_s is not None:
         env["LOCALRUN_RUNTIME__FORCE"] = "fake"
-        cmd = [sys.executable, "-m", "tests.support.launch", "--port", str(port), "--fake-delay", str(fake_delay_s),
-               "--log-level", "WARNING"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.support.launch",
+            "--port",
+            str(port),
+            "--fake-delay",
+            str(fake_delay_s),
+            "--log-level",
+            "WARNING",
+        ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/health")
@@ -79,8 +99,9 @@ def stream(client: httpx.Client, url: str, body: dict) -> dict:
     first = last = None
     chunks = 0
     usage: dict = {}
-    with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True,
-                                                                   "stream_options": {"include_usage": True}}) as r:
+    with client.stream(
+        "POST", f"{url}/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -99,8 +120,13 @@ def stream(client: httpx.Client, url: str, body: dict) -> dict:
 
 
 def chat(prompt: str, max_tokens: int) -> dict:
-    return {"model": "gemma", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
-            "seed": 1}
+    return {
+        "model": "gemma",
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 1,
+    }
 
 
 def overhead(direct: str, front: str, *, level: int, runs: int, max_tokens: int) -> dict:
@@ -108,30 +134,48 @@ def overhead(direct: str, front: str, *, level: int, runs: int, max_tokens: int)
     samples: dict[str, list[dict]] = {"direct": [], "via": []}
     with httpx.Client(timeout=600, limits=httpx.Limits(max_connections=64)) as client:
         for run in range(runs):
-            prompts = [f"Write one sentence about the {WORDS[(run * level + k) % len(WORDS)]} (#{run}-{k})." for k in range(level)]
+            prompts = [
+                f"Write one sentence about the {WORDS[(run * level + k) % len(WORDS)]} (#{run}-{k})."
+                for k in range(level)
+            ]
             order = [("direct", direct), ("via", front)] if run % 2 == 0 else [("via", front), ("direct", direct)]
             for tag, url in order:
                 results: list[dict] = []
-                threads = [threading.Thread(target=lambda p=p: results.append(stream(client, url, chat(p, max_tokens))))
-                           for p in prompts]
+                threads = [
+                    threading.Thread(target=lambda p=p: results.append(stream(client, url, chat(p, max_tokens))))
+                    for p in prompts
+                ]
                 for t in threads:
                     t.start()
                 for t in threads:
                     t.join()
                 samples[tag].extend(results)
-    med = {tag: (statistics.median(s["ttft"] for s in rs), statistics.median(s["rate"] for s in rs if s["rate"]))
-           for tag, rs in samples.items()}
-    return {"level": level, "ttft_direct_ms": med["direct"][0] * 1000, "ttft_via_ms": med["via"][0] * 1000,
-            "overhead_ms": (med["via"][0] - med["direct"][0]) * 1000, "decode_ratio": med["via"][1] / med["direct"][1],
-            "rate_direct": med["direct"][1], "rate_via": med["via"][1], "n": len(samples["via"])}
+    med = {
+        tag: (statistics.median(s["ttft"] for s in rs), statistics.median(s["rate"] for s in rs if s["rate"]))
+        for tag, rs in samples.items()
+    }
+    return {
+        "level": level,
+        "ttft_direct_ms": med["direct"][0] * 1000,
+        "ttft_via_ms": med["via"][0] * 1000,
+        "overhead_ms": (med["via"][0] - med["direct"][0]) * 1000,
+        "decode_ratio": med["via"][1] / med["direct"][1],
+        "rate_direct": med["direct"][1],
+        "rate_via": med["via"][1],
+        "n": len(samples["via"]),
+    }
 
 
 def overhead_table(direct: str, front: str, args) -> None:
-    print(f"{'streams':>7} {'TTFT direct':>12} {'TTFT via':>10} {'overhead':>9} {'tok/s direct':>13} {'tok/s via':>10} {'ratio':>6}")
+    print(
+        f"{'streams':>7} {'TTFT direct':>12} {'TTFT via':>10} {'overhead':>9} {'tok/s direct':>13} {'tok/s via':>10} {'ratio':>6}"
+    )
     for level in (1, 8):
         r = overhead(direct, front, level=level, runs=args.runs, max_tokens=args.max_tokens)
-        print(f"{level:>7} {r['ttft_direct_ms']:>10.1f}ms {r['ttft_via_ms']:>8.1f}ms {r['overhead_ms']:>+7.1f}ms "
-              f"{r['rate_direct']:>13.1f} {r['rate_via']:>10.1f} {r['decode_ratio']:>6.3f}")
+        print(
+            f"{level:>7} {r['ttft_direct_ms']:>10.1f}ms {r['ttft_via_ms']:>8.1f}ms {r['overhead_ms']:>+7.1f}ms "
+            f"{r['rate_direct']:>13.1f} {r['rate_via']:>10.1f} {r['decode_ratio']:>6.3f}"
+        )
 
 
 def conversation(front: str, *, seed: int, turns: int = 10) -> tuple[int, int]:
@@ -159,7 +203,9 @@ def main() -> None:
     ap.add_argument("--skip-affinity", action="store_true")
     args = ap.parse_args()
     model = gemma_path()
-    print(f"load {os.getloadavg()[0]:.2f} · model {model.name} · n_ctx {N_CTX} · greedy · {args.threads} thread(s) per upstream")
+    print(
+        f"load {os.getloadavg()[0]:.2f} · model {model.name} · n_ctx {N_CTX} · greedy · {args.threads} thread(s) per upstream"
+    )
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp:
         try:
@@ -173,7 +219,9 @@ def main() -> None:
             overhead_table(url0, front_url, args)
             fake, fake_url = start_server(Path(tmp) / "fake", threads=1, model=model, fake_delay_s=0.01)
             procs.append(fake)
-            ffront, ffront_url = start_server(Path(tmp) / "ffront", threads=1, config=front_config([fake_url], "least-loaded"))
+            ffront, ffront_url = start_server(
+                Path(tmp) / "ffront", threads=1, config=front_config([fake_url], "least-loaded")
+            )
             procs.append(ffront)
             stream(httpx.Client(timeout=600), ffront_url, chat("warm up", 8))
             print("\nthe same, upstream on the fake runtime (a token per 10 ms, no compute: the front's own cost)")
@@ -185,7 +233,9 @@ def main() -> None:
             stream(httpx.Client(timeout=600), url1, chat("warm up", 8))
             print("\nprefix affinity: 10 turns behind a ~2,000-token system prompt, two upstreams")
             for i, routing in enumerate(("least-loaded", "prefix-affinity")):
-                fp, furl = start_server(Path(tmp) / f"front-{routing}", threads=1, config=front_config([url0, url1], routing))
+                fp, furl = start_server(
+                    Path(tmp) / f"front-{routing}", threads=1, config=front_config([url0, url1], routing)
+                )
                 procs.append(fp)
                 cached, total = conversation(furl, seed=100 + i)
                 print(f"{routing:>16}: cached prompt tokens {cached:,} of {total:,} ({cached / max(total, 1):.0%})")

@@ -68,9 +68,28 @@ def start_llama_cpp_python_server(model: Path, threads: int, n_ctx: int) -> tupl
         return None
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", "gemma", "--port", str(port),
-         "--n_ctx", str(n_ctx), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-         "--interrupt_requests", "false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(model),
+            "--model_alias",
+            "gemma",
+            "--port",
+            str(port),
+            "--n_ctx",
+            str(n_ctx),
+            "--n_threads",
+            str(threads),
+            "--n_threads_batch",
+            str(threads),
+            "--interrupt_requests",
+            "false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     wait_ready(proc, f"{url}/v1/models")
     return proc, url

@@ -50,7 +50,7 @@ class LocalrunError(Exception):
         return {"kind": type(self).__name__, "message": self.message, "hint": self.hint, "param": self.param}
 
     @staticmethod
-    def from_dict(data: dict) -> "LocalrunError":
+    def from_dict(data: dict) -> LocalrunError:
         cls = ERRORS_BY_NAME.get(data.get("kind", ""), LocalrunError)
         return cls(data.get("message", "unknown error"), hint=data.get("hint"), param=data.get("param"))
 
@@ -157,6 +157,5 @@ class AccessDenied(LocalrunError):
 
 
 ERRORS_BY_NAME: dict[str, type[LocalrunError]] = {
-    cls.__name__: cls
-    for cls in [LocalrunError, *LocalrunError.__subclasses__()]
+    cls.__name__: cls for cls in [LocalrunError, *LocalrunError.__subclasses__()]
 }

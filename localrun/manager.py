@@ -90,8 +90,15 @@ def source_label(record: ModelRecord) -> str:
 
 
 class ModelManager:
-    def __init__(self, settings: Settings, store, *, planner: Planner | None = None, events: Callable[[dict], None] | None = None,
-                 upstreams=None):
+    def __init__(
+        self,
+        settings: Settings,
+        store,
+        *,
+        planner: Planner | None = None,
+        events: Callable[[dict], None] | None = None,
+        upstreams=None,
+    ):
         self.settings = settings
         self.store = store
         #: The upstream pool (localrun.upstreams.pool), built from settings.upstreams unless one is passed in.
@@ -128,10 +135,10 @@ class ModelManager:
                 log.exception("event listener failed")
 
     def _start_handle(self, record: ModelRecord, plan: Plan):
+        import dataclasses
+
         from localrun.runtimes import get_runtime
         from localrun.worker.host import InProcessHandle, WorkerHandle
-
-        import dataclasses
 
         runtime = get_runtime(plan.runtime)
         if "log_dir" not in plan.options:
@@ -256,8 +263,15 @@ class ModelManager:
             lm = self._remote_loaded.get(name)
             if lm is None or lm.record is not entry.record:
                 handle = InProcessHandle(entry.record, entry.plan, entry.session)
-                lm = LoadedModel(entry.name, entry.record, entry.plan, handle, keep_alive_s=-1.0, pinned=True,
-                                 queue_limit=entry.queue_limit)
+                lm = LoadedModel(
+                    entry.name,
+                    entry.record,
+                    entry.plan,
+                    handle,
+                    keep_alive_s=-1.0,
+                    pinned=True,
+                    queue_limit=entry.queue_limit,
+                )
                 self._remote_loaded[name] = lm
             lm.last_used = time.monotonic()
             return lm
@@ -281,8 +295,16 @@ class ModelManager:
                 if st.healthy:
                     self.upstreams.refresh_models(st)
         for item in listed_models(self.upstreams, (r.name for r in local)):
-            out.append(CatalogEntry(item.name, item.record, source_label(item.record), item.health,
-                                    tuple(item.route.upstreams), item.route.model))
+            out.append(
+                CatalogEntry(
+                    item.name,
+                    item.record,
+                    source_label(item.record),
+                    item.health,
+                    tuple(item.route.upstreams),
+                    item.route.model,
+                )
+            )
         return out
 
     def upstream_status(self) -> list[dict[str, Any]]:
@@ -319,7 +341,14 @@ class ModelManager:
             lm.active -= 1
             lm.last_used = time.monotonic()
 
-    def stream(self, name: str, req: ChatRequest | CompletionRequest, cancel: Cancel | None = None, *, keep_alive_s: float | None = None) -> Iterator[Chunk]:
+    def stream(
+        self,
+        name: str,
+        req: ChatRequest | CompletionRequest,
+        cancel: Cancel | None = None,
+        *,
+        keep_alive_s: float | None = None,
+    ) -> Iterator[Chunk]:
         """Blocking chunk stream for the CLI and the TUI's workers."""
         from localrun.worker.host import iter_chunks
 
@@ -330,7 +359,9 @@ class ModelManager:
         finally:
             self._release(lm)
 
-    async def aopen(self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None) -> "OpenStream":
+    async def aopen(
+        self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None
+    ) -> OpenStream:
         """Load and admit before any byte is sent, so load errors and 503s become proper HTTP errors.
 
         The returned stream must be iterated or ``aclose``d; either way its slot is released once.

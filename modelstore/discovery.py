@@ -64,7 +64,10 @@ def _small_json(path: Path) -> object | None:
 
 # --- Hugging Face cache ------------------------------------------------------------------
 
-def discover_hf_cache(cache_dir: str | os.PathLike[str] | None = None, *, read_metadata: bool = True) -> list[ModelRecord]:
+
+def discover_hf_cache(
+    cache_dir: str | os.PathLike[str] | None = None, *, read_metadata: bool = True
+) -> list[ModelRecord]:
     """One record per GGUF model file (split sets count once) and per MLX/MLC snapshot."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
@@ -101,25 +104,41 @@ def _hf_records(repo_id: str, rev, files: dict, read_metadata: bool) -> list[Mod
             logger.info("HF cache: skipping %s: %s", ref, exc)
             continue
         if sel.code_files or sel.native_files:
-            logger.info("HF cache: skipping %s: it ships code (%s)", repo_id, ", ".join(sel.code_files + sel.native_files))
+            logger.info(
+                "HF cache: skipping %s: it ships code (%s)", repo_id, ", ".join(sel.code_files + sel.native_files)
+            )
             continue
         entries = []
         for p in sel.files:
             f = files[p]
             blob = f.blob_path.name
-            entries.append(FileEntry(str(f.file_path), f.size_on_disk, blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None))
+            entries.append(
+                FileEntry(str(f.file_path), f.size_on_disk, blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None)
+            )
         path = files[sel.primary].file_path if sel.primary else rev.snapshot_path
         meta = _gguf_meta(path, read_metadata) if sel.format is Format.GGUF else {}
         if meta is None:
             continue
         meta["quant"] = sel.quant or meta.get("quant")
-        out.append(ModelRecord(name=model_name_for(repo_id, sel), format=sel.format, path=str(path), files=tuple(entries),
-                               source=Source.HF_CACHE, owned=False, repo=repo_id, revision=rev.commit_hash, metadata=meta,
-                               added_at=rev.last_modified))
+        out.append(
+            ModelRecord(
+                name=model_name_for(repo_id, sel),
+                format=sel.format,
+                path=str(path),
+                files=tuple(entries),
+                source=Source.HF_CACHE,
+                owned=False,
+                repo=repo_id,
+                revision=rev.commit_hash,
+                metadata=meta,
+                added_at=rev.last_modified,
+            )
+        )
     return out
 
 
 # --- Ollama -------------------------------------------------------------------------------
+
 
 def ollama_models_dir() -> Path:
     env = os.environ.get("OLLAMA_MODELS")
@@ -178,13 +197,27 @@ def _ollama_record(manifest: Path, parts: tuple[str, str, str, str], root: Path,
                 meta["family"] = cfg.get("model_family") if isinstance(cfg.get("model_family"), str) else None
         except InvalidName as exc:
             logger.info("%s", exc)
-    projectors = [layer for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_PROJECTOR_MEDIA]
+    projectors = [
+        layer for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_PROJECTOR_MEDIA
+    ]
     if len(projectors) == 1:
         meta["projector"] = str(_ollama_layer(projectors[0], root, where)[0])
     host, namespace, model, tag = parts
-    meta["ollama"] = {"name": f"{host}/{namespace}/{model}:{tag}", "manifest": str(manifest), "digest": f"sha256:{digest}"}
-    return ModelRecord(name=ollama_model_name(*parts), format=Format.GGUF, path=str(blob), files=(FileEntry(str(blob), size, digest),),
-                       source=Source.OLLAMA, owned=False, metadata=meta, added_at=manifest.stat().st_mtime)
+    meta["ollama"] = {
+        "name": f"{host}/{namespace}/{model}:{tag}",
+        "manifest": str(manifest),
+        "digest": f"sha256:{digest}",
+    }
+    return ModelRecord(
+        name=ollama_model_name(*parts),
+        format=Format.GGUF,
+        path=str(blob),
+        files=(FileEntry(str(blob), size, digest),),
+        source=Source.OLLAMA,
+        owned=False,
+        metadata=meta,
+        added_at=manifest.stat().st_mtime,
+    )
 
 
 def _subdirs(path: Path) -> list[Path]:
@@ -194,7 +227,9 @@ def _subdirs(path: Path) -> list[Path]:
         return []
 
 
-def discover_ollama(models_dir: str | os.PathLike[str] | None = None, *, read_metadata: bool = True) -> list[ModelRecord]:
+def discover_ollama(
+    models_dir: str | os.PathLike[str] | None = None, *, read_metadata: bool = True
+) -> list[ModelRecord]:
     root = Path(models_dir) if models_dir else ollama_models_dir()
     out = []
     for host in _subdirs(root / "manifests"):
@@ -208,13 +243,16 @@ def discover_ollama(models_dir: str | os.PathLike[str] | None = None, *, read_me
                     if tag.is_symlink() or not tag.is_file():
                         continue
                     try:
-                        out.append(_ollama_record(tag, (host.name, namespace.name, model.name, tag.name), root, read_metadata))
+                        out.append(
+                            _ollama_record(tag, (host.name, namespace.name, model.name, tag.name), root, read_metadata)
+                        )
                     except InvalidName as exc:
                         logger.info("Ollama: skipping %s: %s", tag, exc)
     return out
 
 
 # --- LM Studio ----------------------------------------------------------------------------
+
 
 def lmstudio_models_dir(home: str | os.PathLike[str] | None = None) -> Path:
     if home is None:
@@ -261,8 +299,18 @@ def discover_lmstudio(home: str | os.PathLike[str] | None = None, *, read_metada
                 meta["quant"] = sel.quant or meta.get("quant")
                 meta["lmstudio"] = {"publisher": publisher.name, "repo": repo.name}
                 files = tuple(FileEntry(str(repo / p), (repo / p).stat().st_size, None) for p in sel.files)
-                out.append(ModelRecord(name=name, format=sel.format, path=str(path), files=files, source=Source.LMSTUDIO,
-                                       owned=False, metadata=meta, added_at=path.stat().st_mtime))
+                out.append(
+                    ModelRecord(
+                        name=name,
+                        format=sel.format,
+                        path=str(path),
+                        files=files,
+                        source=Source.LMSTUDIO,
+                        owned=False,
+                        metadata=meta,
+                        added_at=path.stat().st_mtime,
+                    )
+                )
     return out
 
 
@@ -273,5 +321,8 @@ def discover_all(settings=None, *, read_metadata: bool = True) -> list[ModelReco
     come from the environment each tool itself reads (HF_HUB_CACHE/HF_HOME, OLLAMA_MODELS,
     LM Studio's home pointer), so localrun finds exactly what those tools use.
     """
-    return (discover_hf_cache(read_metadata=read_metadata) + discover_ollama(read_metadata=read_metadata)
-            + discover_lmstudio(read_metadata=read_metadata))
+    return (
+        discover_hf_cache(read_metadata=read_metadata)
+        + discover_ollama(read_metadata=read_metadata)
+        + discover_lmstudio(read_metadata=read_metadata)
+    )

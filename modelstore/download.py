@@ -25,14 +25,15 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from localrun.errors import AccessDenied, DownloadFailed, ModelNotFound
 from localrun.modelstore.gitids import git_blob_hasher
-from localrun.modelstore.hub import RemoteFile
 from localrun.modelstore.hfcache import CacheLayout
+from localrun.modelstore.hub import RemoteFile
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,9 @@ def _write(f: BinaryIO, data) -> None:
     f.write(data)
 
 
-def hash_file(path: Path, rf: RemoteFile, limit: int | None, progress: ProgressCallback | None) -> tuple[FileDigest, int]:
+def hash_file(
+    path: Path, rf: RemoteFile, limit: int | None, progress: ProgressCallback | None
+) -> tuple[FileDigest, int]:
     digest, done = FileDigest(rf), 0
     with open(path, "rb") as f:
         while limit is None or done < limit:
@@ -114,8 +117,10 @@ def hash_file(path: Path, rf: RemoteFile, limit: int | None, progress: ProgressC
 def check_disk_space(folder: Path, need: int, what: str) -> None:
     free = shutil.disk_usage(folder).free
     if need > free:
-        raise DownloadFailed(f"not enough disk space for {what}: need {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free in {folder}",
-                             hint="free some space, or point HF_HUB_CACHE at a larger disk")
+        raise DownloadFailed(
+            f"not enough disk space for {what}: need {need / 1e9:.2f} GB, {free / 1e9:.2f} GB free in {folder}",
+            hint="free some space, or point HF_HUB_CACHE at a larger disk",
+        )
 
 
 class _Transfer:
@@ -125,8 +130,20 @@ class _Transfer:
     so a resume after any failure continues from a consistent point.
     """
 
-    def __init__(self, client, url: str, headers: dict, rf: RemoteFile, partial: Path, repo: str,
-                 progress: ProgressCallback | None, chunk_size: int | None, retries: int, digest: FileDigest, offset: int) -> None:
+    def __init__(
+        self,
+        client,
+        url: str,
+        headers: dict,
+        rf: RemoteFile,
+        partial: Path,
+        repo: str,
+        progress: ProgressCallback | None,
+        chunk_size: int | None,
+        retries: int,
+        digest: FileDigest,
+        offset: int,
+    ) -> None:
         self.client, self.url, self.headers, self.rf, self.partial, self.repo = client, url, headers, rf, partial, repo
         self.progress, self.chunk_size, self.retries = progress, chunk_size, retries
         self.digest, self.offset, self.fetched = digest, offset, 0
@@ -154,19 +171,28 @@ class _Transfer:
             except (httpx.TransportError, _Retry) as exc:
                 attempt += 1
                 if attempt > self.retries:
-                    raise DownloadFailed(f"{self.where}: download broke off at {self.offset} of {self.rf.size} bytes: {exc}",
-                                         hint="run the pull again: it resumes from the bytes already on disk") from exc
-                logger.info("%s: %s at byte %d, retrying (%d/%d)", self.rf.path, exc, self.offset, attempt, self.retries)
+                    raise DownloadFailed(
+                        f"{self.where}: download broke off at {self.offset} of {self.rf.size} bytes: {exc}",
+                        hint="run the pull again: it resumes from the bytes already on disk",
+                    ) from exc
+                logger.info(
+                    "%s: %s at byte %d, retrying (%d/%d)", self.rf.path, exc, self.offset, attempt, self.retries
+                )
                 time.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
 
     def _accept(self, resp) -> bool:
         """Decide what a response means for the bytes we hold; False: nothing to read from it."""
         code = resp.status_code
         if code in (401, 403):
-            raise AccessDenied(f"{self.where}: the hub refused the download ({code})",
-                               hint="for a gated or private repo accept its terms on the hub, then run `hf auth login` or set HF_TOKEN")
+            raise AccessDenied(
+                f"{self.where}: the hub refused the download ({code})",
+                hint="for a gated or private repo accept its terms on the hub, then run `hf auth login` or set HF_TOKEN",
+            )
         if code == 404:
-            raise ModelNotFound(f"{self.where}: the file is not on the hub at this revision", hint="list the repo again; it may have changed")
+            raise ModelNotFound(
+                f"{self.where}: the file is not on the hub at this revision",
+                hint="list the repo again; it may have changed",
+            )
         if code == 429 or code >= 500:
             raise _Retry(f"the hub answered {code}")
         if code == 416 and self.offset:
@@ -177,7 +203,12 @@ class _Transfer:
             m = _CONTENT_RANGE_RE.match(resp.headers.get("Content-Range", ""))
             if m and int(m[1]) == self.offset and m[3] in ("*", str(self.rf.size)):
                 return True
-            logger.warning("%s: Content-Range %r does not continue byte %d; starting over", self.where, resp.headers.get("Content-Range"), self.offset)
+            logger.warning(
+                "%s: Content-Range %r does not continue byte %d; starting over",
+                self.where,
+                resp.headers.get("Content-Range"),
+                self.offset,
+            )
             self.restart()
             raise _Retry("inconsistent Content-Range")
         if code != 200:
@@ -198,8 +229,10 @@ class _Transfer:
                     for chunk in resp.iter_raw(self.chunk_size):
                         received += len(chunk)
                         if received > size:
-                            raise DownloadFailed(f"{self.where}: the server sent more than the {size} bytes the listing gives",
-                                                 hint="the mirror serves a different file; check HF_ENDPOINT")
+                            raise DownloadFailed(
+                                f"{self.where}: the server sent more than the {size} bytes the listing gives",
+                                hint="the mirror serves a different file; check HF_ENDPOINT",
+                            )
                         batch.append(chunk)
                         batched += len(chunk)
                         if batched >= _BATCH:
@@ -209,7 +242,11 @@ class _Transfer:
                         if self.progress and now - last_report >= 0.1:
                             last_report = now
                             speed = (received - began_at) / max(now - began, 1e-6)
-                            self.progress(Progress(self.rf.path, received, size, speed, (size - received) / speed if speed else None))
+                            self.progress(
+                                Progress(
+                                    self.rf.path, received, size, speed, (size - received) / speed if speed else None
+                                )
+                            )
                 finally:
                     sink.close(batch)  # bytes received before a failure are good: keep them
                 if self.offset == size:
@@ -217,9 +254,13 @@ class _Transfer:
                     os.fsync(f.fileno())
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DownloadFailed(f"disk full while writing {self.rf.path} ({self.offset} of {size} bytes kept)",
-                                     hint="free some space and pull again: it resumes where it stopped") from exc
-            raise DownloadFailed(f"cannot write {self.partial}: {exc}", hint="check the cache folder's permissions") from exc
+                raise DownloadFailed(
+                    f"disk full while writing {self.rf.path} ({self.offset} of {size} bytes kept)",
+                    hint="free some space and pull again: it resumes where it stopped",
+                ) from exc
+            raise DownloadFailed(
+                f"cannot write {self.partial}: {exc}", hint="check the cache folder's permissions"
+            ) from exc
 
 
 class _Sink:
@@ -295,8 +336,18 @@ class _Retry(Exception):
     """A transient answer (429, 5xx, a confused range): back off and ask again."""
 
 
-def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, client, headers: dict | None = None,
-               progress: ProgressCallback | None = None, chunk_size: int | None = None, retries: int = RETRIES) -> FetchResult:
+def fetch_file(
+    layout: CacheLayout,
+    commit: str,
+    rf: RemoteFile,
+    url: str,
+    *,
+    client,
+    headers: dict | None = None,
+    progress: ProgressCallback | None = None,
+    chunk_size: int | None = None,
+    retries: int = RETRIES,
+) -> FetchResult:
     """Make ``snapshots/<commit>/<rf.path>`` a verified copy of the hub's file and return it.
 
     ``chunk_size=None`` writes bytes as they arrive (no re-chunking copy, and nothing held
@@ -335,8 +386,19 @@ def fetch_file(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, *, cl
         lock.release()
 
 
-def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: Path, partial: Path, client, headers: dict,
-              progress: ProgressCallback | None, chunk_size: int | None, retries: int) -> FetchResult:
+def _download(
+    layout: CacheLayout,
+    commit: str,
+    rf: RemoteFile,
+    url: str,
+    blob: Path,
+    partial: Path,
+    client,
+    headers: dict,
+    progress: ProgressCallback | None,
+    chunk_size: int | None,
+    retries: int,
+) -> FetchResult:
     offset = partial.stat().st_size if partial.exists() else 0
     digest = FileDigest(rf)
     if offset > rf.size:
@@ -359,8 +421,10 @@ def _download(layout: CacheLayout, commit: str, rf: RemoteFile, url: str, blob: 
             transfer.restart()
             continue
         partial.unlink(missing_ok=True)
-        raise DownloadFailed(f"{layout.repo}/{rf.path}: the downloaded bytes do not match the hub's listing ({problem}); nothing was kept",
-                             hint="run the pull again; if it repeats, the mirror or a proxy is altering the file")
+        raise DownloadFailed(
+            f"{layout.repo}/{rf.path}: the downloaded bytes do not match the hub's listing ({problem}); nothing was kept",
+            hint="run the pull again; if it repeats, the mirror or a proxy is altering the file",
+        )
     if not partial.exists():  # an empty file: nothing was streamed
         partial.touch()
     os.replace(partial, blob)

@@ -104,7 +104,9 @@ def _open_regular(path: Path) -> tuple[BinaryIO, int]:
     except FileNotFoundError:
         raise InvalidModelFile(f"{path}: no such file", hint="check the path") from None
     except OSError as exc:
-        raise InvalidModelFile(f"{path}: cannot open: {exc.strerror or exc}", hint="check the path and its permissions") from None
+        raise InvalidModelFile(
+            f"{path}: cannot open: {exc.strerror or exc}", hint="check the path and its permissions"
+        ) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -180,34 +182,71 @@ def _build_info(path: Path, raw: RawHeader) -> GGUFInfo:
         vocab = values[tok_key] if isinstance(values[tok_key], int) else len(values[tok_key])
     file_type = _int_field(values, types, "general.file_type")
     template = _str_field(values, types, "tokenizer.chat_template")
-    named = {k for k in values if k in {
-        "general.architecture", "general.name", "general.file_type", "general.alignment",
-        "tokenizer.chat_template", "tokenizer.ggml.model", "tokenizer.ggml.bos_token_id",
-        "tokenizer.ggml.eos_token_id", "split.no", "split.count", "split.tensors.count"}}
-    scalars = {k: v for k, v in values.items()
-               if k not in named and types[k] >> 8 != ARRAY and not (isinstance(v, str) and len(v) > 4096)}
+    named = {
+        k
+        for k in values
+        if k
+        in {
+            "general.architecture",
+            "general.name",
+            "general.file_type",
+            "general.alignment",
+            "tokenizer.chat_template",
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "split.no",
+            "split.count",
+            "split.tensors.count",
+        }
+    }
+    scalars = {
+        k: v
+        for k, v in values.items()
+        if k not in named and types[k] >> 8 != ARRAY and not (isinstance(v, str) and len(v) > 4096)
+    }
     scalars = {k: (v if math.isfinite(v) else None) if isinstance(v, float) else v for k, v in scalars.items()}
     type_counts: dict[str, int] = {}
     for t in tensors:
         tname = GGMLQuantizationType(t.ggml_type).name
         type_counts[tname] = type_counts.get(tname, 0) + 1
     return GGUFInfo(
-        path=str(path), version=raw.version, byte_order=raw.byte_order, size_bytes=raw.size,
-        tensor_count=len(tensors), kv_count=raw.kv_count, alignment=raw.alignment, data_offset=raw.data_offset,
-        architecture=arch, name=_str_field(values, types, "general.name"),
-        file_type=file_type, quant=quant_label(file_type, tensors), n_params=sum(t.n_elements for t in tensors),
-        context_length=arch_int("context_length"), block_count=arch_int("block_count"),
-        embedding_length=arch_int("embedding_length"), feed_forward_length=arch_int("feed_forward_length"),
-        head_count=arch_int("attention.head_count"), head_count_kv=head_kv, head_count_kv_per_layer=per_layer,
-        key_length=arch_int("attention.key_length"), value_length=arch_int("attention.value_length"),
-        vocab_size=vocab, sliding_window=arch_int("attention.sliding_window"),
-        expert_count=arch_int("expert_count"), expert_used_count=arch_int("expert_used_count"),
-        tokenizer_model=_str_field(values, types, "tokenizer.ggml.model"), chat_template=template,
+        path=str(path),
+        version=raw.version,
+        byte_order=raw.byte_order,
+        size_bytes=raw.size,
+        tensor_count=len(tensors),
+        kv_count=raw.kv_count,
+        alignment=raw.alignment,
+        data_offset=raw.data_offset,
+        architecture=arch,
+        name=_str_field(values, types, "general.name"),
+        file_type=file_type,
+        quant=quant_label(file_type, tensors),
+        n_params=sum(t.n_elements for t in tensors),
+        context_length=arch_int("context_length"),
+        block_count=arch_int("block_count"),
+        embedding_length=arch_int("embedding_length"),
+        feed_forward_length=arch_int("feed_forward_length"),
+        head_count=arch_int("attention.head_count"),
+        head_count_kv=head_kv,
+        head_count_kv_per_layer=per_layer,
+        key_length=arch_int("attention.key_length"),
+        value_length=arch_int("attention.value_length"),
+        vocab_size=vocab,
+        sliding_window=arch_int("attention.sliding_window"),
+        expert_count=arch_int("expert_count"),
+        expert_used_count=arch_int("expert_used_count"),
+        tokenizer_model=_str_field(values, types, "tokenizer.ggml.model"),
+        chat_template=template,
         bos_token_id=_int_field(values, types, "tokenizer.ggml.bos_token_id"),
         eos_token_id=_int_field(values, types, "tokenizer.ggml.eos_token_id"),
-        split_no=_int_field(values, types, "split.no"), split_count=_int_field(values, types, "split.count"),
+        split_no=_int_field(values, types, "split.no"),
+        split_count=_int_field(values, types, "split.count"),
         split_tensors_count=_int_field(values, types, "split.tensors.count"),
-        tensor_types=type_counts, scalars=scalars, tensors=tensors,
+        tensor_types=type_counts,
+        scalars=scalars,
+        tensors=tensors,
     )
 
 

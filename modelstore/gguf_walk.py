@@ -36,13 +36,35 @@ _DECODE_BUDGET = 4096  # … until this many strings were decoded in the file; t
 # GGUF value types: (struct code, byte width); 8 = string, 9 = array.
 STRING, ARRAY = 8, 9
 _SCALARS: dict[int, tuple[str, int]] = {
-    0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4),
-    6: ("f", 4), 7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8),
+    0: ("B", 1),
+    1: ("b", 1),
+    2: ("H", 2),
+    3: ("h", 2),
+    4: ("I", 4),
+    5: ("i", 4),
+    6: ("f", 4),
+    7: ("?", 1),
+    10: ("Q", 8),
+    11: ("q", 8),
+    12: ("d", 8),
 }
 INT_TYPES = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
 _U32 = 4
-_TYPE_NAMES = {0: "UINT8", 1: "INT8", 2: "UINT16", 3: "INT16", 4: "UINT32", 5: "INT32", 6: "FLOAT32",
-               7: "BOOL", 8: "STRING", 9: "ARRAY", 10: "UINT64", 11: "INT64", 12: "FLOAT64"}
+_TYPE_NAMES = {
+    0: "UINT8",
+    1: "INT8",
+    2: "UINT16",
+    3: "INT16",
+    4: "UINT32",
+    5: "INT32",
+    6: "FLOAT32",
+    7: "BOOL",
+    8: "STRING",
+    9: "ARRAY",
+    10: "UINT64",
+    11: "INT64",
+    12: "FLOAT64",
+}
 
 
 def type_name(t: int) -> str:
@@ -264,7 +286,9 @@ def _tensor_infos(w: _Walker, n_tensors: int) -> list[tuple[str, tuple[int, ...]
 def _check_layout(w: _Walker, infos: list, alignment: int) -> tuple[int, tuple[TensorInfo, ...]]:
     data_offset = -(-w.pos // alignment) * alignment
     if infos and data_offset > w.size:
-        raise GGUFFormatError(f"truncated: tensor data would start at {data_offset}, past the end of the file ({w.size})")
+        raise GGUFFormatError(
+            f"truncated: tensor data would start at {data_offset}, past the end of the file ({w.size})"
+        )
     tensors = []
     for name, shape, ttype, offset, n, nbytes in infos:
         if offset % alignment:
@@ -306,10 +330,14 @@ def walk(f: BinaryIO, size: int) -> RawHeader:
     alignment = 32
     if "general.alignment" in values:
         if types["general.alignment"] != _U32:
-            raise GGUFFormatError("metadata 'general.alignment' must be a UINT32")  # llama.cpp asserts on any other type
+            raise GGUFFormatError(
+                "metadata 'general.alignment' must be a UINT32"
+            )  # llama.cpp asserts on any other type
         alignment = values["general.alignment"]
         if alignment == 0 or alignment & (alignment - 1) or alignment > MAX_ALIGNMENT:
             raise GGUFFormatError(f"alignment {alignment} is not a power of two up to {MAX_ALIGNMENT}")
     infos = _tensor_infos(w, n_tensors)
     data_offset, tensors = _check_layout(w, infos, alignment)
-    return RawHeader(version, "big" if w.e == ">" else "little", size, n_kv, values, types, alignment, data_offset, tensors)
+    return RawHeader(
+        version, "big" if w.e == ">" else "little", size, n_kv, values, types, alignment, data_offset, tensors
+    )

@@ -26,8 +26,20 @@ logger = logging.getLogger(__name__)
 SYNTHETIC_ORG = "local"
 #: Files the hub keeps in LFS whatever their size (its default .gitattributes), and the size
 #: above which it always does; used only for synthetic repos, which have no hub to ask.
-LFS_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".npz", ".npy", ".onnx", ".msgpack", ".h5", ".model",
-                ".params")
+LFS_SUFFIXES = (
+    ".gguf",
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".npz",
+    ".npy",
+    ".onnx",
+    ".msgpack",
+    ".h5",
+    ".model",
+    ".params",
+)
 LFS_THRESHOLD = 10 * 1024 * 1024
 
 _SHA1_RE = re.compile(r"^[0-9a-f]{40}$")

@@ -106,8 +106,10 @@ def listing_from_cache(layout: CacheLayout, revision: str | None) -> RepoListing
     commit = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else layout.read_ref(rev)
     where = f"the local cache ({layout.cache_dir})"
     if commit is None or not layout.snapshot_dir(commit).is_dir():
-        raise ModelNotFound(f"offline: {repo}@{rev} is not in {where}",
-                            hint="connect and pull it first, or unset HF_HUB_OFFLINE / drop --offline")
+        raise ModelNotFound(
+            f"offline: {repo}@{rev} is not in {where}",
+            hint="connect and pull it first, or unset HF_HUB_OFFLINE / drop --offline",
+        )
     root = layout.snapshot_dir(commit)
     files = []
     for dirpath, dirnames, filenames in os.walk(root):

@@ -67,7 +67,11 @@ def hub_token() -> str | None:
         if value:
             return value
     path = os.environ.get("HF_TOKEN_PATH")
-    token_file = Path(path).expanduser() if path else Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "token"
+    token_file = (
+        Path(path).expanduser()
+        if path
+        else Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "token"
+    )
     try:
         return token_file.read_text().strip() or None
     except OSError:
@@ -141,9 +145,11 @@ def check_reachable(endpoint: str, *, timeout: float = PROBE_TIMEOUT_S) -> None:
         with _probe_lock:
             _probe_cache[key] = (time.monotonic(), problem)
     if problem:
-        raise DownloadFailed(f"offline: cannot reach the hub at {endpoint} ({problem})",
-                             hint="connect to the network, point HF_ENDPOINT at a mirror (`localrun mirror` on another machine), "
-                                  "or set HF_HUB_OFFLINE=1 to use only the models on disk")
+        raise DownloadFailed(
+            f"offline: cannot reach the hub at {endpoint} ({problem})",
+            hint="connect to the network, point HF_ENDPOINT at a mirror (`localrun mirror` on another machine), "
+            "or set HF_HUB_OFFLINE=1 to use only the models on disk",
+        )
 
 
 @dataclass(frozen=True)
@@ -190,7 +196,10 @@ class RepoSummary:
 
 def validate_commit(value: object, *, where: str) -> str:
     if not isinstance(value, str) or not _COMMIT_RE.match(value):
-        raise InvalidName(f"{where}: the hub sent an invalid commit hash {str(value)[:80]!r}", hint="check HF_ENDPOINT points at a real hub")
+        raise InvalidName(
+            f"{where}: the hub sent an invalid commit hash {str(value)[:80]!r}",
+            hint="check HF_ENDPOINT points at a real hub",
+        )
     return value
 
 
@@ -216,20 +225,33 @@ def _translate(exc: Exception, repo: str, revision: str | None, endpoint: str, t
     login = "run `hf auth login` or set HF_TOKEN" + (" (the token sent was refused)" if token else "")
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, hf_errors.GatedRepoError) or status == 403:
-        return AccessDenied(f"{repo} is gated or private and this account has no access to it", hint=f"accept its terms on the hub, then {login}")
+        return AccessDenied(
+            f"{repo} is gated or private and this account has no access to it",
+            hint=f"accept its terms on the hub, then {login}",
+        )
     if status == 401:
-        return AccessDenied(f"{repo} is not accessible: it does not exist, or it is private or gated", hint=f"check the name; if it is private or gated, {login}")
+        return AccessDenied(
+            f"{repo} is not accessible: it does not exist, or it is private or gated",
+            hint=f"check the name; if it is private or gated, {login}",
+        )
     if isinstance(exc, hf_errors.RevisionNotFoundError):
         return ModelNotFound(f"{repo} has no revision {revision!r}", hint="check --revision (a branch, tag or commit)")
     if isinstance(exc, hf_errors.RepositoryNotFoundError) or status == 404:
         return ModelNotFound(f"no repo {repo} on {endpoint}", hint="check the name; `localrun search` finds repos")
     if isinstance(exc, (hf_httpx.TransportError, OSError)):
-        return DownloadFailed(f"cannot reach the hub at {endpoint}: {exc}", hint="check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already downloaded")
+        return DownloadFailed(
+            f"cannot reach the hub at {endpoint}: {exc}",
+            hint="check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already downloaded",
+        )
     if isinstance(exc, hf_errors.HfHubHTTPError):
-        return DownloadFailed(f"the hub at {endpoint} answered {status} for {repo}: {str(exc).splitlines()[0]}", hint="try again later")
+        return DownloadFailed(
+            f"the hub at {endpoint} answered {status} for {repo}: {str(exc).splitlines()[0]}", hint="try again later"
+        )
     if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError)):  # what parsing a malformed answer raises
-        return DownloadFailed(f"the hub at {endpoint} sent a malformed answer for {repo}: {exc!r}",
-                              hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror")
+        return DownloadFailed(
+            f"the hub at {endpoint} sent a malformed answer for {repo}: {exc!r}",
+            hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+        )
     return exc
 
 
@@ -275,7 +297,11 @@ class HubClient:
                 safe_relpath(e.path)
                 continue
             lfs = getattr(e, "lfs", None)
-            files.append(remote_file_from_listing(e.path, e.size, lfs.sha256 if lfs else None, getattr(e, "blob_id", None), repo=repo))
+            files.append(
+                remote_file_from_listing(
+                    e.path, e.size, lfs.sha256 if lfs else None, getattr(e, "blob_id", None), repo=repo
+                )
+            )
         seen: set[str] = set()
         for f in files:
             if f.path.lower() in seen:  # would collide on case-insensitive file systems
@@ -289,16 +315,29 @@ class HubClient:
         check_reachable(self.endpoint)
         api = self._api()
         try:
-            hits = list(api.list_models(search=query or None, filter=tag, sort="downloads", limit=limit,
-                                        expand=["downloads", "likes", "lastModified", "tags", "gated"]))
+            hits = list(
+                api.list_models(
+                    search=query or None,
+                    filter=tag,
+                    sort="downloads",
+                    limit=limit,
+                    expand=["downloads", "likes", "lastModified", "tags", "gated"],
+                )
+            )
         except Exception as exc:
             translated = _translate(exc, f"search {query!r}", None, self.endpoint, self.token)
             if translated is exc:
                 raise
             raise translated from exc
         return [
-            RepoSummary(name=m.id, downloads=m.downloads or 0, likes=m.likes or 0, updated=m.last_modified,
-                        tags=tuple(m.tags or ()), gated=bool(m.gated))
+            RepoSummary(
+                name=m.id,
+                downloads=m.downloads or 0,
+                likes=m.likes or 0,
+                updated=m.last_modified,
+                tags=tuple(m.tags or ()),
+                gated=bool(m.gated),
+            )
             for m in hits
         ]
 
@@ -306,5 +345,7 @@ class HubClient:
 def search(query: str, *, format: Format | str | None = None, limit: int = 20, settings=None) -> list[RepoSummary]:
     """Repos on the hub matching ``query``, most downloaded first; ``format`` narrows by tag."""
     if hub_offline(settings):
-        raise DownloadFailed("offline mode: the hub is not searched", hint="unset HF_HUB_OFFLINE (or drop --offline) to search")
+        raise DownloadFailed(
+            "offline mode: the hub is not searched", hint="unset HF_HUB_OFFLINE (or drop --offline) to search"
+        )
     return HubClient(settings=settings).search(query, format=format, limit=limit)

@@ -155,7 +155,9 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
         repo_id = record.repo or local_repo_id(record.name)
         ns, _, name = repo_id.partition("/")
         if not (valid_repo_part(ns) and valid_repo_part(name)):
-            logger.warning("mirror: %s has repo %r, which the hub protocol cannot carry; leaving it out", record.name, repo_id)
+            logger.warning(
+                "mirror: %s has repo %r, which the hub protocol cannot carry; leaving it out", record.name, repo_id
+            )
             continue
         files = {mf.path: mf for mf in (_mirror_file(record, fe, cache_dir) for fe in record.files) if mf is not None}
         has_commit = bool(record.repo and record.revision and is_sha1(record.revision))
@@ -286,19 +288,25 @@ class Verifier:
         try:
             before = _stat_key(os.stat(f.disk))
             if before[2] != f.size:
-                raise VerificationFailed(f"{where} is {before[2]} bytes, the store recorded {f.size}",
-                                         hint="the file changed on the mirror host; pull or import it again there")
+                raise VerificationFailed(
+                    f"{where} is {before[2]} bytes, the store recorded {f.size}",
+                    hint="the file changed on the mirror host; pull or import it again there",
+                )
             digest, _ = hash_file(Path(f.disk), expect, None, None)
             after = _stat_key(os.stat(f.disk))
         except FileNotFoundError:
-            raise VerificationFailed(f"{where} is missing on the mirror host",
-                                     hint="pull or import it again there, or `localrun rm` the model") from None
+            raise VerificationFailed(
+                f"{where} is missing on the mirror host",
+                hint="pull or import it again there, or `localrun rm` the model",
+            ) from None
         if after != before:
             raise VerificationFailed(f"{where} changed while it was being checked", hint="try again in a moment")
         problem = digest.mismatch()
         if problem:
-            raise VerificationFailed(f"{where} no longer matches the hash the store recorded ({problem}); the mirror will not serve it",
-                                     hint="the file was modified on the mirror host; pull or import it again there")
+            raise VerificationFailed(
+                f"{where} no longer matches the hash the store recorded ({problem}); the mirror will not serve it",
+                hint="the file was modified on the mirror host; pull or import it again there",
+            )
         got = digest.sha256.hexdigest()
         self._good[f.disk] = (after, got)
         logger.info("mirror: verified %s", where)

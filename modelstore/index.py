@@ -17,9 +17,9 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from localrun.errors import ConfigError, InvalidName, ModelExists, ModelNotFound
 from localrun.types import ModelRecord
@@ -162,18 +162,35 @@ class ModelIndex:
     def _to_row(rec: ModelRecord) -> tuple:
         d = rec.to_dict()
         return (
-            d["name"], d["format"], d["path"], d["source"], int(rec.owned), rec.repo, rec.revision,
-            json.dumps(d["files"]), json.dumps(d["metadata"], default=str), float(rec.added_at),
+            d["name"],
+            d["format"],
+            d["path"],
+            d["source"],
+            int(rec.owned),
+            rec.repo,
+            rec.revision,
+            json.dumps(d["files"]),
+            json.dumps(d["metadata"], default=str),
+            float(rec.added_at),
         )
 
     def _from_row(self, row: tuple) -> ModelRecord:
         name, fmt, path, source, owned, repo, revision, files, metadata, added_at = row
         try:
-            return ModelRecord.from_dict({
-                "name": name, "format": fmt, "path": path, "source": source, "owned": bool(owned),
-                "repo": repo, "revision": revision, "files": json.loads(files),
-                "metadata": json.loads(metadata), "added_at": added_at,
-            })
+            return ModelRecord.from_dict(
+                {
+                    "name": name,
+                    "format": fmt,
+                    "path": path,
+                    "source": source,
+                    "owned": bool(owned),
+                    "repo": repo,
+                    "revision": revision,
+                    "files": json.loads(files),
+                    "metadata": json.loads(metadata),
+                    "added_at": added_at,
+                }
+            )
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(
                 f"model index {self.path}: the record for {name!r} is damaged ({exc})",
@@ -204,7 +221,9 @@ class ModelIndex:
             record = dataclasses.replace(record, name=name)
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM aliases WHERE alias = ?", (name,)).fetchone():
-                raise ModelExists(f"{name!r} is already an alias", hint="remove the alias first, or choose another name")
+                raise ModelExists(
+                    f"{name!r} is already an alias", hint="remove the alias first, or choose another name"
+                )
             exists = conn.execute("SELECT 1 FROM models WHERE name = ?", (name,)).fetchone()
             if exists and not replace:
                 raise ModelExists(

@@ -21,7 +21,9 @@ from localrun.types import FileEntry
 logger = logging.getLogger(__name__)
 
 # Files that carry code or pickles: refused in a model folder (mlx-lm CVE-2026-5843, pickle RCE).
-_CODE_SUFFIXES = frozenset({".py", ".pyc", ".pyd", ".so", ".dylib", ".dll", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"})
+_CODE_SUFFIXES = frozenset(
+    {".py", ".pyc", ".pyd", ".so", ".dylib", ".dll", ".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"}
+)
 _CODE_CONFIG_KEYS = ("model_file", "auto_map")
 _MAX_JSON_BYTES = 16 << 20
 _MAX_SAFETENSORS_HEADER = 100 << 20
@@ -66,7 +68,9 @@ def _read_json(path: Path) -> dict[str, Any]:
             raise InvalidModelFile(f"{path}: larger than {_MAX_JSON_BYTES >> 20} MiB", hint="not a model config")
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidModelFile(f"{path}: not valid JSON ({exc})", hint="the model folder is incomplete or corrupt") from None
+        raise InvalidModelFile(
+            f"{path}: not valid JSON ({exc})", hint="the model folder is incomplete or corrupt"
+        ) from None
     if not isinstance(data, dict):
         raise InvalidModelFile(f"{path}: expected a JSON object", hint="the model folder is incomplete or corrupt")
     return data
@@ -81,10 +85,14 @@ def _safetensors_params(path: Path) -> int:
             raw = f.read(8)
             n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
             if not 2 <= n <= min(_MAX_SAFETENSORS_HEADER, size - 8):
-                raise InvalidModelFile(f"{path}: bad safetensors header length {n}", hint="the file is truncated or corrupt")
+                raise InvalidModelFile(
+                    f"{path}: bad safetensors header length {n}", hint="the file is truncated or corrupt"
+                )
             header = json.loads(f.read(n))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidModelFile(f"{path}: unreadable safetensors header ({exc})", hint="the file is truncated or corrupt") from None
+        raise InvalidModelFile(
+            f"{path}: unreadable safetensors header ({exc})", hint="the file is truncated or corrupt"
+        ) from None
     data_len, total = size - 8 - n, 0
     if not isinstance(header, dict):
         raise InvalidModelFile(f"{path}: safetensors header is not an object", hint="the file is corrupt")
@@ -97,9 +105,13 @@ def _safetensors_params(path: Path) -> int:
             for d in t["shape"]:
                 count *= int(d)
         except (KeyError, TypeError, ValueError):
-            raise InvalidModelFile(f"{path}: tensor {key!r} has a malformed entry", hint="the file is corrupt") from None
+            raise InvalidModelFile(
+                f"{path}: tensor {key!r} has a malformed entry", hint="the file is corrupt"
+            ) from None
         if not 0 <= begin <= end <= data_len:
-            raise InvalidModelFile(f"{path}: tensor {key!r} data lies outside the file", hint="the file is truncated or corrupt")
+            raise InvalidModelFile(
+                f"{path}: tensor {key!r} data lies outside the file", hint="the file is truncated or corrupt"
+            )
         total += count
     return total
 

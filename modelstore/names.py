@@ -54,7 +54,7 @@ class ModelName(str):
 
     __slots__ = ()
 
-    def __new__(cls, value: str) -> "ModelName":
+    def __new__(cls, value: str) -> ModelName:
         return str.__new__(cls, validate_model_name(value))
 
 

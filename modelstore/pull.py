@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localrun.errors import InvalidModelFile, ModelNotFound
-from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, hash_file, fetch_file
+from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, fetch_file, hash_file
 from localrun.modelstore.hfcache import CacheLayout, listing_from_cache
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
 from localrun.modelstore.refs import HubRef, Selection, model_name_for, parse_ref, select_files
@@ -72,7 +72,9 @@ class PullPlan:
 
     def describe(self) -> list[str]:
         """Lines a CLI or TUI can print before asking to go ahead."""
-        head = f"{self.repo}@{self.commit[:10]} → {self.name} ({self.format.value}" + (f", {self.quant})" if self.quant else ")")
+        head = f"{self.repo}@{self.commit[:10]} → {self.name} ({self.format.value}" + (
+            f", {self.quant})" if self.quant else ")"
+        )
         lines = [head]
         for f in self.files:
             state = "cached" if f.cached else (f"resume at {human_size(f.partial)}" if f.partial else "new")
@@ -91,15 +93,27 @@ def human_size(n: float) -> str:
 
 def _refuse_code(ref: HubRef, sel: Selection, trust_remote_code: bool, allow_native: bool) -> None:
     if sel.code_files and not trust_remote_code:
-        raise InvalidModelFile(f"{ref.repo} ships Python code ({', '.join(sel.code_files[:5])}); refusing to download it",
-                               hint="pass trust_remote_code (--trust-remote-code) only if you trust the publisher")
+        raise InvalidModelFile(
+            f"{ref.repo} ships Python code ({', '.join(sel.code_files[:5])}); refusing to download it",
+            hint="pass trust_remote_code (--trust-remote-code) only if you trust the publisher",
+        )
     if sel.native_files and not allow_native:
-        raise InvalidModelFile(f"{ref.repo} ships native libraries ({', '.join(sel.native_files[:5])}); refusing to download them",
-                               hint="MLC compiles its own library on first use; pass allow_native (--allow-native) only if you trust the publisher")
+        raise InvalidModelFile(
+            f"{ref.repo} ships native libraries ({', '.join(sel.native_files[:5])}); refusing to download them",
+            hint="MLC compiles its own library on first use; pass allow_native (--allow-native) only if you trust the publisher",
+        )
 
 
-def plan_pull(ref: str | HubRef, *, settings=None, revision: str | None = None, offline: bool = False,
-              trust_remote_code: bool = False, allow_native: bool = False, hub: HubClient | None = None) -> PullPlan:
+def plan_pull(
+    ref: str | HubRef,
+    *,
+    settings=None,
+    revision: str | None = None,
+    offline: bool = False,
+    trust_remote_code: bool = False,
+    allow_native: bool = False,
+    hub: HubClient | None = None,
+) -> PullPlan:
     """List the repo (or the cache, offline) and choose the files; downloads nothing."""
     if isinstance(ref, str):
         ref = parse_ref(ref, revision=revision)
@@ -115,24 +129,48 @@ def plan_pull(ref: str | HubRef, *, settings=None, revision: str | None = None, 
     except ModelNotFound as exc:
         if not offline:
             raise
-        raise ModelNotFound(f"offline: {exc.message}", hint="connect and pull it, or unset HF_HUB_OFFLINE / drop --offline") from None
+        raise ModelNotFound(
+            f"offline: {exc.message}", hint="connect and pull it, or unset HF_HUB_OFFLINE / drop --offline"
+        ) from None
     _refuse_code(ref, sel, trust_remote_code, allow_native)
     planned = []
     for path in sorted(sel.files, key=lambda p: (p not in CONFIG_FILES, p)):
         rf = listing.get(path)
         blob = layout.blob(rf.etag) if rf.etag else None
         partial = blob.with_name(blob.name + ".incomplete") if blob else None
-        planned.append(PlannedFile(path, rf.size, rf.sha256, bool(blob and os.path.exists(blob)),
-                                   partial.stat().st_size if partial and partial.exists() else 0))
-    return PullPlan(ref=ref, name=model_name_for(ref.repo, sel), repo=ref.repo, revision=listing.revision, commit=listing.commit,
-                    format=sel.format, quant=sel.quant, primary=sel.primary, files=tuple(planned), endpoint=client.endpoint,
-                    cache_dir=str(cache_dir), offline=offline, trust_remote_code=trust_remote_code, allow_native=allow_native,
-                    listing=listing)
+        planned.append(
+            PlannedFile(
+                path,
+                rf.size,
+                rf.sha256,
+                bool(blob and os.path.exists(blob)),
+                partial.stat().st_size if partial and partial.exists() else 0,
+            )
+        )
+    return PullPlan(
+        ref=ref,
+        name=model_name_for(ref.repo, sel),
+        repo=ref.repo,
+        revision=listing.revision,
+        commit=listing.commit,
+        format=sel.format,
+        quant=sel.quant,
+        primary=sel.primary,
+        files=tuple(planned),
+        endpoint=client.endpoint,
+        cache_dir=str(cache_dir),
+        offline=offline,
+        trust_remote_code=trust_remote_code,
+        allow_native=allow_native,
+        listing=listing,
+    )
 
 
 def _read_json(path: Path, what: str) -> dict:
     if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise InvalidModelFile(f"{what} is larger than {MAX_CONFIG_BYTES} bytes", hint="this is not a normal model config")
+        raise InvalidModelFile(
+            f"{what} is larger than {MAX_CONFIG_BYTES} bytes", hint="this is not a normal model config"
+        )
     try:
         data = json.loads(path.read_bytes())
     except (ValueError, UnicodeDecodeError) as exc:
@@ -149,8 +187,10 @@ def _check_config(plan: PullPlan, path: Path) -> None:
     config = _read_json(path, f"{plan.repo}/config.json")
     keys = [k for k in ("model_file", "auto_map") if k in config]
     if keys:
-        raise InvalidModelFile(f"{plan.repo}/config.json sets {', '.join(keys)}, which makes the loader import Python code; refusing",
-                               hint="pass trust_remote_code (--trust-remote-code) only if you trust the publisher")
+        raise InvalidModelFile(
+            f"{plan.repo}/config.json sets {', '.join(keys)}, which makes the loader import Python code; refusing",
+            hint="pass trust_remote_code (--trust-remote-code) only if you trust the publisher",
+        )
 
 
 def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchResult:
@@ -160,8 +200,10 @@ def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchRes
     digest, size = hash_file(snap, rf, None, None)
     problem = digest.mismatch() if size == rf.size else f"{size} bytes, expected {rf.size}"
     if problem:
-        raise VerificationFailed(f"{layout.repo}/{rf.path} in the cache does not match its hash ({problem})",
-                                 hint="delete it and pull again when online")
+        raise VerificationFailed(
+            f"{layout.repo}/{rf.path} in the cache does not match its hash ({problem})",
+            hint="delete it and pull again when online",
+        )
     return FetchResult(snap, Path(os.path.realpath(snap)), digest.sha256.hexdigest(), size, 0, True)
 
 
@@ -172,11 +214,19 @@ def _gguf_metadata(plan: PullPlan, shards: list[Path]) -> dict:
     infos = [read_gguf_metadata(p) for p in shards]
     for k, info in enumerate(infos):
         if (info.split_count or 1) != len(shards) or (info.split_no or 0) != k:
-            raise InvalidModelFile(f"{plan.repo}/{plan.files[k].path}: its header says shard {info.split_no} of {info.split_count}, "
-                                   f"its name says {k} of {len(shards)}", hint="the repo's split files do not belong together")
+            raise InvalidModelFile(
+                f"{plan.repo}/{plan.files[k].path}: its header says shard {info.split_no} of {info.split_count}, "
+                f"its name says {k} of {len(shards)}",
+                hint="the repo's split files do not belong together",
+            )
     meta = infos[0].as_dict()
-    meta.update(quant=plan.quant or meta.get("quant"), n_params=sum(i.n_params for i in infos),
-                size_bytes=sum(i.size_bytes for i in infos), tensor_count=sum(i.tensor_count for i in infos), shards=len(infos))
+    meta.update(
+        quant=plan.quant or meta.get("quant"),
+        n_params=sum(i.n_params for i in infos),
+        size_bytes=sum(i.size_bytes for i in infos),
+        tensor_count=sum(i.tensor_count for i in infos),
+        shards=len(infos),
+    )
     return meta
 
 
@@ -187,18 +237,32 @@ def _metadata(plan: PullPlan, primary: Path, shards: list[Path]) -> dict:
     elif plan.format is Format.MLX:
         config = _read_json(primary / "config.json", f"{plan.repo}/config.json")
         q = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
-        meta = {"architecture": config.get("model_type"), "quant": f"{q['bits']}bit" if isinstance(q.get("bits"), int) else None,
-                "context_length": config.get("max_position_embeddings")}
+        meta = {
+            "architecture": config.get("model_type"),
+            "quant": f"{q['bits']}bit" if isinstance(q.get("bits"), int) else None,
+            "context_length": config.get("max_position_embeddings"),
+        }
     else:
         config = _read_json(primary / "mlc-chat-config.json", f"{plan.repo}/mlc-chat-config.json")
-        meta = {"architecture": config.get("model_type"), "quant": config.get("quantization"),
-                "context_length": config.get("context_window_size")}
+        meta = {
+            "architecture": config.get("model_type"),
+            "quant": config.get("quantization"),
+            "context_length": config.get("context_window_size"),
+        }
     meta["hub"] = hub
     return meta
 
 
-def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, offline: bool = False,
-         progress: ProgressCallback | None = None, trust_remote_code: bool = False, allow_native: bool = False) -> ModelRecord:
+def pull(
+    store,
+    ref: str | HubRef | PullPlan,
+    *,
+    revision: str | None = None,
+    offline: bool = False,
+    progress: ProgressCallback | None = None,
+    trust_remote_code: bool = False,
+    allow_native: bool = False,
+) -> ModelRecord:
     """Fetch (or find, offline) a model's files, verify every one and register the model.
 
     Raises InvalidName, ModelNotFound, AccessDenied, DownloadFailed, VerificationFailed,
@@ -207,8 +271,18 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
     import httpx
 
     settings = getattr(store, "settings", None)
-    plan = ref if isinstance(ref, PullPlan) else plan_pull(ref, settings=settings, revision=revision, offline=offline,
-                                                          trust_remote_code=trust_remote_code, allow_native=allow_native)
+    plan = (
+        ref
+        if isinstance(ref, PullPlan)
+        else plan_pull(
+            ref,
+            settings=settings,
+            revision=revision,
+            offline=offline,
+            trust_remote_code=trust_remote_code,
+            allow_native=allow_native,
+        )
+    )
     layout = CacheLayout(plan.cache_dir, plan.repo)
     listing = plan.listing or HubClient(settings=settings).list_repo(plan.repo, plan.commit)
     if not plan.offline:
@@ -216,24 +290,40 @@ def pull(store, ref: str | HubRef | PullPlan, *, revision: str | None = None, of
         layout.write_ref(plan.revision, plan.commit)
     client = HubClient(settings=settings, endpoint=plan.endpoint)
     results: dict[str, FetchResult] = {}
-    with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0),
-                      headers={"User-Agent": "localrun/0.1; hf_hub-compatible"}) as http:
+    with httpx.Client(
+        follow_redirects=True,
+        timeout=httpx.Timeout(30.0, connect=10.0),
+        headers={"User-Agent": "localrun/0.1; hf_hub-compatible"},
+    ) as http:
         for pf in plan.files:
             rf = listing.get(pf.path)
             if plan.offline:
                 results[pf.path] = _fetch_offline(layout, plan.commit, rf)
             else:
-                results[pf.path] = fetch_file(layout, plan.commit, rf, client.file_url(plan.repo, plan.commit, rf.path),
-                                              client=http, headers=client.auth_headers(), progress=progress)
+                results[pf.path] = fetch_file(
+                    layout,
+                    plan.commit,
+                    rf,
+                    client.file_url(plan.repo, plan.commit, rf.path),
+                    client=http,
+                    headers=client.auth_headers(),
+                    progress=progress,
+                )
             if pf.path == "config.json":
                 _check_config(plan, results[pf.path].path)
     fetched = sum(r.fetched for r in results.values())
     logger.info("pulled %s: %d files, %d bytes fetched", plan.name, len(results), fetched)
     primary = results[plan.primary].path if plan.primary else layout.snapshot_dir(plan.commit)
     record = ModelRecord(
-        name=plan.name, format=plan.format, path=str(primary),
+        name=plan.name,
+        format=plan.format,
+        path=str(primary),
         files=tuple(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in results.values()),
-        source=Source.HUB, owned=True, repo=plan.repo, revision=plan.commit,
-        metadata=_metadata(plan, primary, [r.path for r in results.values()]), added_at=time.time(),
+        source=Source.HUB,
+        owned=True,
+        repo=plan.repo,
+        revision=plan.commit,
+        metadata=_metadata(plan, primary, [r.path for r in results.values()]),
+        added_at=time.time(),
     )
     return store.register(record)

@@ -19,21 +19,43 @@ import fnmatch
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable
 
 from localrun.errors import ConfigError, InvalidName, ModelNotFound
-from localrun.modelstore.names import model_name_from_filename, safe_relpath, shard_name, split_shard_name, validate_model_name
+from localrun.modelstore.names import (
+    model_name_from_filename,
+    safe_relpath,
+    shard_name,
+    split_shard_name,
+    validate_model_name,
+)
 from localrun.types import Format
 
 logger = logging.getLogger(__name__)
 
-HUB_PREFIXES = ("https://huggingface.co/", "http://huggingface.co/", "https://hf.co/", "huggingface.co/", "hf.co/", "hf://")
+HUB_PREFIXES = (
+    "https://huggingface.co/",
+    "http://huggingface.co/",
+    "https://hf.co/",
+    "huggingface.co/",
+    "hf.co/",
+    "hf://",
+)
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
 #: Basenames containing these are sidecars, never the model (llama.cpp's list).
 SIDECAR_MARKERS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
-MLX_PATTERNS = ("*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "tiktoken.model", "*.txt", "*.jsonl", "*.jinja")
+MLX_PATTERNS = (
+    "*.json",
+    "model*.safetensors",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+)
 MLC_PATTERNS = ("*.json", "params_shard_*.bin", "tokenizer.model", "*.tiktoken", "*.txt")
 CODE_PATTERNS = ("*.py",)
 NATIVE_SUFFIXES = (".so", ".dylib", ".dll")
@@ -75,7 +97,10 @@ class Selection:
 
 def validate_repo_id(repo: object) -> str:
     if not isinstance(repo, str) or not _REPO_RE.match(repo) or "--" in repo or ".." in repo:
-        raise InvalidName(f"invalid hub repo id {str(repo)[:120]!r}", hint="write it as org/name, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF")
+        raise InvalidName(
+            f"invalid hub repo id {str(repo)[:120]!r}",
+            hint="write it as org/name, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF",
+        )
     return repo
 
 
@@ -93,7 +118,7 @@ def parse_ref(text: str, *, revision: str | None = None) -> HubRef:
     ref = text.strip()
     for prefix in HUB_PREFIXES:
         if ref.lower().startswith(prefix):
-            ref = ref[len(prefix):]
+            ref = ref[len(prefix) :]
             break
     quant = None
     if ":" in ref:
@@ -102,12 +127,16 @@ def parse_ref(text: str, *, revision: str | None = None) -> HubRef:
             raise InvalidName(f"invalid quant {quant!r} in ref {text!r}", hint="e.g. org/repo:Q4_K_M")
     parts = ref.split("/")
     if len(parts) < 2:
-        raise InvalidName(f"{text!r} is not a hub ref", hint="write org/repo, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF")
+        raise InvalidName(
+            f"{text!r} is not a hub ref", hint="write org/repo, e.g. bartowski/Llama-3.2-1B-Instruct-GGUF"
+        )
     repo = validate_repo_id("/".join(parts[:2]))
     file = None
     if len(parts) > 2:
         if quant:
-            raise InvalidName(f"ref {text!r} names both a file and a quant", hint="use org/repo:QUANT or org/repo/file.gguf")
+            raise InvalidName(
+                f"ref {text!r} names both a file and a quant", hint="use org/repo:QUANT or org/repo/file.gguf"
+            )
         file = str(safe_relpath("/".join(parts[2:])))
     return HubRef(repo=repo, quant=quant, file=file, revision=validate_revision(revision) if revision else None)
 
@@ -191,7 +220,9 @@ def _matching(paths: Iterable[str], patterns: Iterable[str]) -> list[str]:
     return sorted(p for p in paths if any(fnmatch.fnmatchcase(p, pat) for pat in patterns))
 
 
-def select_files(ref: HubRef, paths: Iterable[str], *, include_code: bool = False, include_native: bool = False) -> Selection:
+def select_files(
+    ref: HubRef, paths: Iterable[str], *, include_code: bool = False, include_native: bool = False
+) -> Selection:
     """Pick the files ``ref`` means from a repo's file names; ModelNotFound lists the offer."""
     paths = sorted(set(paths))
     if ref.file is not None:
@@ -200,10 +231,14 @@ def select_files(ref: HubRef, paths: Iterable[str], *, include_code: bool = Fals
     if fmt is Format.GGUF:
         return _select_gguf(ref, paths)
     if fmt is None:
-        raise ModelNotFound(f"{ref.repo} holds no model localrun can run: {describe_offer(paths)}",
-                            hint="localrun runs GGUF, MLX and MLC repos; try one with -GGUF in its name")
+        raise ModelNotFound(
+            f"{ref.repo} holds no model localrun can run: {describe_offer(paths)}",
+            hint="localrun runs GGUF, MLX and MLC repos; try one with -GGUF in its name",
+        )
     if ref.quant:
-        raise ModelNotFound(f"{ref.repo} has no quant {ref.quant!r}: it holds {describe_offer(paths)}", hint=f"pull {ref.repo}")
+        raise ModelNotFound(
+            f"{ref.repo} has no quant {ref.quant!r}: it holds {describe_offer(paths)}", hint=f"pull {ref.repo}"
+        )
     if fmt is Format.MLX:
         code = _matching(paths, CODE_PATTERNS)
         files = _matching(paths, MLX_PATTERNS + (CODE_PATTERNS if include_code else ()))
@@ -217,17 +252,23 @@ def _gguf_selection(ref: HubRef, primary: str, paths: list[str]) -> Selection:
     group = _shard_group(primary)
     missing = [p for p in group if p not in paths]
     if missing:
-        raise ModelNotFound(f"{ref.repo}: split model {group[0]} is incomplete, missing {', '.join(missing)}",
-                            hint="the repo lacks parts of this model; pick another quant")
+        raise ModelNotFound(
+            f"{ref.repo}: split model {group[0]} is incomplete, missing {', '.join(missing)}",
+            hint="the repo lacks parts of this model; pick another quant",
+        )
     return Selection(Format.GGUF, group, group[0], quant_label(primary))
 
 
 def _select_exact(ref: HubRef, paths: list[str]) -> Selection:
     if ref.file not in paths:
-        raise ModelNotFound(f"{ref.repo} has no file {ref.file!r}; it offers {describe_offer(paths)}",
-                            hint="check the file name (it is case-sensitive)")
+        raise ModelNotFound(
+            f"{ref.repo} has no file {ref.file!r}; it offers {describe_offer(paths)}",
+            hint="check the file name (it is case-sensitive)",
+        )
     if not ref.file.lower().endswith(".gguf"):
-        raise ModelNotFound(f"{ref.file!r} is not a GGUF file", hint=f"name a .gguf file, or pull {ref.repo} itself for MLX/MLC repos")
+        raise ModelNotFound(
+            f"{ref.file!r} is not a GGUF file", hint=f"name a .gguf file, or pull {ref.repo} itself for MLX/MLC repos"
+        )
     return _gguf_selection(ref, _shard_group(ref.file)[0], paths)
 
 
@@ -240,8 +281,10 @@ def _select_gguf(ref: HubRef, paths: list[str]) -> Selection:
         if hits:
             return _gguf_selection(ref, hits[0], paths)
     if ref.quant:
-        raise ModelNotFound(f"{ref.repo} has no {ref.quant} file; it offers {describe_offer(paths)}",
-                            hint=f"pick one of those, e.g. {ref.repo}:{quant_label(candidates[0]) or candidates[0]}")
+        raise ModelNotFound(
+            f"{ref.repo} has no {ref.quant} file; it offers {describe_offer(paths)}",
+            hint=f"pick one of those, e.g. {ref.repo}:{quant_label(candidates[0]) or candidates[0]}",
+        )
     logger.info("%s: no Q4_K_M or Q8_0 file, taking %s", ref.repo, candidates[0])
     return _gguf_selection(ref, candidates[0], paths)
 
@@ -316,9 +359,9 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
         if split and split[1] != 1:
             continue
         sib_dir = p.parts[:-1]
-        if model_dir[:len(sib_dir)] != sib_dir:
+        if model_dir[: len(sib_dir)] != sib_dir:
             continue  # not the primary's folder nor one above it
-        stem = split[0] if split else p.name[:-len(".gguf")]
+        stem = split[0] if split else p.name[: -len(".gguf")]
         exact = mark is not None and mark in stem.upper() + "."
         key = (len(sib_dir), exact, -abs(quant_bits(path) - want_bits))
         if best_key is None or key > best_key:
@@ -339,8 +382,11 @@ def find_draft_file(model_path: str | Path, *, root: str | Path | None = None, t
     try:
         rel = model.relative_to(top)
     except ValueError:
-        raise ConfigError(f"{model} is not inside {top}", param="draft",
-                          hint="give the folder of the pulled repo that holds the model") from None
+        raise ConfigError(
+            f"{model} is not inside {top}",
+            param="draft",
+            hint="give the folder of the pulled repo that holds the model",
+        ) from None
     folders = [top.joinpath(*rel.parts[:depth]) for depth in range(len(rel.parts))]
     listing = []
     for folder in folders:

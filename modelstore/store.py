@@ -128,7 +128,9 @@ class ModelStore:
         for k, (f, info) in enumerate(zip(files, infos)):
             expected_count = len(files) if split else 1
             if (info.split_count or 1) != expected_count or (info.split_no is not None and info.split_no != k):
-                said = f"part {(info.split_no or 0) + 1} of {info.split_count}" if info.split_count else "an unsplit file"
+                said = (
+                    f"part {(info.split_no or 0) + 1} of {info.split_count}" if info.split_count else "an unsplit file"
+                )
                 named = f"part {k + 1} of {expected_count}" if split else "an unsplit file"
                 raise InvalidModelFile(
                     f"{f}: its metadata says {said}, its name says {named}",
@@ -165,8 +167,13 @@ class ModelStore:
         entries, meta = inspect_mlx_folder(folder)
         return ModelRecord(
             name=validate_model_name(name) if name else model_name_from_filename(folder.name),
-            format=Format.MLX, path=str(folder), files=entries, source=Source.IMPORTED,
-            owned=False, metadata=meta, added_at=time.time(),
+            format=Format.MLX,
+            path=str(folder),
+            files=entries,
+            source=Source.IMPORTED,
+            owned=False,
+            metadata=meta,
+            added_at=time.time(),
         )
 
     # --- lookup ------------------------------------------------------------------------
@@ -254,7 +261,9 @@ class ModelStore:
                     hint="the file is corrupt or was modified; download or import it again",
                 )
             learned |= entry.sha256 is None or entry.mtime_ns is None
-            entries.append(dataclasses.replace(entry, sha256=digest, mtime_ns=os.stat(file_path(rec, entry.path)).st_mtime_ns))
+            entries.append(
+                dataclasses.replace(entry, sha256=digest, mtime_ns=os.stat(file_path(rec, entry.path)).st_mtime_ns)
+            )
         if learned:
             rec = self.index.add(dataclasses.replace(rec, files=tuple(entries)), replace=True)
         return rec
@@ -318,4 +327,3 @@ def _unlink_owned(link: Path, real: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(real)
         logger.info("deleted %s", real)
-

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from localrun.errors import VerificationFailed
 from localrun.types import ModelRecord
@@ -76,7 +76,11 @@ def verify(record: ModelRecord, *, progress: Callable[[str, int, int], None] | N
             checked.append(entry.path)
     if problems:
         hint = f"pull it again (localrun pull {record.repo})" if record.repo else "restore the file or remove the model"
-        raise VerificationFailed(f"model {record.name}: {len(problems)} file(s) failed verification: " + "; ".join(problems), hint=hint)
+        raise VerificationFailed(
+            f"model {record.name}: {len(problems)} file(s) failed verification: " + "; ".join(problems), hint=hint
+        )
     if unverifiable:
-        logger.info("%s: %d file(s) have no recorded sha256: %s", record.name, len(unverifiable), ", ".join(unverifiable))
+        logger.info(
+            "%s: %d file(s) have no recorded sha256: %s", record.name, len(unverifiable), ", ".join(unverifiable)
+        )
     return VerifyReport(record.name, tuple(checked), tuple(unverifiable), hashed)

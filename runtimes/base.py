@@ -70,8 +70,11 @@ def call_extra(session, runtime: str, method: str, args: dict) -> object:
         raise UnsupportedFeature(f"unknown session call {method!r}", hint="use one of: " + ", ".join(EXTRAS))
     fn = getattr(session, "serve_" + method, None)
     if fn is None:
-        raise UnsupportedFeature(f"{method!r} is not supported by the {runtime} runtime", param=method,
-                                 hint="load the model on a runtime that offers it (llama.cpp does)")
+        raise UnsupportedFeature(
+            f"{method!r} is not supported by the {runtime} runtime",
+            param=method,
+            hint="load the model on a runtime that offers it (llama.cpp does)",
+        )
     return fn(**args)
 
 

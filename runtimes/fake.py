@@ -45,13 +45,22 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from localrun import __version__
-from localrun.chat.template import fallback_chat, render_chat
 from localrun.chat import tools as toolcalls
+from localrun.chat.template import fallback_chat, render_chat
 from localrun.errors import ContextOverflow, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import (
-    Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling, Usage, logprob_entry,
+    Cancel,
+    ChatRequest,
+    Chunk,
+    CompletionRequest,
+    Format,
+    ModelRecord,
+    Plan,
+    Sampling,
+    Usage,
+    logprob_entry,
 )
 
 log = logging.getLogger(__name__)
@@ -77,10 +86,15 @@ class FakeRuntime:
     listed: ClassVar[bool] = False
 
     def probe(self, hw=None) -> RuntimeStatus:
-        return RuntimeStatus(name=self.name, available=True, version=__version__, devices=("cpu",),
-                             reason="no model: a deterministic echo for tests and demos")
+        return RuntimeStatus(
+            name=self.name,
+            available=True,
+            version=__version__,
+            devices=("cpu",),
+            reason="no model: a deterministic echo for tests and demos",
+        )
 
-    def load(self, model: ModelRecord, plan: Plan) -> "FakeSession":
+    def load(self, model: ModelRecord, plan: Plan) -> FakeSession:
         return FakeSession(model, plan)
 
 
@@ -115,7 +129,9 @@ class FakeSession:
         exact = self._tool_call(req, last_user) or self._json_answer(req.sampling)
         head = exact or f"You said: {last_user.strip()}."
         if self._think_words and "</think>" not in req.prefix:  # a reasoning model's answer: think first
-            head = "<think> " + " ".join(_FILLER[i % len(_FILLER)] for i in range(self._think_words)) + " </think> " + head
+            head = (
+                "<think> " + " ".join(_FILLER[i % len(_FILLER)] for i in range(self._think_words)) + " </think> " + head
+            )
         stream = self._generate(prompt, head, req.sampling, cancel, stops, filler=exact is None)
         return toolcalls.with_tool_calls(stream, req)
 
@@ -128,8 +144,11 @@ class FakeSession:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Deterministic unit vectors from a hash of each text: equal texts, equal vectors."""
         if "embeddings" not in self.capabilities:
-            raise UnsupportedFeature(f"embeddings are not supported by the fake runtime serving {self.model.name}",
-                                     param="input", hint="use a model whose runtime declares embeddings")
+            raise UnsupportedFeature(
+                f"embeddings are not supported by the fake runtime serving {self.model.name}",
+                param="input",
+                hint="use a model whose runtime declares embeddings",
+            )
         out = []
         for text in texts:
             digest = hashlib.sha256(text.encode()).digest()
@@ -140,16 +159,26 @@ class FakeSession:
 
     def serve_embed_usage(self, inputs: Sequence[str]) -> dict[str, Any]:
         if any(not isinstance(x, str) for x in inputs):
-            raise UnsupportedFeature("token-id inputs are not supported by the fake runtime", param="input",
-                                     hint="send the input as text")
+            raise UnsupportedFeature(
+                "token-id inputs are not supported by the fake runtime", param="input", hint="send the input as text"
+            )
         return {"embeddings": self.embed(inputs), "prompt_tokens": sum(len(fake_tokenize(t)) for t in inputs)}
 
     def serve_props(self) -> dict[str, Any]:
         """The facts /props shows, as the llama.cpp session gives them."""
         template = self.model.metadata.get("tokenizer.chat_template") or self.model.metadata.get("chat_template") or ""
-        return {"n_ctx": self.plan.n_ctx, "total_slots": 1, "n_vocab": 0, "chat_template": template,
-                "chat_template_source": "gguf" if template else "fallback", "bos_token": "<s>", "eos_token": "</s>",
-                "fim": False, "pooling": None, "capabilities": sorted(self.capabilities)}
+        return {
+            "n_ctx": self.plan.n_ctx,
+            "total_slots": 1,
+            "n_vocab": 0,
+            "chat_template": template,
+            "chat_template_source": "gguf" if template else "fallback",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "fim": False,
+            "pooling": None,
+            "capabilities": sorted(self.capabilities),
+        }
 
     def close(self) -> None:
         self._closed = True
@@ -158,15 +187,24 @@ class FakeSession:
 
     def _check_capabilities(self, sampling: Sampling, req: ChatRequest | None) -> None:
         """The runtime's own refusal, for callers that skip the server's check (CLI, TUI)."""
-        asked = [("logprobs", "logprobs", sampling.logprobs is not None),
-                 ("response_format", "json_schema", sampling.json_schema is not None),
-                 ("grammar", "grammar", sampling.grammar is not None),
-                 ("n", "n", sampling.n > 1),
-                 ("tools", "tools", bool(req and (req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages))))]
+        asked = [
+            ("logprobs", "logprobs", sampling.logprobs is not None),
+            ("response_format", "json_schema", sampling.json_schema is not None),
+            ("grammar", "grammar", sampling.grammar is not None),
+            ("n", "n", sampling.n > 1),
+            (
+                "tools",
+                "tools",
+                bool(req and (req.tools or any(m.tool_calls or m.role == "tool" for m in req.messages))),
+            ),
+        ]
         for param, capability, on in asked:
             if on and capability not in self.capabilities:
-                raise UnsupportedFeature(f"{param!r} is not supported by the fake runtime serving {self.model.name}",
-                                         param=param, hint="remove the field from the request")
+                raise UnsupportedFeature(
+                    f"{param!r} is not supported by the fake runtime serving {self.model.name}",
+                    param=param,
+                    hint="remove the field from the request",
+                )
 
     def _tool_call(self, req: ChatRequest, last_user: str) -> str | None:
         """A Hermes call when tool_choice forces one or the user says "call NAME"."""
@@ -202,8 +240,16 @@ class FakeSession:
             filler = [_FILLER[i % len(_FILLER)] for i in range(self._reply_words)]
         return fake_tokenize(head + " " + " ".join(filler))
 
-    def _generate(self, prompt: str, head: str, sampling: Sampling, cancel: Cancel,
-                  extra_stops: tuple[str, ...], *, filler: bool = True) -> Iterator[Chunk]:
+    def _generate(
+        self,
+        prompt: str,
+        head: str,
+        sampling: Sampling,
+        cancel: Cancel,
+        extra_stops: tuple[str, ...],
+        *,
+        filler: bool = True,
+    ) -> Iterator[Chunk]:
         if self._closed:
             raise RuntimeUnavailable("this fake session is closed", hint="load the model again")
         tokens = fake_tokenize(prompt)
@@ -232,8 +278,9 @@ class FakeSession:
                     usage = dataclasses.replace(usage, completion_tokens=produced) if i == sampling.n - 1 else None
                 yield dataclasses.replace(chunk, index=i, usage=usage)
 
-    def _stream(self, tokens: list[str], answer: list[str], sampling: Sampling, cancel: Cancel,
-                extra_stops: tuple[str, ...]) -> Iterator[Chunk]:
+    def _stream(
+        self, tokens: list[str], answer: list[str], sampling: Sampling, cancel: Cancel, extra_stops: tuple[str, ...]
+    ) -> Iterator[Chunk]:
         cached = 0
         for a, b in zip(tokens, self._last_prompt):
             if a != b:
@@ -290,8 +337,11 @@ def _instance(schema: Any, param: str) -> Any:
     try:
         return minimal_instance(schema)
     except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise UnsupportedFeature(f"the JSON schema in {param!r} cannot be compiled: {type(exc).__name__}: {exc}",
-                                 param=param, hint="send a valid JSON Schema") from exc
+        raise UnsupportedFeature(
+            f"the JSON schema in {param!r} cannot be compiled: {type(exc).__name__}: {exc}",
+            param=param,
+            hint="send a valid JSON Schema",
+        ) from exc
 
 
 def minimal_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:
@@ -320,7 +370,9 @@ def minimal_instance(schema: Any, root: Any = None, depth: int = 0) -> Any:
         props = schema.get("properties") or {}
         return {k: minimal_instance(v, root, depth + 1) for k, v in props.items()}
     if kind == "array":
-        return [minimal_instance(schema.get("items") or {}, root, depth + 1) for _ in range(int(schema.get("minItems", 0)))]
+        return [
+            minimal_instance(schema.get("items") or {}, root, depth + 1) for _ in range(int(schema.get("minItems", 0)))
+        ]
     if kind == "string":
         return "x" * int(schema.get("minLength", 0))
     if kind in ("integer", "number"):

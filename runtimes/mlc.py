@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_compat.wire import sampling_to_openai
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
+from localrun.runtimes.openai_compat.wire import sampling_to_openai
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,29 @@ def mlc_device(plan: Plan) -> str:
     return device if device.split(":", 1)[0] in MLC_DEVICES else "auto"
 
 
-def build_serve_command(record: ModelRecord, plan: Plan, port: int, *, command: Sequence[str] | None = None) -> list[str]:
+def build_serve_command(
+    record: ModelRecord, plan: Plan, port: int, *, command: Sequence[str] | None = None
+) -> list[str]:
     """The full ``mlc_llm serve`` command line for ``record`` on ``127.0.0.1:port``.
 
     CORS is switched off (``--allow-origins []``; MLC's default is ``*``): only localrun
     talks to this server, and a web page must not.
     """
-    cmd = [*(command if command is not None else mlc_command(plan)), "serve", str(record.path),
-           "--device", mlc_device(plan), "--host", "127.0.0.1", "--port", str(int(port)),
-           "--mode", str(plan.options.get("mlc_mode", "local")), "--allow-origins", "[]"]
+    cmd = [
+        *(command if command is not None else mlc_command(plan)),
+        "serve",
+        str(record.path),
+        "--device",
+        mlc_device(plan),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(int(port)),
+        "--mode",
+        str(plan.options.get("mlc_mode", "local")),
+        "--allow-origins",
+        "[]",
+    ]
     model_lib = plan.options.get("model_lib") or record.metadata.get("model_lib")
     if model_lib:
         cmd += ["--model-lib", str(model_lib)]
@@ -155,30 +169,52 @@ class MlcRuntime:
         if configured:
             command = shlex.split(configured)
             if which(command[0]) is None:
-                return RuntimeStatus(self.name, False, reason=f"the configured MLC command {command[0]!r} is not there",
-                                     fix=f"fix {COMMAND_ENV} or the model's mlc_command, or: {FIX}")
-            return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
-                                 details={"via": "configured", "command": shlex.join(command)})
+                return RuntimeStatus(
+                    self.name,
+                    False,
+                    reason=f"the configured MLC command {command[0]!r} is not there",
+                    fix=f"fix {COMMAND_ENV} or the model's mlc_command, or: {FIX}",
+                )
+            return RuntimeStatus(
+                self.name,
+                True,
+                version=_dist_version(),
+                devices=("auto",),
+                details={"via": "configured", "command": shlex.join(command)},
+            )
         cli = which("mlc_llm")
         if cli:
-            return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
-                                 details={"via": "cli", "path": cli, "command": cli})
+            return RuntimeStatus(
+                self.name,
+                True,
+                version=_dist_version(),
+                devices=("auto",),
+                details={"via": "cli", "path": cli, "command": cli},
+            )
         try:
             spec = find_spec("mlc_llm")
         except (ImportError, ValueError) as exc:
             log.debug("looking for mlc_llm: %s", exc)
             spec = None
         if spec is not None:
-            return RuntimeStatus(self.name, True, version=_dist_version(), devices=("auto",),
-                                 details={"via": "python", "command": shlex.join([sys.executable, "-m", "mlc_llm"])})
-        return RuntimeStatus(self.name, False, fix=FIX,
-                             reason="MLC LLM is not installed (it ships from mlc.ai's wheel index, not PyPI)")
+            return RuntimeStatus(
+                self.name,
+                True,
+                version=_dist_version(),
+                devices=("auto",),
+                details={"via": "python", "command": shlex.join([sys.executable, "-m", "mlc_llm"])},
+            )
+        return RuntimeStatus(
+            self.name, False, fix=FIX, reason="MLC LLM is not installed (it ships from mlc.ai's wheel index, not PyPI)"
+        )
 
     def load(self, model: ModelRecord, plan: Plan) -> MlcSession:
         check_model_folder(Path(model.path), allow_native=bool(plan.options.get("allow_native")))
         if (plan.options.get("model_lib") or model.metadata.get("model_lib")) and not plan.options.get("allow_native"):
-            raise InvalidModelFile(f"{model.name}: a prebuilt model library is native code",
-                                   hint="set allow_native for this model, or let MLC compile its own")
+            raise InvalidModelFile(
+                f"{model.name}: a prebuilt model library is native code",
+                hint="set allow_native for this model, or let MLC compile its own",
+            )
         from localrun.settings import default_data_dir
 
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model.name)
@@ -195,8 +231,10 @@ class MlcSession(SupervisedSession):
     capabilities: frozenset[str] = frozenset()
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
-        body = {"messages": [{"role": m.role, "content": m.content} for m in req.messages],
-                **sampling_to_openai(req.sampling)}
+        body = {
+            "messages": [{"role": m.role, "content": m.content} for m in req.messages],
+            **sampling_to_openai(req.sampling),
+        }
         return self._stream("/v1/chat/completions", body, req.sampling.stop, cancel)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
@@ -206,5 +244,6 @@ class MlcSession(SupervisedSession):
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         from localrun.errors import UnsupportedFeature
 
-        raise UnsupportedFeature(f"{self._server.record.name}: MLC serves embeddings only from a separate "
-                                 "embedding model", param="input")
+        raise UnsupportedFeature(
+            f"{self._server.record.name}: MLC serves embeddings only from a separate embedding model", param="input"
+        )

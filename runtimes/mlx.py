@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from localrun.chat import tools
 from localrun.errors import (
     ContextOverflow,
     InvalidModelFile,
@@ -39,11 +40,21 @@ from localrun.errors import (
     RuntimeUnavailable,
     UnsupportedFeature,
 )
-from localrun.chat import tools
 from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.pieces import Piece, shape_stream
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, Usage
+from localrun.types import (
+    Cancel,
+    ChatRequest,
+    Chunk,
+    CompletionRequest,
+    Format,
+    Message,
+    ModelRecord,
+    Plan,
+    Sampling,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +165,9 @@ class MlxRuntime:
         except (AttributeError, RuntimeError, ValueError) as exc:
             log.debug("mlx device_info: %s", exc)
         reason = None if kind != "cpu" else "no GPU for MLX here: it runs on the CPU, slower than llama.cpp"
-        return RuntimeStatus(self.name, True, version=_dist_version("mlx-lm"), devices=(kind,), reason=reason,
-                             details=details)
+        return RuntimeStatus(
+            self.name, True, version=_dist_version("mlx-lm"), devices=(kind,), reason=reason, details=details
+        )
 
     def load(self, model: ModelRecord, plan: Plan) -> MlxSession:
         folder = Path(model.path)
@@ -206,8 +218,9 @@ class MlxSession:
             return mlx_features.RENDERER_TEMPLATE
         return None
 
-    def chat_prompt(self, messages: Sequence[Message | dict[str, Any]],
-                    variables: dict[str, Any] | None = None) -> tuple[list[int], tuple[str, ...]]:
+    def chat_prompt(
+        self, messages: Sequence[Message | dict[str, Any]], variables: dict[str, Any] | None = None
+    ) -> tuple[list[int], tuple[str, ...]]:
         """Token ids of the chat prompt, and stop strings the prompt format adds.
 
         ``variables`` are extra template variables (``tools``, from :mod:`localrun.chat.tools`).
@@ -222,8 +235,9 @@ class MlxSession:
             extra = {"tools": variables["tools"]} if variables and variables.get("tools") else {}
             return list(tok.apply_chat_template(msgs, add_generation_prompt=True, **extra)), ()
         if template is not None:
-            text = render_chat(template, messages, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "",
-                               variables=variables)
+            text = render_chat(
+                template, messages, bos_token=tok.bos_token or "", eos_token=tok.eos_token or "", variables=variables
+            )
             return list(tok.encode(text, add_special_tokens=False)), ()
         fallback = fallback_chat(messages, bos_token=tok.bos_token or "")
         return list(tok.encode(fallback.text, add_special_tokens=False)), fallback.stop
@@ -239,8 +253,11 @@ class MlxSession:
         return self._generate(prompt, req.sampling, (), cancel)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        raise UnsupportedFeature(f"{self._name}: the MLX runtime does not compute embeddings",
-                                 hint="use a GGUF embedding model with llama.cpp or Ollama", param="input")
+        raise UnsupportedFeature(
+            f"{self._name}: the MLX runtime does not compute embeddings",
+            hint="use a GGUF embedding model with llama.cpp or Ollama",
+            param="input",
+        )
 
     def close(self) -> None:
         self._model = self._tokenizer = self._cache = None
@@ -252,7 +269,9 @@ class MlxSession:
         except (ImportError, AttributeError) as exc:
             log.debug("mlx clear_cache: %s", exc)
 
-    def _generate(self, prompt: list[int], s: Sampling, extra_stops: tuple[str, ...], cancel: Cancel) -> Iterator[Chunk]:
+    def _generate(
+        self, prompt: list[int], s: Sampling, extra_stops: tuple[str, ...], cancel: Cancel
+    ) -> Iterator[Chunk]:
         """Check the request and the prompt now (so the error comes before any chunk)."""
         mlx_features.check_sampling(s, self._name)
         n_ctx = self._plan.n_ctx
@@ -276,8 +295,14 @@ class MlxSession:
         pieces = self._pieces(prompt, s, max_tokens, cancel, track)
         return shape_stream(pieces, stops=stops, cancel=cancel, prompt_tokens=len(prompt))
 
-    def _pieces(self, prompt: list[int], s: Sampling, max_tokens: int, cancel: Cancel,
-                track: mlx_features.LogprobTrack | None = None) -> Iterator[Piece]:
+    def _pieces(
+        self,
+        prompt: list[int],
+        s: Sampling,
+        max_tokens: int,
+        cancel: Cancel,
+        track: mlx_features.LogprobTrack | None = None,
+    ) -> Iterator[Piece]:
         import mlx.core as mx
         from mlx_lm import stream_generate
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -305,9 +330,15 @@ class MlxSession:
             # The default stream, not mlx-lm's thread-local one: a thread-local stream used
             # from a request thread aborts the process when that thread's stream is torn down.
             for r in stream_generate(
-                self._model, self._tokenizer, mx.array(prompt[reused:]), max_tokens=max_tokens,
-                sampler=sampler, logits_processors=processors, prompt_cache=cache,
-                prefill_step_size=max(int(self._plan.n_batch), 16), prompt_progress_callback=on_prefill,
+                self._model,
+                self._tokenizer,
+                mx.array(prompt[reused:]),
+                max_tokens=max_tokens,
+                sampler=sampler,
+                logits_processors=processors,
+                prompt_cache=cache,
+                prefill_step_size=max(int(self._plan.n_batch), 16),
+                prompt_progress_callback=on_prefill,
                 stream=mx.default_stream(mx.default_device()),
             ):
                 produced.append(r.token)
@@ -315,7 +346,9 @@ class MlxSession:
                     track.read(r.token, r.logprobs)
                 usage = None
                 if r.finish_reason is not None:
-                    usage = Usage(prompt_tokens=len(prompt), completion_tokens=r.generation_tokens, cached_tokens=reused)
+                    usage = Usage(
+                        prompt_tokens=len(prompt), completion_tokens=r.generation_tokens, cached_tokens=reused
+                    )
                 logprobs: tuple = ()
                 if track is not None and track.entries:
                     logprobs = tuple(track.entries)

@@ -47,9 +47,12 @@ def check_sampling(sampling: Sampling, model: str) -> None:
     """
     for param, value in (("response_format", sampling.json_schema), ("grammar", sampling.grammar)):
         if value is not None:
-            raise UnsupportedFeature(f"{param!r} is not supported by the mlx runtime serving {model}: "
-                                     "mlx-lm has no grammar engine to constrain the output",
-                                     param=param, hint="remove the field, or use a GGUF model with llama.cpp")
+            raise UnsupportedFeature(
+                f"{param!r} is not supported by the mlx runtime serving {model}: "
+                "mlx-lm has no grammar engine to constrain the output",
+                param=param,
+                hint="remove the field, or use a GGUF model with llama.cpp",
+            )
 
 
 def chat_inputs(req: ChatRequest, template: str | None, model: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -63,10 +66,10 @@ def chat_inputs(req: ChatRequest, template: str | None, model: str) -> tuple[lis
         raise UnsupportedFeature(
             f"the MLX runtime serving {model} cannot force a tool call (tool_choice or function_call {req.tool_choice!r}): "
             "it has no grammar engine to make the model emit one",
-            param="tool_choice", hint="use tool_choice 'auto' (the model may call a tool) or a llama.cpp model")
+            param="tool_choice",
+            hint="use tool_choice 'auto' (the model may call a tool) or a llama.cpp model",
+        )
     return tools.prompt_messages(req, template)
-
-
 
 
 class TokenText:
@@ -98,8 +101,9 @@ class TokenText:
             self.trim_space, self.trim_until_text = detok.trim_space, True
         elif isinstance(detok, BPEStreamingDetokenizer):
             byte_of = _byte_decoder()
-            self.table = [b"".join(bytes([byte_of[c]]) if c in byte_of else c.encode() for c in piece)
-                          for piece in detok.tokenmap]
+            self.table = [
+                b"".join(bytes([byte_of[c]]) if c in byte_of else c.encode() for c in piece) for piece in detok.tokenmap
+            ]
 
     def cursor(self) -> TokenCursor:
         return TokenCursor(self)
@@ -130,7 +134,7 @@ class TokenCursor:
                     break
                 common += 1
             return decoded[common:].encode()
-        return decoded[len(prev):].encode()
+        return decoded[len(prev) :].encode()
 
     def advance(self, token: int, raw: bytes) -> None:
         text = self._text
@@ -142,7 +146,7 @@ class TokenCursor:
         if text.decode(context).endswith("\n"):  # the naive detokenizer starts a new line
             self._context, self._context_text = [], ""
         else:
-            self._context = context[-text.WINDOW:]
+            self._context = context[-text.WINDOW :]
             self._context_text = text.decode(self._context)
 
 
@@ -177,4 +181,3 @@ class LogprobTrack:
         entry["top_logprobs"] = [logprob_entry(cursor.bytes_of(t), v) for t, v in alts]
         cursor.advance(token, raw)
         self.entries.append(entry)
-

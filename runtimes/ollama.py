@@ -142,11 +142,18 @@ def ollama_options(s: Sampling, *, n_ctx: int | None) -> dict[str, Any]:
 class OllamaClient:
     """The few Ollama routes localrun uses, with errors mapped to the localrun tree."""
 
-    def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None,
-                 read_timeout_s: float = 600.0, connect_timeout_s: float = 2.0):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        read_timeout_s: float = 600.0,
+        connect_timeout_s: float = 2.0,
+    ):
         self.base_url = base_url
-        self._http = httpx.Client(base_url=base_url, transport=transport,
-                                  timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s))
+        self._http = httpx.Client(
+            base_url=base_url, transport=transport, timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s)
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -161,8 +168,9 @@ class OllamaClient:
         if response.status_code == 404 and model:
             raise ModelNotFound(f"Ollama has no model {model!r} ({message})", hint=f"run `ollama pull {model}`")
         if response.status_code == 404:
-            raise RuntimeUnavailable(f"{response.url} answered 404: is {self.base_url} an Ollama server?",
-                                     hint="check OLLAMA_HOST")
+            raise RuntimeUnavailable(
+                f"{response.url} answered 404: is {self.base_url} an Ollama server?", hint="check OLLAMA_HOST"
+            )
         if response.status_code == 400 and CONTEXT_WORDS.search(message):
             raise ContextOverflow(f"Ollama: {message}", hint="shorten the conversation or raise the context length")
         if response.status_code == 400:
@@ -215,8 +223,10 @@ class OllamaClient:
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout) as exc:
             if cancel.is_set():
                 return
-            raise WorkerCrashed(f"Ollama broke off the answer for {model!r}: {type(exc).__name__}: {exc}",
-                                hint="check the Ollama server's log") from exc
+            raise WorkerCrashed(
+                f"Ollama broke off the answer for {model!r}: {type(exc).__name__}: {exc}",
+                hint="check the Ollama server's log",
+            ) from exc
 
 
 def _tagged(name: str) -> str:
@@ -246,8 +256,12 @@ class OllamaRuntime:
         runtime's, so tests replay every answer. Waits at most PROBE_TIMEOUT_S per request."""
         host = self._host if self._host is not None else (os.environ if env is None else env).get("OLLAMA_HOST", "")
         try:
-            client = OllamaClient(ollama_base_url(host), transport=self._transport, read_timeout_s=PROBE_TIMEOUT_S,
-                                  connect_timeout_s=PROBE_TIMEOUT_S)
+            client = OllamaClient(
+                ollama_base_url(host),
+                transport=self._transport,
+                read_timeout_s=PROBE_TIMEOUT_S,
+                connect_timeout_s=PROBE_TIMEOUT_S,
+            )
         except LocalrunError as exc:  # an OLLAMA_HOST that does not parse
             return RuntimeStatus(self.name, False, reason=exc.message, fix=exc.hint)
         try:
@@ -259,8 +273,9 @@ class OllamaRuntime:
             return RuntimeStatus(self.name, False, reason=exc.message, fix=fix, details={"url": client.base_url})
         finally:
             client.close()
-        return RuntimeStatus(self.name, True, version=version, devices=("ollama",),
-                             details={"url": client.base_url, "models": models})
+        return RuntimeStatus(
+            self.name, True, version=version, devices=("ollama",), details={"url": client.base_url, "models": models}
+        )
 
     def list_models(self) -> list[OllamaModel]:
         client = self._client()
@@ -271,15 +286,22 @@ class OllamaRuntime:
         out = []
         for m in rows:
             d = m.get("details") or {}
-            out.append(OllamaModel(
-                name=m.get("name") or m.get("model", ""), size=int(m.get("size") or 0), digest=m.get("digest", ""),
-                modified_at=m.get("modified_at", ""), family=d.get("family", ""),
-                parameter_size=d.get("parameter_size", ""), quantization_level=d.get("quantization_level", ""),
-            ))
+            out.append(
+                OllamaModel(
+                    name=m.get("name") or m.get("model", ""),
+                    size=int(m.get("size") or 0),
+                    digest=m.get("digest", ""),
+                    modified_at=m.get("modified_at", ""),
+                    family=d.get("family", ""),
+                    parameter_size=d.get("parameter_size", ""),
+                    quantization_level=d.get("quantization_level", ""),
+                )
+            )
         return out
 
-    def pull(self, model: str, progress: Callable[[PullProgress], None] | None = None, *,
-             cancel: Cancel | None = None) -> None:
+    def pull(
+        self, model: str, progress: Callable[[PullProgress], None] | None = None, *, cancel: Cancel | None = None
+    ) -> None:
         """Have Ollama pull ``model`` into its own store, reporting each status line.
 
         Raises:
@@ -293,8 +315,10 @@ class OllamaRuntime:
         try:
             for event in client.stream("/api/pull", {"model": model, "stream": True}, cancel, model=model):
                 last = PullProgress(
-                    status=str(event.get("status", "")), digest=event.get("digest"),
-                    total=event.get("total"), completed=event.get("completed"),
+                    status=str(event.get("status", "")),
+                    digest=event.get("digest"),
+                    total=event.get("total"),
+                    completed=event.get("completed"),
                 )
                 if progress is not None:
                     progress(last)
@@ -303,8 +327,10 @@ class OllamaRuntime:
                 raise
             text = exc.message.lower()
             if "not exist" in text or "not found" in text:
-                raise ModelNotFound(f"the Ollama registry has no model {model!r}: {exc.message}",
-                                    hint="check the name on https://ollama.com/library") from exc
+                raise ModelNotFound(
+                    f"the Ollama registry has no model {model!r}: {exc.message}",
+                    hint="check the name on https://ollama.com/library",
+                ) from exc
             raise DownloadFailed(f"Ollama could not pull {model!r}: {exc.message}", hint="run the pull again") from exc
         finally:
             client.close()
@@ -315,8 +341,9 @@ class OllamaRuntime:
 
     def load(self, model: ModelRecord, plan: Plan) -> OllamaSession:
         name = _model_name(model)
-        client = self._client(plan.options.get("ollama_host"),
-                              read_timeout_s=float(plan.options.get("read_timeout_s", 600.0)))
+        client = self._client(
+            plan.options.get("ollama_host"), read_timeout_s=float(plan.options.get("read_timeout_s", 600.0))
+        )
         try:
             info = client.request("POST", "/api/show", model=name, json={"model": name})
             running = {_tagged(m.get("name", "")) for m in client.request("GET", "/api/ps").get("models", [])}
@@ -325,14 +352,19 @@ class OllamaRuntime:
             caps = info.get("capabilities")  # absent before Ollama 0.6: assume a chat model
             version = parse_version(client.version())
             if plan.options.get("preload", True) and (caps is None or "completion" in caps):
-                client.request("POST", "/api/generate", model=name, json={
-                    "model": name, "stream": False, "keep_alive": keep_alive, "options": {"num_ctx": plan.n_ctx}})
+                client.request(
+                    "POST",
+                    "/api/generate",
+                    model=name,
+                    json={"model": name, "stream": False, "keep_alive": keep_alive, "options": {"num_ctx": plan.n_ctx}},
+                )
         except LocalrunError:
             client.close()
             raise
         capabilities = session_capabilities(caps, version)
-        return OllamaSession(client, name, plan=plan, keep_alive=keep_alive, capabilities=capabilities,
-                             unload_on_close=not was_loaded)
+        return OllamaSession(
+            client, name, plan=plan, keep_alive=keep_alive, capabilities=capabilities, unload_on_close=not was_loaded
+        )
 
 
 class OllamaSession:
@@ -340,8 +372,16 @@ class OllamaSession:
 
     concurrent = True
 
-    def __init__(self, client: OllamaClient, name: str, *, plan: Plan, keep_alive: Any,
-                 capabilities: frozenset[str], unload_on_close: bool):
+    def __init__(
+        self,
+        client: OllamaClient,
+        name: str,
+        *,
+        plan: Plan,
+        keep_alive: Any,
+        capabilities: frozenset[str],
+        unload_on_close: bool,
+    ):
         self._client = client
         self.model = name
         self._plan = plan
@@ -351,8 +391,14 @@ class OllamaSession:
 
     def _body(self, s: Sampling, **fields: Any) -> dict[str, Any]:
         check_sampling(s, self.capabilities, model=self.model)
-        return {"model": self.model, "stream": True, "keep_alive": self._keep_alive,
-                "options": ollama_options(s, n_ctx=self._plan.n_ctx), **sampling_fields(s), **fields}
+        return {
+            "model": self.model,
+            "stream": True,
+            "keep_alive": self._keep_alive,
+            "options": ollama_options(s, n_ctx=self._plan.n_ctx),
+            **sampling_fields(s),
+            **fields,
+        }
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         """Refusals are raised here, before anything is sent; the answer streams after."""
@@ -367,27 +413,38 @@ class OllamaSession:
         # raw: the prompt goes to the model as is, without the model's chat template.
         body = self._body(req.sampling, prompt=req.prompt, raw=True)
         events = self._client.stream("/api/generate", body, cancel, model=self.model)
-        return shape_ollama_stream(events, "generate", sampling=req.sampling, cancel=cancel,
-                                   server=self._client.base_url)
+        return shape_ollama_stream(
+            events, "generate", sampling=req.sampling, cancel=cancel, server=self._client.base_url
+        )
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return self.serve_embed_usage(texts)["embeddings"]
 
     def serve_embed_usage(self, inputs: Sequence[str]) -> dict:
         """Vectors and Ollama's own count of the tokens they took (``prompt_eval_count``)."""
-        data = self._client.request("POST", "/api/embed", model=self.model,
-                                    json={"model": self.model, "input": list(inputs), "keep_alive": self._keep_alive})
-        return {"embeddings": [list(map(float, row)) for row in data.get("embeddings", [])],
-                "prompt_tokens": int(data.get("prompt_eval_count") or 0)}
+        data = self._client.request(
+            "POST",
+            "/api/embed",
+            model=self.model,
+            json={"model": self.model, "input": list(inputs), "keep_alive": self._keep_alive},
+        )
+        return {
+            "embeddings": [list(map(float, row)) for row in data.get("embeddings", [])],
+            "prompt_tokens": int(data.get("prompt_eval_count") or 0),
+        }
 
     def close(self) -> None:
         """Unload the model from Ollama, unless it was loaded before localrun asked for it."""
         try:
             if self._unload_on_close:
-                self._client.request("POST", "/api/generate", model=self.model, timeout=5.0,
-                                     json={"model": self.model, "keep_alive": 0, "stream": False})
+                self._client.request(
+                    "POST",
+                    "/api/generate",
+                    model=self.model,
+                    timeout=5.0,
+                    json={"model": self.model, "keep_alive": 0, "stream": False},
+                )
         except LocalrunError as exc:
             log.warning("could not unload %s from Ollama: %s", self.model, exc)
         finally:
             self._client.close()
-

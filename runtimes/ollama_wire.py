@@ -41,9 +41,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from localrun.chat import tools as toolcalls
+from localrun.chat.tool_calls import openai_calls
 from localrun.errors import UnsupportedFeature
 from localrun.runtimes.pieces import Piece, shape_stream
-from localrun.chat.tool_calls import openai_calls
 from localrun.types import Cancel, ChatRequest, Chunk, Message, Sampling, Usage
 
 #: The first Ollama with structured outputs (``format`` as a JSON schema).
@@ -93,18 +93,25 @@ def check_sampling(sampling: Sampling, capabilities: frozenset[str], *, model: s
     (CLI, TUI) and for what Ollama never honours (grammars).
     """
     if sampling.grammar is not None:
-        raise UnsupportedFeature(f"Ollama cannot constrain {model}'s output with a GBNF grammar", param="grammar",
-                                 hint="use a JSON schema (response_format / format) instead")
+        raise UnsupportedFeature(
+            f"Ollama cannot constrain {model}'s output with a GBNF grammar",
+            param="grammar",
+            hint="use a JSON schema (response_format / format) instead",
+        )
     if sampling.json_schema is not None and "json_schema" not in capabilities:
         raise UnsupportedFeature(
             f"'response_format' is not supported by the ollama runtime serving {model}: "
             f"structured outputs need Ollama {_dotted(MIN_JSON_SCHEMA)} or newer",
-            param="response_format", hint="upgrade Ollama or remove the field from the request")
+            param="response_format",
+            hint="upgrade Ollama or remove the field from the request",
+        )
     if sampling.logprobs is not None and "logprobs" not in capabilities:
         raise UnsupportedFeature(
             f"'logprobs' is not supported by the ollama runtime serving {model}: "
             f"log-probabilities need Ollama {_dotted(MIN_LOGPROBS)} or newer",
-            param="logprobs", hint="upgrade Ollama or remove the field from the request")
+            param="logprobs",
+            hint="upgrade Ollama or remove the field from the request",
+        )
 
 
 def sampling_fields(sampling: Sampling) -> dict[str, Any]:
@@ -128,15 +135,20 @@ def offered_tools(req: ChatRequest, capabilities: frozenset[str], *, model: str)
     history = next((i for i, m in enumerate(req.messages) if m.tool_calls or m.role == "tool"), None)
     if (req.tools and req.tool_choice != "none" or history is not None) and "tools" not in capabilities:
         param = "tools" if req.tools else f"messages[{history}]"
-        raise UnsupportedFeature(f"{param!r} is not supported by the ollama runtime serving {model}: "
-                                 "Ollama does not list tool support for this model",
-                                 param=param, hint="use a model Ollama lists with the 'tools' capability")
+        raise UnsupportedFeature(
+            f"{param!r} is not supported by the ollama runtime serving {model}: "
+            "Ollama does not list tool support for this model",
+            param=param,
+            hint="use a model Ollama lists with the 'tools' capability",
+        )
     choice = req.tool_choice
     if choice not in (None, "auto", "none"):
         toolcalls.forced_call(req, toolcalls.HERMES)  # a choice naming an unknown function: its own 400
-        raise UnsupportedFeature(f"tool_choice (or function_call) {choice!r} cannot be honoured: "
-                                 f"Ollama cannot force {model} to call a tool",
-                                 param="tool_choice", hint="use tool_choice 'auto' (the model decides) or 'none'")
+        raise UnsupportedFeature(
+            f"tool_choice (or function_call) {choice!r} cannot be honoured: Ollama cannot force {model} to call a tool",
+            param="tool_choice",
+            hint="use tool_choice 'auto' (the model decides) or 'none'",
+        )
     if not req.tools or choice == "none":
         return []
     return [dict(t) for t in req.tools]
@@ -154,8 +166,10 @@ def _arguments(arguments: Any, index: int, name: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UnsupportedFeature(
             f"messages[{index}]: the arguments of the call to {name!r} are not a JSON object ({str(arguments)[:80]!r}); "
-            "Ollama takes arguments as an object", param=f"messages[{index}]",
-            hint="send the arguments the model produced, a JSON object encoded as a string")
+            "Ollama takes arguments as an object",
+            param=f"messages[{index}]",
+            hint="send the arguments the model produced, a JSON object encoded as a string",
+        )
     return value
 
 
@@ -170,7 +184,9 @@ def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             for c in m.tool_calls:
                 fn = c.get("function") or {}
                 name = fn.get("name")
-                call: dict[str, Any] = {"function": {"name": name, "arguments": _arguments(fn.get("arguments"), i, name)}}
+                call: dict[str, Any] = {
+                    "function": {"name": name, "arguments": _arguments(fn.get("arguments"), i, name)}
+                }
                 if c.get("id"):
                     call["id"] = c["id"]
                     called[str(c["id"])] = str(name)
@@ -192,8 +208,11 @@ def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
 def _logprob(entry: dict[str, Any], *, top: bool) -> dict[str, Any]:
     token = str(entry.get("token", ""))
     raw = entry.get("bytes")
-    out: dict[str, Any] = {"token": token, "logprob": float(entry.get("logprob", 0.0)),
-                           "bytes": list(raw) if raw is not None else list(token.encode())}
+    out: dict[str, Any] = {
+        "token": token,
+        "logprob": float(entry.get("logprob", 0.0)),
+        "bytes": list(raw) if raw is not None else list(token.encode()),
+    }
     if top:
         out["top_logprobs"] = [_logprob(a, top=False) for a in entry.get("top_logprobs") or () if isinstance(a, dict)]
     return out
@@ -217,8 +236,10 @@ def _pieces(events: Iterator[dict[str, Any]], kind: str, seen: dict[str, bool]) 
             seen["logprobs"] = seen["logprobs"] or bool(logprobs)
             if event.get("done"):
                 reason = "length" if event.get("done_reason") == "length" else "stop"
-                usage = Usage(prompt_tokens=int(event.get("prompt_eval_count") or 0),
-                              completion_tokens=int(event.get("eval_count") or 0))
+                usage = Usage(
+                    prompt_tokens=int(event.get("prompt_eval_count") or 0),
+                    completion_tokens=int(event.get("eval_count") or 0),
+                )
                 yield Piece(text, finish_reason=reason, usage=usage, tokens=0, logprobs=logprobs, tool_calls=calls)
                 return
             yield Piece(text, logprobs=logprobs, tool_calls=calls)
@@ -226,19 +247,26 @@ def _pieces(events: Iterator[dict[str, Any]], kind: str, seen: dict[str, bool]) 
         events.close()
 
 
-def shape_ollama_stream(events: Iterator[dict[str, Any]], kind: str, *, sampling: Sampling, cancel: Cancel,
-                        server: str) -> Iterator[Chunk]:
+def shape_ollama_stream(
+    events: Iterator[dict[str, Any]], kind: str, *, sampling: Sampling, cancel: Cancel, server: str
+) -> Iterator[Chunk]:
     """Chunks for Ollama's NDJSON ``events`` (``kind``: "chat" or "generate")."""
     seen = {"text": False, "logprobs": False}
     chunks = shape_stream(_pieces(events, kind, seen), stops=sampling.stop, cancel=cancel)
     try:
         for chunk in chunks:
-            if (chunk.finish_reason not in (None, "cancelled") and sampling.logprobs is not None
-                    and seen["text"] and not seen["logprobs"]):
+            if (
+                chunk.finish_reason not in (None, "cancelled")
+                and sampling.logprobs is not None
+                and seen["text"]
+                and not seen["logprobs"]
+            ):
                 raise UnsupportedFeature(
                     f"the Ollama server at {server} answered without log-probabilities: "
                     f"they need Ollama {_dotted(MIN_LOGPROBS)} or newer",
-                    param="logprobs", hint="upgrade Ollama, or leave out logprobs")
+                    param="logprobs",
+                    hint="upgrade Ollama, or leave out logprobs",
+                )
             yield chunk
     finally:
         chunks.close()

@@ -30,10 +30,10 @@ from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
-from localrun.runtimes.pieces import shape_stream
-from localrun.runtimes.openai_compat.wire import chat_body, completion_body
 from localrun.runtimes.openai_compat.kinds import KINDS
+from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
+from localrun.runtimes.openai_compat.wire import chat_body, completion_body
+from localrun.runtimes.pieces import shape_stream
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,25 @@ def vllm_python(plan: Plan | None = None, *, env: dict[str, str] | None = None) 
 def build_vllm_command(record: ModelRecord, plan: Plan, port: int, *, python: str | None = None) -> list[str]:
     """vLLM's server for ``record`` on ``127.0.0.1:port``, placed as the plan says; never remote code."""
     o = plan.options
-    cmd = [python or vllm_python(plan), "-m", SERVER_MODULE, "--model", str(record.path),
-           "--served-model-name", record.name, "--host", "127.0.0.1", "--port", str(int(port)),
-           "--max-model-len", str(int(o.get("max_model_len") or plan.n_ctx)),
-           "--tensor-parallel-size", str(int(o.get("tensor_parallel_size", 1))),
-           "--dtype", str(o.get("vllm_dtype", "auto"))]
+    cmd = [
+        python or vllm_python(plan),
+        "-m",
+        SERVER_MODULE,
+        "--model",
+        str(record.path),
+        "--served-model-name",
+        record.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(int(port)),
+        "--max-model-len",
+        str(int(o.get("max_model_len") or plan.n_ctx)),
+        "--tensor-parallel-size",
+        str(int(o.get("tensor_parallel_size", 1))),
+        "--dtype",
+        str(o.get("vllm_dtype", "auto")),
+    ]
     if plan.device.startswith("cuda"):
         cmd += ["--gpu-memory-utilization", f"{float(o.get('gpu_memory_utilization', GPU_MEMORY_UTILISATION)):.2f}"]
     if o.get("load_format"):
@@ -122,21 +136,34 @@ class VllmRuntime:
             return RuntimeStatus(self.name, False, reason=exc.message, fix=FIX)
         cuda = [g for g in getattr(hw, "gpus", ()) or () if str(getattr(g, "vendor", "")).lower() == "nvidia"]
         if env.get(DEVICE_ENV) == "cpu":
-            return RuntimeStatus(self.name, True, devices=("cpu",), reason="CPU build (LOCALRUN_VLLM_DEVICE=cpu)",
-                                 details={"python": python})
+            return RuntimeStatus(
+                self.name,
+                True,
+                devices=("cpu",),
+                reason="CPU build (LOCALRUN_VLLM_DEVICE=cpu)",
+                details={"python": python},
+            )
         if not cuda:
-            return RuntimeStatus(self.name, False, reason="vLLM needs a CUDA GPU and none was found",
-                                 fix=f"run on an NVIDIA GPU, or set {DEVICE_ENV}=cpu with a CPU build of vLLM")
-        return RuntimeStatus(self.name, True, devices=tuple(f"cuda:{i}" for i in range(len(cuda))),
-                             details={"python": python})
+            return RuntimeStatus(
+                self.name,
+                False,
+                reason="vLLM needs a CUDA GPU and none was found",
+                fix=f"run on an NVIDIA GPU, or set {DEVICE_ENV}=cpu with a CPU build of vLLM",
+            )
+        return RuntimeStatus(
+            self.name, True, devices=tuple(f"cuda:{i}" for i in range(len(cuda))), details={"python": python}
+        )
 
-    def load(self, model: ModelRecord, plan: Plan) -> "VllmSession":
+    def load(self, model: ModelRecord, plan: Plan) -> VllmSession:
         folder = Path(model.path)
         if not (folder / "config.json").is_file():
-            raise ModelNotFound(f"{model.name}: no config.json at {folder}", hint="vLLM runs Hugging Face model folders")
+            raise ModelNotFound(
+                f"{model.name}: no config.json at {folder}", hint="vLLM runs Hugging Face model folders"
+            )
         if "quantization" in _read_config(folder):  # MLX's own key; HF's is quantization_config
-            raise InvalidModelFile(f"{model.name} is quantised for MLX; vLLM cannot load it",
-                                   hint="use the unquantised Hugging Face model")
+            raise InvalidModelFile(
+                f"{model.name} is quantised for MLX; vLLM cannot load it", hint="use the unquantised Hugging Face model"
+            )
         from localrun.settings import default_data_dir
 
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in model.name)
@@ -166,8 +193,9 @@ class VllmSession(SupervisedSession):
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._ensure_running()
         if req.tools:
-            raise UnsupportedFeature(f"'tools' is not supported by the vllm runtime serving {self._server.record.name}",
-                                     param="tools")
+            raise UnsupportedFeature(
+                f"'tools' is not supported by the vllm runtime serving {self._server.record.name}", param="tools"
+            )
         return self._run("/v1/chat/completions", chat_body(req, KINDS["vllm"], self._server.model_id), cancel)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
@@ -175,5 +203,8 @@ class VllmSession(SupervisedSession):
         return self._run("/v1/completions", completion_body(req, KINDS["vllm"], self._server.model_id), cancel)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        raise UnsupportedFeature(f"{self._server.record.name}: the vllm runtime serves generation models here; "
-                                 "run an embedding model as an upstream", param="input")
+        raise UnsupportedFeature(
+            f"{self._server.record.name}: the vllm runtime serves generation models here; "
+            "run an embedding model as an upstream",
+            param="input",
+        )

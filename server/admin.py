@@ -133,7 +133,9 @@ async def admin_pin(request: Request):
 @router.get("/admin/events")
 async def admin_events(request: Request):
     """SSE: a ``status`` event now and whenever the loaded models change (polled, cheap)."""
-    return StreamingResponse(_status_events(request, EVENT_INTERVAL_S), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        _status_events(request, EVENT_INTERVAL_S), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 def _fingerprint(data: dict) -> str:

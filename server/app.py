@@ -36,11 +36,15 @@ def create_app(settings: Settings, manager) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         app.state.started_at = time.monotonic()
-        log.info("server ready: %d routes, API key %s", len(app.routes), "required" if settings.server.api_key else "off")
+        log.info(
+            "server ready: %d routes, API key %s", len(app.routes), "required" if settings.server.api_key else "off"
+        )
         yield
         log.info("server stopping")
 
-    app = FastAPI(title="localrun", version=__version__, docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="localrun", version=__version__, docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
     app.state.settings = settings
     app.state.manager = manager
     app.state.metrics = Metrics()
@@ -49,8 +53,15 @@ def create_app(settings: Settings, manager) -> FastAPI:
 
     # Each wire family is a package exposing ``router``; the order is the order paths are matched in,
     # and OpenAI's bare paths (no /v1) come last so every other family's path wins.
-    for router in (openai.router, ollama.router, admin.router, llama_server.router, responses.router, anthropic.router,
-                   openai.bare_router):
+    for router in (
+        openai.router,
+        ollama.router,
+        admin.router,
+        llama_server.router,
+        responses.router,
+        anthropic.router,
+        openai.bare_router,
+    ):
         app.include_router(router)
 
     if settings.server.mirror:  # the store as a hub endpoint, behind the same guards (serve --mirror)
@@ -77,12 +88,17 @@ def _install_error_handlers(app: FastAPI) -> None:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()))
-        return error_response(InvalidRequest(f"invalid {loc or 'request'}: {first.get('msg', '')}", param=loc or None), path=request.url.path)
+        return error_response(
+            InvalidRequest(f"invalid {loc or 'request'}: {first.get('msg', '')}", param=loc or None),
+            path=request.url.path,
+        )
 
     async def on_http_error(request: Request, exc: StarletteHTTPException):
         path = request.url.path
         if exc.status_code == 404:
-            err: LocalrunError = RouteNotFound(f"no route {request.method} {path[:200]}", hint="see /v1 (OpenAI) and /api (Ollama) routes")
+            err: LocalrunError = RouteNotFound(
+                f"no route {request.method} {path[:200]}", hint="see /v1 (OpenAI) and /api (Ollama) routes"
+            )
         elif exc.status_code == 405:
             err = MethodNotAllowed(f"{request.method} is not allowed on {path[:200]}")
         else:
@@ -109,8 +125,12 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(
-            CORSMiddleware, allow_origins=list(server.cors_origins), allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"], allow_credentials=False, max_age=600,
+            CORSMiddleware,
+            allow_origins=list(server.cors_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+            allow_credentials=False,
+            max_age=600,
         )
     app.add_middleware(HostGuard, allowed=allowed_host_names(server.host, server.allowed_hosts))
     app.add_middleware(Observe, metrics=app.state.metrics)

@@ -173,7 +173,9 @@ def error_response(exc: BaseException, *, path: str) -> Response:
     status = exc.http_status if 400 <= exc.http_status <= 599 else 500
     if is_anthropic_path(path):
         status = anthropic_status(exc, status)
-    body = json.dumps(error_body(exc, ollama=is_ollama_path(path), anthropic=is_anthropic_path(path)), ensure_ascii=False).encode()
+    body = json.dumps(
+        error_body(exc, ollama=is_ollama_path(path), anthropic=is_anthropic_path(path)), ensure_ascii=False
+    ).encode()
     return Response(body, status_code=status, media_type="application/json", headers=error_headers(exc))
 
 

@@ -126,8 +126,11 @@ def drop_unknown(request: Request, data: dict, schema: type[BaseModel]) -> dict:
     if not unknown:
         return data
     if strict_fields(request):
-        raise InvalidRequest(f"unknown field {unknown[0]!r}", param=unknown[0],
-                             hint="remove it (the server runs with server.strict_fields = true)")
+        raise InvalidRequest(
+            f"unknown field {unknown[0]!r}",
+            param=unknown[0],
+            hint="remove it (the server runs with server.strict_fields = true)",
+        )
     note_ignored(request, unknown)
     return {k: v for k, v in data.items() if k in known}
 
@@ -140,8 +143,13 @@ def _printable(name: str) -> str:
 def note_ignored(request: Request, names: list[str]) -> None:
     shown = [_printable(n) for n in names[:MAX_LISTED]]
     request.scope.setdefault(SCOPE_KEY, []).extend(shown)
-    log.info("%s %s: ignored unknown field%s %s", request.method, request.url.path[:200],
-             "s" if len(names) > 1 else "", ", ".join(shown) + (f" (+{len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""))
+    log.info(
+        "%s %s: ignored unknown field%s %s",
+        request.method,
+        request.url.path[:200],
+        "s" if len(names) > 1 else "",
+        ", ".join(shown) + (f" (+{len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""),
+    )
 
 
 #: Sampling fields that, when set, need the capability of the same name.
@@ -165,8 +173,11 @@ def refuse_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str
     """
     for field, capability in found:
         if capability not in capabilities:
-            raise UnsupportedFeature(f"{field!r} is not supported by the {runtime} runtime serving {model}",
-                                     hint=HINTS.get(capability, "remove the field from the request"), param=field)
+            raise UnsupportedFeature(
+                f"{field!r} is not supported by the {runtime} runtime serving {model}",
+                hint=HINTS.get(capability, "remove the field from the request"),
+                param=field,
+            )
 
 
 class IgnoredFieldsHeader:

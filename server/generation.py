@@ -60,7 +60,9 @@ def logprobs_asked(logprobs: bool | None, top: int | None) -> int | None:
     return (top or 0) if logprobs else None
 
 
-def make_sampling(*, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: float | int | None) -> Sampling:
+def make_sampling(
+    *, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: float | int | None
+) -> Sampling:
     """Sampling from request fields; unset knobs keep the runtime defaults in ``Sampling``."""
     fields: dict[str, Any] = {k: v for k, v in knobs.items() if v is not None}
     fields["max_tokens"] = clamp_max_tokens(max_tokens, cap)
@@ -217,13 +219,19 @@ class Generation:
             await self.stream.aclose()
 
 
-async def open_generation(request: Request, model: str, req, *, keep_alive_s: float | None, found: list[tuple[str, str]]) -> Generation:
+async def open_generation(
+    request: Request, model: str, req, *, keep_alive_s: float | None, found: list[tuple[str, str]]
+) -> Generation:
     """Load and admit (errors become HTTP errors), then refuse fields the runtime cannot honour."""
     state = app_state(request)
     stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s)
     try:
-        refuse_unsupported(found, model=stream.record.name, runtime=stream.plan.runtime,
-                           capabilities=frozenset(stream.capabilities or ()))
+        refuse_unsupported(
+            found,
+            model=stream.record.name,
+            runtime=stream.plan.runtime,
+            capabilities=frozenset(stream.capabilities or ()),
+        )
     except LocalrunError:
         await stream.aclose()
         raise
@@ -235,18 +243,22 @@ def finish_for_wire(reason: str | None) -> str:
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
-async def session_call(request: Request, model: str, method: str, args: dict[str, Any] | None = None,
-                       *, found: list[tuple[str, str]] = ()) -> Any:
+async def session_call(
+    request: Request, model: str, method: str, args: dict[str, Any] | None = None, *, found: list[tuple[str, str]] = ()
+) -> Any:
     """One session extra (``runtimes.base.EXTRAS``) on ``model``, after refusing fields its runtime cannot honour."""
     manager = app_state(request).manager
     lm = await asyncio.to_thread(manager.load, model)
     request_stats(request).model = lm.record.name
-    refuse_unsupported(list(found), model=lm.record.name, runtime=lm.plan.runtime,
-                       capabilities=frozenset(lm.handle.capabilities or ()))
+    refuse_unsupported(
+        list(found), model=lm.record.name, runtime=lm.plan.runtime, capabilities=frozenset(lm.handle.capabilities or ())
+    )
     return await asyncio.to_thread(manager.call, lm.record.name, method, args or {})
 
 
-async def embed_counted(request: Request, model: str, inputs: list, *, found: list[tuple[str, str]] = ()) -> tuple[list, int]:
+async def embed_counted(
+    request: Request, model: str, inputs: list, *, found: list[tuple[str, str]] = ()
+) -> tuple[list, int]:
     """(vectors, tokens evaluated) for ``inputs`` (texts or token-id lists): the usage both APIs report."""
     if not inputs:
         return [], 0

@@ -125,7 +125,9 @@ class Metrics:
         with self._lock:
             header("localrun_requests_total", "counter", "HTTP requests by route, method and status.")
             for (route, method, status), n in sorted(self.requests.items()):
-                out.append(f'localrun_requests_total{{route="{_label(route)}",method="{method}",status="{status}"}} {n}')
+                out.append(
+                    f'localrun_requests_total{{route="{_label(route)}",method="{method}",status="{status}"}} {n}'
+                )
             header("localrun_request_duration_seconds", "histogram", "Time from request to last byte.")
             for route, h in sorted(self.durations.items()):
                 out.extend(h.render("localrun_request_duration_seconds", f'route="{_label(route)}"'))
@@ -152,20 +154,30 @@ class Metrics:
         out.append(f"localrun_worker_restarts_total {worker_restarts}")
         return "\n".join(out) + "\n"
 
-
     def _render_speculative(self, out: list[str], header) -> None:
         """Speculative decoding per model: drafted, accepted (= decode passes saved) and the rate."""
-        header("localrun_speculative_drafted_tokens_total", "counter", "Tokens drafted and verified (speculative decoding).")
+        header(
+            "localrun_speculative_drafted_tokens_total",
+            "counter",
+            "Tokens drafted and verified (speculative decoding).",
+        )
         for model, n in sorted(self.drafted_tokens.items()):
             out.append(f'localrun_speculative_drafted_tokens_total{{model="{_label(model)}"}} {n}')
-        header("localrun_speculative_accepted_tokens_total", "counter",
-               "Drafted tokens the model kept: each one is a decode pass saved.")
+        header(
+            "localrun_speculative_accepted_tokens_total",
+            "counter",
+            "Drafted tokens the model kept: each one is a decode pass saved.",
+        )
         for model, n in sorted(self.accepted_tokens.items()):
             out.append(f'localrun_speculative_accepted_tokens_total{{model="{_label(model)}"}} {n}')
-        header("localrun_speculative_acceptance_ratio", "gauge", "Accepted over drafted tokens, since the server started.")
+        header(
+            "localrun_speculative_acceptance_ratio", "gauge", "Accepted over drafted tokens, since the server started."
+        )
         for model, n in sorted(self.drafted_tokens.items()):
-            out.append(f'localrun_speculative_acceptance_ratio{{model="{_label(model)}"}} '
-                       f"{self.accepted_tokens[model] / n:.4f}")
+            out.append(
+                f'localrun_speculative_acceptance_ratio{{model="{_label(model)}"}} '
+                f"{self.accepted_tokens[model] / n:.4f}"
+            )
 
 
 class Observe:
@@ -262,13 +274,25 @@ class UpstreamMetrics:
             header("localrun_upstream_requests_total", "counter", "Requests an upstream answered, by outcome.")
             for (up, model, outcome), n in sorted(self.requests.items()):
                 out.append(f'localrun_upstream_requests_total{{{lab(up, model)},outcome="{outcome}"}} {n}')
-            header("localrun_upstream_errors_total", "counter", "Failed upstream requests by kind (connect, timeout, http_5xx, stream, auth…).")
+            header(
+                "localrun_upstream_errors_total",
+                "counter",
+                "Failed upstream requests by kind (connect, timeout, http_5xx, stream, auth…).",
+            )
             for (up, model, kind), n in sorted(self.errors.items()):
                 out.append(f'localrun_upstream_errors_total{{{lab(up, model)},kind="{_label(kind)}"}} {n}')
-            header("localrun_upstream_time_to_first_token_seconds", "histogram", "From sending to an upstream to its first token.")
+            header(
+                "localrun_upstream_time_to_first_token_seconds",
+                "histogram",
+                "From sending to an upstream to its first token.",
+            )
             for (up, model), h in sorted(self.ttft.items()):
                 out.extend(h.render("localrun_upstream_time_to_first_token_seconds", lab(up, model)))
-            header("localrun_upstream_request_duration_seconds", "histogram", "From sending to an upstream to its last token.")
+            header(
+                "localrun_upstream_request_duration_seconds",
+                "histogram",
+                "From sending to an upstream to its last token.",
+            )
             for (up, model), h in sorted(self.durations.items()):
                 out.extend(h.render("localrun_upstream_request_duration_seconds", lab(up, model)))
             header("localrun_upstream_cooldowns_total", "counter", "Times an upstream was put in cooldown.")
@@ -279,7 +303,9 @@ class UpstreamMetrics:
             out.append(f"localrun_upstream_in_flight{{{lab(s['name'])}}} {s['in_flight']}")
         header("localrun_upstream_up", "gauge", "1 when the upstream's last probe passed and it is not cooling down.")
         for s in status:
-            out.append(f'localrun_upstream_up{{{lab(s["name"])},state="{s["health"]}"}} {1 if s["health"] == "up" else 0}')
+            out.append(
+                f'localrun_upstream_up{{{lab(s["name"])},state="{s["health"]}"}} {1 if s["health"] == "up" else 0}'
+            )
         header("localrun_upstream_cooldown_seconds", "gauge", "Seconds of cooldown left.")
         for s in status:
             out.append(f"localrun_upstream_cooldown_seconds{{{lab(s['name'])}}} {s['cooldown_left_s']}")

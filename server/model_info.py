@@ -13,12 +13,12 @@ from typing import Any
 from localrun.types import ModelRecord
 
 #: A time far away for "never unloads", as Ollama reports pinned models.
-_FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.timezone.utc)
+_FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.UTC)
 
 
 def iso(ts: float | None = None) -> str:
     """RFC 3339 in UTC with a Z, as Go's time.Time marshals it."""
-    when = dt.datetime.fromtimestamp(time.time() if ts is None else ts, tz=dt.timezone.utc)
+    when = dt.datetime.fromtimestamp(time.time() if ts is None else ts, tz=dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -107,7 +107,7 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[st
     memory = info.get("memory_bytes") or (record.size if record else 0)
     on_gpu = str(info.get("device", "cpu")).lower() not in ("cpu", "")
     ttl = info.get("ttl_left_s")
-    expires = _FOREVER if ttl is None else dt.datetime.now(tz=dt.timezone.utc) + dt.timedelta(seconds=ttl)
+    expires = _FOREVER if ttl is None else dt.datetime.now(tz=dt.UTC) + dt.timedelta(seconds=ttl)
     return {
         "name": info.get("name"),
         "model": info.get("name"),

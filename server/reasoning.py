@@ -28,7 +28,13 @@ log = logging.getLogger(__name__)
 #: Reasoning tokens per effort word (OpenAI reasoning_effort, Anthropic output_config.effort,
 #: Ollama think levels). ``None``: no bound beyond max_tokens.
 EFFORT_TOKENS: dict[str, int | None] = {
-    "none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768, "max": None,
+    "none": 0,
+    "minimal": 256,
+    "low": 1024,
+    "medium": 4096,
+    "high": 16384,
+    "xhigh": 32768,
+    "max": None,
 }
 
 
@@ -72,8 +78,11 @@ def think_reasoning(request, gen: Generation, req: ChatRequest, think) -> None:
     else:
         ask = effort_ask(str(think), "think")
     if enable_reasoning(request, gen, req, ask) is None and think not in (None, False):
-        raise UnsupportedFeature(f"{gen.record.name} does not support thinking: its chat template has no reasoning channel",
-                                 hint="leave 'think' out, or use a reasoning model", param="think")
+        raise UnsupportedFeature(
+            f"{gen.record.name} does not support thinking: its chat template has no reasoning channel",
+            hint="leave 'think' out, or use a reasoning model",
+            param="think",
+        )
 
 
 def reasoning_fields(reasoning: str, settings) -> dict:
@@ -95,9 +104,12 @@ def enable_reasoning(request, gen: Generation, req: ChatRequest, ask: ReasoningA
     if budget is not None and req.sampling.max_tokens is not None and budget >= req.sampling.max_tokens:
         budget = None  # max_tokens ends it first anyway
     if budget is not None and "reasoning_budget" not in (gen.stream.capabilities or ()):
-        raise UnsupportedFeature(f"{ask.field or 'the reasoning budget'!r} is not supported by the {gen.plan.runtime} runtime "
-                                 f"serving {gen.record.name}: it cannot continue a turn past a forced end of thinking",
-                                 hint="leave the budget out (max_tokens still bounds the answer)", param=ask.field)
+        raise UnsupportedFeature(
+            f"{ask.field or 'the reasoning budget'!r} is not supported by the {gen.plan.runtime} runtime "
+            f"serving {gen.record.name}: it cannot continue a turn past a forced end of thinking",
+            hint="leave the budget out (max_tokens still bounds the answer)",
+            param=ask.field,
+        )
     manager, model = app_state(request).manager, gen.record.name
     splitter = ChunkSplitter(fmt, budget)
     gen.pipe(lambda source: asplit_chunks(source, splitter, req, lambda cont: manager.aopen(model, cont)))

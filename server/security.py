@@ -142,12 +142,19 @@ class RequestGuard:
         if problem is not None:
             await error_response(problem, path=path)(scope, receive, send)
             return
-        if scope["method"] in _BODY_METHODS or _header(scope, b"content-length") or _header(scope, b"transfer-encoding"):
+        if (
+            scope["method"] in _BODY_METHODS
+            or _header(scope, b"content-length")
+            or _header(scope, b"transfer-encoding")
+        ):
             body = await self._read_body(receive)
             if body is _GONE:
                 return  # the client left before sending the whole body: nothing to answer
             if body is None:
-                exc = BodyTooLarge(f"the request body is larger than {self.max_body_bytes} bytes", hint="send a smaller request or raise server.max_body_bytes")
+                exc = BodyTooLarge(
+                    f"the request body is larger than {self.max_body_bytes} bytes",
+                    hint="send a smaller request or raise server.max_body_bytes",
+                )
                 await error_response(exc, path=path)(scope, receive, send)
                 return
             receive = _replay(body, receive)
@@ -166,7 +173,10 @@ class RequestGuard:
             return None
         auth = auth or (other or "")
         why = "no API key was sent" if not auth else "the API key is not valid"
-        return Unauthorized(f"{why}", hint="send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the server's API key")
+        return Unauthorized(
+            f"{why}",
+            hint="send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the server's API key",
+        )
 
     def _check_body_headers(self, scope: Scope):
         method = scope["method"]
@@ -175,7 +185,10 @@ class RequestGuard:
             if not length.isdigit():
                 return BodyTooLarge("invalid Content-Length header")
             if int(length) > self.max_body_bytes:
-                return BodyTooLarge(f"the request body ({length} bytes) is larger than {self.max_body_bytes} bytes", hint="send a smaller request or raise server.max_body_bytes")
+                return BodyTooLarge(
+                    f"the request body ({length} bytes) is larger than {self.max_body_bytes} bytes",
+                    hint="send a smaller request or raise server.max_body_bytes",
+                )
         has_body = (length is not None and length != "0") or _header(scope, b"transfer-encoding") is not None
         if method in _BODY_METHODS or (method == "DELETE" and has_body):
             ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()

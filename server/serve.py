@@ -54,7 +54,9 @@ def probe_port(host: str, port: int) -> None:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        infos = socket.getaddrinfo(host, port, family if host not in ("", "localhost") else socket.AF_UNSPEC, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(
+            host, port, family if host not in ("", "localhost") else socket.AF_UNSPEC, socket.SOCK_STREAM
+        )
     except socket.gaierror as exc:
         raise ConfigError(f"cannot resolve host {host!r}: {exc}", hint="use an IP address such as 127.0.0.1") from exc
     fam, kind, proto, _, addr = infos[0]
@@ -70,8 +72,9 @@ def probe_port(host: str, port: int) -> None:
         probe.close()
 
 
-def uvicorn_server(app, host: str, port: int, *, ready_callback: Callable[[str], None] | None = None,
-                   handle_signals: bool = True):
+def uvicorn_server(
+    app, host: str, port: int, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True
+):
     """A uvicorn.Server for ``app`` with localrun's options (our logging and access log, no
     proxy headers, no server header, no websockets). ``server.run()`` blocks (the CLI);
     ``await server.serve()`` runs it in an existing event loop (the TUI), where
@@ -111,7 +114,9 @@ def uvicorn_server(app, host: str, port: int, *, ready_callback: Callable[[str],
     return _Server(config)
 
 
-def build_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True):
+def build_server(
+    settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True
+):
     """The server for ``create_app(settings, manager)`` (see :func:`uvicorn_server`), after
     the host and port checks. Raises ConfigError for a non-loopback host without a key or a
     port already in use."""
@@ -119,8 +124,13 @@ def build_server(settings: Settings, manager, *, ready_callback: Callable[[str],
 
     check_bind_policy(settings)
     probe_port(settings.server.host, settings.server.port)
-    return uvicorn_server(create_app(settings, manager), settings.server.host, settings.server.port,
-                          ready_callback=ready_callback, handle_signals=handle_signals)
+    return uvicorn_server(
+        create_app(settings, manager),
+        settings.server.host,
+        settings.server.port,
+        ready_callback=ready_callback,
+        handle_signals=handle_signals,
+    )
 
 
 def run_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None) -> None:

@@ -214,7 +214,19 @@ def write_meta_only_gguf(
 
 # GGUF value types (ggml docs/gguf.md)
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
-_SCALAR_FMT = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?", U64: "Q", I64: "q", F64: "d"}
+_SCALAR_FMT = {
+    U8: "B",
+    I8: "b",
+    U16: "H",
+    I16: "h",
+    U32: "I",
+    I32: "i",
+    F32: "f",
+    BOOL: "?",
+    U64: "Q",
+    I64: "q",
+    F64: "d",
+}
 
 
 class Raw(bytes):
@@ -315,7 +327,7 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
         del buf[i : i + rng.randint(1, 16)]
     else:  # stamp an interesting integer
         width = 8 if kind == 4 else 4
-        values = [0, 1, 2**(8 * width) - 1, 2**(8 * width - 1), 2**(8 * width) - 64, 0xFFFF, 3, 7, 64, 2**31]
+        values = [0, 1, 2 ** (8 * width) - 1, 2 ** (8 * width - 1), 2 ** (8 * width) - 64, 0xFFFF, 3, 7, 64, 2**31]
         i = rng.randrange(max(1, min(len(buf), 4096) - width))
         buf[i : i + width] = rng.choice(values).to_bytes(width, "little")
     return bytes(buf)

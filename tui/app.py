@@ -36,7 +36,14 @@ from localrun.tui.hardware_view import HardwareScreen
 from localrun.tui.header import TABS
 from localrun.tui.library import LibraryScreen
 from localrun.tui.messages import (
-    DownloadUpdated, FactsReady, LoadedChanged, ModelsChanged, Notice, RequestLogged, ServerChanged, ServerState,
+    DownloadUpdated,
+    FactsReady,
+    LoadedChanged,
+    ModelsChanged,
+    Notice,
+    RequestLogged,
+    ServerChanged,
+    ServerState,
 )
 from localrun.tui.metering import RequestLogEntry, RequestMeter
 from localrun.tui.modals import PortModal
@@ -66,7 +73,10 @@ class LocalrunApp(App):
     COMMANDS = App.COMMANDS | {ModelCommands}
     BINDINGS = [
         *(Binding(str(n), f"switch_mode('{mode}')", label, show=False) for n, (mode, label) in enumerate(TABS, 1)),
-        *(Binding(f"f{n}", f"switch_mode('{mode}')", label, show=False, priority=True) for n, (mode, label) in enumerate(TABS, 1)),
+        *(
+            Binding(f"f{n}", f"switch_mode('{mode}')", label, show=False, priority=True)
+            for n, (mode, label) in enumerate(TABS, 1)
+        ),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -76,9 +86,20 @@ class LocalrunApp(App):
     downloads: reactive[tuple] = reactive(tuple, init=False)
     models_version: reactive[int] = reactive(0, init=False)
 
-    def __init__(self, *, settings, manager=None, store=None, backend: Backend | None = None, serve: bool = True,
-                 facts: tuple[Any, dict] | None = None, backend_error: str | None = None, log_path: str | None = None,
-                 poll_s: float = 1.0, default_model: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        settings,
+        manager=None,
+        store=None,
+        backend: Backend | None = None,
+        serve: bool = True,
+        facts: tuple[Any, dict] | None = None,
+        backend_error: str | None = None,
+        log_path: str | None = None,
+        poll_s: float = 1.0,
+        default_model: bool = False,
+    ) -> None:
         super().__init__()
         self.settings = settings
         self.meter = RequestMeter(self._on_request_entry)
@@ -157,12 +178,15 @@ class LocalrunApp(App):
         if self.manager is None:
             self.post_message(ServerChanged(ServerState("off", detail=self.backend_error or "no model manager")))
             return
-        self.embedded = EmbeddedServer(self.settings, self.manager, host=host, port=port, middleware=self.meter.middleware)
+        self.embedded = EmbeddedServer(
+            self.settings, self.manager, host=host, port=port, middleware=self.meter.middleware
+        )
         try:
             url = await self.embedded.start()
         except Exception as exc:  # any start failure: the header says it, the worker's handler reports it
-            self.post_message(ServerChanged(ServerState("failed", key=self.server_state.key,
-                                                        detail=f"{type(exc).__name__}: {exc}")))
+            self.post_message(
+                ServerChanged(ServerState("failed", key=self.server_state.key, detail=f"{type(exc).__name__}: {exc}"))
+            )
             raise
         self.post_message(ServerChanged(ServerState("embedded", url, key=bool(self.settings.server.api_key))))
 
@@ -171,8 +195,16 @@ class LocalrunApp(App):
 
         key = self.settings.server.api_key
         self.backend = RemoteBackend(url, api_key=key.get_secret_value() if key else None)
-        self.post_message(ServerChanged(ServerState("attached", url, key=bool(key),
-                                                    detail="another localrun serves this port; this window is its client")))
+        self.post_message(
+            ServerChanged(
+                ServerState(
+                    "attached",
+                    url,
+                    key=bool(key),
+                    detail="another localrun serves this port; this window is its client",
+                )
+            )
+        )
         self.post_message(ModelsChanged("attached"))
         self.notify(f"Another localrun serves {url}: this window manages it as a client.", title="Attached")
 
@@ -196,8 +228,10 @@ class LocalrunApp(App):
             if yes:
                 await self._quit_now()
 
-        question = (f"{len(running)} pull(s) running ({', '.join(running[:3])}). Quit and stop them? "
-                    "Pulling again later resumes where they stopped.")
+        question = (
+            f"{len(running)} pull(s) running ({', '.join(running[:3])}). Quit and stop them? "
+            "Pulling again later resumes where they stopped."
+        )
         self.push_screen(ConfirmModal("Quit localrun?", question, yes="Quit"), answered)
 
     async def _quit_now(self) -> None:
@@ -277,5 +311,8 @@ class LocalrunApp(App):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for number, (mode, label) in enumerate(TABS, 1):
-            yield SystemCommand(f"Go to {label}", f"Switch to the {label} screen (key {number})",
-                                lambda mode=mode: self.switch_mode(mode))
+            yield SystemCommand(
+                f"Go to {label}",
+                f"Switch to the {label} screen (key {number})",
+                lambda mode=mode: self.switch_mode(mode),
+            )

@@ -23,6 +23,7 @@ from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelR
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class ModelDetails:
     """What the library's details pane shows for one model."""
@@ -55,11 +56,16 @@ class LoadedInfo:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_manager(cls, d: dict[str, Any]) -> "LoadedInfo":
+    def from_manager(cls, d: dict[str, Any]) -> LoadedInfo:
         return cls(
-            name=d["name"], runtime=d.get("runtime") or "?", device=d.get("device") or "?",
-            memory_bytes=d.get("memory_bytes"), idle_s=d.get("idle_s"), ttl_left_s=d.get("ttl_left_s"),
-            pinned=bool(d.get("pinned")), active=int(d.get("active") or 0),
+            name=d["name"],
+            runtime=d.get("runtime") or "?",
+            device=d.get("device") or "?",
+            memory_bytes=d.get("memory_bytes"),
+            idle_s=d.get("idle_s"),
+            ttl_left_s=d.get("ttl_left_s"),
+            pinned=bool(d.get("pinned")),
+            active=int(d.get("active") or 0),
         )
 
 
@@ -91,8 +97,20 @@ def metadata_lines(record: ModelRecord) -> tuple[str, ...]:
 
     meta = dict(record.metadata)
     lines = [f"{record.name} · {record.format.value} · {human_bytes(record.size)} · {record.source.value}"]
-    preferred = ("architecture", "name", "quant", "parameters", "context_length", "block_count", "layers",
-                 "embedding_length", "head_count", "head_count_kv", "vocab_size", "license")
+    preferred = (
+        "architecture",
+        "name",
+        "quant",
+        "parameters",
+        "context_length",
+        "block_count",
+        "layers",
+        "embedding_length",
+        "head_count",
+        "head_count_kv",
+        "vocab_size",
+        "license",
+    )
     keys = [k for k in preferred if k in meta] + sorted(k for k in meta if k not in preferred and k != "chat_template")
     for key in keys:
         value = meta[key]
@@ -120,10 +138,14 @@ def plan_lines(plan: Plan, record: ModelRecord) -> tuple[str, ...]:
         return tuple(str(line) for line in render_plan(plan, record))
     from localrun.tui.format import human_bytes
 
-    lines = [f"Plan: {plan.runtime} on {plan.device}, {plan.n_threads} threads, {plan.n_gpu_layers} GPU layers, context {plan.n_ctx:,}"]
+    lines = [
+        f"Plan: {plan.runtime} on {plan.device}, {plan.n_threads} threads, {plan.n_gpu_layers} GPU layers, context {plan.n_ctx:,}"
+    ]
     if plan.memory:
         m = plan.memory
-        lines.append(f"Memory: weights {human_bytes(m.weights)} + KV {human_bytes(m.kv_cache)} + overhead {human_bytes(m.overhead)} = {human_bytes(m.total)}")
+        lines.append(
+            f"Memory: weights {human_bytes(m.weights)} + KV {human_bytes(m.kv_cache)} + overhead {human_bytes(m.overhead)} = {human_bytes(m.total)}"
+        )
     lines.append(f"Verdict: {plan.verdict}")
     lines.extend(f"  · {r}" for r in plan.reasons)
     return tuple(lines)
@@ -158,8 +180,12 @@ class LocalBackend:
         record = self.manager.resolve(name)
         if record.source is Source.UPSTREAM:
             where = ", ".join(record.metadata.get("upstreams", ()))
-            return ModelDetails(record, None, (f"Served by upstream {where}; it plans and places the model itself.",),
-                                metadata_lines(record))
+            return ModelDetails(
+                record,
+                None,
+                (f"Served by upstream {where}; it plans and places the model itself.",),
+                metadata_lines(record),
+            )
         try:
             plan = self.plan(record)
         except LocalrunError as exc:
@@ -187,7 +213,10 @@ class LocalBackend:
     def verify(self, name: str) -> VerifyResult:
         verify = getattr(self.store, "verify", None)
         if verify is None:
-            raise UnsupportedFeature("this model store cannot verify files yet", hint="update localrun; `localrun verify` re-hashes on demand")
+            raise UnsupportedFeature(
+                "this model store cannot verify files yet",
+                hint="update localrun; `localrun verify` re-hashes on demand",
+            )
         result = verify(name)
         message = _verify_message(name, result)
         return VerifyResult(name, True, message)

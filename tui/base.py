@@ -34,11 +34,11 @@ class LocalrunScreen(Screen):
     TAB: ClassVar[str] = ""
 
     @property
-    def lapp(self) -> "LocalrunApp":
+    def lapp(self) -> LocalrunApp:
         return self.app  # type: ignore[return-value]
 
     @property
-    def backend(self) -> "Backend | None":
+    def backend(self) -> Backend | None:
         return self.lapp.backend
 
     def compose(self) -> ComposeResult:
@@ -82,4 +82,6 @@ class LocalrunScreen(Screen):
                 app.post_message(ModelsChanged(description))
             return result
 
-        return self.run_worker(job, thread=True, name=description, group=group, exclusive=exclusive, exit_on_error=False)
+        return self.run_worker(
+            job, thread=True, name=description, group=group, exclusive=exclusive, exit_on_error=False
+        )

@@ -29,7 +29,8 @@ from localrun.chat.reasoning import detect_format, split_chunks, template_of
 from localrun.errors import ConfigError, LocalrunError
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
 from localrun.tui.base import LocalrunScreen
-from localrun.types import Cancel, ChatRequest, Message as ChatMessage, ModelRecord, Sampling
+from localrun.types import Cancel, ChatRequest, ModelRecord, Sampling
+from localrun.types import Message as ChatMessage
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +47,23 @@ class ChatSettings:
 
 def parse_sampling(temperature: str, top_p: str, max_tokens: str) -> Sampling:
     """The three inputs as Sampling; ConfigError names the field that is wrong."""
+
     def number(text: str, what: str, lo: float, hi: float, cast=float):
         try:
             value = cast(text.strip())
         except ValueError:
-            raise ConfigError(f"{what} must be a number, not {text!r}", hint=f"enter a value between {lo} and {hi}") from None
+            raise ConfigError(
+                f"{what} must be a number, not {text!r}", hint=f"enter a value between {lo} and {hi}"
+            ) from None
         if not lo <= value <= hi:
             raise ConfigError(f"{what} {value} is out of range", hint=f"enter a value between {lo} and {hi}")
         return value
 
-    return Sampling(temperature=number(temperature, "temperature", 0.0, 2.0), top_p=number(top_p, "top_p", 0.0, 1.0),
-                    max_tokens=number(max_tokens, "max tokens", 1, 1_000_000, int))
+    return Sampling(
+        temperature=number(temperature, "temperature", 0.0, 2.0),
+        top_p=number(top_p, "top_p", 0.0, 1.0),
+        max_tokens=number(max_tokens, "max tokens", 1, 1_000_000, int),
+    )
 
 
 def rate_text(ttft_s: float | None, tokens: int, decode_s: float, *, running: bool) -> str:
@@ -171,7 +178,9 @@ class ChatScreen(LocalrunScreen):
         current = self.model_select.value
         self.model_select.set_options([(n, n) for n in names])
         wanted = self._wanted if self._wanted in names else None
-        fallback = CHAT_MODEL_NAME if CHAT_MODEL_NAME in names else (names[0] if names else None)  # an instruct model chats
+        fallback = (
+            CHAT_MODEL_NAME if CHAT_MODEL_NAME in names else (names[0] if names else None)
+        )  # an instruct model chats
         keep = wanted or current if (wanted or current) in names else next((n for n in loaded if n in names), fallback)
         if keep is not None:
             self.model_select.value = keep
@@ -190,9 +199,14 @@ class ChatScreen(LocalrunScreen):
     def current_settings(self) -> ChatSettings:
         model = self.model_select.value
         if not isinstance(model, str):
-            raise ConfigError("no model is chosen", hint="pick one in the model list at the top (or load one in the Library)")
-        sampling = parse_sampling(self.query_one("#temperature", Input).value, self.query_one("#top-p", Input).value,
-                                  self.query_one("#max-tokens", Input).value)
+            raise ConfigError(
+                "no model is chosen", hint="pick one in the model list at the top (or load one in the Library)"
+            )
+        sampling = parse_sampling(
+            self.query_one("#temperature", Input).value,
+            self.query_one("#top-p", Input).value,
+            self.query_one("#max-tokens", Input).value,
+        )
         return ChatSettings(model, self.query_one("#system", Input).value.strip(), sampling)
 
     @on(Input.Submitted, "#prompt")
@@ -214,7 +228,9 @@ class ChatScreen(LocalrunScreen):
         self._stream = Markdown.get_stream(answer)
         self.transcript.anchor()
         self._cancel = Cancel()
-        self.stats.update(f"loading {chat.model}…" if chat.model not in {m.name for m in self.lapp.loaded} else "thinking…")
+        self.stats.update(
+            f"loading {chat.model}…" if chat.model not in {m.name for m in self.lapp.loaded} else "thinking…"
+        )
         self._generate(chat.model, ChatRequest(tuple(messages), chat.sampling), self._cancel)
 
     async def _add_turn(self, who: str, text: str) -> Markdown:
@@ -274,7 +290,9 @@ class ChatScreen(LocalrunScreen):
             finally:
                 if batch:
                     post()
-                self.post_message(self.Finished("".join(parts), "cancelled" if cancel.is_set() else finish, stats(False)))
+                self.post_message(
+                    self.Finished("".join(parts), "cancelled" if cancel.is_set() else finish, stats(False))
+                )
 
         self.run_worker(job, thread=True, group="generate", name=f"chat with {model}", exit_on_error=False)
 

@@ -40,7 +40,12 @@ class SearchBox(Input):
     async def _on_key(self, event) -> None:
         from localrun.tui.header import TABS
 
-        if not self.value and event.character is not None and event.character.isdigit() and 1 <= int(event.character) <= len(TABS):
+        if (
+            not self.value
+            and event.character is not None
+            and event.character.isdigit()
+            and 1 <= int(event.character) <= len(TABS)
+        ):
             event.stop()
             event.prevent_default()
             self.app.switch_mode(TABS[int(event.character) - 1][0])
@@ -133,8 +138,10 @@ class DiscoverScreen(LocalrunScreen):
     @staticmethod
     def _unreachable_note(exc: DownloadFailed) -> str:
         why = exc.message.removeprefix("offline: ")
-        return (f"Offline: the hub could not be reached — {why}. Showing the models on disk "
-                "(HF_HUB_OFFLINE=1: offline on purpose; HF_ENDPOINT: a mirror).")
+        return (
+            f"Offline: the hub could not be reached — {why}. Showing the models on disk "
+            "(HF_HUB_OFFLINE=1: offline on purpose; HF_ENDPOINT: a mirror)."
+        )
 
     # -- where models come from ----------------------------------------------------------
     def offline(self) -> bool:
@@ -147,9 +154,11 @@ class DiscoverScreen(LocalrunScreen):
 
         endpoint = hub_endpoint(self.lapp.settings)
         if self.offline():
-            return (f"offline — searching the models on disk (HF cache at {hub_cache_dir()})"
-                    f"{'' if endpoint.endswith('huggingface.co') else f' and the mirror at {endpoint}'}. "
-                    "Unset HF_HUB_OFFLINE to search the hub.")
+            return (
+                f"offline — searching the models on disk (HF cache at {hub_cache_dir()})"
+                f"{'' if endpoint.endswith('huggingface.co') else f' and the mirror at {endpoint}'}. "
+                "Unset HF_HUB_OFFLINE to search the hub."
+            )
         return f"hub: {endpoint}"
 
     # -- search --------------------------------------------------------------------------
@@ -192,7 +201,9 @@ class DiscoverScreen(LocalrunScreen):
                 repos, _ = self._search_cache(query)
                 self.post_message(self.Found(query, repos, self._unreachable_note(exc)))
                 return
-            rows = [RepoRow(h.name, h.downloads, h.likes, h.updated.strftime("%Y-%m") if h.updated else "—") for h in hits]
+            rows = [
+                RepoRow(h.name, h.downloads, h.likes, h.updated.strftime("%Y-%m") if h.updated else "—") for h in hits
+            ]
             self.post_message(self.Found(query, rows, self.where_text()))
 
         self.run_worker(job, thread=True, group="search", exclusive=True, name=f"search {query!r}", exit_on_error=False)
@@ -209,8 +220,13 @@ class DiscoverScreen(LocalrunScreen):
         table = self.repos_table
         table.clear()
         for r in message.repos:
-            table.add_row(Text(r.name), Text(human_count(r.downloads), justify="right"),
-                          Text(human_count(r.likes), justify="right"), r.updated, key=r.name)
+            table.add_row(
+                Text(r.name),
+                Text(human_count(r.downloads), justify="right"),
+                Text(human_count(r.likes), justify="right"),
+                r.updated,
+                key=r.name,
+            )
         fit_columns(table)
         self.files_table.clear()
         if message.repos:
@@ -252,7 +268,9 @@ class DiscoverScreen(LocalrunScreen):
             badge = verdict_badge(verdict, theme) if verdict else Text("? unknown", style="dim")
             if memory:
                 badge.append(f" ({memory})", style="dim")
-            table.add_row(Text(offer.quant), Text(name), Text(human_bytes(offer.size), justify="right"), badge, key=offer.ref)
+            table.add_row(
+                Text(offer.quant), Text(name), Text(human_bytes(offer.size), justify="right"), badge, key=offer.ref
+            )
         fit_columns(table)
         if not message.offers:
             self.note.update(f"{message.repo} holds no GGUF, MLX or MLC model localrun can run.")
@@ -303,9 +321,16 @@ class DiscoverScreen(LocalrunScreen):
             pct = f"{d.fraction * 100:3.0f} %" if d.total else ""
             status = progress_bar(d.fraction) if d.active and d.total else (d.message or d.status)
             size = f"{human_bytes(d.done)}/{human_bytes(d.total)}" if d.total else ""
-            table.add_row(Text(d.ref), Text(d.file or d.message), Text(status), pct, size,
-                          human_rate(d.rate) if d.active else "", eta(d.done, d.total, d.rate) if d.active else d.status,
-                          key=d.key)
+            table.add_row(
+                Text(d.ref),
+                Text(d.file or d.message),
+                Text(status),
+                pct,
+                size,
+                human_rate(d.rate) if d.active else "",
+                eta(d.done, d.total, d.rate) if d.active else d.status,
+                key=d.key,
+            )
         fit_columns(table)
 
 

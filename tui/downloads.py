@@ -30,7 +30,7 @@ KEEP_FINISHED = 8
 class Downloads:
     """The app's pulls: start, cancel, and the states the header and Discover show."""
 
-    def __init__(self, app: "App") -> None:
+    def __init__(self, app: App) -> None:
         self._app = app
         self._cancels: dict[str, Cancel] = {}
         self._states: dict[str, DownloadState] = {}
@@ -70,9 +70,19 @@ class Downloads:
         def progress(p) -> None:
             if cancel.is_set():
                 raise Cancelled(f"pull of {ref} cancelled", hint="pull again to resume from the bytes already on disk")
-            note = {"checking": "checking the cached copy…", "waiting": "waiting for another pull of this file…"}.get(p.phase, "")
-            state = DownloadState(f"{ref}|{p.file}", ref, p.file, p.done, p.total, p.speed or None,
-                                  "done" if p.phase == "done" else "pulling", note)
+            note = {"checking": "checking the cached copy…", "waiting": "waiting for another pull of this file…"}.get(
+                p.phase, ""
+            )
+            state = DownloadState(
+                f"{ref}|{p.file}",
+                ref,
+                p.file,
+                p.done,
+                p.total,
+                p.speed or None,
+                "done" if p.phase == "done" else "pulling",
+                note,
+            )
             rows[p.file] = state
             app.post_message(DownloadUpdated(state))
 
@@ -92,8 +102,11 @@ class Downloads:
             raise
         finish_open_rows("done", "")
         app.post_message(ModelsChanged(f"pulled {record.name}"))
-        app.post_message(Notice(f"{ref} is in the library as {record.name} ({time.monotonic() - started:.1f} s)",
-                                title="Pull finished"))
+        app.post_message(
+            Notice(
+                f"{ref} is in the library as {record.name} ({time.monotonic() - started:.1f} s)", title="Pull finished"
+            )
+        )
 
     def cancel(self, ref: str) -> bool:
         cancel = self._cancels.get(ref)

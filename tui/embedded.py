@@ -71,14 +71,22 @@ def check_port(host: str, port: int, *, api_key: str | None = None, timeout_s: f
     try:
         resp = httpx.get(f"{base}/health", headers=headers, timeout=timeout_s)
     except httpx.HTTPError as exc:
-        return PortCheck(host, port, "other", f"port {port} is in use by a program that does not answer HTTP ({type(exc).__name__})")
+        return PortCheck(
+            host, port, "other", f"port {port} is in use by a program that does not answer HTTP ({type(exc).__name__})"
+        )
     if _looks_like_localrun(resp):
         if resp.status_code == 401:
-            return PortCheck(host, port, "other", f"localrun serves {base} but refuses this window's API key: "
-                                                  "set the same LOCALRUN_API_KEY to manage it")
+            return PortCheck(
+                host,
+                port,
+                "other",
+                f"localrun serves {base} but refuses this window's API key: set the same LOCALRUN_API_KEY to manage it",
+            )
         return PortCheck(host, port, "localrun", f"localrun is already serving {base}")
     server = resp.headers.get("server", "an unknown program")
-    return PortCheck(host, port, "other", f"port {port} is in use by {server} (GET /health answered {resp.status_code})")
+    return PortCheck(
+        host, port, "other", f"port {port} is in use by {server} (GET /health answered {resp.status_code})"
+    )
 
 
 def _looks_like_localrun(resp: Any) -> bool:
@@ -89,7 +97,11 @@ def _looks_like_localrun(resp: Any) -> bool:
         body = resp.json()
     except ValueError:
         return False
-    return isinstance(body, dict) and body.get("status") == "ok" and {"version", "worker_restarts", "models"} <= body.keys()
+    return (
+        isinstance(body, dict)
+        and body.get("status") == "ok"
+        and {"version", "worker_restarts", "models"} <= body.keys()
+    )
 
 
 def find_free_port(host: str, start: int, *, tries: int = 50) -> int | None:
@@ -125,8 +137,10 @@ class EmbeddedServer:
         try:
             from localrun.server.app import create_app
         except ImportError as exc:
-            raise RuntimeUnavailable(f"the localrun server is not available in this install ({exc})",
-                                     hint="reinstall localrun; the TUI works without serving") from exc
+            raise RuntimeUnavailable(
+                f"the localrun server is not available in this install ({exc})",
+                hint="reinstall localrun; the TUI works without serving",
+            ) from exc
         app = create_app(self.settings, self.manager)
         return self._middleware(app) if self._middleware else app
 
@@ -165,7 +179,7 @@ class EmbeddedServer:
         self._server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._server.force_exit = True
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

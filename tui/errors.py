@@ -51,5 +51,9 @@ def describe_error(exc: BaseException, *, doing: str = "", log_hint: str | None 
         )
         return ErrorView(title, exc.message, exc.hint or default_action)
     where = f" while trying to {doing}" if doing else ""
-    action = f"this is a bug; the details are in {log_hint}" if log_hint else "this is a bug; run with --log-level DEBUG for details"
+    action = (
+        f"this is a bug; the details are in {log_hint}"
+        if log_hint
+        else "this is a bug; run with --log-level DEBUG for details"
+    )
     return ErrorView(f"Unexpected error{where}", f"{type(exc).__name__}: {exc}", action)

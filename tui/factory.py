@@ -47,9 +47,17 @@ def make_app(
         from localrun.manager import ModelManager
 
         manager = owned = ModelManager(settings, store, planner=planner)
-    app = LocalrunApp(settings=settings, manager=manager, store=store, serve=serve, facts=facts,
-                      backend_error=problem, log_path=log_path, poll_s=poll_s,
-                      default_model=default_model)
+    app = LocalrunApp(
+        settings=settings,
+        manager=manager,
+        store=store,
+        serve=serve,
+        facts=facts,
+        backend_error=problem,
+        log_path=log_path,
+        poll_s=poll_s,
+        default_model=default_model,
+    )
     app.owned_manager = owned
     return app
 

@@ -191,15 +191,23 @@ class LibraryScreen(LocalrunScreen):
         for row in self.visible_rows():
             rec = row.record
             table.add_row(
-                Text(row.name), rec.format.value, Text(row.quant), Text(human_bytes(rec.size), justify="right"),
-                row.runtime, verdict_badge(row.verdict, theme) if row.plan else Text("? no plan", style="dim"),
-                self._state_cell(row.name, loaded), row.source, key=row.name,
+                Text(row.name),
+                rec.format.value,
+                Text(row.quant),
+                Text(human_bytes(rec.size), justify="right"),
+                row.runtime,
+                verdict_badge(row.verdict, theme) if row.plan else Text("? no plan", style="dim"),
+                self._state_cell(row.name, loaded),
+                row.source,
+                key=row.name,
             )
         fit_columns(table)
         if keep is not None and keep in {r.name for r in self.visible_rows()}:
             table.move_cursor(row=table.get_row_index(keep))
         if not self._rows:
-            self.details_pane.update("No models yet. Press 2 to discover and pull one, or run `localrun import FILE.gguf`.")
+            self.details_pane.update(
+                "No models yet. Press 2 to discover and pull one, or run `localrun import FILE.gguf`."
+            )
 
     def selected_name(self) -> str | None:
         table = self.table
@@ -223,7 +231,9 @@ class LibraryScreen(LocalrunScreen):
         def job() -> None:
             screen.post_message(LibraryScreen.DetailsRead(backend.details(name)))
 
-        self.run_worker(job, thread=True, name=f"details of {name}", group="details", exclusive=True, exit_on_error=False)
+        self.run_worker(
+            job, thread=True, name=f"details of {name}", group="details", exclusive=True, exit_on_error=False
+        )
 
     def on_library_screen_details_read(self, message: DetailsRead) -> None:
         d = message.details
@@ -282,24 +292,40 @@ class LibraryScreen(LocalrunScreen):
 
     def action_unload(self) -> None:
         if name := self._target():
-            self._start(name, "unloading…", f"unload {name}", self.backend.unload, name,
-                        done=lambda ok: f"Unloaded {name}" if ok else f"{name} was not loaded")
+            self._start(
+                name,
+                "unloading…",
+                f"unload {name}",
+                self.backend.unload,
+                name,
+                done=lambda ok: f"Unloaded {name}" if ok else f"{name} was not loaded",
+            )
 
     def action_pin(self) -> None:
         if not (name := self._target()):
             return
         info = next((m for m in self.lapp.loaded or () if m.name == name), None)
         pinned = not (info is not None and info.pinned)
-        self._start(name, "pinning…" if pinned else "unpinning…", f"pin {name}", self.backend.set_pin, name, pinned,
-                    done=f"Pinned {name}: it stays loaded" if pinned else f"Unpinned {name}: it unloads when idle")
+        self._start(
+            name,
+            "pinning…" if pinned else "unpinning…",
+            f"pin {name}",
+            self.backend.set_pin,
+            name,
+            pinned,
+            done=f"Pinned {name}: it stays loaded" if pinned else f"Unpinned {name}: it unloads when idle",
+        )
 
     def action_delete(self) -> None:
         if not (name := self._target()):
             return
         row = next((r for r in self._rows if r.name == name), None)
         owned = row is not None and row.record.owned
-        what = ("Its files were downloaded by localrun and will be deleted." if owned
-                else "Its files stay on disk (localrun did not download them); only the entry goes.")
+        what = (
+            "Its files were downloaded by localrun and will be deleted."
+            if owned
+            else "Its files stay on disk (localrun did not download them); only the entry goes."
+        )
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -314,6 +340,10 @@ class LibraryScreen(LocalrunScreen):
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """Clear a row's busy mark when its job ends; the app's handler shows any error."""
         group = event.worker.group or ""
-        if group.startswith("model:") and event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+        if group.startswith("model:") and event.state in (
+            WorkerState.SUCCESS,
+            WorkerState.ERROR,
+            WorkerState.CANCELLED,
+        ):
             self._busy.pop(group.removeprefix("model:"), None)
             self._render_rows()

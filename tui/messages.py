@@ -29,7 +29,9 @@ class ServerState:
     def label(self) -> str:
         if self.mode in ("embedded", "attached") and self.url:
             return self.url + (" (attached)" if self.mode == "attached" else "")
-        return {"starting": "starting server…", "off": "not serving", "failed": "server failed"}.get(self.mode, self.mode)
+        return {"starting": "starting server…", "off": "not serving", "failed": "server failed"}.get(
+            self.mode, self.mode
+        )
 
 
 @dataclass(frozen=True)

@@ -86,10 +86,18 @@ class _Pending:
         if out > 1 and self.first_token is not None and self.last_token and self.last_token > self.first_token:
             rate = (out - 1) / (self.last_token - self.first_token)
         return RequestLogEntry(
-            at=self.at, method=self.method, route=self.route, model=self.model,
-            prompt_tokens=self.prompt_tokens, completion_tokens=out, ttft_s=ttft, tok_s=rate,
-            status=self.status, duration_s=time.perf_counter() - self.started,
-            drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens,
+            at=self.at,
+            method=self.method,
+            route=self.route,
+            model=self.model,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=out,
+            ttft_s=ttft,
+            tok_s=rate,
+            status=self.status,
+            duration_s=time.perf_counter() - self.started,
+            drafted_tokens=self.drafted_tokens,
+            accepted_tokens=self.accepted_tokens,
         )
 
 
@@ -150,7 +158,9 @@ class RequestMeter:
             if scope.get("type") != "http" or scope.get("path") in QUIET_ROUTES:
                 await app(scope, receive, send)
                 return
-            pending = _Pending(scope.get("method", "?"), _printable(scope.get("path", "?")), time.time(), time.perf_counter())
+            pending = _Pending(
+                scope.get("method", "?"), _printable(scope.get("path", "?")), time.time(), time.perf_counter()
+            )
             token = _current.set(pending)
 
             async def send_and_note(message: dict) -> None:
@@ -170,7 +180,7 @@ class RequestMeter:
 
         return metered
 
-    def wrap(self, manager: Any) -> "MeteredManager":
+    def wrap(self, manager: Any) -> MeteredManager:
         return MeteredManager(manager, self)
 
 
@@ -211,7 +221,7 @@ class MeteredManager:
             if own:
                 self._meter._finish(pending)
 
-    async def aopen(self, name: str, req, **kw) -> "_MeteredOpenStream":
+    async def aopen(self, name: str, req, **kw) -> _MeteredOpenStream:
         pending, _ = self._pending_for(name)
         opened = await self._manager.aopen(name, req, **kw)
         return _MeteredOpenStream(opened, pending, self._meter)

@@ -66,8 +66,11 @@ class PortModal(ModalScreen[int | None]):
         with Vertical():
             yield Label("The server port is taken", classes="title")
             yield Label(self._detail, markup=False)
-            hint = (f"localrun can serve on port {self._free} instead (set LOCALRUN_SERVER__PORT to make it stick)."
-                    if self._free else "No free port was found nearby; set LOCALRUN_SERVER__PORT.")
+            hint = (
+                f"localrun can serve on port {self._free} instead (set LOCALRUN_SERVER__PORT to make it stick)."
+                if self._free
+                else "No free port was found nearby; set LOCALRUN_SERVER__PORT."
+            )
             yield Label(hint + " Everything else works without serving.", markup=False)
             with Horizontal():
                 yield Button("Don't serve", id="off")

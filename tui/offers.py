@@ -26,8 +26,15 @@ class Offer:
 
     def record(self) -> ModelRecord:
         """A stand-in record for planning the fit (no metadata yet: sizes and quant only)."""
-        return ModelRecord(name=self.ref.lower(), format=self.format, path="", files=(FileEntry(self.file, self.size),),
-                           source=Source.HUB, repo=self.repo, metadata={"quant": self.quant})
+        return ModelRecord(
+            name=self.ref.lower(),
+            format=self.format,
+            path="",
+            files=(FileEntry(self.file, self.size),),
+            source=Source.HUB,
+            repo=self.repo,
+            metadata={"quant": self.quant},
+        )
 
 
 def offers_from_files(repo: str, sizes: dict[str, int]) -> list[Offer]:
@@ -45,8 +52,17 @@ def offers_from_files(repo: str, sizes: dict[str, int]) -> list[Offer]:
             except LocalrunError as exc:  # an incomplete split set: shown nowhere, logged
                 log.info("%s: skipping %s: %s", repo, primary, exc)
                 continue
-            offers.append(Offer(repo, f"{repo}/{primary}", quant_label(primary) or "—", primary,
-                                sum(sizes[p] for p in sel.files), Format.GGUF, len(sel.files)))
+            offers.append(
+                Offer(
+                    repo,
+                    f"{repo}/{primary}",
+                    quant_label(primary) or "—",
+                    primary,
+                    sum(sizes[p] for p in sel.files),
+                    Format.GGUF,
+                    len(sel.files),
+                )
+            )
         return sorted(offers, key=_quant_order)
     if fmt is not None:
         try:
@@ -84,7 +100,9 @@ def offers_from_cache(repo: str, records: Iterable[ModelRecord]) -> list[Offer]:
     for r in records:
         name = PurePosixPath(r.path).name if r.format is Format.GGUF else "(whole repo)"
         ref = f"{repo}/{_repo_relative(r)}" if r.format is Format.GGUF else repo
-        out.append(Offer(repo, ref, str(r.metadata.get("quant") or r.format.value), name, r.size, r.format, len(r.files)))
+        out.append(
+            Offer(repo, ref, str(r.metadata.get("quant") or r.format.value), name, r.size, r.format, len(r.files))
+        )
     return sorted(out, key=_quant_order)
 
 
@@ -93,5 +111,5 @@ def _repo_relative(record: ModelRecord) -> str:
     parts = PurePosixPath(record.path).parts
     if "snapshots" in parts:
         i = parts.index("snapshots")
-        return "/".join(parts[i + 2:])
+        return "/".join(parts[i + 2 :])
     return PurePosixPath(record.path).name

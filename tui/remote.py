@@ -17,9 +17,21 @@ from typing import Any, ClassVar
 from localrun.errors import LocalrunError, RuntimeUnavailable, UnsupportedFeature
 from localrun.manager import CatalogEntry
 from localrun.tui.backend import LoadedInfo, ModelDetails, VerifyResult, metadata_lines
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, FileEntry, Format, ModelRecord, Plan, Source, Usage
+from localrun.types import (
+    Cancel,
+    ChatRequest,
+    Chunk,
+    CompletionRequest,
+    FileEntry,
+    Format,
+    ModelRecord,
+    Plan,
+    Source,
+    Usage,
+)
 
 log = logging.getLogger(__name__)
+
 
 def _error_from(resp: Any) -> LocalrunError:
     """An HTTP error answer as the LocalrunError the server meant (OpenAI- or Ollama-shaped body)."""
@@ -34,7 +46,9 @@ def _error_from(resp: Any) -> LocalrunError:
         message = err.get("message") or f"HTTP {resp.status_code}"
         kind = next((cls for cls in ERRORS_BY_NAME.values() if cls.code == err.get("code")), LocalrunError)
         return kind(message, hint=err.get("hint"))
-    return LocalrunError(str(err or f"the server answered HTTP {resp.status_code}"), hint="see the serving localrun's log")
+    return LocalrunError(
+        str(err or f"the server answered HTTP {resp.status_code}"), hint="see the serving localrun's log"
+    )
 
 
 class RemoteBackend:
@@ -56,8 +70,10 @@ class RemoteBackend:
         try:
             resp = self._client.request(method, path, **kw)
         except httpx.HTTPError as exc:
-            raise RuntimeUnavailable(f"the localrun server at {self.url} did not answer: {exc}",
-                                     hint="restart `localrun tui` to serve from this window") from exc
+            raise RuntimeUnavailable(
+                f"the localrun server at {self.url} did not answer: {exc}",
+                hint="restart `localrun tui` to serve from this window",
+            ) from exc
         if resp.status_code >= 400:
             raise _error_from(resp)
         return resp.json() if resp.content else {}
@@ -100,8 +116,10 @@ class RemoteBackend:
         return None
 
     def verify(self, name: str) -> VerifyResult:
-        raise UnsupportedFeature("verifying files is done by the localrun that owns the store",
-                                 hint="run `localrun verify NAME`, or close the other localrun and serve from here")
+        raise UnsupportedFeature(
+            "verifying files is done by the localrun that owns the store",
+            hint="run `localrun verify NAME`, or close the other localrun and serve from here",
+        )
 
     def stream(self, name: str, req: ChatRequest | CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         s = req.sampling
@@ -109,7 +127,10 @@ class RemoteBackend:
         if s.max_tokens:
             options["num_predict"] = s.max_tokens
         if isinstance(req, ChatRequest):
-            path, body = "/api/chat", {"model": name, "messages": [{"role": m.role, "content": m.content} for m in req.messages]}
+            path, body = (
+                "/api/chat",
+                {"model": name, "messages": [{"role": m.role, "content": m.content} for m in req.messages]},
+            )
         else:
             path, body = "/api/generate", {"model": name, "prompt": req.prompt, "raw": True}
         body.update(stream=True, options=options)
@@ -151,12 +172,21 @@ def _record_from_tag(m: dict[str, Any]) -> ModelRecord:
         source = Source(lr.get("source", "imported"))
     except ValueError:
         source = Source.IMPORTED
-    meta = {"quant": details.get("quantization_level"), "architecture": details.get("family"),
-            "parameters": details.get("parameter_size")}
+    meta = {
+        "quant": details.get("quantization_level"),
+        "architecture": details.get("family"),
+        "parameters": details.get("parameter_size"),
+    }
     size = int(m.get("size") or 0)
     path = lr.get("path") or ""
-    return ModelRecord(name=m.get("name") or m.get("model") or "?", format=format_, path=path,
-                       files=(FileEntry(path, size),), source=source, metadata={k: v for k, v in meta.items() if v})
+    return ModelRecord(
+        name=m.get("name") or m.get("model") or "?",
+        format=format_,
+        path=path,
+        files=(FileEntry(path, size),),
+        source=source,
+        metadata={k: v for k, v in meta.items() if v},
+    )
 
 
 def _chunk_from_ndjson(d: dict[str, Any]) -> Chunk:

@@ -28,16 +28,20 @@ SPARK_POINTS = 60
 def mirror_line(state, settings) -> str:
     """What the hub mirror (``server.mirror``) offers other machines, or how to turn it on."""
     if settings.server.mirror:
-        return (f"Hub mirror: on · other machines set HF_ENDPOINT={state.url} (huggingface_hub, hf download, "
-                "llama.cpp -hf, localrun pull)")
+        return (
+            f"Hub mirror: on · other machines set HF_ENDPOINT={state.url} (huggingface_hub, hf download, "
+            "llama.cpp -hf, localrun pull)"
+        )
     return "Hub mirror: off · `localrun serve --mirror`, `localrun mirror` or LOCALRUN_SERVER__MIRROR=1 serves this store to other machines"
 
 
 def address_line(state, settings) -> str:
     cors = "on" if settings.server.cors_origins else "off"
     if state.mode == "embedded":
-        return (f"Listening {state.url} · OpenAI /v1 · Ollama /api · key: {'on' if state.key else 'off'} · CORS: {cors}\n"
-                + mirror_line(state, settings))
+        return (
+            f"Listening {state.url} · OpenAI /v1 · Ollama /api · key: {'on' if state.key else 'off'} · CORS: {cors}\n"
+            + mirror_line(state, settings)
+        )
     if state.mode == "attached":
         return f"Attached to {state.url}: another localrun serves it; its request log is in that window. · key: {'on' if state.key else 'off'}"
     if state.mode == "starting":
@@ -55,9 +59,16 @@ def speculation_note(drafted: int, accepted: int) -> str:
 def log_cells(e: RequestLogEntry) -> tuple:
     ttft = f"{e.ttft_s * 1000:.0f} ms" if e.ttft_s is not None else "—"
     rate = f"{e.tok_s:.1f}" if e.tok_s else "—"
-    return (clock(e.at), f"{e.method} {e.route}", Text(e.model or "—"), Text(str(e.prompt_tokens), justify="right"),
-            Text(str(e.completion_tokens), justify="right"), Text(ttft, justify="right"), Text(rate, justify="right"),
-            Text(str(e.status), style="bold" if e.status >= 400 else ""))
+    return (
+        clock(e.at),
+        f"{e.method} {e.route}",
+        Text(e.model or "—"),
+        Text(str(e.prompt_tokens), justify="right"),
+        Text(str(e.completion_tokens), justify="right"),
+        Text(ttft, justify="right"),
+        Text(rate, justify="right"),
+        Text(str(e.status), style="bold" if e.status >= 400 else ""),
+    )
 
 
 UPSTREAM_COLUMNS = ("Upstream", "Kind", "URL", "Health", "In flight", "Latency", "Models", "Cooldowns")
@@ -70,9 +81,16 @@ def upstream_cells(u: dict) -> tuple:
     latency = f"{u['latency_ms']:.0f} ms" if u.get("latency_ms") is not None else "—"
     health = u["health"] + (f" {u['cooldown_left_s']:.0f}s" if u["health"] == "cooldown" else "")
     models = ", ".join(u.get("models") or ()) or "—"
-    return (Text(u["name"]), u["kind"], Text(u["url"]), Text(health, style=_HEALTH_STYLE.get(u["health"], "")),
-            Text(f"{u['in_flight']}/{u['max_concurrency']}", justify="right"), Text(latency, justify="right"),
-            Text(models if len(models) <= 40 else models[:39] + "…"), Text(str(u.get("cooldowns", 0)), justify="right"))
+    return (
+        Text(u["name"]),
+        u["kind"],
+        Text(u["url"]),
+        Text(health, style=_HEALTH_STYLE.get(u["health"], "")),
+        Text(f"{u['in_flight']}/{u['max_concurrency']}", justify="right"),
+        Text(latency, justify="right"),
+        Text(models if len(models) <= 40 else models[:39] + "…"),
+        Text(str(u.get("cooldowns", 0)), justify="right"),
+    )
 
 
 class ServerScreen(LocalrunScreen):
@@ -135,8 +153,17 @@ class ServerScreen(LocalrunScreen):
         table.clear()
         for m in loaded:
             ttl = "pinned" if m.pinned else human_duration(m.ttl_left_s)
-            table.add_row(Text(m.name), m.runtime, m.device, human_bytes(m.memory_bytes), human_duration(m.idle_s), ttl,
-                          str(m.active), str(self._per_model.get(m.name, 0)), key=m.name)
+            table.add_row(
+                Text(m.name),
+                m.runtime,
+                m.device,
+                human_bytes(m.memory_bytes),
+                human_duration(m.idle_s),
+                ttl,
+                str(m.active),
+                str(self._per_model.get(m.name, 0)),
+                key=m.name,
+            )
         fit_columns(table)
         if keep and keep in {m.name for m in loaded}:
             table.move_cursor(row=table.get_row_index(keep))
@@ -204,8 +231,14 @@ class ServerScreen(LocalrunScreen):
             self.notify("No loaded model selected", severity="warning", timeout=3)
             return
         pinned = not next((m.pinned for m in self.lapp.loaded if m.name == name), False)
-        self.run_blocking(f"pin {name}", self.backend.set_pin, name, pinned, changes_models=True,
-                          done=f"{'Pinned' if pinned else 'Unpinned'} {name}")
+        self.run_blocking(
+            f"pin {name}",
+            self.backend.set_pin,
+            name,
+            pinned,
+            changes_models=True,
+            done=f"{'Pinned' if pinned else 'Unpinned'} {name}",
+        )
 
     def action_clear_log(self) -> None:
         self.requests.clear()

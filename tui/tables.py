@@ -25,8 +25,9 @@ def _width(console, cell: object) -> int:
     return Measurement.get(console, console.options, renderable).maximum
 
 
-def fit_columns(table: DataTable, rows: Iterable[RowKey | str] | None = None,
-                columns: Iterable[str] | None = None) -> None:
+def fit_columns(
+    table: DataTable, rows: Iterable[RowKey | str] | None = None, columns: Iterable[str] | None = None
+) -> None:
     """Size the auto-width columns to their widest cell and header.
 
     With ``rows=None`` every row is measured and a column may shrink (a new search holds

@@ -49,7 +49,9 @@ class Budget:
 
 # Used when no render is running (e.g. Jinja folding constants at compile time).
 COMPILE_BUDGET = Budget(deadline=float("inf"), max_chars=DEFAULT_MAX_OUTPUT_CHARS, timeout_s=float("inf"))
-CURRENT_BUDGET: contextvars.ContextVar[Budget] = contextvars.ContextVar("localrun_template_budget", default=COMPILE_BUDGET)
+CURRENT_BUDGET: contextvars.ContextVar[Budget] = contextvars.ContextVar(
+    "localrun_template_budget", default=COMPILE_BUDGET
+)
 
 
 def current_budget() -> Budget:
@@ -58,8 +60,6 @@ def current_budget() -> Budget:
 
 def size_of(x: Any) -> int:
     return len(x) if isinstance(x, (str, bytes, list, tuple)) else 0
-
-
 
 
 def check_binop(op: str, left: Any, right: Any) -> None:

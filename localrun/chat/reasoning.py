@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 REASONING, ANSWER = "reasoning", "answer"
 
+
 @dataclass(frozen=True)
 class ReasoningFormat:
     name: str
@@ -52,8 +53,11 @@ class ReasoningFormat:
 
 
 THINK = ReasoningFormat("think", ("<think>", "</think>"), "\n</think>\n\n")
-HARMONY = ReasoningFormat("harmony", ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>", "<|call|>"),
-                          "<|end|><|start|>assistant<|channel|>final<|message|>")
+HARMONY = ReasoningFormat(
+    "harmony",
+    ("<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|return|>", "<|call|>"),
+    "<|end|><|start|>assistant<|channel|>final<|message|>",
+)
 FORMATS = {f.name: f for f in (THINK, HARMONY)}
 
 
@@ -104,11 +108,11 @@ class _Scanner:
             if i:
                 out.append((False, buf[:i]))
             out.append((True, marker))
-            buf = buf[i + len(marker):]
+            buf = buf[i + len(marker) :]
         hold = max((k for m in self.markers for k in range(1, len(m)) if buf.endswith(m[:k])), default=0)
-        self.pending = buf[len(buf) - hold:] if hold else ""
+        self.pending = buf[len(buf) - hold :] if hold else ""
         if len(buf) > hold:
-            out.append((False, buf[:len(buf) - hold]))
+            out.append((False, buf[: len(buf) - hold]))
         return out
 
     def flush(self) -> str:
@@ -243,8 +247,11 @@ class ChunkSplitter:
         if chunk.usage is None:
             return out
         u, n = chunk.usage, self.pieces
-        usage = Usage(prompt_tokens=max(0, u.prompt_tokens - n), completion_tokens=u.completion_tokens + n,
-                      cached_tokens=min(u.cached_tokens, max(0, u.prompt_tokens - n)))
+        usage = Usage(
+            prompt_tokens=max(0, u.prompt_tokens - n),
+            completion_tokens=u.completion_tokens + n,
+            cached_tokens=min(u.cached_tokens, max(0, u.prompt_tokens - n)),
+        )
         return dataclasses.replace(out, usage=usage)
 
 
@@ -264,8 +271,12 @@ def split_chunks(chunks: Iterable[Chunk], fmt: ReasoningFormat | None) -> Iterat
             close()
 
 
-async def asplit_chunks(source: AsyncIterator[Chunk], splitter: ChunkSplitter, req: ChatRequest,
-                        reopen: Callable[[ChatRequest], Awaitable[Any]]) -> AsyncIterator[Chunk]:
+async def asplit_chunks(
+    source: AsyncIterator[Chunk],
+    splitter: ChunkSplitter,
+    req: ChatRequest,
+    reopen: Callable[[ChatRequest], Awaitable[Any]],
+) -> AsyncIterator[Chunk]:
     """``source`` split by ``splitter``; at the budget ``source`` is closed (the worker stops) and the
     answer comes from ``await reopen(continuation)``, an async iterable closed with it. The server's form."""
     second = rest = None

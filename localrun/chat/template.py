@@ -36,11 +36,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from localrun.errors import TemplateError
 from localrun.chat.budget import (
-    CURRENT_BUDGET, DEFAULT_MAX_OUTPUT_CHARS, FILTER_CHECKS, MAX_RANGE, Budget, check_binop, check_format,
-    check_method_call, checked_filter, current_budget,
+    CURRENT_BUDGET,
+    DEFAULT_MAX_OUTPUT_CHARS,
+    FILTER_CHECKS,
+    MAX_RANGE,
+    Budget,
+    check_binop,
+    check_format,
+    check_method_call,
+    checked_filter,
+    current_budget,
 )
+from localrun.errors import TemplateError
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +136,9 @@ def _safe_range(*args: int) -> range:
     return r
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators=None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators=None, sort_keys: bool = False
+) -> str:
     """``tojson`` as Hugging Face templates expect it: plain json.dumps, no HTML escaping."""
     if isinstance(indent, int) and indent > 32 or isinstance(indent, str) and len(indent) > 32:
         raise TemplateError("the chat template asks tojson for an indent over 32")

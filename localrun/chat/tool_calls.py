@@ -73,8 +73,14 @@ def _as_call(obj: Any, names: frozenset[str]) -> dict[str, Any] | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):
         args = arguments_object(args)
-    return {"id": new_call_id(), "type": "function",
-            "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}}
+    return {
+        "id": new_call_id(),
+        "type": "function",
+        "function": {
+            "name": name,
+            "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+        },
+    }
 
 
 def _json_prefix(text: str) -> tuple[Any, int] | None:
@@ -140,7 +146,7 @@ def _mistral(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]
     calls = []
     for part in rest.split("[TOOL_CALLS]"):
         m = re.match(r"\s*([\w.-]+)(?:\[CALL_ID\][\w-]*)?\[ARGS\]", part)
-        args = _json_prefix(part[m.end():]) if m else None
+        args = _json_prefix(part[m.end() :]) if m else None
         call = _as_call({"name": m.group(1), "arguments": args[0]}, names) if m and args else None
         if call is None:
             return None
@@ -172,7 +178,7 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[dict[st
     if fence:
         body = fence.group(1)
     parsed = _json_prefix(body)
-    if parsed is not None and not body[parsed[1]:].strip():
+    if parsed is not None and not body[parsed[1] :].strip():
         calls = _calls_from_json(parsed[0], known)
         if calls:
             return head.strip(), calls
@@ -189,7 +195,7 @@ def _split_semicolons(body: str, names: frozenset[str]) -> list[dict[str, Any]] 
     calls = []
     for part in body.split(";"):
         parsed = _json_prefix(part)
-        if parsed is None or part[parsed[1]:].strip():
+        if parsed is None or part[parsed[1] :].strip():
             return None
         call = _as_call(parsed[0], names)
         if call is None:
@@ -239,8 +245,8 @@ class ToolCallFilter:
                 if pending.endswith(marker[:k]):
                     hold = k
                     break
-        self._held = pending[len(pending) - hold:]
-        return pending[:len(pending) - hold]
+        self._held = pending[len(pending) - hold :]
+        return pending[: len(pending) - hold]
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         held, self._held = self._held, ""

@@ -32,12 +32,32 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from localrun.chat.tool_calls import (
+    TAG_CLOSE,
+    TAG_OPEN,
+    ToolCallFilter,
+    arguments_object,
+    new_call_id,
+    parse_tool_calls,
+)
 from localrun.errors import UnsupportedFeature
-from localrun.chat.tool_calls import TAG_CLOSE, TAG_OPEN, ToolCallFilter, arguments_object, new_call_id, parse_tool_calls
 from localrun.types import ChatRequest, Chunk
 
-__all__ = ["FALLBACK_SYSTEM", "ForcedCall", "ToolCallFilter", "ToolStyle", "active", "forced_call", "new_call_id",
-           "parse_tool_calls", "prompt_messages", "template_uses_tools", "tool_names", "tool_style", "with_tool_calls"]
+__all__ = [
+    "FALLBACK_SYSTEM",
+    "ForcedCall",
+    "ToolCallFilter",
+    "ToolStyle",
+    "active",
+    "forced_call",
+    "new_call_id",
+    "parse_tool_calls",
+    "prompt_messages",
+    "template_uses_tools",
+    "tool_names",
+    "tool_style",
+    "with_tool_calls",
+]
 
 log = logging.getLogger(__name__)
 
@@ -109,11 +129,17 @@ def active(req: ChatRequest) -> bool:
 
 # --- into the prompt ---------------------------------------------------------------------
 
+
 def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     fn = dict(call.get("function") or {})
     fn["arguments"] = arguments_object(fn.get("arguments", {}))
-    return {"id": call.get("id"), "type": call.get("type", "function"), "function": fn,
-            "name": fn.get("name"), "arguments": fn["arguments"]}
+    return {
+        "id": call.get("id"),
+        "type": call.get("type", "function"),
+        "function": fn,
+        "name": fn.get("name"),
+        "arguments": fn["arguments"],
+    }
 
 
 def _call_text(call: dict[str, Any]) -> str:
@@ -186,8 +212,12 @@ class ForcedCall:
 
 def _call_schema(fn: dict[str, Any], args_key: str) -> dict[str, Any]:
     params = fn.get("parameters") or {"type": "object"}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: params},
-            "required": ["name", args_key], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, args_key: params},
+        "required": ["name", args_key],
+        "additionalProperties": False,
+    }
 
 
 def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
@@ -204,11 +234,17 @@ def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
         wanted = (choice.get("function") or {}).get("name") or choice.get("name")
         functions = [f for f in functions if f.get("name") == wanted]
         if not functions:
-            raise UnsupportedFeature(f"tool_choice names {wanted!r}, which is not among the request's tools",
-                                     param="tool_choice", hint="name one of the functions in 'tools'")
+            raise UnsupportedFeature(
+                f"tool_choice names {wanted!r}, which is not among the request's tools",
+                param="tool_choice",
+                hint="name one of the functions in 'tools'",
+            )
     elif choice != "required":
-        raise UnsupportedFeature(f"tool_choice {choice!r} is not one of none, auto, required or a named function",
-                                 param="tool_choice", hint="use 'auto', 'none', 'required' or {'type': 'function', ...}")
+        raise UnsupportedFeature(
+            f"tool_choice {choice!r} is not one of none, auto, required or a named function",
+            param="tool_choice",
+            hint="use 'auto', 'none', 'required' or {'type': 'function', ...}",
+        )
     options = [_call_schema(f, style.args_key) for f in functions]
     schema = options[0] if len(options) == 1 else {"anyOf": options}
     if style.as_list:
@@ -248,8 +284,13 @@ def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
             reason = chunk.finish_reason
             if calls and reason in ("stop", "length"):
                 reason = "tool_calls"
-            yield replace(chunk, text=out + tail, finish_reason=reason, tool_calls=tuple(calls) or chunk.tool_calls,
-                          logprobs=(*held_lp, *chunk.logprobs))
+            yield replace(
+                chunk,
+                text=out + tail,
+                finish_reason=reason,
+                tool_calls=tuple(calls) or chunk.tool_calls,
+                logprobs=(*held_lp, *chunk.logprobs),
+            )
             return
     finally:
         close = getattr(chunks, "close", None)

@@ -44,9 +44,9 @@ def main(ctx: click.Context, log_level: str | None) -> None:
 
 
 def _register() -> None:
-    from localrun.cli import launch, machine, models
     from localrun.cli import bundle as bundle_cmd
     from localrun.cli import hub as hubcmds
+    from localrun.cli import launch, machine, models
     from localrun.cli import mirror as mirror_cmd
     from localrun.cli import run as running
     from localrun.cli import tui as tui_cmd

@@ -17,13 +17,30 @@ def bundle_cmd() -> None:
 
 @bundle_cmd.command("export")
 @click.argument("names", nargs=-1, required=True)
-@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path),
-              help="A new folder, or a path ending in .tar for one tar (streamed, no staging copy).")
-@click.option("--with-wheels", is_flag=True, help="Add a wheelhouse of localrun and its dependencies for this platform.")
-@click.option("--llama-wheel", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="With --with-wheels: this llama-cpp-python wheel (default: pip's cache, if portable).")
-@click.option("--build-portable-llama", is_flag=True, help="With --with-wheels: build llama-cpp-python with GGML_NATIVE=off (~15 CPU-minutes).")
-@click.option("--allow-native-llama", is_flag=True, help="With --with-wheels: accept a llama-cpp-python built for this CPU only.")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="A new folder, or a path ending in .tar for one tar (streamed, no staging copy).",
+)
+@click.option(
+    "--with-wheels", is_flag=True, help="Add a wheelhouse of localrun and its dependencies for this platform."
+)
+@click.option(
+    "--llama-wheel",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="With --with-wheels: this llama-cpp-python wheel (default: pip's cache, if portable).",
+)
+@click.option(
+    "--build-portable-llama",
+    is_flag=True,
+    help="With --with-wheels: build llama-cpp-python with GGML_NATIVE=off (~15 CPU-minutes).",
+)
+@click.option(
+    "--allow-native-llama", is_flag=True, help="With --with-wheels: accept a llama-cpp-python built for this CPU only."
+)
 @click.pass_context
 def export_cmd(ctx, names, output, with_wheels, llama_wheel, build_portable_llama, allow_native_llama):
     """Write NAMES (registered models) to a bundle at -o PATH, with a lock of every sha256."""
@@ -34,13 +51,22 @@ def export_cmd(ctx, names, output, with_wheels, llama_wheel, build_portable_llam
     if with_wheels:
         from localrun.modelstore.bundle.wheels import WheelhouseOptions, build_wheelhouse
 
-        opts = WheelhouseOptions(llama_wheel=llama_wheel, build_portable=build_portable_llama, allow_native=allow_native_llama)
+        opts = WheelhouseOptions(
+            llama_wheel=llama_wheel, build_portable=build_portable_llama, allow_native=allow_native_llama
+        )
         wheelhouse = lambda folder: build_wheelhouse(folder, opts)  # noqa: E731
-    result = export_bundle(store, list(names), output, wheelhouse=wheelhouse,
-                           progress=lambda rel, n: err_console().print(f"  {rel}  {human_bytes(n)}", highlight=False))
+    result = export_bundle(
+        store,
+        list(names),
+        output,
+        wheelhouse=wheelhouse,
+        progress=lambda rel, n: err_console().print(f"  {rel}  {human_bytes(n)}", highlight=False),
+    )
     for m in result.lock.models:
         kind = "synthetic repo" if m.synthetic else "repo"
-        console().print(f"exported [bold]{m.name}[/] · {kind} {m.repo}@{m.commit[:10]} · {len(m.files)} file(s)", highlight=False)
+        console().print(
+            f"exported [bold]{m.name}[/] · {kind} {m.repo}@{m.commit[:10]} · {len(m.files)} file(s)", highlight=False
+        )
     extra = f", {len(result.lock.wheels)} wheelhouse file(s)" if result.lock.wheels else ""
     console().print(f"bundle {result.path} · {human_bytes(result.bytes_written)}{extra}", highlight=False)
 
@@ -68,10 +94,15 @@ def import_cmd(ctx, path, rehash, replace):
     settings_from(ctx)
     result = import_bundle(open_store(ctx), path, rehash=rehash, replace=replace)
     for rec in result.records:
-        console().print(f"imported [bold]{rec.name}[/] · {rec.format.value} · {rec.repo} · {human_bytes(rec.size)} · verified",
-                        highlight=False)
-    err_console().print(f"  {result.linked} linked, {result.reflinked} reflinked, {result.copied} copied, {result.reused} already there; "
-                        f"{human_bytes(result.bytes_hashed)} hashed", highlight=False)
+        console().print(
+            f"imported [bold]{rec.name}[/] · {rec.format.value} · {rec.repo} · {human_bytes(rec.size)} · verified",
+            highlight=False,
+        )
+    err_console().print(
+        f"  {result.linked} linked, {result.reflinked} reflinked, {result.copied} copied, {result.reused} already there; "
+        f"{human_bytes(result.bytes_hashed)} hashed",
+        highlight=False,
+    )
 
 
 COMMANDS = [bundle_cmd]

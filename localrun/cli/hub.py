@@ -43,15 +43,33 @@ def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, yes):
 
     settings = settings_from(ctx)
     store = open_store(ctx)
-    plan = plan_pull(ref, settings=settings, revision=revision, offline=offline,
-                     trust_remote_code=trust_remote_code, allow_native=allow_native)
+    plan = plan_pull(
+        ref,
+        settings=settings,
+        revision=revision,
+        offline=offline,
+        trust_remote_code=trust_remote_code,
+        allow_native=allow_native,
+    )
     if not yes:
         for line in plan.describe():
             err_console().print(line, highlight=False)
-    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err_console(), transient=False) as progress:
-        record = pull(store, plan, offline=offline, progress=_Bars(progress),
-                      trust_remote_code=trust_remote_code, allow_native=allow_native)
+        record = pull(
+            store,
+            plan,
+            offline=offline,
+            progress=_Bars(progress),
+            trust_remote_code=trust_remote_code,
+            allow_native=allow_native,
+        )
     console().print(f"pulled [bold]{record.name}[/] · {human_bytes(record.size)} · verified", highlight=False)
 
 
@@ -77,7 +95,12 @@ def search_cmd(ctx, query, fmt, limit, as_json):
     for col in ("Repo", "Downloads", "Likes", "Updated"):
         table.add_column(col, justify="right" if col in ("Downloads", "Likes") else "left")
     for r in results:
-        table.add_row(r.name + (" [dim](gated)[/]" if r.gated else ""), f"{r.downloads or 0:,}", f"{r.likes or 0:,}", str(r.updated or "—")[:10])
+        table.add_row(
+            r.name + (" [dim](gated)[/]" if r.gated else ""),
+            f"{r.downloads or 0:,}",
+            f"{r.likes or 0:,}",
+            str(r.updated or "—")[:10],
+        )
     console().print(table)
 
 
@@ -99,7 +122,9 @@ def verify_cmd(ctx, names):
             bad += 1
             console().print(f"[red]bad[/] {record.name}: {exc.message}", highlight=False)
     if bad:
-        raise VerificationFailed(f"{bad} of {len(records)} models failed verification", hint="pull them again, or `localrun rm` them")
+        raise VerificationFailed(
+            f"{bad} of {len(records)} models failed verification", hint="pull them again, or `localrun rm` them"
+        )
 
 
 COMMANDS = [pull_cmd, search_cmd, verify_cmd]

@@ -26,14 +26,13 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import click
 
-from localrun.cli.output import settings_from
-from localrun.cli.output import err_console
+from localrun.cli.output import err_console, settings_from
 from localrun.errors import LocalrunError
 
 TELEMETRY_OFF = {"DO_NOT_TRACK": "1"}
@@ -72,13 +71,21 @@ class Agent:
 
 
 def _claude(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
-    env = {"ANTHROPIC_BASE_URL": e.url, "ANTHROPIC_AUTH_TOKEN": e.key,
-           "ANTHROPIC_MODEL": e.model, "ANTHROPIC_SMALL_FAST_MODEL": e.model, "CLAUDE_CODE_SUBAGENT_MODEL": e.model,
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
-           "DISABLE_AUTOUPDATER": "1", "DISABLE_BUG_COMMAND": "1",
-           # a per-request billing line in the system prompt would defeat the prefix cache every turn
-           "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
-           "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(e.n_ctx)}
+    env = {
+        "ANTHROPIC_BASE_URL": e.url,
+        "ANTHROPIC_AUTH_TOKEN": e.key,
+        "ANTHROPIC_MODEL": e.model,
+        "ANTHROPIC_SMALL_FAST_MODEL": e.model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": e.model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_BUG_COMMAND": "1",
+        # a per-request billing line in the system prompt would defeat the prefix cache every turn
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(e.n_ctx),
+    }
     for tier in ("OPUS", "SONNET", "HAIKU"):
         env[f"ANTHROPIC_DEFAULT_{tier}_MODEL"] = e.model
     return env, []
@@ -92,13 +99,28 @@ def codex_catalog(e: Endpoint) -> dict:
     """A Codex model catalog entry: the loaded context, text only, no reasoning levels, and no base
     instructions — Codex's ~20 KB default prompt is written for OpenAI's models and would take most of a
     small local model's context (its developer messages, AGENTS.md and tools still go)."""
-    return {"models": [{
-        "slug": e.model, "display_name": e.model, "context_window": e.n_ctx, "shell_type": "default",
-        "visibility": "list", "supported_in_api": True, "priority": 0,
-        "truncation_policy": {"mode": "bytes", "limit": 10000}, "input_modalities": ["text"], "base_instructions": "",
-        "support_verbosity": False, "default_verbosity": None, "supports_parallel_tool_calls": False,
-        "supports_reasoning_summaries": False, "supported_reasoning_levels": [], "experimental_supported_tools": [],
-    }]}
+    return {
+        "models": [
+            {
+                "slug": e.model,
+                "display_name": e.model,
+                "context_window": e.n_ctx,
+                "shell_type": "default",
+                "visibility": "list",
+                "supported_in_api": True,
+                "priority": 0,
+                "truncation_policy": {"mode": "bytes", "limit": 10000},
+                "input_modalities": ["text"],
+                "base_instructions": "",
+                "support_verbosity": False,
+                "default_verbosity": None,
+                "supports_parallel_tool_calls": False,
+                "supports_reasoning_summaries": False,
+                "supported_reasoning_levels": [],
+                "experimental_supported_tools": [],
+            }
+        ]
+    }
 
 
 def _codex(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
@@ -106,9 +128,15 @@ def _codex(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
     catalog.write_text(json.dumps(codex_catalog(e)))
     p = f"model_providers.{CODEX_PROVIDER}"
     overrides = {
-        "model_provider": CODEX_PROVIDER, f"{p}.name": "localrun", f"{p}.base_url": f"{e.url}/v1",
-        f"{p}.wire_api": "responses", f"{p}.env_key": CODEX_KEY_ENV, "model_catalog_json": str(catalog),
-        "model_context_window": e.n_ctx, "check_for_update_on_startup": False, "analytics.enabled": False,
+        "model_provider": CODEX_PROVIDER,
+        f"{p}.name": "localrun",
+        f"{p}.base_url": f"{e.url}/v1",
+        f"{p}.wire_api": "responses",
+        f"{p}.env_key": CODEX_KEY_ENV,
+        "model_catalog_json": str(catalog),
+        "model_context_window": e.n_ctx,
+        "check_for_update_on_startup": False,
+        "analytics.enabled": False,
         "feedback.enabled": False,
     }
     args = []
@@ -120,20 +148,36 @@ def _codex(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
 def opencode_config(e: Endpoint) -> dict:
     return {
         "$schema": "https://opencode.ai/config.json",
-        "provider": {"localrun": {
-            "npm": "@ai-sdk/openai-compatible", "name": "localrun",
-            "options": {"baseURL": f"{e.url}/v1", "apiKey": e.key},
-            "models": {e.model: {"name": e.model, "tool_call": True, "limit": {"context": e.n_ctx, "output": min(8192, e.n_ctx // 4)}}},
-        }},
-        "model": f"localrun/{e.model}", "small_model": f"localrun/{e.model}",
-        "share": "disabled", "autoupdate": False,
+        "provider": {
+            "localrun": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "localrun",
+                "options": {"baseURL": f"{e.url}/v1", "apiKey": e.key},
+                "models": {
+                    e.model: {
+                        "name": e.model,
+                        "tool_call": True,
+                        "limit": {"context": e.n_ctx, "output": min(8192, e.n_ctx // 4)},
+                    }
+                },
+            }
+        },
+        "model": f"localrun/{e.model}",
+        "small_model": f"localrun/{e.model}",
+        "share": "disabled",
+        "autoupdate": False,
     }
 
 
 def _opencode(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
-    env = {"OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(e)), "OPENCODE_DISABLE_AUTOUPDATE": "1",
-           "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-           "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1"}
+    env = {
+        "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(e)),
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+    }
     return env, []
 
 
@@ -210,11 +254,16 @@ def context_notes(agent: Agent, record, plan) -> list[str]:
     if plan.n_ctx >= agent.first_request:
         return []
     trained = int(record.metadata.get("context_length") or 0)
-    why = (f"it was trained on {trained:,} tokens" if trained and trained < agent.first_request
-           else "; ".join(plan.reasons) or "the planner chose it")
-    return [f"{record.name} gets a {plan.n_ctx:,}-token context ({why}), but {agent.name}'s first request is about "
-            f"{agent.first_request:,} tokens: expect 'prompt is too long' errors. Pick a model with a longer context "
-            f"(--model) or give the agent a shorter system prompt."]
+    why = (
+        f"it was trained on {trained:,} tokens"
+        if trained and trained < agent.first_request
+        else "; ".join(plan.reasons) or "the planner chose it"
+    )
+    return [
+        f"{record.name} gets a {plan.n_ctx:,}-token context ({why}), but {agent.name}'s first request is about "
+        f"{agent.first_request:,} tokens: expect 'prompt is too long' errors. Pick a model with a longer context "
+        f"(--model) or give the agent a shorter system prompt."
+    ]
 
 
 def _model_and_plan(settings, store, name: str | None, agent: Agent):
@@ -253,8 +302,12 @@ def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...]) -> None:
 @click.command("launch", context_settings={"ignore_unknown_options": True})
 @click.argument("agent_name", metavar="AGENT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--model", "-m", "model_name", default=None, help="Model to serve to the agent (default: the default chat model).")
-@click.option("--print", "print_only", is_flag=True, help="Print the environment and command instead of running the agent.")
+@click.option(
+    "--model", "-m", "model_name", default=None, help="Model to serve to the agent (default: the default chat model)."
+)
+@click.option(
+    "--print", "print_only", is_flag=True, help="Print the environment and command instead of running the agent."
+)
 @click.pass_context
 def launch_cmd(ctx, agent_name, args, model_name, print_only):
     """Run a coding agent (claude, codex, opencode) against localrun. ARGS after -- go to the agent."""
@@ -280,11 +333,15 @@ def launch_cmd(ctx, agent_name, args, model_name, print_only):
 
         background = Background(settings, make_manager(settings, store, PlanOverrides(n_ctx=agent.context)))
         url = background.url
-        err_console().print(f"[dim]localrun serving {record.name} ({plan.n_ctx:,}-token context) on {url} for {agent.name}[/]",
-                            highlight=False)
+        err_console().print(
+            f"[dim]localrun serving {record.name} ({plan.n_ctx:,}-token context) on {url} for {agent.name}[/]",
+            highlight=False,
+        )
     else:
-        err_console().print(f"[dim]using the localrun server at {url}; its context for {record.name} is its own plan's[/]",
-                            highlight=False)
+        err_console().print(
+            f"[dim]using the localrun server at {url}; its context for {record.name} is its own plan's[/]",
+            highlight=False,
+        )
     try:
         code = _run_agent(agent, exe, Endpoint(url, key, record.name, plan.n_ctx), args)
     finally:

@@ -6,8 +6,7 @@ import json
 
 import click
 
-from localrun.cli.output import settings_from
-from localrun.cli.output import console
+from localrun.cli.output import console, settings_from
 from localrun.cli.run import overrides_from, plan_options
 
 
@@ -58,8 +57,9 @@ def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, p
     settings = settings_from(ctx)
     store = open_store(ctx)
     record = resolve_or_builtin(store, ref)
-    plan = default_plan(record, settings, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel,
-                                                         speculative, draft))
+    plan = default_plan(
+        record, settings, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)
+    )
     if as_json:
         click.echo(json.dumps({"model": record.name, "plan": plan.to_dict()}, indent=2))
         return

@@ -11,11 +11,24 @@ from localrun.cli.output import err_console, settings_from
 @click.command("mirror")
 @click.option("--host", default=None, help="Interface to bind (default 127.0.0.1). Anything else needs --key.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8740).")
-@click.option("--key", default=None, envvar="LOCALRUN_MIRROR_KEY",
-              help="Bearer key clients must send (their HF_TOKEN); required off loopback. Env LOCALRUN_MIRROR_KEY.")
-@click.option("--upstream", default=None, metavar="URL",
-              help="Pull-through: fetch what the store lacks from this hub (verified), keep it, then serve it.")
-@click.option("--allow-host", "allowed_hosts", multiple=True, help="Extra Host header names to accept (a DNS name of this machine).")
+@click.option(
+    "--key",
+    default=None,
+    envvar="LOCALRUN_MIRROR_KEY",
+    help="Bearer key clients must send (their HF_TOKEN); required off loopback. Env LOCALRUN_MIRROR_KEY.",
+)
+@click.option(
+    "--upstream",
+    default=None,
+    metavar="URL",
+    help="Pull-through: fetch what the store lacks from this hub (verified), keep it, then serve it.",
+)
+@click.option(
+    "--allow-host",
+    "allowed_hosts",
+    multiple=True,
+    help="Extra Host header names to accept (a DNS name of this machine).",
+)
 @click.pass_context
 def mirror_cmd(ctx, host, port, key, upstream, allowed_hosts):
     """Serve the model store as a Hugging Face hub endpoint, read-only.
@@ -45,8 +58,11 @@ def mirror_cmd(ctx, host, port, key, upstream, allowed_hosts):
     def ready(url: str) -> None:
         repos = len(app.state.mirror.repos())
         extra = f" · pull-through from {upstream}" if upstream else ""
-        err_console().print(f"localrun mirror on [bold]{url}[/] · {repos} repos · key {'on' if key else 'off'}{extra} · "
-                            f"clients: HF_ENDPOINT={url} · Ctrl-C stops", highlight=False)
+        err_console().print(
+            f"localrun mirror on [bold]{url}[/] · {repos} repos · key {'on' if key else 'off'}{extra} · "
+            f"clients: HF_ENDPOINT={url} · Ctrl-C stops",
+            highlight=False,
+        )
 
     uvicorn_server(app, settings.server.host, settings.server.port, ready_callback=ready).run()
 

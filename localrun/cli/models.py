@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from localrun.cli.output import settings_from
-from localrun.cli.output import console, err_console, human_bytes
+from localrun.cli.output import console, err_console, human_bytes, settings_from
 
 
 def open_store(ctx: click.Context):
@@ -21,13 +20,21 @@ def open_store(ctx: click.Context):
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--name", help="Name to register it under (default: from the file name).")
 @click.option("--replace", is_flag=True, help="Replace a model registered under the same name.")
-@click.option("--pooling", type=click.Choice(["mean", "cls", "last", "none", "rank"]),
-              help="Pool embeddings this way (lets a generative model serve /v1/embeddings).")
-@click.option("--chat-template", "chat_template", type=click.Path(path_type=Path, dir_okay=False),
-              help="A Jinja chat template to use instead of the file's own.")
+@click.option(
+    "--pooling",
+    type=click.Choice(["mean", "cls", "last", "none", "rank"]),
+    help="Pool embeddings this way (lets a generative model serve /v1/embeddings).",
+)
+@click.option(
+    "--chat-template",
+    "chat_template",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A Jinja chat template to use instead of the file's own.",
+)
 @click.pass_context
-def import_cmd(ctx: click.Context, path: Path, name: str | None, replace: bool, pooling: str | None,
-               chat_template: Path | None) -> None:
+def import_cmd(
+    ctx: click.Context, path: Path, name: str | None, replace: bool, pooling: str | None, chat_template: Path | None
+) -> None:
     """Register a local GGUF file (or MLX folder) in place, without copying it."""
     store = open_store(ctx)
     if pooling is None and chat_template is None:
@@ -77,7 +84,9 @@ def _row(record) -> dict:
 
 @click.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--all", "show_all", is_flag=True, help="Also list models other tools keep on disk (HF cache, Ollama, LM Studio).")
+@click.option(
+    "--all", "show_all", is_flag=True, help="Also list models other tools keep on disk (HF cache, Ollama, LM Studio)."
+)
 @click.pass_context
 def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List registered models."""
@@ -105,7 +114,15 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     for row in rows:
         name = row["name"] if row.get("registered", True) else f"[dim]{row['name']}[/]"
         ctx_len = f"{row['context_length']:,}" if row.get("context_length") else "—"
-        table.add_row(name, row["format"], row["architecture"] or "—", row["quant"] or "—", human_bytes(row["size"]), ctx_len, row["source"])
+        table.add_row(
+            name,
+            row["format"],
+            row["architecture"] or "—",
+            row["quant"] or "—",
+            human_bytes(row["size"]),
+            ctx_len,
+            row["source"],
+        )
     console().print(table)
     total = sum(r["size"] for r in rows if r.get("registered", True) and r["owned"])
     err_console().print(f"{len(records)} registered · {human_bytes(total)} downloaded by localrun", highlight=False)

@@ -7,9 +7,8 @@ import time
 
 import click
 
-from localrun.cli.output import settings_from
 from localrun.cli.models import open_store
-from localrun.cli.output import console, err_console, human_bytes
+from localrun.cli.output import console, err_console, human_bytes, settings_from
 
 
 def plan_options(f):
@@ -19,19 +18,30 @@ def plan_options(f):
     f = click.option("--gpu-layers", type=int, help="Layers to offload to the GPU (-1: all).")(f)
     f = click.option("--device", help="Device: cpu, cuda, metal…")(f)
     f = click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads.")(f)
-    f = click.option("--parallel", type=click.IntRange(1, 64),
-                     help="Requests a llama.cpp model decodes at once, each with the whole context.")(f)
+    f = click.option(
+        "--parallel",
+        type=click.IntRange(1, 64),
+        help="Requests a llama.cpp model decodes at once, each with the whole context.",
+    )(f)
     f = speculative_option(f)
     return f
 
 
 def speculative_option(f):
-    f = click.option("--draft", default=None, metavar="MODEL",
-                     help="Draft model for speculative decoding: a model in the store or a .gguf file; none: no draft "
-                          "(default: a GGUF whose name contains 'draft' beside the model).")(f)
-    return click.option("--speculative", type=click.Choice(["auto", "off", "ngram", "draft"], case_sensitive=False),
-                        default=None, help="Speculative decoding in llama.cpp: auto drafts (n-gram lookup, the draft "
-                                           "model) only while it pays; ngram or draft at every step; off.")(f)
+    f = click.option(
+        "--draft",
+        default=None,
+        metavar="MODEL",
+        help="Draft model for speculative decoding: a model in the store or a .gguf file; none: no draft "
+        "(default: a GGUF whose name contains 'draft' beside the model).",
+    )(f)
+    return click.option(
+        "--speculative",
+        type=click.Choice(["auto", "off", "ngram", "draft"], case_sensitive=False),
+        default=None,
+        help="Speculative decoding in llama.cpp: auto drafts (n-gram lookup, the draft "
+        "model) only while it pays; ngram or draft at every step; off.",
+    )(f)
 
 
 def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None, speculative=None, draft=None):
@@ -39,8 +49,16 @@ def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None,
         return None
     from localrun.planning.planner import PlanOverrides
 
-    return PlanOverrides(runtime=runtime, n_ctx=ctx_len, n_gpu_layers=gpu_layers, device=device, threads=threads,
-                         parallel=parallel, speculative=speculative, draft=draft)
+    return PlanOverrides(
+        runtime=runtime,
+        n_ctx=ctx_len,
+        n_gpu_layers=gpu_layers,
+        device=device,
+        threads=threads,
+        parallel=parallel,
+        speculative=speculative,
+        draft=draft,
+    )
 
 
 def make_manager(settings, store, overrides=None):
@@ -149,37 +167,67 @@ def _stream_answer(manager, name: str, req, fmt=None, *, show_thinking: bool = T
     ttft = f"{((first or end) - t0) * 1000:.0f} ms"
     spec = ""
     if usage and usage.drafted_tokens:
-        spec = (f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
-                f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)")
-    err_console().print(f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]",
-                        highlight=False)
+        spec = (
+            f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
+            f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)"
+        )
+    err_console().print(
+        f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]", highlight=False
+    )
     return "".join(parts)
 
 
 @click.command("run")
 @click.argument("name")
 @click.argument("prompt", nargs=-1)
-@click.option("--raw/--chat", "raw", default=None, help="Complete the prompt as plain text, or chat with the model's template (default: chat when the model has a template).")
+@click.option(
+    "--raw/--chat",
+    "raw",
+    default=None,
+    help="Complete the prompt as plain text, or chat with the model's template (default: chat when the model has a template).",
+)
 @click.option("--system", help="System prompt for chat.")
 @click.option("--max-tokens", type=click.IntRange(1, None), default=None, help="Stop after this many tokens.")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=None)
 @click.option("--seed", type=int, default=None)
-@click.option("--hide-thinking", is_flag=True,
-              help="Do not show a reasoning model's thinking (by default it streams dimmed on stderr, "
-                   "before the answer).")
+@click.option(
+    "--hide-thinking",
+    is_flag=True,
+    help="Do not show a reasoning model's thinking (by default it streams dimmed on stderr, before the answer).",
+)
 @plan_options
 @click.pass_context
-def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, hide_thinking, runtime, ctx_len, gpu_layers,
-            device, threads, parallel, speculative, draft):
+def run_cmd(
+    ctx,
+    name,
+    prompt,
+    raw,
+    system,
+    max_tokens,
+    temperature,
+    seed,
+    hide_thinking,
+    runtime,
+    ctx_len,
+    gpu_layers,
+    device,
+    threads,
+    parallel,
+    speculative,
+    draft,
+):
     """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     settings = settings_from(ctx)
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
-    manager = make_manager(settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel,
-                                                           speculative, draft))
-    sampling = {k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None}
+    manager = make_manager(
+        settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)
+    )
+    sampling = {
+        k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None
+    }
     if raw is None:
         raw = not record.metadata.get("chat_template")
     show = not hide_thinking
@@ -199,12 +247,15 @@ def run_cmd(ctx, name, prompt, raw, system, max_tokens, temperature, seed, hide_
         manager.shutdown()
 
 
-def _interactive(manager, record, raw: bool, system: str | None, sampling: dict, fmt=None, *,
-                 show_thinking: bool = True) -> None:
+def _interactive(
+    manager, record, raw: bool, system: str | None, sampling: dict, fmt=None, *, show_thinking: bool = True
+) -> None:
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     mode = "completion" if raw else "chat"
-    err_console().print(f"[dim]{record.name} · {mode} · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]", highlight=False)
+    err_console().print(
+        f"[dim]{record.name} · {mode} · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]", highlight=False
+    )
     history: list[Message] = [Message("system", system)] if system else []
     while True:
         try:
@@ -242,25 +293,49 @@ def pooling_settings(items) -> dict:
 @click.command("serve")
 @click.option("--host", default=None, help="Interface to bind (default 127.0.0.1). Non-loopback needs --api-key.")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port (default 8739).")
-@click.option("--api-key", default=None, envvar="LOCALRUN_API_KEY", help="Require this Bearer key (env LOCALRUN_API_KEY).")
+@click.option(
+    "--api-key", default=None, envvar="LOCALRUN_API_KEY", help="Require this Bearer key (env LOCALRUN_API_KEY)."
+)
 @click.option("--runtime", default=None, help="Force one runtime for every model.")
-@click.option("--parallel", type=click.IntRange(1, 64), default=None,
-              help="Requests each llama.cpp model decodes at once (default: up to 4 when they fit).")
+@click.option(
+    "--parallel",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Requests each llama.cpp model decodes at once (default: up to 4 when they fit).",
+)
 @click.option("--no-default-model", is_flag=True, help="Do not assemble and register the embedded default model.")
-@click.option("--pooling", "poolings", multiple=True, metavar="[MODEL=]KIND",
-              help="Embedding pooling (mean, cls, last, none, rank) for MODEL, or every model; repeatable.")
-@click.option("--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL).")
+@click.option(
+    "--pooling",
+    "poolings",
+    multiple=True,
+    metavar="[MODEL=]KIND",
+    help="Embedding pooling (mean, cls, last, none, rank) for MODEL, or every model; repeatable.",
+)
+@click.option(
+    "--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL)."
+)
 @speculative_option
 @click.pass_context
 def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror, speculative, draft):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
-    server = {k: v for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items() if v is not None}
+    server = {
+        k: v
+        for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items()
+        if v is not None
+    }
     overrides = {"server": server} if server else {}
     if poolings:
         overrides["models"] = pooling_settings(poolings)
-    runtime_settings = {k: v for k, v in {"force": runtime or None, "parallel": parallel,
-                                          "speculative": speculative and speculative.lower(), "draft": draft}.items()
-                        if v is not None}
+    runtime_settings = {
+        k: v
+        for k, v in {
+            "force": runtime or None,
+            "parallel": parallel,
+            "speculative": speculative and speculative.lower(),
+            "draft": draft,
+        }.items()
+        if v is not None
+    }
     if runtime_settings:
         overrides["runtime"] = runtime_settings
     settings = settings_from(ctx, **overrides)
@@ -275,7 +350,10 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poo
     key = "on" if settings.server.api_key else "off"
 
     def ready(url: str) -> None:
-        err_console().print(f"localrun serving on [bold]{url}[/] · API key {key} · {len(store.list())} models · Ctrl-C stops", highlight=False)
+        err_console().print(
+            f"localrun serving on [bold]{url}[/] · API key {key} · {len(store.list())} models · Ctrl-C stops",
+            highlight=False,
+        )
         if settings.server.mirror:
             err_console().print(f"hub mirror on the same port: HF_ENDPOINT={url}", highlight=False)
 
@@ -305,7 +383,9 @@ def ps_cmd(ctx, as_json):
     try:
         data = httpx.get(url, headers=headers, timeout=3).raise_for_status().json()
     except httpx.HTTPError as exc:
-        raise RuntimeUnavailable(f"no localrun server answered at {url}: {exc}", hint="start one with `localrun serve`") from exc
+        raise RuntimeUnavailable(
+            f"no localrun server answered at {url}: {exc}", hint="start one with `localrun serve`"
+        ) from exc
     models = data.get("models", [])
     if as_json:
         click.echo(json.dumps(models, indent=2))
@@ -322,8 +402,11 @@ def ps_cmd(ctx, as_json):
         lr = m.get("localrun", {})
         ttl = lr.get("ttl_left_s")
         table.add_row(
-            m.get("name", "?"), lr.get("runtime", "?"), lr.get("device", "?"),
-            human_bytes(m.get("size_vram") or m.get("size")), f"{lr.get('idle_s', 0):.0f} s",
+            m.get("name", "?"),
+            lr.get("runtime", "?"),
+            lr.get("device", "?"),
+            human_bytes(m.get("size_vram") or m.get("size")),
+            f"{lr.get('idle_s', 0):.0f} s",
             "pinned" if ttl is None else f"{ttl:.0f} s",
         )
     console().print(table)

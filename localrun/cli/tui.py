@@ -22,7 +22,9 @@ def _log_to_file(settings, level: str):
 
 
 @click.command("tui")
-@click.option("--port", type=click.IntRange(1, 65535), default=None, help="Port to serve on (default 8739, or server.port).")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), default=None, help="Port to serve on (default 8739, or server.port)."
+)
 @click.option("--no-serve", is_flag=True, help="Do not serve: manage models without exposing them to local apps.")
 @click.option("--runtime", default=None, help="Force one runtime for every model (e.g. fake for a demo).")
 @click.option("--no-default-model", is_flag=True, help="Do not register the embedded default model.")

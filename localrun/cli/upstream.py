@@ -13,8 +13,7 @@ import time
 
 import click
 
-from localrun.cli.output import settings_from
-from localrun.cli.output import console, err_console
+from localrun.cli.output import console, err_console, settings_from
 from localrun.settings import UPSTREAM_KINDS
 
 
@@ -43,22 +42,42 @@ def upstream_group() -> None:
 @upstream_group.command("add")
 @click.argument("name")
 @click.argument("url")
-@click.option("--kind", type=click.Choice(UPSTREAM_KINDS), default="openai", show_default=True,
-              help="Which engine it is.")
+@click.option(
+    "--kind", type=click.Choice(UPSTREAM_KINDS), default="openai", show_default=True, help="Which engine it is."
+)
 @click.option("--key-env", help="Environment variable that holds its API key (kept out of config.toml).")
 @click.option("--key", help="Its API key, written to config.toml (prefer --key-env).")
 @click.option("--model", "models", multiple=True, help="A model it serves (repeat); default: ask its /v1/models.")
 @click.option("--max-concurrency", type=int, default=None, help="Requests sent to it at once (default 64).")
 @click.option("--weight", type=float, default=None, help="Its share of the load against other upstreams (default 1).")
 @click.option("--connect-timeout", type=float, default=None, help="Seconds to connect (default 5).")
-@click.option("--first-byte-timeout", type=float, default=None, help="Seconds to the first event of an answer (default 120).")
-@click.option("--chunk-timeout", type=float, default=None, help="Longest silence within a stream, seconds (default 60).")
+@click.option(
+    "--first-byte-timeout", type=float, default=None, help="Seconds to the first event of an answer (default 120)."
+)
+@click.option(
+    "--chunk-timeout", type=float, default=None, help="Longest silence within a stream, seconds (default 60)."
+)
 @click.option("--ca-bundle", help="A CA bundle (PEM) for its TLS certificate.")
 @click.option("--replace", is_flag=True, help="Replace an upstream of the same name.")
 @click.option("--no-check", is_flag=True, help="Do not probe it before saving.")
 @click.pass_context
-def add_cmd(ctx: click.Context, name: str, url: str, kind: str, key_env, key, models, max_concurrency, weight,
-            connect_timeout, first_byte_timeout, chunk_timeout, ca_bundle, replace: bool, no_check: bool) -> None:
+def add_cmd(
+    ctx: click.Context,
+    name: str,
+    url: str,
+    kind: str,
+    key_env,
+    key,
+    models,
+    max_concurrency,
+    weight,
+    connect_timeout,
+    first_byte_timeout,
+    chunk_timeout,
+    ca_bundle,
+    replace: bool,
+    no_check: bool,
+) -> None:
     """Add upstream NAME at URL (e.g. http://10.0.0.5:8000) to config.toml."""
     from pydantic import ValidationError
 
@@ -67,16 +86,31 @@ def add_cmd(ctx: click.Context, name: str, url: str, kind: str, key_env, key, mo
     from localrun.upstreams.config_file import write_upstreams
 
     settings_from(ctx)
-    fields = {"name": name, "url": url, "kind": kind, "key_env": key_env, "key": key, "models": list(models) or None,
-              "max_concurrency": max_concurrency, "weight": weight, "connect_timeout_s": connect_timeout,
-              "first_byte_timeout_s": first_byte_timeout, "chunk_timeout_s": chunk_timeout, "ca_bundle": ca_bundle}
+    fields = {
+        "name": name,
+        "url": url,
+        "kind": kind,
+        "key_env": key_env,
+        "key": key,
+        "models": list(models) or None,
+        "max_concurrency": max_concurrency,
+        "weight": weight,
+        "connect_timeout_s": connect_timeout,
+        "first_byte_timeout_s": first_byte_timeout,
+        "chunk_timeout_s": chunk_timeout,
+        "ca_bundle": ca_bundle,
+    }
     try:
         up = UpstreamConfig(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        raise ConfigError(f"invalid upstream: {exc.errors()[0]['msg']}", hint="see `localrun upstream add --help`") from None
+        raise ConfigError(
+            f"invalid upstream: {exc.errors()[0]['msg']}", hint="see `localrun upstream add --help`"
+        ) from None
     path, current = _configured()
     if any(u.name == name for u in current) and not replace:
-        raise ModelExists(f"an upstream named {name!r} is already configured", hint="pass --replace, or pick another name")
+        raise ModelExists(
+            f"an upstream named {name!r} is already configured", hint="pass --replace, or pick another name"
+        )
     if not no_check:
         report = _check(up)
         _print_check(report)
@@ -93,8 +127,18 @@ def ls_cmd(ctx: click.Context, as_json: bool) -> None:
     """List the configured upstreams."""
     settings_from(ctx)
     _, current = _configured()
-    rows = [{"name": u.name, "url": u.url, "kind": u.kind, "key": "env " + u.key_env if u.key_env else ("set" if u.key else "none"),
-             "models": u.models or "discovered", "max_concurrency": u.max_concurrency, "weight": u.weight} for u in current]
+    rows = [
+        {
+            "name": u.name,
+            "url": u.url,
+            "kind": u.kind,
+            "key": "env " + u.key_env if u.key_env else ("set" if u.key else "none"),
+            "models": u.models or "discovered",
+            "max_concurrency": u.max_concurrency,
+            "weight": u.weight,
+        }
+        for u in current
+    ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -125,7 +169,9 @@ def rm_cmd(ctx: click.Context, names: tuple[str, ...]) -> None:
     known = {u.name for u in current}
     missing = [n for n in names if n not in known]
     if missing:
-        raise ModelNotFound(f"no upstream named {missing[0]!r}", hint="configured: " + (", ".join(sorted(known)) or "none"))
+        raise ModelNotFound(
+            f"no upstream named {missing[0]!r}", hint="configured: " + (", ".join(sorted(known)) or "none")
+        )
     write_upstreams(path, [u for u in current if u.name not in names])
     for name in names:
         console().print(f"removed upstream [bold]{name}[/]", highlight=False)
@@ -144,8 +190,10 @@ def check_cmd(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None
     chosen = [u for u in current if not names or u.name in names]
     missing = set(names) - {u.name for u in chosen}
     if missing:
-        raise ModelNotFound(f"no upstream named {sorted(missing)[0]!r}",
-                            hint="configured: " + (", ".join(u.name for u in current) or "none"))
+        raise ModelNotFound(
+            f"no upstream named {sorted(missing)[0]!r}",
+            hint="configured: " + (", ".join(u.name for u in current) or "none"),
+        )
     reports = [_check(u) for u in chosen]
     if as_json:
         click.echo(json.dumps(reports, indent=2))
@@ -159,8 +207,8 @@ def check_cmd(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None
 def _check(up) -> dict:
     """What the server would find: probe, models, version, and the problems in words."""
     from localrun.errors import LocalrunError
-    from localrun.upstreams.pool import make_client
     from localrun.settings import UpstreamSettings
+    from localrun.upstreams.pool import make_client
 
     client = make_client(up, UpstreamSettings())
     problems: list[str] = []
@@ -186,15 +234,25 @@ def _check(up) -> dict:
         version = client.version() if probe.ok else None
     finally:
         client.close()
-    return {"name": up.name, "url": up.url, "kind": up.kind, "ok": probe.ok and not problems, "version": version,
-            "latency_ms": round(probe.latency_s * 1000, 1), "models_ms": round(listed * 1000, 1),
-            "models": up.models or models, "problems": problems}
+    return {
+        "name": up.name,
+        "url": up.url,
+        "kind": up.kind,
+        "ok": probe.ok and not problems,
+        "version": version,
+        "latency_ms": round(probe.latency_s * 1000, 1),
+        "models_ms": round(listed * 1000, 1),
+        "models": up.models or models,
+        "problems": problems,
+    }
 
 
 def _print_check(r: dict) -> None:
     mark = "[green]ok[/]" if r["ok"] else "[red]problem[/]"
     version = f" · version {r['version']}" if r["version"] else ""
-    console().print(f"[bold]{r['name']}[/] ({r['kind']}) {r['url']}: {mark} · {r['latency_ms']} ms{version}", highlight=False)
+    console().print(
+        f"[bold]{r['name']}[/] ({r['kind']}) {r['url']}: {mark} · {r['latency_ms']} ms{version}", highlight=False
+    )
     console().print("  serves: " + (", ".join(r["models"]) or "nothing listed"), highlight=False)
     for p in r["problems"]:
         console().print(f"  [yellow]![/] {p}", highlight=False)

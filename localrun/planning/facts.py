@@ -29,7 +29,7 @@ def probe_runtimes(hw: HardwareProfile, *, runtimes: Mapping[str, Any] | None = 
     ``runtimes`` (name → runtime) replaces the registry's, for tests that replay a machine.
     """
     statuses = {}
-    for name in (listed_runtimes() if runtimes is None else runtimes):
+    for name in listed_runtimes() if runtimes is None else runtimes:
         try:
             runtime = get_runtime(name) if runtimes is None else runtimes[name]
             statuses[name] = runtime.probe(hw)

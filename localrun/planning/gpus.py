@@ -76,11 +76,18 @@ def detect_nvidia(nvml: Any, env: Mapping[str, str]) -> tuple[GpuInfo, ...]:
                     continue
                 mem = nvml.nvmlDeviceGetMemoryInfo(handle)
                 major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
-                gpus.append(GpuInfo(
-                    vendor="nvidia", name=_text(nvml.nvmlDeviceGetName(handle)), vram_total=int(mem.total),
-                    vram_free=int(mem.free), driver=driver, cuda_version=cuda_version,
-                    compute_capability=f"{major}.{minor}", index=index,
-                ))
+                gpus.append(
+                    GpuInfo(
+                        vendor="nvidia",
+                        name=_text(nvml.nvmlDeviceGetName(handle)),
+                        vram_total=int(mem.total),
+                        vram_free=int(mem.free),
+                        driver=driver,
+                        cuda_version=cuda_version,
+                        compute_capability=f"{major}.{minor}",
+                        index=index,
+                    )
+                )
             except nvml.NVMLError as exc:  # one broken device must not hide the others
                 log.warning("NVIDIA GPU %d skipped: %s", index, exc)
         return tuple(gpus)
@@ -110,10 +117,17 @@ def detect_amd(root: Path) -> tuple[GpuInfo, ...]:
         gtt = read_int(dev / "mem_info_gtt_total") or 0
         name = read_text(dev / "product_name") or f"AMD GPU {read_text(dev / 'device') or '?'}"
         driver = (dev / "driver").resolve().name if (dev / "driver").exists() else None
-        gpus.append(GpuInfo(
-            vendor="amd", name=name, vram_total=total, vram_free=max(0, total - used), driver=driver,
-            index=int(card.name[4:]), integrated=total < GIB and gtt > total,
-        ))
+        gpus.append(
+            GpuInfo(
+                vendor="amd",
+                name=name,
+                vram_total=total,
+                vram_free=max(0, total - used),
+                driver=driver,
+                index=int(card.name[4:]),
+                integrated=total < GIB and gtt > total,
+            )
+        )
     return tuple(gpus)
 
 

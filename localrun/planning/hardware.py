@@ -77,7 +77,7 @@ class HardwareProfile:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "HardwareProfile":
+    def from_dict(cls, d: Mapping[str, Any]) -> HardwareProfile:
         d = dict(d)
         d["cpu_flags"] = tuple(d.get("cpu_flags") or ())
         d["gpus"] = tuple(GpuInfo(**g) for g in d.get("gpus") or ())
@@ -89,7 +89,7 @@ class HardwareProfile:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_json(cls, text: str) -> "HardwareProfile":
+    def from_json(cls, text: str) -> HardwareProfile:
         return cls.from_dict(json.loads(text))
 
 
@@ -155,8 +155,9 @@ def detect_hardware(
     cpu_model, flags = attempt("CPU", _detect_cpu, ("unknown CPU", ()))
     physical, logical, total, available = attempt("memory and cores", _detect_memory_and_cores, (1, 1, 0, 0))
     apple = attempt("Apple Silicon", _detect_apple, None)
-    gpus = (attempt("NVIDIA GPU", lambda s: detect_nvidia(s.nvml, s.env), ())
-            + attempt("AMD GPU", lambda s: detect_amd(s.root), ()))
+    gpus = attempt("NVIDIA GPU", lambda s: detect_nvidia(s.nvml, s.env), ()) + attempt(
+        "AMD GPU", lambda s: detect_amd(s.root), ()
+    )
     return HardwareProfile(
         os=src.system,
         arch=arch,
@@ -269,7 +270,9 @@ def _detect_apple(src: _Sources) -> AppleInfo | None:
     memsize = int(_sysctl(src, "hw.memsize") or 0)
     chip = _sysctl(src, "machdep.cpu.brand_string") or "Apple Silicon"
     wired = _sysctl(src, "iogpu.wired_limit_mb")
-    return AppleInfo(chip=chip, unified_memory=memsize, gpu_working_set_budget=apple_gpu_budget(memsize, int(wired or 0)))
+    return AppleInfo(
+        chip=chip, unified_memory=memsize, gpu_working_set_budget=apple_gpu_budget(memsize, int(wired or 0))
+    )
 
 
 def fmt_bytes(n: int | float) -> str:
@@ -297,14 +300,20 @@ def hardware_lines(profile: HardwareProfile) -> list[str]:
     ]
     if p.apple:
         a = p.apple
-        lines.append(f"Apple     {a.chip}: {fmt_bytes(a.unified_memory)} unified, GPU budget {fmt_bytes(a.gpu_working_set_budget)}")
+        lines.append(
+            f"Apple     {a.chip}: {fmt_bytes(a.unified_memory)} unified, GPU budget {fmt_bytes(a.gpu_working_set_budget)}"
+        )
     for g in p.gpus:
-        extra = [x for x in (
-            f"driver {g.driver}" if g.driver else None,
-            f"CUDA {g.cuda_version}" if g.cuda_version else None,
-            f"compute {g.compute_capability}" if g.compute_capability else None,
-            "integrated" if g.integrated else None,
-        ) if x]
+        extra = [
+            x
+            for x in (
+                f"driver {g.driver}" if g.driver else None,
+                f"CUDA {g.cuda_version}" if g.cuda_version else None,
+                f"compute {g.compute_capability}" if g.compute_capability else None,
+                "integrated" if g.integrated else None,
+            )
+            if x
+        ]
         lines.append(
             f"GPU {g.index}     {g.vendor} {g.name}: {fmt_bytes(g.vram_free)} free of {fmt_bytes(g.vram_total)}"
             + (f" ({', '.join(extra)})" if extra else "")

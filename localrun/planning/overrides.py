@@ -29,8 +29,12 @@ POOLING = ("mean", "cls", "last", "none", "rank")
 META_POOLING = "localrun.pooling"
 META_TEMPLATE = "localrun.chat_template"
 META_TEMPLATE_FILE = "localrun.chat_template_file"
-_SAMPLE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"},
-           {"role": "user", "content": "u2"}]
+_SAMPLE = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+    {"role": "user", "content": "u2"},
+]
 
 
 def check_pooling(name: str) -> str:
@@ -50,15 +54,19 @@ def read_chat_template(path: str | Path) -> str:
     p = Path(path).expanduser()
     try:
         if p.stat().st_size > 4 * MAX_TEMPLATE_CHARS:
-            raise ConfigError(f"the chat template {p} is {p.stat().st_size} bytes", hint="a template is a small text file")
+            raise ConfigError(
+                f"the chat template {p} is {p.stat().st_size} bytes", hint="a template is a small text file"
+            )
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the chat template {p}: {exc}", hint="give a readable UTF-8 Jinja file") from exc
     try:
         render_chat(text, _SAMPLE, bos_token="<s>", eos_token="</s>")
     except TemplateError as exc:
-        raise ConfigError(f"the chat template {p} does not render: {exc.message}",
-                          hint="fix the template (it runs in localrun's Jinja sandbox)") from exc
+        raise ConfigError(
+            f"the chat template {p} does not render: {exc.message}",
+            hint="fix the template (it runs in localrun's Jinja sandbox)",
+        ) from exc
     return text
 
 

@@ -31,8 +31,16 @@ log = logging.getLogger(__name__)
 
 TIGHT_RATIO = 0.8  # above this share of a budget the verdict is "tight"
 N_UBATCH = 512  # llama-cpp-python's default n_batch / n_ubatch
-KV_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32, "q5_0": 22 / 32,
-            "q4_1": 20 / 32, "q4_0": 18 / 32}
+KV_BYTES = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q5_1": 24 / 32,
+    "q5_0": 22 / 32,
+    "q4_1": 20 / 32,
+    "q4_0": 18 / 32,
+}
 WORKER_BASE = 48 * MIB  # a worker's interpreter with the runtime library imported
 VOCAB_BYTES_PER_TOKEN = 128  # llama.cpp's token text, scores, attributes and lookup maps
 DEFAULT_VOCAB = 32_000  # when the metadata does not say
@@ -54,7 +62,7 @@ class ModelShape:
     n_vocab: int | None = None
 
     @classmethod
-    def from_metadata(cls, meta: Mapping[str, Any]) -> "ModelShape":
+    def from_metadata(cls, meta: Mapping[str, Any]) -> ModelShape:
         flat = dict(meta)
         for nested in ("model_config", "text_config"):  # MLC and multimodal HF configs nest the shape
             if isinstance(meta.get(nested), Mapping):
@@ -74,10 +82,15 @@ class ModelShape:
             heads = (kv_heads,) * n_layer if n_layer and kv_heads else ()
         head_dim = _int(pick("head_dim")) or (n_embd // n_head if n_embd and n_head else None)
         return cls(
-            n_layer=n_layer, n_ctx_train=_int(pick("context_length", "max_position_embeddings", "context_window_size")),
-            n_embd=n_embd, n_head=n_head, n_head_kv=heads,
-            k_len=_int(pick("key_length")) or head_dim, v_len=_int(pick("value_length")) or head_dim,
-            n_ff=_int(pick("feed_forward_length", "intermediate_size")), n_vocab=_int(pick("vocab_size")),
+            n_layer=n_layer,
+            n_ctx_train=_int(pick("context_length", "max_position_embeddings", "context_window_size")),
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=heads,
+            k_len=_int(pick("key_length")) or head_dim,
+            v_len=_int(pick("value_length")) or head_dim,
+            n_ff=_int(pick("feed_forward_length", "intermediate_size")),
+            n_vocab=_int(pick("vocab_size")),
         )
 
     @property
@@ -183,8 +196,16 @@ def _share(used: int, available: int) -> float:
     return used / available if available > 0 else float("inf")
 
 
-def place(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, *,
-          n_gpu_layers: int | None = None, kv_type: str = "f16", n_seq: int = 1) -> Placement:
+def place(
+    shape: ModelShape,
+    weights: int,
+    budget: Budget,
+    n_ctx: int,
+    *,
+    n_gpu_layers: int | None = None,
+    kv_type: str = "f16",
+    n_seq: int = 1,
+) -> Placement:
     """Split one model at one context between host and GPU; ``n_gpu_layers=None`` offloads what fits.
 
     ``n_seq`` sequences of ``n_ctx`` tokens each (llama.cpp slots with a KV stream apiece)

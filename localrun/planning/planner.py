@@ -18,12 +18,20 @@ from typing import Any
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
 from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
 from localrun.planning.placement import (
-    KV_BYTES, N_UBATCH, TIGHT_RATIO, Budget, ModelShape, Placement, place, verdict_for, weights_bytes,
+    KV_BYTES,
+    N_UBATCH,
+    TIGHT_RATIO,
+    Budget,
+    ModelShape,
+    Placement,
+    place,
+    verdict_for,
+    weights_bytes,
 )
-from localrun.runtimes.base import RuntimeStatus
-from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
 from localrun.planning.speculation import draft_plan, speculation_plan
 from localrun.planning.vllm_fit import plan_for_vllm
+from localrun.runtimes.base import RuntimeStatus
+from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
 
@@ -63,22 +71,30 @@ def runtime_formats() -> dict[str, frozenset[Format]]:
     return {name: runtime_class(name).formats for name in names}
 
 
-def choose_runtime(record: ModelRecord, statuses: Mapping[str, RuntimeStatus], asked: str | None) -> tuple[str, list[str]]:
+def choose_runtime(
+    record: ModelRecord, statuses: Mapping[str, RuntimeStatus], asked: str | None
+) -> tuple[str, list[str]]:
     """The runtime for this model: the one asked for (checked), else the first available for its format."""
     from localrun.runtimes import runtime_class, runtime_names
 
     listed = runtime_formats()
     if asked is not None:
         if asked not in runtime_names():
-            raise UnknownRuntime(f"no runtime named {asked!r}", hint="try one of: " + ", ".join(runtime_names()),
-                                 param="runtime")
+            raise UnknownRuntime(
+                f"no runtime named {asked!r}", hint="try one of: " + ", ".join(runtime_names()), param="runtime"
+            )
         if record.format not in runtime_class(asked).formats:
             able = [n for n, f in listed.items() if record.format in f]
-            raise RuntimeUnavailable(f"{asked} cannot run {record.format.value.upper()} models like {record.name}",
-                                     hint="use " + " or ".join(able), param="runtime")
+            raise RuntimeUnavailable(
+                f"{asked} cannot run {record.format.value.upper()} models like {record.name}",
+                hint="use " + " or ".join(able),
+                param="runtime",
+            )
         status = _status(asked, statuses)
         if not status.available:
-            raise RuntimeUnavailable(f"{asked} is not available here: {status.reason}", hint=status.fix, param="runtime")
+            raise RuntimeUnavailable(
+                f"{asked} is not available here: {status.reason}", hint=status.fix, param="runtime"
+            )
         return asked, []
     candidates = [n for n, f in listed.items() if record.format in f]
     for i, name in enumerate(candidates):
@@ -87,8 +103,9 @@ def choose_runtime(record: ModelRecord, statuses: Mapping[str, RuntimeStatus], a
             return name, [f"{'; '.join(skipped)}: using {_describe(_status(name, statuses))}"] if skipped else []
     why = "; ".join(f"{n}: {_status(n, statuses).reason}" for n in candidates)
     fixes = " or ".join(s.fix for n in candidates if (s := _status(n, statuses)).fix)
-    raise RuntimeUnavailable(f"no runtime can run {record.name} ({record.format.value.upper()}) here — {why}",
-                             hint=fixes or None)
+    raise RuntimeUnavailable(
+        f"no runtime can run {record.name} ({record.format.value.upper()}) here — {why}", hint=fixes or None
+    )
 
 
 def _describe(status: RuntimeStatus) -> str:
@@ -137,15 +154,21 @@ def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOv
     wants_gpu = device != "auto" or (ov.n_gpu_layers or 0) != 0
     if backend == "cpu":
         if wants_gpu:
-            raise RuntimeUnavailable(f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
-                                     hint=status.fix, param="device")
+            raise RuntimeUnavailable(
+                f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
+                hint=status.fix,
+                param="device",
+            )
         if hw.gpus or hw.apple:
             gpu = hw.apple.chip if hw.apple else hw.gpus[0].name
             return cpu, f"{runtime} is built without GPU offload, so the {gpu} goes unused" + (
-                f" (to use it: {status.fix})" if status.fix else "")
+                f" (to use it: {status.fix})" if status.fix else ""
+            )
         return cpu, "no GPU on this machine"
     if device not in ("auto", "gpu") and device != backend:
-        raise RuntimeUnavailable(f"{runtime} here uses {backend.upper()}, not {device.upper()}", hint=status.fix, param="device")
+        raise RuntimeUnavailable(
+            f"{runtime} here uses {backend.upper()}, not {device.upper()}", hint=status.fix, param="device"
+        )
     if backend == "metal":
         if not hw.apple:
             return cpu, f"{runtime} is built for Metal but this is not an Apple Silicon Mac"
@@ -159,8 +182,13 @@ def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOv
         return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
     usable = sum(max(0, g.vram_free - VRAM_MARGIN) for g in gpus)
     names = ", ".join(dict.fromkeys(g.name for g in gpus)) + (f" ×{len(gpus)}" if len(gpus) > 1 else "")
-    return Budget(backend, hw.ram_available, usable, gpu_margin=VRAM_MARGIN * len(gpus),
-                  label=f"{DEVICE_LABELS.get(backend, backend)} ({names})"), None
+    return Budget(
+        backend,
+        hw.ram_available,
+        usable,
+        gpu_margin=VRAM_MARGIN * len(gpus),
+        label=f"{DEVICE_LABELS.get(backend, backend)} ({names})",
+    ), None
 
 
 def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int, list[str], bool]:
@@ -170,7 +198,11 @@ def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int
         if ov.n_ctx < 1:
             raise ConfigError(f"context length must be positive, not {ov.n_ctx}", param="n_ctx")
         if trained and ov.n_ctx > trained:
-            return trained, [f"context {ov.n_ctx:,} asked for, but the model was trained on {trained:,}: using {trained:,}"], False
+            return (
+                trained,
+                [f"context {ov.n_ctx:,} asked for, but the model was trained on {trained:,}: using {trained:,}"],
+                False,
+            )
         return ov.n_ctx, [], False
     cap, by = rt.max_context_default, "the default max_context (raise with --ctx)"
     if rt.context_length is not None:
@@ -182,8 +214,15 @@ def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int
     return trained, [], True
 
 
-def _fit_context(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, adjustable: bool,
-                 n_gpu_layers: int | None, kv_type: str) -> Placement:
+def _fit_context(
+    shape: ModelShape,
+    weights: int,
+    budget: Budget,
+    n_ctx: int,
+    adjustable: bool,
+    n_gpu_layers: int | None,
+    kv_type: str,
+) -> Placement:
     """Keep the context if the model fits with it at all; otherwise take the largest multiple of
     256 tokens (not below MIN_CONTEXT) that fits comfortably, else the largest that fits tightly."""
 
@@ -207,8 +246,14 @@ def _fit_context(shape: ModelShape, weights: int, budget: Budget, n_ctx: int, ad
     return at(MIN_CONTEXT)
 
 
-def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[str, RuntimeStatus], *,
-                   overrides: PlanOverrides | None = None, settings: Any = None) -> Plan:
+def plan_placement(
+    record: ModelRecord,
+    hw: HardwareProfile,
+    statuses: Mapping[str, RuntimeStatus],
+    *,
+    overrides: PlanOverrides | None = None,
+    settings: Any = None,
+) -> Plan:
     """Decide runtime, device, GPU layers, context and threads for ``record`` on ``hw``.
 
     Returns a plan even when the model does not fit (verdict ``wont-fit``, reasons say why);
@@ -224,7 +269,9 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
     rt = settings.runtime if settings is not None else _default_runtime_settings()
     kv_type = (ov.kv_type or "f16").lower()
     if kv_type not in KV_BYTES:
-        raise ConfigError(f"unknown KV cache type {ov.kv_type!r}", hint="use one of: " + ", ".join(KV_BYTES), param="kv_type")
+        raise ConfigError(
+            f"unknown KV cache type {ov.kv_type!r}", hint="use one of: " + ", ".join(KV_BYTES), param="kv_type"
+        )
     runtime, reasons = choose_runtime(record, statuses, ov.runtime)
     status = _status(runtime, statuses)
     budget, cpu_why = _budget(runtime, status, hw, ov)
@@ -241,8 +288,14 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
         asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
         placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
         speculate = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
-        draft = draft_plan(record, speculate[0], ov.draft or getattr(rt, "draft", None), settings,
-                           n_ctx=slots * placement.n_ctx, kv_type=kv_type)
+        draft = draft_plan(
+            record,
+            speculate[0],
+            ov.draft or getattr(rt, "draft", None),
+            settings,
+            n_ctx=slots * placement.n_ctx,
+            kv_type=kv_type,
+        )
         if draft is not None:
             placement = draft.beside(placement, budget)
     reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
@@ -256,10 +309,18 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
     reasons += _verdict_reasons(placement, budget, verdict, shape)
     if runtime == "ollama":
         reasons.append("Ollama makes the final placement itself; these numbers are localrun's estimate")
-    options: dict[str, Any] = {"placement": {
-        "host_bytes": placement.host, "gpu_bytes": placement.gpu, "host_budget": budget.host,
-        "gpu_budget": budget.gpu, "ratio": round(placement.ratio, 4), "layers_total": (shape.n_layer or 0) + 1,
-        "backend": budget.backend, "unified": budget.unified}}
+    options: dict[str, Any] = {
+        "placement": {
+            "host_bytes": placement.host,
+            "gpu_bytes": placement.gpu,
+            "host_budget": budget.host,
+            "gpu_budget": budget.gpu,
+            "ratio": round(placement.ratio, 4),
+            "layers_total": (shape.n_layer or 0) + 1,
+            "backend": budget.backend,
+            "unified": budget.unified,
+        }
+    }
     if runtime == "ollama":
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
@@ -270,19 +331,26 @@ def plan_placement(record: ModelRecord, hw: HardwareProfile, statuses: Mapping[s
             options["draft"] = draft.path
             reasons.append(draft.why)
     plan = Plan(
-        runtime=runtime, device=budget.backend if placement.n_gpu_layers else "cpu",
-        n_gpu_layers=placement.n_gpu_layers, n_ctx=placement.n_ctx, n_threads=threads,
-        n_batch=min(N_UBATCH, placement.n_ctx), kv_type=kv_type,
+        runtime=runtime,
+        device=budget.backend if placement.n_gpu_layers else "cpu",
+        n_gpu_layers=placement.n_gpu_layers,
+        n_ctx=placement.n_ctx,
+        n_threads=threads,
+        n_batch=min(N_UBATCH, placement.n_ctx),
+        kv_type=kv_type,
         memory=MemoryEstimate(weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead),
-        verdict=verdict, reasons=tuple(reasons), options=options,
+        verdict=verdict,
+        reasons=tuple(reasons),
+        options=options,
     )
     if runtime == "vllm":  # vLLM places the whole model on CUDA GPUs itself: size it the vLLM way
         plan = plan_for_vllm(plan, hw, status, asked_device=ov.device)
     return plan
 
 
-def _choose_slots(shape: ModelShape, weights: int, budget: Budget, single: Placement, asked: int | None,
-                  kv_type: str) -> tuple[Placement, int, list[str]]:
+def _choose_slots(
+    shape: ModelShape, weights: int, budget: Budget, single: Placement, asked: int | None, kv_type: str
+) -> tuple[Placement, int, list[str]]:
     """How many requests llama.cpp decodes at once, each with the plan's whole context.
 
     Asked for: that many, whatever the verdict says of it. Otherwise the most of
@@ -296,13 +364,23 @@ def _choose_slots(shape: ModelShape, weights: int, budget: Budget, single: Place
     if asked is not None:
         if asked < 1:
             raise ConfigError(f"parallel must be at least 1, not {asked}", param="parallel")
-        return at(asked), asked, [f"parallel {asked}, as asked: that many requests at once, each with the whole context"]
+        return (
+            at(asked),
+            asked,
+            [f"parallel {asked}, as asked: that many requests at once, each with the whole context"],
+        )
     for n in AUTO_SLOTS:
         candidate = at(n)
         if candidate.ratio <= TIGHT_RATIO:
             extra = candidate.kv - single.kv
-            return candidate, n, [f"{n} requests run at once, each with the whole context "
-                                  f"(+{fmt_bytes(extra)} of KV cache; --parallel or runtime.parallel to change)"]
+            return (
+                candidate,
+                n,
+                [
+                    f"{n} requests run at once, each with the whole context "
+                    f"(+{fmt_bytes(extra)} of KV cache; --parallel or runtime.parallel to change)"
+                ],
+            )
     return single, 1, ["one request at a time: more parallel slots would not fit comfortably"]
 
 
@@ -320,8 +398,10 @@ def _device_reasons(p: Placement, budget: Budget, cpu_why: str | None, shape: Mo
         return [f"{cpu_why}: running on CPU with {threads} threads"]
     if p.n_gpu_layers >= total or not shape.n_layer:
         return [f"all {total} layers on {budget.label}: {fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)} usable"]
-    return [f"partial offload: {p.n_gpu_layers} of {total} layers on {budget.label} using "
-            f"{fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)}, the rest on CPU with {threads} threads"]
+    return [
+        f"partial offload: {p.n_gpu_layers} of {total} layers on {budget.label} using "
+        f"{fmt_bytes(p.gpu)} of {fmt_bytes(budget.gpu)}, the rest on CPU with {threads} threads"
+    ]
 
 
 def _verdict_reasons(p: Placement, budget: Budget, verdict: str, shape: ModelShape) -> list[str]:
@@ -339,8 +419,9 @@ def _verdict_reasons(p: Placement, budget: Budget, verdict: str, shape: ModelSha
         where, need, have = "RAM", p.host, budget.host
     if verdict == "tight":
         return [f"tight: needs {fmt_bytes(need)} of the {fmt_bytes(have)} of {where} available ({need / have:.0%})"]
-    return [f"does not fit: needs {fmt_bytes(need)} of {where} at context {p.n_ctx:,}, "
-            f"only {fmt_bytes(have)} is available"]
+    return [
+        f"does not fit: needs {fmt_bytes(need)} of {where} at context {p.n_ctx:,}, only {fmt_bytes(have)} is available"
+    ]
 
 
 def require_fit(plan: Plan, record: ModelRecord) -> Plan:
@@ -348,8 +429,10 @@ def require_fit(plan: Plan, record: ModelRecord) -> Plan:
     if plan.verdict == "wont-fit":
         from localrun.errors import WontFit
 
-        raise WontFit(f"{record.name} does not fit on this machine: " + "; ".join(plan.reasons),
-                      hint="pick a smaller quant or model, a shorter --ctx, or free some memory")
+        raise WontFit(
+            f"{record.name} does not fit on this machine: " + "; ".join(plan.reasons),
+            hint="pick a smaller quant or model, a shorter --ctx, or free some memory",
+        )
     return plan
 
 
@@ -368,27 +451,39 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         f"model     {record.name} ({', '.join(f for f in facts if f)})",
         f"runtime   {plan.runtime} on {DEVICE_LABELS.get(plan.device, plan.device)}, {plan.n_threads} threads",
         f"layers    {layers}",
-        f"context   {plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "") + f", KV cache {plan.kv_type}",
+        f"context   {plan.n_ctx:,} tokens"
+        + (f" (trained {trained:,})" if trained else "")
+        + f", KV cache {plan.kv_type}",
     ]
     if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
         n = plan.options["n_slots"]
-        lines.append(f"parallel  {n} requests at once, each with the whole context" if n > 1 else "parallel  one request at a time")
+        lines.append(
+            f"parallel  {n} requests at once, each with the whole context"
+            if n > 1
+            else "parallel  one request at a time"
+        )
     if plan.runtime == "vllm":
         o = plan.options
         share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
-        lines.append(f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
-                     f"{o.get('max_model_len', plan.n_ctx):,}{share}")
+        lines.append(
+            f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
+            f"{o.get('max_model_len', plan.n_ctx):,}{share}"
+        )
     if plan.runtime == "llama.cpp" and "speculative" in plan.options:
         draft = plan.options.get("draft")
         with_draft = f", draft model {os.path.basename(draft)}" if draft else ""
         lines.append(f"speculate {plan.options['speculative']}{with_draft} (see why)")
     if plan.memory:
         m = plan.memory
-        lines.append(f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "
-                     f"+ overhead {fmt_bytes(m.overhead)} = {fmt_bytes(m.total)}")
+        lines.append(
+            f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "
+            f"+ overhead {fmt_bytes(m.overhead)} = {fmt_bytes(m.total)}"
+        )
     if placed.get("gpu_bytes"):
-        lines.append(f"placement GPU {fmt_bytes(placed['gpu_bytes'])} of {fmt_bytes(placed['gpu_budget'])}, "
-                     f"RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])}")
+        lines.append(
+            f"placement GPU {fmt_bytes(placed['gpu_bytes'])} of {fmt_bytes(placed['gpu_budget'])}, "
+            f"RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])}"
+        )
     elif placed:
         lines.append(f"placement RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])} available")
     lines.append(f"verdict   {plan.verdict}")

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 SPECULATION_WHY = {
     "auto": "speculative decoding auto: drafts verified in one pass, only while they pay "
-            "(greedy answers may part at near ties; off under exact_prefix)",
+    "(greedy answers may part at near ties; off under exact_prefix)",
     "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
     "off": "speculative decoding off, as asked",
     "draft": "speculative decoding with a draft model, as asked: it drafts at every step, whether it pays or not",
@@ -37,8 +37,9 @@ def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
     """
     mode = (asked or "auto").strip().lower()
     if mode not in SPECULATION_WHY:
-        raise ConfigError(f"unknown speculative mode {asked!r}", param="speculative",
-                          hint="use one of: " + ", ".join(SPECULATION_WHY))
+        raise ConfigError(
+            f"unknown speculative mode {asked!r}", param="speculative", hint="use one of: " + ", ".join(SPECULATION_WHY)
+        )
     why = SPECULATION_WHY[mode] if asked else SPECULATION_WHY[mode].replace("auto:", "auto (the default):", 1)
     if mode == "auto" and slots > 1:
         why += "; beside other requests, against their share of a batched step"
@@ -66,8 +67,9 @@ class DraftChoice:
 NO_DRAFT = ("none", "off", "no", "")
 
 
-def draft_plan(record: ModelRecord, mode: str | None, asked: str | None, settings, *, n_ctx: int,
-               kv_type: str = "f16") -> DraftChoice | None:
+def draft_plan(
+    record: ModelRecord, mode: str | None, asked: str | None, settings, *, n_ctx: int, kv_type: str = "f16"
+) -> DraftChoice | None:
     """The draft model for ``record`` under speculative ``mode``: the one asked for (a model
     in the store or a .gguf path), else a sibling GGUF whose name says "draft" in the model's
     folder (llama.cpp's sidecar rules, modelstore.refs.find_draft_sibling), else none.
@@ -81,8 +83,11 @@ def draft_plan(record: ModelRecord, mode: str | None, asked: str | None, setting
     wanted = mode in ("auto", "draft")
     if asked is not None and asked.strip().lower() in NO_DRAFT:
         if mode == "draft":
-            raise ConfigError("speculative mode 'draft' with the draft model turned off (--draft none)",
-                              param="draft", hint="give a draft model, or use --speculative auto or ngram")
+            raise ConfigError(
+                "speculative mode 'draft' with the draft model turned off (--draft none)",
+                param="draft",
+                hint="give a draft model, or use --speculative auto or ngram",
+            )
         return None
     if not wanted or record.format is not Format.GGUF:
         if asked:
@@ -102,21 +107,31 @@ def draft_plan(record: ModelRecord, mode: str | None, asked: str | None, setting
         found = find_draft_file(record.path) if record.path else None
         if found is None:
             if mode == "draft":
-                raise ConfigError(f"speculative mode 'draft' needs a draft model, and {record.name} has none beside it",
-                                  param="draft", hint="pass --draft MODEL (a model in the store or a .gguf file), "
-                                                      "or use --speculative auto")
+                raise ConfigError(
+                    f"speculative mode 'draft' needs a draft model, and {record.name} has none beside it",
+                    param="draft",
+                    hint="pass --draft MODEL (a model in the store or a .gguf file), or use --speculative auto",
+                )
             return None
         draft = ModelStore(settings).inspect_path(str(found))
         how = "found beside the model"
     if draft.format is not Format.GGUF or not draft.path:
-        raise ConfigError(f"the draft model {asked or draft.path} is {draft.format.value}, not a GGUF file",
-                          param="draft", hint="llama.cpp drafts with a GGUF model of the target's family")
+        raise ConfigError(
+            f"the draft model {asked or draft.path} is {draft.format.value}, not a GGUF file",
+            param="draft",
+            hint="llama.cpp drafts with a GGUF model of the target's family",
+        )
     if os.path.realpath(draft.path) == os.path.realpath(record.path):
-        raise ConfigError(f"the draft model is the model itself ({draft.path})", param="draft",
-                          hint="a draft model is a smaller model of the same family")
+        raise ConfigError(
+            f"the draft model is the model itself ({draft.path})",
+            param="draft",
+            hint="a draft model is a smaller model of the same family",
+        )
     kv = kv_cache_bytes(ModelShape.from_metadata(draft.metadata), n_ctx, kv_type)
     size = weights_bytes(draft) + kv
     use = "every draft" if mode == "draft" else "drafts where the prompt has nothing to copy, while they pay"
-    why = (f"draft model {os.path.basename(draft.path)} ({how}; {fmt_bytes(size)} with its KV cache): {use}; "
-           "its vocabulary is checked against the model's at load")
+    why = (
+        f"draft model {os.path.basename(draft.path)} ({how}; {fmt_bytes(size)} with its KV cache): {use}; "
+        "its vocabulary is checked against the model's at load"
+    )
     return DraftChoice(path=str(draft.path), bytes=size, why=why)

@@ -37,8 +37,13 @@ def vllm_placement(weights: int, kv_per_token: int, n_ctx: int, gpu_vram: Sequen
             per_gpu = (weights + kv_per_token * ctx) / tp * 1.1  # +10 %: activations, CUDA graphs
             budget = gpus[tp - 1] * GPU_MEMORY_UTILISATION
             if per_gpu <= budget:
-                return {"fits": True, "tensor_parallel_size": tp, "max_model_len": ctx,
-                        "gpu_memory_utilization": GPU_MEMORY_UTILISATION, "per_gpu_bytes": int(per_gpu)}
+                return {
+                    "fits": True,
+                    "tensor_parallel_size": tp,
+                    "max_model_len": ctx,
+                    "gpu_memory_utilization": GPU_MEMORY_UTILISATION,
+                    "per_gpu_bytes": int(per_gpu),
+                }
             tp *= 2
         ctx //= 2
     return {"fits": False, "why": f"{weights / 2**30:.1f} GiB of weights do not fit {len(gpus)} GPU(s)"}
@@ -61,11 +66,24 @@ def plan_for_vllm(plan: Plan, hw, status: RuntimeStatus, *, asked_device: str | 
         return dataclasses.replace(plan, device="cpu", n_gpu_layers=0, options=options, reasons=(*plan.reasons, why))
     fit = vllm_placement(weights, per_token, plan.n_ctx, [int(g.vram_free or g.vram_total) for g in cuda])
     if not fit["fits"]:
-        return dataclasses.replace(plan, device="cuda", verdict="wont-fit", options=options,
-                                   reasons=(*plan.reasons, f"vLLM: {fit['why']}"))
-    options.update(tensor_parallel_size=fit["tensor_parallel_size"], max_model_len=fit["max_model_len"],
-                   gpu_memory_utilization=fit["gpu_memory_utilization"])
-    why = (f"vLLM on {fit['tensor_parallel_size']} CUDA GPU(s): {fit['per_gpu_bytes'] / 2**30:.1f} GiB each "
-           f"within {fit['gpu_memory_utilization']:.0%} of its memory")
-    return dataclasses.replace(plan, device="cuda", n_gpu_layers=-1, n_ctx=fit["max_model_len"], verdict="fits",
-                               options=options, reasons=(*plan.reasons, why))
+        return dataclasses.replace(
+            plan, device="cuda", verdict="wont-fit", options=options, reasons=(*plan.reasons, f"vLLM: {fit['why']}")
+        )
+    options.update(
+        tensor_parallel_size=fit["tensor_parallel_size"],
+        max_model_len=fit["max_model_len"],
+        gpu_memory_utilization=fit["gpu_memory_utilization"],
+    )
+    why = (
+        f"vLLM on {fit['tensor_parallel_size']} CUDA GPU(s): {fit['per_gpu_bytes'] / 2**30:.1f} GiB each "
+        f"within {fit['gpu_memory_utilization']:.0%} of its memory"
+    )
+    return dataclasses.replace(
+        plan,
+        device="cuda",
+        n_gpu_layers=-1,
+        n_ctx=fit["max_model_len"],
+        verdict="fits",
+        options=options,
+        reasons=(*plan.reasons, why),
+    )

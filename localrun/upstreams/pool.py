@@ -71,11 +71,18 @@ class UpstreamState:
         if self.healthy is not False and self.cooling(now):
             health = "cooldown"
         return {
-            "name": self.name, "url": self.config.url, "kind": self.config.kind, "health": health,
-            "detail": self.detail, "models": sorted(self.models), "in_flight": self.in_flight,
-            "max_concurrency": self.config.max_concurrency, "weight": self.config.weight,
+            "name": self.name,
+            "url": self.config.url,
+            "kind": self.config.kind,
+            "health": health,
+            "detail": self.detail,
+            "models": sorted(self.models),
+            "in_flight": self.in_flight,
+            "max_concurrency": self.config.max_concurrency,
+            "weight": self.config.weight,
             "latency_ms": None if self.latency_s is None else round(self.latency_s * 1000, 1),
-            "version": self.version or None, "cooldowns": self.cooldowns,
+            "version": self.version or None,
+            "cooldowns": self.cooldowns,
             "cooldown_left_s": round(max(0.0, self.cooldown_until - now), 1),
             "discovery_error": self.discovery_error,
         }
@@ -101,8 +108,14 @@ def affinity_key(text: str, chars: int) -> str | None:
 class UpstreamPool:
     """Every configured upstream, their catalog, load, health and routing. Thread-safe."""
 
-    def __init__(self, upstreams: list[UpstreamConfig], settings: UpstreamSettings, *,
-                 client_factory: Callable[[UpstreamConfig], Any] | None = None, start: bool = True):
+    def __init__(
+        self,
+        upstreams: list[UpstreamConfig],
+        settings: UpstreamSettings,
+        *,
+        client_factory: Callable[[UpstreamConfig], Any] | None = None,
+        start: bool = True,
+    ):
         self.settings = settings
         factory = client_factory or (lambda cfg: make_client(cfg, settings))
         self._states: dict[str, UpstreamState] = {c.name: UpstreamState(c, factory(c)) for c in upstreams}
@@ -205,8 +218,15 @@ class UpstreamPool:
             self._affinity.popitem(last=False)
         return least
 
-    def acquire(self, route: Route, *, exclude: set[str], key: str | None, wait_s: float,
-                cancelled: Callable[[], bool] = lambda: False) -> UpstreamState | None:
+    def acquire(
+        self,
+        route: Route,
+        *,
+        exclude: set[str],
+        key: str | None,
+        wait_s: float,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> UpstreamState | None:
         """Take a slot on the best upstream for ``route``; None when every candidate was tried.
 
         Waits (up to ``wait_s``) while every candidate is at its ``max_concurrency``.
@@ -228,8 +248,10 @@ class UpstreamPool:
                 left = deadline - time.monotonic()
                 if left <= 0 or cancelled():
                     names = ", ".join(st.name for st in cands)
-                    raise Overloaded(f"every upstream serving {route.name} is at its max_concurrency ({names})",
-                                     hint="retry in a moment, or raise max_concurrency of the upstreams")
+                    raise Overloaded(
+                        f"every upstream serving {route.name} is at its max_concurrency ({names})",
+                        hint="retry in a moment, or raise max_concurrency of the upstreams",
+                    )
                 self._cond.wait(min(left, 0.1))
 
     def release(self, st: UpstreamState) -> None:
@@ -264,7 +286,9 @@ class UpstreamPool:
                 st.detail = result.detail
             self._cond.notify_all()
         if was is not result.ok:
-            log.info("upstream %s is %s%s", st.name, "up" if result.ok else "down", "" if result.ok else f": {result.detail}")
+            log.info(
+                "upstream %s is %s%s", st.name, "up" if result.ok else "down", "" if result.ok else f": {result.detail}"
+            )
         if result.ok and st.version is None:
             st.version = st.client.version() or ""  # asked once: "" is "it does not say"
 
@@ -318,8 +342,17 @@ def make_client(cfg: UpstreamConfig, settings: UpstreamSettings):
         except (OSError, ssl.SSLError) as exc:
             from localrun.errors import ConfigError
 
-            raise ConfigError(f"upstream {cfg.name!r}: cannot read the CA bundle {bundle}: {exc}",
-                              hint="point ca_bundle at a PEM file of CA certificates") from None
+            raise ConfigError(
+                f"upstream {cfg.name!r}: cannot read the CA bundle {bundle}: {exc}",
+                hint="point ca_bundle at a PEM file of CA certificates",
+            ) from None
     timeouts = Timeouts(cfg.connect_timeout_s, cfg.first_byte_timeout_s, cfg.chunk_timeout_s)
-    return OpenAIClient(cfg.url, server=f"upstream {cfg.name!r}", upstream=cfg.name, kind=get_kind(cfg.kind),
-                        key=cfg.api_key(), timeouts=timeouts, verify=verify)
+    return OpenAIClient(
+        cfg.url,
+        server=f"upstream {cfg.name!r}",
+        upstream=cfg.name,
+        kind=get_kind(cfg.kind),
+        key=cfg.api_key(),
+        timeouts=timeouts,
+        verify=verify,
+    )

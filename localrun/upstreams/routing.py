@@ -39,9 +39,15 @@ def remote_record(pool: UpstreamPool, route: Route) -> ModelRecord:
     if isinstance(ctx, int) and ctx > 0:
         meta["context_length"] = ctx
     urls = ", ".join(pool.get(n).config.url for n in route.upstreams if pool.get(n) is not None)
-    return ModelRecord(name=route.name, format=Format.REMOTE, path=urls, source=Source.UPSTREAM,
-                       repo=entry.get("root") if isinstance(entry.get("root"), str) else None, metadata=meta,
-                       added_at=float(entry.get("created") or 0) if isinstance(entry.get("created"), (int, float)) else 0.0)
+    return ModelRecord(
+        name=route.name,
+        format=Format.REMOTE,
+        path=urls,
+        source=Source.UPSTREAM,
+        repo=entry.get("root") if isinstance(entry.get("root"), str) else None,
+        metadata=meta,
+        added_at=float(entry.get("created") or 0) if isinstance(entry.get("created"), (int, float)) else 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,16 @@ class RemoteEntry:
 def remote_entry(pool: UpstreamPool, route: Route, settings) -> RemoteEntry:
     """The entry for ``route``: room for every upstream's slots plus the queue."""
     record = remote_record(pool, route)
-    plan = Plan(runtime="upstream", device="upstream " + ",".join(route.upstreams),
-                n_ctx=record.metadata.get("context_length") or 0,
-                reasons=(f"served by upstream {', '.join(route.upstreams)}",))
+    plan = Plan(
+        runtime="upstream",
+        device="upstream " + ",".join(route.upstreams),
+        n_ctx=record.metadata.get("context_length") or 0,
+        reasons=(f"served by upstream {', '.join(route.upstreams)}",),
+    )
     slots = sum(pool.get(n).config.max_concurrency for n in route.upstreams if pool.get(n) is not None)
-    return RemoteEntry(route.name, route, record, plan, UpstreamSession(pool, route),
-                       slots + settings.server.queue_size)
+    return RemoteEntry(
+        route.name, route, record, plan, UpstreamSession(pool, route), slots + settings.server.queue_size
+    )
 
 
 @dataclass(frozen=True)

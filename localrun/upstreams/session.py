@@ -65,8 +65,9 @@ class UpstreamSession:
         states = [self.pool.get(n) for n in self.route.upstreams]
         return max((st.config.first_byte_timeout_s for st in states if st is not None), default=30.0)
 
-    def _attempts(self, path: str, body: Callable[[UpstreamState, str], dict[str, Any]], key: str | None,
-                  cancel: Cancel) -> Iterator[Any]:
+    def _attempts(
+        self, path: str, body: Callable[[UpstreamState, str], dict[str, Any]], key: str | None, cancel: Cancel
+    ) -> Iterator[Any]:
         """Pieces from the first upstream that starts answering; failover until then."""
         tried: set[str] = set()
         last: LocalrunError | None = None
@@ -136,8 +137,9 @@ class UpstreamSession:
         from localrun.errors import UnsupportedFeature
 
         if "embeddings" not in self.capabilities:
-            raise UnsupportedFeature(f"embeddings are not supported by the upstreams serving {self.route.name}",
-                                     param="input")
+            raise UnsupportedFeature(
+                f"embeddings are not supported by the upstreams serving {self.route.name}", param="input"
+            )
         tried: set[str] = set()
         last: LocalrunError | None = None
         while True:

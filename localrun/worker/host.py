@@ -224,8 +224,9 @@ class InProcessHandle:
         lock = self._serial or _NullLock()
         try:
             with lock:
-                result = ops.run(self.session, request, cancel, lambda chunk: sink("chunk", chunk),
-                                 runtime=self.plan.runtime)
+                result = ops.run(
+                    self.session, request, cancel, lambda chunk: sink("chunk", chunk), runtime=self.plan.runtime
+                )
                 if not ops.streams(request):
                     sink("result", result)
             sink("end", None)

@@ -22,21 +22,38 @@ import re
 import shutil
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from localrun import __version__
 from localrun.errors import LocalrunError, VerificationFailed
-from localrun.modelstore.bundle.lock import (LOCK_NAME, WHEELS_DIR, BundleError, Lock, LockFile, LockModel, LockWheel,
-                                              parse_lock)
+from localrun.modelstore.bundle.lock import (
+    LOCK_NAME,
+    WHEELS_DIR,
+    BundleError,
+    Lock,
+    LockFile,
+    LockModel,
+    LockWheel,
+    parse_lock,
+)
 from localrun.modelstore.bundle.source import SEAL_NAME, Item, hash_stream, stat_key
-from localrun.modelstore.gitids import (git_blob_hasher, is_lfs_path, is_sha1, is_sha256, lfs_git_oid,
-                                         synthetic_commit, synthetic_repo)
+from localrun.modelstore.gitids import (
+    git_blob_hasher,
+    is_lfs_path,
+    is_sha1,
+    is_sha256,
+    lfs_git_oid,
+    synthetic_commit,
+    synthetic_repo,
+)
 from localrun.modelstore.verify import file_path
-from localrun.types import ModelRecord, Source
+from localrun.types import ModelRecord
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class _Source:
@@ -89,7 +106,7 @@ def _hub_layout(rec: ModelRecord) -> tuple[str, list[tuple[Path, str, str]]] | N
         if commit not in (None, parts[k + 1]):
             return None
         commit = parts[k + 1]
-        out.append((p, "/".join(parts[k + 2:]), os.path.basename(os.path.realpath(p))))
+        out.append((p, "/".join(parts[k + 2 :]), os.path.basename(os.path.realpath(p))))
     return (commit, out) if commit else None
 
 
@@ -104,8 +121,16 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
         repo, synthetic, revision = rec.repo, False, str(hub_meta.get("revision") or commit)
         for local, rel, blob in files:
             lfs = bool(is_sha256(blob)) or (not is_sha1(blob) and is_lfs_path(rel, os.stat(local).st_size))
-            sources.append(_describe(rec, local, rel, lfs, f"{endpoint}/{repo}/resolve/{commit}/{rel}",
-                                     git_oid=blob if is_sha1(blob) else None))
+            sources.append(
+                _describe(
+                    rec,
+                    local,
+                    rel,
+                    lfs,
+                    f"{endpoint}/{repo}/resolve/{commit}/{rel}",
+                    git_oid=blob if is_sha1(blob) else None,
+                )
+            )
         origin = endpoint
     else:
         repo, synthetic, revision = synthetic_repo(rec.name), True, "main"
@@ -113,12 +138,25 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
         for e in rec.files:
             local = file_path(rec, e.path)
             rel = local.relative_to(base).as_posix() if base.is_dir() else _repo_file_name(rec, local)
-            sources.append(_describe(rec, local, rel, is_lfs_path(rel, os.stat(local).st_size), f"{rec.source.value}:{local.name}"))
+            sources.append(
+                _describe(rec, local, rel, is_lfs_path(rel, os.stat(local).st_size), f"{rec.source.value}:{local.name}")
+            )
         commit, origin = synthetic_commit(repo, [(s.entry.path, s.entry.sha256) for s in sources]), rec.source.value
     primary = "" if Path(rec.path).is_dir() else next(s.entry.path for s in sources if s.local == Path(rec.path))
-    model = LockModel(name=rec.name, format=rec.format, repo=repo, synthetic=synthetic, revision=revision, commit=commit,
-                      primary=primary, files=tuple(s.entry for s in sources), quant=meta.get("quant") or None,
-                      architecture=meta.get("architecture") or None, source=rec.source.value, origin=origin)
+    model = LockModel(
+        name=rec.name,
+        format=rec.format,
+        repo=repo,
+        synthetic=synthetic,
+        revision=revision,
+        commit=commit,
+        primary=primary,
+        files=tuple(s.entry for s in sources),
+        quant=meta.get("quant") or None,
+        architecture=meta.get("architecture") or None,
+        source=rec.source.value,
+        origin=origin,
+    )
     return model, sources
 
 
@@ -132,7 +170,9 @@ def _repo_file_name(rec: ModelRecord, local: Path) -> str:
 
 def _describe(rec: ModelRecord, local: Path, rel: str, lfs: bool, origin: str, git_oid: str | None = None) -> _Source:
     if not local.is_file():
-        raise VerificationFailed(f"model {rec.name!r}: {local} is missing", hint=f"restore it, or `localrun rm {rec.name}`")
+        raise VerificationFailed(
+            f"model {rec.name!r}: {local} is missing", hint=f"restore it, or `localrun rm {rec.name}`"
+        )
     size = os.stat(local).st_size
     sha256 = _known_sha256(rec, local)
     if sha256 is None or (not lfs and git_oid is None):
@@ -167,8 +207,14 @@ def _refuse_existing(out: Path) -> None:
         raise LocalrunError(f"{out} already exists", hint="choose a new path, or remove it first")
 
 
-def export_bundle(store, names: list[str], out: str | Path, *, wheelhouse: Callable[[Path], dict] | None = None,
-                  progress: Callable[[str, int], None] | None = None) -> ExportResult:
+def export_bundle(
+    store,
+    names: list[str],
+    out: str | Path,
+    *,
+    wheelhouse: Callable[[Path], dict] | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> ExportResult:
     """Write the bundle for ``names`` to ``out`` (a ``.tar`` path: one tar; else a folder).
 
     ``wheelhouse`` (optional) fills a folder with wheels and returns the lock's ``python``
@@ -192,8 +238,10 @@ def export_bundle(store, names: list[str], out: str | Path, *, wheelhouse: Calla
             os.rename(partial, out)
     except OSError as exc:  # the destination, not the store: nothing half-written is left
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        raise LocalrunError(f"cannot write the bundle {out}: " + ("disk full" if full else str(exc)),
-                            hint="free some space or choose another -o path" if full else "check the folder and its permissions") from exc
+        raise LocalrunError(
+            f"cannot write the bundle {out}: " + ("disk full" if full else str(exc)),
+            hint="free some space or choose another -o path" if full else "check the folder and its permissions",
+        ) from exc
     finally:
         if partial.is_dir():
             shutil.rmtree(partial, ignore_errors=True)
@@ -222,8 +270,10 @@ def _item(rel: str, e: LockFile) -> Item:
 
 
 def _fail(rel: str, s: _Source, problem: str) -> VerificationFailed:
-    return VerificationFailed(f"{s.local} changed while it was exported ({rel}: {problem}); nothing was written",
-                              hint="`localrun verify` the model, pull or import it again, then export")
+    return VerificationFailed(
+        f"{s.local} changed while it was exported ({rel}: {problem}); nothing was written",
+        hint="`localrun verify` the model, pull or import it again, then export",
+    )
 
 
 def _write_dir(root: Path, lock: Lock, sources: dict[str, _Source], wheelhouse, progress) -> Lock:

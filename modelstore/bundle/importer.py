@@ -30,10 +30,11 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from localrun.errors import DownloadFailed, LocalrunError, ModelExists
 from localrun.modelstore.bundle.lock import BundleError, Lock, LockModel
@@ -90,8 +91,15 @@ class _Journal:
 
 
 class _Importer:
-    def __init__(self, store, bundle: DirBundle | TarBundle, *, rehash: bool, replace: bool,
-                 progress: Callable[[str, int, str], None] | None) -> None:
+    def __init__(
+        self,
+        store,
+        bundle: DirBundle | TarBundle,
+        *,
+        rehash: bool,
+        replace: bool,
+        progress: Callable[[str, int, str], None] | None,
+    ) -> None:
         self.store, self.bundle, self.lock = store, bundle, bundle.lock
         self.rehash, self.replace, self.progress = rehash, replace, progress
         self.cache = hub_cache_dir()
@@ -119,8 +127,10 @@ class _Importer:
         for m in self.lock.models:
             existing = self.store.index.find(m.name)
             if existing is not None and existing.repo != m.repo and not self.replace:
-                raise ModelExists(f"bundle model {m.name!r}: the name is taken by {existing.repo or existing.path}",
-                                  hint=f"remove it first (localrun rm {m.name}), or import with --replace")
+                raise ModelExists(
+                    f"bundle model {m.name!r}: the name is taken by {existing.repo or existing.path}",
+                    hint=f"remove it first (localrun rm {m.name}), or import with --replace",
+                )
 
     def check_space(self) -> None:
         need = 0
@@ -128,7 +138,10 @@ class _Importer:
             blob = self._blob(m, f.etag)
             if blob.exists():
                 continue
-            if isinstance(self.bundle, DirBundle) and os.stat(self.bundle.location / rel).st_dev == os.stat(blob.parent).st_dev:
+            if (
+                isinstance(self.bundle, DirBundle)
+                and os.stat(self.bundle.location / rel).st_dev == os.stat(blob.parent).st_dev
+            ):
                 continue  # a hard link needs no space
             need += f.size
         check_disk_space(self.cache, need, f"the bundle's {len(self.lock.models)} model(s)")
@@ -209,8 +222,11 @@ class _Importer:
 
     def _commit(self, tmp: Path, blob: Path, item: Item, problem: str | None) -> None:
         if problem:
-            raise self.bundle.error(item.relpath, f"does not match the lock: {problem}",
-                                   hint="the bundle was altered or damaged after export; export or copy it again")
+            raise self.bundle.error(
+                item.relpath,
+                f"does not match the lock: {problem}",
+                hint="the bundle was altered or damaged after export; export or copy it again",
+            )
         os.replace(tmp, blob)
         self.created.append(blob)
         self.journal.add(blob, item.sha256)
@@ -231,7 +247,11 @@ class _Importer:
         for m in self.lock.models:
             if m.format not in (Format.GGUF, Format.MLX):
                 continue
-            where = self.bundle.location / m.snapshot_dir_relpath() / m.primary if m.primary else self.bundle.location / m.snapshot_dir_relpath()
+            where = (
+                self.bundle.location / m.snapshot_dir_relpath() / m.primary
+                if m.primary
+                else self.bundle.location / m.snapshot_dir_relpath()
+            )
             if os.path.lexists(where):  # links absent (a copy on FAT): validated after placing
                 self.early[m.name] = pool.submit(self.store.inspect_path, where, name=m.name)
 
@@ -257,15 +277,32 @@ class _Importer:
         meta: dict = {}
         if m.format in (Format.GGUF, Format.MLX):
             early = self.early.get(m.name)
-            inspected = early.result() if early else self.store.inspect_path(primary, name=m.name)  # validates the header / folder
+            inspected = (
+                early.result() if early else self.store.inspect_path(primary, name=m.name)
+            )  # validates the header / folder
             meta = dict(inspected.metadata)
             meta.pop("mtimes", None)
         meta.update(quant=m.quant or meta.get("quant"), architecture=meta.get("architecture") or m.architecture)
         meta["hub"] = {"endpoint": None if m.synthetic else m.origin, "revision": m.revision, "commit": m.commit}
-        meta["bundle"] = {"repo_synthetic": m.synthetic, "source": m.source, "origin": m.origin,
-                          "created": self.lock.created, "localrun": self.lock.localrun}
-        return ModelRecord(name=m.name, format=m.format, path=str(primary), files=tuple(files), source=Source.BUNDLE, owned=True,
-                           repo=m.repo, revision=m.commit, metadata=meta, added_at=time.time())
+        meta["bundle"] = {
+            "repo_synthetic": m.synthetic,
+            "source": m.source,
+            "origin": m.origin,
+            "created": self.lock.created,
+            "localrun": self.lock.localrun,
+        }
+        return ModelRecord(
+            name=m.name,
+            format=m.format,
+            path=str(primary),
+            files=tuple(files),
+            source=Source.BUNDLE,
+            owned=True,
+            repo=m.repo,
+            revision=m.commit,
+            metadata=meta,
+            added_at=time.time(),
+        )
 
     def rollback(self) -> None:
         """A bad bundle: the blobs and links this run created go again; nothing was registered."""
@@ -320,8 +357,14 @@ def _copy_hashed(source: Path, tmp: Path, item: Item) -> str | None:
     return problem
 
 
-def import_bundle(store, path: str | Path, *, rehash: bool = False, replace: bool = False,
-                  progress: Callable[[str, int, str], None] | None = None) -> ImportResult:
+def import_bundle(
+    store,
+    path: str | Path,
+    *,
+    rehash: bool = False,
+    replace: bool = False,
+    progress: Callable[[str, int, str], None] | None = None,
+) -> ImportResult:
     """Make every model of the bundle at ``path`` usable under its name.
 
     Raises BundleError (names the file and the problem), ModelExists, DownloadFailed (no
@@ -352,9 +395,13 @@ def import_bundle(store, path: str | Path, *, rehash: bool = False, replace: boo
 
 def _disk_error(exc: OSError, cache: Path) -> LocalrunError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DownloadFailed(f"disk full while importing into {cache}", hint="free some space and run the import again: it carries on")
-    return DownloadFailed(f"cannot write into {cache}: {exc}",
-                          hint="check the folder's permissions (HF_HUB_CACHE / HF_HOME), then run the import again")
+        return DownloadFailed(
+            f"disk full while importing into {cache}", hint="free some space and run the import again: it carries on"
+        )
+    return DownloadFailed(
+        f"cannot write into {cache}: {exc}",
+        hint="check the folder's permissions (HF_HUB_CACHE / HF_HOME), then run the import again",
+    )
 
 
 def _place_all(imp: _Importer, bundle: DirBundle | TarBundle) -> None:
@@ -383,8 +430,11 @@ def verify_bundle(path: str | Path, *, progress: Callable[[str, int], None] | No
                 src = stream or stack.enter_context(open(bundle.path_of(item), "rb"))
                 problem = hash_stream(src, item)
             if problem:
-                raise bundle.error(item.relpath, f"does not match the lock: {problem}",
-                                  hint="the bundle was altered or damaged after export; export or copy it again")
+                raise bundle.error(
+                    item.relpath,
+                    f"does not match the lock: {problem}",
+                    hint="the bundle was altered or damaged after export; export or copy it again",
+                )
             if progress:
                 progress(item.relpath, item.size)
         return bundle.lock

@@ -129,7 +129,10 @@ class Lock:
 
     def to_json(self) -> bytes:
         doc = {
-            "schema_version": SCHEMA_VERSION, "kind": "localrun-bundle", "created": self.created, "localrun": self.localrun,
+            "schema_version": SCHEMA_VERSION,
+            "kind": "localrun-bundle",
+            "created": self.created,
+            "localrun": self.localrun,
             "models": [_model_dict(m) for m in self.models],
             "python": self.python,
             "wheels": [{"path": w.path, "size": w.size, "sha256": w.sha256} for w in self.wheels],
@@ -139,11 +142,21 @@ class Lock:
 
 def _model_dict(m: LockModel) -> dict:
     return {
-        "name": m.name, "format": m.format.value, "repo": m.repo, "repo_synthetic": m.synthetic, "revision": m.revision,
-        "commit": m.commit, "quant": m.quant, "architecture": m.architecture, "primary": m.primary, "source": m.source,
+        "name": m.name,
+        "format": m.format.value,
+        "repo": m.repo,
+        "repo_synthetic": m.synthetic,
+        "revision": m.revision,
+        "commit": m.commit,
+        "quant": m.quant,
+        "architecture": m.architecture,
+        "primary": m.primary,
+        "source": m.source,
         "origin": m.origin,
-        "files": [{"path": f.path, "size": f.size, "sha256": f.sha256, "git_oid": f.git_oid, "lfs": f.lfs, "origin": f.origin}
-                  for f in m.files],
+        "files": [
+            {"path": f.path, "size": f.size, "sha256": f.sha256, "git_oid": f.git_oid, "lfs": f.lfs, "origin": f.origin}
+            for f in m.files
+        ],
     }
 
 
@@ -162,21 +175,30 @@ def parse_lock(data: bytes, *, where: str = LOCK_NAME) -> Lock:
         raise BundleError(f"{where}: not a JSON object", hint="the bundle is damaged; export it again")
     version = doc.get("schema_version")
     if version != SCHEMA_VERSION:
-        raise BundleError(f"{where}: unknown schema version {version!r} (this localrun reads version {SCHEMA_VERSION})",
-                          hint="import it with the localrun version that exported it, or export it again with this one")
+        raise BundleError(
+            f"{where}: unknown schema version {version!r} (this localrun reads version {SCHEMA_VERSION})",
+            hint="import it with the localrun version that exported it, or export it again with this one",
+        )
     models_raw = doc.get("models")
     if not isinstance(models_raw, list) or not models_raw:
         raise BundleError(f"{where}: 'models' must be a non-empty list", hint="export at least one model")
     models = tuple(_parse_model(m, f"{where}: models[{k}]") for k, m in enumerate(models_raw))
     _check_unique(models, where)
-    wheels = tuple(_parse_wheel(w, f"{where}: wheels[{k}]") for k, w in enumerate(_list(doc.get("wheels", []), f"{where}: wheels")))
+    wheels = tuple(
+        _parse_wheel(w, f"{where}: wheels[{k}]") for k, w in enumerate(_list(doc.get("wheels", []), f"{where}: wheels"))
+    )
     if len({w.path for w in wheels}) != len(wheels):
         raise BundleError(f"{where}: a wheel is listed twice", hint="the lock is damaged; export it again")
     python = doc.get("python")
     if python is not None and not isinstance(python, dict):
         raise BundleError(f"{where}: 'python' must be an object", hint="the lock is damaged; export it again")
-    return Lock(models=models, created=str(doc.get("created", "")), localrun=str(doc.get("localrun", "")),
-                python=python, wheels=wheels)
+    return Lock(
+        models=models,
+        created=str(doc.get("created", "")),
+        localrun=str(doc.get("localrun", "")),
+        python=python,
+        wheels=wheels,
+    )
 
 
 def _list(value: Any, where: str) -> list:
@@ -190,7 +212,10 @@ def _field(d: dict, key: str, kind: type, where: str, *, optional: bool = False)
     if value is None and optional:
         return None
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise BundleError(f"{where}: '{key}' must be {kind.__name__}, got {str(value)[:80]!r}", hint="the lock is damaged; export it again")
+        raise BundleError(
+            f"{where}: '{key}' must be {kind.__name__}, got {str(value)[:80]!r}",
+            hint="the lock is damaged; export it again",
+        )
     return value
 
 
@@ -198,7 +223,9 @@ def _named(check, value: Any, where: str):
     try:
         return check(value)
     except InvalidName as exc:
-        raise BundleError(f"{where}: {exc.message}", hint="the bundle names something unsafe; do not import it") from None
+        raise BundleError(
+            f"{where}: {exc.message}", hint="the bundle names something unsafe; do not import it"
+        ) from None
 
 
 def _parse_model(d: Any, where: str) -> LockModel:
@@ -209,15 +236,21 @@ def _parse_model(d: Any, where: str) -> LockModel:
     try:
         fmt = Format(d.get("format"))
     except ValueError:
-        raise BundleError(f"{where}: unknown format {d.get('format')!r}", hint=f"one of: {', '.join(f.value for f in Format)}") from None
+        raise BundleError(
+            f"{where}: unknown format {d.get('format')!r}", hint=f"one of: {', '.join(f.value for f in Format)}"
+        ) from None
     repo = _named(validate_repo_id, d.get("repo"), where)
     commit = _field(d, "commit", str, where)
     if not is_sha1(commit):
-        raise BundleError(f"{where}: commit {commit[:80]!r} is not 40 hex digits", hint="the lock is damaged; export it again")
+        raise BundleError(
+            f"{where}: commit {commit[:80]!r} is not 40 hex digits", hint="the lock is damaged; export it again"
+        )
     revision = _named(validate_revision, d.get("revision") or commit, where)
     if revision != commit:
         _named(safe_relpath, revision, where)  # it names refs/<revision> on disk
-    files = tuple(_parse_file(f, f"{where}: files[{k}]") for k, f in enumerate(_list(d.get("files"), f"{where}: files")))
+    files = tuple(
+        _parse_file(f, f"{where}: files[{k}]") for k, f in enumerate(_list(d.get("files"), f"{where}: files"))
+    )
     if not files:
         raise BundleError(f"{where}: has no files", hint="the lock is damaged; export it again")
     paths = [f.path for f in files]
@@ -226,16 +259,32 @@ def _parse_model(d: Any, where: str) -> LockModel:
         raise BundleError(f"{where}: duplicate entry {dup!r}", hint="the lock is damaged; export it again")
     primary = d.get("primary") or ""
     if not isinstance(primary, str) or (primary and primary not in paths):
-        raise BundleError(f"{where}: primary file {str(primary)[:80]!r} is not among its files", hint="the lock is damaged; export it again")
+        raise BundleError(
+            f"{where}: primary file {str(primary)[:80]!r} is not among its files",
+            hint="the lock is damaged; export it again",
+        )
     if fmt is Format.GGUF and not primary:
         raise BundleError(f"{where}: a GGUF model needs a primary file", hint="the lock is damaged; export it again")
     code = [p for p in paths if p.lower().endswith(CODE_SUFFIXES)]
     if code:
-        raise BundleError(f"{where}: carries code ({', '.join(code[:3])}); bundles never import code",
-                          hint="export the model without its code files")
-    return LockModel(name=name, format=fmt, repo=repo, synthetic=bool(d.get("repo_synthetic")), revision=revision, commit=commit,
-                     primary=primary, files=files, quant=_opt_str(d, "quant", where), architecture=_opt_str(d, "architecture", where),
-                     source=str(d.get("source") or ""), origin=str(d.get("origin") or ""))
+        raise BundleError(
+            f"{where}: carries code ({', '.join(code[:3])}); bundles never import code",
+            hint="export the model without its code files",
+        )
+    return LockModel(
+        name=name,
+        format=fmt,
+        repo=repo,
+        synthetic=bool(d.get("repo_synthetic")),
+        revision=revision,
+        commit=commit,
+        primary=primary,
+        files=files,
+        quant=_opt_str(d, "quant", where),
+        architecture=_opt_str(d, "architecture", where),
+        source=str(d.get("source") or ""),
+        origin=str(d.get("origin") or ""),
+    )
 
 
 def _opt_str(d: dict, key: str, where: str) -> str | None:
@@ -255,15 +304,23 @@ def _parse_file(d: Any, where: str) -> LockFile:
     if size < 0:
         raise BundleError(f"{where}: negative size {size}", hint="the lock is damaged; export it again")
     if not is_sha256(sha256):
-        raise BundleError(f"{where}: sha256 {sha256[:80]!r} is not 64 hex digits", hint="the lock is damaged; export it again")
+        raise BundleError(
+            f"{where}: sha256 {sha256[:80]!r} is not 64 hex digits", hint="the lock is damaged; export it again"
+        )
     if not is_sha1(git_oid):
-        raise BundleError(f"{where}: git_oid {git_oid[:80]!r} is not 40 hex digits", hint="the lock is damaged; export it again")
+        raise BundleError(
+            f"{where}: git_oid {git_oid[:80]!r} is not 40 hex digits", hint="the lock is damaged; export it again"
+        )
     if not isinstance(lfs, bool):
         raise BundleError(f"{where}: 'lfs' must be true or false", hint="the lock is damaged; export it again")
     if lfs and git_oid != lfs_git_oid(sha256, size):
-        raise BundleError(f"{where}: git_oid does not match its LFS pointer (sha256 {sha256[:12]}…, {size} bytes)",
-                          hint="the lock is damaged; export it again")
-    return LockFile(path=path, size=size, sha256=sha256, git_oid=git_oid, lfs=lfs, origin=str(d.get("origin") or "")[:2000])
+        raise BundleError(
+            f"{where}: git_oid does not match its LFS pointer (sha256 {sha256[:12]}…, {size} bytes)",
+            hint="the lock is damaged; export it again",
+        )
+    return LockFile(
+        path=path, size=size, sha256=sha256, git_oid=git_oid, lfs=lfs, origin=str(d.get("origin") or "")[:2000]
+    )
 
 
 def _parse_wheel(d: Any, where: str) -> LockWheel:
@@ -274,7 +331,9 @@ def _parse_wheel(d: Any, where: str) -> LockWheel:
         raise BundleError(f"{where}: {path!r} is not under {WHEELS_DIR}/", hint="the lock is damaged; export it again")
     sha256 = _field(d, "sha256", str, where).lower()
     if not is_sha256(sha256):
-        raise BundleError(f"{where}: sha256 {sha256[:80]!r} is not 64 hex digits", hint="the lock is damaged; export it again")
+        raise BundleError(
+            f"{where}: sha256 {sha256[:80]!r} is not 64 hex digits", hint="the lock is damaged; export it again"
+        )
     size = _field(d, "size", int, where)
     if size < 0:
         raise BundleError(f"{where}: negative size", hint="the lock is damaged; export it again")
@@ -288,12 +347,17 @@ def _check_unique(models: tuple[LockModel, ...], where: str) -> None:
     by_blob: dict[str, LockFile] = {}
     for m in models:
         if m.name in names:
-            raise BundleError(f"{where}: duplicate entry: model {m.name!r} is listed twice", hint="the lock is damaged; export it again")
+            raise BundleError(
+                f"{where}: duplicate entry: model {m.name!r} is listed twice",
+                hint="the lock is damaged; export it again",
+            )
         names.add(m.name)
         for f in m.files:
             key = (m.repo, m.commit, f.path)
             other = by_repo_path.setdefault(key, f)
             blob = by_blob.setdefault(m.blob_relpath(f), f)
             if (other.sha256, other.size) != (f.sha256, f.size) or (blob.sha256, blob.size) != (f.sha256, f.size):
-                raise BundleError(f"{where}: duplicate entry {m.repo}/{f.path} with two different contents",
-                                  hint="the lock is damaged; export it again")
+                raise BundleError(
+                    f"{where}: duplicate entry {m.repo}/{f.path} with two different contents",
+                    hint="the lock is damaged; export it again",
+                )

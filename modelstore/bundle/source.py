@@ -20,9 +20,10 @@ import hashlib
 import logging
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from localrun.errors import InvalidName
 from localrun.modelstore.bundle.lock import HUB_DIR, LOCK_NAME, WHEELS_DIR, BundleError, Lock, LockFile, parse_lock
@@ -96,15 +97,22 @@ class _Bundle:
         self.links = self.lock.links()
         self.refs = self.lock.refs()
 
-    def error(self, rel: str, problem: str, hint: str = "the bundle is damaged or was altered; export it again") -> BundleError:
+    def error(
+        self, rel: str, problem: str, hint: str = "the bundle is damaged or was altered; export it again"
+    ) -> BundleError:
         return BundleError(f"bundle {self.location}: {rel}: {problem}", hint=hint)
 
     def _check_link(self, rel: str, text: str) -> None:
         expected = self.links.get(rel)
         if expected is None or text != expected:
             if text.startswith("/") or os.path.normpath(os.path.join(os.path.dirname(rel), text)).startswith(".."):
-                raise self.error(rel, f"a symlink pointing out of the bundle ({text[:120]!r})", hint="do not import this bundle")
-            raise self.error(rel, f"a symlink to {text[:120]!r}, the lock expects " + (repr(expected) if expected else "no link here"))
+                raise self.error(
+                    rel, f"a symlink pointing out of the bundle ({text[:120]!r})", hint="do not import this bundle"
+                )
+            raise self.error(
+                rel,
+                f"a symlink to {text[:120]!r}, the lock expects " + (repr(expected) if expected else "no link here"),
+            )
 
     def _check_ref(self, rel: str, data: bytes) -> None:
         if data.strip().decode("ascii", "replace") != self.refs[rel]:
@@ -114,13 +122,18 @@ class _Bundle:
         try:
             return str(safe_relpath(raw.rstrip("/") if raw.endswith("/") else raw))
         except InvalidName as exc:
-            raise self.error(raw[:120], f"an unsafe entry name ({exc.message})", hint="do not import this bundle") from None
+            raise self.error(
+                raw[:120], f"an unsafe entry name ({exc.message})", hint="do not import this bundle"
+            ) from None
 
     def _missing(self, seen: set[str], also: tuple = ()) -> None:
         missing = [rel for rel in (*self.expected, *also) if rel not in seen]
         if missing:
-            raise self.error(missing[0], f"the lock names it but the bundle lacks it ({len(missing)} file(s) missing)",
-                            hint="copy the whole bundle again")
+            raise self.error(
+                missing[0],
+                f"the lock names it but the bundle lacks it ({len(missing)} file(s) missing)",
+                hint="copy the whole bundle again",
+            )
 
 
 class DirBundle(_Bundle):
@@ -194,21 +207,23 @@ class DirBundle(_Bundle):
 class _TarStream:
     """A member's bytes; a tar that ends early becomes a BundleError naming the member."""
 
-    def __init__(self, raw: BinaryIO, bundle: "TarBundle", rel: str) -> None:
+    def __init__(self, raw: BinaryIO, bundle: TarBundle, rel: str) -> None:
         self.raw, self.bundle, self.rel = raw, bundle, rel
 
     def read(self, n: int = -1) -> bytes:
         try:
             return self.raw.read(n)
         except (tarfile.TarError, EOFError, OSError) as exc:
-            raise self.bundle.error(self.rel, f"the tar is truncated or damaged here ({exc})", hint="copy the tar again") from None
+            raise self.bundle.error(
+                self.rel, f"the tar is truncated or damaged here ({exc})", hint="copy the tar again"
+            ) from None
 
 
 class _RawMember:
     """A plain member's bytes read straight from the tar file with pread: no copy through
     tarfile's buffers (which cost more than the sha256). Short reads mean a cut tar."""
 
-    def __init__(self, fd: int, start: int, size: int, bundle: "TarBundle", rel: str) -> None:
+    def __init__(self, fd: int, start: int, size: int, bundle: TarBundle, rel: str) -> None:
         self.fd, self.pos, self.left, self.bundle, self.rel = fd, start, size, bundle, rel
 
     def read(self, n: int = -1) -> bytes:
@@ -217,7 +232,9 @@ class _RawMember:
             return b""
         data = os.pread(self.fd, want, self.pos)
         if not data:
-            raise self.bundle.error(self.rel, f"the tar is truncated here ({self.left} bytes missing)", hint="copy the tar again")
+            raise self.bundle.error(
+                self.rel, f"the tar is truncated here ({self.left} bytes missing)", hint="copy the tar again"
+            )
         self.pos += len(data)
         self.left -= len(data)
         return data
@@ -237,10 +254,16 @@ class TarBundle(_Bundle):
             self.fd = self.tar.fileobj.fileno()
             first = self.tar.next()
         except (tarfile.TarError, EOFError, OSError) as exc:
-            raise BundleError(f"{location}: not a readable tar ({exc})", hint="give a tar `localrun bundle export -o X.tar` wrote") from None
+            raise BundleError(
+                f"{location}: not a readable tar ({exc})", hint="give a tar `localrun bundle export -o X.tar` wrote"
+            ) from None
         if first is None or first.name != LOCK_NAME or not first.isreg():
-            raise BundleError(f"{location}: its first entry is {first.name[:120]!r} , not {LOCK_NAME}" if first else f"{location}: an empty tar",
-                              hint="give a tar `localrun bundle export -o X.tar` wrote")
+            raise BundleError(
+                f"{location}: its first entry is {first.name[:120]!r} , not {LOCK_NAME}"
+                if first
+                else f"{location}: an empty tar",
+                hint="give a tar `localrun bundle export -o X.tar` wrote",
+            )
         raw = self.tar.extractfile(first)
         data = _TarStream(raw, self, LOCK_NAME).read(first.size + 1) if raw else b""
         if len(data) != first.size:
@@ -255,7 +278,9 @@ class TarBundle(_Bundle):
             try:
                 member = self.tar.next()
             except (tarfile.TarError, EOFError, OSError) as exc:
-                raise self.error(f"after {len(names)} entries", f"the tar is truncated or damaged ({exc})", hint="copy the tar again") from None
+                raise self.error(
+                    f"after {len(names)} entries", f"the tar is truncated or damaged ({exc})", hint="copy the tar again"
+                ) from None
             if member is None:
                 break
             rel = self._name(member.name)
@@ -269,8 +294,11 @@ class TarBundle(_Bundle):
                 seen.add(rel)
                 continue
             if not member.isreg():
-                raise self.error(rel, "an entry that is not a file, folder or snapshot symlink (hard link, device, fifo)",
-                                hint="do not import this bundle")
+                raise self.error(
+                    rel,
+                    "an entry that is not a file, folder or snapshot symlink (hard link, device, fifo)",
+                    hint="do not import this bundle",
+                )
             yield from self._member(rel, member, seen)
         # The exporter writes every link and ref too: one missing means the tar was cut short
         # (tarfile treats a tar that ends between entries as complete).
@@ -304,4 +332,6 @@ def open_bundle(path: str | Path) -> DirBundle | TarBundle:
         return DirBundle(p)
     if p.is_file():
         return TarBundle(p)
-    raise BundleError(f"{p}: no such bundle (neither a folder nor a tar)", hint="give the path `localrun bundle export -o` wrote")
+    raise BundleError(
+        f"{p}: no such bundle (neither a folder nor a tar)", hint="give the path `localrun bundle export -o` wrote"
+    )

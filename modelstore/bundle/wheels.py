@@ -70,15 +70,19 @@ def _installed_llama_version() -> str:
     try:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
-        raise WheelhouseError("llama-cpp-python is not installed here, so there is no version to carry",
-                              hint="install localrun[llama] first (scripts/dev setup), or pass --llama-wheel PATH") from None
+        raise WheelhouseError(
+            "llama-cpp-python is not installed here, so there is no version to carry",
+            hint="install localrun[llama] first (scripts/dev setup), or pass --llama-wheel PATH",
+        ) from None
 
 
 def cached_llama_wheels(version: str) -> list[Path]:
     """llama-cpp-python wheels of ``version`` that pip's wheel cache holds (built by earlier installs)."""
     out = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True, timeout=60)
     cache = Path(out.stdout.strip() or Path.home() / ".cache" / "pip")
-    return sorted((cache / "wheels").rglob(f"llama_cpp_python-{version}-*.whl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return sorted(
+        (cache / "wheels").rglob(f"llama_cpp_python-{version}-*.whl"), key=lambda p: p.stat().st_mtime, reverse=True
+    )
 
 
 def _pip(args: list[str], what: str, env: dict | None = None) -> None:
@@ -87,8 +91,10 @@ def _pip(args: list[str], what: str, env: dict | None = None) -> None:
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if run.returncode != 0:
         tail = (run.stderr or run.stdout).strip().splitlines()[-8:]
-        raise WheelhouseError(f"{what} failed (pip exit {run.returncode}): " + " | ".join(tail),
-                              hint="this step needs the package index (PyPI); run it on a machine that has one")
+        raise WheelhouseError(
+            f"{what} failed (pip exit {run.returncode}): " + " | ".join(tail),
+            hint="this step needs the package index (PyPI); run it on a machine that has one",
+        )
 
 
 def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]:
@@ -98,8 +104,20 @@ def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]
         wheel = Path(opts.llama_wheel)
     elif opts.build_portable:
         env = {**os.environ, "CMAKE_ARGS": PORTABLE_CMAKE_ARGS}
-        _pip(["wheel", "--no-deps", "--no-cache-dir", "--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}",
-              "-w", str(work)], "building a portable llama-cpp-python (GGML_NATIVE=off)", env)
+        _pip(
+            [
+                "wheel",
+                "--no-deps",
+                "--no-cache-dir",
+                "--no-binary",
+                "llama-cpp-python",
+                f"llama-cpp-python=={version}",
+                "-w",
+                str(work),
+            ],
+            "building a portable llama-cpp-python (GGML_NATIVE=off)",
+            env,
+        )
         wheel = next(work.glob("llama_cpp_python-*.whl"))
     else:
         found = cached_llama_wheels(version)
@@ -107,14 +125,18 @@ def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]
         if portable:
             return portable[0], False
         if not found:
-            raise WheelhouseError(f"no llama-cpp-python {version} wheel in pip's cache",
-                                  hint="pass --build-portable-llama (builds one, ~15 CPU-minutes) or --llama-wheel PATH")
+            raise WheelhouseError(
+                f"no llama-cpp-python {version} wheel in pip's cache",
+                hint="pass --build-portable-llama (builds one, ~15 CPU-minutes) or --llama-wheel PATH",
+            )
         wheel = found[0]
     native = wheel_is_native(wheel)
     if native and not opts.allow_native:
-        raise WheelhouseError(f"{wheel.name} was built with GGML_NATIVE=ON: it runs only on CPUs with this one's instruction set",
-                              hint="pass --build-portable-llama (GGML_NATIVE=off, ~15 CPU-minutes), or --allow-native-llama "
-                                   "when the air-gapped box has the same CPU")
+        raise WheelhouseError(
+            f"{wheel.name} was built with GGML_NATIVE=ON: it runs only on CPUs with this one's instruction set",
+            hint="pass --build-portable-llama (GGML_NATIVE=off, ~15 CPU-minutes), or --allow-native-llama "
+            "when the air-gapped box has the same CPU",
+        )
     return wheel, bool(native)
 
 
@@ -124,8 +146,10 @@ def project_root(opts: WheelhouseOptions) -> Path:
     root = Path(opts.project) if opts.project else Path(localrun.__file__).resolve().parents[1]
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file() or 'name = "localrun"' not in pyproject.read_text():
-        raise WheelhouseError(f"localrun's source tree is not at {root} (this is not an editable install)",
-                              hint="make the wheelhouse from a checkout of localrun (scripts/dev setup)")
+        raise WheelhouseError(
+            f"localrun's source tree is not at {root} (this is not an editable install)",
+            hint="make the wheelhouse from a checkout of localrun (scripts/dev setup)",
+        )
     return root
 
 
@@ -154,13 +178,19 @@ def platform_info(llama: Path, native: bool) -> dict:
 
     impl = sys.implementation.name
     return {
-        "implementation": impl, "python": platform.python_version(),
+        "implementation": impl,
+        "python": platform.python_version(),
         "python_tag": f"{tags.interpreter_name()}{tags.interpreter_version()}",
-        "platform": sysconfig.get_platform(), "machine": platform.machine(), "system": platform.system(),
+        "platform": sysconfig.get_platform(),
+        "machine": platform.machine(),
+        "system": platform.system(),
         "libc": "-".join(platform.libc_ver()) or None,
         "tags": [str(t) for t in list(tags.sys_tags())[:5]],
-        "llama_cpp_python": {"wheel": llama.name, "ggml_native": native,
-                             "note": "built for this CPU only" if native else "GGML_NATIVE=off: any CPU of this architecture with AVX2"},
+        "llama_cpp_python": {
+            "wheel": llama.name,
+            "ggml_native": native,
+            "note": "built for this CPU only" if native else "GGML_NATIVE=off: any CPU of this architecture with AVX2",
+        },
         "requirements": f"wheels/{REQUIREMENTS}",
         "install": f"pip install --no-index --find-links wheels --require-hashes -r wheels/{REQUIREMENTS}",
     }
@@ -175,14 +205,40 @@ def build_wheelhouse(folder: Path, opts: WheelhouseOptions = WheelhouseOptions()
         shutil.copy2(llama, folder / llama.name)
         # From a clean copy of the tree: an in-tree build/ folder would leak stale modules into the wheel.
         src = Path(tmp) / "localrun-src"
-        shutil.copytree(root, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__",
-                                                                  ".pytest_cache", "tests", "benchmarks", "*.gguf"))
+        shutil.copytree(
+            root,
+            src,
+            ignore=shutil.ignore_patterns(
+                ".git",
+                ".venv*",
+                "build",
+                "dist",
+                "*.egg-info",
+                "__pycache__",
+                ".pytest_cache",
+                "tests",
+                "benchmarks",
+                "*.gguf",
+            ),
+        )
         _pip(["wheel", "--no-deps", "-w", str(folder), str(src)], "building the localrun wheel")
         own = next(folder.glob("localrun-*.whl"))
         _, llama_version = _requirement_name(llama)
         # Every dependency as a published wheel (never a local build, which would be native too);
         # llama-cpp-python pinned to the wheel already in the folder.
-        _pip(["wheel", "--only-binary", ":all:", "--find-links", str(folder), "-w", str(folder),
-              f"{own}[{EXTRAS}]", f"llama-cpp-python=={llama_version}"], "collecting the dependency wheels")
+        _pip(
+            [
+                "wheel",
+                "--only-binary",
+                ":all:",
+                "--find-links",
+                str(folder),
+                "-w",
+                str(folder),
+                f"{own}[{EXTRAS}]",
+                f"llama-cpp-python=={llama_version}",
+            ],
+            "collecting the dependency wheels",
+        )
     write_requirements(folder)
     return platform_info(llama, native)

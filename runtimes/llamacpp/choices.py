@@ -109,8 +109,13 @@ def _merge(shared: queue.SimpleQueue, jobs: list[Job], cancel: Cancel, release_r
                 yield Chunk(finish_reason="cancelled", usage=total)
                 return
             last = not open_
-            yield Chunk(text=item.text, finish_reason=item.finish_reason, logprobs=item.logprobs, index=index,
-                        usage=total if last else None)
+            yield Chunk(
+                text=item.text,
+                finish_reason=item.finish_reason,
+                logprobs=item.logprobs,
+                index=index,
+                usage=total if last else None,
+            )
     finally:
         for job in jobs:
             job.abandoned = True  # finished ones are gone already; the rest stop at the next step
@@ -119,6 +124,10 @@ def _merge(shared: queue.SimpleQueue, jobs: list[Job], cancel: Cancel, release_r
 def _add(total: Usage, u: Usage, *, first: bool) -> Usage:
     """A request's usage with one more choice's: the prompt once (and its cache hits as the
     first choice saw them), completions and drafts summed."""
-    return Usage(max(total.prompt_tokens, u.prompt_tokens), total.completion_tokens + u.completion_tokens,
-                 u.cached_tokens if first else total.cached_tokens,
-                 total.drafted_tokens + u.drafted_tokens, total.accepted_tokens + u.accepted_tokens)
+    return Usage(
+        max(total.prompt_tokens, u.prompt_tokens),
+        total.completion_tokens + u.completion_tokens,
+        u.cached_tokens if first else total.cached_tokens,
+        total.drafted_tokens + u.drafted_tokens,
+        total.accepted_tokens + u.accepted_tokens,
+    )

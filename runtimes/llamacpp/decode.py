@@ -140,8 +140,9 @@ def token_piece_reader(llama, vocab):
     return piece
 
 
-def fill_batch(batch, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int] | int,
-               logits: Sequence[bool] | bool) -> None:
+def fill_batch(
+    batch, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int] | int, logits: Sequence[bool] | bool
+) -> None:
     """Write rows into a ``llama_batch`` (one sequence id per row) and set its length.
 
     ``seqs`` and ``logits`` are per row, or one value for every row. The batch's array

@@ -54,27 +54,35 @@ class VocabFacts:
     text: Callable[[int], bytes]  # a token's text as stored in the vocabulary
 
     @classmethod
-    def of(cls, llama, model) -> "VocabFacts":
+    def of(cls, llama, model) -> VocabFacts:
         vocab = llama.llama_model_get_vocab(model)
-        return cls(kind=int(llama.llama_vocab_type(vocab)), add_bos=bool(llama.llama_vocab_get_add_bos(vocab)),
-                   bos=int(llama.llama_vocab_bos(vocab)), add_eos=bool(llama.llama_vocab_get_add_eos(vocab)),
-                   eos=int(llama.llama_vocab_eos(vocab)), n_tokens=int(llama.llama_vocab_n_tokens(vocab)),
-                   text=lambda token: llama.llama_vocab_get_text(vocab, token) or b"")
+        return cls(
+            kind=int(llama.llama_vocab_type(vocab)),
+            add_bos=bool(llama.llama_vocab_get_add_bos(vocab)),
+            bos=int(llama.llama_vocab_bos(vocab)),
+            add_eos=bool(llama.llama_vocab_get_add_eos(vocab)),
+            eos=int(llama.llama_vocab_eos(vocab)),
+            n_tokens=int(llama.llama_vocab_n_tokens(vocab)),
+            text=lambda token: llama.llama_vocab_get_text(vocab, token) or b"",
+        )
 
 
 def vocab_difference(target: VocabFacts, draft: VocabFacts) -> str | None:
     """What makes ``draft`` unfit to draft for ``target`` (llama.cpp's rules), or None."""
     if target.kind != draft.kind:
         return f"vocabulary type {draft.kind} vs the target's {target.kind}"
-    for name, add_t, id_t, add_d, id_d in (("BOS", target.add_bos, target.bos, draft.add_bos, draft.bos),
-                                           ("EOS", target.add_eos, target.eos, draft.add_eos, draft.eos)):
+    for name, add_t, id_t, add_d, id_d in (
+        ("BOS", target.add_bos, target.bos, draft.add_bos, draft.bos),
+        ("EOS", target.add_eos, target.eos, draft.add_eos, draft.eos),
+    ):
         if add_t != add_d:
             return f"add-{name} is {add_d} vs the target's {add_t}"
         if add_t and id_t != id_d:
             return f"{name} token id {id_d} vs the target's {id_t}"
     if abs(target.n_tokens - draft.n_tokens) > MAX_VOCAB_SIZE_DIFFERENCE:
-        return (f"{draft.n_tokens} tokens vs the target's {target.n_tokens} (more than "
-                f"{MAX_VOCAB_SIZE_DIFFERENCE} apart)")
+        return (
+            f"{draft.n_tokens} tokens vs the target's {target.n_tokens} (more than {MAX_VOCAB_SIZE_DIFFERENCE} apart)"
+        )
     for token in range(FIRST_CHECKED_TOKEN, min(target.n_tokens, draft.n_tokens)):
         mine, theirs = draft.text(token), target.text(token)
         if mine != theirs:
@@ -102,12 +110,26 @@ class DraftModel:
     target's context uses (a ``LLAMA_FLASH_ATTN_TYPE_*`` value; None: llama.cpp's default).
     """
 
-    def __init__(self, llama, path: str, *, target_model, n_seq: int, n_ctx_per_seq: int, n_threads: int,
-                 n_batch: int = 512, flash_attn_type: int | None = None, n_gpu_layers: int = 0,
-                 target_path: str | None = None) -> None:
+    def __init__(
+        self,
+        llama,
+        path: str,
+        *,
+        target_model,
+        n_seq: int,
+        n_ctx_per_seq: int,
+        n_threads: int,
+        n_batch: int = 512,
+        flash_attn_type: int | None = None,
+        n_gpu_layers: int = 0,
+        target_path: str | None = None,
+    ) -> None:
         if n_seq < 1 or n_ctx_per_seq < 2 or n_batch < 1:
-            raise ConfigError(f"draft model for {n_seq} sequences of {n_ctx_per_seq} tokens, batch {n_batch}",
-                              param="draft", hint="use at least 1 sequence of 2 tokens and a positive batch")
+            raise ConfigError(
+                f"draft model for {n_seq} sequences of {n_ctx_per_seq} tokens, batch {n_batch}",
+                param="draft",
+                hint="use at least 1 sequence of 2 tokens and a positive batch",
+            )
         self._llama = llama
         self.path = str(path)
         self.n_seq = int(n_seq)
@@ -134,23 +156,31 @@ class DraftModel:
     def _load(self, n_gpu_layers: int):
         llama = self._llama
         if not os.path.isfile(self.path):
-            raise InvalidModelFile(f"draft model file not found: {self.path}", param="draft",
-                                   hint="give the path of a GGUF file, or pull the draft model first")
+            raise InvalidModelFile(
+                f"draft model file not found: {self.path}",
+                param="draft",
+                hint="give the path of a GGUF file, or pull the draft model first",
+            )
         mp = llama.llama_model_default_params()
         mp.n_gpu_layers = int(n_gpu_layers)
         model = llama.llama_model_load_from_file(os.fsencode(self.path), mp)
         if not model:
-            raise InvalidModelFile(f"llama.cpp could not load the draft model {self.path}" + _native_why(),
-                                   param="draft", hint="give a GGUF model file (not corrupt, an architecture "
-                                                        "this llama.cpp knows)")
+            raise InvalidModelFile(
+                f"llama.cpp could not load the draft model {self.path}" + _native_why(),
+                param="draft",
+                hint="give a GGUF model file (not corrupt, an architecture this llama.cpp knows)",
+            )
         return model
 
     def _check_vocab(self, target_model, target_path: str) -> None:
         llama = self._llama
         why = vocab_difference(VocabFacts.of(llama, target_model), VocabFacts.of(llama, self._model))
         if why:
-            raise ConfigError(f"the draft model {self.path} cannot draft for {target_path}: its vocabulary "
-                              f"differs ({why})", param="draft", hint=_FIX)
+            raise ConfigError(
+                f"the draft model {self.path} cannot draft for {target_path}: its vocabulary differs ({why})",
+                param="draft",
+                hint=_FIX,
+            )
 
     def _context(self, n_ctx_per_seq: int, n_threads: int, flash_attn_type: int | None):
         llama = self._llama
@@ -165,9 +195,12 @@ class DraftModel:
             cp.flash_attn_type = int(flash_attn_type)
         ctx = llama.llama_init_from_model(self._model, cp)
         if not ctx:
-            raise WontFit(f"llama.cpp could not create the draft model's {cp.n_ctx}-token context "
-                          f"({self.n_seq} sequences) for {self.path}" + _native_why(), param="draft",
-                          hint="lower the context length or the slots, or use a smaller draft model")
+            raise WontFit(
+                f"llama.cpp could not create the draft model's {cp.n_ctx}-token context "
+                f"({self.n_seq} sequences) for {self.path}" + _native_why(),
+                param="draft",
+                hint="lower the context length or the slots, or use a smaller draft model",
+            )
         return ctx
 
     # --- drafting ---------------------------------------------------------------------------
@@ -223,7 +256,7 @@ class DraftModel:
             last_rows.add(len(rows) - 1)
         by_seq = {p.seq: p for p in plans}
         for start in range(0, len(rows), self._n_batch):
-            chunk = rows[start:start + self._n_batch]
+            chunk = rows[start : start + self._n_batch]
             outputs = [start + i in last_rows for i in range(len(chunk))]
             if not self._decode(chunk, outputs, list(by_seq.values())):
                 return
@@ -320,6 +353,14 @@ def _native_why() -> str:
 def load_drafter(llama, target_model, plan, layout, target_path: str, *, flash_attn_type: int | None) -> DraftModel:
     """The draft model of ``plan.options["draft"]``, in the target's worker beside it: one KV
     stream per slot of ``layout``, the target's threads, GPU layers and flash attention."""
-    return DraftModel(llama, str(plan.options["draft"]), target_model=target_model, n_seq=layout.n_slots,
-                      n_ctx_per_seq=layout.slot_ctx, n_threads=max(1, int(plan.n_threads)),
-                      flash_attn_type=flash_attn_type, n_gpu_layers=int(plan.n_gpu_layers), target_path=target_path)
+    return DraftModel(
+        llama,
+        str(plan.options["draft"]),
+        target_model=target_model,
+        n_seq=layout.n_slots,
+        n_ctx_per_seq=layout.slot_ctx,
+        n_threads=max(1, int(plan.n_threads)),
+        flash_attn_type=flash_attn_type,
+        n_gpu_layers=int(plan.n_gpu_layers),
+        target_path=target_path,
+    )

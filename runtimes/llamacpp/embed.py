@@ -98,19 +98,31 @@ def embeddings_wanted(llama, model, plan: Plan) -> bool:
 class Embedder:
     """Pooled, normalised embeddings on its own context. Thread-safe (one text at a time)."""
 
-    def __init__(self, llama, model, plan: Plan, *, tokenize: Callable[[str], list[int]], pooling: int | None = None,
-                 call: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        llama,
+        model,
+        plan: Plan,
+        *,
+        tokenize: Callable[[str], list[int]],
+        pooling: int | None = None,
+        call: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
         self._llama, self._model, self._tokenize = llama, model, tokenize
         self._call = call or (lambda fn: fn())
         self._lock = threading.Lock()
         self.n_embd = int(llama.llama_model_n_embd(model))
-        self.n_cls_out = max(1, int(llama.llama_model_n_cls_out(model))) if hasattr(llama, "llama_model_n_cls_out") else 1
+        self.n_cls_out = (
+            max(1, int(llama.llama_model_n_cls_out(model))) if hasattr(llama, "llama_model_n_cls_out") else 1
+        )
         train = int(llama.llama_model_n_ctx_train(model)) or DEFAULT_EMBED_CTX
         self.n_ctx = max(8, min(int(plan.options.get("embed_ctx") or plan.n_ctx or DEFAULT_EMBED_CTX), train))
         pooling = effective_pooling(llama, model, plan) if pooling is None else pooling
         # A decoder without an override pools by mean; an explicit "none" keeps per-token vectors.
         self.pooling = llama.LLAMA_POOLING_TYPE_MEAN if pooling is None else pooling
-        self._encoder_only = bool(llama.llama_model_has_encoder(model)) and not bool(llama.llama_model_has_decoder(model))
+        self._encoder_only = bool(llama.llama_model_has_encoder(model)) and not bool(
+            llama.llama_model_has_decoder(model)
+        )
         cp = llama.llama_context_default_params()
         cp.n_ctx = cp.n_batch = cp.n_ubatch = self.n_ctx
         cp.n_seq_max = 1
@@ -119,8 +131,10 @@ class Embedder:
         cp.pooling_type = self.pooling
         self._ctx = llama.llama_init_from_model(model, cp)
         if not self._ctx:
-            raise WontFit(f"llama.cpp could not create a {self.n_ctx}-token embedding context",
-                          hint="lower options.embed_ctx or free memory")
+            raise WontFit(
+                f"llama.cpp could not create a {self.n_ctx}-token embedding context",
+                hint="lower options.embed_ctx or free memory",
+            )
         self._batch = llama.llama_batch_init(self.n_ctx, 0, 1)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
@@ -155,8 +169,9 @@ class Embedder:
             for i in range(len(tokens)):
                 ptr = self._llama.llama_get_embeddings_ith(self._ctx, i)
                 if not ptr:
-                    raise UnsupportedFeature("llama.cpp kept no per-token vectors", param="input",
-                                             hint="load the model with pooling none")
+                    raise UnsupportedFeature(
+                        "llama.cpp kept no per-token vectors", param="input", hint="load the model with pooling none"
+                    )
                 rows.append([float(v) for v in ptr[: self.n_embd]])
             return rows
 
@@ -165,8 +180,10 @@ class Embedder:
         if not tokens:
             raise UnsupportedFeature(f"input[{index}] is empty", param="input", hint="send some text to embed")
         if len(tokens) > self.n_ctx:
-            raise ContextOverflow(f"input[{index}] is {len(tokens)} tokens; the embedding context holds {self.n_ctx}",
-                                  hint="split the text into shorter pieces")
+            raise ContextOverflow(
+                f"input[{index}] is {len(tokens)} tokens; the embedding context holds {self.n_ctx}",
+                hint="split the text into shorter pieces",
+            )
         mem = llama.llama_get_memory(self._ctx)
         if mem:
             llama.llama_memory_clear(mem, True)
@@ -175,14 +192,19 @@ class Embedder:
         ctx, batch = self._ctx, self._batch
         rc = self._call(lambda: run(ctx, batch))
         if rc != 0:
-            raise LocalrunError(f"llama.cpp failed to evaluate input[{index}] for embeddings (code {rc})",
-                                hint="retry with a shorter input")
+            raise LocalrunError(
+                f"llama.cpp failed to evaluate input[{index}] for embeddings (code {rc})",
+                hint="retry with a shorter input",
+            )
 
     def _pooled(self):
         ptr = self._llama.llama_get_embeddings_seq(self._ctx, 0)
         if not ptr:
-            raise UnsupportedFeature("llama.cpp returned no pooled embedding for this model", param="input",
-                                     hint="its pooling gives per-token vectors only: use /embeddings, or load it with --pooling mean")
+            raise UnsupportedFeature(
+                "llama.cpp returned no pooled embedding for this model",
+                param="input",
+                hint="its pooling gives per-token vectors only: use /embeddings, or load it with --pooling mean",
+            )
         return ptr
 
     def close(self) -> None:

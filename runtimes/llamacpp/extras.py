@@ -52,25 +52,48 @@ class ServerExtras:
 
     def infill_tokens(self, prefix: str, suffix: str, middle: str = "") -> list[int]:
         if not self._fim:
-            raise UnsupportedFeature(f"{self.record.name} has no fill-in-the-middle tokens (FIM_PRE, FIM_SUF, FIM_MID)",
-                                     param="suffix", hint="use a code model with FIM tokens, or leave 'suffix' out")
+            raise UnsupportedFeature(
+                f"{self.record.name} has no fill-in-the-middle tokens (FIM_PRE, FIM_SUF, FIM_MID)",
+                param="suffix",
+                hint="use a code model with FIM tokens, or leave 'suffix' out",
+            )
         pre, suf, mid = self._fim
         bos = self._llama.llama_vocab_bos(self._vocab)
         head = [bos] if bos >= 0 and self._llama.llama_vocab_get_add_bos(self._vocab) else []
         start = self.tokenize(middle, add_special=False) if middle else []
-        return [*head, pre, *self.tokenize(prefix, add_special=False), suf, *self.tokenize(suffix, add_special=False), mid, *start]
+        return [
+            *head,
+            pre,
+            *self.tokenize(prefix, add_special=False),
+            suf,
+            *self.tokenize(suffix, add_special=False),
+            mid,
+            *start,
+        ]
 
-    def chat_text(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
-                  continue_final: bool = False) -> tuple[str, tuple[str, ...]]:
+    def chat_text(
+        self,
+        messages: Sequence,
+        variables: dict | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
+    ) -> tuple[str, tuple[str, ...]]:
         """The rendered conversation as text (what /apply-template shows), and its stop strings.
 
         ``continue_final`` renders the last message as a finished turn and cuts the text right
         after its content, so the model goes on writing it (vLLM's ``continue_final_message``).
         """
         if self.chat_template:
-            text = render_chat(self.chat_template, messages, bos_token=self._bos, eos_token=self._eos,
-                               timeout_s=self._template_timeout_s, variables=variables,
-                               add_generation_prompt=add_generation_prompt and not continue_final)
+            text = render_chat(
+                self.chat_template,
+                messages,
+                bos_token=self._bos,
+                eos_token=self._eos,
+                timeout_s=self._template_timeout_s,
+                variables=variables,
+                add_generation_prompt=add_generation_prompt and not continue_final,
+            )
             stops: tuple[str, ...] = ()
         else:
             fallback = fallback_chat(messages, gemma_turns=self._gemma_turns)
@@ -80,9 +103,12 @@ class ServerExtras:
             content = last.get("content") if isinstance(last, dict) else getattr(last, "content", "")
             cut = text.rfind(content) if content else -1
             if cut < 0:
-                raise UnsupportedFeature("'continue_final_message' needs a last message with text the template keeps",
-                                         param="continue_final_message", hint="end the conversation with the text to continue")
-            text = text[:cut + len(content)]
+                raise UnsupportedFeature(
+                    "'continue_final_message' needs a last message with text the template keeps",
+                    param="continue_final_message",
+                    hint="end the conversation with the text to continue",
+                )
+            text = text[: cut + len(content)]
         return text, stops
 
     # --- utility calls (runtimes.base.EXTRAS) -------------------------------------------------------
@@ -106,17 +132,23 @@ class ServerExtras:
         raw = b"".join(self._features.piece(int(t)) for t in tokens)
         return {"content": raw.decode("utf-8", errors="replace")}
 
-    def serve_apply_template(self, messages: list[dict], template_kwargs: dict | None = None,
-                             add_generation_prompt: bool = True) -> dict[str, Any]:
+    def serve_apply_template(
+        self, messages: list[dict], template_kwargs: dict | None = None, add_generation_prompt: bool = True
+    ) -> dict[str, Any]:
         text, _ = self.chat_text(messages, dict(template_kwargs or {}), add_generation_prompt=add_generation_prompt)
         return {"prompt": text}
 
     def serve_props(self) -> dict[str, Any]:
         pooling = self._features.pooling
         return {
-            "n_ctx": self.n_ctx, "total_slots": self.layout.n_slots, "n_vocab": self._n_vocab,
-            "chat_template": self.chat_template or "", "chat_template_source": self.template_source(),
-            "bos_token": self._bos, "eos_token": self._eos, "fim": bool(self._fim),
+            "n_ctx": self.n_ctx,
+            "total_slots": self.layout.n_slots,
+            "n_vocab": self._n_vocab,
+            "chat_template": self.chat_template or "",
+            "chat_template_source": self.template_source(),
+            "bos_token": self._bos,
+            "eos_token": self._eos,
+            "fim": bool(self._fim),
             "pooling": POOLING_NAMES.get(pooling) if pooling is not None else None,
             "capabilities": sorted(self.capabilities),
         }
@@ -146,7 +178,9 @@ class ServerExtras:
         """One relevance score per document, in the documents' order."""
         embedder = self._features.embedder(capability="rerank", param="query")
         llama, vocab = self._llama, self._vocab
-        specials = [t for t in (llama.llama_vocab_bos(vocab), llama.llama_vocab_eos(vocab), llama.llama_vocab_sep(vocab))]
+        specials = [
+            t for t in (llama.llama_vocab_bos(vocab), llama.llama_vocab_eos(vocab), llama.llama_vocab_sep(vocab))
+        ]
         bos, eos, sep = ([t] if t >= 0 else [] for t in specials)
         q = self.tokenize(query, add_special=False)
         pairs = [[*bos, *q, *eos, *sep, *self.tokenize(d, add_special=False), *eos] for d in documents]

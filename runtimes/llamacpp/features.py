@@ -27,26 +27,58 @@ from localrun.chat import tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.llamacpp.decode import EogGuard, build_sampler
 from localrun.runtimes.llamacpp.embed import POOLING, Embedder, effective_pooling, embeddings_wanted
-from localrun.runtimes.llamacpp.grammar import LogprobReader, LogprobSampler, grammar_sampler, request_grammar, sequence_sampler
+from localrun.runtimes.llamacpp.grammar import (
+    LogprobReader,
+    LogprobSampler,
+    grammar_sampler,
+    request_grammar,
+    sequence_sampler,
+)
 from localrun.types import ChatRequest, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
 #: What every llama.cpp session honours; "embeddings", "rerank" and "fill-in-the-middle" are added per model.
-CAPABILITIES = frozenset({
-    "tools", "json_schema", "logprobs", "grammar", "n", "logit_bias", "frequency_penalty", "presence_penalty",
-    "typical_p", "ignore_eos", "min_tokens", "token_prompts", "chat_template_kwargs", "add_generation_prompt",
-    "continue_final_message",
-})
+CAPABILITIES = frozenset(
+    {
+        "tools",
+        "json_schema",
+        "logprobs",
+        "grammar",
+        "n",
+        "logit_bias",
+        "frequency_penalty",
+        "presence_penalty",
+        "typical_p",
+        "ignore_eos",
+        "min_tokens",
+        "token_prompts",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
 
 
 class SessionFeatures:
     """The optional capabilities of one loaded model. Thread-safe: request threads call
     ``chat_inputs``/``job_sampling``/``embed``; built samplers run on the scheduler thread."""
 
-    def __init__(self, llama, model, ctx, plan: Plan, *, name: str, tokenize: Callable[[str], list[int]],
-                 is_eog: Callable[[int], bool], vocab, n_vocab: int, piece_of: Callable[[int], bytes],
-                 call: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        llama,
+        model,
+        ctx,
+        plan: Plan,
+        *,
+        name: str,
+        tokenize: Callable[[str], list[int]],
+        is_eog: Callable[[int], bool],
+        vocab,
+        n_vocab: int,
+        piece_of: Callable[[int], bytes],
+        call: Callable[[Callable[[], Any]], Any] | None = None,
+    ) -> None:
         self._llama, self._model, self._ctx, self._plan = llama, model, ctx, plan
         self._call = call  # runs native compute on the scheduler thread (calls.py)
         self._name, self._tokenize, self._is_eog = name, tokenize, is_eog
@@ -55,8 +87,11 @@ class SessionFeatures:
         embeds = embeddings_wanted(llama, model, plan)
         self.pooling = effective_pooling(llama, model, plan)
         ranks = self.pooling == POOLING["rank"]
-        self.capabilities = CAPABILITIES | ({"embeddings"} if embeds and not ranks else frozenset()) | (
-            {"rerank"} if ranks else frozenset())
+        self.capabilities = (
+            CAPABILITIES
+            | ({"embeddings"} if embeds and not ranks else frozenset())
+            | ({"rerank"} if ranks else frozenset())
+        )
         self._reader: LogprobReader | None = None
         self._eog: tuple[int, ...] | None = None
         self._embedder: Embedder | None = None
@@ -65,7 +100,9 @@ class SessionFeatures:
 
     # --- generation -------------------------------------------------------------------------
 
-    def chat_inputs(self, req: ChatRequest, template: str | None) -> tuple[list[dict[str, Any]], dict[str, Any], str | None]:
+    def chat_inputs(
+        self, req: ChatRequest, template: str | None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None]:
         """(messages, template variables, grammar) for a chat request."""
         messages, variables = tools.prompt_messages(req, template)
         forced = tools.forced_call(req, tools.tool_style(template))
@@ -74,7 +111,6 @@ class SessionFeatures:
     @staticmethod
     def completion_grammar(sampling: Sampling) -> str | None:
         return request_grammar(sampling, None)
-
 
     def job_sampling(self, sampling: Sampling, gbnf: str | None) -> tuple[Callable[[], Any], list | None]:
         """(sampler factory for the scheduler thread, the list logprob entries go to or None).
@@ -87,9 +123,12 @@ class SessionFeatures:
         self.check_tokens([t for t, _ in sampling.logit_bias], "logit_bias")
         if gbnf:
             if sampling.ignore_eos:
-                raise UnsupportedFeature("'ignore_eos' cannot be combined with a grammar or JSON schema: a finished "
-                                         "grammar allows only the end token", param="ignore_eos",
-                                         hint="drop 'ignore_eos' or the grammar")
+                raise UnsupportedFeature(
+                    "'ignore_eos' cannot be combined with a grammar or JSON schema: a finished "
+                    "grammar allows only the end token",
+                    param="ignore_eos",
+                    hint="drop 'ignore_eos' or the grammar",
+                )
             llama.llama_sampler_free(grammar_sampler(llama, vocab, gbnf))
         entries: list | None = None
         reader = None
@@ -111,8 +150,11 @@ class SessionFeatures:
         """A 400 for a token id outside the vocabulary (llama.cpp would read past its tables)."""
         bad = next((t for t in tokens if not 0 <= int(t) < self._n_vocab), None)
         if bad is not None:
-            raise UnsupportedFeature(f"{param!r} has token id {bad}, outside {self._name}'s vocabulary of {self._n_vocab}",
-                                     param=param, hint=f"use token ids from 0 to {self._n_vocab - 1} (see /tokenize)")
+            raise UnsupportedFeature(
+                f"{param!r} has token id {bad}, outside {self._name}'s vocabulary of {self._n_vocab}",
+                param=param,
+                hint=f"use token ids from 0 to {self._n_vocab - 1} (see /tokenize)",
+            )
 
     def eog_tokens(self) -> tuple[int, ...]:
         """Every end-of-generation token of the vocabulary, found once (one pass over it)."""
@@ -139,16 +181,28 @@ class SessionFeatures:
             UnsupportedFeature: this model declares no ``capability`` (embeddings or rerank).
         """
         if capability not in self.capabilities:
-            why = ("its GGUF declares no pooling" if capability == "embeddings" else "its GGUF does not declare rank pooling")
-            fix = ("use an embedding model, or load this one with a pooling override (--pooling mean)"
-                   if capability == "embeddings" else "use a reranker GGUF, or load one with --pooling rank")
-            raise UnsupportedFeature(f"{capability} are not supported by the llama.cpp runtime serving {self._name}: {why}",
-                                     param=param, hint=fix)
+            why = (
+                "its GGUF declares no pooling"
+                if capability == "embeddings"
+                else "its GGUF does not declare rank pooling"
+            )
+            fix = (
+                "use an embedding model, or load this one with a pooling override (--pooling mean)"
+                if capability == "embeddings"
+                else "use a reranker GGUF, or load one with --pooling rank"
+            )
+            raise UnsupportedFeature(
+                f"{capability} are not supported by the llama.cpp runtime serving {self._name}: {why}",
+                param=param,
+                hint=fix,
+            )
         with self._lock:
             if self._closed:
                 raise RuntimeUnavailable(f"the llama.cpp session for {self._name} is closed", hint="load it again")
             if self._embedder is None:
-                self._embedder = Embedder(self._llama, self._model, self._plan, tokenize=self._tokenize, call=self._call)
+                self._embedder = Embedder(
+                    self._llama, self._model, self._plan, tokenize=self._tokenize, call=self._call
+                )
             return self._embedder
 
     def close(self) -> None:

@@ -26,8 +26,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from localrun.errors import UnsupportedFeature
 from localrun.chat.tools import ForcedCall
+from localrun.errors import UnsupportedFeature
 from localrun.types import Sampling, logprob_entry
 
 log = logging.getLogger(__name__)
@@ -45,22 +45,29 @@ def gbnf_literal(text: str) -> str:
 def _converter(prop_order: tuple[str, ...] = ()):
     from llama_cpp.llama_grammar import SchemaConverter
 
-    return SchemaConverter(prop_order={k: i for i, k in enumerate(prop_order)}, allow_fetch=False,
-                           dotall=False, raw_pattern=False)
+    return SchemaConverter(
+        prop_order={k: i for i, k in enumerate(prop_order)}, allow_fetch=False, dotall=False, raw_pattern=False
+    )
 
 
 def _compile(schema: dict[str, Any], rule: str, prop_order: tuple[str, ...], param: str):
     if not isinstance(schema, dict):
-        raise UnsupportedFeature(f"the JSON schema in {param!r} must be an object, not {type(schema).__name__}",
-                                 param=param, hint="send a JSON Schema object")
+        raise UnsupportedFeature(
+            f"the JSON schema in {param!r} must be an object, not {type(schema).__name__}",
+            param=param,
+            hint="send a JSON Schema object",
+        )
     conv = _converter(prop_order)
     try:
         resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
         conv.visit(resolved, rule)
     except Exception as exc:  # noqa: BLE001 - third-party code over untrusted input: any failure is a bad schema
         log.debug("schema conversion failed", exc_info=True)
-        raise UnsupportedFeature(f"the JSON schema in {param!r} cannot be compiled to a grammar: {exc}",
-                                 param=param, hint="simplify the schema (local $refs, no remote ones)") from exc
+        raise UnsupportedFeature(
+            f"the JSON schema in {param!r} cannot be compiled to a grammar: {exc}",
+            param=param,
+            hint="simplify the schema (local $refs, no remote ones)",
+        ) from exc
     return conv
 
 
@@ -87,11 +94,21 @@ def request_grammar(sampling: Sampling, forced: ForcedCall | None) -> str | None
         UnsupportedFeature: two constraints at once (a forced tool call and a JSON schema,
             or a schema and a raw grammar), or a schema that does not compile.
     """
-    asked = [name for name, on in (("tool_choice", forced is not None), ("response_format", sampling.json_schema is not None),
-                                   ("grammar", sampling.grammar is not None)) if on]
+    asked = [
+        name
+        for name, on in (
+            ("tool_choice", forced is not None),
+            ("response_format", sampling.json_schema is not None),
+            ("grammar", sampling.grammar is not None),
+        )
+        if on
+    ]
     if len(asked) > 1:
-        raise UnsupportedFeature(f"{asked[0]!r} and {asked[1]!r} both constrain the output; only one can apply",
-                                 param=asked[1], hint="drop one of them")
+        raise UnsupportedFeature(
+            f"{asked[0]!r} and {asked[1]!r} both constrain the output; only one can apply",
+            param=asked[1],
+            hint="drop one of them",
+        )
     if forced is not None:
         return forced_call_gbnf(forced)
     if sampling.json_schema is not None:
@@ -107,8 +124,11 @@ def grammar_sampler(llama, vocab, gbnf: str, *, root: str = "root"):
     """
     sampler = llama.llama_sampler_init_grammar(vocab, gbnf.encode("utf-8"), root.encode("utf-8"))
     if not sampler:
-        raise UnsupportedFeature("llama.cpp could not parse the grammar built for this request",
-                                 param="grammar", hint="check the grammar or simplify the JSON schema")
+        raise UnsupportedFeature(
+            "llama.cpp could not parse the grammar built for this request",
+            param="grammar",
+            hint="check the grammar or simplify the JSON schema",
+        )
     return sampler
 
 
@@ -169,7 +189,7 @@ class ConstrainedSampler:
         """The ``shortlist`` best tokens, masked; True when at least ``need`` stay valid."""
         np, k = self._np, self._shortlist
         logits = self._logits(ctx, index)
-        best = np.argpartition(logits, self._n - k)[self._n - k:]
+        best = np.argpartition(logits, self._n - k)[self._n - k :]
         cells = self._cells
         cells["id"][:k] = best
         cells["logit"][:k] = logits[best]
@@ -240,8 +260,12 @@ def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, 
         from localrun.runtimes.llamacpp.decode import ChainSampler
 
         return ChainSampler(llama, chain)
-    reordered = (sampling.repeat_penalty and sampling.repeat_penalty != 1.0) or sampling.frequency_penalty \
-        or sampling.presence_penalty or sampling.logit_bias
+    reordered = (
+        (sampling.repeat_penalty and sampling.repeat_penalty != 1.0)
+        or sampling.frequency_penalty
+        or sampling.presence_penalty
+        or sampling.logit_bias
+    )
     if reordered:
         need = None
     elif not sampling.temperature or sampling.temperature <= 0:
@@ -258,7 +282,9 @@ class LogprobSampler:
 
     __slots__ = ("inner", "_reader", "_top_n", "entries", "_is_eog")
 
-    def __init__(self, inner, reader: "LogprobReader", top_n: int, entries: list, is_eog: Callable[[int], bool]) -> None:
+    def __init__(
+        self, inner, reader: LogprobReader, top_n: int, entries: list, is_eog: Callable[[int], bool]
+    ) -> None:
         self.inner, self._reader, self._top_n, self.entries, self._is_eog = inner, reader, top_n, entries, is_eog
 
     def sample(self, ctx, index: int) -> int:
@@ -296,8 +322,9 @@ class LogprobReader:
         """The position's logits, a view of llama.cpp's buffer (no copy)."""
         ptr = self._llama.llama_get_logits_ith(self._ctx, index)
         if not ptr:
-            raise UnsupportedFeature(f"no logits at batch row {index}", param="logprobs",
-                                     hint="logprobs need the position's logits kept")
+            raise UnsupportedFeature(
+                f"no logits at batch row {index}", param="logprobs", hint="logprobs need the position's logits kept"
+            )
         return self._np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
 
     def _log_normaliser(self, logits) -> float:
@@ -319,7 +346,7 @@ class LogprobReader:
         alts: list[dict[str, Any]] = []
         if top_n > 0:
             n = min(int(top_n), self._n_vocab)
-            best = np.argpartition(logits, self._n_vocab - n)[self._n_vocab - n:]  # the n largest, unordered
+            best = np.argpartition(logits, self._n_vocab - n)[self._n_vocab - n :]  # the n largest, unordered
             best = best[np.argsort(-logits[best], kind="stable")]
             alts = [self._entry(int(t), float(logits[t]) - norm) for t in best]
         entry["top_logprobs"] = alts

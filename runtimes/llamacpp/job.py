@@ -15,11 +15,34 @@ class Job:
     """One request inside the scheduler. Request threads read ``out``; only the scheduler
     thread writes the other fields."""
 
-    __slots__ = ("prompt", "limit", "cancel", "out", "slot", "sampler", "text", "produced",
-                 "cached", "pending", "abandoned", "build_sampler", "logprobs", "parked", "spec")
+    __slots__ = (
+        "prompt",
+        "limit",
+        "cancel",
+        "out",
+        "slot",
+        "sampler",
+        "text",
+        "produced",
+        "cached",
+        "pending",
+        "abandoned",
+        "build_sampler",
+        "logprobs",
+        "parked",
+        "spec",
+    )
 
-    def __init__(self, prompt: list[int], *, limit: int, stops: tuple[str, ...], cancel: Cancel, build_sampler,
-                 logprobs: list | None = None) -> None:
+    def __init__(
+        self,
+        prompt: list[int],
+        *,
+        limit: int,
+        stops: tuple[str, ...],
+        cancel: Cancel,
+        build_sampler,
+        logprobs: list | None = None,
+    ) -> None:
         self.prompt = prompt
         self.limit = limit
         self.cancel = cancel
@@ -42,8 +65,13 @@ class Job:
 
     def usage(self) -> Usage:
         spec = self.spec
-        return Usage(prompt_tokens=len(self.prompt), completion_tokens=self.produced, cached_tokens=self.cached,
-                     drafted_tokens=spec.drafted if spec else 0, accepted_tokens=spec.accepted if spec else 0)
+        return Usage(
+            prompt_tokens=len(self.prompt),
+            completion_tokens=self.produced,
+            cached_tokens=self.cached,
+            drafted_tokens=spec.drafted if spec else 0,
+            accepted_tokens=spec.accepted if spec else 0,
+        )
 
     def take_logprobs(self) -> tuple:
         if not self.logprobs:

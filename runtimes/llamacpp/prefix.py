@@ -93,8 +93,9 @@ class PrefixCache:
     (``reuse=False``: no prefix is). ``host_budget`` bytes of host RAM keep evicted sequences (0: off).
     """
 
-    def __init__(self, n_slots: int, ops: KvOps, *, min_tail: int = 1, host_budget: int = 0,
-                 reuse: bool = True) -> None:
+    def __init__(
+        self, n_slots: int, ops: KvOps, *, min_tail: int = 1, host_budget: int = 0, reuse: bool = True
+    ) -> None:
         self.slots = [Slot(seq) for seq in range(n_slots)]
         self._ops = ops
         self._min_tail = max(1, min_tail)
@@ -174,8 +175,9 @@ class PrefixCache:
 
     # --- placement ------------------------------------------------------------------------
 
-    def _place(self, prompt: Sequence[int], keep: int, owners: frozenset[int], idle: list[Slot],
-               spare: frozenset[int]) -> tuple[Slot, int]:
+    def _place(
+        self, prompt: Sequence[int], keep: int, owners: frozenset[int], idle: list[Slot], spare: frozenset[int]
+    ) -> tuple[Slot, int]:
         by_seq = {s.seq: s for s in self.slots}
         sources = sorted(owners, key=lambda o: (o not in by_seq or by_seq[o].busy, o not in by_seq, o))
         source = sources[0] if keep > 0 and sources else None

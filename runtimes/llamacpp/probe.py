@@ -22,11 +22,20 @@ NAME = "llama.cpp"
 INSTALL_FIX = "pip install 'localrun[llama]'"
 LLAMA_PIP = "pip install --force-reinstall --no-cache-dir 'llama-cpp-python>=0.3.30,<0.4'"
 #: How to build llama-cpp-python for the GPU a machine has (CMAKE_ARGS per backend).
-LLAMA_CMAKE = {"cuda": "-DGGML_CUDA=on", "metal": "-DGGML_METAL=on", "hip": "-DGGML_HIP=on",
-               "vulkan": "-DGGML_VULKAN=on"}
+LLAMA_CMAKE = {
+    "cuda": "-DGGML_CUDA=on",
+    "metal": "-DGGML_METAL=on",
+    "hip": "-DGGML_HIP=on",
+    "vulkan": "-DGGML_VULKAN=on",
+}
 #: Markers of each GPU backend in ``llama_print_system_info()``, checked in this order.
-_BACKEND_MARKERS = (("cuda", ("CUDA",)), ("metal", ("Metal", "MTL")), ("hip", ("ROCm", "HIP")),
-                    ("vulkan", ("Vulkan",)), ("sycl", ("SYCL",)))
+_BACKEND_MARKERS = (
+    ("cuda", ("CUDA",)),
+    ("metal", ("Metal", "MTL")),
+    ("hip", ("ROCm", "HIP")),
+    ("vulkan", ("Vulkan",)),
+    ("sycl", ("SYCL",)),
+)
 
 
 def wanted_gpu_backend(hw) -> str | None:
@@ -67,8 +76,9 @@ def probe_llamacpp(hw, *, import_module: Importer | None = None) -> RuntimeStatu
         reason = "llama-cpp-python is not installed" if missing else f"llama-cpp-python fails to import: {exc}"
         return RuntimeStatus(NAME, False, reason=reason, fix=llama_fix(hw))
     except OSError as exc:  # the bundled libllama fails to load (wrong CUDA runtime, missing libgomp…)
-        return RuntimeStatus(NAME, False, reason=f"llama-cpp-python's native library fails to load: {exc}",
-                             fix=llama_fix(hw))
+        return RuntimeStatus(
+            NAME, False, reason=f"llama-cpp-python's native library fails to load: {exc}", fix=llama_fix(hw)
+        )
     gpu_offload = bool(llama_cpp.llama_supports_gpu_offload())
     info = llama_cpp.llama_print_system_info()
     info = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
@@ -80,5 +90,12 @@ def probe_llamacpp(hw, *, import_module: Importer | None = None) -> RuntimeStatu
     if backend == "cpu" and wanted:
         reason = f"built without GPU offload although this machine could use {wanted.upper()}: it runs on the CPU"
         fix = llama_fix(hw)
-    return RuntimeStatus(NAME, True, version=getattr(llama_cpp, "__version__", None), devices=devices,
-                         reason=reason, fix=fix, details=details)
+    return RuntimeStatus(
+        NAME,
+        True,
+        version=getattr(llama_cpp, "__version__", None),
+        devices=devices,
+        reason=reason,
+        fix=fix,
+        details=details,
+    )

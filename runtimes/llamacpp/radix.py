@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 class _Node:
     __slots__ = ("edge", "children", "owners", "parent")
 
-    def __init__(self, edge: tuple[int, ...], parent: "_Node | None") -> None:
+    def __init__(self, edge: tuple[int, ...], parent: _Node | None) -> None:
         self.edge = edge  # token ids on the edge from the parent
         self.children: dict[int, _Node] = {}  # keyed by the first token of the child's edge
         self.owners: set[int] = set()  # owners whose sequence covers this node's whole edge
@@ -25,7 +25,7 @@ class _Node:
 def _match(edge: tuple[int, ...], tokens: Sequence[int], start: int) -> int:
     """How many leading tokens of ``edge`` equal ``tokens[start:]``."""
     n = min(len(edge), len(tokens) - start)
-    if tuple(tokens[start:start + n]) == edge[:n]:
+    if tuple(tokens[start : start + n]) == edge[:n]:
         return n
     i = 0
     while i < n and edge[i] == tokens[start + i]:

@@ -71,8 +71,19 @@ log = logging.getLogger(__name__)
 class Scheduler(SpeculativeSteps):
     """Owns one llama.cpp context on its own thread and runs many requests in it."""
 
-    def __init__(self, llama, ctx, layout: Layout, *, n_swa: int, piece_of, is_eog, speculative: str = "off",
-                 draft_k: int | None = None, drafter=None) -> None:
+    def __init__(
+        self,
+        llama,
+        ctx,
+        layout: Layout,
+        *,
+        n_swa: int,
+        piece_of,
+        is_eog,
+        speculative: str = "off",
+        draft_k: int | None = None,
+        drafter=None,
+    ) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
@@ -85,9 +96,13 @@ class Scheduler(SpeculativeSteps):
         #: lookup has none (auto), or every draft (draft mode). Called from this thread only.
         self.drafter = drafter if self.speculative in ("auto", "draft") else None
         self.spec_totals = SpecTotals()
-        self.cache = PrefixCache(layout.n_slots, self._kv,
-                                 min_tail=layout.min_chunk, host_budget=layout.host_cache_bytes,
-                                 reuse=layout.prefix_cache)
+        self.cache = PrefixCache(
+            layout.n_slots,
+            self._kv,
+            min_tail=layout.min_chunk,
+            host_budget=layout.host_cache_bytes,
+            reuse=layout.prefix_cache,
+        )
         self._inbox: list[Job] = []
         self._calls = ThreadCalls()  # native work of request threads (embeddings), run between steps
         self._wake = threading.Condition()
@@ -106,8 +121,10 @@ class Scheduler(SpeculativeSteps):
         answers (a pass rounds like a batched step, see speculative_step.py); ``ngram`` drafts
         regardless, as asked. Pass costs are timed here first, when drafting is on."""
         if mode == "auto" and self.layout.exact_prefix:
-            log.info("speculative decoding off: exact_prefix asks for bit-exact answers, and a verification "
-                     "pass rounds like a batched step")
+            log.info(
+                "speculative decoding off: exact_prefix asks for bit-exact answers, and a verification "
+                "pass rounds like a batched step"
+            )
             return "off"
         return mode
 
@@ -159,8 +176,9 @@ class Scheduler(SpeculativeSteps):
 
     def _check_running(self) -> None:
         if self._broken or self._stopping:
-            raise RuntimeUnavailable(f"the llama.cpp scheduler is not running ({self._broken or 'closed'})",
-                                     hint="load the model again")
+            raise RuntimeUnavailable(
+                f"the llama.cpp scheduler is not running ({self._broken or 'closed'})", hint="load the model again"
+            )
 
     def close(self, timeout_s: float = 30.0) -> None:
         """End every request ("cancelled") and stop the thread; the caller frees the context after."""
@@ -188,14 +206,22 @@ class Scheduler(SpeculativeSteps):
                 self._calibrated.set()
             while True:
                 with self._wake:
-                    while not (self._inbox or self._calls or self._stopping or self._waiting or self._prefilling
-                               or self._decoding):
+                    while not (
+                        self._inbox
+                        or self._calls
+                        or self._stopping
+                        or self._waiting
+                        or self._prefilling
+                        or self._decoding
+                    ):
                         self._wake.wait()
                     new, self._inbox = self._inbox, []
                     calls, stopping = self._calls.take(), self._stopping
                 self._waiting.extend(new)
                 if stopping:
-                    ThreadCalls.fail(calls, RuntimeUnavailable("the llama.cpp scheduler closed", hint="load the model again"))
+                    ThreadCalls.fail(
+                        calls, RuntimeUnavailable("the llama.cpp scheduler closed", hint="load the model again")
+                    )
                     self._end_all("cancelled")
                     return
                 ThreadCalls.run(calls)
@@ -206,8 +232,13 @@ class Scheduler(SpeculativeSteps):
                 self._let_readers_run()
         except BaseException as exc:  # noqa: BLE001 - every open request must hear about it
             log.exception("the llama.cpp scheduler failed")
-            err = exc if isinstance(exc, LocalrunError) else LocalrunError(
-                f"the llama.cpp scheduler failed: {type(exc).__name__}: {exc}", hint="reload the model")
+            err = (
+                exc
+                if isinstance(exc, LocalrunError)
+                else LocalrunError(
+                    f"the llama.cpp scheduler failed: {type(exc).__name__}: {exc}", hint="reload the model"
+                )
+            )
             with self._wake:
                 self._broken = f"{type(exc).__name__}: {exc}"
                 orphans, self._inbox = self._inbox, []
@@ -260,11 +291,12 @@ class Scheduler(SpeculativeSteps):
         n_calls = -(-len(jobs) // self.layout.decode_rows)
         size = -(-len(jobs) // n_calls)
         for start in range(0, len(jobs), size):
-            self._decode_group(jobs[start:start + size])
+            self._decode_group(jobs[start : start + size])
 
     def _decode_group(self, jobs: list[Job]) -> None:
-        fill_batch(self._batch, [j.pending for j in jobs], [len(j.slot.tokens) for j in jobs],
-                   [j.slot.seq for j in jobs], True)
+        fill_batch(
+            self._batch, [j.pending for j in jobs], [len(j.slot.tokens) for j in jobs], [j.slot.seq for j in jobs], True
+        )
         started = time.perf_counter()
         if not self._call_decode(jobs):
             return
@@ -290,7 +322,7 @@ class Scheduler(SpeculativeSteps):
                 return
 
     def _prefill_chunk(self, job: Job, start: int, n: int) -> None:
-        chunk = job.prompt[start:start + n]
+        chunk = job.prompt[start : start + n]
         last = start + n == len(job.prompt)
         fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
         self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
@@ -343,10 +375,13 @@ class Scheduler(SpeculativeSteps):
         if rc == 1:
             err: LocalrunError = Overloaded(
                 f"the KV cache has no room for this step ({self.running()} requests running)",
-                hint="retry in a moment, or load the model with fewer slots or a larger context")
+                hint="retry in a moment, or load the model with fewer slots or a larger context",
+            )
         else:
-            err = LocalrunError(f"llama_decode failed with code {rc}",
-                                hint="the context may be out of memory; retry with a shorter prompt")
+            err = LocalrunError(
+                f"llama_decode failed with code {rc}",
+                hint="the context may be out of memory; retry with a shorter prompt",
+            )
         for job in jobs:
             self._finish(job, None, error=err)
 

@@ -51,13 +51,13 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
+from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
@@ -90,7 +90,7 @@ class LlamaCppRuntime:
         """Installed, which GPU backend, and the rebuild this machine's GPU calls for (see :mod:`.probe`)."""
         return probe_llamacpp(hw, import_module=import_module)
 
-    def load(self, model: ModelRecord, plan: Plan) -> "LlamaCppSession":
+    def load(self, model: ModelRecord, plan: Plan) -> LlamaCppSession:
         return LlamaCppSession.open(model, plan)
 
 
@@ -129,8 +129,7 @@ class LlamaCppSession(ServerExtras):
         # Without a template: a plain transcript by default. Measured on the base Gemma 3
         # 270M: with Gemma's turn markers it babbles, with the transcript it answers
         # "The capital of France is Paris." Instruction-tuned files carry their template.
-        self._gemma_turns = (plan.options.get("fallback_format") == "gemma"
-                             and self._is_single_token("<start_of_turn>"))
+        self._gemma_turns = plan.options.get("fallback_format") == "gemma" and self._is_single_token("<start_of_turn>")
         self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
         is_eog = self._eog_reader()
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
@@ -140,29 +139,56 @@ class LlamaCppSession(ServerExtras):
         if plan.options.get("draft") and mode in ("auto", "draft") and not (mode == "auto" and layout.exact_prefix):
             from localrun.runtimes.llamacpp.draft_model import load_drafter  # auto is off under exact_prefix
 
-            self._drafter = load_drafter(llama, model, plan, layout, record.path,
-                                         flash_attn_type=self._context_params(llama, plan, layout).flash_attn_type)
+            self._drafter = load_drafter(
+                llama,
+                model,
+                plan,
+                layout,
+                record.path,
+                flash_attn_type=self._context_params(llama, plan, layout).flash_attn_type,
+            )
         try:
-            self._sched = Scheduler(llama, ctx, layout, n_swa=n_swa, piece_of=piece_of, is_eog=is_eog,
-                                    speculative=mode, draft_k=draft_k, drafter=self._drafter)
+            self._sched = Scheduler(
+                llama,
+                ctx,
+                layout,
+                n_swa=n_swa,
+                piece_of=piece_of,
+                is_eog=is_eog,
+                speculative=mode,
+                draft_k=draft_k,
+                drafter=self._drafter,
+            )
         except BaseException:
             if self._drafter is not None:
                 self._drafter.close()
             raise
         self.speculative = self._sched.speculative  # what auto became on this machine
         # Tools, JSON schemas, grammars, logprobs and embeddings (features.py).
-        self._features = SessionFeatures(llama, model, ctx, plan, name=record.name, is_eog=is_eog,
-                                         tokenize=lambda text: self.tokenize(text, add_special=True),
-                                         vocab=self._vocab, n_vocab=self._n_vocab, piece_of=piece_of,
-                                         call=self._sched.call)
+        self._features = SessionFeatures(
+            llama,
+            model,
+            ctx,
+            plan,
+            name=record.name,
+            is_eog=is_eog,
+            tokenize=lambda text: self.tokenize(text, add_special=True),
+            vocab=self._vocab,
+            n_vocab=self._n_vocab,
+            piece_of=piece_of,
+            call=self._sched.call,
+        )
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
         self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
 
     @classmethod
-    def open(cls, record: ModelRecord, plan: Plan) -> "LlamaCppSession":
+    def open(cls, record: ModelRecord, plan: Plan) -> LlamaCppSession:
         if record.format is not Format.GGUF:
-            raise UnsupportedFeature(f"llama.cpp runs GGUF files, not {record.format.value}", param="format",
-                                     hint="pick a runtime that runs this format")
+            raise UnsupportedFeature(
+                f"llama.cpp runs GGUF files, not {record.format.value}",
+                param="format",
+                hint="pick a runtime that runs this format",
+            )
         if not os.path.isfile(record.path):
             raise InvalidModelFile(f"model file not found: {record.path}", hint="re-import or pull the model")
         llama = _llama()
@@ -178,15 +204,19 @@ class LlamaCppSession(ServerExtras):
         model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
         if not model:
             why = NATIVE_LOG.take_recent()
-            raise InvalidModelFile(f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
-                                   hint="the file may be corrupt or an architecture this llama.cpp does not know")
+            raise InvalidModelFile(
+                f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
+                hint="the file may be corrupt or an architecture this llama.cpp does not know",
+            )
         ctx = llama.llama_init_from_model(model, cp)
         if not ctx:
             llama.llama_model_free(model)
             why = NATIVE_LOG.take_recent()
-            raise WontFit(f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
-                          f"{record.name}" + (f": {why}" if why else ""),
-                          hint="lower the context length, the slots or the GPU layers")
+            raise WontFit(
+                f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
+                f"{record.name}" + (f": {why}" if why else ""),
+                hint="lower the context length, the slots or the GPU layers",
+            )
         log.debug("loaded %s: %s threads=%d gpu_layers=%d", record.path, layout, plan.n_threads, plan.n_gpu_layers)
         try:
             return cls(llama, model, ctx, record, plan, layout)
@@ -208,8 +238,9 @@ class LlamaCppSession(ServerExtras):
         cp.n_threads = cp.n_threads_batch = max(1, int(plan.n_threads))
         kv = KV_TYPES.get(plan.kv_type)
         if kv is None:
-            raise UnsupportedFeature(f"unknown KV cache type {plan.kv_type!r}", param="kv_type",
-                                     hint="use one of: " + ", ".join(KV_TYPES))
+            raise UnsupportedFeature(
+                f"unknown KV cache type {plan.kv_type!r}", param="kv_type", hint="use one of: " + ", ".join(KV_TYPES)
+            )
         cp.type_k = cp.type_v = kv
         if layout.exact_prefix:
             # Flash attention on the CPU makes a prefill's result depend on its chunking
@@ -224,8 +255,13 @@ class LlamaCppSession(ServerExtras):
             cp.swa_full = bool(plan.options["swa_full"])
         if "flash_attn" in plan.options:
             flag = plan.options["flash_attn"]
-            cp.flash_attn_type = (llama.LLAMA_FLASH_ATTN_TYPE_AUTO if flag is None else
-                                  llama.LLAMA_FLASH_ATTN_TYPE_ENABLED if flag else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED)
+            cp.flash_attn_type = (
+                llama.LLAMA_FLASH_ATTN_TYPE_AUTO
+                if flag is None
+                else llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
+                if flag
+                else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
+            )
         return cp
 
     # --- tokens -------------------------------------------------------------------------
@@ -264,11 +300,19 @@ class LlamaCppSession(ServerExtras):
         toks = self.tokenize(text, add_special=False)
         return len(toks) == 1 and self._token_text(toks[0]) == text
 
-    def chat_prompt(self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True,
-                    continue_final: bool = False, prefix: str = "") -> tuple[list[int], tuple[str, ...]]:
+    def chat_prompt(
+        self,
+        messages: Sequence,
+        variables: dict | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
+        prefix: str = "",
+    ) -> tuple[list[int], tuple[str, ...]]:
         """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the prompt format adds."""
-        text, stops = self.chat_text(messages, variables, add_generation_prompt=add_generation_prompt,
-                                     continue_final=continue_final)
+        text, stops = self.chat_text(
+            messages, variables, add_generation_prompt=add_generation_prompt, continue_final=continue_final
+        )
         add_bos = not (self._bos and text.startswith(self._bos))
         return self.tokenize(text + prefix, add_special=add_bos), stops
 
@@ -277,9 +321,13 @@ class LlamaCppSession(ServerExtras):
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
-        tokens, stops = self.chat_prompt(messages, {**req.template_kwargs, **variables},
-                                         add_generation_prompt=req.add_generation_prompt,
-                                         continue_final=req.continue_final_message, prefix=req.prefix)
+        tokens, stops = self.chat_prompt(
+            messages,
+            {**req.template_kwargs, **variables},
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final=req.continue_final_message,
+            prefix=req.prefix,
+        )
         return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
@@ -313,16 +361,18 @@ class LlamaCppSession(ServerExtras):
 
     # --- generation -------------------------------------------------------------------------
 
-    def _start(self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...],
-               gbnf: str | None = None) -> Iterator[Chunk]:
+    def _start(
+        self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...], gbnf: str | None = None
+    ) -> Iterator[Chunk]:
         """Validate eagerly (so errors come before any chunk), then hand back the stream; the
         request joins the scheduler when the stream is first read."""
         self._check_open()
         if not prompt:
             raise LocalrunError("the prompt is empty", hint="send some text")
         if len(prompt) > self.n_ctx - 1:
-            where = (f"a slot's context holds {self.n_ctx}" if self.layout.n_slots > 1
-                     else f"the context holds {self.n_ctx}")
+            where = (
+                f"a slot's context holds {self.n_ctx}" if self.layout.n_slots > 1 else f"the context holds {self.n_ctx}"
+            )
             raise ContextOverflow(
                 f"the prompt is {len(prompt)} tokens but {where} (at most {self.n_ctx - 1} for the prompt)",
                 hint="shorten the conversation or load the model with a larger context",
@@ -334,12 +384,22 @@ class LlamaCppSession(ServerExtras):
             self._check_open()
             for i in range(max(1, int(sampling.n))):
                 # Each choice draws its own tokens: a seeded request seeds choice i with seed + i.
-                own = sampling if i == 0 or sampling.seed is None else dataclasses.replace(
-                    sampling, seed=(int(sampling.seed) + i) & 0xFFFFFFFF)
+                own = (
+                    sampling
+                    if i == 0 or sampling.seed is None
+                    else dataclasses.replace(sampling, seed=(int(sampling.seed) + i) & 0xFFFFFFFF)
+                )
                 build, logprobs = self._features.job_sampling(own, gbnf)
-                jobs.append(Job(prompt, limit=limit, stops=(*sampling.stop, *stops), cancel=cancel, build_sampler=build,
-                                logprobs=logprobs))
+                jobs.append(
+                    Job(
+                        prompt,
+                        limit=limit,
+                        stops=(*sampling.stop, *stops),
+                        cancel=cancel,
+                        build_sampler=build,
+                        logprobs=logprobs,
+                    )
+                )
         if len(jobs) == 1:
             return self._sched.stream(jobs[0])
         return stream_choices(self._sched._submit, jobs, cancel)  # noqa: SLF001 - the choices share the scheduler's inbox
-

@@ -47,7 +47,7 @@ class Layout:
         return self.slot_ctx if self.unified else self.slot_ctx * self.n_slots
 
     @classmethod
-    def from_plan(cls, plan: Plan) -> "Layout":
+    def from_plan(cls, plan: Plan) -> Layout:
         """Read ``n_slots``, ``slot_ctx``, ``kv_unified``, ``step_tokens``, ``host_cache_mib``,
         ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` from ``plan.options``.
 
@@ -66,8 +66,10 @@ class Layout:
             step = int(_given(opts, "step_tokens", min(plan.n_batch, DEFAULT_STEP_TOKENS)))
             host = int(float(opts.get("host_cache_mib") or 0) * 2**20)
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"bad llama.cpp slot options {opts!r}: {exc}",
-                              hint="n_slots, slot_ctx, step_tokens and host_cache_mib are numbers") from exc
+            raise ConfigError(
+                f"bad llama.cpp slot options {opts!r}: {exc}",
+                hint="n_slots, slot_ctx, step_tokens and host_cache_mib are numbers",
+            ) from exc
         flag = opts.get("batch_invariant")
         on_cpu = plan.device == "cpu" and int(plan.n_gpu_layers) == 0
         exact_prefix = bool(opts.get("exact_prefix", False))
@@ -75,12 +77,23 @@ class Layout:
         min_chunk = MIN_CHUNK if exact_prefix else 1
         decode_rows = MIN_CHUNK - 1 if exact else n_slots
         if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0:
-            raise ConfigError(f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
-                              f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
-                              hint="use 1-256 slots of at least 16 tokens and a positive step")
-        return cls(n_slots=n_slots, slot_ctx=slot_ctx, unified=unified, step_tokens=max(step, 2 * min_chunk),
-                   min_chunk=min_chunk, decode_rows=decode_rows, host_cache_bytes=host,
-                   prefix_cache=bool(opts.get("prefix_cache", True)), exact=exact, exact_prefix=exact_prefix)
+            raise ConfigError(
+                f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
+                f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
+                hint="use 1-256 slots of at least 16 tokens and a positive step",
+            )
+        return cls(
+            n_slots=n_slots,
+            slot_ctx=slot_ctx,
+            unified=unified,
+            step_tokens=max(step, 2 * min_chunk),
+            min_chunk=min_chunk,
+            decode_rows=decode_rows,
+            host_cache_bytes=host,
+            prefix_cache=bool(opts.get("prefix_cache", True)),
+            exact=exact,
+            exact_prefix=exact_prefix,
+        )
 
 
 def _given(opts: dict, key: str, default):

@@ -90,8 +90,9 @@ def parse_mode(value) -> str:
         return "ngram" if value else "off"
     mode = str(value).strip().lower()
     if mode not in MODES:
-        raise ConfigError(f"unknown speculative mode {value!r}", param="speculative",
-                          hint="use one of: " + ", ".join(MODES))
+        raise ConfigError(
+            f"unknown speculative mode {value!r}", param="speculative", hint="use one of: " + ", ".join(MODES)
+        )
     return mode
 
 
@@ -129,9 +130,9 @@ class NgramIndex:
         end = len(toks) - 1  # the n-grams ending just before ``token`` now have a continuation
         for n, found in self._maps.items():
             if end >= n:
-                found[tuple(toks[end - n:end])] = end
+                found[tuple(toks[end - n : end])] = end
         if end >= self._max:
-            places = self._places.setdefault(tuple(toks[end - self._max:end]), [])
+            places = self._places.setdefault(tuple(toks[end - self._max : end]), [])
             places.append(end)
             if len(places) > RECENT_PLACES:
                 del places[0]
@@ -145,7 +146,7 @@ class NgramIndex:
             self.source = self._find()
             if self.source is None:
                 return []
-        out = toks[self.source:self.source + k]
+        out = toks[self.source : self.source + k]
         if len(out) < k:  # the source reaches the end: a loop, whose next turn repeats this one
             period = len(toks) - self.source
             while len(out) < k:
@@ -155,20 +156,23 @@ class NgramIndex:
     def _find(self) -> int | None:
         toks, n = self.tokens, len(self.tokens)
         if n >= self._max:
-            places = self._places.get(tuple(toks[n - self._max:]))
+            places = self._places.get(tuple(toks[n - self._max :]))
             if places:
                 best, reach = None, -1
                 for at in reversed(places):  # latest first: ties keep the latest
                     back = 0
-                    while (back < BACK_MATCH and at - self._max - 1 - back >= 0
-                           and toks[at - self._max - 1 - back] == toks[n - self._max - 1 - back]):
+                    while (
+                        back < BACK_MATCH
+                        and at - self._max - 1 - back >= 0
+                        and toks[at - self._max - 1 - back] == toks[n - self._max - 1 - back]
+                    ):
                         back += 1
                     if back > reach:
                         best, reach = at, back
                 self.run = reach
                 return best
         for m in range(min(self._max - 1, n), self._min - 1, -1):
-            at = self._maps[m].get(tuple(toks[n - m:]))
+            at = self._maps[m].get(tuple(toks[n - m :]))
             if at is not None:
                 return at
         return None
@@ -217,8 +221,16 @@ class DraftPolicy:
             total += max(chance, run / (run + i)) if run else chance
         return total
 
-    def choose(self, available: int, costs: DecodeCosts, rows_now: int, *, draft_cost: float | None = 0.0,
-               run: int = 0, min_run: int = 0) -> Decision:
+    def choose(
+        self,
+        available: int,
+        costs: DecodeCosts,
+        rows_now: int,
+        *,
+        draft_cost: float | None = 0.0,
+        run: int = 0,
+        min_run: int = 0,
+    ) -> Decision:
         """How many of ``available`` proposed tokens to verify (0: decode plainly).
         ``draft_cost``: seconds each drafted token costs to make (0 for an n-gram lookup);
         ``run``: how long the source of the proposal has agreed (:attr:`NgramIndex.run`),
@@ -327,16 +339,22 @@ def speculation(plan, n_swa: int) -> tuple[str, int | None]:
     """
     mode = parse_mode(plan.options.get("speculative"))
     if mode == "draft" and not plan.options.get("draft"):
-        raise ConfigError("speculative mode 'draft' needs a draft model, and none was given or found beside the model",
-                          param="draft", hint="pass --draft MODEL (a model in the store or a .gguf file), put a GGUF "
-                                              "whose name contains 'draft' next to the model, or use --speculative auto")
+        raise ConfigError(
+            "speculative mode 'draft' needs a draft model, and none was given or found beside the model",
+            param="draft",
+            hint="pass --draft MODEL (a model in the store or a .gguf file), put a GGUF "
+            "whose name contains 'draft' next to the model, or use --speculative auto",
+        )
     try:
         k = int(plan.options.get("draft_k") or DEFAULT_FIXED_K)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"draft_k must be a number, not {plan.options.get('draft_k')!r}", param="draft_k") from exc
     if not 1 <= k <= MAX_DRAFT:
-        raise ConfigError(f"draft_k must be 1-{MAX_DRAFT}, not {k}", param="draft_k",
-                          hint=f"a pass verifies at most {MAX_DRAFT} drafted tokens")
+        raise ConfigError(
+            f"draft_k must be 1-{MAX_DRAFT}, not {k}",
+            param="draft_k",
+            hint=f"a pass verifies at most {MAX_DRAFT} drafted tokens",
+        )
     if mode != "off" and n_swa > 0 and plan.options.get("swa_full") is False:
         # Without a full-size cache a sliding-window layer may already have overwritten what a
         # rejected draft's removal would need back.

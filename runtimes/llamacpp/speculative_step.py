@@ -75,8 +75,11 @@ class SpeculativeSteps:
         keeps a thread team per calling thread; two teams on two cores slowed every later step
         by ~10 %, measured when the load ran this on the loading thread.)"""
         calibrate(self._llama, self._ctx, self._batch, self.costs)
-        log.info("speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
-                 self.speculative, self.costs.rounding)
+        log.info(
+            "speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
+            self.speculative,
+            self.costs.rounding,
+        )
 
     def _room(self, job) -> int:
         """Most tokens a draft may hold: k+1 rows at positions base..base+k must fit the slot,
@@ -93,13 +96,13 @@ class SpeculativeSteps:
         decision = spec.policy.choose(len(proposal), self.costs, rows_now, run=spec.index.run, min_run=MIN_RUN)
         if decision.k == 0:
             spec.policy.shadow(proposal)
-        return proposal[:decision.k]
+        return proposal[: decision.k]
 
     @staticmethod
     def _grammar_cut(job, proposal: list[int]) -> list[int]:
         check = getattr(job.sampler, "valid_prefix", None)
         if proposal and check is not None:
-            proposal = proposal[:check(proposal)]  # a token the grammar forbids would be rejected anyway
+            proposal = proposal[: check(proposal)]  # a token the grammar forbids would be rejected anyway
         return proposal
 
     def _verify(self, job, draft: list[int]) -> bool:
@@ -120,7 +123,9 @@ class SpeculativeSteps:
         entries = job.logprobs
         start = len(entries) if entries is not None else 0
         tokens, marks, kept = [], [], 0
-        for i in range(len(rows)):  # in order, stopping at the first disagreement: the sampler sees what plain decoding shows it
+        for i in range(
+            len(rows)
+        ):  # in order, stopping at the first disagreement: the sampler sees what plain decoding shows it
             token = job.sampler.sample(ctx, i)
             tokens.append(token)
             marks.append(len(entries) if entries is not None else 0)
@@ -131,7 +136,7 @@ class SpeculativeSteps:
                 break
         if kept < len(draft):
             self._kv.truncate(slot.seq, base + 1 + kept)  # the rejected drafts leave the KV cache
-        slot.tokens.extend(rows[:1 + kept])
+        slot.tokens.extend(rows[: 1 + kept])
         job.spec.verified(len(draft), kept)
         self.spec_totals.add(len(draft), kept)
         held = entries[start:] if entries is not None else []
@@ -140,13 +145,12 @@ class SpeculativeSteps:
         done = start
         for token, mark in zip(tokens, marks):
             if entries is not None:  # a token's logprob entries go out with it, none for tokens never emitted
-                entries.extend(held[done - start:mark - start])
+                entries.extend(held[done - start : mark - start])
                 done = mark
             self._emit(job, token)
             if job.slot is None:
                 break
         return True
-
 
 
 def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> None:
@@ -166,10 +170,11 @@ def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> No
     tokens = [(11 + 17 * i) % n_vocab for i in range(MAX_DRAFT + 1)]
     try:
         for start in range(0, PROBE_CONTEXT, len(tokens)):
-            chunk = context[start:start + len(tokens)]
+            chunk = context[start : start + len(tokens)]
             fill_batch(batch, chunk, range(start, start + len(chunk)), seq, False)
             if llama.llama_decode(ctx, batch) != 0:
                 return
+
         def logits(row: int):
             return np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).copy()
 

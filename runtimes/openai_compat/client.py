@@ -51,7 +51,9 @@ from localrun.runtimes.openai_compat.watch import Timeouts, Watchdog, WatchHub
 from localrun.runtimes.openai_compat.wire import ToolCalls, chat_logprobs
 from localrun.runtimes.pieces import Piece
 from localrun.types import Cancel, Usage
+
 log = logging.getLogger(__name__)
+
 
 def error_message(response: httpx.Response) -> str:
     """The server's own words for an error response (OpenAI, MLC and Ollama shapes)."""
@@ -78,8 +80,9 @@ def engine_status_error(response: httpx.Response, *, server: str, model: str) ->
     if response.status_code == 404:
         return ModelNotFound(f"{server} has no model {model!r}: {message}")
     if response.status_code in (400, 413, 422) and CONTEXT_WORDS.search(message):
-        return ContextOverflow(f"{server}: {message}",
-                               hint="shorten the conversation or load the model with a larger context")
+        return ContextOverflow(
+            f"{server}: {message}", hint="shorten the conversation or load the model with a larger context"
+        )
     if response.status_code in (400, 422):
         return UnsupportedFeature(f"{server} refused the request: {message}")
     return LocalrunError(f"{server} answered {response.status_code}: {message}")
@@ -98,8 +101,13 @@ def _usage(data: Any) -> Usage | None:
     else:
         accepted = _count(_field(data, "completion_tokens_details", "accepted_prediction_tokens"))
         drafted = accepted + _count(_field(data, "completion_tokens_details", "rejected_prediction_tokens"))
-    return Usage(_count(data.get("prompt_tokens")), _count(data.get("completion_tokens")), cached,
-                 drafted_tokens=drafted, accepted_tokens=min(accepted, drafted))
+    return Usage(
+        _count(data.get("prompt_tokens")),
+        _count(data.get("completion_tokens")),
+        cached,
+        drafted_tokens=drafted,
+        accepted_tokens=min(accepted, drafted),
+    )
 
 
 def _field(data: dict, outer: str, inner: str) -> Any:
@@ -130,19 +138,36 @@ class OpenAIClient:
     is the engine's dialect (health and version endpoints); ``key`` is sent and scrubbed.
     """
 
-    def __init__(self, base_url: str, *, server: str, kind: Kind | None = None, upstream: str | None = None,
-                 key: str | None = None, timeouts: Timeouts = Timeouts(), verify: bool | Any = True,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        server: str,
+        kind: Kind | None = None,
+        upstream: str | None = None,
+        key: str | None = None,
+        timeouts: Timeouts = Timeouts(),
+        verify: bool | Any = True,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.server, self.url, self.kind, self.timeouts = server, base_url.rstrip("/"), kind, timeouts
         self.upstream = upstream
         self._secrets = (key,) if key else ()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        timeout = httpx.Timeout(max(timeouts.first_byte_s, timeouts.chunk_s), connect=timeouts.connect_s,
-                                pool=timeouts.first_byte_s)
+        timeout = httpx.Timeout(
+            max(timeouts.first_byte_s, timeouts.chunk_s), connect=timeouts.connect_s, pool=timeouts.first_byte_s
+        )
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         self._watch = WatchHub()
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, verify=verify,
-                                  transport=transport, limits=limits, follow_redirects=False)
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout,
+            verify=verify,
+            transport=transport,
+            limits=limits,
+            follow_redirects=False,
+        )
 
     @property
     def base_url(self) -> str:
@@ -161,18 +186,30 @@ class OpenAIClient:
             return WorkerCrashed(f"{self.server} broke off the stream: {text}")
         if isinstance(exc, httpx.TimeoutException):
             what = "connect" if isinstance(exc, httpx.ConnectTimeout) else "first byte"
-            return UpstreamTimeout(f"{self.server} timed out ({what}) during {during}: {text}", status=504,
-                                   retryable=True, kind="timeout")
+            return UpstreamTimeout(
+                f"{self.server} timed out ({what}) during {during}: {text}", status=504, retryable=True, kind="timeout"
+            )
         kind = "connect" if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) else "stream"
-        return UpstreamError(f"{self.server} at {self.url} is not answering ({during}): {text}", status=503,
-                             retryable=True, kind=kind, hint="`localrun upstream check` probes it")
+        return UpstreamError(
+            f"{self.server} at {self.url} is not answering ({during}): {text}",
+            status=503,
+            retryable=True,
+            kind=kind,
+            hint="`localrun upstream check` probes it",
+        )
 
     def _status_error(self, response: httpx.Response, *, model: str) -> LocalrunError:
         response.read()
         if self.upstream is None:
             return engine_status_error(response, server=self.server, model=model)
-        return status_error(response.status_code, response.content, upstream=self.upstream, model=model,
-                            secrets=self._secrets, retry_after=response.headers.get("retry-after"))
+        return status_error(
+            response.status_code,
+            response.content,
+            upstream=self.upstream,
+            model=model,
+            secrets=self._secrets,
+            retry_after=response.headers.get("retry-after"),
+        )
 
     def _stream_error(self, message: str, *, retryable: bool = True, status: int = 502) -> LocalrunError:
         """A stream that broke, ended early or made no sense; for an engine, a retryable one may be its crash
@@ -210,8 +247,9 @@ class OpenAIClient:
         data = self._get_json("/v1/models", timeout_s)
         rows = data.get("data") if isinstance(data, dict) else None
         if not isinstance(rows, list):
-            raise self._stream_error("answered /v1/models with something that is not an OpenAI model list",
-                                     retryable=False)
+            raise self._stream_error(
+                "answered /v1/models with something that is not an OpenAI model list", retryable=False
+            )
         return [r for r in rows if isinstance(r, dict) and isinstance(r.get("id"), str)]
 
     def probe(self, *, timeout_s: float = 3.0) -> Probe:
@@ -317,8 +355,9 @@ class OpenAIClient:
                 # The usage-only event after the last choice (an engine may send it with no finish).
                 if usage is not None and (finish is not None or self.upstream is None):
                     _drain(lines)
-                    yield Piece("", finish_reason=self._finish(finish or "stop"), usage=usage, tokens=0,
-                                tool_calls=calls.done())
+                    yield Piece(
+                        "", finish_reason=self._finish(finish or "stop"), usage=usage, tokens=0, tool_calls=calls.done()
+                    )
                     return
                 continue
             choice = choices[0]
@@ -334,8 +373,14 @@ class OpenAIClient:
                 continue  # the usage event follows (include_usage); else the stream ends at [DONE]
             if choice.get("finish_reason"):
                 _drain(lines)
-                yield Piece(text, finish_reason=self._finish(finish), usage=usage, tokens=1 if text else 0, logprobs=lp,
-                            tool_calls=calls.done())
+                yield Piece(
+                    text,
+                    finish_reason=self._finish(finish),
+                    usage=usage,
+                    tokens=1 if text else 0,
+                    logprobs=lp,
+                    tool_calls=calls.done(),
+                )
                 return
             if text or lp:
                 yield Piece(text, logprobs=lp)

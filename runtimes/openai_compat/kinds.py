@@ -83,8 +83,16 @@ class UpstreamError(LocalrunError):
     code = "upstream_error"
     http_status = 502
 
-    def __init__(self, message: str, *, status: int = 502, retryable: bool = False, kind: str = "error",
-                 hint: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        retryable: bool = False,
+        kind: str = "error",
+        hint: str | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message, hint=hint, param=param)
         self.http_status = status
         self.retryable = retryable
@@ -143,20 +151,31 @@ def _str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def status_error(status: int, body: bytes | str, *, upstream: str, model: str, secrets: Iterable[str] = (),
-                 retry_after: str | None = None) -> LocalrunError:
+def status_error(
+    status: int,
+    body: bytes | str,
+    *,
+    upstream: str,
+    model: str,
+    secrets: Iterable[str] = (),
+    retry_after: str | None = None,
+) -> LocalrunError:
     """The localrun error for an upstream's HTTP error answer, naming the upstream."""
     message, _type = error_text(body)
     message = scrub(message, secrets)
     where = f"upstream {upstream!r}"
     if status in (401, 403):
         return UpstreamAuthFailed(
-            f"{where} refused localrun's key (HTTP {status}): {message}", status=403, kind="auth",
+            f"{where} refused localrun's key (HTTP {status}): {message}",
+            status=403,
+            kind="auth",
             hint=f"fix 'key' or 'key_env' of [[upstreams]] name = {upstream!r} in config.toml (`localrun upstream add --replace`)",
         )
     if status == 404:
-        err = ModelNotFound(f"{where} has no model {model!r} (HTTP 404): {message}",
-                            hint="`localrun upstream check` lists what it serves")
+        err = ModelNotFound(
+            f"{where} has no model {model!r} (HTTP 404): {message}",
+            hint="`localrun upstream check` lists what it serves",
+        )
         return err
     if status in (400, 413, 422) and CONTEXT_WORDS.search(message):
         return ContextOverflow(f"{where}: {message}", hint="shorten the conversation")
@@ -164,8 +183,13 @@ def status_error(status: int, body: bytes | str, *, upstream: str, model: str, s
         return UpstreamError(f"{where} refused the request (HTTP {status}): {message}", status=400, kind="http_4xx")
     if status == 429:
         hint = f"retry after {retry_after} s" if retry_after else "retry in a moment"
-        return UpstreamError(f"{where} is overloaded (HTTP 429): {message}", status=503, retryable=True,
-                             kind="overloaded", hint=hint)
+        return UpstreamError(
+            f"{where} is overloaded (HTTP 429): {message}", status=503, retryable=True, kind="overloaded", hint=hint
+        )
     retryable = status in (408, 500, 502, 503, 504)
-    return UpstreamError(f"{where} failed (HTTP {status}): {message}", status=502, retryable=retryable,
-                         kind="http_5xx" if status >= 500 else "http_4xx")
+    return UpstreamError(
+        f"{where} failed (HTTP {status}): {message}",
+        status=502,
+        retryable=retryable,
+        kind="http_5xx" if status >= 500 else "http_4xx",
+    )

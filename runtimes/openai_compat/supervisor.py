@@ -83,8 +83,9 @@ class SupervisedServer:
             self.port = port
             self._spawn(cmd)
             read = float(self.plan.options.get("read_timeout_s", 600.0))
-            self.client = OpenAIClient(f"http://127.0.0.1:{port}", server=f"{self.label} on port {port}",
-                                       timeouts=Timeouts(5.0, read, read))
+            self.client = OpenAIClient(
+                f"http://127.0.0.1:{port}", server=f"{self.label} on port {port}", timeouts=Timeouts(5.0, read, read)
+            )
             try:
                 self._wait_ready(timeout_s)
                 return
@@ -100,10 +101,14 @@ class SupervisedServer:
         with open(self.log_path, "ab") as log_file:  # the child keeps its own descriptor
             log_file.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(cmd)}\n".encode())
             log_file.flush()
-            kwargs: dict[str, Any] = {"start_new_session": True} if os.name == "posix" else {
-                "creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                         env=self.spawn_env(), **kwargs)
+            kwargs: dict[str, Any] = (
+                {"start_new_session": True}
+                if os.name == "posix"
+                else {"creationflags": getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0)}
+            )
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=self.spawn_env(), **kwargs
+            )
 
     def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -126,7 +131,7 @@ class SupervisedServer:
                 raise RuntimeUnavailable(
                     f"{self.label} did not answer within {timeout_s:.0f} s for {self.record.name}:\n{self.log_tail()}",
                     hint=f"a first run may compile or warm up the model; raise {self.timeout_option}. "
-                         f"Full log: {self.log_path}",
+                    f"Full log: {self.log_path}",
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
@@ -207,8 +212,9 @@ class SupervisedSession:
                     hint=f"see {self._server.log_path}",
                 )
             self._restarts += 1
-            log.warning("%s for %s stopped (%s); starting it again", self._server.label, self._server.record.name,
-                        status)
+            log.warning(
+                "%s for %s stopped (%s); starting it again", self._server.label, self._server.record.name, status
+            )
             self._server.stop()
             self._server.start()
 

@@ -78,7 +78,7 @@ class Timeouts:
 class Watchdog:
     """One stream's guard: shut it when the request is cancelled or the upstream goes quiet."""
 
-    def __init__(self, response: httpx.Response, cancel: Cancel, timeouts: Timeouts, started: float, hub: "WatchHub"):
+    def __init__(self, response: httpx.Response, cancel: Cancel, timeouts: Timeouts, started: float, hub: WatchHub):
         self.response, self.cancel, self.timeouts = response, cancel, timeouts
         self.started = started
         self.last_event: float | None = None

@@ -52,8 +52,11 @@ def sampling_body(s: Sampling, kind: Kind, *, chat: bool) -> dict[str, Any]:
         if s.repeat_penalty != 1.0:
             body["repetition_penalty"] = s.repeat_penalty
     if s.json_schema is not None:
-        body["response_format"] = ({"type": "json_object"} if not s.json_schema else
-                                   {"type": "json_schema", "json_schema": {"name": "answer", "schema": s.json_schema}})
+        body["response_format"] = (
+            {"type": "json_object"}
+            if not s.json_schema
+            else {"type": "json_schema", "json_schema": {"name": "answer", "schema": s.json_schema}}
+        )
     if s.logprobs is not None:
         if chat:
             body["logprobs"] = True
@@ -108,8 +111,10 @@ class ToolCalls:
 
     def add(self, deltas: list[dict[str, Any]]) -> None:
         for d in deltas:
-            call = self.calls.setdefault(int(d.get("index", len(self.calls))),
-                                         {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            call = self.calls.setdefault(
+                int(d.get("index", len(self.calls))),
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}},
+            )
             if d.get("id"):
                 call["id"] = d["id"]
             fn = d.get("function") or {}

@@ -28,8 +28,8 @@ import json
 import re
 from typing import Any
 
-from localrun.server.errors import InvalidRequest
 from localrun.server.anthropic.schemas import CountTokensRequest, MessageParam, ToolResultBlock
+from localrun.server.errors import InvalidRequest
 from localrun.types import Message
 
 _BILLING = re.compile(r"^(x-anthropic-billing-header:.*?\bcch=)[0-9A-Za-z]+;", re.MULTILINE)
@@ -71,23 +71,34 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
             texts.append(block.text)
         elif kind in ("tool_use", "server_tool_use"):
             if m.role != "assistant":
-                raise InvalidRequest(f"messages[{i}].content[{j}] is a tool_use block in a {m.role} turn: only the "
-                                     "assistant calls tools", param=f"messages[{i}].content[{j}]")
+                raise InvalidRequest(
+                    f"messages[{i}].content[{j}] is a tool_use block in a {m.role} turn: only the "
+                    "assistant calls tools",
+                    param=f"messages[{i}].content[{j}]",
+                )
             names[block.id] = block.name
             arguments = json.dumps(block.input, ensure_ascii=False)
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
         elif kind == "tool_result":
             if m.role != "user":
-                raise InvalidRequest(f"messages[{i}].content[{j}] is a tool_result block in a {m.role} turn: results "
-                                     "come back in a user turn", param=f"messages[{i}].content[{j}]")
-            results.append(Message("tool", _tool_result_text(block), tool_call_id=block.tool_use_id,
-                                   name=names.get(block.tool_use_id)))
+                raise InvalidRequest(
+                    f"messages[{i}].content[{j}] is a tool_result block in a {m.role} turn: results "
+                    "come back in a user turn",
+                    param=f"messages[{i}].content[{j}]",
+                )
+            results.append(
+                Message(
+                    "tool", _tool_result_text(block), tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id)
+                )
+            )
         elif kind in ("thinking", "redacted_thinking"):
             continue  # earlier reasoning: accepted, not rendered (see the module doc)
         elif kind not in ("image", "document"):  # those are refused by capability before this runs
-            raise InvalidRequest(f"messages[{i}].content[{j}] has block type {kind!r}, which localrun does not serve",
-                                 hint="send text, tool_use, tool_result or thinking blocks",
-                                 param=f"messages[{i}].content[{j}].type")
+            raise InvalidRequest(
+                f"messages[{i}].content[{j}] has block type {kind!r}, which localrun does not serve",
+                hint="send text, tool_use, tool_result or thinking blocks",
+                param=f"messages[{i}].content[{j}].type",
+            )
     out = results
     if texts or calls or not results:
         out.append(Message(m.role, "\n\n".join(texts), tool_calls=tuple(calls)))
@@ -119,8 +130,11 @@ def core_messages(body: CountTokensRequest) -> tuple[Message, ...]:
     if not out:
         raise InvalidRequest("'messages' holds only system turns: send at least one user turn", param="messages")
     if out[-1].role == "assistant":
-        raise InvalidRequest("the last turn is the assistant's: continuing a prefilled answer is not supported",
-                             hint="end 'messages' with a user turn", param=f"messages[{len(body.messages) - 1}]")
+        raise InvalidRequest(
+            "the last turn is the assistant's: continuing a prefilled answer is not supported",
+            hint="end 'messages' with a user turn",
+            param=f"messages[{len(body.messages) - 1}]",
+        )
     head = [Message("system", "\n\n".join(t for t in system if t))] if any(system) else []
     return tuple(head + out)
 
@@ -130,9 +144,11 @@ def core_tools(body: CountTokensRequest) -> tuple[dict[str, Any], ...]:
     tools = []
     for i, t in enumerate(body.tools or ()):
         if t.type not in (None, "custom"):
-            raise InvalidRequest(f"tools[{i}] is Anthropic's server or built-in tool {t.type!r}, which a local model "
-                                 "cannot run", hint="define it as a client tool with an input_schema",
-                                 param=f"tools[{i}].type")
+            raise InvalidRequest(
+                f"tools[{i}] is Anthropic's server or built-in tool {t.type!r}, which a local model cannot run",
+                hint="define it as a client tool with an input_schema",
+                param=f"tools[{i}].type",
+            )
         fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema or {"type": "object", "properties": {}}}
         if t.description:
             fn["description"] = t.description
@@ -153,6 +169,8 @@ def core_tool_choice(body: CountTokensRequest, tools: tuple[dict[str, Any], ...]
         if choice.name is None:
             raise InvalidRequest("tool_choice of type 'tool' needs a 'name'", param="tool_choice.name")
         if choice.name not in {t["function"]["name"] for t in tools}:
-            raise InvalidRequest(f"tool_choice names {choice.name!r}, which is not among 'tools'", param="tool_choice.name")
+            raise InvalidRequest(
+                f"tool_choice names {choice.name!r}, which is not among 'tools'", param="tool_choice.name"
+            )
         return {"type": "function", "function": {"name": choice.name}}
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]

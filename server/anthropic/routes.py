@@ -41,11 +41,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun.chat.stops import StopMatcher
 from localrun.errors import LocalrunError
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
+from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.server.errors import stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, make_sampling, open_generation
 from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
-from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
 
 log = logging.getLogger(__name__)
@@ -76,15 +76,23 @@ def chat_request(body: CountTokensRequest, sampling: Sampling) -> ChatRequest:
     if body.mcp_servers:
         from localrun.server.errors import InvalidRequest
 
-        raise InvalidRequest("'mcp_servers' asks the server to reach remote MCP servers, which localrun does not do",
-                             hint="run the MCP tools in the client", param="mcp_servers")
-    return ChatRequest(messages=core_messages(body), sampling=sampling, tools=tools,
-                       tool_choice=core_tool_choice(body, tools))
+        raise InvalidRequest(
+            "'mcp_servers' asks the server to reach remote MCP servers, which localrun does not do",
+            hint="run the MCP tools in the client",
+            param="mcp_servers",
+        )
+    return ChatRequest(
+        messages=core_messages(body), sampling=sampling, tools=tools, tool_choice=core_tool_choice(body, tools)
+    )
 
 
 def anthropic_usage(u: Usage, *, output: int | None = None) -> dict:
-    return {"input_tokens": max(0, u.prompt_tokens - u.cached_tokens), "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": u.cached_tokens, "output_tokens": u.completion_tokens if output is None else output}
+    return {
+        "input_tokens": max(0, u.prompt_tokens - u.cached_tokens),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": u.cached_tokens,
+        "output_tokens": u.completion_tokens if output is None else output,
+    }
 
 
 def _calls(gen: Generation, body: MessagesRequest) -> list[dict]:
@@ -99,7 +107,12 @@ def _tool_use_block(call: dict) -> dict:
 
     fn = call["function"]
     args = arguments_object(fn.get("arguments") or "{}")
-    return {"type": "tool_use", "id": _tool_id(call["id"]), "name": fn["name"], "input": args if isinstance(args, dict) else {}}
+    return {
+        "type": "tool_use",
+        "id": _tool_id(call["id"]),
+        "name": fn["name"],
+        "input": args if isinstance(args, dict) else {},
+    }
 
 
 def _tool_id(call_id: str) -> str:
@@ -119,8 +132,14 @@ async def create_message(request: Request):
     body: MessagesRequest = await parse_body(request, MessagesRequest)
     note_ignored(body)
     cap = app_state(request).settings.runtime.max_tokens_cap
-    sampling = make_sampling(cap=cap, max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                             top_k=body.top_k, json_schema=_json_schema(body))
+    sampling = make_sampling(
+        cap=cap,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        json_schema=_json_schema(body),
+    )
     req = chat_request(body, sampling)
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
     try:
@@ -193,8 +212,9 @@ class Answer:
         text, hit = self.stops.push(chunk.text)
         self.sent += len(text)
         if hit:  # the text sent ends right before the stop that matched first
-            self.matched = next((s for s in self.body.stop_sequences if self.seen.startswith(s, self.sent)),
-                                self.body.stop_sequences[0])
+            self.matched = next(
+                (s for s in self.body.stop_sequences if self.seen.startswith(s, self.sent)), self.body.stop_sequences[0]
+            )
         elif chunk.finish_reason:
             text += self.stops.flush()
         return text
@@ -205,8 +225,16 @@ class Answer:
         return anthropic_usage(self.gen.usage)
 
     def _message(self, content: list, stop_reason, usage: dict) -> dict:
-        return {"id": self.ident, "type": "message", "role": "assistant", "model": self.gen.record.name,
-                "content": content, "stop_reason": stop_reason, "stop_sequence": self.matched, "usage": usage}
+        return {
+            "id": self.ident,
+            "type": "message",
+            "role": "assistant",
+            "model": self.gen.record.name,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": self.matched,
+            "usage": usage,
+        }
 
     async def whole(self) -> Response:
         thought: list[str] = []
@@ -231,8 +259,10 @@ class Answer:
         calls = _calls(self.gen, self.body) if self.matched is None else []
         text = "".join(parts)
         thinking = "".join(thought)
-        content = ([{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking else [])
-        content += ([{"type": "text", "text": text}] if text or not (calls or thinking) else []) + [_tool_use_block(c) for c in calls]
+        content = [{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking else []
+        content += ([{"type": "text", "text": text}] if text or not (calls or thinking) else []) + [
+            _tool_use_block(c) for c in calls
+        ]
         reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
         return JSONResponse(self._message(content, reason, self.usage()))
 
@@ -258,7 +288,9 @@ class Answer:
         blocks = BlockWriter()
         chunks = None
         try:
-            yield sse("message_start", {"type": "message_start", "message": self._message([], None, anthropic_usage(Usage()))})
+            yield sse(
+                "message_start", {"type": "message_start", "message": self._message([], None, anthropic_usage(Usage()))}
+            )
             if waiting is not None:
                 yield PING
                 while not (await asyncio.wait({waiting}, timeout=PING_EVERY_S))[0]:
@@ -283,8 +315,14 @@ class Answer:
         for line in blocks.finish(calls):
             yield line
         reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
-        yield sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": self.matched},
-                                    "usage": self.usage()})
+        yield sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": reason, "stop_sequence": self.matched},
+                "usage": self.usage(),
+            },
+        )
         yield sse("message_stop", {"type": "message_stop"})
 
 
@@ -329,8 +367,10 @@ class BlockWriter:
             out += self._stop()
             out.append(self._start("text", {"type": "text", "text": ""}))
             # The per-token event from a prebuilt prefix: one json.dumps of the text, as the OpenAI route does.
-            self._text_head = ('event: content_block_delta\ndata: {"type": "content_block_delta", "index": %d, '
-                               '"delta": {"type": "text_delta", "text": ' % self.index).encode()
+            self._text_head = (
+                'event: content_block_delta\ndata: {"type": "content_block_delta", "index": %d, '
+                '"delta": {"type": "text_delta", "text": ' % self.index
+            ).encode()
         out.append(self._text_head + json.dumps(text, ensure_ascii=False).encode() + b"}}\n\n")
         return out
 
@@ -353,6 +393,10 @@ class BlockWriter:
         for call in calls:
             block = _tool_use_block(call)
             out.append(self._start("tool_use", {**block, "input": {}}))
-            out.append(self._delta({"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
+            out.append(
+                self._delta(
+                    {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+                )
+            )
             out += self._stop()
         return out

@@ -85,8 +85,9 @@ class OtherBlock(Open):
         return value
 
 
-KNOWN_BLOCKS = frozenset({"text", "image", "document", "tool_use", "server_tool_use", "tool_result", "thinking",
-                          "redacted_thinking"})
+KNOWN_BLOCKS = frozenset(
+    {"text", "image", "document", "tool_use", "server_tool_use", "tool_result", "thinking", "redacted_thinking"}
+)
 
 Block = Annotated[
     TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
@@ -161,8 +162,11 @@ class CountTokensRequest(Open):
                 if block.type in ("image", "document"):
                     found.append((f"messages[{i}].content[{j}]", "vision"))
                 if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
-                    found.extend((f"messages[{i}].content[{j}].content[{k}]", "vision")
-                                 for k, part in enumerate(block.content) if part.type != "text")
+                    found.extend(
+                        (f"messages[{i}].content[{j}].content[{k}]", "vision")
+                        for k, part in enumerate(block.content)
+                        if part.type != "text"
+                    )
         return found
 
 

@@ -34,10 +34,22 @@ from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, logprobs_asked, make_sampling, open_generation, request_stats, session_call,
+    Generation,
+    app_state,
+    logprobs_asked,
+    make_sampling,
+    open_generation,
+    request_stats,
+    session_call,
 )
 from localrun.server.llama_server.schemas import (
-    ApplyTemplateBody, DetokenizeBody, InfillBody, NativeCompletion, NativeEmbeddingBody, NativeSampling, RerankBody,
+    ApplyTemplateBody,
+    DetokenizeBody,
+    InfillBody,
+    NativeCompletion,
+    NativeEmbeddingBody,
+    NativeSampling,
+    RerankBody,
     TokenizeBody,
 )
 from localrun.server.security import is_loopback_host
@@ -68,36 +80,58 @@ async def pick_model(request: Request, name: str | None) -> str:
     if not loaded and DEFAULT_MODEL_NAME in names:
         return DEFAULT_MODEL_NAME
     choices = loaded or names
-    raise InvalidRequest("this server has several models: name one with 'model'", param="model",
-                         hint="one of: " + ", ".join(choices[:20]) if choices else "pull or import a model first")
+    raise InvalidRequest(
+        "this server has several models: name one with 'model'",
+        param="model",
+        hint="one of: " + ", ".join(choices[:20]) if choices else "pull or import a model first",
+    )
 
 
 @router.post("/tokenize")
 async def tokenize(request: Request):
     body: TokenizeBody = await parse_body(request, TokenizeBody)
     model = await pick_model(request, body.model)
-    return await session_call(request, model, "tokenize", {"content": body.content, "add_special": body.add_special,
-                                                           "with_pieces": body.with_pieces}, found=[("content", "token_prompts")])
+    return await session_call(
+        request,
+        model,
+        "tokenize",
+        {"content": body.content, "add_special": body.add_special, "with_pieces": body.with_pieces},
+        found=[("content", "token_prompts")],
+    )
 
 
 @router.post("/detokenize")
 async def detokenize(request: Request):
     body: DetokenizeBody = await parse_body(request, DetokenizeBody)
     model = await pick_model(request, body.model)
-    return await session_call(request, model, "detokenize", {"tokens": body.tokens}, found=[("tokens", "token_prompts")])
+    return await session_call(
+        request, model, "detokenize", {"tokens": body.tokens}, found=[("tokens", "token_prompts")]
+    )
 
 
 @router.post("/apply-template")
 async def apply_template(request: Request):
     body: ApplyTemplateBody = await parse_body(request, ApplyTemplateBody)
     model = await pick_model(request, body.model)
-    messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) else
-                 "".join(p.text or "" for p in m.content or ())} for m in body.messages]
+    messages = [
+        {
+            "role": m.role,
+            "content": m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content or ()),
+        }
+        for m in body.messages
+    ]
     found = [("chat_template_kwargs", "chat_template_kwargs")] if body.chat_template_kwargs else []
-    return await session_call(request, model, "apply_template",
-                              {"messages": messages, "template_kwargs": body.chat_template_kwargs or {},
-                               "add_generation_prompt": body.add_generation_prompt},
-                              found=found)
+    return await session_call(
+        request,
+        model,
+        "apply_template",
+        {
+            "messages": messages,
+            "template_kwargs": body.chat_template_kwargs or {},
+            "add_generation_prompt": body.add_generation_prompt,
+        },
+        found=found,
+    )
 
 
 @router.get("/props")
@@ -107,11 +141,22 @@ async def props(request: Request):
     facts = await session_call(request, model, "props")
     lm = next((m for m in state.manager.loaded() if m["name"] == model), {})
     out = {
-        "default_generation_settings": {"n_ctx": facts["n_ctx"], "params": {"n_predict": -1, "max_tokens_cap": state.settings.runtime.max_tokens_cap}},
-        "total_slots": facts["total_slots"], "model_alias": model, "chat_template": facts["chat_template"],
-        "chat_template_source": facts["chat_template_source"], "bos_token": facts["bos_token"], "eos_token": facts["eos_token"],
-        "modalities": {"vision": False, "audio": False}, "fim": facts["fim"], "pooling": facts["pooling"],
-        "capabilities": facts["capabilities"], "runtime": lm.get("runtime", "llama.cpp"), "build_info": f"localrun {__version__}",
+        "default_generation_settings": {
+            "n_ctx": facts["n_ctx"],
+            "params": {"n_predict": -1, "max_tokens_cap": state.settings.runtime.max_tokens_cap},
+        },
+        "total_slots": facts["total_slots"],
+        "model_alias": model,
+        "chat_template": facts["chat_template"],
+        "chat_template_source": facts["chat_template_source"],
+        "bos_token": facts["bos_token"],
+        "eos_token": facts["eos_token"],
+        "modalities": {"vision": False, "audio": False},
+        "fim": facts["fim"],
+        "pooling": facts["pooling"],
+        "capabilities": facts["capabilities"],
+        "runtime": lm.get("runtime", "llama.cpp"),
+        "build_info": f"localrun {__version__}",
     }
     if is_loopback_host(state.settings.server.host):
         record = await asyncio.to_thread(state.manager.resolve, model)
@@ -125,10 +170,22 @@ def _native_sampling(request: Request, body: NativeSampling):
     if body.json_schema is not None and body.grammar:
         raise InvalidRequest("'grammar' and 'json_schema' both constrain the answer: send one", param="grammar")
     return make_sampling(
-        cap=cap, max_tokens=limit, seed=body.seed, stop=body.stop, temperature=body.temperature, top_k=body.top_k,
-        top_p=body.top_p, min_p=body.min_p, typical_p=body.typical_p, repeat_penalty=body.repeat_penalty,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, grammar=body.grammar,
-        json_schema=body.json_schema, ignore_eos=body.ignore_eos, logit_bias=body.bias_pairs(),
+        cap=cap,
+        max_tokens=limit,
+        seed=body.seed,
+        stop=body.stop,
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        min_p=body.min_p,
+        typical_p=body.typical_p,
+        repeat_penalty=body.repeat_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        grammar=body.grammar,
+        json_schema=body.json_schema,
+        ignore_eos=body.ignore_eos,
+        logit_bias=body.bias_pairs(),
         logprobs=logprobs_asked(True, body.n_probs) if body.n_probs else None,
     )
 
@@ -138,8 +195,11 @@ async def completion(request: Request):
     body: NativeCompletion = await parse_body(request, NativeCompletion)
     model = await pick_model(request, body.model)
     ids = None if isinstance(body.prompt, str) else list(body.prompt)
-    req = CompletionRequest(prompt=body.prompt if ids is None else "", sampling=_native_sampling(request, body),
-                            prompt_tokens=tuple(ids or ()))
+    req = CompletionRequest(
+        prompt=body.prompt if ids is None else "",
+        sampling=_native_sampling(request, body),
+        prompt_tokens=tuple(ids or ()),
+    )
     found = body.unsupported() + ([("prompt", "token_prompts")] if ids is not None else [])
     gen = await open_generation(request, model, req, keep_alive_s=None, found=found)
     return await _native_answer(gen, body)
@@ -152,10 +212,15 @@ async def infill(request: Request):
     body: InfillBody = await parse_body(request, InfillBody)
     model = await pick_model(request, body.model)
     extra = "".join((f"{c.filename}\n" if c.filename else "") + c.text + "\n" for c in body.input_extra)
-    req = CompletionRequest(prompt=extra + body.input_prefix, suffix=body.input_suffix, middle=body.prompt,
-                            sampling=_native_sampling(request, body))
-    gen = await open_generation(request, model, req, keep_alive_s=None,
-                                found=[("input_suffix", "fill-in-the-middle"), *body.unsupported()])
+    req = CompletionRequest(
+        prompt=extra + body.input_prefix,
+        suffix=body.input_suffix,
+        middle=body.prompt,
+        sampling=_native_sampling(request, body),
+    )
+    gen = await open_generation(
+        request, model, req, keep_alive_s=None, found=[("input_suffix", "fill-in-the-middle"), *body.unsupported()]
+    )
     return await _native_answer(gen, body, lead=body.prompt)
 
 
@@ -166,18 +231,29 @@ def _timings(gen: Generation, started: float) -> dict:
     prompt_ms, predicted_ms = max(0.0, first - started) * 1e3, max(0.0, last - first) * 1e3
     prompt_n, predicted_n = usage.prompt_tokens - usage.cached_tokens, usage.completion_tokens
     return {
-        "cache_n": usage.cached_tokens, "prompt_n": prompt_n, "prompt_ms": round(prompt_ms, 3),
+        "cache_n": usage.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": round(prompt_ms, 3),
         "prompt_per_second": round(prompt_n / (prompt_ms / 1e3), 3) if prompt_ms > 0 else None,
-        "predicted_n": predicted_n, "predicted_ms": round(predicted_ms, 3),
-        "predicted_per_second": round((predicted_n - 1) / (predicted_ms / 1e3), 3) if predicted_ms > 0 and predicted_n > 1 else None,
+        "predicted_n": predicted_n,
+        "predicted_ms": round(predicted_ms, 3),
+        "predicted_per_second": round((predicted_n - 1) / (predicted_ms / 1e3), 3)
+        if predicted_ms > 0 and predicted_n > 1
+        else None,
     }
 
 
 def _final(gen: Generation, body: NativeSampling, started: float, content: str, probs: list) -> dict:
     out = {
-        "content": content, "model": gen.record.name, "stop": True, "tokens_predicted": gen.usage.completion_tokens,
-        "tokens_evaluated": gen.usage.prompt_tokens, "tokens_cached": gen.usage.cached_tokens, "truncated": False,
-        "stop_type": "limit" if gen.finish_reason == "length" else "eos", "stopping_word": "",
+        "content": content,
+        "model": gen.record.name,
+        "stop": True,
+        "tokens_predicted": gen.usage.completion_tokens,
+        "tokens_evaluated": gen.usage.prompt_tokens,
+        "tokens_cached": gen.usage.cached_tokens,
+        "truncated": False,
+        "stop_type": "limit" if gen.finish_reason == "length" else "eos",
+        "stopping_word": "",
         "timings": _timings(gen, started),
     }
     if body.n_probs:
@@ -191,10 +267,14 @@ async def _native_answer(gen: Generation, body: NativeSampling, *, lead: str = "
         text = await gen.collect()
         return JSONResponse(_final(gen, body, started, lead + text, list(gen.logprobs)))
     first = await gen.first()
-    return StreamingResponse(_native_events(gen, first, body, started, lead), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(
+        _native_events(gen, first, body, started, lead), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
-async def _native_events(gen: Generation, first, body: NativeSampling, started: float, lead: str) -> AsyncIterator[bytes]:
+async def _native_events(
+    gen: Generation, first, body: NativeSampling, started: float, lead: str
+) -> AsyncIterator[bytes]:
     def event(obj: dict) -> bytes:
         return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
@@ -227,8 +307,13 @@ async def rerank(request: Request):
     body: RerankBody = await parse_body(request, RerankBody)
     docs = body.docs()
     model = await pick_model(request, body.model)
-    out = await session_call(request, model, "rerank", {"query": body.query, "documents": docs},
-                             found=[("query", "rerank")]) if docs else {"scores": [], "prompt_tokens": 0}
+    out = (
+        await session_call(
+            request, model, "rerank", {"query": body.query, "documents": docs}, found=[("query", "rerank")]
+        )
+        if docs
+        else {"scores": [], "prompt_tokens": 0}
+    )
     order = sorted(range(len(docs)), key=lambda i: -out["scores"][i])[: body.top_n or len(docs)]
     results = []
     for i in order:
@@ -238,8 +323,12 @@ async def rerank(request: Request):
         results.append(item)
     n = int(out["prompt_tokens"])
     request_stats(request).prompt_tokens = n
-    return {"object": "list", "model": request_stats(request).model or model, "results": results,
-            "usage": {"prompt_tokens": n, "total_tokens": n}}
+    return {
+        "object": "list",
+        "model": request_stats(request).model or model,
+        "results": results,
+        "usage": {"prompt_tokens": n, "total_tokens": n},
+    }
 
 
 @router.post("/embeddings")
@@ -257,7 +346,9 @@ async def native_embeddings(request: Request):
     body: NativeEmbeddingBody = await parse_body(request, NativeEmbeddingBody)
     model = await pick_model(request, body.model)
     inputs = body.inputs()
-    found = [("content", "embeddings")] + ([("content", "token_prompts")] if any(not isinstance(i, str) for i in inputs) else [])
+    found = [("content", "embeddings")] + (
+        [("content", "token_prompts")] if any(not isinstance(i, str) for i in inputs) else []
+    )
     out = await session_call(request, model, "embed_tokens", {"inputs": inputs}, found=found)
     request_stats(request).prompt_tokens = int(out["prompt_tokens"])
     return [{"index": i, "embedding": rows} for i, rows in enumerate(out["embeddings"])]

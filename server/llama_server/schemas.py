@@ -16,8 +16,10 @@ from localrun.server.openai.schemas import ChatMessage, ModelName, Seed, Stop, S
 
 Text = Annotated[str, StringConstraints(max_length=1_000_000)]
 #: llama-server's logit_bias: ``[[token, bias], …]`` (``false`` bans the token) or ``{"token": bias}``.
-LogitBias = (Annotated[list[Annotated[list[int | float | bool], Field(min_length=2, max_length=2)]], Field(max_length=1024)]
-             | Annotated[dict[Annotated[str, StringConstraints(max_length=16)], float | bool], Field(max_length=1024)])
+LogitBias = (
+    Annotated[list[Annotated[list[int | float | bool], Field(min_length=2, max_length=2)]], Field(max_length=1024)]
+    | Annotated[dict[Annotated[str, StringConstraints(max_length=16)], float | bool], Field(max_length=1024)]
+)
 
 
 class NativeSampling(Strict):
@@ -58,8 +60,11 @@ class NativeSampling(Strict):
         pairs = []
         for key, value in items:
             if isinstance(key, bool) or not str(key).strip().lstrip("-").isdigit():
-                raise InvalidRequest(f"logit_bias key {str(key)[:40]!r} is not a token id", param="logit_bias",
-                                     hint="key the biases by token id (see /tokenize)")
+                raise InvalidRequest(
+                    f"logit_bias key {str(key)[:40]!r} is not a token id",
+                    param="logit_bias",
+                    hint="key the biases by token id (see /tokenize)",
+                )
             bias = -100.0 if value is False else 0.0 if value is True else float(value)
             if not -100 <= bias <= 100:
                 raise InvalidRequest(f"logit_bias {bias} is outside -100..100", param="logit_bias")
@@ -98,7 +103,9 @@ class DetokenizeBody(Strict):
 class ApplyTemplateBody(Strict):
     model: ModelName | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=10_000)]
-    chat_template_kwargs: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=64)] | None = None
+    chat_template_kwargs: (
+        Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=64)] | None
+    ) = None
     add_generation_prompt: bool = True
 
 

@@ -37,7 +37,9 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
         return None
     m = _RANGE.match(header.strip().replace(" ", ""))
     if not m or (not m[1] and not m[2]):
-        raise RangeNotSatisfiable(f"unsupported Range {header[:80]!r} (one range of the form bytes=N-, bytes=N-M or bytes=-K)")
+        raise RangeNotSatisfiable(
+            f"unsupported Range {header[:80]!r} (one range of the form bytes=N-, bytes=N-M or bytes=-K)"
+        )
     if not m[1]:  # the last K bytes
         k = int(m[2])
         if k == 0 or size == 0:
@@ -62,8 +64,18 @@ class FileSlice:
     before the first byte.
     """
 
-    def __init__(self, disk: str, start: int, end: int, *, status: int, headers: dict[str, str], good_key: tuple,
-                 on_changed, refuse) -> None:
+    def __init__(
+        self,
+        disk: str,
+        start: int,
+        end: int,
+        *,
+        status: int,
+        headers: dict[str, str],
+        good_key: tuple,
+        on_changed,
+        refuse,
+    ) -> None:
         self.disk, self.start, self.end, self.status = disk, start, end, status
         self.headers, self.good_key, self.on_changed, self.refuse = headers, good_key, on_changed, refuse
 
@@ -102,8 +114,11 @@ class FileSlice:
             while pos < self.end and not gone.is_set():
                 data = await anyio.to_thread.run_sync(os.pread, fd, min(BLOCK, self.end - pos), pos)
                 if not data or stat_key(os.fstat(fd)) != self.good_key:
-                    logger.warning("mirror: %s changed on disk while it was being sent (at byte %d); cutting the response short",
-                                   self.disk, pos)
+                    logger.warning(
+                        "mirror: %s changed on disk while it was being sent (at byte %d); cutting the response short",
+                        self.disk,
+                        pos,
+                    )
                     self.on_changed()
                     break
                 pos += len(data)
@@ -141,7 +156,9 @@ class GrowingFile:
                     return
                 if fd is None:
                     try:
-                        fd = os.open(self.partial if not finished else self.partial.removesuffix(".incomplete"), os.O_RDONLY)
+                        fd = os.open(
+                            self.partial if not finished else self.partial.removesuffix(".incomplete"), os.O_RDONLY
+                        )
                     except FileNotFoundError:
                         await asyncio.sleep(0.05)
                         continue
@@ -156,7 +173,9 @@ class GrowingFile:
                 digest.update(data)
                 last = pos + len(data) >= self.size
                 if last and digest.mismatch() is not None:
-                    logger.warning("mirror: bytes sent for %s do not match the listing; cutting the response short", self.partial)
+                    logger.warning(
+                        "mirror: bytes sent for %s do not match the listing; cutting the response short", self.partial
+                    )
                     return
                 pos += len(data)
                 await send({"type": "http.response.body", "body": data, "more_body": not last})

@@ -73,7 +73,13 @@ class Upstream:
         except ModelNotFound:
             return None, False
         except DownloadFailed as exc:
-            logger.warning("mirror: upstream %s unreachable for %s@%s (%s); serving what the cache holds", self.url, repo_id, revision, exc.message)
+            logger.warning(
+                "mirror: upstream %s unreachable for %s@%s (%s); serving what the cache holds",
+                self.url,
+                repo_id,
+                revision,
+                exc.message,
+            )
             return self._cached_listing(repo_id, revision), True
         except LocalrunError as exc:
             logger.warning("mirror: upstream %s refused %s@%s: %s", self.url, repo_id, revision, exc.message)
@@ -131,8 +137,14 @@ class Upstream:
         repo, commit, rf = self._remote[disk]
         layout = CacheLayout(self.cache_dir, repo)
         with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0)) as http:
-            result = fetch_file(layout, commit, rf, self.client.file_url(repo, commit, rf.path), client=http,
-                                headers=self.client.auth_headers())
+            result = fetch_file(
+                layout,
+                commit,
+                rf,
+                self.client.file_url(repo, commit, rf.path),
+                client=http,
+                headers=self.client.auth_headers(),
+            )
         self.fetches += 0 if result.reused else 1
         logger.info("mirror: fetched %s/%s from %s (%d bytes)", repo, rf.path, self.url, result.fetched)
         return result.sha256

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import quote, unquote
 
 import anyio
@@ -30,11 +30,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
-from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
 from localrun.modelstore.gitids import lfs_pointer
+from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
+from localrun.modelstore.hub_catalog import (
+    MirrorCommit,
+    MirrorFile,
+    MirrorRepo,
+    StoreCatalog,
+    Verifier,
+    etag_of,
+    tree_oid,
+    valid_repo_part,
+)
 from localrun.modelstore.names import safe_relpath
-from localrun.modelstore.hub_catalog import (MirrorCommit, MirrorFile, MirrorRepo, StoreCatalog, Verifier, etag_of,
-                                            tree_oid, valid_repo_part)
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 
 logger = logging.getLogger(__name__)
@@ -57,7 +65,7 @@ def hub_error(status: int, message: str, *, code: str | None = None, commit: str
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts or 0, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return datetime.fromtimestamp(ts or 0, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
 class Mirror:
@@ -106,12 +114,17 @@ def _segments(request: Request) -> list[str]:
     try:
         return [unquote(s.decode("ascii"), errors="strict") for s in raw.split(b"/")[1:]]
     except UnicodeError:
-        raise InvalidName("the request path is not valid percent-encoded UTF-8", hint="quote file names as UTF-8") from None
+        raise InvalidName(
+            "the request path is not valid percent-encoded UTF-8", hint="quote file names as UTF-8"
+        ) from None
 
 
 def _repo_id(ns: str, name: str) -> str:
     if not (valid_repo_part(ns) and valid_repo_part(name)):
-        raise InvalidName(f"invalid repo id {(ns + '/' + name)[:120]!r}", hint="a repo id is namespace/name: letters, digits, '-', '_' and '.'")
+        raise InvalidName(
+            f"invalid repo id {(ns + '/' + name)[:120]!r}",
+            hint="a repo id is namespace/name: letters, digits, '-', '_' and '.'",
+        )
     return f"{ns}/{name}"
 
 
@@ -140,10 +153,23 @@ async def _info(mirror: Mirror, repo: MirrorRepo, commit: MirrorCommit, blobs: b
                 item["lfs"] = {"size": f.size, "sha256": sha, "pointerSize": len(lfs_pointer(sha, f.size))}
         siblings.append(item)
     ns = repo.repo.split("/")[0]
-    return {"_id": commit.commit[:24], "id": repo.repo, "modelId": repo.repo, "author": ns, "sha": commit.commit,
-            "lastModified": _iso(commit.updated), "createdAt": _iso(commit.updated), "private": False, "gated": False,
-            "disabled": False, "downloads": 0, "likes": 0, "tags": sorted(repo.tags), "library_name": next(iter(sorted(repo.tags)), None),
-            "siblings": siblings}
+    return {
+        "_id": commit.commit[:24],
+        "id": repo.repo,
+        "modelId": repo.repo,
+        "author": ns,
+        "sha": commit.commit,
+        "lastModified": _iso(commit.updated),
+        "createdAt": _iso(commit.updated),
+        "private": False,
+        "gated": False,
+        "disabled": False,
+        "downloads": 0,
+        "likes": 0,
+        "tags": sorted(repo.tags),
+        "library_name": next(iter(sorted(repo.tags)), None),
+        "siblings": siblings,
+    }
 
 
 async def _tree(mirror: Mirror, commit: MirrorCommit, prefix: str, recursive: bool) -> list[dict] | None:
@@ -155,7 +181,7 @@ async def _tree(mirror: Mirror, commit: MirrorCommit, prefix: str, recursive: bo
     for f in sorted(commit.files.values(), key=lambda f: f.path):
         if not f.path.startswith(base):
             continue
-        rest = f.path[len(base):]
+        rest = f.path[len(base) :]
         parts = rest.split("/")
         for k in range(1, len(parts) if recursive else min(len(parts), 2)):
             folders.add(base + "/".join(parts[:k]))
@@ -163,8 +189,10 @@ async def _tree(mirror: Mirror, commit: MirrorCommit, prefix: str, recursive: bo
             files.append(f)
     if prefix and not files and not folders:
         return None
-    out = [{"type": "directory", "oid": hashlib.sha1(f"{commit.commit}\0{d}".encode()).hexdigest(), "size": 0, "path": d}
-           for d in sorted(folders)]
+    out = [
+        {"type": "directory", "oid": hashlib.sha1(f"{commit.commit}\0{d}".encode()).hexdigest(), "size": 0, "path": d}
+        for d in sorted(folders)
+    ]
     for f in files:
         sha = await mirror.sha256(f) if f.lfs else None
         entry = {"type": "file", "oid": tree_oid(f, sha), "size": f.size, "path": f.path}
@@ -175,12 +203,18 @@ async def _tree(mirror: Mirror, commit: MirrorCommit, prefix: str, recursive: bo
 
 
 def _refs(repo: MirrorRepo, include_prs: bool) -> dict:
-    branches = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": c} for b, c in sorted(repo.branches.items())
-                if not b.startswith("refs/")]
+    branches = [
+        {"name": b, "ref": f"refs/heads/{b}", "targetCommit": c}
+        for b, c in sorted(repo.branches.items())
+        if not b.startswith("refs/")
+    ]
     out = {"branches": branches, "tags": [], "converts": []}
     if include_prs:
-        out["pullRequests"] = [{"name": b.rsplit("/", 1)[-1], "ref": b, "targetCommit": c}
-                               for b, c in sorted(repo.branches.items()) if b.startswith("refs/pr/")]
+        out["pullRequests"] = [
+            {"name": b.rsplit("/", 1)[-1], "ref": b, "targetCommit": c}
+            for b, c in sorted(repo.branches.items())
+            if b.startswith("refs/pr/")
+        ]
     return out
 
 
@@ -202,9 +236,22 @@ def _list_models(mirror: Mirror, request: Request) -> list[dict]:
         if wanted and not wanted <= repo.tags:
             continue
         main = repo.resolve("main") or next(iter(repo.commits.values()))
-        hits.append({"_id": main.commit[:24], "id": repo.repo, "modelId": repo.repo, "sha": main.commit, "downloads": 0, "likes": 0,
-                     "lastModified": _iso(repo.updated), "createdAt": _iso(repo.updated), "tags": sorted(repo.tags),
-                     "gated": False, "private": False, "library_name": next(iter(sorted(repo.tags)), None)})
+        hits.append(
+            {
+                "_id": main.commit[:24],
+                "id": repo.repo,
+                "modelId": repo.repo,
+                "sha": main.commit,
+                "downloads": 0,
+                "likes": 0,
+                "lastModified": _iso(repo.updated),
+                "createdAt": _iso(repo.updated),
+                "tags": sorted(repo.tags),
+                "gated": False,
+                "private": False,
+                "library_name": next(iter(sorted(repo.tags)), None),
+            }
+        )
     return hits[:limit]
 
 
@@ -216,14 +263,28 @@ async def _with_upstream_hits(mirror: Mirror, request: Request, hits: list[dict]
     fmt = next((f for f, tag in FORMAT_TAGS.items() if tag in tags), None)
     try:
         limit = max(1, min(int(q.get("limit") or 20), 100))
-        found = await anyio.to_thread.run_sync(lambda: mirror.upstream.client.search(q.get("search") or "", format=fmt, limit=limit))
+        found = await anyio.to_thread.run_sync(
+            lambda: mirror.upstream.client.search(q.get("search") or "", format=fmt, limit=limit)
+        )
     except (LocalrunError, ValueError) as exc:
         logger.warning("mirror: upstream search failed: %s", getattr(exc, "message", exc))
         return hits
     seen = {h["id"] for h in hits}
-    extra = [{"id": r.name, "modelId": r.name, "downloads": r.downloads, "likes": r.likes, "tags": list(r.tags), "gated": r.gated,
-              "private": False, "lastModified": _iso(r.updated.timestamp() if r.updated else 0)} for r in found if r.name not in seen]
-    return (hits + extra)[:limit if q.get("limit") else None]
+    extra = [
+        {
+            "id": r.name,
+            "modelId": r.name,
+            "downloads": r.downloads,
+            "likes": r.likes,
+            "tags": list(r.tags),
+            "gated": r.gated,
+            "private": False,
+            "lastModified": _iso(r.updated.timestamp() if r.updated else 0),
+        }
+        for r in found
+        if r.name not in seen
+    ]
+    return (hits + extra)[: limit if q.get("limit") else None]
 
 
 def _flag(request: Request, name: str) -> bool:
@@ -260,7 +321,9 @@ async def api_models(request: Request) -> Response:
             prefix = _relpath(rest[2:])
             entries = await _tree(mirror, found[1], prefix, _flag(request, "recursive"))
             if entries is None:
-                return hub_error(404, f"{prefix!r} is not a folder of {repo_id}", code="EntryNotFound", commit=found[1].commit)
+                return hub_error(
+                    404, f"{prefix!r} is not a folder of {repo_id}", code="EntryNotFound", commit=found[1].commit
+                )
             return JSONResponse(entries, headers=_warning(found[0]))
         return hub_error(404, "no such route on this mirror")
     except LocalrunError as exc:
@@ -279,8 +342,15 @@ def _warning(repo: MirrorRepo) -> dict[str, str]:
 
 
 def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
-    return {"X-Repo-Commit": commit, "ETag": f'"{etag}"', "X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(f.size),
-            "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream", "Cache-Control": "no-transform"}
+    return {
+        "X-Repo-Commit": commit,
+        "ETag": f'"{etag}"',
+        "X-Linked-Etag": f'"{etag}"',
+        "X-Linked-Size": str(f.size),
+        "Accept-Ranges": "bytes",
+        "Content-Type": "application/octet-stream",
+        "Cache-Control": "no-transform",
+    }
 
 
 async def resolve(request: Request) -> Response:
@@ -301,8 +371,14 @@ async def resolve(request: Request) -> Response:
             if up is not None and up[1].commit == commit.commit:
                 f = up[1].files.get(path)
         if f is None:
-            return hub_error(404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit)
-        if mirror.upstream is not None and mirror.upstream.pending(f) and (request.method == "HEAD" or "range" not in request.headers):
+            return hub_error(
+                404, f"{path!r} is not in {repo_id} at {commit.commit[:12]}", code="EntryNotFound", commit=commit.commit
+            )
+        if (
+            mirror.upstream is not None
+            and mirror.upstream.pending(f)
+            and (request.method == "HEAD" or "range" not in request.headers)
+        ):
             return _not_fetched_yet(mirror, request, repo, commit, f)
         key = await mirror.verified(f)
         etag = etag_of(f, mirror.verifier.sha256(f))
@@ -310,18 +386,33 @@ async def resolve(request: Request) -> Response:
         try:
             span = parse_range(request.headers.get("range"), f.size)
         except RangeNotSatisfiable as exc:
-            return Response(str(exc), status_code=416, headers={**headers, "Content-Range": f"bytes */{f.size}", "Content-Type": "text/plain"})
+            return Response(
+                str(exc),
+                status_code=416,
+                headers={**headers, "Content-Range": f"bytes */{f.size}", "Content-Type": "text/plain"},
+            )
         start, end = span or (0, f.size)
         headers["Content-Length"] = str(end - start)
         if span:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{f.size}"
 
         def refuse() -> Response:
-            return hub_error(409, f"{path} changed on the mirror host just now; it is checked again on the next request",
-                             commit=commit.commit)
+            return hub_error(
+                409,
+                f"{path} changed on the mirror host just now; it is checked again on the next request",
+                commit=commit.commit,
+            )
 
-        return FileSlice(f.disk, start, end, status=206 if span else 200, headers=headers, good_key=key,
-                         on_changed=lambda: mirror.verifier.forget(f), refuse=refuse)
+        return FileSlice(
+            f.disk,
+            start,
+            end,
+            status=206 if span else 200,
+            headers=headers,
+            good_key=key,
+            on_changed=lambda: mirror.verifier.forget(f),
+            refuse=refuse,
+        )
     except VerificationFailed as exc:
         logger.warning("mirror: refusing %s: %s", request.url.path[:200], exc.message)
         return _from_error(exc)
@@ -338,7 +429,9 @@ def _not_fetched_yet(mirror: Mirror, request: Request, repo: MirrorRepo, commit:
     if request.method == "HEAD":
         return Response(b"", headers=headers)
     done = mirror.upstream.start_fetch(f)
-    done.add_done_callback(lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result()))
+    done.add_done_callback(
+        lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result())
+    )
     return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
 
 
@@ -355,22 +448,25 @@ def install_mirror(app, mirror: Mirror) -> None:
     from starlette.routing import Route
 
     app.state.mirror = mirror
-    app.router.routes.extend([
-        Route("/api/models", api_models, methods=["GET"]),
-        Route("/api/models/{rest:path}", api_models, methods=["GET"]),
-        Route("/{ns}/{name}/resolve/{rest:path}", resolve, methods=["GET", "HEAD"]),
-    ])
+    app.router.routes.extend(
+        [
+            Route("/api/models", api_models, methods=["GET"]),
+            Route("/api/models/{rest:path}", api_models, methods=["GET"]),
+            Route("/{ns}/{name}/resolve/{rest:path}", resolve, methods=["GET", "HEAD"]),
+        ]
+    )
 
 
 def create_mirror_app(settings, store, *, upstream=None):
     """The standalone mirror: its routes behind the server's Host and key guards."""
     from starlette.applications import Starlette
+    from starlette.routing import Route
 
     from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
 
-    from starlette.routing import Route
-
-    app = Starlette(routes=[Route("/", root, methods=["GET", "HEAD"])], exception_handlers={404: not_found, 405: not_found})
+    app = Starlette(
+        routes=[Route("/", root, methods=["GET", "HEAD"])], exception_handlers={404: not_found, 405: not_found}
+    )
     install_mirror(app, Mirror(store, upstream=upstream))
     server = settings.server
     key = server.api_key.get_secret_value() if server.api_key else None

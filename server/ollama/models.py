@@ -97,7 +97,12 @@ def _progress_line(p: Any) -> dict:
     file = getattr(p, "file", "")
     phase = getattr(p, "phase", "downloading")
     status = {"checking": "verifying sha256 digest", "done": f"pulled {file}"}.get(phase, f"pulling {file}")
-    return {"status": status, "digest": file, "total": int(getattr(p, "total", 0) or 0), "completed": int(getattr(p, "done", 0) or 0)}
+    return {
+        "status": status,
+        "digest": file,
+        "total": int(getattr(p, "total", 0) or 0),
+        "completed": int(getattr(p, "done", 0) or 0),
+    }
 
 
 @router.post("/pull")
@@ -124,7 +129,9 @@ async def pull(request: Request):
             loop.call_soon_threadsafe(queue.put_nowait, ("error", exc))
         except Exception as exc:  # noqa: BLE001 - the thread's failure must reach the client
             log.exception("pull of %s failed", ref)
-            loop.call_soon_threadsafe(queue.put_nowait, ("error", LocalrunError(f"pull failed: {type(exc).__name__}: {exc}")))
+            loop.call_soon_threadsafe(
+                queue.put_nowait, ("error", LocalrunError(f"pull failed: {type(exc).__name__}: {exc}"))
+            )
 
     task = asyncio.ensure_future(asyncio.to_thread(run))
     if body.stream is False:

@@ -20,13 +20,26 @@ from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation,
+    Generation,
+    app_state,
+    embed_counted,
+    finish_for_wire,
+    logprobs_asked,
+    make_sampling,
+    open_generation,
     request_stats,
 )
 from localrun.server.model_info import iso
-from localrun.server.reasoning import think_reasoning
 from localrun.server.ollama.convert import core_messages, ollama_tool_calls
-from localrun.server.ollama.schemas import ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, Options, keep_alive_seconds
+from localrun.server.ollama.schemas import (
+    ChatBody,
+    EmbedBody,
+    EmbeddingsBody,
+    GenerateBody,
+    Options,
+    keep_alive_seconds,
+)
+from localrun.server.reasoning import think_reasoning
 from localrun.types import ChatRequest, CompletionRequest, Message
 
 log = logging.getLogger(__name__)
@@ -53,11 +66,21 @@ def _sampling(request: Request, body):
         raise InvalidRequest(str(exc), param="format") from None
     logprobs = logprobs_asked(body.logprobs, body.top_logprobs)
     return make_sampling(
-        cap=cap, max_tokens=o.num_predict, seed=seed, stop=o.stop,
-        temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, min_p=o.min_p, repeat_penalty=o.repeat_penalty,
-        json_schema=schema, logprobs=logprobs,
+        cap=cap,
+        max_tokens=o.num_predict,
+        seed=seed,
+        stop=o.stop,
+        temperature=o.temperature,
+        top_p=o.top_p,
+        top_k=o.top_k,
+        min_p=o.min_p,
+        repeat_penalty=o.repeat_penalty,
+        json_schema=schema,
+        logprobs=logprobs,
         # Checked against the runtime's capabilities (Options.unsupported) before they get here.
-        typical_p=o.typical_p, presence_penalty=o.presence_penalty, frequency_penalty=o.frequency_penalty,
+        typical_p=o.typical_p,
+        presence_penalty=o.presence_penalty,
+        frequency_penalty=o.frequency_penalty,
     )
 
 
@@ -92,8 +115,12 @@ async def chat(request: Request):
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
-    req = ChatRequest(messages=core_messages(body), sampling=_sampling(request, body), tools=tools,
-                      tool_choice="auto" if tools else None)
+    req = ChatRequest(
+        messages=core_messages(body),
+        sampling=_sampling(request, body),
+        tools=tools,
+        tool_choice="auto" if tools else None,
+    )
     return await _generate(request, body, req, keep_alive_s, chat=True)
 
 
@@ -150,17 +177,21 @@ def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
     end = time.perf_counter()
     first = stats.first_token_at or end
     last = stats.last_token_at or end
-    reason = "stop" if gen.finish_reason == "tool_calls" else finish_for_wire(gen.finish_reason)  # Ollama says "stop" after calls
+    reason = (
+        "stop" if gen.finish_reason == "tool_calls" else finish_for_wire(gen.finish_reason)
+    )  # Ollama says "stop" after calls
     line = {"model": gen.record.name, "created_at": iso(), "done": True, "done_reason": reason}
     line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    line.update({
-        "total_duration": int((end - started) * 1e9),
-        "load_duration": int((loaded - started) * 1e9),
-        "prompt_eval_count": gen.usage.prompt_tokens,
-        "prompt_eval_duration": int(max(0.0, first - loaded) * 1e9),
-        "eval_count": gen.usage.completion_tokens,
-        "eval_duration": int(max(0.0, last - first) * 1e9),
-    })
+    line.update(
+        {
+            "total_duration": int((end - started) * 1e9),
+            "load_duration": int((loaded - started) * 1e9),
+            "prompt_eval_count": gen.usage.prompt_tokens,
+            "prompt_eval_duration": int(max(0.0, first - loaded) * 1e9),
+            "eval_count": gen.usage.completion_tokens,
+            "eval_duration": int(max(0.0, last - first) * 1e9),
+        }
+    )
     return line
 
 
@@ -225,11 +256,16 @@ async def embed(request: Request):
     vectors, n_tokens = await embed_counted(request, record.name, texts)
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise UnsupportedFeature(
-            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}", hint="leave 'dimensions' out", param="dimensions",
+            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}",
+            hint="leave 'dimensions' out",
+            param="dimensions",
         )
     return {
-        "model": record.name, "embeddings": vectors,
-        "total_duration": int((time.perf_counter() - started) * 1e9), "load_duration": 0, "prompt_eval_count": n_tokens,
+        "model": record.name,
+        "embeddings": vectors,
+        "total_duration": int((time.perf_counter() - started) * 1e9),
+        "load_duration": 0,
+        "prompt_eval_count": n_tokens,
     }
 
 

@@ -54,10 +54,14 @@ class Options(Strict):
     mirostat_eta: float | None = None
     penalize_newline: bool | None = None
 
-    HONOURED: ClassVar[frozenset[str]] = frozenset({"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "num_predict", "num_ctx"})
+    HONOURED: ClassVar[frozenset[str]] = frozenset(
+        {"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "num_predict", "num_ctx"}
+    )
 
     def unsupported(self) -> list[tuple[str, str]]:
-        return [(f"options.{k}", k) for k in sorted(self.model_fields_set - self.HONOURED) if getattr(self, k) is not None]
+        return [
+            (f"options.{k}", k) for k in sorted(self.model_fields_set - self.HONOURED) if getattr(self, k) is not None
+        ]
 
 
 class CalledFunction(Strict):
@@ -100,7 +104,7 @@ class _Generating(Strict):
             return None
         if isinstance(self.format, str):
             if self.format != "json":
-                raise ValueError(f"format {self.format!r} is neither \"json\" nor a JSON schema object")
+                raise ValueError(f'format {self.format!r} is neither "json" nor a JSON schema object')
             return {}
         return self.format
 
@@ -143,7 +147,12 @@ class GenerateBody(_Generating):
 
     def unsupported(self) -> list[tuple[str, str]]:
         found = self._unsupported_common()
-        for name, cap in (("suffix", "fill-in-the-middle"), ("template", "custom templates"), ("context", "context tokens"), ("images", "vision")):
+        for name, cap in (
+            ("suffix", "fill-in-the-middle"),
+            ("template", "custom templates"),
+            ("context", "context tokens"),
+            ("images", "vision"),
+        ):
             if getattr(self, name):
                 found.append((name, cap))
         for name in ("width", "height", "steps"):

@@ -34,8 +34,10 @@ def usage_dict(u: Usage) -> dict:
     if u.drafted_tokens:
         # Speculative decoding: OpenAI's predicted-output fields say what was kept and what
         # was rejected; the "speculative" extension gives the plain counts.
-        out["completion_tokens_details"] = {"accepted_prediction_tokens": u.accepted_tokens,
-                                            "rejected_prediction_tokens": u.drafted_tokens - u.accepted_tokens}
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": u.accepted_tokens,
+            "rejected_prediction_tokens": u.drafted_tokens - u.accepted_tokens,
+        }
         out["speculative"] = {"drafted_tokens": u.drafted_tokens, "accepted_tokens": u.accepted_tokens}
     return out
 
@@ -60,7 +62,8 @@ def legacy_logprobs(entries, offset: int) -> dict:
         offset += len(e["token"])
         tokens.append(e["token"])
     return {
-        "tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+        "tokens": tokens,
+        "token_logprobs": [e["logprob"] for e in entries],
         "top_logprobs": [{a["token"]: a["logprob"] for a in e.get("top_logprobs", ())} for e in entries],
         "text_offset": offsets,
     }
@@ -72,11 +75,17 @@ def check_best_of(body, n: int, best_of: int) -> None:
         if best_of < n:
             raise InvalidRequest(f"'best_of' ({best_of}) must be at least 'n' ({n})", param="best_of")
         if body.stream:
-            raise InvalidRequest("'best_of' cannot be streamed: the best candidates are known only at the end",
-                                 param="best_of", hint="set stream to false, or use 'n' instead")
+            raise InvalidRequest(
+                "'best_of' cannot be streamed: the best candidates are known only at the end",
+                param="best_of",
+                hint="set stream to false, or use 'n' instead",
+            )
     if body.echo and body.logprobs is not None:
-        raise UnsupportedFeature("'echo' with 'logprobs' would need the prompt's log-probabilities, which localrun does not compute",
-                                 param="echo", hint="drop 'logprobs', or 'echo'")
+        raise UnsupportedFeature(
+            "'echo' with 'logprobs' would need the prompt's log-probabilities, which localrun does not compute",
+            param="echo",
+            hint="drop 'logprobs', or 'echo'",
+        )
     if body.echo and body.suffix is not None:
         raise InvalidRequest("'echo' cannot be combined with 'suffix'", param="echo")
 
@@ -97,7 +106,14 @@ def many_choices(gen: Generation, body, *, chat: bool, asked_logprobs: bool, ech
         finish = finish_for_wire(gen.finishes.get(i))
         if chat:
             lp = chat_logprobs(entries) if asked_logprobs else None
-            choices.append({"index": new, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish})
+            choices.append(
+                {
+                    "index": new,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": lp,
+                    "finish_reason": finish,
+                }
+            )
         else:
             base = len(echo) if echo is not None else len(body.prompt_text())
             lp = legacy_logprobs(entries, base) if asked_logprobs else None
@@ -105,17 +121,37 @@ def many_choices(gen: Generation, body, *, chat: bool, asked_logprobs: bool, ech
     return choices
 
 
-async def sse_choices(gen: Generation, first: Chunk | None, body, *, ident: str, created: int, chat: bool,
-                      include_usage: bool, fingerprint: str, echo: str | None = None) -> AsyncIterator[bytes]:
+async def sse_choices(
+    gen: Generation,
+    first: Chunk | None,
+    body,
+    *,
+    ident: str,
+    created: int,
+    chat: bool,
+    include_usage: bool,
+    fingerprint: str,
+    echo: str | None = None,
+) -> AsyncIterator[bytes]:
     """The stream of an ``n`` > 1 request: whole-object events, one choice index each."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name, "system_fingerprint": fingerprint}
+    base = {
+        "id": ident,
+        "object": kind,
+        "created": created,
+        "model": gen.record.name,
+        "system_fingerprint": fingerprint,
+    }
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
     offsets = {}
 
     def event(index: int, text: str, *, role: bool = False, finish: str | None = None, logprobs=()) -> bytes:
         if chat:
-            delta: dict = {"role": "assistant", "content": text} if role else ({"content": text} if text or finish is None else {})
+            delta: dict = (
+                {"role": "assistant", "content": text}
+                if role
+                else ({"content": text} if text or finish is None else {})
+            )
             lp = chat_logprobs(logprobs) if logprobs and asked_logprobs else None
             choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:

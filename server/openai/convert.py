@@ -31,9 +31,10 @@ def core_messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
     pending: list[tuple[str, str]] = []  # (id, name) of calls not answered yet, oldest first
     out = []
     for i, m in enumerate(body.messages):
-        calls = tuple({"id": c.id, "type": "function",
-                       "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                      for c in m.tool_calls or ())
+        calls = tuple(
+            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+            for c in m.tool_calls or ()
+        )
         if m.function_call is not None:
             calls = _legacy_history_call(i, m, calls)
         called.update((c["id"], c["function"]["name"]) for c in calls)
@@ -41,8 +42,10 @@ def core_messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
         role, call_id = _ROLES.get(m.role, m.role), m.tool_call_id
         if m.role == "function":
             if m.name is None:
-                raise InvalidRequest(f"messages[{i}] has role 'function' but no 'name': "
-                                     "name the function whose result it is", param=f"messages[{i}].name")
+                raise InvalidRequest(
+                    f"messages[{i}] has role 'function' but no 'name': name the function whose result it is",
+                    param=f"messages[{i}].name",
+                )
             role = "tool"
             if call_id is None:
                 call_id = next((cid for cid, name in reversed(pending) if name == m.name), None)
@@ -56,11 +59,15 @@ def core_messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
 def _legacy_history_call(i: int, m, calls: tuple[dict, ...]) -> tuple[dict, ...]:
     """The one tool call of an assistant turn that carries a legacy ``function_call``."""
     if m.role != "assistant":
-        raise InvalidRequest(f"messages[{i}] has a 'function_call' but role {m.role!r}: "
-                             "only an assistant turn calls functions", param=f"messages[{i}].function_call")
+        raise InvalidRequest(
+            f"messages[{i}] has a 'function_call' but role {m.role!r}: only an assistant turn calls functions",
+            param=f"messages[{i}].function_call",
+        )
     if calls:
-        raise InvalidRequest(f"messages[{i}] has both 'tool_calls' and 'function_call': send one of them",
-                             param=f"messages[{i}].function_call")
+        raise InvalidRequest(
+            f"messages[{i}] has both 'tool_calls' and 'function_call': send one of them",
+            param=f"messages[{i}].function_call",
+        )
     fn = m.function_call
     return ({"id": f"call_{i}", "type": "function", "function": {"name": fn.name, "arguments": fn.arguments}},)
 
@@ -75,8 +82,9 @@ def core_tools(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
     if choice is not None and not isinstance(choice, str):
         names = {t["function"]["name"] for t in tools}
         if choice.function.name not in names:
-            raise InvalidRequest(f"tool_choice names {choice.function.name!r}, which is not among 'tools'",
-                                 param="tool_choice")
+            raise InvalidRequest(
+                f"tool_choice names {choice.function.name!r}, which is not among 'tools'", param="tool_choice"
+            )
         choice = choice.model_dump()
     elif choice == "required" and not tools:
         raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice")
@@ -87,13 +95,17 @@ def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple
     """``functions`` / ``function_call`` as (tools, tool_choice); mixed with ``tools`` / ``tool_choice`` it is a 400."""
     modern = [f for f in ("tools", "tool_choice") if getattr(body, f) is not None]
     if modern:
-        raise InvalidRequest(f"{legacy[0]!r} and {modern[0]!r} cannot be combined: send either 'functions' and "
-                             "'function_call' (legacy) or 'tools' and 'tool_choice'", param=legacy[0])
+        raise InvalidRequest(
+            f"{legacy[0]!r} and {modern[0]!r} cannot be combined: send either 'functions' and "
+            "'function_call' (legacy) or 'tools' and 'tool_choice'",
+            param=legacy[0],
+        )
     tools = tuple({"type": "function", "function": f.model_dump(exclude_none=True)} for f in body.functions or ())
     choice = body.function_call
     if choice is not None and not isinstance(choice, str):
         if choice.name not in {t["function"]["name"] for t in tools}:
-            raise InvalidRequest(f"function_call names {choice.name!r}, which is not among 'functions'",
-                                 param="function_call")
+            raise InvalidRequest(
+                f"function_call names {choice.name!r}, which is not among 'functions'", param="function_call"
+            )
         choice = {"type": "function", "function": {"name": choice.name}}
     return tools, choice

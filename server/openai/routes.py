@@ -22,23 +22,38 @@ from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
-    Generation, app_state, embed_counted, finish_for_wire, logprobs_asked, make_sampling, open_generation,
-    request_stats, session_call,
-)
-from localrun.server.openai.convert import core_messages, core_tools
-from localrun.server.openai.choices import (
-    chat_logprobs, check_best_of, legacy_logprobs, many_choices, sse_choices, system_fingerprint, usage_dict,
+    Generation,
+    app_state,
+    embed_counted,
+    finish_for_wire,
+    logprobs_asked,
+    make_sampling,
+    open_generation,
+    request_stats,
+    session_call,
 )
 from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
-from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
+from localrun.server.openai.choices import (
+    chat_logprobs,
+    check_best_of,
+    legacy_logprobs,
+    many_choices,
+    sse_choices,
+    system_fingerprint,
+    usage_dict,
+)
+from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
-from localrun.types import ChatRequest, Chunk, CompletionRequest, Usage
+from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
+from localrun.types import ChatRequest, Chunk, CompletionRequest
 
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 @router.get("/models")
 async def list_models(request: Request):
     manager = app_state(request).manager
@@ -62,17 +77,29 @@ async def chat_completions(request: Request):
     cap = app_state(request).settings.runtime.max_tokens_cap
     tools, tool_choice = core_tools(body)
     if (body.n or 1) > 1 and tools:
-        raise InvalidRequest("'n' above 1 cannot be combined with tools: each answer would need its own calls",
-                             param="n", hint="ask for one choice, or leave the tools out")
+        raise InvalidRequest(
+            "'n' above 1 cannot be combined with tools: each answer would need its own calls",
+            param="n",
+            hint="ask for one choice, or leave the tools out",
+        )
     sampling = make_sampling(
-        cap=cap, max_tokens=body.token_limit(body.max_completion_tokens), seed=body.seed, stop=body.stop,
+        cap=cap,
+        max_tokens=body.token_limit(body.max_completion_tokens),
+        seed=body.seed,
+        stop=body.stop,
         json_schema=_json_schema(body, body.response_format.schema_for_sampling() if body.response_format else None),
-        logprobs=logprobs_asked(body.logprobs, body.top_logprobs), **body.sampling_knobs(),
+        logprobs=logprobs_asked(body.logprobs, body.top_logprobs),
+        **body.sampling_knobs(),
     )
-    req = ChatRequest(messages=core_messages(body), sampling=sampling, tools=tools, tool_choice=tool_choice,
-                      template_kwargs=dict(body.chat_template_kwargs or {}),
-                      add_generation_prompt=body.add_generation_prompt is not False,
-                      continue_final_message=bool(body.continue_final_message))
+    req = ChatRequest(
+        messages=core_messages(body),
+        sampling=sampling,
+        tools=tools,
+        tool_choice=tool_choice,
+        template_kwargs=dict(body.chat_template_kwargs or {}),
+        add_generation_prompt=body.add_generation_prompt is not False,
+        continue_final_message=bool(body.continue_final_message),
+    )
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
     try:
         enable_reasoning(request, gen, req, effort_ask(body.reasoning_effort, "reasoning_effort"))
@@ -86,7 +113,9 @@ def _json_schema(body, from_format):
     """``Sampling.json_schema`` from response_format or llama.cpp's top-level ``json_schema``; both, or
     either with a ``grammar``, is a 400 (they would constrain the answer twice)."""
     if body.json_schema is not None and from_format is not None:
-        raise InvalidRequest("'json_schema' and 'response_format' both constrain the answer: send one", param="json_schema")
+        raise InvalidRequest(
+            "'json_schema' and 'response_format' both constrain the answer: send one", param="json_schema"
+        )
     schema = body.json_schema if body.json_schema is not None else from_format
     if schema is not None and body.grammar:
         raise InvalidRequest("'grammar' and a JSON schema both constrain the answer: send one", param="grammar")
@@ -103,14 +132,27 @@ async def completions(request: Request):
     knobs["n"] = max(n, best_of)
     # best_of ranks candidates by their tokens' mean log-probability: gathered even when not asked.
     logprobs = body.logprobs if body.logprobs is not None else (0 if best_of > 1 else None)
-    sampling = make_sampling(cap=cap, max_tokens=body.token_limit(), seed=body.seed, stop=body.stop,
-                             json_schema=_json_schema(body, None), logprobs=logprobs, **knobs)
+    sampling = make_sampling(
+        cap=cap,
+        max_tokens=body.token_limit(),
+        seed=body.seed,
+        stop=body.stop,
+        json_schema=_json_schema(body, None),
+        logprobs=logprobs,
+        **knobs,
+    )
     ids = body.prompt_ids()
-    req = CompletionRequest(prompt=body.prompt_text(), sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix)
+    req = CompletionRequest(
+        prompt=body.prompt_text(), sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix
+    )
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
     echo = None
     if body.echo:
-        echo = body.prompt_text() if ids is None else (await session_call(request, gen.record.name, "detokenize", {"tokens": ids}))["content"]
+        echo = (
+            body.prompt_text()
+            if ids is None
+            else (await session_call(request, gen.record.name, "detokenize", {"tokens": ids}))["content"]
+        )
     return await _respond(request, gen, body, chat=False, echo=echo)
 
 
@@ -131,8 +173,13 @@ def _function_call(gen: Generation) -> dict | None:
     if not gen.tool_calls:
         return None
     if len(gen.tool_calls) > 1:
-        log.info("%s made %d calls but a 'functions' request's answer carries one: kept %r, dropped %s", gen.record.name,
-                 len(gen.tool_calls), gen.tool_calls[0]["function"]["name"], [c["function"]["name"] for c in gen.tool_calls[1:]])
+        log.info(
+            "%s made %d calls but a 'functions' request's answer carries one: kept %r, dropped %s",
+            gen.record.name,
+            len(gen.tool_calls),
+            gen.tool_calls[0]["function"]["name"],
+            [c["function"]["name"] for c in gen.tool_calls[1:]],
+        )
     fn = gen.tool_calls[0]["function"]
     return {"name": fn["name"], "arguments": fn["arguments"]}
 
@@ -154,15 +201,32 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
         elif chat:
             choices = [_chat_choice(gen, body, text, asked_logprobs, app_state(request).settings)]
         else:
-            lp = legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(body.prompt_text())) if asked_logprobs else None
+            lp = (
+                legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(body.prompt_text()))
+                if asked_logprobs
+                else None
+            )
             choices = [{"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": _finish(gen, False)}]
-        return JSONResponse({
-            "id": ident, "object": "chat.completion" if chat else "text_completion", "created": created,
-            "model": gen.record.name, "system_fingerprint": fingerprint, "choices": choices, "usage": usage_dict(gen.usage),
-        })
+        return JSONResponse(
+            {
+                "id": ident,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": created,
+                "model": gen.record.name,
+                "system_fingerprint": fingerprint,
+                "choices": choices,
+                "usage": usage_dict(gen.usage),
+            }
+        )
     first = await gen.first()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    meta = {"ident": ident, "created": created, "chat": chat, "include_usage": include_usage, "fingerprint": fingerprint}
+    meta = {
+        "ident": ident,
+        "created": created,
+        "chat": chat,
+        "include_usage": include_usage,
+        "fingerprint": fingerprint,
+    }
     if (body.n or 1) > 1:
         events = sse_choices(gen, first, body, echo=echo, **meta)
     else:
@@ -184,12 +248,29 @@ def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool, setting
     return {"index": 0, "message": message, "logprobs": lp, "finish_reason": _finish(gen, legacy)}
 
 
-async def _sse_events(gen: Generation, first, body, *, ident: str, created: int, chat: bool, include_usage: bool,
-                      fingerprint: str, echo: str | None = None, settings=None) -> AsyncIterator[bytes]:
+async def _sse_events(
+    gen: Generation,
+    first,
+    body,
+    *,
+    ident: str,
+    created: int,
+    chat: bool,
+    include_usage: bool,
+    fingerprint: str,
+    echo: str | None = None,
+    settings=None,
+) -> AsyncIterator[bytes]:
     """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
     or tool calls are built as whole objects (they are rarer, and larger anyway)."""
     kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {"id": ident, "object": kind, "created": created, "model": gen.record.name, "system_fingerprint": fingerprint}
+    base = {
+        "id": ident,
+        "object": kind,
+        "created": created,
+        "model": gen.record.name,
+        "system_fingerprint": fingerprint,
+    }
     head = "data: " + json.dumps(base)[:-1]
     if chat:
         opening = (head + ',"choices":[{"index":0,"delta":{"role":"assistant","content":').encode()
@@ -259,7 +340,8 @@ async def embeddings(request: Request):
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise UnsupportedFeature(
             f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}: truncating embeddings is not supported",
-            hint="leave 'dimensions' out", param="dimensions",
+            hint="leave 'dimensions' out",
+            param="dimensions",
         )
     data = []
     for i, vec in enumerate(vectors):
@@ -271,7 +353,12 @@ async def embeddings(request: Request):
             value = vec
         data.append({"object": "embedding", "index": i, "embedding": value})
     request_stats(request).prompt_tokens = n_tokens
-    return {"object": "list", "data": data, "model": name, "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}
+    return {
+        "object": "list",
+        "data": data,
+        "model": name,
+        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+    }
 
 
 def _bare_router() -> APIRouter:

@@ -143,8 +143,13 @@ class Sampled(Strict):
     n: Annotated[int, Field(ge=1, le=128)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: Annotated[dict[Annotated[str, StringConstraints(max_length=16)], Annotated[float, Field(ge=-100, le=100)]],
-                          Field(max_length=1024)] | None = None
+    logit_bias: (
+        Annotated[
+            dict[Annotated[str, StringConstraints(max_length=16)], Annotated[float, Field(ge=-100, le=100)]],
+            Field(max_length=1024),
+        ]
+        | None
+    ) = None
     user: Annotated[str, StringConstraints(max_length=512)] | None = None
     # Extensions llama.cpp's and vLLM's servers accept; localrun honours them.
     top_k: Annotated[int, Field(ge=0, le=100_000)] | None = None
@@ -152,7 +157,9 @@ class Sampled(Strict):
     repeat_penalty: Annotated[float, Field(ge=0, le=10)] | None = None
     repetition_penalty: Annotated[float, Field(ge=0, le=10)] | None = None  # vLLM's name for repeat_penalty
     typical_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    n_predict: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = None  # llama.cpp's max_tokens; -1: no limit but the cap
+    n_predict: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = (
+        None  # llama.cpp's max_tokens; -1: no limit but the cap
+    )
     cache_prompt: bool | None = None  # the prefix cache is always on; accepted either way
     grammar: Annotated[str, StringConstraints(max_length=100_000)] | None = None
     json_schema: dict[str, Any] | None = None  # llama.cpp's top-level schema (response_format's json_schema)
@@ -162,11 +169,19 @@ class Sampled(Strict):
     def sampling_knobs(self) -> dict[str, Any]:
         """The knobs shared by chat and completions, for ``make_sampling``."""
         return {
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
             "repeat_penalty": self.repeat_penalty if self.repeat_penalty is not None else self.repetition_penalty,
-            "typical_p": self.typical_p, "frequency_penalty": self.frequency_penalty, "presence_penalty": self.presence_penalty,
-            "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens, "grammar": self.grammar,
-            "n": self.n, "logit_bias": logit_bias_pairs(self.logit_bias),
+            "typical_p": self.typical_p,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+            "ignore_eos": self.ignore_eos,
+            "min_tokens": self.min_tokens,
+            "grammar": self.grammar,
+            "n": self.n,
+            "logit_bias": logit_bias_pairs(self.logit_bias),
         }
 
     def token_limit(self, *more: int | None) -> int | None:
@@ -202,7 +217,9 @@ class ChatCompletionRequest(Sampled):
     prompt_cache_retention: Annotated[str, StringConstraints(max_length=32)] | None = None
     safety_identifier: Annotated[str, StringConstraints(max_length=512)] | None = None
     # vLLM's chat extensions (chat_template_kwargs carries enable_thinking and the like).
-    chat_template_kwargs: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=64)] | None = None
+    chat_template_kwargs: (
+        Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Any], Field(max_length=64)] | None
+    ) = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
 
@@ -251,7 +268,12 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_
 
 
 class CompletionRequestBody(Sampled):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+    )
     echo: bool | None = None
     suffix: Annotated[str, StringConstraints(max_length=1_000_000)] | None = None
     best_of: Annotated[int, Field(ge=1, le=128)] | None = None
@@ -297,15 +319,23 @@ def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], 
     pairs = []
     for key, value in (bias or {}).items():
         if not key.strip().isdigit():
-            raise InvalidRequest(f"logit_bias key {key[:40]!r} is not a token id", param="logit_bias",
-                                 hint="key the biases by token id (see /tokenize), as OpenAI does")
+            raise InvalidRequest(
+                f"logit_bias key {key[:40]!r} is not a token id",
+                param="logit_bias",
+                hint="key the biases by token id (see /tokenize), as OpenAI does",
+            )
         pairs.append((int(key), float(value)))
     return tuple(pairs)
 
 
 class EmbeddingRequestBody(Strict):
     model: ModelName
-    input: str | Annotated[list[str], Field(min_length=1, max_length=2048)] | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=2048)]
+    input: (
+        str
+        | Annotated[list[str], Field(min_length=1, max_length=2048)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=2048)]
+    )
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
     user: Annotated[str, StringConstraints(max_length=512)] | None = None

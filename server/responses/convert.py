@@ -28,15 +28,32 @@ from typing import Any
 
 from localrun.server.errors import InvalidRequest
 from localrun.server.responses.schemas import (
-    DROPPED_ITEMS, HOSTED_TOOLS, ITEM_TYPES, TOOL_TYPES, CallOutputItem, CustomTool, CustomToolCallItem,
-    FunctionCallItem, FunctionTool, MessageItem, NamedChoice, NamespaceTool, ReasoningItem, ResponsesRequest, parse_typed,
+    DROPPED_ITEMS,
+    HOSTED_TOOLS,
+    ITEM_TYPES,
+    TOOL_TYPES,
+    CallOutputItem,
+    CustomTool,
+    CustomToolCallItem,
+    FunctionCallItem,
+    FunctionTool,
+    MessageItem,
+    NamedChoice,
+    NamespaceTool,
+    ReasoningItem,
+    ResponsesRequest,
+    parse_typed,
 )
 from localrun.types import Message
 
 log = logging.getLogger(__name__)
 
-CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string", "description": "the tool's whole input"}},
-                     "required": ["input"], "additionalProperties": False}
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "the tool's whole input"}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
 _MESSAGE_FIELDS = {f.name for f in dataclasses.fields(Message)}
 
 
@@ -61,7 +78,7 @@ class ToolSet:
         qualified = tool.name if not namespace or tool.name.startswith(namespace + ".") else f"{namespace}.{tool.name}"
         if qualified in self.served:
             raise InvalidRequest(f"{where} repeats the tool name {qualified!r}", param=where)
-        short = qualified[len(namespace) + 1:] if namespace else qualified
+        short = qualified[len(namespace) + 1 :] if namespace else qualified
         if isinstance(tool, CustomTool):
             self.served[qualified] = Served("custom", short, namespace)
             fn = {"name": qualified, "description": _custom_description(tool), "parameters": CUSTOM_PARAMETERS}
@@ -89,7 +106,9 @@ def tool_set(body: ResponsesRequest) -> ToolSet:
             out.dropped.append(str(raw.get("type")))
         elif isinstance(tool, NamespaceTool):
             for j, member in enumerate(tool.tools):
-                inner = parse_typed(member, {"function": FunctionTool, "custom": CustomTool}, HOSTED_TOOLS, f"tools[{i}].tools[{j}]")
+                inner = parse_typed(
+                    member, {"function": FunctionTool, "custom": CustomTool}, HOSTED_TOOLS, f"tools[{i}].tools[{j}]"
+                )
                 if inner is not None:
                     out.add(inner, tool.name, f"tools[{i}].tools[{j}]")
         else:
@@ -104,7 +123,9 @@ def tool_choice(body: ResponsesRequest, tools: ToolSet) -> Any:
     choice = body.tool_choice
     if choice is None or isinstance(choice, str):
         if choice == "required" and not tools.tools:
-            raise InvalidRequest("tool_choice 'required' needs at least one function, custom or namespace tool", param="tool_choice")
+            raise InvalidRequest(
+                "tool_choice 'required' needs at least one function, custom or namespace tool", param="tool_choice"
+            )
         return choice
     if choice.type == "allowed_tools":
         return _allowed(choice, tools)
@@ -115,7 +136,9 @@ def tool_choice(body: ResponsesRequest, tools: ToolSet) -> Any:
         return {"type": "function", "function": {"name": name}}
     hosted = choice.type in HOSTED_TOOLS or choice.type in ("mcp", "shell", "apply_patch")
     why = "a hosted tool localrun does not run" if hosted else "not a tool type localrun knows"
-    raise InvalidRequest(f"tool_choice forces {choice.type!r}, {why}", hint="offer a function tool instead", param="tool_choice.type")
+    raise InvalidRequest(
+        f"tool_choice forces {choice.type!r}, {why}", hint="offer a function tool instead", param="tool_choice.type"
+    )
 
 
 def _qualified(name: str, namespace: str | None) -> str:
@@ -130,7 +153,9 @@ def _allowed(choice: NamedChoice, tools: ToolSet) -> Any:
             allowed.add(_qualified(t["name"], namespace if isinstance(namespace, str) else None))
     tools.tools[:] = [t for t in tools.tools if t["function"]["name"] in allowed]
     if choice.mode == "required" and not tools.tools:
-        raise InvalidRequest("tool_choice allowed_tools with mode 'required' allows none of 'tools'", param="tool_choice.tools")
+        raise InvalidRequest(
+            "tool_choice allowed_tools with mode 'required' allows none of 'tools'", param="tool_choice.tools"
+        )
     return choice.mode or "auto"
 
 
@@ -163,11 +188,15 @@ def item_text(content: Any, where: str) -> str:
             raise InvalidRequest(f"{where}[{j}] must be an object", param=f"{where}[{j}]")
         kind = part.get("type")
         text = part.get("refusal") if kind == "refusal" else part.get("text")
-        if kind in ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text") and isinstance(text, str):
+        if kind in ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text") and isinstance(
+            text, str
+        ):
             parts.append(text)
         elif kind not in ("input_image", "input_file", "input_audio"):
-            raise InvalidRequest(f"{where}[{j}] has type {kind!r} or no text; text parts are input_text, output_text, refusal",
-                                 param=f"{where}[{j}].type")
+            raise InvalidRequest(
+                f"{where}[{j}] has type {kind!r} or no text; text parts are input_text, output_text, refusal",
+                param=f"{where}[{j}].type",
+            )
     return "".join(parts)
 
 
@@ -227,11 +256,21 @@ class _Builder:
         elif isinstance(item, FunctionCallItem):
             self.call(item.call_id, _qualified(item.name, item.namespace), item.arguments)
         elif isinstance(item, CustomToolCallItem):
-            self.call(item.call_id, _qualified(item.name, item.namespace), json.dumps({"input": item.input}, ensure_ascii=False))
+            self.call(
+                item.call_id,
+                _qualified(item.name, item.namespace),
+                json.dumps({"input": item.input}, ensure_ascii=False),
+            )
         elif isinstance(item, CallOutputItem):
             self.flush()
-            self.messages.append(Message("tool", item_text(item.output, f"{where}.output"), tool_call_id=item.call_id,
-                                         name=self.names.get(item.call_id)))
+            self.messages.append(
+                Message(
+                    "tool",
+                    item_text(item.output, f"{where}.output"),
+                    tool_call_id=item.call_id,
+                    name=self.names.get(item.call_id),
+                )
+            )
         elif isinstance(item, ReasoningItem):
             if self.calls or self.text:  # reasoning opens the next assistant turn
                 self.flush()
@@ -275,6 +314,6 @@ def decode_reasoning(blob: str) -> str:
     if not blob.startswith(_REASONING_TAG):
         return ""
     try:
-        return base64.b64decode(blob[len(_REASONING_TAG):], validate=True).decode("utf-8", errors="replace")
+        return base64.b64decode(blob[len(_REASONING_TAG) :], validate=True).decode("utf-8", errors="replace")
     except (binascii.Error, ValueError):
         return ""

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from localrun.chat.tool_calls import arguments_object
 from localrun.server.errors import stream_error_line
 from localrun.server.responses.convert import ToolSet, encode_reasoning
-from localrun.chat.tool_calls import arguments_object
 from localrun.types import Usage
 
 _dumps = json.dumps
@@ -33,8 +33,10 @@ def new_id(prefix: str) -> str:
 
 def usage_object(u: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     return {
-        "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
-        "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": u.total_tokens,
     }
 
@@ -43,7 +45,9 @@ def text_part(text: str, logprobs: list | None = None) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
-def message_item(item_id: str, text: str | None, *, status: str = "completed", logprobs: list | None = None) -> dict[str, Any]:
+def message_item(
+    item_id: str, text: str | None, *, status: str = "completed", logprobs: list | None = None
+) -> dict[str, Any]:
     """An assistant message; ``text`` None while it is being opened (no content part yet)."""
     content = [] if text is None else [text_part(text, logprobs)]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
@@ -67,11 +71,23 @@ def call_item(call: dict[str, Any], tools: ToolSet, *, status: str = "completed"
     if served is not None and served.kind == "custom":
         args = arguments_object(arguments)
         value = args.get("input") if isinstance(args, dict) else None
-        item = {"type": "custom_tool_call", "id": new_id("ctc"), "call_id": call_id, "name": served.name,
-                "input": value if isinstance(value, str) else arguments, "status": status}
+        item = {
+            "type": "custom_tool_call",
+            "id": new_id("ctc"),
+            "call_id": call_id,
+            "name": served.name,
+            "input": value if isinstance(value, str) else arguments,
+            "status": status,
+        }
     else:
-        item = {"type": "function_call", "id": new_id("fc"), "call_id": call_id,
-                "name": served.name if served else name, "arguments": arguments, "status": status}
+        item = {
+            "type": "function_call",
+            "id": new_id("fc"),
+            "call_id": call_id,
+            "name": served.name if served else name,
+            "arguments": arguments,
+            "status": status,
+        }
     if served is not None and served.namespace:
         item["namespace"] = served.namespace
     return item
@@ -86,13 +102,27 @@ class Draft:
     echo: dict[str, Any]
     created_at: int = field(default_factory=lambda: int(time.time()))
 
-    def envelope(self, *, status: str, output: list, usage: dict | None = None, error: dict | None = None,
-                 incomplete: str | None = None) -> dict[str, Any]:
+    def envelope(
+        self,
+        *,
+        status: str,
+        output: list,
+        usage: dict | None = None,
+        error: dict | None = None,
+        incomplete: str | None = None,
+    ) -> dict[str, Any]:
         return {
-            "id": self.rid, "object": "response", "created_at": self.created_at, "status": status,
+            "id": self.rid,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
             "completed_at": int(time.time()) if status == "completed" else None,
-            "error": error, "incomplete_details": {"reason": incomplete} if incomplete else None,
-            "model": self.model, "output": output, "usage": usage, **self.echo,
+            "error": error,
+            "incomplete_details": {"reason": incomplete} if incomplete else None,
+            "model": self.model,
+            "output": output,
+            "usage": usage,
+            **self.echo,
         }
 
 
@@ -101,8 +131,9 @@ def status_of(finish: str | None) -> tuple[str, str | None]:
     return ("incomplete", "max_output_tokens") if finish == "length" else ("completed", None)
 
 
-def output_items(text: str, reasoning: str, calls: list[dict], tools: ToolSet, *, encrypted: bool,
-                 logprobs: list | None = None) -> list[dict[str, Any]]:
+def output_items(
+    text: str, reasoning: str, calls: list[dict], tools: ToolSet, *, encrypted: bool, logprobs: list | None = None
+) -> list[dict[str, Any]]:
     """The whole output of a collected answer: reasoning, the message (if any text, or nothing else), calls."""
     items = []
     if reasoning:
@@ -135,7 +166,9 @@ class EventWriter:
 
     def start(self) -> bytes:
         snapshot = self.draft.envelope(status="in_progress", output=[])
-        return self.event("response.created", {"response": snapshot}) + self.event("response.in_progress", {"response": snapshot})
+        return self.event("response.created", {"response": snapshot}) + self.event(
+            "response.in_progress", {"response": snapshot}
+        )
 
     # --- deltas ---
 
@@ -147,8 +180,16 @@ class EventWriter:
         if logprobs:
             self._logprobs.extend(logprobs)
             item_id, index = self._msg
-            return out + self.event("response.output_text.delta", {"item_id": item_id, "output_index": index, "content_index": 0,
-                                                                  "delta": delta, "logprobs": list(logprobs)})
+            return out + self.event(
+                "response.output_text.delta",
+                {
+                    "item_id": item_id,
+                    "output_index": index,
+                    "content_index": 0,
+                    "delta": delta,
+                    "logprobs": list(logprobs),
+                },
+            )
         seq = self.seq
         self.seq += 1
         return out + self._delta_head + _dumps(delta, ensure_ascii=False).encode() + b',"sequence_number":%d}\n\n' % seq
@@ -158,11 +199,18 @@ class EventWriter:
         if self._rs is None:
             self._rs = (new_id("rs"), len(self.output))
             self.output.append({})  # its place; filled when closed
-            out += self.event("response.output_item.added", {"output_index": self._rs[1],
-                                                             "item": reasoning_item(self._rs[0], None, encrypted=False, status="in_progress")})
+            out += self.event(
+                "response.output_item.added",
+                {
+                    "output_index": self._rs[1],
+                    "item": reasoning_item(self._rs[0], None, encrypted=False, status="in_progress"),
+                },
+            )
         self._rs_text.append(delta)
-        return out + self.event("response.reasoning_text.delta", {"item_id": self._rs[0], "output_index": self._rs[1],
-                                                                "content_index": 0, "delta": delta})
+        return out + self.event(
+            "response.reasoning_text.delta",
+            {"item_id": self._rs[0], "output_index": self._rs[1], "content_index": 0, "delta": delta},
+        )
 
     def _open_message(self) -> bytes:
         item_id, index = new_id("msg"), len(self.output)
@@ -170,11 +218,16 @@ class EventWriter:
         self.output.append({})
         self._delta_head = (
             'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","item_id":'
-            + _dumps(item_id) + f',"output_index":{index},"content_index":0,"logprobs":[],"delta":'
+            + _dumps(item_id)
+            + f',"output_index":{index},"content_index":0,"logprobs":[],"delta":'
         ).encode()
-        return (self.event("response.output_item.added", {"output_index": index, "item": message_item(item_id, None, status="in_progress")})
-                + self.event("response.content_part.added", {"item_id": item_id, "output_index": index, "content_index": 0,
-                                                            "part": text_part("")}))
+        return self.event(
+            "response.output_item.added",
+            {"output_index": index, "item": message_item(item_id, None, status="in_progress")},
+        ) + self.event(
+            "response.content_part.added",
+            {"item_id": item_id, "output_index": index, "content_index": 0, "part": text_part("")},
+        )
 
     def _close_reasoning(self) -> bytes:
         item_id, index = self._rs
@@ -182,8 +235,10 @@ class EventWriter:
         item = reasoning_item(item_id, text, encrypted=self.encrypted)
         self.output[index] = item
         self._rs = None
-        return (self.event("response.reasoning_text.done", {"item_id": item_id, "output_index": index, "content_index": 0, "text": text})
-                + self.event("response.output_item.done", {"output_index": index, "item": item}))
+        return self.event(
+            "response.reasoning_text.done",
+            {"item_id": item_id, "output_index": index, "content_index": 0, "text": text},
+        ) + self.event("response.output_item.done", {"output_index": index, "item": item})
 
     def _close_message(self) -> bytes:
         item_id, index = self._msg
@@ -193,13 +248,17 @@ class EventWriter:
         self.output[index] = item
         self._msg = None
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
-        return (self.event("response.output_text.done", {**where, "text": text, "logprobs": self._logprobs})
-                + self.event("response.content_part.done", {**where, "part": part})
-                + self.event("response.output_item.done", {"output_index": index, "item": item}))
+        return (
+            self.event("response.output_text.done", {**where, "text": text, "logprobs": self._logprobs})
+            + self.event("response.content_part.done", {**where, "part": part})
+            + self.event("response.output_item.done", {"output_index": index, "item": item})
+        )
 
     # --- the end ---
 
-    def finish(self, calls: list[dict], finish: str | None, usage: Usage, *, reasoning_tokens: int = 0) -> tuple[bytes, dict[str, Any]]:
+    def finish(
+        self, calls: list[dict], finish: str | None, usage: Usage, *, reasoning_tokens: int = 0
+    ) -> tuple[bytes, dict[str, Any]]:
         """The closing events and the final response object (for the store)."""
         out = self._close_reasoning() if self._rs else b""
         if self._msg is None and not calls and not any(i.get("type") == "message" for i in self.output):
@@ -209,8 +268,9 @@ class EventWriter:
         for call in calls:
             out += self._call_events(call)
         status, reason = status_of(finish)
-        response = self.draft.envelope(status=status, output=self.output, usage=usage_object(usage, reasoning_tokens),
-                                       incomplete=reason)
+        response = self.draft.envelope(
+            status=status, output=self.output, usage=usage_object(usage, reasoning_tokens), incomplete=reason
+        )
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self.event(kind, {"response": response}), response
 
@@ -228,7 +288,9 @@ class EventWriter:
             out += self.event("response.custom_tool_call_input.done", {**where, "input": item["input"]})
         else:
             out += self.event("response.function_call_arguments.delta", {**where, "delta": item["arguments"]})
-            out += self.event("response.function_call_arguments.done", {**where, "name": item["name"], "arguments": item["arguments"]})
+            out += self.event(
+                "response.function_call_arguments.done", {**where, "name": item["name"], "arguments": item["arguments"]}
+            )
         return out + self.event("response.output_item.done", {"output_index": index, "item": item})
 
     def fail(self, exc: BaseException) -> tuple[bytes, dict[str, Any]]:

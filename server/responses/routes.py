@@ -24,10 +24,10 @@ from localrun.errors import LocalrunError
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation
 from localrun.server.reasoning import effort_ask, enable_reasoning
-from localrun.server.responses.store import ResponseStore
 from localrun.server.responses.convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set
 from localrun.server.responses.output import Draft, EventWriter, new_id, output_items, status_of, usage_object
 from localrun.server.responses.schemas import ResponsesRequest
+from localrun.server.responses.store import ResponseStore
 from localrun.types import ChatRequest
 
 log = logging.getLogger(__name__)
@@ -58,16 +58,28 @@ def _echo(body: ResponsesRequest, sampling, choice: Any) -> dict[str, Any]:
     """The request's settings as every response object repeats them (what actually ran)."""
     fmt = body.text.format if body.text and body.text.format else None
     return {
-        "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "max_tool_calls": body.max_tool_calls,
-        "metadata": body.metadata or {}, "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": body.max_tool_calls,
+        "metadata": body.metadata or {},
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
         "previous_response_id": body.previous_response_id,
-        "reasoning": {"effort": body.reasoning.effort if body.reasoning else None,
-                      "summary": body.reasoning.summary if body.reasoning else None},
-        "store": body.store is not False, "temperature": sampling.temperature, "top_p": sampling.top_p,
+        "reasoning": {
+            "effort": body.reasoning.effort if body.reasoning else None,
+            "summary": body.reasoning.summary if body.reasoning else None,
+        },
+        "store": body.store is not False,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
-        "tool_choice": choice if choice is not None else "auto", "tools": list(body.tools or ()),
-        "top_logprobs": body.top_logprobs, "truncation": body.truncation or "disabled", "user": body.user,
-        "background": False, "service_tier": body.service_tier or "default", "prompt_cache_key": body.prompt_cache_key,
+        "tool_choice": choice if choice is not None else "auto",
+        "tools": list(body.tools or ()),
+        "top_logprobs": body.top_logprobs,
+        "truncation": body.truncation or "disabled",
+        "user": body.user,
+        "background": False,
+        "service_tier": body.service_tier or "default",
+        "prompt_cache_key": body.prompt_cache_key,
         "safety_identifier": body.safety_identifier,
     }
 
@@ -87,9 +99,14 @@ def _sampling(request: Request, body: ResponsesRequest):
     if fmt is not None and fmt.type != "text":
         schema = {} if fmt.type == "json_object" else (fmt.schema_ or {})
     wants_logprobs = body.top_logprobs is not None or "message.output_text.logprobs" in (body.include or ())
-    return make_sampling(cap=app_state(request).settings.runtime.max_tokens_cap, max_tokens=body.max_output_tokens,
-                         temperature=body.temperature, top_p=body.top_p, json_schema=schema,
-                         logprobs=logprobs_asked(wants_logprobs, body.top_logprobs))
+    return make_sampling(
+        cap=app_state(request).settings.runtime.max_tokens_cap,
+        max_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        json_schema=schema,
+        logprobs=logprobs_asked(wants_logprobs, body.top_logprobs),
+    )
 
 
 def _calls(gen: Generation, body: ResponsesRequest) -> list[dict]:
@@ -97,7 +114,7 @@ def _calls(gen: Generation, body: ResponsesRequest) -> list[dict]:
     if body.parallel_tool_calls is False:
         calls = calls[:1]
     if body.max_tool_calls is not None:
-        calls = calls[:body.max_tool_calls]
+        calls = calls[: body.max_tool_calls]
     return calls
 
 
@@ -111,15 +128,22 @@ async def create_response(request: Request):
     tools = tool_set(body)
     choice = tool_choice(body, tools)
     sampling = _sampling(request, body)
-    req = ChatRequest(messages=conversation(items, body.instructions), sampling=sampling, tools=tuple(tools.tools),
-                      tool_choice=choice)
+    req = ChatRequest(
+        messages=conversation(items, body.instructions), sampling=sampling, tools=tuple(tools.tools), tool_choice=choice
+    )
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=_found(body, items, tools, choice))
     try:  # a reasoning model's channel becomes reasoning items, its budget set by reasoning.effort
-        enable_reasoning(request, gen, req, effort_ask(body.reasoning.effort if body.reasoning else None, "reasoning.effort"))
+        enable_reasoning(
+            request, gen, req, effort_ask(body.reasoning.effort if body.reasoning else None, "reasoning.effort")
+        )
     except LocalrunError:
         await gen.aclose()
         raise
-    echo = _echo(body, sampling, body.tool_choice.model_dump(exclude_none=True) if hasattr(body.tool_choice, "model_dump") else choice)
+    echo = _echo(
+        body,
+        sampling,
+        body.tool_choice.model_dump(exclude_none=True) if hasattr(body.tool_choice, "model_dump") else choice,
+    )
     draft = Draft(new_id("resp"), gen.record.name, echo)
     keep = store if body.store is not False else None
     encrypted = "reasoning.encrypted_content" in (body.include or ())
@@ -134,7 +158,9 @@ async def create_response(request: Request):
         return JSONResponse(response)
     first = await gen.first()
     writer = EventWriter(draft, tools, encrypted=encrypted)
-    return StreamingResponse(_events(gen, first, writer, body, keep), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(
+        _events(gen, first, writer, body, keep), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 async def _keep(store: ResponseStore | None, rid: str, body: ResponsesRequest, response: dict) -> None:
@@ -163,7 +189,9 @@ async def _events(gen: Generation, first, writer: EventWriter, body: ResponsesRe
         data, _ = writer.fail(exc)
         yield data
         return
-    data, response = writer.finish(_calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts))
+    data, response = writer.finish(
+        _calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts)
+    )
     await _keep(keep, writer.draft.rid, body, response)  # before the last event: a client may continue at once
     yield data
 

@@ -95,13 +95,33 @@ ITEM_TYPES: dict[str, type[Lenient]] = {
 }
 """Item types that reach the model."""
 
-DROPPED_ITEMS = frozenset({
-    "web_search_call", "file_search_call", "computer_call", "computer_call_output", "code_interpreter_call",
-    "image_generation_call", "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
-    "tool_search_call", "tool_search_output", "compaction", "compaction_trigger", "local_shell_call",
-    "local_shell_call_output", "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
-    "program", "program_output", "additional_tools",
-})
+DROPPED_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "computer_call",
+        "computer_call_output",
+        "code_interpreter_call",
+        "image_generation_call",
+        "mcp_list_tools",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "mcp_call",
+        "tool_search_call",
+        "tool_search_output",
+        "compaction",
+        "compaction_trigger",
+        "local_shell_call",
+        "local_shell_call_output",
+        "shell_call",
+        "shell_call_output",
+        "apply_patch_call",
+        "apply_patch_call_output",
+        "program",
+        "program_output",
+        "additional_tools",
+    }
+)
 """Items that record OpenAI-hosted work (searches, compactions, hosted shells): dropped from the prompt."""
 
 
@@ -139,11 +159,26 @@ class NamespaceTool(Lenient):
 TOOL_TYPES: dict[str, type[Lenient]] = {"function": FunctionTool, "custom": CustomTool, "namespace": NamespaceTool}
 """Tool types the model is offered."""
 
-HOSTED_TOOLS = frozenset({
-    "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
-    "code_interpreter", "image_generation", "computer", "computer_use", "computer_use_preview", "mcp", "local_shell",
-    "shell", "apply_patch", "tool_search", "programmatic_tool_calling",
-})
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer",
+        "computer_use",
+        "computer_use_preview",
+        "mcp",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "tool_search",
+        "programmatic_tool_calling",
+    }
+)
 """Tools OpenAI runs or formats itself (search, hosted code, MCP, its shell/patch formats): dropped unless forced."""
 
 
@@ -157,8 +192,11 @@ def parse_typed(value: Any, registry: dict[str, type[Lenient]], dropped: frozens
     model = registry.get(kind) if isinstance(kind, str) else None
     if model is None:
         known = ", ".join(sorted(registry))
-        raise InvalidRequest(f"{where} has type {kind!r}, which localrun does not read; known types: {known} "
-                             f"(hosted ones such as {sorted(dropped)[0]!r} are dropped)", param=f"{where}.type")
+        raise InvalidRequest(
+            f"{where} has type {kind!r}, which localrun does not read; known types: {known} "
+            f"(hosted ones such as {sorted(dropped)[0]!r} are dropped)",
+            param=f"{where}.type",
+        )
     try:
         return model.model_validate(value)
     except ValidationError as exc:
@@ -209,11 +247,18 @@ class NamedChoice(Strict):
     server_label: Short | None = None
 
 
-INCLUDABLE = frozenset({
-    "reasoning.encrypted_content", "message.output_text.logprobs", "web_search_call.results",
-    "web_search_call.action.sources", "file_search_call.results", "message.input_image.image_url",
-    "computer_call_output.output.image_url", "code_interpreter_call.outputs",
-})
+INCLUDABLE = frozenset(
+    {
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "file_search_call.results",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+    }
+)
 Loose = dict[str, Any]
 
 
@@ -237,7 +282,9 @@ class ResponsesRequest(Strict):
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    metadata: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Short], Field(max_length=16)] | None = None
+    metadata: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Short], Field(max_length=16)] | None = (
+        None
+    )
     user: Short | None = None
     safety_identifier: Short | None = None
     service_tier: Annotated[str, StringConstraints(max_length=32)] | None = None
@@ -270,8 +317,15 @@ class ResponsesRequest(Strict):
             found.append(("truncation", "truncation"))
         if self.background:
             found.append(("background", "background"))
-        for name in ("background_options", "conversation", "prompt", "context_management", "access_programs", "image",
-                     "moderation"):
+        for name in (
+            "background_options",
+            "conversation",
+            "prompt",
+            "context_management",
+            "access_programs",
+            "image",
+            "moderation",
+        ):
             if getattr(self, name) is not None:
                 found.append((name, name))
         return found
@@ -279,6 +333,6 @@ class ResponsesRequest(Strict):
     def check_include(self) -> None:
         for i, value in enumerate(self.include or ()):
             if value not in INCLUDABLE:
-                raise InvalidRequest(f"include[{i}] is {value!r}; known values: {', '.join(sorted(INCLUDABLE))}",
-                                     param=f"include[{i}]")
-
+                raise InvalidRequest(
+                    f"include[{i}] is {value!r}; known values: {', '.join(sorted(INCLUDABLE))}", param=f"include[{i}]"
+                )

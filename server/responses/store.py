@@ -84,22 +84,36 @@ class ResponseStore:
         """Keep one response, then drop what is past the age limit or over the cap."""
         now = time.time()
         with self._lock, self._connect() as conn:
-            conn.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
-                         (rid, now, previous_id, json.dumps(input_items, ensure_ascii=False), json.dumps(response, ensure_ascii=False)))
+            conn.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                (
+                    rid,
+                    now,
+                    previous_id,
+                    json.dumps(input_items, ensure_ascii=False),
+                    json.dumps(response, ensure_ascii=False),
+                ),
+            )
             conn.execute("DELETE FROM responses WHERE created_at < ?", (now - self.max_age_s,))
-            conn.execute("DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created_at DESC LIMIT ?)",
-                         (self.max_stored,))
+            conn.execute(
+                "DELETE FROM responses WHERE id NOT IN (SELECT id FROM responses ORDER BY created_at DESC LIMIT ?)",
+                (self.max_stored,),
+            )
 
     def _row(self, conn: sqlite3.Connection, rid: str) -> tuple | None:
-        return conn.execute("SELECT previous_id, input, response FROM responses WHERE id = ? AND created_at >= ?",
-                            (rid, time.time() - self.max_age_s)).fetchone()
+        return conn.execute(
+            "SELECT previous_id, input, response FROM responses WHERE id = ? AND created_at >= ?",
+            (rid, time.time() - self.max_age_s),
+        ).fetchone()
 
     def get(self, rid: str) -> dict[str, Any]:
         with self._connect() as conn:
             row = self._row(conn, rid)
         if row is None:
-            raise ResponseNotFound(f"no stored response with id {rid[:200]!r}",
-                                   hint="responses are kept only when created with store true, and for a limited time")
+            raise ResponseNotFound(
+                f"no stored response with id {rid[:200]!r}",
+                hint="responses are kept only when created with store true, and for a limited time",
+            )
         return json.loads(row[2])
 
     def input_items(self, rid: str) -> list[Any]:
@@ -121,15 +135,21 @@ class ResponseStore:
         with self._connect() as conn:
             while current is not None:
                 if current in seen or len(links) >= MAX_CHAIN:
-                    raise InvalidRequest(f"previous_response_id {rid!r} leads to a chain longer than {MAX_CHAIN} responses",
-                                         hint="send the conversation in 'input' instead", param="previous_response_id")
+                    raise InvalidRequest(
+                        f"previous_response_id {rid!r} leads to a chain longer than {MAX_CHAIN} responses",
+                        hint="send the conversation in 'input' instead",
+                        param="previous_response_id",
+                    )
                 seen.add(current)
                 row = self._row(conn, current)
                 if row is None:
                     which = "" if current == rid else f" (an earlier link of {rid!r})"
-                    raise PreviousNotFound(f"previous response with id {current[:200]!r}{which} not found",
-                                           hint="it was created with store false, deleted, or is past the age limit; "
-                                                "send the conversation in 'input'", param="previous_response_id")
+                    raise PreviousNotFound(
+                        f"previous response with id {current[:200]!r}{which} not found",
+                        hint="it was created with store false, deleted, or is past the age limit; "
+                        "send the conversation in 'input'",
+                        param="previous_response_id",
+                    )
                 previous, items, response = row
                 links.append((json.loads(items), json.loads(response).get("output") or []))
                 current = previous

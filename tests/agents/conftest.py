@@ -31,7 +31,9 @@ _names = itertools.count()
 @pytest.fixture(scope="session")
 def agents_bin() -> Path:
     if not AGENTS_BIN.is_dir():
-        pytest.skip(f"the coding agents are not installed in {AGENTS_BIN.parent.parent}: run scripts/dev setup (needs npm)")
+        pytest.skip(
+            f"the coding agents are not installed in {AGENTS_BIN.parent.parent}: run scripts/dev setup (needs npm)"
+        )
     return AGENTS_BIN
 
 
@@ -65,23 +67,46 @@ def agent_env(tmp_path, agents_bin, _isolated_home) -> dict[str, str]:
 
     home = tmp_path / "agent-home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_", "CLAUDE_"))}
-    env.update({
-        "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"), "XDG_CACHE_HOME": str(home / ".cache"),
-        "XDG_DATA_HOME": str(home / ".local" / "share"), "XDG_STATE_HOME": str(home / ".local" / "state"),
-        "LOCALRUN_CHAT_MODEL_CACHE": str(chat_model_cache()),  # the set-up's SmolLM2, found with the new HOME
-        "PATH": f"{agents_bin}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(REPO),
-        "LOCALRUN_RUNTIME__THREADS": "1", "LOCALRUN_LOG_LEVEL": "INFO", "NO_COLOR": "1", "CI": "1",
-    })
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "OPENCODE_", "CLAUDE_"))
+    }
+    env.update(
+        {
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "XDG_DATA_HOME": str(home / ".local" / "share"),
+            "XDG_STATE_HOME": str(home / ".local" / "state"),
+            "LOCALRUN_CHAT_MODEL_CACHE": str(chat_model_cache()),  # the set-up's SmolLM2, found with the new HOME
+            "PATH": f"{agents_bin}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONPATH": str(REPO),
+            "LOCALRUN_RUNTIME__THREADS": "1",
+            "LOCALRUN_LOG_LEVEL": "INFO",
+            "NO_COLOR": "1",
+            "CI": "1",
+        }
+    )
     return env
 
 
-def run_launch(prefix: list[str], agent: str, args: list[str], env: dict, cwd: Path, *, timeout: float,
-               launch_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def run_launch(
+    prefix: list[str],
+    agent: str,
+    args: list[str],
+    env: dict,
+    cwd: Path,
+    *,
+    timeout: float,
+    launch_args: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
     """``localrun launch AGENT [launch_args] -- ARGS`` to its end (stdin closed), output captured."""
     cmd = [*prefix, sys.executable, "-m", "localrun", "launch", agent, *launch_args, "--", *args]
     env = {**env, "PWD": str(cwd)}  # opencode takes its project folder from PWD, not from the process's cwd
-    return subprocess.run(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture
@@ -98,10 +123,26 @@ def scripted_server(tmp_path, tiny_gguf_long):
         ModelStore(Settings()).import_path(tiny_gguf_long, name="tiny")
         port = 18731 if prefix else free_port()  # a fresh namespace has every port free
         log = tmp_path / f"scripted-{len(started)}.log"
-        args = [*prefix, sys.executable, "-m", "tests.agents.scripted", "--port", str(port), "--plan", "n_ctx=65536",
-                "--option", f"script_calls={json.dumps(script)}"]
-        proc = subprocess.Popen(args, env={**env, "LOCALRUN_RUNTIME__FORCE": "scripted"}, cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
+        args = [
+            *prefix,
+            sys.executable,
+            "-m",
+            "tests.agents.scripted",
+            "--port",
+            str(port),
+            "--plan",
+            "n_ctx=65536",
+            "--option",
+            f"script_calls={json.dumps(script)}",
+        ]
+        proc = subprocess.Popen(
+            args,
+            env={**env, "LOCALRUN_RUNTIME__FORCE": "scripted"},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=open(log, "wb"),
+            text=True,
+        )
         server = ServerProcess(proc, ServerSpec(args, port), log)
         server.port = port
         started.append(server)

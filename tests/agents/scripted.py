@@ -27,7 +27,7 @@ NAME = "scripted"
 class ScriptedRuntime(FakeRuntime):
     name: ClassVar[str] = NAME
 
-    def load(self, model, plan) -> "ScriptedSession":
+    def load(self, model, plan) -> ScriptedSession:
         return ScriptedSession(model, plan)
 
 

@@ -43,13 +43,23 @@ def _short(env: dict, tokens: int) -> dict:
 
 
 ONE_TURN = {
-    "claude": ["-p", "--bare", "--system-prompt", "Answer in one short sentence.", "--tools", "", "--no-session-persistence",
-               "Say hello."],
+    "claude": [
+        "-p",
+        "--bare",
+        "--system-prompt",
+        "Answer in one short sentence.",
+        "--tools",
+        "",
+        "--no-session-persistence",
+        "Say hello.",
+    ],
     "codex": ["exec", "--skip-git-repo-check", "--ephemeral", "Say hello."],
     "opencode": ["run", "Say hello."],
 }
-OPENCODE_PROJECT = '{"$schema": "https://opencode.ai/config.json", "tools": {"*": false}, ' \
-                   '"agent": {"build": {"prompt": "Answer in one short sentence."}}}'
+OPENCODE_PROJECT = (
+    '{"$schema": "https://opencode.ai/config.json", "tools": {"*": false}, '
+    '"agent": {"build": {"prompt": "Answer in one short sentence."}}}'
+)
 
 
 @needs_llama
@@ -61,10 +71,14 @@ def test_one_turn_on_a_real_model(agent, agents_bin, agent_env, netns, tmp_path,
     work.mkdir()
     if agent == "opencode":
         (work / "opencode.json").write_text(OPENCODE_PROJECT)
-    result = run_launch(netns, agent, ONE_TURN[agent], _short(agent_env, 48 if agent != "codex" else 160), work, timeout=RUN_S)
+    result = run_launch(
+        netns, agent, ONE_TURN[agent], _short(agent_env, 48 if agent != "codex" else 160), work, timeout=RUN_S
+    )
     out = _check(result, "localrun serving smollm2-135m-instruct")
-    route = {"claude": '"POST /v1/messages', "codex": '"POST /v1/responses', "opencode": '"POST /v1/chat/completions'}[agent]
-    assert f'{route}' in out and "model=smollm2-135m-instruct" in out, out[-4000:]
+    route = {"claude": '"POST /v1/messages', "codex": '"POST /v1/responses', "opencode": '"POST /v1/chat/completions'}[
+        agent
+    ]
+    assert f"{route}" in out and "model=smollm2-135m-instruct" in out, out[-4000:]
 
 
 def _marker(work) -> tuple[str, str]:
@@ -75,7 +89,16 @@ def _marker(work) -> tuple[str, str]:
 
 
 TOOL_TASK = {
-    "claude": ["-p", "--bare", "--tools", "Read", "--allowedTools", "Read", "--no-session-persistence", "Read marker.txt."],
+    "claude": [
+        "-p",
+        "--bare",
+        "--tools",
+        "Read",
+        "--allowedTools",
+        "Read",
+        "--no-session-persistence",
+        "Read marker.txt.",
+    ],
     "codex": ["exec", "--skip-git-repo-check", "--ephemeral", "Show me marker.txt."],
     "opencode": ["run", "Read marker.txt."],
 }
@@ -84,8 +107,11 @@ TOOL_TASK = {
 def _script(agent: str, path: str) -> dict:
     return {
         "claude": {"Read": {"file_path": path}},
-        "codex": {"exec_command": {"cmd": f"cat {path}"}, "shell_command": {"command": f"cat {path}"},
-                  "shell": {"command": ["cat", path]}},
+        "codex": {
+            "exec_command": {"cmd": f"cat {path}"},
+            "shell_command": {"command": f"cat {path}"},
+            "shell": {"command": ["cat", path]},
+        },
         "opencode": {"read": {"filePath": path}},
     }[agent]
 

@@ -43,8 +43,9 @@ GEMMA_PROMPTS = [
     "A haiku about the sea:\n",
 ]
 TINY_SYSTEM = "you are a helpful hello world assistant and the time is now " * 4
-GEMMA_SYSTEM = ("You are a careful assistant. Answer briefly and precisely, in plain English, and say when "
-                "you do not know. ") * 8
+GEMMA_SYSTEM = (
+    "You are a careful assistant. Answer briefly and precisely, in plain English, and say when you do not know. "
+) * 8
 
 
 @pytest.fixture(params=["tiny", pytest.param("gemma", marks=pytest.mark.gemma)])
@@ -73,7 +74,7 @@ def test_greedy_tokens_are_the_same_alone_and_batched_by_default(model):
     assert s.layout.exact and not s.layout.exact_prefix  # the default: batch-invariant, flash attention on
     try:
         for others in (1, 3):
-            group = [prompts[0], *prompts[1:1 + others]]
+            group = [prompts[0], *prompts[1 : 1 + others]]
             got = together(s, [request(p, max_tokens=max_tokens) for p in group])
             assert [r.text for r in got] == [ref[p] for p in group], f"batched with {others} others"
         got = together(s, [request(p, max_tokens=max_tokens) for p in prompts])  # 8 requests, 4 slots
@@ -82,8 +83,14 @@ def test_greedy_tokens_are_the_same_alone_and_batched_by_default(model):
     finally:
         s.close()
     # 8 slots are past the default's batch-invariant range (it gives way to the 8-row kernels): ask for it
-    s = load(path, n_slots=8, slot_ctx=256 if name == "tiny" else 512, step_tokens=32, prefix_cache=False,
-             batch_invariant=True)
+    s = load(
+        path,
+        n_slots=8,
+        slot_ctx=256 if name == "tiny" else 512,
+        step_tokens=32,
+        prefix_cache=False,
+        batch_invariant=True,
+    )
     try:
         assert s.layout.decode_rows == 7
         got = together(s, [request(p, max_tokens=max_tokens) for p in prompts])
@@ -100,7 +107,7 @@ def test_greedy_tokens_are_the_same_alone_batched_and_from_the_cache(model):
     try:
         target = prompts[0]
         for others in (1, 3, 7):  # cold the first time each prompt is seen, then from the cache
-            group = [target, *prompts[1:1 + others]]
+            group = [target, *prompts[1 : 1 + others]]
             got = together(s, [request(p, max_tokens=max_tokens) for p in group])
             for p, r in zip(group, got):
                 assert r.text == ref[p], f"{p!r} batched with {others} others"
@@ -190,9 +197,11 @@ def test_each_request_keeps_its_own_sampling(model):
     try:
         alone = [run(s, r) for r in reqs]
         full = alone[2].text
-        k = next((k for k in range(2, len(full) - 2) if full[k:k + 2].strip() and full.find(full[k:k + 2]) == k), None)
+        k = next(
+            (k for k in range(2, len(full) - 2) if full[k : k + 2].strip() and full.find(full[k : k + 2]) == k), None
+        )
         if k is not None:  # a stop string from the middle of the greedy answer
-            reqs[2] = request(prompts[2], temperature=0.0, max_tokens=7, stop=(full[k:k + 2],))
+            reqs[2] = request(prompts[2], temperature=0.0, max_tokens=7, stop=(full[k : k + 2],))
             alone[2] = run(s, reqs[2])
             assert alone[2].text == full[:k] and alone[2].finish == "stop"
         batched = together(s, reqs)

@@ -11,8 +11,11 @@ from localrun.types import Plan
 
 
 def layout(n_ctx=8192, n_batch=512, device="cpu", n_gpu_layers=0, **options) -> Layout:
-    return Layout.from_plan(Plan(runtime="llama.cpp", n_ctx=n_ctx, n_batch=n_batch, device=device,
-                                 n_gpu_layers=n_gpu_layers, options=options))
+    return Layout.from_plan(
+        Plan(
+            runtime="llama.cpp", n_ctx=n_ctx, n_batch=n_batch, device=device, n_gpu_layers=n_gpu_layers, options=options
+        )
+    )
 
 
 @pytest.mark.parametrize("n_ctx, slots", [(256, 1), (2048, 1), (4095, 1), (4096, 2), (8192, 4), (32768, 4)])
@@ -55,8 +58,17 @@ def test_exact_prefix_adds_the_chunk_rules_and_implies_batch_invariance():
     assert got.exact and got.exact_prefix and got.min_chunk == MIN_CHUNK and got.decode_rows == 7
 
 
-@pytest.mark.parametrize("options", [{"n_slots": 0}, {"n_slots": 1000}, {"slot_ctx": 4}, {"n_slots": "many"},
-                                     {"host_cache_mib": -1}, {"step_tokens": -5}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"n_slots": 0},
+        {"n_slots": 1000},
+        {"slot_ctx": 4},
+        {"n_slots": "many"},
+        {"host_cache_mib": -1},
+        {"step_tokens": -5},
+    ],
+)
 def test_nonsense_options_are_a_config_error(options):
     with pytest.raises(ConfigError):
         layout(**options)

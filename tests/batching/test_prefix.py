@@ -72,6 +72,7 @@ SYSTEM = list(range(100, 200))  # a 100-token shared prefix
 
 # --- the radix index --------------------------------------------------------------------------
 
+
 def test_longest_prefix_and_its_owners():
     idx = RadixIndex()
     idx.set(0, [1, 2, 3, 4])
@@ -100,8 +101,10 @@ def test_replacing_and_discarding_prunes_the_tree():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 3), max_size=12)), max_size=30),
-       st.lists(st.integers(0, 3), max_size=12))
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 3), max_size=12)), max_size=30),
+    st.lists(st.integers(0, 3), max_size=12),
+)
 def test_index_matches_a_brute_force_search(ops, query):
     idx, held = RadixIndex(), {}
     for owner, tokens in ops:
@@ -130,6 +133,7 @@ def test_index_matches_a_brute_force_search(ops, query):
 
 
 # --- slots ----------------------------------------------------------------------------------------
+
 
 def test_empty_slots_are_taken_lowest_first_and_all_busy_means_wait():
     kv = FakeKv(2)
@@ -253,6 +257,7 @@ def test_drop_forgets_a_slot():
 
 # --- the host-RAM tier --------------------------------------------------------------------
 
+
 def test_an_evicted_prefix_is_saved_to_host_ram_and_restored():
     kv = FakeKv(1)
     cache = PrefixCache(1, kv, host_budget=1 << 20)
@@ -311,7 +316,9 @@ def test_random_workload_keeps_the_books_straight(seed):
             kv.kv[slot.seq] = list(slot.tokens)
             cache.release(slot)
         else:
-            prompt = rng.choice(heads)[: rng.randrange(1, 90)] + [rng.randrange(1000) for _ in range(rng.randrange(1, 30))]
+            prompt = rng.choice(heads)[: rng.randrange(1, 90)] + [
+                rng.randrange(1000) for _ in range(rng.randrange(1, 30))
+            ]
             slot, keep = cache.acquire(prompt)
             assert slot.tokens == kv.kv[slot.seq] == prompt[:keep]
             assert keep == 0 or keep >= 8

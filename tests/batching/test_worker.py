@@ -12,7 +12,15 @@ import time
 import pytest
 
 from localrun.types import (
-    Cancel, ChatRequest, CompletionRequest, FileEntry, Format, Message, ModelRecord, Plan, Sampling,
+    Cancel,
+    ChatRequest,
+    CompletionRequest,
+    FileEntry,
+    Format,
+    Message,
+    ModelRecord,
+    Plan,
+    Sampling,
 )
 from localrun.worker.host import WorkerHandle, iter_chunks
 from tests.batching.conftest import concurrently
@@ -40,24 +48,35 @@ def _complete(prompt, max_tokens=24, **sampling):
 @pytest.mark.parametrize("which", ["tiny", pytest.param("gemma", marks=pytest.mark.gemma)])
 def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, request, tmp_path):
     path = request.getfixturevalue("tiny_gguf" if which == "tiny" else "gemma_gguf")
-    prompts = (["hello world the time is now " * 3, "what was that hello " * 6, "zebra time " * 6, "a b c d e f g h i j " * 3]
-               if which == "tiny" else
-               ["The capital of France is a city of museums, cafes, parks and old stone bridges over a long and slow river. Its most famous tower",
-                "Once upon a time, in a land far away beyond the mountains and the sea, there lived a young fisherman who",
-                "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number, counting from zero, iteratively.\"\"\"\n",
-                "The three primary colors of light are red, green and blue, and the three primary colors of paint are red,"])
+    prompts = (
+        ["hello world the time is now " * 3, "what was that hello " * 6, "zebra time " * 6, "a b c d e f g h i j " * 3]
+        if which == "tiny"
+        else [
+            "The capital of France is a city of museums, cafes, parks and old stone bridges over a long and slow river. Its most famous tower",
+            "Once upon a time, in a land far away beyond the mountains and the sea, there lived a young fisherman who",
+            'def fibonacci(n):\n    """Return the n-th Fibonacci number, counting from zero, iteratively."""\n',
+            "The three primary colors of light are red, green and blue, and the three primary colors of paint are red,",
+        ]
+    )
     # exact_prefix: the concurrent runs reuse the prompts the solo runs left behind
-    plan = Plan(runtime="llama.cpp", n_ctx=4 * 256, n_threads=2,
-                options={"n_slots": 4, "slot_ctx": 256, "exact_prefix": True})
-    h = WorkerHandle(ModelRecord(name="m", format=Format.GGUF, path=str(path)), plan,
-                     log_path=tmp_path / "worker.log", load_timeout_s=120)
+    plan = Plan(
+        runtime="llama.cpp", n_ctx=4 * 256, n_threads=2, options={"n_slots": 4, "slot_ctx": 256, "exact_prefix": True}
+    )
+    h = WorkerHandle(
+        ModelRecord(name="m", format=Format.GGUF, path=str(path)),
+        plan,
+        log_path=tmp_path / "worker.log",
+        load_timeout_s=120,
+    )
     try:
         solo = [_stream(h, _complete(p)) for p in prompts]
         t0 = time.monotonic()
         together = concurrently(lambda p: _stream(h, _complete(p)), [(p,) for p in prompts])
         elapsed = time.monotonic() - t0
         assert [t for t, _ in together] == [t for t, _ in solo]
-        assert [last.usage.completion_tokens for _, last in together] == [last.usage.completion_tokens for _, last in solo]
+        assert [last.usage.completion_tokens for _, last in together] == [
+            last.usage.completion_tokens for _, last in solo
+        ]
         # the solo runs left their prompts in the idle slots; each prompt is long enough to be
         # reused, so each request takes its own slot in place whatever order they arrive in (a
         # request with nothing to reuse may evict a short cached prompt: cheaper than a copy)
@@ -73,8 +92,9 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
                     cancel.set()
             return chunks[-1]
 
-        mixed = concurrently(lambda k: cancelled_one() if k == 0 else _stream(h, _complete(prompts[k]))[1],
-                              [(k,) for k in range(4)])
+        mixed = concurrently(
+            lambda k: cancelled_one() if k == 0 else _stream(h, _complete(prompts[k]))[1], [(k,) for k in range(4)]
+        )
         assert mixed[0].finish_reason == "cancelled" and mixed[0].usage.completion_tokens < 200
         assert [m.usage.completion_tokens for m in mixed[1:]] == [solo[k][1].usage.completion_tokens for k in (1, 2, 3)]
         chat = ChatRequest(messages=(Message("user", prompts[1]),), sampling=Sampling(max_tokens=8, temperature=0.0))
@@ -86,12 +106,18 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
 
 # --- memory under a mixed workload ---------------------------------------------------------
 
+
 def _gemma_record(path) -> ModelRecord:
     from localrun.modelstore.gguf_meta import read_gguf_metadata
 
     meta = read_gguf_metadata(path).as_dict()
-    return ModelRecord(name="gemma-3-270m", format=Format.GGUF, path=str(path),
-                       files=(FileEntry(str(path), path.stat().st_size),), metadata=meta)
+    return ModelRecord(
+        name="gemma-3-270m",
+        format=Format.GGUF,
+        path=str(path),
+        files=(FileEntry(str(path), path.stat().st_size),),
+        metadata=meta,
+    )
 
 
 def _peak_rss(pid: int) -> int:
@@ -170,8 +196,10 @@ def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf
         assert {"length", "cancelled"} <= set(ends)
         peak = _peak_rss(h.pid)
         estimate = plan.memory.total
-        print(f"worker peak RSS {peak / 2**20:.0f} MiB, plan estimate {estimate / 2**20:.0f} MiB "
-              f"(n_ctx {plan.n_ctx}, {plan.options.get('n_slots', 'default')} slots)")
+        print(
+            f"worker peak RSS {peak / 2**20:.0f} MiB, plan estimate {estimate / 2**20:.0f} MiB "
+            f"(n_ctx {plan.n_ctx}, {plan.options.get('n_slots', 'default')} slots)"
+        )
         assert peak <= estimate
         # every slot came back: as many requests as the default layout has slots run at once, promptly
         again = concurrently(lambda p: _stream(h, _complete(p, max_tokens=8)), [(f"Count to {k}:",) for k in range(4)])

@@ -26,7 +26,7 @@ class Machine:
     def hf_cache(self) -> Path:
         return self.home / "hf" / "hub"
 
-    def use(self) -> "Machine":
+    def use(self) -> Machine:
         self.monkeypatch.setenv("LOCALRUN_HOME", str(self.home))
         self.monkeypatch.setenv("HF_HOME", str(self.home / "hf"))
         self.monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -46,14 +46,28 @@ class Machine:
 
     def blobs(self) -> dict[str, str]:
         """Every blob in this machine's HF cache -> its sha256 (what a clean import leaves)."""
-        return {str(p.relative_to(self.hf_cache)): sha256_file(p) for p in sorted(self.hf_cache.glob("models--*/blobs/*"))}
+        return {
+            str(p.relative_to(self.hf_cache)): sha256_file(p) for p in sorted(self.hf_cache.glob("models--*/blobs/*"))
+        }
 
     def state(self) -> tuple:
         """Index rows and cache contents, comparable between two machines' imports."""
-        rows = sorted((r.name, r.format.value, r.repo, r.revision, r.source.value,
-                       tuple((os.path.relpath(f.path, self.hf_cache), f.size, f.sha256) for f in r.files))
-                      for r in self.store().list())
-        links = sorted((str(p.relative_to(self.hf_cache)), os.readlink(p)) for p in self.hf_cache.glob("models--*/snapshots/**/*") if p.is_symlink())
+        rows = sorted(
+            (
+                r.name,
+                r.format.value,
+                r.repo,
+                r.revision,
+                r.source.value,
+                tuple((os.path.relpath(f.path, self.hf_cache), f.size, f.sha256) for f in r.files),
+            )
+            for r in self.store().list()
+        )
+        links = sorted(
+            (str(p.relative_to(self.hf_cache)), os.readlink(p))
+            for p in self.hf_cache.glob("models--*/snapshots/**/*")
+            if p.is_symlink()
+        )
         partials = sorted(str(p) for p in self.hf_cache.rglob("*.bundle-partial"))
         return rows, self.blobs(), links, partials
 

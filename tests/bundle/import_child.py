@@ -46,7 +46,7 @@ def main() -> int:
                 self.f.write(data[: len(data) // 2])
                 self.f.flush()
                 tick()
-                self.f.write(data[len(data) // 2:])
+                self.f.write(data[len(data) // 2 :])
 
         importer.hash_stream = lambda stream, item, sink=None: real(stream, item, HalfSink(sink) if sink else None)
     elif point in ("journal", "after-journal"):

@@ -40,8 +40,12 @@ def test_install_import_and_run_with_no_network(source, gemma_gguf, tmp_path):
     source.store().import_path(gemma_gguf, name="gemma3-270m")
     bundle = tmp_path / "bundle"
     # --allow-native-llama: the air-gapped "box" is this machine, so pip's cached (native) wheel runs there.
-    made = subprocess.run([LOCALRUN, "bundle", "export", "gemma3-270m", "-o", str(bundle), "--with-wheels", "--allow-native-llama"],
-                          capture_output=True, text=True, timeout=900)
+    made = subprocess.run(
+        [LOCALRUN, "bundle", "export", "gemma3-270m", "-o", str(bundle), "--with-wheels", "--allow-native-llama"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert made.returncode == 0, made.stderr
     wheels = bundle / "wheels"
     assert any(p.name.startswith("llama_cpp_python-") for p in wheels.iterdir())
@@ -59,14 +63,28 @@ def test_install_import_and_run_with_no_network(source, gemma_gguf, tmp_path):
     ]
     # Inside the namespace: any interface but lo fails the test before anything is installed.
     script = "set -e\nif ip -o link | grep -v ' lo:'; then exit 99; fi\n" + "\n".join(steps)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(box), "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-           "LOCALRUN_HOME": str(box / "localrun"), "HF_HOME": str(box / "hf"), "LANG": "C.UTF-8"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(box),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "LOCALRUN_HOME": str(box / "localrun"),
+        "HF_HOME": str(box / "hf"),
+        "LANG": "C.UTF-8",
+    }
     ns = f"lr-airgap-{os.getpid()}"
     isolated = _namespace(ns)
     if not isolated:
-        warnings.warn("ip netns is not permitted here: the air-gap test ran WITHOUT a network namespace "
-                      "(pip still had --no-index and no config)", stacklevel=1)
-    cmd = (["ip", "netns", "exec", ns] if isolated else []) + ["bash", "-c", script if isolated else "\n".join(["set -e", *steps])]
+        warnings.warn(
+            "ip netns is not permitted here: the air-gap test ran WITHOUT a network namespace "
+            "(pip still had --no-index and no config)",
+            stacklevel=1,
+        )
+    cmd = (["ip", "netns", "exec", ns] if isolated else []) + [
+        "bash",
+        "-c",
+        script if isolated else "\n".join(["set -e", *steps]),
+    ]
     try:
         # cwd: the box, which has no source tree (`python -m` would import ./localrun from a checkout)
         run = subprocess.run(cmd, env=env, cwd=box, capture_output=True, text=True, timeout=900)

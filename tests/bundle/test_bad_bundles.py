@@ -16,8 +16,19 @@ from localrun.modelstore.bundle.export import export_bundle
 from localrun.modelstore.bundle.importer import import_bundle, verify_bundle
 from localrun.modelstore.bundle.lock import LOCK_NAME, BundleError
 
-HOSTILE_PATHS = ["../x.gguf", "/abs.gguf", "C:x.gguf", "c:/x.gguf", "a/../../b.gguf", "..\\x.gguf", "\\\\host\\x.gguf",
-                 "x\x00.gguf", "~/x.gguf", "con.gguf", "\uff0e\uff0e/x.gguf"]
+HOSTILE_PATHS = [
+    "../x.gguf",
+    "/abs.gguf",
+    "C:x.gguf",
+    "c:/x.gguf",
+    "a/../../b.gguf",
+    "..\\x.gguf",
+    "\\\\host\\x.gguf",
+    "x\x00.gguf",
+    "~/x.gguf",
+    "con.gguf",
+    "\uff0e\uff0e/x.gguf",
+]
 
 
 @pytest.fixture
@@ -64,7 +75,9 @@ def refused(target, bundle: Path, *needles: str, rehash: bool = False) -> Bundle
     for needle in needles:
         assert needle in text, text
     assert store.list() == []
-    assert not list(target.hf_cache.glob("models--*/blobs/*")) and not list(target.hf_cache.glob("models--*/snapshots/*"))
+    assert not list(target.hf_cache.glob("models--*/blobs/*")) and not list(
+        target.hf_cache.glob("models--*/snapshots/*")
+    )
     return info.value
 
 
@@ -72,18 +85,22 @@ def refused(target, bundle: Path, *needles: str, rehash: bool = False) -> Bundle
 def test_lock_path_that_escapes(bad, target, bundle_dir):
     def edit(doc):
         doc["models"][0]["files"][0]["path"] = doc["models"][0]["primary"] = bad
+
     edit_lock(bundle_dir, edit)
     refused(target, bundle_dir, "unsafe file name")
     with pytest.raises(BundleError):
         verify_bundle(bundle_dir)
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("name", "../evil", "invalid model name"),
-    ("repo", "../../etc", "invalid hub repo id"),
-    ("revision", "../../x", "revision"),
-    ("commit", "not-a-commit", "commit"),
-])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("name", "../evil", "invalid model name"),
+        ("repo", "../../etc", "invalid hub repo id"),
+        ("revision", "../../x", "revision"),
+        ("commit", "not-a-commit", "commit"),
+    ],
+)
 def test_lock_model_fields_that_are_unsafe(field, value, needle, target, bundle_dir):
     edit_lock(bundle_dir, lambda doc: doc["models"][0].__setitem__(field, value))
     refused(target, bundle_dir, needle)
@@ -248,6 +265,7 @@ def test_unexpected_file_in_the_folder(target, bundle_dir):
 def test_code_in_a_bundle_is_refused(target, bundle_dir):
     def edit(doc):
         doc["models"][0]["files"][0]["path"] = doc["models"][0]["primary"] = "model.py"
+
     edit_lock(bundle_dir, edit)
     refused(target, bundle_dir, "carries code", "model.py")
 
@@ -285,6 +303,7 @@ def test_consistent_lock_but_not_a_model(target, bundle_dir):
     def edit(doc):
         f = doc["models"][0]["files"][0]
         f.update(sha256=sha, size=len(junk), git_oid=lfs_git_oid(sha, len(junk)))
+
     edit_lock(bundle_dir, edit)
     store = target.store()
     with pytest.raises(InvalidModelFile) as info:

@@ -38,19 +38,37 @@ def two_model_bundles(tmp_path_factory, tiny_gguf, tiny_gguf_no_template):
         mp.undo()
 
 
-@pytest.mark.parametrize("form,point,n", [
-    ("b.tar", "write", 1), ("b.tar", "write", 2), ("b.tar", "journal", 1), ("b", "journal", 2),
-    ("b", "after-journal", 1), ("b", "ref", 1), ("b.tar", "ref", 2), ("b", "index", 1), ("b.tar", "index", 1),
-])
+@pytest.mark.parametrize(
+    "form,point,n",
+    [
+        ("b.tar", "write", 1),
+        ("b.tar", "write", 2),
+        ("b.tar", "journal", 1),
+        ("b", "journal", 2),
+        ("b", "after-journal", 1),
+        ("b", "ref", 1),
+        ("b.tar", "ref", 2),
+        ("b", "index", 1),
+        ("b.tar", "index", 1),
+    ],
+)
 def test_kill_9_then_rerun_converges(form, point, n, two_model_bundles, target):
     base, states = two_model_bundles
-    child = subprocess.run([sys.executable, "-m", "tests.bundle.import_child", str(base / form), point, str(n)],
-                           env=target.env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+    child = subprocess.run(
+        [sys.executable, "-m", "tests.bundle.import_child", str(base / form), point, str(n)],
+        env=target.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert child.returncode == -9, (child.returncode, child.stdout, child.stderr)
     names_after_kill = {r.name for r in target.store().list()}
     assert names_after_kill <= {"tiny", "tiny2"}
     if point == "write":
-        assert list(target.hf_cache.rglob("*.bundle-partial")), "the kill should have left a half-written temporary file"
+        assert list(target.hf_cache.rglob("*.bundle-partial")), (
+            "the kill should have left a half-written temporary file"
+        )
     result = import_bundle(target.store(), base / form)
     assert {r.name for r in result.records} == {"tiny", "tiny2"}
     assert target.state() == states[form]
@@ -61,9 +79,17 @@ def test_kill_9_then_rerun_converges(form, point, n, two_model_bundles, target):
 @pytest.mark.parametrize("form", ["b", "b.tar"])
 def test_two_imports_at_once_end_in_the_clean_state(form, two_model_bundles, target):
     base, states = two_model_bundles
-    children = [subprocess.Popen([sys.executable, "-m", "tests.bundle.import_child", str(base / form), "none", "1"],
-                                 env=target.env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for _ in range(2)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.bundle.import_child", str(base / form), "none", "1"],
+            env=target.env(),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [c.communicate(timeout=120) for c in children]
     assert [c.returncode for c in children] == [0, 0], outs
     assert all(set(out.split()) == {"tiny", "tiny2"} for out, _ in outs)

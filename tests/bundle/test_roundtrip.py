@@ -36,7 +36,10 @@ def test_local_model_round_trip(form, source, target, tiny_model, tiny_gguf, tmp
     assert f.git_oid == lfs_git_oid(f.sha256, f.size)
     if lock is not None:
         assert lock["schema_version"] == 1 and lock["models"][0]["architecture"] == "llama"
-        assert os.readlink(out / "hub/models--local--tiny/snapshots" / m.commit / tiny_gguf.name) == f"../../blobs/{f.sha256}"
+        assert (
+            os.readlink(out / "hub/models--local--tiny/snapshots" / m.commit / tiny_gguf.name)
+            == f"../../blobs/{f.sha256}"
+        )
         assert (out / "hub/models--local--tiny/refs/main").read_text() == m.commit
     assert verify_bundle(out).models[0].name == "tiny"
 
@@ -45,7 +48,10 @@ def test_local_model_round_trip(form, source, target, tiny_model, tiny_gguf, tmp
     rec = store.resolve("tiny")
     assert rec.source.value == "bundle" and rec.owned and rec.repo == "local/tiny" and rec.revision == m.commit
     blob = target.hf_cache / "models--local--tiny" / "blobs" / f.sha256
-    assert sha256_file(blob) == f.sha256 and Path(rec.path) == target.hf_cache / "models--local--tiny/snapshots" / m.commit / tiny_gguf.name
+    assert (
+        sha256_file(blob) == f.sha256
+        and Path(rec.path) == target.hf_cache / "models--local--tiny/snapshots" / m.commit / tiny_gguf.name
+    )
     assert rec.files[0].sha256 == f.sha256 and rec.metadata["architecture"] == "llama"
     if form == "dir":  # same filesystem, exported here: a hard link, nothing re-hashed
         assert (res.linked, res.bytes_hashed) == (1, 0) and os.path.samefile(blob, out / m.blob_relpath(f))
@@ -164,12 +170,22 @@ def test_gemma_round_trip_answers(source, target, gemma_gguf, tmp_path):
     export_bundle(source.store(), [rec.name], tmp_path / "g.tar")
     verify_bundle(tmp_path / "g.tar")
     target.use()
-    run = subprocess.run([*LOCALRUN, "bundle", "import", str(tmp_path / "g")], env=target.env(),
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [*LOCALRUN, "bundle", "import", str(tmp_path / "g")],
+        env=target.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "imported gemma3-270m" in run.stdout and "1 linked" in run.stderr
-    answer = subprocess.run([*LOCALRUN, "run", "gemma3-270m", "The capital of France is",
-                             "--max-tokens", "8", "--threads", "2"], env=target.env(), capture_output=True, text=True, timeout=180)
+    answer = subprocess.run(
+        [*LOCALRUN, "run", "gemma3-270m", "The capital of France is", "--max-tokens", "8", "--threads", "2"],
+        env=target.env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip()
 
@@ -211,7 +227,9 @@ def test_cli_names_the_bad_file(source, tiny_model, tmp_path):
     runner = CliRunner()
     for cmd in (["bundle", "verify", str(tmp_path / "b")], ["bundle", "import", str(tmp_path / "b")]):
         out = runner.invoke(main, cmd)
-        assert out.exit_code != 0 and blob.name[:20] in out.output.replace("\n", "") and "lock says" in out.output, out.output
+        assert out.exit_code != 0 and blob.name[:20] in out.output.replace("\n", "") and "lock says" in out.output, (
+            out.output
+        )
     ok = runner.invoke(main, ["bundle", "export", "tiny", "-o", str(tmp_path / "c.tar")])
     assert ok.exit_code == 0 and "local/tiny" in ok.output, ok.output
     ok = runner.invoke(main, ["bundle", "verify", str(tmp_path / "c.tar")])

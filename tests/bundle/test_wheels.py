@@ -57,7 +57,11 @@ def test_requirements_pin_every_wheel_with_its_hash(tmp_path):
 
 def test_platform_recorded(tmp_path):
     info = wheels.platform_info(fake_llama_wheel(tmp_path, "OFF"), False)
-    assert info["python_tag"].startswith(("cp3", "pp3")) and info["platform"] and info["llama_cpp_python"]["ggml_native"] is False
+    assert (
+        info["python_tag"].startswith(("cp3", "pp3"))
+        and info["platform"]
+        and info["llama_cpp_python"]["ggml_native"] is False
+    )
 
 
 def _tiny_wheelhouse(folder: Path) -> dict:

@@ -16,7 +16,13 @@ from tests.hub.conftest import fake_hub  # noqa: F401  (fixture)
 
 
 def lr(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "localrun", *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    proc = subprocess.run(
+        [sys.executable, "-m", "localrun", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ.copy(),
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"localrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -97,8 +103,18 @@ def test_gemma_chat_through_the_fallback_transcript_ends_at_the_next_turn(gemma_
     """Gemma 3 270M has no chat template: the transcript's turn labels stop it, even mid-line
     (with this seed it writes "… is Assistant: The capital…" when only a new-line "User:" stops it)."""
     lr("import", str(gemma_gguf), "--name", "gemma")
-    out = lr("run", "gemma", "The capital of France is", "--chat", "--max-tokens", "40", "--temperature", "0.7",
-             "--seed", "2")
+    out = lr(
+        "run",
+        "gemma",
+        "The capital of France is",
+        "--chat",
+        "--max-tokens",
+        "40",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "2",
+    )
     assert "Assistant:" not in out.stdout and "User:" not in out.stdout
     assert out.stderr.rstrip().endswith("stop")  # ended at the turn label, not by max_tokens
     out = lr("run", "gemma", "What is the capital of France?", "--chat", "--max-tokens", "60", "--temperature", "0")

@@ -15,8 +15,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The repository's folders and the package each one is installed as (pyproject's package-dir).
-PACKAGE_DIRS = {"localrun": "localrun", "runtimes": "localrun.runtimes", "modelstore": "localrun.modelstore",
-                "server": "localrun.server", "tui": "localrun.tui"}
+PACKAGE_DIRS = {
+    "localrun": "localrun",
+    "runtimes": "localrun.runtimes",
+    "modelstore": "localrun.modelstore",
+    "server": "localrun.server",
+    "tui": "localrun.tui",
+}
 
 KERNEL = ("localrun.types", "localrun.errors", "localrun.settings", "localrun.proc")
 #: Module prefix -> layer name. The package root itself (``localrun``: the version) is kernel; its
@@ -36,8 +41,12 @@ LAYERS = {
     "localrun.cli": "cli",
 }
 #: The runtimes' public doors for L3: the registry (package), the protocol, pieces and the HTTP dialect.
-RUNTIME_DOORS = ("localrun.runtimes", "localrun.runtimes.base", "localrun.runtimes.pieces",
-                 "localrun.runtimes.openai_compat")
+RUNTIME_DOORS = (
+    "localrun.runtimes",
+    "localrun.runtimes.base",
+    "localrun.runtimes.pieces",
+    "localrun.runtimes.openai_compat",
+)
 
 
 @dataclass(frozen=True)
@@ -57,12 +66,15 @@ RULES: dict[str, Rule] = {
     "planning": Rule(frozenset({"kernel", "chat", "modelstore", "planning"}), RUNTIME_DOORS),
     "upstreams": Rule(frozenset({"kernel", "chat", "modelstore", "upstreams"}), RUNTIME_DOORS),
     "worker": Rule(frozenset({"kernel", "chat", "modelstore", "worker"}), RUNTIME_DOORS),
-    "manager": Rule(frozenset({"kernel", "chat", "runtimes", "modelstore", "planning", "upstreams", "worker",
-                               "manager"})),
+    "manager": Rule(
+        frozenset({"kernel", "chat", "runtimes", "modelstore", "planning", "upstreams", "worker", "manager"})
+    ),
     # L5: the manager only as an object (app.state), so not imported; the store for the mirror and pulls.
     "server": Rule(frozenset({"kernel", "chat", "modelstore", "server"})),
-    "tui": Rule(frozenset({"kernel", "chat", "modelstore", "planning", "manager", "tui"}),
-                ("localrun.server.app", "localrun.server.serve", "localrun.server")),
+    "tui": Rule(
+        frozenset({"kernel", "chat", "modelstore", "planning", "manager", "tui"}),
+        ("localrun.server.app", "localrun.server.serve", "localrun.server"),
+    ),
     "cli": Rule(frozenset(LAYERS.values())),
 }
 
@@ -79,8 +91,10 @@ def allowed(src_layer: str, target: str) -> bool:
     if target == "localrun" or layer_of(target) in rule.layers:
         return True
     # a door names a module exactly (the runtimes package itself) or a package and its modules
-    return any(target == m or (m != "localrun.runtimes" and m != "localrun.server" and target.startswith(m + "."))
-               for m in rule.modules)
+    return any(
+        target == m or (m != "localrun.runtimes" and m != "localrun.server" and target.startswith(m + "."))
+        for m in rule.modules
+    )
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -104,7 +118,8 @@ def package_sources(root: Path = ROOT) -> dict[str, str]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _walk_runtime(node: ast.AST) -> Iterator[ast.AST]:

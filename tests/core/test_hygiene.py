@@ -160,7 +160,10 @@ def test_the_doors_and_type_checking_imports_are_allowed():
         ("localrun.cli.run", "import localrun.runtimes.llamacpp.session"),
     ]:
         assert not set(L.violations(_planted(sources, module, line))) - before, line
-    typed = sources["localrun.server.app"] + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import localrun.manager\n"
+    typed = (
+        sources["localrun.server.app"]
+        + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import localrun.manager\n"
+    )
     assert not set(L.violations({**sources, "localrun.server.app": typed})) - before
     unlayered = set(L.violations({**sources, "localrun.nowhere": ""})) - before
     assert unlayered == {"localrun.nowhere has no layer: add its prefix to the layer table"}

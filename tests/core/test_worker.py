@@ -140,7 +140,9 @@ def test_worker_server_forgets_finished_requests_even_when_cancelled_late():
 
     out = io.BytesIO()
     server = WorkerServer(FrameWriter(out))
-    server.session = FakeRuntime().load(ModelRecord(name="m", format=Format.GGUF, path="/x"), Plan(runtime="fake", n_ctx=256))
+    server.session = FakeRuntime().load(
+        ModelRecord(name="m", format=Format.GGUF, path="/x"), Plan(runtime="fake", n_ctx=256)
+    )
     frames = io.BytesIO()
     writer = FrameWriter(frames)
     for rid in range(1, 6):
@@ -227,8 +229,12 @@ def test_embed_and_call_run_through_the_same_dispatcher_on_both_handles(tmp_path
 def test_a_request_crosses_the_pipe_and_comes_back_equal():
     from localrun.worker.ops import Call, Embed, from_frame, op_name, to_frame
 
-    for req in (_chat(), CompletionRequest(prompt="hi", sampling=Sampling(max_tokens=2)), Embed(("a", "b")),
-                Call("tokenize", {"content": "hi"})):
+    for req in (
+        _chat(),
+        CompletionRequest(prompt="hi", sampling=Sampling(max_tokens=2)),
+        Embed(("a", "b")),
+        Call("tokenize", {"content": "hi"}),
+    ):
         frame = to_frame(req)
         assert frame["op"] == op_name(req) and from_frame(frame) == req
     with pytest.raises(TypeError):

@@ -45,8 +45,13 @@ def gemma_record(path) -> ModelRecord:
         meta = _metadata_with_gguf(path)
     else:
         meta = read_gguf_metadata(path).as_dict()
-    return ModelRecord(name="gemma-3-270m", format=Format.GGUF, path=str(path),
-                       files=(FileEntry(str(path), path.stat().st_size),), metadata=meta)
+    return ModelRecord(
+        name="gemma-3-270m",
+        format=Format.GGUF,
+        path=str(path),
+        files=(FileEntry(str(path), path.stat().st_size),),
+        metadata=meta,
+    )
 
 
 def _metadata_with_gguf(path) -> dict:
@@ -59,11 +64,19 @@ def _metadata_with_gguf(path) -> dict:
         field = fields.get(f"{arch}.{key}")
         return field.contents() if field is not None else None
 
-    return {"architecture": arch, "context_length": value("context_length"), "block_count": value("block_count"),
-            "embedding_length": value("embedding_length"), "feed_forward_length": value("feed_forward_length"),
-            "head_count": value("attention.head_count"), "head_count_kv": value("attention.head_count_kv"),
-            "key_length": value("attention.key_length"), "value_length": value("attention.value_length"),
-            "vocab_size": len(fields["tokenizer.ggml.tokens"].data), "size_bytes": path.stat().st_size}
+    return {
+        "architecture": arch,
+        "context_length": value("context_length"),
+        "block_count": value("block_count"),
+        "embedding_length": value("embedding_length"),
+        "feed_forward_length": value("feed_forward_length"),
+        "head_count": value("attention.head_count"),
+        "head_count_kv": value("attention.head_count_kv"),
+        "key_length": value("attention.key_length"),
+        "value_length": value("attention.value_length"),
+        "vocab_size": len(fields["tokenizer.ggml.tokens"].data),
+        "size_bytes": path.stat().st_size,
+    }
 
 
 @pytest.mark.gemma
@@ -79,15 +92,20 @@ def test_gemma_estimate_is_within_15_percent_of_the_measured_peak(gemma_gguf):
     if plan.device != "cpu":
         pytest.skip("the measurement counts host memory; this llama.cpp build offloads to a GPU")
     assert plan.n_ctx == 8192  # the trained 32,768 capped by the default max_context
-    out = subprocess.run([sys.executable, "-c", MEASURE, str(gemma_gguf), str(plan.n_ctx), "2"],
-                         capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(gemma_gguf), str(plan.n_ctx), "2"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     measured = json.loads(out.stdout.strip().splitlines()[-1])
     assert measured["tokens"] >= plan.n_ctx - 16
     estimate = plan.memory.total
     error = (estimate - measured["peak_rss"]) / measured["peak_rss"]
-    print(f"estimate {estimate / 2**20:.0f} MiB, measured peak {measured['peak_rss'] / 2**20:.0f} MiB, "
-          f"error {error:+.1%}")
+    print(
+        f"estimate {estimate / 2**20:.0f} MiB, measured peak {measured['peak_rss'] / 2**20:.0f} MiB, error {error:+.1%}"
+    )
     assert abs(error) <= 0.15
 
 
@@ -126,6 +144,8 @@ def test_gemma_estimate_with_the_planners_parallel_slots_matches_a_real_worker(g
     finally:
         handle.close()
     error = (plan.memory.total - peak) / peak
-    print(f"{slots} slots of {plan.n_ctx}: estimate {plan.memory.total / 2**20:.0f} MiB, "
-          f"worker peak {peak / 2**20:.0f} MiB, error {error:+.1%}")
+    print(
+        f"{slots} slots of {plan.n_ctx}: estimate {plan.memory.total / 2**20:.0f} MiB, "
+        f"worker peak {peak / 2**20:.0f} MiB, error {error:+.1%}"
+    )
     assert abs(error) <= 0.15

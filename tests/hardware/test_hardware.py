@@ -9,11 +9,23 @@ from types import SimpleNamespace
 import pytest
 
 from localrun.planning.hardware import (
-    GIB, MIB, GpuInfo, HardwareProfile, apple_gpu_budget, detect_hardware, hardware_lines,
+    GIB,
+    MIB,
+    GpuInfo,
+    HardwareProfile,
+    apple_gpu_budget,
+    detect_hardware,
+    hardware_lines,
     render_hardware,
 )
 from tests.hardware.helpers import (
-    DATA, PROFILES, NVMLError_LibraryNotFound, fake_nvml, load_json, profile, sysctl_runner,
+    DATA,
+    PROFILES,
+    NVMLError_LibraryNotFound,
+    fake_nvml,
+    load_json,
+    profile,
+    sysctl_runner,
 )
 
 
@@ -76,8 +88,14 @@ def test_memory_and_cores_come_from_psutil(tmp_path):
 
 
 def test_cgroup_limits_cap_memory_and_cores(tmp_path):
-    write_tree(tmp_path, {"sys/fs/cgroup/memory.max": f"{4 * GIB}\n", "sys/fs/cgroup/memory.current": f"{1 * GIB}\n",
-                          "sys/fs/cgroup/cpu.max": "150000 100000\n"})
+    write_tree(
+        tmp_path,
+        {
+            "sys/fs/cgroup/memory.max": f"{4 * GIB}\n",
+            "sys/fs/cgroup/memory.current": f"{1 * GIB}\n",
+            "sys/fs/cgroup/cpu.max": "150000 100000\n",
+        },
+    )
     hw = linux(tmp_path, vm=fake_vm(total=64 * GIB, available=60 * GIB, logical=32, physical=16))
     assert hw.ram_total == 4 * GIB
     assert hw.ram_available == 3 * GIB
@@ -91,7 +109,13 @@ def test_unlimited_cgroup_changes_nothing(tmp_path):
 
 
 NVIDIA = [
-    {"name": "NVIDIA GeForce RTX 4090", "total": 25757220864, "free": 25173688320, "cc": (8, 9), "uuid": "GPU-aaaa-1111"},
+    {
+        "name": "NVIDIA GeForce RTX 4090",
+        "total": 25757220864,
+        "free": 25173688320,
+        "cc": (8, 9),
+        "uuid": "GPU-aaaa-1111",
+    },
     {"name": b"NVIDIA RTX A4000", "total": 17171480576, "free": 16900000000, "cc": (8, 6), "uuid": "GPU-bbbb-2222"},
 ]
 
@@ -134,8 +158,15 @@ def test_one_broken_nvidia_device_does_not_hide_the_others(tmp_path):
 
 def test_apple_silicon_from_recorded_sysctl(tmp_path):
     answers = load_json("apple_m2_sysctl.json")
-    hw = detect_hardware(root=tmp_path, system="Darwin", machine="arm64", run=sysctl_runner(answers),
-                         vm=fake_vm(total=int(answers["hw.memsize"])), nvml=fake_nvml([]), env={})
+    hw = detect_hardware(
+        root=tmp_path,
+        system="Darwin",
+        machine="arm64",
+        run=sysctl_runner(answers),
+        vm=fake_vm(total=int(answers["hw.memsize"])),
+        nvml=fake_nvml([]),
+        env={},
+    )
     memsize = int(answers["hw.memsize"])
     assert hw.os == "darwin" and hw.arch == "arm64"
     assert hw.cpu_model == answers["machdep.cpu.brand_string"]
@@ -147,23 +178,47 @@ def test_apple_silicon_from_recorded_sysctl(tmp_path):
 
 def test_apple_wired_limit_overrides_the_default_budget(tmp_path):
     answers = {**load_json("apple_m2_sysctl.json"), "iogpu.wired_limit_mb": "14336"}
-    hw = detect_hardware(root=tmp_path, system="Darwin", machine="arm64", run=sysctl_runner(answers),
-                         vm=fake_vm(), nvml=fake_nvml([]), env={})
+    hw = detect_hardware(
+        root=tmp_path,
+        system="Darwin",
+        machine="arm64",
+        run=sysctl_runner(answers),
+        vm=fake_vm(),
+        nvml=fake_nvml([]),
+        env={},
+    )
     assert hw.apple.gpu_working_set_budget == 14336 * MIB
 
 
 def test_rosetta_python_still_sees_apple_silicon(tmp_path):
     answers = {**load_json("apple_m2_sysctl.json"), "sysctl.proc_translated": "1"}
-    hw = detect_hardware(root=tmp_path, system="Darwin", machine="x86_64", run=sysctl_runner(answers),
-                         vm=fake_vm(), nvml=fake_nvml([]), env={})
+    hw = detect_hardware(
+        root=tmp_path,
+        system="Darwin",
+        machine="x86_64",
+        run=sysctl_runner(answers),
+        vm=fake_vm(),
+        nvml=fake_nvml([]),
+        env={},
+    )
     assert hw.arch == "arm64" and hw.apple is not None
 
 
 def test_intel_mac_has_no_unified_gpu_budget(tmp_path):
-    answers = {"hw.memsize": str(16 * GIB), "machdep.cpu.brand_string": "Intel(R) Core(TM) i7-9750H",
-               "hw.optional": "hw.optional.avx1_0: 1\nhw.optional.avx2_0: 1\nhw.optional.fma: 1\n"}
-    hw = detect_hardware(root=tmp_path, system="Darwin", machine="x86_64", run=sysctl_runner(answers),
-                         vm=fake_vm(), nvml=fake_nvml([]), env={})
+    answers = {
+        "hw.memsize": str(16 * GIB),
+        "machdep.cpu.brand_string": "Intel(R) Core(TM) i7-9750H",
+        "hw.optional": "hw.optional.avx1_0: 1\nhw.optional.avx2_0: 1\nhw.optional.fma: 1\n",
+    }
+    hw = detect_hardware(
+        root=tmp_path,
+        system="Darwin",
+        machine="x86_64",
+        run=sysctl_runner(answers),
+        vm=fake_vm(),
+        nvml=fake_nvml([]),
+        env={},
+    )
     assert hw.apple is None and hw.arch == "x86_64"
     assert set(hw.cpu_flags) == {"avx", "avx2", "fma"}
 
@@ -185,7 +240,12 @@ def test_amd_gpus_from_a_sysfs_tree(tmp_path):
     xtx = amd[1]
     total = int(files["sys/class/drm/card1/device/mem_info_vram_total"])
     used = int(files["sys/class/drm/card1/device/mem_info_vram_used"])
-    assert (xtx.vendor, xtx.name, xtx.vram_total, xtx.vram_free) == ("amd", "AMD Radeon RX 7900 XTX", total, total - used)
+    assert (xtx.vendor, xtx.name, xtx.vram_total, xtx.vram_free) == (
+        "amd",
+        "AMD Radeon RX 7900 XTX",
+        total,
+        total - used,
+    )
     assert xtx.driver == "amdgpu" and not xtx.integrated
     assert amd[2].integrated and "0x164e" in amd[2].name
 

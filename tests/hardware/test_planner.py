@@ -6,15 +6,34 @@ import pytest
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime, WontFit
 from localrun.planning.placement import (
-    GPU_CONTEXT, KV_BYTES, TIGHT_RATIO, ModelShape, compute_bytes, host_base_bytes, kv_cache_bytes, weights_bytes,
+    GPU_CONTEXT,
+    KV_BYTES,
+    TIGHT_RATIO,
+    ModelShape,
+    compute_bytes,
+    host_base_bytes,
+    kv_cache_bytes,
+    weights_bytes,
 )
 from localrun.planning.planner import (
-    MIN_CONTEXT, PlanOverrides, _initial_context, plan_placement, render_plan, require_fit,
+    MIN_CONTEXT,
+    PlanOverrides,
+    _initial_context,
+    plan_placement,
+    render_plan,
+    require_fit,
 )
 from localrun.settings import RuntimeSettings, Settings
 from localrun.types import Format, MemoryEstimate, Plan
 from tests.hardware.helpers import (
-    LLAMA_8B, LLAMA_70B, LLAMA_405B, PROFILES, QWEN_05B, profile, record, statuses,
+    LLAMA_8B,
+    LLAMA_70B,
+    LLAMA_405B,
+    PROFILES,
+    QWEN_05B,
+    profile,
+    record,
+    statuses,
 )
 
 GPU_BUILD = {"rtx4090_desktop": "cuda", "m2_mac_16gb": "metal", "amd_gpu_box": "hip", "cpu_laptop_8gb": "cpu"}
@@ -37,6 +56,7 @@ def kv_by_hand(meta, n_ctx, bytes_per=2.0):
 
 
 # --- decisions on each machine -------------------------------------------------------------
+
 
 def test_cpu_only_laptop_runs_a_small_model_on_cpu_with_its_physical_cores():
     hw = profile("cpu_laptop_8gb")
@@ -133,6 +153,7 @@ def test_cuda_build_on_a_machine_without_nvidia_runs_on_cpu_and_says_why():
 
 # --- runtime choice --------------------------------------------------------------------------
 
+
 def test_ollama_is_used_when_llama_cpp_is_missing_and_ollama_is_up():
     p = plan(LLAMA_8B, "rtx4090_desktop", statuses(None, ollama=True))
     assert p.runtime == "ollama"
@@ -177,9 +198,17 @@ def test_registry_only_runtime_needs_no_probe():
 
 
 def test_mlx_model_runs_on_mlx_and_metal():
-    meta = {"num_hidden_layers": 28, "hidden_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 8,
-            "head_dim": 128, "max_position_embeddings": 131072, "vocab_size": 128256, "intermediate_size": 8192,
-            "size_bytes": 1_800_000_000}
+    meta = {
+        "num_hidden_layers": 28,
+        "hidden_size": 3072,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "vocab_size": 128256,
+        "intermediate_size": 8192,
+        "size_bytes": 1_800_000_000,
+    }
     p = plan_placement(record(meta, fmt=Format.MLX), profile("m2_mac_16gb"), statuses("metal", mlx="metal"))
     assert (p.runtime, p.device) == ("mlx", "metal") and p.verdict == "fits"
     assert p.memory.kv_cache == kv_cache_bytes(ModelShape.from_metadata(meta), p.n_ctx) > 0
@@ -192,14 +221,24 @@ def test_mlx_model_without_mlx_says_how_to_install_it():
 
 
 def test_mlc_model_runs_on_mlc():
-    meta = {"context_window_size": 4096, "vocab_size": 32000,
-            "model_config": {"num_hidden_layers": 22, "hidden_size": 2048, "num_attention_heads": 32,
-                             "num_key_value_heads": 4, "intermediate_size": 5632}, "size_bytes": 600_000_000}
+    meta = {
+        "context_window_size": 4096,
+        "vocab_size": 32000,
+        "model_config": {
+            "num_hidden_layers": 22,
+            "hidden_size": 2048,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "intermediate_size": 5632,
+        },
+        "size_bytes": 600_000_000,
+    }
     p = plan_placement(record(meta, fmt=Format.MLC), profile("rtx4090_desktop"), statuses("cuda", mlc=True))
     assert (p.runtime, p.device, p.n_ctx) == ("mlc", "cuda", 4096)
 
 
 # --- overrides ------------------------------------------------------------------------------
+
 
 def test_explicit_context_is_kept_even_when_it_does_not_fit():
     p = plan(LLAMA_8B, "cpu_laptop_8gb", overrides=PlanOverrides(n_ctx=65536))
@@ -243,7 +282,9 @@ def test_device_cpu_on_a_gpu_box():
     assert p.reasons[0].startswith("CPU requested: running on CPU")
 
 
-@pytest.mark.parametrize("over", [PlanOverrides(device="cuda"), PlanOverrides(device="gpu"), PlanOverrides(n_gpu_layers=5)])
+@pytest.mark.parametrize(
+    "over", [PlanOverrides(device="cuda"), PlanOverrides(device="gpu"), PlanOverrides(n_gpu_layers=5)]
+)
 def test_asking_for_a_gpu_the_build_cannot_use(over):
     with pytest.raises(RuntimeUnavailable) as err:
         plan(QWEN_05B, "cpu_laptop_8gb", overrides=over)
@@ -266,10 +307,15 @@ def test_quantized_kv_cache_shrinks_the_estimate():
     f16 = plan(LLAMA_8B, "rtx4090_desktop")
     q8 = plan(LLAMA_8B, "rtx4090_desktop", overrides=PlanOverrides(kv_type="q8_0"))
     assert q8.kv_type == "q8_0"
-    assert q8.memory.kv_cache == kv_by_hand(LLAMA_8B, q8.n_ctx, KV_BYTES["q8_0"]) * q8.options["n_slots"] < f16.memory.kv_cache
+    assert (
+        q8.memory.kv_cache
+        == kv_by_hand(LLAMA_8B, q8.n_ctx, KV_BYTES["q8_0"]) * q8.options["n_slots"]
+        < f16.memory.kv_cache
+    )
 
 
 # --- memory arithmetic ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("meta", [LLAMA_8B, QWEN_05B])
 def test_kv_cache_matches_the_formula(meta):
@@ -356,14 +402,18 @@ def estimate_for(metadata, *, file_sizes, on_gpu: bool = False, n_seq: int = 1) 
 
 def test_estimate_for_a_model_not_yet_downloaded_matches_the_cpu_plan():
     p = plan(QWEN_05B, "cpu_laptop_8gb")
-    est = estimate_for(QWEN_05B, file_sizes=[QWEN_05B["size_bytes"] // 2, QWEN_05B["size_bytes"] - QWEN_05B["size_bytes"] // 2],
-                       n_seq=p.options["n_slots"])
+    est = estimate_for(
+        QWEN_05B,
+        file_sizes=[QWEN_05B["size_bytes"] // 2, QWEN_05B["size_bytes"] - QWEN_05B["size_bytes"] // 2],
+        n_seq=p.options["n_slots"],
+    )
     assert est == p.memory
     gpu = estimate_for(QWEN_05B, file_sizes=QWEN_05B["size_bytes"], on_gpu=True, n_seq=p.options["n_slots"])
     assert gpu.total > est.total  # a GPU's reservations come on top
 
 
 # --- output ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("machine", PROFILES)
 def test_plans_round_trip_and_render(machine):
@@ -380,6 +430,7 @@ def test_plans_round_trip_and_render(machine):
 
 
 # --- parallel slots (llama.cpp) --------------------------------------------------------------
+
 
 def _with_ram(machine: str, available: int):
     hw = profile(machine)
@@ -402,12 +453,17 @@ def test_fewer_slots_when_four_would_not_fit_comfortably():
     kv = one.kv_cache
     # room for the model and two slots' KV within the "fits" share, not three
     ram = (one.total + kv + kv // 2) / TIGHT_RATIO
-    p = plan_placement(record(QWEN_05B), _with_ram("cpu_laptop_8gb", ram), statuses("cpu"),
-                       overrides=PlanOverrides(n_ctx=4096))
+    p = plan_placement(
+        record(QWEN_05B), _with_ram("cpu_laptop_8gb", ram), statuses("cpu"), overrides=PlanOverrides(n_ctx=4096)
+    )
     assert p.options["n_slots"] == 2 and p.verdict == "fits"
     # a model that is tight on its own gets one slot, and says why
-    tight = plan_placement(record(QWEN_05B), _with_ram("cpu_laptop_8gb", one.total / 0.9), statuses("cpu"),
-                           overrides=PlanOverrides(n_ctx=4096))
+    tight = plan_placement(
+        record(QWEN_05B),
+        _with_ram("cpu_laptop_8gb", one.total / 0.9),
+        statuses("cpu"),
+        overrides=PlanOverrides(n_ctx=4096),
+    )
     assert tight.options["n_slots"] == 1 and tight.verdict == "tight"
     assert any(r.startswith("one request at a time") for r in tight.reasons)
 
@@ -430,7 +486,9 @@ def test_parallel_from_the_settings_and_only_for_llama_cpp():
     assert p.options["n_slots"] == 2
     ollama = plan(QWEN_05B, "cpu_laptop_8gb", statuses(None, ollama=True), settings=settings)
     assert ollama.runtime == "ollama" and "n_slots" not in ollama.options  # Ollama schedules its own
-    assert ollama.memory.kv_cache == plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(parallel=1)).memory.kv_cache
+    assert (
+        ollama.memory.kv_cache == plan(QWEN_05B, "cpu_laptop_8gb", overrides=PlanOverrides(parallel=1)).memory.kv_cache
+    )
 
 
 # --- the runtimes' own formats, read through the registry ----------------------------------------

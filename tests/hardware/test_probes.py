@@ -58,8 +58,9 @@ def probe_mlc(**hooks):
 
 
 def fake_llama(info: bytes, offload: bool, version: str = "0.3.36"):
-    return SimpleNamespace(__version__=version, llama_supports_gpu_offload=lambda: offload,
-                           llama_print_system_info=lambda: info)
+    return SimpleNamespace(
+        __version__=version, llama_supports_gpu_offload=lambda: offload, llama_print_system_info=lambda: info
+    )
 
 
 def test_llama_cpp_not_installed_says_so_and_how_to_get_a_cuda_build():
@@ -69,7 +70,9 @@ def test_llama_cpp_not_installed_says_so_and_how_to_get_a_cuda_build():
     assert 'CMAKE_ARGS="-DGGML_CUDA=on"' in status.fix and "llama-cpp-python" in status.fix
 
 
-@pytest.mark.parametrize("name, flag", [("amd_gpu_box", "-DGGML_HIP=on"), ("cpu_laptop_8gb", None), ("m2_mac_16gb", None)])
+@pytest.mark.parametrize(
+    "name, flag", [("amd_gpu_box", "-DGGML_HIP=on"), ("cpu_laptop_8gb", None), ("m2_mac_16gb", None)]
+)
 def test_the_fix_fits_the_machine(name, flag):
     status = probe_llamacpp(profile(name), import_module=importer({}))
     if flag:
@@ -90,30 +93,43 @@ def test_llama_cpp_native_library_that_fails_to_load():
     assert not status.available and "libcudart" in status.reason and status.fix
 
 
-@pytest.mark.parametrize("info, offload, backend", [
-    (CPU_INFO, False, "cpu"), (CUDA_INFO, True, "cuda"), (METAL_INFO, True, "metal"), (ROCM_INFO, True, "hip"),
-    (CPU_INFO + b"Vulkan : ", True, "vulkan"), (CPU_INFO, True, "gpu"),
-])
+@pytest.mark.parametrize(
+    "info, offload, backend",
+    [
+        (CPU_INFO, False, "cpu"),
+        (CUDA_INFO, True, "cuda"),
+        (METAL_INFO, True, "metal"),
+        (ROCM_INFO, True, "hip"),
+        (CPU_INFO + b"Vulkan : ", True, "vulkan"),
+        (CPU_INFO, True, "gpu"),
+    ],
+)
 def test_backend_is_read_from_system_info(info, offload, backend):
     assert llama_backend(info.decode(), offload) == backend
 
 
 def test_cuda_build_on_an_nvidia_box_is_ready():
-    status = probe_llamacpp(profile("rtx4090_desktop"), import_module=importer({"llama_cpp": fake_llama(CUDA_INFO, True)}))
+    status = probe_llamacpp(
+        profile("rtx4090_desktop"), import_module=importer({"llama_cpp": fake_llama(CUDA_INFO, True)})
+    )
     assert status.available and status.version == "0.3.36"
     assert status.devices == ("cpu", "cuda") and status.details["backend"] == "cuda"
     assert status.reason is None and status.fix is None
 
 
 def test_cpu_only_build_on_a_gpu_box_runs_but_says_what_it_misses():
-    status = probe_llamacpp(profile("rtx4090_desktop"), import_module=importer({"llama_cpp": fake_llama(CPU_INFO, False)}))
+    status = probe_llamacpp(
+        profile("rtx4090_desktop"), import_module=importer({"llama_cpp": fake_llama(CPU_INFO, False)})
+    )
     assert status.available and status.devices == ("cpu",)
     assert "without GPU offload" in status.reason and "CUDA" in status.reason
     assert "-DGGML_CUDA=on" in status.fix
 
 
 def test_cpu_only_build_on_a_cpu_box_has_nothing_to_fix():
-    status = probe_llamacpp(profile("cpu_laptop_8gb"), import_module=importer({"llama_cpp": fake_llama(CPU_INFO, False)}))
+    status = probe_llamacpp(
+        profile("cpu_laptop_8gb"), import_module=importer({"llama_cpp": fake_llama(CPU_INFO, False)})
+    )
     assert status.available and status.reason is None and status.fix is None
 
 
@@ -139,14 +155,19 @@ def test_mlx_without_mlx_lm():
     assert not status.available and "mlx-lm" in status.reason
 
 
-@pytest.mark.parametrize("name, device, expected", [
-    ("m2_mac_16gb", "Device(gpu, 0)", ("metal",)), ("cpu_laptop_8gb", "Device(cpu, 0)", ("cpu",)),
-    ("rtx4090_desktop", "Device(gpu, 0)", ("cuda",)),
-])
+@pytest.mark.parametrize(
+    "name, device, expected",
+    [
+        ("m2_mac_16gb", "Device(gpu, 0)", ("metal",)),
+        ("cpu_laptop_8gb", "Device(cpu, 0)", ("cpu",)),
+        ("rtx4090_desktop", "Device(gpu, 0)", ("cuda",)),
+    ],
+)
 def test_mlx_device(name, device, expected):
     mx = SimpleNamespace(default_device=lambda: device)
-    status = probe_mlx(profile(name), import_module=importer({"mlx.core": mx}),
-                       find_spec=lambda n: object() if n == "mlx_lm" else None)
+    status = probe_mlx(
+        profile(name), import_module=importer({"mlx.core": mx}), find_spec=lambda n: object() if n == "mlx_lm" else None
+    )
     assert status.available and status.devices == expected
     assert (status.reason is None) == (expected != ("cpu",))
 
@@ -199,12 +220,19 @@ def test_ollama_probe_gives_up_quickly_on_a_silent_server():
     assert not status.available and "ReadTimeout" in status.reason
 
 
-@pytest.mark.parametrize("host, url", [
-    (None, "http://127.0.0.1:11434"), ("", "http://127.0.0.1:11434"), ("0.0.0.0", "http://127.0.0.1:11434"),
-    ("0.0.0.0:9999", "http://127.0.0.1:9999"), ("localhost", "http://localhost:11434"),
-    ("https://ollama.lan:443/", "https://ollama.lan:443"), ("http://[::1]:11434", "http://[::1]:11434"),
-    ("box.local:8000", "http://box.local:8000"),
-])
+@pytest.mark.parametrize(
+    "host, url",
+    [
+        (None, "http://127.0.0.1:11434"),
+        ("", "http://127.0.0.1:11434"),
+        ("0.0.0.0", "http://127.0.0.1:11434"),
+        ("0.0.0.0:9999", "http://127.0.0.1:9999"),
+        ("localhost", "http://localhost:11434"),
+        ("https://ollama.lan:443/", "https://ollama.lan:443"),
+        ("http://[::1]:11434", "http://[::1]:11434"),
+        ("box.local:8000", "http://box.local:8000"),
+    ],
+)
 def test_ollama_host_is_read_like_ollama_reads_it(host, url, monkeypatch):
     monkeypatch.delenv("OLLAMA_HOST", raising=False)
     assert (ollama_base_url() if host is None else ollama_base_url(host)) == url
@@ -295,8 +323,10 @@ def test_probes_do_not_import_heavy_libraries_at_module_import():
     import subprocess
     import sys
 
-    code = ("import sys, localrun.planning.facts, localrun.planning.planner, localrun.planning.hardware; "
-            "print(sorted(m for m in ('llama_cpp', 'mlx', 'pynvml', 'textual', 'fastapi') if m in sys.modules))")
+    code = (
+        "import sys, localrun.planning.facts, localrun.planning.planner, localrun.planning.hardware; "
+        "print(sorted(m for m in ('llama_cpp', 'mlx', 'pynvml', 'textual', 'fastapi') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert importlib.import_module("localrun.planning.facts")  # and it imports in this process too

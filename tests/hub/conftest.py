@@ -14,8 +14,17 @@ import pytest
 from tests.hub.fakehub import FakeHub
 from tests.hub.repos import populate
 
-_HUB_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_CACHE",
-            "HUGGINGFACE_HUB_CACHE", "HF_TOKEN_PATH", "LOCALRUN_HUB__ENDPOINT", "LOCALRUN_HUB__OFFLINE")
+_HUB_ENV = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_TOKEN_PATH",
+    "LOCALRUN_HUB__ENDPOINT",
+    "LOCALRUN_HUB__OFFLINE",
+)
 
 
 @pytest.fixture

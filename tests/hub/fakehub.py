@@ -126,7 +126,7 @@ class FakeHub:
         self._thread: threading.Thread | None = None
 
     # -- lifecycle --------------------------------------------------------------------
-    def start(self) -> "FakeHub":
+    def start(self) -> FakeHub:
         hub = self
 
         class Handler(_Handler):
@@ -144,7 +144,7 @@ class FakeHub:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -185,7 +185,7 @@ class FakeHub:
         repo = self.repos[repo_id]
         return repo.commits[repo.commit_for(rev)][path]
 
-    def share_repos_with(self, other: "FakeHub") -> "FakeHub":
+    def share_repos_with(self, other: FakeHub) -> FakeHub:
         """Serve the very same repos as ``other`` (a CDN host for redirect tests)."""
         self.repos = other.repos
         return self
@@ -197,7 +197,11 @@ class FakeHub:
 
     def bytes_served(self, path_suffix: str = "") -> int:
         with self._lock:
-            return sum(r.bytes_sent for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.path.endswith(path_suffix))
+            return sum(
+                r.bytes_sent
+                for r in self.requests
+                if r.method == "GET" and "/resolve/" in r.path and r.path.endswith(path_suffix)
+            )
 
     def reset_log(self) -> None:
         with self._lock:
@@ -214,11 +218,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ---------------------------------------------------------------------
     def _entry(self) -> RequestLog:
-        entry = RequestLog(self.command, urlsplit(self.path).path, self.headers.get("Range"), self.headers.get("Authorization"))
+        entry = RequestLog(
+            self.command, urlsplit(self.path).path, self.headers.get("Range"), self.headers.get("Authorization")
+        )
         self.fake.log(entry)
         return entry
 
-    def _send(self, entry: RequestLog, status: int, body: bytes = b"", headers: dict | None = None, ctype: str = "application/json") -> None:
+    def _send(
+        self,
+        entry: RequestLog,
+        status: int,
+        body: bytes = b"",
+        headers: dict | None = None,
+        ctype: str = "application/json",
+    ) -> None:
         entry.status = status
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -269,7 +282,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(entry, 404, "RepoNotFound", f"Repository {repo_id} not found")
             return None
         if not self._authorized(repo):
-            self._error(entry, 401, "GatedRepo", f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it.")
+            self._error(
+                entry,
+                401,
+                "GatedRepo",
+                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it.",
+            )
             return None
         return repo
 
@@ -281,7 +299,16 @@ class _Handler(BaseHTTPRequestHandler):
             repos.sort(key=lambda r: -r.downloads)
         limit = int((query.get("limit") or ["1000"])[0])
         out = [
-            {"id": r.repo_id, "modelId": r.repo_id, "downloads": r.downloads, "likes": r.likes, "lastModified": r.last_modified, "tags": list(r.tags), "gated": bool(r.gated), "private": False}
+            {
+                "id": r.repo_id,
+                "modelId": r.repo_id,
+                "downloads": r.downloads,
+                "likes": r.likes,
+                "lastModified": r.last_modified,
+                "tags": list(r.tags),
+                "gated": bool(r.gated),
+                "private": False,
+            }
             for r in repos[:limit]
         ]
         self._json(entry, out)
@@ -306,11 +333,21 @@ class _Handler(BaseHTTPRequestHandler):
                 if f.lfs:
                     s["lfs"] = {"sha256": f.sha256, "size": len(f.data), "pointerSize": 134}
             siblings.append(s)
-        self._json(entry, {
-            "id": repo.repo_id, "modelId": repo.repo_id, "sha": commit, "siblings": siblings, "tags": list(repo.tags),
-            "downloads": repo.downloads, "likes": repo.likes, "lastModified": repo.last_modified,
-            "gated": "manual" if repo.gated else False, "private": False,
-        })
+        self._json(
+            entry,
+            {
+                "id": repo.repo_id,
+                "modelId": repo.repo_id,
+                "sha": commit,
+                "siblings": siblings,
+                "tags": list(repo.tags),
+                "downloads": repo.downloads,
+                "likes": repo.likes,
+                "lastModified": repo.last_modified,
+                "gated": "manual" if repo.gated else False,
+                "private": False,
+            },
+        )
 
     def _resolve(self, entry: RequestLog, repo_id: str, rev: str, path: str) -> None:
         faults = self.fake.faults
@@ -325,10 +362,25 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(entry, 404, "EntryNotFound", f"{path} does not exist on {rev}")
         get = self.command == "GET"
         if get and faults.applies(path) and faults.forbidden_html:
-            return self._send(entry, 403, b"<!DOCTYPE html><html><body><h1>403 Forbidden</h1>Request blocked.</body></html>", ctype="text/html")
+            return self._send(
+                entry,
+                403,
+                b"<!DOCTYPE html><html><body><h1>403 Forbidden</h1>Request blocked.</body></html>",
+                ctype="text/html",
+            )
         if get and faults.applies(path) and faults.redirect_to:
             location = f"{faults.redirect_to}/{repo_id}/resolve/{quote(rev, safe='')}/{quote(path)}"
-            return self._send(entry, 302, b"", {"Location": location, "X-Repo-Commit": commit, "X-Linked-Etag": f'"{f.etag}"', "X-Linked-Size": str(len(f.data))})
+            return self._send(
+                entry,
+                302,
+                b"",
+                {
+                    "Location": location,
+                    "X-Repo-Commit": commit,
+                    "X-Linked-Etag": f'"{f.etag}"',
+                    "X-Linked-Size": str(len(f.data)),
+                },
+            )
         headers = {"X-Repo-Commit": commit, "ETag": f'"{f.etag}"', "Accept-Ranges": "bytes"}
         size = len(f.data)
         start, end = 0, size - 1
@@ -354,7 +406,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _stream(self, entry: RequestLog, f: FakeFile, start: int, stop: int, path: str) -> None:
         faults = self.fake.faults
         applies = faults.applies(path)
-        drop_at = faults.drop_at if applies and faults.drop_at is not None and faults.drop_times > 0 and start < faults.drop_at < stop else None
+        drop_at = (
+            faults.drop_at
+            if applies and faults.drop_at is not None and faults.drop_times > 0 and start < faults.drop_at < stop
+            else None
+        )
         if drop_at is not None:
             faults.drop_times -= 1
             if faults.drop_times <= 0:
@@ -367,7 +423,7 @@ class _Handler(BaseHTTPRequestHandler):
         limit = drop_at if drop_at is not None else stop
         while pos < limit:
             n = min(step, limit - pos)
-            self.wfile.write(view[pos:pos + n])
+            self.wfile.write(view[pos : pos + n])
             pos += n
             entry.bytes_sent += n
             if throttle:
@@ -387,7 +443,7 @@ def _tree(files: dict[str, FakeFile], extra: list[dict], under: str, recursive: 
     for f in sorted(files.values(), key=lambda f: f.path):
         if not f.path.startswith(prefix):
             continue
-        rest = f.path[len(prefix):]
+        rest = f.path[len(prefix) :]
         parts = rest.split("/")
         for i in range(1, len(parts)):
             folder = prefix + "/".join(parts[:i])

@@ -1,6 +1,6 @@
 """One pull in a child process, so tests can kill -9 it or Ctrl-C it mid-download.
 
-    python -m tests.hub.pull_child REF      (env: HF_ENDPOINT, HF_HOME, LOCALRUN_HOME)
+python -m tests.hub.pull_child REF      (env: HF_ENDPOINT, HF_HOME, LOCALRUN_HOME)
 """
 
 from __future__ import annotations

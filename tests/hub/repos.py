@@ -24,8 +24,14 @@ FILE_TYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_K_M": 17, "Q4_K_M": 15, "Q6_K"
 
 
 @functools.lru_cache(maxsize=64)
-def make_gguf(*, quant: str = "Q4_K_M", name: str = "tiny", payload: int = 4096, seed: int = 0,
-              split: tuple[int, int] | None = None) -> bytes:
+def make_gguf(
+    *,
+    quant: str = "Q4_K_M",
+    name: str = "tiny",
+    payload: int = 4096,
+    seed: int = 0,
+    split: tuple[int, int] | None = None,
+) -> bytes:
     """A small valid GGUF: llama metadata plus one I8 tensor of ``payload`` random bytes.
 
     ``split=(index, count)`` writes the split.* keys the way gguf-split does (0-based index).
@@ -58,7 +64,9 @@ def make_gguf(*, quant: str = "Q4_K_M", name: str = "tiny", payload: int = 4096,
 
 def gguf_repo_files() -> dict[str, bytes]:
     """Several quants, an mmproj and an imatrix that must never be picked, a README."""
-    files = {f"Tiny-{q}.gguf": make_gguf(quant=q, seed=i) for i, q in enumerate(["Q4_0", "Q4_K_M", "Q5_K_M", "Q8_0", "F16"])}
+    files = {
+        f"Tiny-{q}.gguf": make_gguf(quant=q, seed=i) for i, q in enumerate(["Q4_0", "Q4_K_M", "Q5_K_M", "Q8_0", "F16"])
+    }
     files["mmproj-Tiny-F16.gguf"] = make_gguf(quant="F16", name="mmproj", seed=90)
     files["Tiny.imatrix.gguf"] = make_gguf(quant="F16", name="imatrix", seed=91)
     files["README.md"] = b"# Tiny GGUF\n"
@@ -67,19 +75,32 @@ def gguf_repo_files() -> dict[str, bytes]:
 
 def split_repo_files(parts: int = 3) -> dict[str, bytes]:
     """A split Q8_0 model in a subfolder plus a single-file Q4_0 (no Q4_K_M: default falls to Q8_0)."""
-    files = {f"Q8_0/Big-Q8_0-{i + 1:05d}-of-{parts:05d}.gguf": make_gguf(quant="Q8_0", split=(i, parts), seed=10 + i) for i in range(parts)}
+    files = {
+        f"Q8_0/Big-Q8_0-{i + 1:05d}-of-{parts:05d}.gguf": make_gguf(quant="Q8_0", split=(i, parts), seed=10 + i)
+        for i in range(parts)
+    }
     files["Big-Q4_0.gguf"] = make_gguf(quant="Q4_0", seed=20)
     return files
 
 
 def mlx_repo_files(*, config_extra: dict | None = None, extra: dict[str, bytes] | None = None) -> dict[str, bytes]:
-    config = {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 1, "quantization": {"group_size": 64, "bits": 4}}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "quantization": {"group_size": 64, "bits": 4},
+    }
     config.update(config_extra or {})
     files = {
         "config.json": json.dumps(config).encode(),
         "model-00001-of-00002.safetensors": _fake_safetensors(1),
         "model-00002-of-00002.safetensors": _fake_safetensors(2),
-        "model.safetensors.index.json": json.dumps({"metadata": {"total_size": 64}, "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}).encode(),
+        "model.safetensors.index.json": json.dumps(
+            {
+                "metadata": {"total_size": 64},
+                "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+            }
+        ).encode(),
         "tokenizer.json": b'{"version": "1.0", "model": {"type": "BPE"}}',
         "tokenizer_config.json": b'{"chat_template": "{{ messages }}"}',
         "special_tokens_map.json": b"{}",
@@ -93,8 +114,12 @@ def mlx_repo_files(*, config_extra: dict | None = None, extra: dict[str, bytes] 
 def mlc_repo_files(*, legacy_cache_name: bool = False, extra: dict[str, bytes] | None = None) -> dict[str, bytes]:
     cache = "ndarray-cache.json" if legacy_cache_name else "tensor-cache.json"
     files = {
-        "mlc-chat-config.json": json.dumps({"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 256}).encode(),
-        cache: json.dumps({"records": [{"dataPath": "params_shard_0.bin"}, {"dataPath": "params_shard_1.bin"}]}).encode(),
+        "mlc-chat-config.json": json.dumps(
+            {"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 256}
+        ).encode(),
+        cache: json.dumps(
+            {"records": [{"dataPath": "params_shard_0.bin"}, {"dataPath": "params_shard_1.bin"}]}
+        ).encode(),
         "params_shard_0.bin": bytes(range(256)) * 8,
         "params_shard_1.bin": bytes(range(255, -1, -1)) * 8,
         "tokenizer.json": b'{"version": "1.0"}',
@@ -106,7 +131,9 @@ def mlc_repo_files(*, legacy_cache_name: bool = False, extra: dict[str, bytes] |
 
 
 def _fake_safetensors(seed: int) -> bytes:
-    header = json.dumps({"__metadata__": {"format": "mlx"}, "w": {"dtype": "U8", "shape": [32], "data_offsets": [0, 32]}}).encode()
+    header = json.dumps(
+        {"__metadata__": {"format": "mlx"}, "w": {"dtype": "U8", "shape": [32], "data_offsets": [0, 32]}}
+    ).encode()
     header += b" " * (-len(header) % 8)
     return len(header).to_bytes(8, "little") + header + bytes((seed * 7 + i) % 256 for i in range(32))
 
@@ -117,5 +144,11 @@ def populate(hub: FakeHub) -> FakeHub:
     hub.add_repo(SPLIT_REPO, split_repo_files(), tags=("gguf",), downloads=50, likes=1)
     hub.add_repo(MLX_REPO, mlx_repo_files(), tags=("mlx", "safetensors"), downloads=300, likes=3)
     hub.add_repo(MLC_REPO, mlc_repo_files(), tags=("mlc-llm",), downloads=20, likes=0)
-    hub.add_repo(GATED_REPO, {"Secret-Q4_K_M.gguf": make_gguf(seed=42), "README.md": b"gated\n"}, gated=True, token=GATED_TOKEN, tags=("gguf",))
+    hub.add_repo(
+        GATED_REPO,
+        {"Secret-Q4_K_M.gguf": make_gguf(seed=42), "README.md": b"gated\n"},
+        gated=True,
+        token=GATED_TOKEN,
+        tags=("gguf",),
+    )
     return hub

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import VerificationFailed
-from localrun.modelstore.discovery import discover_all, discover_hf_cache, discover_lmstudio, discover_ollama, lmstudio_models_dir
+from localrun.modelstore.discovery import (
+    discover_all,
+    discover_hf_cache,
+    discover_lmstudio,
+    discover_ollama,
+    lmstudio_models_dir,
+)
 from localrun.modelstore.pull import pull
 from localrun.modelstore.verify import verify
 from localrun.types import Format, Source
@@ -24,10 +30,23 @@ def test_hf_cache_models_fetched_by_huggingface_hub(fake_hub, hf_cache):
 
     for f in ("Tiny-Q4_K_M.gguf", "Tiny-Q8_0.gguf", "mmproj-Tiny-F16.gguf", "README.md"):
         hf_hub_download(repos.GGUF_REPO, f, cache_dir=hf_cache, endpoint=fake_hub.url, token=False)
-    snapshot_download(repos.SPLIT_REPO, allow_patterns=["Q8_0/*"], cache_dir=hf_cache, endpoint=fake_hub.url, token=False)
-    snapshot_download(repos.MLX_REPO, allow_patterns=["*.json", "*.safetensors"], cache_dir=hf_cache, endpoint=fake_hub.url, token=False)
+    snapshot_download(
+        repos.SPLIT_REPO, allow_patterns=["Q8_0/*"], cache_dir=hf_cache, endpoint=fake_hub.url, token=False
+    )
+    snapshot_download(
+        repos.MLX_REPO,
+        allow_patterns=["*.json", "*.safetensors"],
+        cache_dir=hf_cache,
+        endpoint=fake_hub.url,
+        token=False,
+    )
     found = {r.name: r for r in discover_hf_cache(hf_cache)}
-    assert set(found) == {"testorg/tiny-gguf:q4_k_m", "testorg/tiny-gguf:q8_0", "testorg/big-gguf:q8_0", "mlx-community/tiny-4bit"}
+    assert set(found) == {
+        "testorg/tiny-gguf:q4_k_m",
+        "testorg/tiny-gguf:q8_0",
+        "testorg/big-gguf:q8_0",
+        "mlx-community/tiny-4bit",
+    }
     for r in found.values():
         assert r.source is Source.HF_CACHE and not r.owned and r.revision
     q4 = found["testorg/tiny-gguf:q4_k_m"]
@@ -35,7 +54,9 @@ def test_hf_cache_models_fetched_by_huggingface_hub(fake_hub, hf_cache):
     assert q4.metadata["architecture"] == "llama" and q4.format is Format.GGUF
     big = found["testorg/big-gguf:q8_0"]
     assert len(big.files) == 3 and Path(big.path).name == "Big-Q8_0-00001-of-00003.gguf"
-    assert found["mlx-community/tiny-4bit"].format is Format.MLX and Path(found["mlx-community/tiny-4bit"].path).is_dir()
+    assert (
+        found["mlx-community/tiny-4bit"].format is Format.MLX and Path(found["mlx-community/tiny-4bit"].path).is_dir()
+    )
     for r in found.values():
         verify(r)
 
@@ -86,7 +107,10 @@ def ollama_root(_isolated_home) -> Path:
     gguf = repos.make_gguf(seed=31)
     model = {"mediaType": MODEL, **_blob(root, gguf)}
     template = {"mediaType": "application/vnd.ollama.image.template", **_blob(root, b"{{ .Prompt }}")}
-    projector = {"mediaType": "application/vnd.ollama.image.projector", **_blob(root, repos.make_gguf(seed=32, name="mmproj"))}
+    projector = {
+        "mediaType": "application/vnd.ollama.image.projector",
+        **_blob(root, repos.make_gguf(seed=32, name="mmproj")),
+    }
     config = _blob(root, json.dumps({"model_format": "gguf", "model_family": "llama", "file_type": "Q4_K_M"}).encode())
     _manifest(root, "registry.ollama.ai/library/tiny/latest", [model, template], config)
     _manifest(root, "hf.co/bartowski/Tiny-GGUF/Q4_K_M", [model, projector])
@@ -118,7 +142,9 @@ def test_ollama_hostile_and_odd_manifests_are_skipped(ollama_root, tmp_path):
         "sha512": [{"mediaType": MODEL, "digest": "sha512:" + "a" * 128, "size": 1}],
         "nul": [{"mediaType": MODEL, "digest": "sha256:" + "a" * 63 + "\x00", "size": 1}],
         "two-models": [good, good],
-        "no-model": [{"mediaType": "application/vnd.ollama.image.template", "digest": good["digest"], "size": good["size"]}],
+        "no-model": [
+            {"mediaType": "application/vnd.ollama.image.template", "digest": good["digest"], "size": good["size"]}
+        ],
         "missing-blob": [{"mediaType": MODEL, "digest": "sha256:" + "c" * 64, "size": 5}],
         "size-mismatch": [{**good, "size": good["size"] + 1}],
         "negative-size": [{**good, "size": -1}],
@@ -162,8 +188,12 @@ def _lmstudio_tree(models: Path) -> None:
     (linked / "Linked-Q4_K_M.gguf").symlink_to(repo / "Tiny-Q4_K_M.gguf")  # symlinks are ignored
 
 
-EXPECTED_LMS = {"lmstudio-community/tiny-gguf:q4_k_m", "lmstudio-community/tiny-gguf:q8_0", "lmstudio-community/big-gguf:q8_0",
-                "mlx-community/tiny-4bit"}
+EXPECTED_LMS = {
+    "lmstudio-community/tiny-gguf:q4_k_m",
+    "lmstudio-community/tiny-gguf:q8_0",
+    "lmstudio-community/big-gguf:q8_0",
+    "mlx-community/tiny-4bit",
+}
 
 
 def test_lmstudio_default_home(monkeypatch, tmp_path):

@@ -193,7 +193,9 @@ def test_hostile_names_in_a_listing_are_refused(fake_hub, store, hf_cache, tmp_p
     refused = 0
     for name in HOSTILE_NAMES:
         lfs = {"oid": "a" * 64, "size": 10, "pointerSize": 134}
-        fake_hub.repos["evil/Repo-GGUF"].extra_tree = [{"type": "file", "path": name, "size": 10, "oid": "b" * 40, "lfs": lfs}]
+        fake_hub.repos["evil/Repo-GGUF"].extra_tree = [
+            {"type": "file", "path": name, "size": 10, "oid": "b" * 40, "lfs": lfs}
+        ]
         with pytest.raises(InvalidName):
             pull(store, "evil/Repo-GGUF")
         refused += 1
@@ -206,7 +208,13 @@ def test_hostile_names_in_a_listing_are_refused(fake_hub, store, hf_cache, tmp_p
 @pytest.mark.parametrize(
     "entry",
     [
-        {"type": "file", "path": "x.gguf", "size": 10, "oid": "b" * 40, "lfs": {"oid": "../../etc/passwd", "size": 10, "pointerSize": 1}},
+        {
+            "type": "file",
+            "path": "x.gguf",
+            "size": 10,
+            "oid": "b" * 40,
+            "lfs": {"oid": "../../etc/passwd", "size": 10, "pointerSize": 1},
+        },
         {"type": "file", "path": "x.gguf", "size": -5, "oid": "b" * 40},
         {"type": "file", "path": "x.gguf", "size": "10", "oid": "b" * 40},
         {"type": "file", "path": "Evil-Q4_K_M.GGUF", "size": 1, "oid": "b" * 40},  # same name, other case
@@ -259,7 +267,10 @@ def small_tmpfs(tmp_path):
 
     mnt = tmp_path / "tmpfs"
     mnt.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True).returncode
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root); the injected-ENOSPC test covers this")
     try:
         yield mnt
@@ -298,7 +309,9 @@ def test_real_disk_full_mid_download_then_resume(fake_hub, store, mid, small_tmp
     assert resolve_gets(fake_hub)[0].range == f"bytes={kept}-"
 
 
-@pytest.mark.parametrize("entry", [{"type": "file", "path": "x.gguf"}, {"type": "file"}, {"path": "x"}, "not-an-object"])
+@pytest.mark.parametrize(
+    "entry", [{"type": "file", "path": "x.gguf"}, {"type": "file"}, {"path": "x"}, "not-an-object"]
+)
 def test_malformed_listing_is_a_typed_error(fake_hub, store, entry):
     fake_hub.add_repo("evil/Repo-GGUF", {"Evil-Q4_K_M.gguf": repos.make_gguf(seed=66)})
     fake_hub.repos["evil/Repo-GGUF"].extra_tree = [entry]

@@ -27,7 +27,9 @@ def resolve_gets(hub: FakeHub) -> list:
 def test_plan_shows_files_sizes_and_quant_before_downloading(fake_hub, store):
     plan = plan_pull("testorg/Tiny-GGUF:Q5_K_M")
     f = fake_hub.file(repos.GGUF_REPO, "Tiny-Q5_K_M.gguf")
-    assert [(p.path, p.size, p.sha256, p.cached) for p in plan.files] == [("Tiny-Q5_K_M.gguf", len(f.data), f.sha256, False)]
+    assert [(p.path, p.size, p.sha256, p.cached) for p in plan.files] == [
+        ("Tiny-Q5_K_M.gguf", len(f.data), f.sha256, False)
+    ]
     assert plan.quant == "Q5_K_M" and plan.name == "testorg/tiny-gguf:q5_k_m" and plan.format is Format.GGUF
     assert plan.download_bytes == len(f.data)
     text = "\n".join(plan.describe())
@@ -42,7 +44,9 @@ def test_pull_default_quant_registers_a_verified_record(fake_hub, store, hf_cach
     assert record.source is Source.HUB and record.owned and record.repo == repos.GGUF_REPO
     assert record.revision == fake_hub.repos[repos.GGUF_REPO].refs["main"]
     assert Path(record.path).read_bytes() == expected.data
-    assert [(Path(e.path).name, e.size, e.sha256) for e in record.files] == [("Tiny-Q4_K_M.gguf", len(expected.data), expected.sha256)]
+    assert [(Path(e.path).name, e.size, e.sha256) for e in record.files] == [
+        ("Tiny-Q4_K_M.gguf", len(expected.data), expected.sha256)
+    ]
     assert record.metadata["architecture"] == "llama" and record.metadata["quant"] == "Q4_K_M"
     # HF cache layout: snapshot symlink -> ../../blobs/<sha256>, refs/main -> commit
     snap = Path(record.path)
@@ -189,7 +193,9 @@ def test_gated_repo_without_and_with_token(fake_hub, store, monkeypatch):
 
 
 def test_mlx_code_refused_unless_trusted(fake_hub, store, hf_cache):
-    fake_hub.add_repo("mlx-community/Code-4bit", repos.mlx_repo_files(extra={"modeling_evil.py": b"open('/tmp/pwned','w')"}))
+    fake_hub.add_repo(
+        "mlx-community/Code-4bit", repos.mlx_repo_files(extra={"modeling_evil.py": b"open('/tmp/pwned','w')"})
+    )
     with pytest.raises(InvalidModelFile, match="modeling_evil.py"):
         pull(store, "mlx-community/Code-4bit")
     assert not (hf_cache / "models--mlx-community--Code-4bit").exists() and resolve_gets(fake_hub) == []
@@ -246,6 +252,7 @@ def test_unreachable_hub_is_a_clear_error(fake_hub, store, monkeypatch):
 
 # --- interop with huggingface_hub ------------------------------------------------------
 
+
 def test_scan_cache_dir_sees_pulled_models(fake_hub, store, hf_cache):
     from huggingface_hub import scan_cache_dir, try_to_load_from_cache
 
@@ -263,7 +270,9 @@ def test_scan_cache_dir_sees_pulled_models(fake_hub, store, hf_cache):
 def test_file_from_hf_hub_download_is_reused(fake_hub, store, hf_cache):
     from huggingface_hub import hf_hub_download
 
-    theirs = hf_hub_download(repos.GGUF_REPO, "Tiny-Q4_K_M.gguf", cache_dir=hf_cache, endpoint=fake_hub.url, token=False)
+    theirs = hf_hub_download(
+        repos.GGUF_REPO, "Tiny-Q4_K_M.gguf", cache_dir=hf_cache, endpoint=fake_hub.url, token=False
+    )
     fake_hub.reset_log()
     record = pull(store, repos.GGUF_REPO)
     assert resolve_gets(fake_hub) == []
@@ -275,14 +284,22 @@ def test_hf_hub_download_reuses_what_localrun_pulled(fake_hub, store, hf_cache):
 
     record = pull(store, repos.MLX_REPO)
     fake_hub.reset_log()
-    got = hf_hub_download(repos.MLX_REPO, "model-00001-of-00002.safetensors", cache_dir=hf_cache, endpoint=fake_hub.url,
-                          token=False, local_files_only=True)
+    got = hf_hub_download(
+        repos.MLX_REPO,
+        "model-00001-of-00002.safetensors",
+        cache_dir=hf_cache,
+        endpoint=fake_hub.url,
+        token=False,
+        local_files_only=True,
+    )
     assert Path(got) == Path(record.path) / "model-00001-of-00002.safetensors" and fake_hub.requests == []
 
 
 def test_split_parts_that_do_not_belong_together_are_not_registered(fake_hub, store):
     files = repos.split_repo_files()
-    files["Q8_0/Big-Q8_0-00002-of-00003.gguf"] = repos.make_gguf(quant="Q8_0", split=(0, 3), seed=99)  # a second "first" shard
+    files["Q8_0/Big-Q8_0-00002-of-00003.gguf"] = repos.make_gguf(
+        quant="Q8_0", split=(0, 3), seed=99
+    )  # a second "first" shard
     fake_hub.add_repo("testorg/Mixed-GGUF", files)
     with pytest.raises(InvalidModelFile, match="00002-of-00003"):
         pull(store, "testorg/Mixed-GGUF")

@@ -41,9 +41,27 @@ def test_parse_ref_revision_is_validated():
 
 @pytest.mark.parametrize(
     "text",
-    ["", "   ", "repo-only", "org/", "/repo", "org//repo", "org/re po", "org/repo:", "org/repo:Q4 K", "org/repo/file.gguf:Q4_K_M",
-     "org--x/repo", "org/re..po", "-org/repo", "org/repo-", "org/repo/../x.gguf", "org/repo/a\\b.gguf", "http://evil.com/org/repo",
-     "org/repo:../../x", "o" * 100 + "/repo"],
+    [
+        "",
+        "   ",
+        "repo-only",
+        "org/",
+        "/repo",
+        "org//repo",
+        "org/re po",
+        "org/repo:",
+        "org/repo:Q4 K",
+        "org/repo/file.gguf:Q4_K_M",
+        "org--x/repo",
+        "org/re..po",
+        "-org/repo",
+        "org/repo-",
+        "org/repo/../x.gguf",
+        "org/repo/a\\b.gguf",
+        "http://evil.com/org/repo",
+        "org/repo:../../x",
+        "o" * 100 + "/repo",
+    ],
 )
 def test_parse_ref_rejects(text):
     with pytest.raises(InvalidName):
@@ -57,15 +75,31 @@ def test_hostile_file_in_ref_is_refused(name):
 
 
 GGUF_REPO = [
-    "README.md", "Tiny-Q2_K.gguf", "Tiny-Q4_0.gguf", "Tiny-Q4_K_M.gguf", "Tiny-Q4_K_S.gguf", "Tiny-Q8_0.gguf",
-    "Tiny-IQ4_NL.gguf", "mmproj-Tiny-F16.gguf", "Tiny.imatrix.gguf", "mtp-Tiny-Q4_K_M.gguf",
+    "README.md",
+    "Tiny-Q2_K.gguf",
+    "Tiny-Q4_0.gguf",
+    "Tiny-Q4_K_M.gguf",
+    "Tiny-Q4_K_S.gguf",
+    "Tiny-Q8_0.gguf",
+    "Tiny-IQ4_NL.gguf",
+    "mmproj-Tiny-F16.gguf",
+    "Tiny.imatrix.gguf",
+    "mtp-Tiny-Q4_K_M.gguf",
 ]
 
 
 @pytest.mark.parametrize(
     "quant, expected",
-    [(None, "Tiny-Q4_K_M.gguf"), ("Q4_K_M", "Tiny-Q4_K_M.gguf"), ("q4_k_m", "Tiny-Q4_K_M.gguf"), ("Q4_K_S", "Tiny-Q4_K_S.gguf"),
-     ("q8_0", "Tiny-Q8_0.gguf"), ("Q4_0", "Tiny-Q4_0.gguf"), ("IQ4_NL", "Tiny-IQ4_NL.gguf"), ("Q2_K", "Tiny-Q2_K.gguf")],
+    [
+        (None, "Tiny-Q4_K_M.gguf"),
+        ("Q4_K_M", "Tiny-Q4_K_M.gguf"),
+        ("q4_k_m", "Tiny-Q4_K_M.gguf"),
+        ("Q4_K_S", "Tiny-Q4_K_S.gguf"),
+        ("q8_0", "Tiny-Q8_0.gguf"),
+        ("Q4_0", "Tiny-Q4_0.gguf"),
+        ("IQ4_NL", "Tiny-IQ4_NL.gguf"),
+        ("Q2_K", "Tiny-Q2_K.gguf"),
+    ],
 )
 def test_quant_selection(quant, expected):
     sel = select_files(HubRef("org/Tiny-GGUF", quant=quant), GGUF_REPO)
@@ -122,15 +156,30 @@ def test_unknown_exact_file_lists_the_offer():
         select_files(HubRef("org/Tiny-GGUF", file="nope.gguf"), GGUF_REPO)
 
 
-MLX = ["config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json",
-       "tokenizer.json", "tokenizer_config.json", "README.md", "pytorch_model.bin", "chat_template.jinja"]
+MLX = [
+    "config.json",
+    "model-00001-of-00002.safetensors",
+    "model-00002-of-00002.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "README.md",
+    "pytorch_model.bin",
+    "chat_template.jinja",
+]
 
 
 def test_mlx_repo_recognised_by_files():
     sel = select_files(HubRef("mlx-community/x"), MLX)
     assert sel.format is Format.MLX and sel.primary == ""
     assert "pytorch_model.bin" not in sel.files and "README.md" not in sel.files
-    assert {"config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json", "chat_template.jinja"} <= set(sel.files)
+    assert {
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        "chat_template.jinja",
+    } <= set(sel.files)
     assert sel.code_files == ()
 
 
@@ -143,10 +192,24 @@ def test_mlx_code_is_flagged_and_only_fetched_when_trusted():
 
 @pytest.mark.parametrize("cache", ["tensor-cache.json", "ndarray-cache.json"])
 def test_mlc_repo_recognised_by_files(cache):
-    paths = ["mlc-chat-config.json", cache, "params_shard_0.bin", "params_shard_1.bin", "tokenizer.json", "lib.so", "README.md"]
+    paths = [
+        "mlc-chat-config.json",
+        cache,
+        "params_shard_0.bin",
+        "params_shard_1.bin",
+        "tokenizer.json",
+        "lib.so",
+        "README.md",
+    ]
     sel = select_files(HubRef("mlc-ai/x-MLC"), paths)
     assert sel.format is Format.MLC
-    assert set(sel.files) == {"mlc-chat-config.json", cache, "params_shard_0.bin", "params_shard_1.bin", "tokenizer.json"}
+    assert set(sel.files) == {
+        "mlc-chat-config.json",
+        cache,
+        "params_shard_0.bin",
+        "params_shard_1.bin",
+        "tokenizer.json",
+    }
     assert sel.native_files == ("lib.so",)
     assert "lib.so" in select_files(HubRef("mlc-ai/x-MLC"), paths, include_native=True).files
 
@@ -165,7 +228,11 @@ def test_quant_on_a_folder_format_is_an_error():
     "repo, sel_args, expected",
     [
         ("Org/Tiny-GGUF", (Format.GGUF, ("Tiny-Q4_K_M.gguf",), "Tiny-Q4_K_M.gguf", "Q4_K_M"), "org/tiny-gguf:q4_k_m"),
-        ("mlx-community/Llama-3.2-1B-4bit", (Format.MLX, ("config.json",), "", None), "mlx-community/llama-3.2-1b-4bit"),
+        (
+            "mlx-community/Llama-3.2-1B-4bit",
+            (Format.MLX, ("config.json",), "", None),
+            "mlx-community/llama-3.2-1b-4bit",
+        ),
         ("o/r", (Format.GGUF, ("plain.gguf",), "plain.gguf", None), "o/r:plain"),
     ],
 )

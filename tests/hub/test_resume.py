@@ -47,8 +47,13 @@ def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
     for fraction, sig in [(0.1, signal.SIGKILL), (0.45, signal.SIGINT), (0.8, signal.SIGKILL)]:
         had = partial.stat().st_size if partial.exists() else 0
         fake_hub.reset_log()
-        proc = subprocess.Popen([sys.executable, "-m", "tests.hub.pull_child", HUGE], cwd=ROOT, env=dict(os.environ),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.hub.pull_child", HUGE],
+            cwd=ROOT,
+            env=dict(os.environ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             _wait_for(partial, int(len(data) * fraction), proc)
             proc.send_signal(sig)
@@ -66,7 +71,9 @@ def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
     fake_hub.faults.throttle_bps = None
     fake_hub.reset_log()
     record = pull(store, HUGE)
-    assert [r.range for r in fake_hub.requests if r.method == "GET" and r.path.endswith(HUGE_FILE)] == [f"bytes={kept}-"]
+    assert [r.range for r in fake_hub.requests if r.method == "GET" and r.path.endswith(HUGE_FILE)] == [
+        f"bytes={kept}-"
+    ]
     assert fake_hub.bytes_served(HUGE_FILE) <= len(data) - kept + CHUNK
     assert Path(record.path).read_bytes() == data and record.files[0].sha256 == sha
     assert not partial.exists()

@@ -35,13 +35,23 @@ def hf(repos: list[str]) -> dict:
         files = {p.relative_to(snap).as_posix(): _sha(p) for p in sorted(snap.rglob("*")) if p.is_file()}
         first = sorted(files)[0]
         single = hf_hub_download(repo, first, revision=info.sha)
-        tree = [{"path": e.path, "oid": e.blob_id, "size": getattr(e, "size", None),
-                 "lfs": e.lfs.sha256 if getattr(e, "lfs", None) else None}
-                for e in api.list_repo_tree(repo, recursive=True)]
+        tree = [
+            {
+                "path": e.path,
+                "oid": e.blob_id,
+                "size": getattr(e, "size", None),
+                "lfs": e.lfs.sha256 if getattr(e, "lfs", None) else None,
+            }
+            for e in api.list_repo_tree(repo, recursive=True)
+        ]
         refs = api.list_repo_refs(repo)
         out["repos"][repo] = {
-            "sha": info.sha, "siblings": sorted(s.rfilename for s in info.siblings), "files": files,
-            "single": [first, _sha(single)], "list_repo_files": sorted(api.list_repo_files(repo)), "tree": tree,
+            "sha": info.sha,
+            "siblings": sorted(s.rfilename for s in info.siblings),
+            "files": files,
+            "single": [first, _sha(single)],
+            "list_repo_files": sorted(api.list_repo_files(repo)),
+            "tree": tree,
             "branches": {b.name: b.target_commit for b in refs.branches},
         }
     out["search"] = {q: sorted(m.id for m in api.list_models(search=q)) for q in ("tiny", "nothing-like-this")}

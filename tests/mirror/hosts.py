@@ -30,18 +30,28 @@ def fill_store(home: Path, hub_url: str, tiny_gguf: Path, *, extra_refs: tuple[s
     from tests.hub import repos
 
     env = {**home_env(home), "HF_ENDPOINT": hub_url}
-    cmds = [["pull", "-y", f"{repos.GGUF_REPO}:Q4_K_M"], ["pull", "-y", repos.MLX_REPO],
-            *(["pull", "-y", r] for r in extra_refs), ["import", str(tiny_gguf), "--name", TINY_NAME]]
+    cmds = [
+        ["pull", "-y", f"{repos.GGUF_REPO}:Q4_K_M"],
+        ["pull", "-y", repos.MLX_REPO],
+        *(["pull", "-y", r] for r in extra_refs),
+        ["import", str(tiny_gguf), "--name", TINY_NAME],
+    ]
     for cmd in cmds:
         subprocess.run([sys.executable, "-m", "localrun", *cmd], env=env, check=True, capture_output=True, timeout=120)
 
 
-def start_serve(home: Path, port: int, *args: str, prefix: list[str] | None = None, until: str = "serving on",
-                timeout: float = 90.0) -> tuple[subprocess.Popen, str]:
+def start_serve(
+    home: Path, port: int, *args: str, prefix: list[str] | None = None, until: str = "serving on", timeout: float = 90.0
+) -> tuple[subprocess.Popen, str]:
     """``localrun serve --port PORT ARGS`` for ``home``, read until stderr says ``until``;
     returns the process and what it printed (the caller stops it with SIGINT)."""
-    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", *serve_args(port, *args)], env=home_env(home),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*(prefix or []), sys.executable, "-m", *serve_args(port, *args)],
+        env=home_env(home),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline, seen = time.monotonic() + timeout, ""
     while time.monotonic() < deadline and until not in seen:
         line = proc.stderr.readline()  # the server prints its ready line promptly, or exits
@@ -51,13 +61,22 @@ def start_serve(home: Path, port: int, *args: str, prefix: list[str] | None = No
     return proc, seen
 
 
-def start_mirror(home: Path, *, host: str = "127.0.0.1", port: int | None = None, key: str | None = None,
-                 upstream: str | None = None, prefix: list[str] | None = None, extra_env: dict | None = None,
-                 connect_host: str | None = None) -> servers.ServerProcess:
+def start_mirror(
+    home: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    key: str | None = None,
+    upstream: str | None = None,
+    prefix: list[str] | None = None,
+    extra_env: dict | None = None,
+    connect_host: str | None = None,
+) -> servers.ServerProcess:
     """``localrun mirror`` for ``home``; waited for unless it runs inside a namespace (``prefix``),
     where only the caller knows how to reach it."""
     port = port or servers.free_port()
     home.mkdir(parents=True, exist_ok=True)
-    spec = servers.mirror(home, port, host=host, key=key, upstream=upstream, prefix=prefix, connect_host=connect_host,
-                          extra_env=extra_env)
+    spec = servers.mirror(
+        home, port, host=host, key=key, upstream=upstream, prefix=prefix, connect_host=connect_host, extra_env=extra_env
+    )
     return servers.start(spec, home / f"mirror-{port}.log", wait=not prefix)

@@ -23,6 +23,7 @@ import pytest
 from tests.mirror.hosts import TINY_REPO, home_env
 from tests.support.servers import free_port
 
+
 def _llama_server() -> Path | None:
     explicit = os.environ.get("LOCALRUN_LLAMA_SERVER")
     if explicit:
@@ -39,10 +40,15 @@ def _llama_server() -> Path | None:
 
 
 BINARY = _llama_server()
-pytestmark = [pytest.mark.llamacpp_bin, pytest.mark.timeout(300),
-              pytest.mark.skipif(BINARY is None or not os.access(BINARY, os.X_OK),
-                                 reason="no llama-server binary: run scripts/build-llama-server (cached after the first "
-                                        "~8 min build) or set LOCALRUN_LLAMA_SERVER")]
+pytestmark = [
+    pytest.mark.llamacpp_bin,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(
+        BINARY is None or not os.access(BINARY, os.X_OK),
+        reason="no llama-server binary: run scripts/build-llama-server (cached after the first "
+        "~8 min build) or set LOCALRUN_LLAMA_SERVER",
+    ),
+]
 
 
 def test_llama_server_dash_hf_pulls_from_the_mirror_and_answers(mirror, tmp_path, tiny_gguf):
@@ -50,8 +56,25 @@ def test_llama_server_dash_hf_pulls_from_the_mirror_and_answers(mirror, tmp_path
     port, cache = free_port(), tmp_path / "llama-cache"
     env = {**home_env(tmp_path / "b"), "HF_ENDPOINT": mirror.url, "LLAMA_CACHE": str(cache)}
     log = tmp_path / "llama-server.log"
-    proc = subprocess.Popen([str(binary), "-hf", TINY_REPO, "--port", str(port), "--host", "127.0.0.1", "-t", "1",
-                             "-c", "256", "--no-webui"], env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            str(binary),
+            "-hf",
+            TINY_REPO,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "-t",
+            "1",
+            "-c",
+            "256",
+            "--no-webui",
+        ],
+        env=env,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -67,7 +90,11 @@ def test_llama_server_dash_hf_pulls_from_the_mirror_and_answers(mirror, tmp_path
         got = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "Hello", "n_predict": 4}, timeout=60)
         assert got.status_code == 200 and "content" in got.json()
         fetched = [p for p in cache.rglob("*") if p.is_file() and p.stat().st_size == tiny_gguf.stat().st_size]
-        assert fetched and hashlib.sha256(fetched[0].read_bytes()).hexdigest() == hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
+        assert (
+            fetched
+            and hashlib.sha256(fetched[0].read_bytes()).hexdigest()
+            == hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         try:

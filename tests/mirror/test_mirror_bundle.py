@@ -19,8 +19,9 @@ def test_bundle_imported_model_is_served_as_its_lock_says(tmp_path, tiny_gguf):
     src, dst, bundle = tmp_path / "src-box", tmp_path / "dst-box", tmp_path / "tiny.bundle"
 
     def localrun(home, *args):
-        done = subprocess.run([sys.executable, "-m", "localrun", *args], env=home_env(home), capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "localrun", *args], env=home_env(home), capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr[-2000:]
 
     localrun(src, "import", str(tiny_gguf), "--name", "tiny")
@@ -35,7 +36,12 @@ def test_bundle_imported_model_is_served_as_its_lock_says(tmp_path, tiny_gguf):
         info = httpx.get(f"{mp.url}/api/models/{repo}").json()
         assert info["sha"] == model["commit"]
         (tree,) = httpx.get(f"{mp.url}/api/models/{repo}/tree/main").json()
-        assert (tree["path"], tree["oid"], tree["lfs"]["oid"], tree["size"]) == (entry["path"], entry["git_oid"], entry["sha256"], entry["size"])
+        assert (tree["path"], tree["oid"], tree["lfs"]["oid"], tree["size"]) == (
+            entry["path"],
+            entry["git_oid"],
+            entry["sha256"],
+            entry["size"],
+        )
         head = httpx.head(f"{mp.url}/{repo}/resolve/main/{entry['path']}")
         assert head.status_code == 200 and head.headers["etag"] == f'"{entry["sha256"]}"'
         assert httpx.get(f"{mp.url}/{repo}/resolve/{model['commit']}/{entry['path']}").content == tiny_gguf.read_bytes()

@@ -16,15 +16,29 @@ import pytest
 from tests.hub import repos
 from tests.hub.hostile import HOSTILE_NAMES
 from tests.mirror.hosts import home_env, start_mirror
-from tests.support.servers import free_port
 from tests.modelstore.test_names import HOSTILE_RELPATHS
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.timeout(180)
 
 GGUF = f"/{repos.GGUF_REPO}/resolve/main/Tiny-Q4_K_M.gguf"
-EXTRA_HOSTILE = ["%2e%2e", "%2e%2e%2f%2e%2e%2fetc%2fpasswd", "..%5c..%5cx", "%00", "....//....//x", "snapshots", "blobs",
-                 "refs/main", "../models--testorg--Tiny-GGUF/refs/main", "%252e%252e", ".locks", "index.sqlite3"]
-CORPUS = sorted((set(HOSTILE_NAMES) | set(HOSTILE_RELPATHS) | set(EXTRA_HOSTILE)) - {""}, key=repr)  # "" is the root folder
+EXTRA_HOSTILE = [
+    "%2e%2e",
+    "%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+    "..%5c..%5cx",
+    "%00",
+    "....//....//x",
+    "snapshots",
+    "blobs",
+    "refs/main",
+    "../models--testorg--Tiny-GGUF/refs/main",
+    "%252e%252e",
+    ".locks",
+    "index.sqlite3",
+]
+CORPUS = sorted(
+    (set(HOSTILE_NAMES) | set(HOSTILE_RELPATHS) | set(EXTRA_HOSTILE)) - {""}, key=repr
+)  # "" is the root folder
 
 
 def raw(url: str, method: str, path: str, headers: dict | None = None) -> tuple[int, dict, bytes]:
@@ -50,11 +64,18 @@ def test_hostile_names_never_reach_the_disk(mirror):
     paths = []
     for name in CORPUS:
         q, plain = _encoded(name), name.encode("utf-8", "surrogatepass").decode("latin-1").replace(" ", "%20")
-        plain = "".join(c if 0x21 <= ord(c) < 0x7f else quote(c.encode("latin-1")) for c in plain)
-        paths += [f"/{repos.GGUF_REPO}/resolve/main/{q}", f"/{repos.GGUF_REPO}/resolve/main/{plain}",
-                  f"/{repos.GGUF_REPO}/resolve/{q}/Tiny-Q4_K_M.gguf", f"/{q}/x/resolve/main/Tiny-Q4_K_M.gguf",
-                  f"/testorg/{q}/resolve/main/Tiny-Q4_K_M.gguf", f"/api/models/{repos.GGUF_REPO}/tree/main/{q}",
-                  f"/api/models/{repos.GGUF_REPO}/revision/{q}", f"/api/models/{q}/{q}", f"/api/models/testorg/{q}/refs"]
+        plain = "".join(c if 0x21 <= ord(c) < 0x7F else quote(c.encode("latin-1")) for c in plain)
+        paths += [
+            f"/{repos.GGUF_REPO}/resolve/main/{q}",
+            f"/{repos.GGUF_REPO}/resolve/main/{plain}",
+            f"/{repos.GGUF_REPO}/resolve/{q}/Tiny-Q4_K_M.gguf",
+            f"/{q}/x/resolve/main/Tiny-Q4_K_M.gguf",
+            f"/testorg/{q}/resolve/main/Tiny-Q4_K_M.gguf",
+            f"/api/models/{repos.GGUF_REPO}/tree/main/{q}",
+            f"/api/models/{repos.GGUF_REPO}/revision/{q}",
+            f"/api/models/{q}/{q}",
+            f"/api/models/testorg/{q}/refs",
+        ]
     for path in paths:
         for method in ("GET", "HEAD"):
             status, headers, body = raw(mirror.url, method, path)
@@ -69,12 +90,16 @@ def test_unknown_repo_revision_and_file_get_the_hub_error_codes(mirror, tmp_path
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
 
-    cases = [("/nobody/nothing/resolve/main/x.gguf", "RepoNotFound"),
-             (f"/{repos.GGUF_REPO}/resolve/{'0' * 40}/Tiny-Q4_K_M.gguf", "RevisionNotFound"),
-             (f"/{repos.GGUF_REPO}/resolve/no-such-branch/Tiny-Q4_K_M.gguf", "RevisionNotFound"),
-             (f"/{repos.GGUF_REPO}/resolve/main/missing.gguf", "EntryNotFound"),
-             ("/api/models/nobody/nothing", "RepoNotFound"), (f"/api/models/{repos.GGUF_REPO}/revision/v9", "RevisionNotFound"),
-             (f"/api/models/{repos.GGUF_REPO}/tree/main/no-folder", "EntryNotFound"), ("/api/models/nobody/nothing/refs", "RepoNotFound")]
+    cases = [
+        ("/nobody/nothing/resolve/main/x.gguf", "RepoNotFound"),
+        (f"/{repos.GGUF_REPO}/resolve/{'0' * 40}/Tiny-Q4_K_M.gguf", "RevisionNotFound"),
+        (f"/{repos.GGUF_REPO}/resolve/no-such-branch/Tiny-Q4_K_M.gguf", "RevisionNotFound"),
+        (f"/{repos.GGUF_REPO}/resolve/main/missing.gguf", "EntryNotFound"),
+        ("/api/models/nobody/nothing", "RepoNotFound"),
+        (f"/api/models/{repos.GGUF_REPO}/revision/v9", "RevisionNotFound"),
+        (f"/api/models/{repos.GGUF_REPO}/tree/main/no-folder", "EntryNotFound"),
+        ("/api/models/nobody/nothing/refs", "RepoNotFound"),
+    ]
     for path, code in cases:
         for method in ("GET", "HEAD"):
             status, headers, _ = raw(mirror.url, method, path)
@@ -100,7 +125,12 @@ def test_ranges_headers_and_no_compression(mirror):
     assert h["etag"] == f'"{etag}"' and h["x-linked-etag"] == f'"{etag}"' and h["x-linked-size"] == str(n)
     assert h["content-length"] == str(n) and len(h["x-repo-commit"]) == 40 and h["accept-ranges"] == "bytes"
     assert "content-encoding" not in h and not [k for k in h if "xet" in k] and "link" not in h
-    for rng, start, end in (("bytes=10-19", 10, 20), ("bytes=-7", n - 7, n), (f"bytes={n - 3}-", n - 3, n), (f"bytes=5-{n + 100}", 5, n)):
+    for rng, start, end in (
+        ("bytes=10-19", 10, 20),
+        ("bytes=-7", n - 7, n),
+        (f"bytes={n - 3}-", n - 3, n),
+        (f"bytes=5-{n + 100}", 5, n),
+    ):
         status, h, body = raw(mirror.url, "GET", GGUF, {"Range": rng, "Accept-Encoding": "gzip"})
         assert status == 206 and body == data[start:end], rng
         assert h["content-range"] == f"bytes {start}-{end - 1}/{n}" and "content-encoding" not in h
@@ -118,7 +148,9 @@ def test_read_only_and_the_index_untouched(mirror, filled_home):
         for path in (GGUF, f"/api/models/{repos.GGUF_REPO}", "/api/models"):
             status, _, _ = raw(mirror.url, method, path, {"Content-Type": "application/json", "Content-Length": "0"})
             assert status in (404, 405), (method, path, status)
-    assert raw(mirror.url, "GET", "/local/tiny-llama/resolve/main/tiny-llama.gguf")[0] == 200  # hashed, learned in memory
+    assert (
+        raw(mirror.url, "GET", "/local/tiny-llama/resolve/main/tiny-llama.gguf")[0] == 200
+    )  # hashed, learned in memory
     assert index.read_bytes() == before
 
 
@@ -135,8 +167,13 @@ def test_host_guard_and_key(filled_home):
     finally:
         mp.stop()
     env = home_env(filled_home)
-    done = subprocess.run([sys.executable, "-m", "localrun", "mirror", "--host", "0.0.0.0", "--port", str(free_port())], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "localrun", "mirror", "--host", "0.0.0.0", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "API key" in done.stderr
 
 
@@ -168,8 +205,13 @@ def test_a_changed_file_is_refused_at_rest_and_cut_short_mid_download(fresh_home
     big = fresh_home / "big" / "big-Q8_0.gguf"
     big.parent.mkdir()
     big.write_bytes(repos.make_gguf(quant="Q8_0", payload=48 << 20, seed=11))
-    subprocess.run([sys.executable, "-m", "localrun", "import", str(big), "--name", "big"], env=home_env(fresh_home),
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "localrun", "import", str(big), "--name", "big"],
+        env=home_env(fresh_home),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     gguf = _store_file(fresh_home, "models--testorg--Tiny-GGUF", "Tiny-Q4_K_M.gguf")
     mp = start_mirror(fresh_home)
     try:

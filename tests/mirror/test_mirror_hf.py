@@ -52,10 +52,9 @@ def test_huggingface_hub_downloads_byte_equal_files(mirror, tmp_path, tiny_gguf)
 def test_tree_matches_the_hub_it_was_pulled_from(mirror):
     """size, lfs.oid and a plain file's oid are what the origin hub listed; an LFS file's oid
     is its pointer's git sha1, as on the real hub (the fake hub lists the content's sha1)."""
-    from localrun.modelstore.gitids import lfs_git_oid
-
     import httpx
 
+    from localrun.modelstore.gitids import lfs_git_oid
     from tests.hub.fakehub import FakeHub
     from tests.hub.repos import populate
 
@@ -80,6 +79,8 @@ def test_tree_matches_the_hub_it_was_pulled_from(mirror):
 def test_hf_cli_download(mirror, tmp_path):
     hf = [sys.executable, "-c", "from huggingface_hub.cli.hf import main; main()"]
     target = tmp_path / "dl"
-    done = run_b(tmp_path / "b", mirror.url, *hf[1:], "download", repos.GGUF_REPO, "Tiny-Q4_K_M.gguf", "--local-dir", str(target))
+    done = run_b(
+        tmp_path / "b", mirror.url, *hf[1:], "download", repos.GGUF_REPO, "Tiny-Q4_K_M.gguf", "--local-dir", str(target)
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (target / "Tiny-Q4_K_M.gguf").read_bytes() == repos.gguf_repo_files()["Tiny-Q4_K_M.gguf"]

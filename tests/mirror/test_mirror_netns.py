@@ -41,8 +41,13 @@ def site(tmp_path_factory):
         hub.stop()
     big = root / "src" / "big-Q8_0.gguf"
     big.write_bytes(repos.make_gguf(quant="Q8_0", payload=48 << 20, seed=21))
-    subprocess.run([sys.executable, "-m", "localrun", "import", str(big), "--name", "big"], env=home_env(home_a),
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "localrun", "import", str(big), "--name", "big"],
+        env=home_env(home_a),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     with two_hosts() as hosts:
         port = free_port()
         mp = start_mirror(home_a, host=hosts.a_ip, port=port, key=KEY, prefix=hosts.a_prefix or None)
@@ -54,8 +59,10 @@ def site(tmp_path_factory):
 
 
 def _wait_from_b(hosts, url, mp, timeout=60.0):
-    probe = ("import httpx,sys\ntry:\n r=httpx.get(sys.argv[1]+'/',headers={'Authorization':'Bearer '+sys.argv[2]},timeout=2)\n"
-             " sys.exit(0 if r.status_code==200 else 1)\nexcept Exception:\n sys.exit(1)")
+    probe = (
+        "import httpx,sys\ntry:\n r=httpx.get(sys.argv[1]+'/',headers={'Authorization':'Bearer '+sys.argv[2]},timeout=2)\n"
+        " sys.exit(0 if r.status_code==200 else 1)\nexcept Exception:\n sys.exit(1)"
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if mp.proc.poll() is not None:
@@ -90,7 +97,9 @@ def test_huggingface_hub_on_b(site, tmp_path):
     done = on_b(site, tmp_path / "b", "-m", "tests.mirror.client_b", "hf", repos.GGUF_REPO, repos.MLX_REPO, TINY_REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout)["repos"]
-    assert seen[repos.GGUF_REPO]["files"] == {"Tiny-Q4_K_M.gguf": hashlib.sha256(repos.gguf_repo_files()["Tiny-Q4_K_M.gguf"]).hexdigest()}
+    assert seen[repos.GGUF_REPO]["files"] == {
+        "Tiny-Q4_K_M.gguf": hashlib.sha256(repos.gguf_repo_files()["Tiny-Q4_K_M.gguf"]).hexdigest()
+    }
     assert seen[TINY_REPO]["files"] == {"tiny-llama.gguf": _sha(site["tiny"])}
     mlx = {p: hashlib.sha256(d).hexdigest() for p, d in repos.mlx_repo_files().items()}
     assert seen[repos.MLX_REPO]["files"] == {p: mlx[p] for p in seen[repos.MLX_REPO]["files"]}
@@ -107,7 +116,9 @@ def test_localrun_pull_then_run_on_b(site, tmp_path):
     assert search.returncode == 0 and TINY_REPO in search.stdout and repos.GGUF_REPO in search.stdout
     plan = on_b(site, home, "-m", "localrun", "plan", model["name"], "--json")
     assert plan.returncode == 0 and json.loads(plan.stdout)["model"] == model["name"], plan.stderr[-2000:]
-    run = on_b(site, home, "-m", "localrun", "run", model["name"], "Hello", "--raw", "--max-tokens", "4", "--threads", "1")
+    run = on_b(
+        site, home, "-m", "localrun", "run", model["name"], "Hello", "--raw", "--max-tokens", "4", "--threads", "1"
+    )
     assert run.returncode == 0 and "tokens" in run.stderr, run.stderr[-2000:]
 
 

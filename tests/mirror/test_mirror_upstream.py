@@ -30,13 +30,23 @@ def test_pull_through_fetches_once_keeps_and_serves(tmp_path):
         files = repos.gguf_repo_files()
         url = f"{mp.url}/{repos.GGUF_REPO}/resolve/main/Tiny-Q8_0.gguf"
         head = httpx.head(url)  # answered from the upstream's listing, without a download
-        assert head.status_code == 200 and head.headers["etag"] == f'"{hashlib.sha256(files["Tiny-Q8_0.gguf"]).hexdigest()}"'
+        assert (
+            head.status_code == 200
+            and head.headers["etag"] == f'"{hashlib.sha256(files["Tiny-Q8_0.gguf"]).hexdigest()}"'
+        )
         assert _resolve_gets(hub, "Tiny-Q8_0.gguf") == 0
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             bodies = list(pool.map(lambda _: httpx.get(url, timeout=60).content, range(8)))
         assert bodies == [files["Tiny-Q8_0.gguf"]] * 8
         assert _resolve_gets(hub, "Tiny-Q8_0.gguf") == 1  # eight clients, one download
-        blob = home / "hf" / "hub" / "models--testorg--Tiny-GGUF" / "blobs" / hashlib.sha256(files["Tiny-Q8_0.gguf"]).hexdigest()
+        blob = (
+            home
+            / "hf"
+            / "hub"
+            / "models--testorg--Tiny-GGUF"
+            / "blobs"
+            / hashlib.sha256(files["Tiny-Q8_0.gguf"]).hexdigest()
+        )
         assert blob.read_bytes() == files["Tiny-Q8_0.gguf"]
         info = httpx.get(f"{mp.url}/api/models/{repos.GGUF_REPO}").json()
         assert set(info["siblings"][i]["rfilename"] for i in range(len(info["siblings"]))) == set(files)
@@ -65,7 +75,9 @@ def test_pull_through_refuses_a_tampering_upstream(tmp_path):
     edge = tmp_path / "edge"
     mp = start_mirror(edge, upstream=hub.url)
     try:
-        assert httpx.get(f"{mp.url}/api/models/{repos.GGUF_REPO}/tree/main").status_code == 200  # listed (and hashed) first
+        assert (
+            httpx.get(f"{mp.url}/api/models/{repos.GGUF_REPO}/tree/main").status_code == 200
+        )  # listed (and hashed) first
         for files in hub.repos[repos.GGUF_REPO].commits.values():  # FakeFile keeps the hashes it listed
             f = files["Tiny-Q5_K_M.gguf"]
             f.data = bytes([f.data[0] ^ 1]) + f.data[1:]

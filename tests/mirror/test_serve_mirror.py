@@ -27,7 +27,10 @@ def test_serve_mirror_serves_models_and_the_hub_on_one_port(filled_home, tmp_pat
         models = httpx.get(f"{url}/v1/models").json()["data"]
         assert any(m["id"] == "tiny-llama" for m in models)
         path = hf_hub_download(repos.GGUF_REPO, "Tiny-Q4_K_M.gguf", endpoint=url, cache_dir=tmp_path / "c", token=False)
-        assert hashlib.sha256(open(path, "rb").read()).hexdigest() == hashlib.sha256(repos.gguf_repo_files()["Tiny-Q4_K_M.gguf"]).hexdigest()
+        assert (
+            hashlib.sha256(open(path, "rb").read()).hexdigest()
+            == hashlib.sha256(repos.gguf_repo_files()["Tiny-Q4_K_M.gguf"]).hexdigest()
+        )
         assert httpx.get(f"{url}/api/models/nobody/nothing").headers["x-error-code"] == "RepoNotFound"
         assert httpx.get(f"{url}/api/tags").status_code == 200  # the Ollama API is still there
     finally:

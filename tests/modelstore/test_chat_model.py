@@ -93,7 +93,9 @@ def test_the_tui_chat_picks_the_chat_model_first(monkeypatch):
             self.options = [v for _label, v in options]
 
     select = Select()
-    monkeypatch.setattr(ChatScreen, "model_select", property(lambda self: select))  # the query_one getter, on a bare screen
+    monkeypatch.setattr(
+        ChatScreen, "model_select", property(lambda self: select)
+    )  # the query_one getter, on a bare screen
     screen = ChatScreen.__new__(ChatScreen)
     screen._wanted = None
     ChatScreen._set_models(screen, ["gemma3-270m", CHAT_MODEL_NAME, "tiny"], [])
@@ -108,7 +110,25 @@ def test_the_tui_chat_picks_the_chat_model_first(monkeypatch):
 @pytest.mark.slow
 def test_run_chats_sensibly_with_the_default_chat_model(smollm2_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "localrun", "run", CHAT_MODEL_NAME, "--max-tokens", "32", "--temperature", "0",
-                          "--threads", "2", "Hi! Who are you?"], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "localrun",
+            "run",
+            CHAT_MODEL_NAME,
+            "--max-tokens",
+            "32",
+            "--temperature",
+            "0",
+            "--threads",
+            "2",
+            "Hi! Who are you?",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "SmolLM" in out.stdout, out.stdout  # the instruct model answers as itself, not a base model's babble

@@ -18,8 +18,10 @@ def test_tiny_is_small_and_deterministic(tmp_path):
 
 
 def test_meta_only_file_holds_the_given_values(tmp_path):
-    path = write_meta_only_gguf(tmp_path / "m.gguf", {"general.architecture": "qwen3", "qwen3.context_length": 40960,
-                                                      "general.name": "x", "general.flag": True})
+    path = write_meta_only_gguf(
+        tmp_path / "m.gguf",
+        {"general.architecture": "qwen3", "qwen3.context_length": 40960, "general.name": "x", "general.flag": True},
+    )
     info = read_gguf_metadata(path)
     assert (info.architecture, info.context_length, info.name) == ("qwen3", 40960, "x")
     assert info.scalars["general.flag"] is True and info.tensor_count == 1

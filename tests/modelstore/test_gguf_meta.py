@@ -29,7 +29,9 @@ from tests.factories import (
 
 
 def test_tiny_llama_values_follow_the_factory(tmp_path):
-    path = write_tiny_llama_gguf(tmp_path / "t.gguf", n_embd=48, n_layer=3, n_head=6, n_head_kv=2, n_ff=96, n_ctx_train=512)
+    path = write_tiny_llama_gguf(
+        tmp_path / "t.gguf", n_embd=48, n_layer=3, n_head=6, n_head_kv=2, n_ff=96, n_ctx_train=512
+    )
     info = read_gguf_metadata(path)
     assert (info.architecture, info.name, info.quant, info.file_type) == ("llama", "tiny-llama", "F32", 0)
     assert (info.block_count, info.embedding_length, info.head_count, info.head_count_kv) == (3, 48, 6, 2)
@@ -74,8 +76,10 @@ def test_no_template_and_json_form(tiny_gguf_no_template):
 
 def test_per_layer_kv_heads_keep_max_and_list(tmp_path):
     layers = [8, 2, 2, 4, 0]
-    path = write_meta_only_gguf(tmp_path / "m.gguf", {"general.architecture": "hybrid", "hybrid.block_count": 5,
-                                                      "hybrid.attention.head_count_kv": layers})
+    path = write_meta_only_gguf(
+        tmp_path / "m.gguf",
+        {"general.architecture": "hybrid", "hybrid.block_count": 5, "hybrid.attention.head_count_kv": layers},
+    )
     info = read_gguf_metadata(path)
     assert info.head_count_kv == max(layers)
     assert info.head_count_kv_per_layer == tuple(layers)
@@ -143,27 +147,51 @@ BAD = {
     "key length past EOF": (lambda: RawGGUF(kvs=[(Raw(struct.pack("<Q", 900) + b"k"), U8, 1, None)]), ["truncated"]),
     "key length huge": (lambda: RawGGUF(kvs=[(Raw(struct.pack("<Q", 2**64 - 1) + b"k"), U8, 1, None)]), ["claims"]),
     "empty key": (lambda: RawGGUF(kvs=[("", U32, 1, None)]), ["empty"]),
-    "duplicate key": (lambda: RawGGUF(kvs=[("a.b", U32, 1, None), ("a.b", U32, 2, None)]), ["duplicate metadata key 'a.b'"]),
+    "duplicate key": (
+        lambda: RawGGUF(kvs=[("a.b", U32, 1, None), ("a.b", U32, 2, None)]),
+        ["duplicate metadata key 'a.b'"],
+    ),
     "bad value type": (lambda: RawGGUF(kvs=[("a.b", 13, Raw(bytes(4)), None)]), ["invalid value type 13"]),
     "bad value type max": (lambda: RawGGUF(kvs=[("a.b", 0xFFFFFFFF, Raw(bytes(4)), None)]), ["invalid value type"]),
     "bad array element type": (lambda: RawGGUF(kvs=[("a.b", ARRAY, [], 77)]), ["invalid element type 77"]),
     "nested array": (lambda: RawGGUF(kvs=[("a.b", ARRAY, [], ARRAY)]), ["nested array"]),
-    "array count huge": (lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", U32, 2**64 - 1)), None)]), ["elements"]),
-    "array past EOF": (lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", U32, 10**6)), None)]), ["more than the file"]),
-    "string array count huge": (lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", STRING, 2**40)), None)]), ["elements"]),
-    "string array more than file": (lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", STRING, 10**6)), None)]),
-                                    ["strings, more than the file can hold"]),
-    "string in array past EOF": (lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQQ", STRING, 100, 2**62)), None)],
-                                                         data=bytes(2048)),
-                                 ["past the end"]),
-    "string length huge": (lambda: RawGGUF(kvs=[("a.b", STRING, Raw(struct.pack("<Q", 2**64 - 1) + b"x"), None)]), ["claims"]),
-    "string length past EOF": (lambda: RawGGUF(kvs=[("a.b", STRING, Raw(struct.pack("<Q", 10**6) + b"x"), None)]), ["truncated"]),
+    "array count huge": (
+        lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", U32, 2**64 - 1)), None)]),
+        ["elements"],
+    ),
+    "array past EOF": (
+        lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", U32, 10**6)), None)]),
+        ["more than the file"],
+    ),
+    "string array count huge": (
+        lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", STRING, 2**40)), None)]),
+        ["elements"],
+    ),
+    "string array more than file": (
+        lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQ", STRING, 10**6)), None)]),
+        ["strings, more than the file can hold"],
+    ),
+    "string in array past EOF": (
+        lambda: RawGGUF(kvs=[("a.b", ARRAY, Raw(struct.pack("<IQQ", STRING, 100, 2**62)), None)], data=bytes(2048)),
+        ["past the end"],
+    ),
+    "string length huge": (
+        lambda: RawGGUF(kvs=[("a.b", STRING, Raw(struct.pack("<Q", 2**64 - 1) + b"x"), None)]),
+        ["claims"],
+    ),
+    "string length past EOF": (
+        lambda: RawGGUF(kvs=[("a.b", STRING, Raw(struct.pack("<Q", 10**6) + b"x"), None)]),
+        ["truncated"],
+    ),
     "alignment zero": (lambda: RawGGUF(kvs=[("general.alignment", U32, 0, None)]), ["alignment 0"]),
     "alignment not pow2": (lambda: RawGGUF(kvs=[("general.alignment", U32, 48, None)], alignment=48), ["alignment 48"]),
     "alignment huge": (lambda: RawGGUF(kvs=[("general.alignment", U32, 2**31, None)], alignment=32), ["alignment"]),
     "alignment wrong type": (lambda: RawGGUF(kvs=[("general.alignment", U64, 32, None)]), ["UINT32"]),
     "offset wrap": (lambda: RawGGUF(tensors=[("t", (8,), 0, 2**64 - 64)], data=bytes(64)), ["past the end"]),
-    "offset misaligned": (lambda: RawGGUF(tensors=[("t", (8,), 0, 4)], data=bytes(64)), ["not a multiple of the alignment"]),
+    "offset misaligned": (
+        lambda: RawGGUF(tensors=[("t", (8,), 0, 4)], data=bytes(64)),
+        ["not a multiple of the alignment"],
+    ),
     "shape overflow": (lambda: RawGGUF(tensors=[("t", (2**32, 2**32, 2**32), 0, 0)], data=bytes(64)), ["overflows"]),
     "dim over int64": (lambda: RawGGUF(tensors=[("t", (2**63,), 0, 0)], data=bytes(64)), ["overflows"]),
     "n_dims zero": (lambda: RawGGUF(tensors=[("t", (), 0, 0)], data=bytes(64)), ["0 dimensions"]),
@@ -176,10 +204,16 @@ BAD = {
     "tensor name too long": (lambda: RawGGUF(tensors=[("x" * 64, (8,), 0, 0)]), ["claims 64 bytes"]),
     "overlapping tensors": (lambda: RawGGUF(tensors=[("a", (16,), 0, 0), ("b", (16,), 0, 32)]), ["overlaps"]),
     "arch key wrong type": (lambda: RawGGUF(kvs=[("general.architecture", U32, 1, None)]), ["expected a string"]),
-    "negative layer count": (lambda: RawGGUF(kvs=[("general.architecture", STRING, "llama", None),
-                                                  ("llama.block_count", I32, -1, None)]), ["negative"]),
-    "float context length": (lambda: RawGGUF(kvs=[("general.architecture", STRING, "llama", None),
-                                                  ("llama.context_length", F32, 1.5, None)]), ["expected an integer"]),
+    "negative layer count": (
+        lambda: RawGGUF(kvs=[("general.architecture", STRING, "llama", None), ("llama.block_count", I32, -1, None)]),
+        ["negative"],
+    ),
+    "float context length": (
+        lambda: RawGGUF(
+            kvs=[("general.architecture", STRING, "llama", None), ("llama.context_length", F32, 1.5, None)]
+        ),
+        ["expected an integer"],
+    ),
     "key not utf-8": (lambda: RawGGUF(kvs=[(b"\xff\xfe", U32, 1, None)]), ["UTF-8"]),
 }
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import hashlib
 
-from localrun.modelstore.gitids import (git_blob_hasher, git_blob_oid, is_lfs_path, lfs_git_oid, lfs_pointer,
-                                        synthetic_commit, synthetic_repo)
+from localrun.modelstore.gitids import (
+    git_blob_hasher,
+    git_blob_oid,
+    is_lfs_path,
+    lfs_git_oid,
+    lfs_pointer,
+    synthetic_commit,
+    synthetic_repo,
+)
 
 
 def test_git_blob_oids_are_gits():
@@ -38,7 +45,9 @@ def test_the_mirrors_catalog_speaks_no_http():
     import subprocess
     import sys
 
-    code = ("import sys, localrun.modelstore.hub_catalog; "
-            "print(','.join(m for m in ('httpx', 'fastapi', 'starlette', 'uvicorn') if m in sys.modules))")
+    code = (
+        "import sys, localrun.modelstore.hub_catalog; "
+        "print(','.join(m for m in ('httpx', 'fastapi', 'starlette', 'uvicorn') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""

@@ -19,9 +19,13 @@ from localrun.types import FileEntry, Format, ModelRecord, Source
 
 def _rec(name: str, **kw) -> ModelRecord:
     base = dict(
-        name=name, format=Format.GGUF, path=f"/models/{name}.gguf",
-        files=(FileEntry(f"/models/{name}.gguf", 1234, "ab" * 32),), source=Source.IMPORTED,
-        metadata={"architecture": "llama", "n_params": 7, "nested": {"a": [1, 2]}}, added_at=1700000000.5,
+        name=name,
+        format=Format.GGUF,
+        path=f"/models/{name}.gguf",
+        files=(FileEntry(f"/models/{name}.gguf", 1234, "ab" * 32),),
+        source=Source.IMPORTED,
+        metadata={"architecture": "llama", "n_params": 7, "nested": {"a": [1, 2]}},
+        added_at=1700000000.5,
     )
     base.update(kw)
     return ModelRecord(**base)

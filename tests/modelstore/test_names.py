@@ -85,8 +85,19 @@ def test_corpus_is_big_enough():
     assert len(HOSTILE_RELPATHS) >= 40
 
 
-@pytest.mark.parametrize("name", ["model.gguf", "Q4_K_M/model-00001-of-00002.gguf", "config.json", "a b/c-d_e.f",
-                                  "日本語/モデル.gguf", ".gitattributes", "x..y", "sub/dir/tokenizer.model"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "model.gguf",
+        "Q4_K_M/model-00001-of-00002.gguf",
+        "config.json",
+        "a b/c-d_e.f",
+        "日本語/モデル.gguf",
+        ".gitattributes",
+        "x..y",
+        "sub/dir/tokenizer.model",
+    ],
+)
 def test_ordinary_relpaths_accepted(name):
     p = safe_relpath(name)
     assert isinstance(p, PurePosixPath) and str(p) == name and not p.is_absolute()
@@ -130,14 +141,17 @@ def test_safe_join_allows_symlinks_that_stay_inside(tmp_path):
     assert safe_join(store, "snap/model.gguf").name == "model.gguf"
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("gemma3-270m", "gemma3-270m"),
-    ("Gemma3-270M", "gemma3-270m"),
-    ("  llama3.2:1b  ", "llama3.2:1b"),
-    ("bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M", "bartowski/llama-3.2-1b-instruct-gguf:q4_k_m"),
-    ("a", "a"),
-    ("x" * 128, "x" * 128),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("gemma3-270m", "gemma3-270m"),
+        ("Gemma3-270M", "gemma3-270m"),
+        ("  llama3.2:1b  ", "llama3.2:1b"),
+        ("bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M", "bartowski/llama-3.2-1b-instruct-gguf:q4_k_m"),
+        ("a", "a"),
+        ("x" * 128, "x" * 128),
+    ],
+)
 def test_valid_model_names(name, expected):
     assert validate_model_name(name) == expected
     assert ModelName(name) == expected and isinstance(ModelName(name), str)
@@ -152,25 +166,55 @@ def is_valid_model_name(name: object) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", [
-    "", " ", "-x", ".x", "_x", "x" * 129, "a/b/c", "/a", "a/", "a//b", "a/../b", "..", "a..b", "a.", "org./x",
-    "a:b:c", "a:", ":a", "a b", "a\x00", "a\\b", "ü", "a/b:", "C:\\x", "a;rm -rf", "a\nb",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        " ",
+        "-x",
+        ".x",
+        "_x",
+        "x" * 129,
+        "a/b/c",
+        "/a",
+        "a/",
+        "a//b",
+        "a/../b",
+        "..",
+        "a..b",
+        "a.",
+        "org./x",
+        "a:b:c",
+        "a:",
+        ":a",
+        "a b",
+        "a\x00",
+        "a\\b",
+        "ü",
+        "a/b:",
+        "C:\\x",
+        "a;rm -rf",
+        "a\nb",
+    ],
+)
 def test_invalid_model_names(name):
     with pytest.raises(InvalidName):
         validate_model_name(name)
     assert not is_valid_model_name(name)
 
 
-@pytest.mark.parametrize("filename,expected", [
-    ("Gemma-3-270M-Q4_K_M.gguf", "gemma-3-270m-q4_k_m"),
-    ("Qwen3-8B-Q4_K_M-00001-of-00003.gguf", "qwen3-8b-q4_k_m"),
-    ("model (copy).gguf", "model-copy"),
-    ("..hidden..gguf", "hidden"),
-    ("Modèle.gguf", "modele"),
-    ("日本語.gguf", "model"),
-    ("x" * 300 + ".gguf", "x" * 128),
-])
+@pytest.mark.parametrize(
+    "filename,expected",
+    [
+        ("Gemma-3-270M-Q4_K_M.gguf", "gemma-3-270m-q4_k_m"),
+        ("Qwen3-8B-Q4_K_M-00001-of-00003.gguf", "qwen3-8b-q4_k_m"),
+        ("model (copy).gguf", "model-copy"),
+        ("..hidden..gguf", "hidden"),
+        ("Modèle.gguf", "modele"),
+        ("日本語.gguf", "model"),
+        ("x" * 300 + ".gguf", "x" * 128),
+    ],
+)
 def test_model_name_from_filename(filename, expected):
     assert model_name_from_filename(filename) == expected
     assert is_valid_model_name(model_name_from_filename(filename))

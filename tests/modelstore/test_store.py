@@ -21,8 +21,8 @@ from localrun.errors import (
     ModelNotFound,
     VerificationFailed,
 )
-from localrun.modelstore.gguf_meta import read_gguf_metadata
 from localrun.modelstore.builtins import DEFAULT_MODEL_NAME, DEFAULT_MODEL_PACKAGE
+from localrun.modelstore.gguf_meta import read_gguf_metadata
 from localrun.modelstore.store import ModelStore
 from localrun.settings import load_settings
 from localrun.types import FileEntry, Format, ModelRecord, Source
@@ -161,8 +161,15 @@ def test_untouched_verified_file_is_not_rehashed_on_resolve(store, model_file, m
 
 
 def _owned_record(name: str, path, **kw) -> ModelRecord:
-    return ModelRecord(name=name, format=Format.GGUF, path=str(path), files=(FileEntry(str(path), path.stat().st_size),),
-                       source=Source.HUB, owned=True, **kw)
+    return ModelRecord(
+        name=name,
+        format=Format.GGUF,
+        path=str(path),
+        files=(FileEntry(str(path), path.stat().st_size),),
+        source=Source.HUB,
+        owned=True,
+        **kw,
+    )
 
 
 def test_register_replaces_the_same_repo_and_keeps_a_strangers_name(store, model_file, tmp_path):
@@ -287,9 +294,18 @@ def _write_safetensors(path, tensors: dict[str, tuple[list[int], int]], *, lie: 
 
 def _mlx_folder(root, **config_extra):
     root.mkdir(parents=True)
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8,
-              "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 512, "vocab_size": 32,
-              "quantization": {"group_size": 64, "bits": 4}, **config_extra}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 2,
+        "hidden_size": 8,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 512,
+        "vocab_size": 32,
+        "quantization": {"group_size": 64, "bits": 4},
+        **config_extra,
+    }
     (root / "config.json").write_text(json.dumps(config))
     _write_safetensors(root / "model.safetensors", {"a": ([4, 8], 128), "b": ([8], 32)})
     (root / "chat_template.jinja").write_text("{{ messages }}")
@@ -305,11 +321,26 @@ def test_mlx_folder_import(store, tmp_path):
     assert {os.path.basename(f.path) for f in rec.files} == {"config.json", "model.safetensors", "chat_template.jinja"}
 
 
-@pytest.mark.parametrize("problem", ["python file", "native lib", "pickle", "auto_map", "model_file",
-                                     "bad header", "data outside", "no weights", "bad json"])
+@pytest.mark.parametrize(
+    "problem",
+    [
+        "python file",
+        "native lib",
+        "pickle",
+        "auto_map",
+        "model_file",
+        "bad header",
+        "data outside",
+        "no weights",
+        "bad json",
+    ],
+)
 def test_mlx_folder_refusals(store, tmp_path, problem):
-    folder = _mlx_folder(tmp_path / "m", **({"auto_map": {"AutoModel": "x.Y"}} if problem == "auto_map" else {}),
-                         **({"model_file": "evil.py"} if problem == "model_file" else {}))
+    folder = _mlx_folder(
+        tmp_path / "m",
+        **({"auto_map": {"AutoModel": "x.Y"}} if problem == "auto_map" else {}),
+        **({"model_file": "evil.py"} if problem == "model_file" else {}),
+    )
     if problem == "python file":
         (folder / "modeling.py").write_text("import os")
     elif problem == "native lib":
@@ -343,19 +374,30 @@ def test_remove_owned_hf_cache_entry_deletes_link_and_unshared_blob(store):
     link2 = repo / "snapshots" / "rev1" / "s.gguf"
     os.symlink("../../blobs/bbbb", link2)
     os.symlink("../../blobs/bbbb", repo / "snapshots" / "rev2" / "s.gguf")  # another revision keeps it
-    store.index.add(ModelRecord(name="m", format=Format.GGUF, path=str(link), source=Source.HUB, owned=True,
-                                files=(FileEntry(str(link), blob.stat().st_size), FileEntry(str(link2), 1))))
+    store.index.add(
+        ModelRecord(
+            name="m",
+            format=Format.GGUF,
+            path=str(link),
+            source=Source.HUB,
+            owned=True,
+            files=(FileEntry(str(link), blob.stat().st_size), FileEntry(str(link2), 1)),
+        )
+    )
     store.remove("m")
     assert not link.exists() and not os.path.lexists(link) and not blob.exists()
     assert not os.path.lexists(link2) and shared_blob.exists()
 
 
-@pytest.mark.parametrize("kv,tensors,words", [
-    ({"general.type": "adapter"}, None, "LoRA adapter"),
-    ({"general.type": "mmproj"}, None, "projector"),
-    ({"general.architecture": "clip"}, None, "projector"),
-    ({}, {}, "no tensors"),
-])
+@pytest.mark.parametrize(
+    "kv,tensors,words",
+    [
+        ({"general.type": "adapter"}, None, "LoRA adapter"),
+        ({"general.type": "mmproj"}, None, "projector"),
+        ({"general.architecture": "clip"}, None, "projector"),
+        ({}, {}, "no tensors"),
+    ],
+)
 def test_non_model_ggufs_refused(store, tmp_path, kv, tensors, words):
     from tests.factories import write_meta_only_gguf
 

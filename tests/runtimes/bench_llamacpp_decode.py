@@ -25,7 +25,9 @@ PROMPT = "Once upon a time"
 
 def _ours(session, n: int) -> tuple[float, float]:
     start, first, count = time.perf_counter(), None, 0
-    for chunk in session.complete(CompletionRequest(prompt=PROMPT, sampling=Sampling(max_tokens=n, temperature=0.0)), Cancel()):
+    for chunk in session.complete(
+        CompletionRequest(prompt=PROMPT, sampling=Sampling(max_tokens=n, temperature=0.0)), Cancel()
+    ):
         if first is None:
             first = time.perf_counter()
         if chunk.usage:

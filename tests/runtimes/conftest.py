@@ -60,14 +60,19 @@ def fake_ollama():
 def mlc_dir(tmp_path) -> Path:
     folder = tmp_path / "Tiny-q4f16_1-MLC"
     folder.mkdir()
-    (folder / "mlc-chat-config.json").write_text(json.dumps(
-        {"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 2048, "conv_template": {}}))
+    (folder / "mlc-chat-config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization": "q4f16_1", "context_window_size": 2048, "conv_template": {}})
+    )
     (folder / "tensor-cache.json").write_text(json.dumps({"records": []}))
     (folder / "params_shard_0.bin").write_bytes(b"\0" * 64)
     return folder
 
 
 def mlc_plan(tmp_path: Path, **options) -> Plan:
-    opts = {"mlc_command": [sys.executable, str(FAKE_MLC)], "log_dir": str(tmp_path / "logs"),
-            "mlc_start_timeout_s": 20.0, **options}
+    opts = {
+        "mlc_command": [sys.executable, str(FAKE_MLC)],
+        "log_dir": str(tmp_path / "logs"),
+        "mlc_start_timeout_s": 20.0,
+        **options,
+    }
     return Plan(runtime="mlc", n_ctx=512, options=opts)

@@ -70,7 +70,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.model_id, "object": "model", "owned_by": "MLC-LLM"}]})
+            self._json(
+                200, {"object": "list", "data": [{"id": self.model_id, "object": "model", "owned_by": "MLC-LLM"}]}
+            )
         else:
             self._error(404, "not found")
 
@@ -86,11 +88,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def _complete(self, body: dict[str, Any], prompt: str, *, chat: bool) -> None:
         if body.get("model") not in (None, self.model_id):
-            return self._error(404, f"The requested model \"{body.get('model')}\" is not served.")
+            return self._error(404, f'The requested model "{body.get("model")}" is not served.')
         n_prompt = fakegen.count_tokens(prompt)
         if n_prompt > self.context:
-            return self._error(400, f"Request prompt has {n_prompt} tokens in total, "
-                                    f"larger than the model input length limit {self.context}.")
+            return self._error(
+                400,
+                f"Request prompt has {n_prompt} tokens in total, "
+                f"larger than the model input length limit {self.context}.",
+            )
         stops = body.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
         limit = body.get("max_tokens")
@@ -104,9 +109,15 @@ class Handler(BaseHTTPRequestHandler):
                 choice["delta"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text or ""
-            return {"id": "cmpl-1", "object": kind, "created": int(time.time()), "model": self.model_id,
-                    "system_fingerprint": "", "choices": [choice] if text is not None or finish else [],
-                    "usage": usage}
+            return {
+                "id": "cmpl-1",
+                "object": kind,
+                "created": int(time.time()),
+                "model": self.model_id,
+                "system_fingerprint": "",
+                "choices": [choice] if text is not None or finish else [],
+                "usage": usage,
+            }
 
         if not body.get("stream"):
             texts, finish = [], "stop"
@@ -117,9 +128,19 @@ class Handler(BaseHTTPRequestHandler):
                     texts.append(text)
             usage = {"prompt_tokens": n_prompt, "completion_tokens": len(texts), "total_tokens": n_prompt + len(texts)}
             choice = {"index": 0, "finish_reason": finish}
-            choice.update({"message": {"role": "assistant", "content": "".join(texts)}} if chat else {"text": "".join(texts)})
-            return self._json(200, {"id": "cmpl-1", "object": kind[:-6] if chat else kind, "choices": [choice],
-                                    "model": self.model_id, "usage": usage})
+            choice.update(
+                {"message": {"role": "assistant", "content": "".join(texts)}} if chat else {"text": "".join(texts)}
+            )
+            return self._json(
+                200,
+                {
+                    "id": "cmpl-1",
+                    "object": kind[:-6] if chat else kind,
+                    "choices": [choice],
+                    "model": self.model_id,
+                    "usage": usage,
+                },
+            )
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -175,7 +196,9 @@ def main(argv: list[str]) -> int:
         return 1
     config = json.loads(config_path.read_text())
     Handler.model_id = args.model
-    Handler.context = int(overrides(args.overrides).get("context_window_size") or config.get("context_window_size", 4096))
+    Handler.context = int(
+        overrides(args.overrides).get("context_window_size") or config.get("context_window_size", 4096)
+    )
     time.sleep(float(os.environ.get("FAKE_MLC_STARTUP_S") or 0))
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True

@@ -29,9 +29,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-import zlib
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -75,8 +75,14 @@ class FakeOllamaState:
 
 
 def _details(m: FakeModel) -> dict[str, Any]:
-    return {"parent_model": "", "format": "gguf", "family": m.family, "families": [m.family],
-            "parameter_size": "1M", "quantization_level": "Q4_K_M"}
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": m.family,
+        "families": [m.family],
+        "parameter_size": "1M",
+        "quantization_level": "Q4_K_M",
+    }
 
 
 def _now() -> str:
@@ -85,7 +91,7 @@ def _now() -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "FakeOllama"
+    server: FakeOllama
 
     def log_message(self, fmt: str, *args: Any) -> None:  # keep test output clean
         pass
@@ -145,22 +151,55 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/api/version" and self.state.version is not None:
             self._json(200, {"version": self.state.version})
         elif self.path == "/api/tags":
-            self._json(200, {"models": [
-                {"name": m.name, "model": m.name, "modified_at": _now(), "size": m.size,
-                 "digest": "0" * 64, "details": _details(m)} for m in self.state.models.values()]})
+            self._json(
+                200,
+                {
+                    "models": [
+                        {
+                            "name": m.name,
+                            "model": m.name,
+                            "modified_at": _now(),
+                            "size": m.size,
+                            "digest": "0" * 64,
+                            "details": _details(m),
+                        }
+                        for m in self.state.models.values()
+                    ]
+                },
+            )
         elif self.path == "/api/ps":
             now = time.time()
-            self._json(200, {"models": [
-                {"name": n, "model": n, "size": self.state.models[n].size, "digest": "0" * 64,
-                 "details": _details(self.state.models[n]), "size_vram": 0,
-                 "expires_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp if exp > 0 else now + 1e6))}
-                for n, exp in self.state.loaded.items() if n in self.state.models]})
+            self._json(
+                200,
+                {
+                    "models": [
+                        {
+                            "name": n,
+                            "model": n,
+                            "size": self.state.models[n].size,
+                            "digest": "0" * 64,
+                            "details": _details(self.state.models[n]),
+                            "size_vram": 0,
+                            "expires_at": time.strftime(
+                                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(exp if exp > 0 else now + 1e6)
+                            ),
+                        }
+                        for n, exp in self.state.loaded.items()
+                        if n in self.state.models
+                    ]
+                },
+            )
         else:
             self._json(404, {"error": "404 page not found"})
 
     def do_POST(self) -> None:
-        routes = {"/api/show": self._show, "/api/pull": self._pull, "/api/chat": self._chat,
-                  "/api/generate": self._generate, "/api/embed": self._embed}
+        routes = {
+            "/api/show": self._show,
+            "/api/pull": self._pull,
+            "/api/chat": self._chat,
+            "/api/generate": self._generate,
+            "/api/embed": self._embed,
+        }
         handler = routes.get(self.path)
         if handler is None:
             self._json(404, {"error": "404 page not found"})
@@ -171,8 +210,14 @@ class _Handler(BaseHTTPRequestHandler):
         m = self.state.find(body.get("model", ""))
         if m is None:
             return self._missing(body.get("model", ""))
-        shown = {"modelfile": f"FROM {m.name}", "parameters": "", "template": "{{ .Prompt }}",
-                 "details": _details(m), "model_info": {"general.architecture": m.family}, "modified_at": _now()}
+        shown = {
+            "modelfile": f"FROM {m.name}",
+            "parameters": "",
+            "template": "{{ .Prompt }}",
+            "details": _details(m),
+            "model_info": {"general.architecture": m.family},
+            "modified_at": _now(),
+        }
         if m.capabilities is not None:
             shown["capabilities"] = list(m.capabilities)
         self._json(200, shown)
@@ -218,12 +263,14 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(fmt, dict) and _version(self.state.version) < MIN_FORMAT_SCHEMA:
             return "json: cannot unmarshal object into Go struct field GenerateRequest.format of type string"
         if chat and body.get("tools") and "tools" not in m.caps:
-            return f'registry.ollama.ai/library/{m.name} does not support tools'
+            return f"registry.ollama.ai/library/{m.name} does not support tools"
         for msg in body.get("messages") or ():
             for call in msg.get("tool_calls") or ():
                 if not isinstance((call.get("function") or {}).get("arguments"), dict):
-                    return ("json: cannot unmarshal string into Go struct field "
-                            "ToolCallFunction.messages.tool_calls.function.arguments of type map[string]interface {}")
+                    return (
+                        "json: cannot unmarshal string into Go struct field "
+                        "ToolCallFunction.messages.tool_calls.function.arguments of type map[string]interface {}"
+                    )
         return None
 
     def _tool_calls(self, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -237,8 +284,10 @@ class _Handler(BaseHTTPRequestHandler):
         fn = by_name[said.group(1)]
         call: dict[str, Any] = {"function": {"name": fn["name"], "arguments": instance(fn.get("parameters") or {})}}
         if self.state.tool_call_ids:
-            call = {"id": "call_" + format(zlib.crc32(fn["name"].encode()), "08x"),
-                    "function": {"index": 0, **call["function"]}}
+            call = {
+                "id": "call_" + format(zlib.crc32(fn["name"].encode()), "08x"),
+                "function": {"index": 0, **call["function"]},
+            }
         return [call]
 
     def _run(self, body: dict[str, Any], prompt: str, *, chat: bool, empty: bool) -> None:
@@ -268,7 +317,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif body.get("format"):
             pieces = json_pieces(body["format"], limit)
         else:
-            pieces = fakegen.generate(prompt, seed=options.get("seed"), max_tokens=limit, stops=options.get("stop") or ())
+            pieces = fakegen.generate(
+                prompt, seed=options.get("seed"), max_tokens=limit, stops=options.get("stop") or ()
+            )
         top = int(body.get("top_logprobs") or 0)
         want_logprobs = bool(body.get("logprobs")) and _version(self.state.version) >= MIN_LOGPROBS
 
@@ -300,8 +351,14 @@ class _Handler(BaseHTTPRequestHandler):
                     self._line(frame(text, entry))
             if calls and stream:
                 self._line(frame("", tool_calls=calls))
-            usage = {"prompt_eval_count": fakegen.count_tokens(prompt), "eval_count": n + 5 * len(calls),
-                     "total_duration": 1000, "load_duration": 10, "prompt_eval_duration": 100, "eval_duration": 800}
+            usage = {
+                "prompt_eval_count": fakegen.count_tokens(prompt),
+                "eval_count": n + 5 * len(calls),
+                "total_duration": 1000,
+                "load_duration": 10,
+                "prompt_eval_duration": 100,
+                "eval_duration": 800,
+            }
             final = frame("", None) if stream else frame("".join(texts), logprobs, calls)
             final.update(done=True, done_reason=reason, **usage)
             if stream:
@@ -323,8 +380,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(400, {"error": f'"{name}" does not support embeddings'})
         inputs = body.get("input")
         inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
-        self._json(200, {"model": name, "embeddings": [fakegen.embedding(t) for t in inputs],
-                         "total_duration": 10, "load_duration": 1, "prompt_eval_count": len(inputs)})
+        self._json(
+            200,
+            {
+                "model": name,
+                "embeddings": [fakegen.embedding(t) for t in inputs],
+                "total_duration": 10,
+                "load_duration": 1,
+                "prompt_eval_count": len(inputs),
+            },
+        )
 
 
 def _version(text: str | None) -> tuple[int, ...]:
@@ -358,7 +423,7 @@ def instance(schema: Any) -> Any:
 def json_pieces(fmt: Any, limit: int | None) -> Any:
     """``format``'s answer in pieces of four characters, then its end, as fakegen yields them."""
     text = json.dumps(instance(fmt) if isinstance(fmt, dict) else {"answer": "alpha bravo"})
-    pieces = [text[i:i + 4] for i in range(0, len(text), 4)]
+    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
     if limit is not None and len(pieces) > limit:
         return iter([*((p, None) for p in pieces[:limit]), ("", "length")])
     return iter([*((p, None) for p in pieces), ("", "stop")])
@@ -395,7 +460,7 @@ class FakeOllama(ThreadingHTTPServer):
         self.state.errors.append(repr(exc))
         super().handle_error(request, client_address)
 
-    def __enter__(self) -> "FakeOllama":
+    def __enter__(self) -> FakeOllama:
         self._thread.start()
         return self
 

@@ -31,8 +31,9 @@ def words(prompt: str, seed: int | None) -> Iterator[str]:
         first = False
 
 
-def generate(prompt: str, *, seed: int | None, max_tokens: int | None,
-             stops: Sequence[str] = ()) -> Iterator[tuple[str, str | None]]:
+def generate(
+    prompt: str, *, seed: int | None, max_tokens: int | None, stops: Sequence[str] = ()
+) -> Iterator[tuple[str, str | None]]:
     """Yield ``(text, None)`` per token and finally ``("", "stop" | "length")``."""
     stops = [s for s in stops if s]
     pending = ""

@@ -54,11 +54,19 @@ def _write_tokenizer(folder: Path, *, chat_template: str | None, byte_level: boo
         tok.decoder = decoders.Metaspace()
         alphabet = [c for c in string.printable if c not in " \r\x0b\x0c"] + ["\u2581"]
         corpus = CORPUS
-    trainer = trainers.BpeTrainer(vocab_size=len(alphabet) + 80 if byte_level else 300, special_tokens=SPECIALS,
-                                  initial_alphabet=alphabet, limit_alphabet=len(alphabet), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(alphabet) + 80 if byte_level else 300,
+        special_tokens=SPECIALS,
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus * 4, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         additional_special_tokens=SPECIALS[3:],
     )
     if chat_template is not None:
@@ -79,8 +87,14 @@ def _quiet_tokens(folder: Path, byte_level: bool) -> list[int]:
     return ids
 
 
-def write_tiny_mlx_model(folder: Path, *, chat_template: str | None = CHAT_TEMPLATE, seed: int = 7,
-                         max_position_embeddings: int = 512, byte_level: bool = False) -> Path:
+def write_tiny_mlx_model(
+    folder: Path,
+    *,
+    chat_template: str | None = CHAT_TEMPLATE,
+    seed: int = 7,
+    max_position_embeddings: int = 512,
+    byte_level: bool = False,
+) -> Path:
     """Write the model into ``folder`` (created) and return it."""
     import mlx.core as mx
     from mlx_lm.models import llama
@@ -91,12 +105,20 @@ def write_tiny_mlx_model(folder: Path, *, chat_template: str | None = CHAT_TEMPL
     vocab = _write_tokenizer(folder, chat_template=chat_template, byte_level=byte_level)
     eos_id = SPECIALS.index("</s>")
     config = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-        "hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "vocab_size": vocab, "tie_word_embeddings": False, "rope_theta": 10000.0,
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
         "max_position_embeddings": max_position_embeddings,
-        "bos_token_id": SPECIALS.index("<s>"), "eos_token_id": eos_id,
+        "bos_token_id": SPECIALS.index("<s>"),
+        "eos_token_id": eos_id,
     }
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))

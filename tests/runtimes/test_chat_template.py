@@ -66,7 +66,9 @@ def test_first_payload_is_live_outside_the_sandbox(tmp_path):
     import jinja2
 
     sentinel = tmp_path / "pwned"
-    template = "{{ cycler.__init__.__globals__.__builtins__.open('SENT', 'w').write('x') }}".replace("SENT", str(sentinel))
+    template = "{{ cycler.__init__.__globals__.__builtins__.open('SENT', 'w').write('x') }}".replace(
+        "SENT", str(sentinel)
+    )
     jinja2.Environment().from_string(template).render()
     assert sentinel.exists()
     with pytest.raises(TemplateError):
@@ -139,7 +141,9 @@ def test_size_bombs_are_refused_before_they_allocate(bomb):
 
 def test_output_cap():
     with pytest.raises(TemplateError, match="limit"):
-        render_chat("{% for m in messages %}{{ m.content }}{% endfor %}", [Message("user", "x" * 5000)], max_output_chars=1000)
+        render_chat(
+            "{% for m in messages %}{{ m.content }}{% endfor %}", [Message("user", "x" * 5000)], max_output_chars=1000
+        )
 
 
 def test_normal_render_and_template_features():

@@ -15,7 +15,10 @@ from tests.conftest import needs_llama
 from tests.factories import DEFAULT_TINY_TEMPLATE
 
 N_CTX = 256
-RUNTIMES = [pytest.param("fake", id="fake"), pytest.param("llama.cpp", id="llama.cpp", marks=[needs_llama, pytest.mark.llama])]
+RUNTIMES = [
+    pytest.param("fake", id="fake"),
+    pytest.param("llama.cpp", id="llama.cpp", marks=[needs_llama, pytest.mark.llama]),
+]
 
 
 def _load(runtime: str, path, *, template: str | None = DEFAULT_TINY_TEMPLATE):
@@ -53,7 +56,11 @@ def test_session_follows_the_protocol(session):
 
 @pytest.mark.parametrize("kind", ["complete", "chat"])
 def test_streams_chunks_and_ends_with_finish_reason_and_usage(session, kind):
-    chunks = _complete(session, "hello world", max_tokens=12) if kind == "complete" else _chat(session, "hello world", max_tokens=12)
+    chunks = (
+        _complete(session, "hello world", max_tokens=12)
+        if kind == "complete"
+        else _chat(session, "hello world", max_tokens=12)
+    )
     assert len(chunks) >= 2
     assert all(c.finish_reason is None and c.usage is None for c in chunks[:-1])
     last = chunks[-1]
@@ -69,13 +76,17 @@ def test_max_tokens_is_respected(session):
 
 
 def test_greedy_is_deterministic(session):
-    assert _text(_complete(session, "hello world", max_tokens=16)) == _text(_complete(session, "hello world", max_tokens=16))
+    assert _text(_complete(session, "hello world", max_tokens=16)) == _text(
+        _complete(session, "hello world", max_tokens=16)
+    )
     assert _text(_chat(session, "the time", max_tokens=16)) == _text(_chat(session, "the time", max_tokens=16))
 
 
 def test_seed_reproduces_a_sampled_answer(session):
-    runs = {seed: [_text(_complete(session, "hello", max_tokens=16, temperature=1.0, seed=seed)) for _ in range(2)]
-            for seed in (7, 8)}
+    runs = {
+        seed: [_text(_complete(session, "hello", max_tokens=16, temperature=1.0, seed=seed)) for _ in range(2)]
+        for seed in (7, 8)
+    }
     assert runs[7][0] == runs[7][1]
     assert runs[8][0] == runs[8][1]
     assert runs[7][0] != runs[8][0]
@@ -84,15 +95,19 @@ def test_seed_reproduces_a_sampled_answer(session):
 def test_stop_string_cuts_the_answer(session):
     full = _text(_complete(session, "hello", max_tokens=24))
     # A 3-character stop from the middle of the answer, first seen there; it may span tokens.
-    k = next(k for k in range(len(full) // 3, len(full) - 3) if full[k:k + 3].strip() and full.find(full[k:k + 3]) == k)
-    chunks = _complete(session, "hello", max_tokens=24, stop=("zzzz-never", full[k:k + 3]))
+    k = next(
+        k for k in range(len(full) // 3, len(full) - 3) if full[k : k + 3].strip() and full.find(full[k : k + 3]) == k
+    )
+    chunks = _complete(session, "hello", max_tokens=24, stop=("zzzz-never", full[k : k + 3]))
     assert chunks[-1].finish_reason == "stop"
     assert _text(chunks) == full[:k]
 
 
 def test_cancel_stops_within_one_step(session):
     cancel = Cancel()
-    stream = session.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=200, temperature=0.0)), cancel)
+    stream = session.complete(
+        CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=200, temperature=0.0)), cancel
+    )
     seen = [next(stream) for _ in range(3)]
     assert all(c.finish_reason is None for c in seen)
     cancel.set()

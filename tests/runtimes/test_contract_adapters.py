@@ -65,8 +65,10 @@ def harness(request, tmp_path):
 
 
 def _chat(**sampling) -> ChatRequest:
-    return ChatRequest(messages=(Message("system", "be brief"), Message("user", "tell me a story")),
-                       sampling=Sampling(**{"temperature": 0.0, "seed": 1, **sampling}))
+    return ChatRequest(
+        messages=(Message("system", "be brief"), Message("user", "tell me a story")),
+        sampling=Sampling(**{"temperature": 0.0, "seed": 1, **sampling}),
+    )
 
 
 def _complete(prompt: str = "once upon a time", **sampling) -> CompletionRequest:

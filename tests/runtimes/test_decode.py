@@ -34,7 +34,7 @@ class _Lib:
 
     def __getattr__(self, name):  # sampler constructors: record the stage
         if name.startswith("llama_sampler_init_"):
-            return lambda *args: (name[len("llama_sampler_init_"):], args)
+            return lambda *args: (name[len("llama_sampler_init_") :], args)
         raise AttributeError(name)
 
     def llama_sampler_chain_default_params(self):
@@ -106,7 +106,9 @@ def test_prefill_chunks_never_leave_a_short_tail():
 def test_greedy_is_one_stage_and_sampling_the_usual_chain():
     lib = _Lib()
     assert [s[0] for s in build_sampler(lib, Sampling(temperature=0.0), 100)] == ["greedy"]
-    chain = build_sampler(lib, Sampling(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, seed=7, repeat_penalty=1.1), 100)
+    chain = build_sampler(
+        lib, Sampling(temperature=0.7, top_k=5, top_p=0.9, min_p=0.1, seed=7, repeat_penalty=1.1), 100
+    )
     assert [s[0] for s in chain] == ["penalties", "top_k", "top_p", "min_p", "temp", "dist"]
     assert chain[-1][1] == (7,)
     unseeded = build_sampler(lib, Sampling(temperature=0.7, seed=None), 100)

@@ -20,7 +20,9 @@ def _load(path, **plan):
     from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 
     plan.setdefault("n_ctx", 256)
-    return LlamaCppRuntime().load(ModelRecord(name="m", format=Format.GGUF, path=str(path)), Plan(runtime="llama.cpp", **plan))
+    return LlamaCppRuntime().load(
+        ModelRecord(name="m", format=Format.GGUF, path=str(path)), Plan(runtime="llama.cpp", **plan)
+    )
 
 
 def _chat(s, text, **sampling):
@@ -85,7 +87,9 @@ def test_chat_prompt_renders_the_gguf_template_without_a_double_bos(tiny_gguf, t
     finally:
         s.close()
     # a template that writes the BOS itself: tokenizing must not add a second one
-    path = write_tiny_llama_gguf(tmp_path / "bos.gguf", chat_template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    path = write_tiny_llama_gguf(
+        tmp_path / "bos.gguf", chat_template="{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
     s = _load(path)
     try:
         tokens, _ = s.chat_prompt([Message("user", "hello")])
@@ -132,7 +136,9 @@ def test_a_second_concurrent_stream_runs_alongside_the_first(tiny_gguf):
     s = _load(tiny_gguf, n_ctx=512, options={"n_slots": 2})
     try:
         assert s.concurrent
-        first = s.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=20, temperature=0.0)), Cancel())
+        first = s.complete(
+            CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=20, temperature=0.0)), Cancel()
+        )
         next(first)
         second = list(s.complete(CompletionRequest(prompt="hello", sampling=Sampling(max_tokens=2)), Cancel()))
         assert second[-1].usage.completion_tokens == 2
@@ -222,8 +228,11 @@ def test_gemma_completes_a_fact_within_8_greedy_tokens(gemma):
 @pytest.mark.gemma
 def test_gemma_second_turn_reuses_the_first(gemma):
     first = _chat(gemma, "What is the capital of France?", max_tokens=16)
-    msgs = (Message("user", "What is the capital of France?"), Message("assistant", _text(first).strip()),
-            Message("user", "And the capital of Italy?"))
+    msgs = (
+        Message("user", "What is the capital of France?"),
+        Message("assistant", _text(first).strip()),
+        Message("user", "And the capital of Italy?"),
+    )
     second = list(gemma.chat(ChatRequest(messages=msgs, sampling=Sampling(max_tokens=16, temperature=0.0)), Cancel()))
     assert second[-1].usage.cached_tokens >= first[-1].usage.prompt_tokens - 1
     assert _text(second).strip()

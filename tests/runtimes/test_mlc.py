@@ -41,14 +41,32 @@ def _chat(**sampling) -> ChatRequest:
 def test_build_serve_command_for_a_local_folder(tmp_path):
     plan = Plan(runtime="mlc", device="cuda:1", n_ctx=8192, options={"mlc_command": "mlc_llm"})
     cmd = build_serve_command(_record(tmp_path / "M-MLC"), plan, 41234)
-    assert cmd == ["mlc_llm", "serve", str(tmp_path / "M-MLC"), "--device", "cuda:1", "--host", "127.0.0.1",
-                   "--port", "41234", "--mode", "local", "--allow-origins", "[]",
-                   "--overrides", "context_window_size=8192"]
+    assert cmd == [
+        "mlc_llm",
+        "serve",
+        str(tmp_path / "M-MLC"),
+        "--device",
+        "cuda:1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "41234",
+        "--mode",
+        "local",
+        "--allow-origins",
+        "[]",
+        "--overrides",
+        "context_window_size=8192",
+    ]
 
 
 def test_build_serve_command_options(tmp_path):
-    plan = Plan(runtime="mlc", device="cpu", n_ctx=0,
-                options={"mlc_command": ["python3", "-m", "mlc_llm"], "mlc_mode": "server", "model_lib": "/l/x.so"})
+    plan = Plan(
+        runtime="mlc",
+        device="cpu",
+        n_ctx=0,
+        options={"mlc_command": ["python3", "-m", "mlc_llm"], "mlc_mode": "server", "model_lib": "/l/x.so"},
+    )
     cmd = build_serve_command(_record(tmp_path), plan, 1)
     assert cmd[:4] == ["python3", "-m", "mlc_llm", "serve"]
     assert cmd[cmd.index("--device") + 1] == "auto"  # MLC has no "cpu" device
@@ -58,8 +76,10 @@ def test_build_serve_command_options(tmp_path):
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
 
 
-@pytest.mark.parametrize("device,expected", [("cpu", "auto"), ("metal", "metal"), ("cuda", "cuda"),
-                                             ("vulkan:0", "vulkan:0"), ("", "auto"), ("tpu", "auto")])
+@pytest.mark.parametrize(
+    "device,expected",
+    [("cpu", "auto"), ("metal", "metal"), ("cuda", "cuda"), ("vulkan:0", "vulkan:0"), ("", "auto"), ("tpu", "auto")],
+)
 def test_mlc_device(device, expected):
     assert mlc_device(Plan(runtime="mlc", device=device)) == expected
 
@@ -68,7 +88,12 @@ def test_mlc_command_resolution(monkeypatch, tmp_path):
     plan = Plan(runtime="mlc", options={"mlc_command": "/opt/mlc/bin/mlc_llm --verbose"})
     assert mlc_command(plan, env={}) == ["/opt/mlc/bin/mlc_llm", "--verbose"]
     assert mlc_command(Plan(runtime="mlc"), env={COMMAND_ENV: "conda run -n mlc mlc_llm"}) == [
-        "conda", "run", "-n", "mlc", "mlc_llm"]
+        "conda",
+        "run",
+        "-n",
+        "mlc",
+        "mlc_llm",
+    ]
     exe = tmp_path / "bin" / "mlc_llm"
     exe.parent.mkdir()
     exe.write_text("#!/bin/sh\n")

@@ -70,12 +70,15 @@ def test_probe_without_mlx_lm(monkeypatch):
     assert not status.available and "mlx-lm is not" in status.reason
 
 
-@pytest.mark.parametrize("where,key,value", [
-    ("config.json", "model_file", "evil.json"),
-    ("config.json", "auto_map", {"AutoModelForCausalLM": "evil.Model"}),
-    ("tokenizer_config.json", "auto_map", {"AutoTokenizer": ["evil.Tok", None]}),
-    ("tokenizer_config.json", "chat_template_type", "../../etc"),
-])
+@pytest.mark.parametrize(
+    "where,key,value",
+    [
+        ("config.json", "model_file", "evil.json"),
+        ("config.json", "auto_map", {"AutoModelForCausalLM": "evil.Model"}),
+        ("tokenizer_config.json", "auto_map", {"AutoTokenizer": ["evil.Tok", None]}),
+        ("tokenizer_config.json", "chat_template_type", "../../etc"),
+    ],
+)
 def test_folders_that_ask_to_run_code_are_refused(tiny_mlx_dir, tmp_path, where, key, value):
     folder = _copy(tiny_mlx_dir, tmp_path / "m")
     data = json.loads((folder / where).read_text())
@@ -127,8 +130,7 @@ def test_chat_prompt_comes_from_the_tokenizer_template(tiny_mlx_session):
 def test_a_malicious_template_is_rendered_in_the_sandbox(tiny_mlx_dir, tmp_path):
     folder = _copy(tiny_mlx_dir, tmp_path / "m")
     sentinel = tmp_path / "pwned"
-    payload = ("{{ self.__init__.__globals__.__builtins__.__import__('os')"
-               f".system('touch {sentinel}') }}")
+    payload = f"{{{{ self.__init__.__globals__.__builtins__.__import__('os').system('touch {sentinel}') }}"
     (folder / "chat_template.jinja").write_text(payload)
     session = _load(folder)
     with pytest.raises(TemplateError):
@@ -162,8 +164,9 @@ def test_chat_streams_tokens_and_ends_with_usage(tiny_mlx_session):
 def test_the_next_turn_reuses_the_cached_prefix_and_decodes_the_same(tiny_mlx_dir):
     warm = _load(tiny_mlx_dir)
     first = fold(warm.chat(_chat(), Cancel()))
-    turn2 = ChatRequest(messages=(Message("user", "hello"), Message("assistant", first[0]), Message("user", "more")),
-                        sampling=GREEDY)
+    turn2 = ChatRequest(
+        messages=(Message("user", "hello"), Message("assistant", first[0]), Message("user", "more")), sampling=GREEDY
+    )
     warm_answer = fold(warm.chat(turn2, Cancel()))
     cold_answer = fold(_load(tiny_mlx_dir).chat(turn2, Cancel()))
     assert warm_answer[2].cached_tokens > 10 and cold_answer[2].cached_tokens == 0
@@ -171,11 +174,19 @@ def test_the_next_turn_reuses_the_cached_prefix_and_decodes_the_same(tiny_mlx_di
 
 
 def test_same_seed_same_sample(tiny_mlx_session):
-    req = CompletionRequest("the quick", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=11, max_tokens=12))
+    req = CompletionRequest(
+        "the quick", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=11, max_tokens=12)
+    )
     a = fold(tiny_mlx_session.complete(req, Cancel()))[0]
     b = fold(tiny_mlx_session.complete(req, Cancel()))[0]
-    c = fold(tiny_mlx_session.complete(CompletionRequest("the quick", Sampling(
-        temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=12, max_tokens=12)), Cancel()))[0]
+    c = fold(
+        tiny_mlx_session.complete(
+            CompletionRequest(
+                "the quick", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=12, max_tokens=12)
+            ),
+            Cancel(),
+        )
+    )[0]
     assert a == b
     assert a != c
 

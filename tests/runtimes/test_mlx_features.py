@@ -19,13 +19,22 @@ from tests.runtimes.conftest import needs_mlx
 
 pytestmark = needs_mlx
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather forecast for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather forecast for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-HISTORY = (Message("user", "weather in Paris?"), Message("assistant", "", tool_calls=(CALL,)),
-           Message("tool", "sunny", tool_call_id="call_1", name="get_weather"), Message("user", "and now?"))
+HISTORY = (
+    Message("user", "weather in Paris?"),
+    Message("assistant", "", tool_calls=(CALL,)),
+    Message("tool", "sunny", tool_call_id="call_1", name="get_weather"),
+    Message("user", "and now?"),
+)
 TOOLS_TEMPLATE = (
     "{{ bos_token }}{% if tools %}<|system|>\n{% for t in tools %}TOOL {{ t['function']['name'] }}: "
     "{{ t['function']['description'] }}\n{% endfor %}</s>\n{% endif %}"
@@ -39,8 +48,9 @@ GREEDY = Sampling(temperature=0.0, max_tokens=12)
 def _load(path: Path, n_ctx: int = 2048):
     from localrun.runtimes.mlx import MlxRuntime
 
-    return MlxRuntime().load(ModelRecord(name="tiny-mlx", format=Format.MLX, path=str(path)),
-                             Plan(runtime="mlx", n_ctx=n_ctx, n_batch=64))
+    return MlxRuntime().load(
+        ModelRecord(name="tiny-mlx", format=Format.MLX, path=str(path)), Plan(runtime="mlx", n_ctx=n_ctx, n_batch=64)
+    )
 
 
 def _with_template(src: Path, dst: Path, template: str | None) -> Path:
@@ -117,8 +127,10 @@ def test_a_template_that_reads_tools_gets_them_and_the_calls_in_history(tools_se
 
 
 def test_tool_choice_none_keeps_tools_out_of_the_prompt(tools_session):
-    text = _prompt_of(tools_session, ChatRequest(messages=(Message("user", "hi"),), sampling=GREEDY,
-                                                 tools=(WEATHER,), tool_choice="none"))
+    text = _prompt_of(
+        tools_session,
+        ChatRequest(messages=(Message("user", "hi"),), sampling=GREEDY, tools=(WEATHER,), tool_choice="none"),
+    )
     assert "TOOL" not in text and "get_weather" not in text
 
 
@@ -166,9 +178,18 @@ def test_mlx_lms_own_renderer_gets_tools_and_tool_turns(roomy_dir, tmp_path):
 
 def test_a_hermes_call_in_the_answer_becomes_tool_calls_on_the_last_chunk(tiny_mlx_dir, monkeypatch):
     session = _load(tiny_mlx_dir)
-    _scripted(session, monkeypatch, "<tool_", 'call>\n{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}\n</tool_call>')
-    chunks = list(session.chat(ChatRequest(messages=(Message("user", "weather?"),), sampling=GREEDY,
-                                           tools=(WEATHER, CLOCK)), Cancel()))
+    _scripted(
+        session,
+        monkeypatch,
+        "<tool_",
+        'call>\n{"name": "get_weather", ',
+        '"arguments": {"city": "Oslo"}}\n</tool_call>',
+    )
+    chunks = list(
+        session.chat(
+            ChatRequest(messages=(Message("user", "weather?"),), sampling=GREEDY, tools=(WEATHER, CLOCK)), Cancel()
+        )
+    )
     assert "".join(c.text for c in chunks) == ""  # the call is not content
     last = chunks[-1]
     assert last.finish_reason == "tool_calls"
@@ -181,7 +202,9 @@ def test_a_call_to_a_function_not_offered_stays_content(tiny_mlx_dir, monkeypatc
     session = _load(tiny_mlx_dir)
     answer = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
     _scripted(session, monkeypatch, answer)
-    chunks = list(session.chat(ChatRequest(messages=(Message("user", "x"),), sampling=GREEDY, tools=(WEATHER,)), Cancel()))
+    chunks = list(
+        session.chat(ChatRequest(messages=(Message("user", "x"),), sampling=GREEDY, tools=(WEATHER,)), Cancel())
+    )
     assert "".join(c.text for c in chunks) == answer
     assert chunks[-1].finish_reason == "stop" and chunks[-1].tool_calls == ()
 
@@ -213,17 +236,24 @@ def test_a_forced_tool_choice_is_refused_before_any_chunk(tiny_mlx_session, choi
 
 
 def test_a_tool_choice_naming_a_function_not_offered_is_refused(tiny_mlx_session):
-    req = ChatRequest(messages=(Message("user", "x"),), sampling=GREEDY, tools=(WEATHER,),
-                      tool_choice={"type": "function", "function": {"name": "nope"}})
+    req = ChatRequest(
+        messages=(Message("user", "x"),),
+        sampling=GREEDY,
+        tools=(WEATHER,),
+        tool_choice={"type": "function", "function": {"name": "nope"}},
+    )
     with pytest.raises(UnsupportedFeature, match="not among") as info:
         tiny_mlx_session.chat(req, Cancel())
     assert info.value.param == "tool_choice"
 
 
-@pytest.mark.parametrize("field,sampling", [
-    ("response_format", Sampling(json_schema={"type": "object"})),
-    ("grammar", Sampling(grammar='root ::= "a"')),
-])
+@pytest.mark.parametrize(
+    "field,sampling",
+    [
+        ("response_format", Sampling(json_schema={"type": "object"})),
+        ("grammar", Sampling(grammar='root ::= "a"')),
+    ],
+)
 def test_json_schema_and_grammar_stay_unsupported(tiny_mlx_session, field, sampling):
     assert "json_schema" not in tiny_mlx_session.capabilities and "grammar" not in tiny_mlx_session.capabilities
     with pytest.raises(UnsupportedFeature, match="no grammar engine") as info:
@@ -276,8 +306,9 @@ def test_logprobs_equal_the_log_softmax_of_the_models_logits(tiny_mlx_dir, monke
 
     session = _load(tiny_mlx_dir)
     tokens = _record_tokens(monkeypatch)
-    req = CompletionRequest("hello world", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3,
-                                                    max_tokens=10, logprobs=2))
+    req = CompletionRequest(
+        "hello world", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3, max_tokens=10, logprobs=2)
+    )
     entries = _entries(session.complete(req, Cancel()))
     prompt = list(session._tokenizer.encode("hello world"))
     logits = session._model(mx.array([prompt + tokens]))[0].astype(mx.float32)
@@ -302,7 +333,11 @@ def test_top_logprobs_over_the_whole_vocabulary_sum_to_one(tiny_mlx_session):
 
 
 def test_logprobs_zero_gives_the_chosen_token_only_and_off_gives_none(tiny_mlx_session):
-    on = list(tiny_mlx_session.complete(CompletionRequest("hi", Sampling(temperature=0.0, max_tokens=5, logprobs=0)), Cancel()))
+    on = list(
+        tiny_mlx_session.complete(
+            CompletionRequest("hi", Sampling(temperature=0.0, max_tokens=5, logprobs=0)), Cancel()
+        )
+    )
     assert len(_entries(on)) == 5 and all(e["top_logprobs"] == [] for e in _entries(on))
     off = list(tiny_mlx_session.complete(CompletionRequest("hi", Sampling(temperature=0.0, max_tokens=5)), Cancel()))
     assert _entries(off) == [] and fold(off)[0] == fold(on)[0]
@@ -312,13 +347,17 @@ def test_chat_logprobs_and_a_stop_string_lose_no_entry(tiny_mlx_session):
     base = Sampling(temperature=0.0, max_tokens=20, logprobs=1)
     msgs = (Message("user", "hello"),)
     full = fold(tiny_mlx_session.chat(ChatRequest(messages=msgs, sampling=base), Cancel()))[0]
-    stop = full[len(full) // 2: len(full) // 2 + 2]
-    cut = list(tiny_mlx_session.chat(ChatRequest(messages=msgs, sampling=Sampling(
-        temperature=0.0, max_tokens=20, logprobs=1, stop=(stop,))), Cancel()))
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    cut = list(
+        tiny_mlx_session.chat(
+            ChatRequest(messages=msgs, sampling=Sampling(temperature=0.0, max_tokens=20, logprobs=1, stop=(stop,))),
+            Cancel(),
+        )
+    )
     text, finish, _ = fold(cut)
-    assert finish == "stop" and text == full[:full.index(stop)]
+    assert finish == "stop" and text == full[: full.index(stop)]
     joined = "".join(e["token"] for e in _entries(cut))
-    assert joined.startswith(text) and stop in joined[len(text) - 1:]  # the stop's tokens ride the last chunk
+    assert joined.startswith(text) and stop in joined[len(text) - 1 :]  # the stop's tokens ride the last chunk
 
 
 def test_spm_detokenizer_token_texts_concatenate_to_the_text(tiny_mlx_dir):
@@ -328,8 +367,9 @@ def test_spm_detokenizer_token_texts_concatenate_to_the_text(tiny_mlx_dir):
     hf = session._tokenizer._tokenizer
     session._tokenizer = TokenizerWrapper(hf, SPMStreamingDetokenizer, eos_token_ids=[hf.eos_token_id])
     for seed in range(4):
-        req = CompletionRequest("the quick", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
-                                                      max_tokens=24, logprobs=1))
+        req = CompletionRequest(
+            "the quick", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=24, logprobs=1)
+        )
         chunks = list(session.complete(req, Cancel()))
         text = fold(chunks)[0]
         assert "".join(e["token"] for e in _entries(chunks)) == text and not text.startswith(" ")
@@ -350,8 +390,9 @@ def test_byte_level_tokens_report_their_raw_bytes(byte_level_session):
     assert isinstance(byte_level_session._tokenizer.detokenizer, BPEStreamingDetokenizer)
     partial = 0
     for seed in range(4):
-        req = CompletionRequest("café ☕", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed,
-                                                   max_tokens=30, logprobs=2))
+        req = CompletionRequest(
+            "café ☕", Sampling(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed, max_tokens=30, logprobs=2)
+        )
         chunks = list(byte_level_session.complete(req, Cancel()))
         text, entries = fold(chunks)[0], _entries(chunks)
         assert len(entries) == 30
@@ -375,8 +416,11 @@ def test_a_real_worker_declares_tools_and_logprobs_and_sends_entries(roomy_dir, 
     handle = WorkerHandle(record, Plan(runtime="mlx", n_ctx=2048), log_path=tmp_path / "w.log")
     try:
         assert handle.capabilities == frozenset({"tools", "logprobs"})
-        req = ChatRequest(messages=(Message("user", "hi"),), sampling=Sampling(temperature=0.0, max_tokens=6, logprobs=2),
-                          tools=(WEATHER,))
+        req = ChatRequest(
+            messages=(Message("user", "hi"),),
+            sampling=Sampling(temperature=0.0, max_tokens=6, logprobs=2),
+            tools=(WEATHER,),
+        )
         chunks = list(iter_chunks(handle, req))
         entries = _entries(chunks)
         assert len(entries) == 6 and "".join(e["token"] for e in entries) == fold(chunks)[0]
@@ -390,20 +434,29 @@ def test_through_a_real_server_with_the_openai_client(roomy_dir, serve):
     server = serve(roomy_dir, "tiny-mlx", runtime="mlx")
     oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
     msgs = [{"role": "user", "content": "hello"}]
-    r = oai.chat.completions.create(model="tiny-mlx", messages=msgs, max_tokens=8, temperature=0,
-                                    logprobs=True, top_logprobs=3, tools=[WEATHER])
+    r = oai.chat.completions.create(
+        model="tiny-mlx", messages=msgs, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, tools=[WEATHER]
+    )
     choice = r.choices[0]
     content = choice.logprobs.content
     assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None
     assert len(content) == r.usage.completion_tokens == 8
     assert "".join(t.token for t in content) == choice.message.content
     assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == t.logprob for t in content)
-    streamed = [c for c in oai.chat.completions.create(model="tiny-mlx", messages=msgs, max_tokens=8, temperature=0,
-                                                       logprobs=True, tools=[WEATHER], stream=True) if c.choices]
-    assert [t.logprob for c in streamed if c.choices[0].logprobs for t in c.choices[0].logprobs.content] == \
-        pytest.approx([t.logprob for t in content], abs=1e-5)
-    for kwargs, param in (({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
-                          ({"response_format": {"type": "json_object"}}, "response_format")):
+    streamed = [
+        c
+        for c in oai.chat.completions.create(
+            model="tiny-mlx", messages=msgs, max_tokens=8, temperature=0, logprobs=True, tools=[WEATHER], stream=True
+        )
+        if c.choices
+    ]
+    assert [
+        t.logprob for c in streamed if c.choices[0].logprobs for t in c.choices[0].logprobs.content
+    ] == pytest.approx([t.logprob for t in content], abs=1e-5)
+    for kwargs, param in (
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ):
         with pytest.raises(openai.BadRequestError) as info:
             oai.chat.completions.create(model="tiny-mlx", messages=msgs, max_tokens=4, **kwargs)
         assert info.value.body["param"] == param, info.value.body
@@ -436,8 +489,13 @@ def test_token_texts_match_mlx_lms_detokenizer_token_by_token(kind, tiny_mlx_dir
     else:
         hf = _load(tiny_mlx_dir)._tokenizer._tokenizer
         tok = TokenizerWrapper(hf, SPMStreamingDetokenizer) if kind == "spm" else TokenizerWrapper(hf)
-        texts = ["the quick brown", "line one\n second line\n\n third", "a , b ! end \n", "  two spaces",
-                 "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation . , ! ? so , this is a long line , over the window"]
+        texts = [
+            "the quick brown",
+            "line one\n second line\n\n third",
+            "a , b ! end \n",
+            "  two spaces",
+            "numbers 0 1 2 3 4 5 6 7 8 9 and punctuation . , ! ? so , this is a long line , over the window",
+        ]
     table = TokenText(tok)
     assert (table.table is None) == (kind == "naive")
     for text in texts:

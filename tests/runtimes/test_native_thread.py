@@ -18,10 +18,12 @@ pytestmark = [needs_llama, pytest.mark.llama]
 
 
 def _load(path):
-    record = ModelRecord(name="tiny", format=Format.GGUF, path=str(path),
-                         metadata={"tokenizer.chat_template": DEFAULT_TINY_TEMPLATE})
-    return get_runtime("llama.cpp").load(record, Plan(runtime="llama.cpp", n_ctx=256, n_threads=1,
-                                                      options={"embedding": True, "speculative": "off"}))
+    record = ModelRecord(
+        name="tiny", format=Format.GGUF, path=str(path), metadata={"tokenizer.chat_template": DEFAULT_TINY_TEMPLATE}
+    )
+    return get_runtime("llama.cpp").load(
+        record, Plan(runtime="llama.cpp", n_ctx=256, n_threads=1, options={"embedding": True, "speculative": "off"})
+    )
 
 
 def _generate(session, n=40) -> str:

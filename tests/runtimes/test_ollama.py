@@ -41,19 +41,22 @@ def _bodies(server, path):
     return [body for p, body in server.state.requests if p == path]
 
 
-@pytest.mark.parametrize("raw,url", [
-    (None, "http://127.0.0.1:11434"),
-    ("", "http://127.0.0.1:11434"),
-    ("1.2.3.4", "http://1.2.3.4:11434"),
-    (":56789", "http://127.0.0.1:56789"),
-    ("example.com:56789", "http://example.com:56789"),
-    ("http://example.com", "http://example.com:80"),
-    ("https://example.com", "https://example.com:443"),
-    ("https://example.com:8443/ollama/", "https://example.com:8443/ollama"),
-    ("0.0.0.0", "http://127.0.0.1:11434"),
-    ("0.0.0.0:1234", "http://127.0.0.1:1234"),
-    ("[::1]:9999", "http://[::1]:9999"),
-])
+@pytest.mark.parametrize(
+    "raw,url",
+    [
+        (None, "http://127.0.0.1:11434"),
+        ("", "http://127.0.0.1:11434"),
+        ("1.2.3.4", "http://1.2.3.4:11434"),
+        (":56789", "http://127.0.0.1:56789"),
+        ("example.com:56789", "http://example.com:56789"),
+        ("http://example.com", "http://example.com:80"),
+        ("https://example.com", "https://example.com:443"),
+        ("https://example.com:8443/ollama/", "https://example.com:8443/ollama"),
+        ("0.0.0.0", "http://127.0.0.1:11434"),
+        ("0.0.0.0:1234", "http://127.0.0.1:1234"),
+        ("[::1]:9999", "http://[::1]:9999"),
+    ],
+)
 def test_ollama_host_is_read_like_ollama_reads_it(monkeypatch, raw, url):
     if raw is None:
         monkeypatch.delenv("OLLAMA_HOST", raising=False)
@@ -63,19 +66,35 @@ def test_ollama_host_is_read_like_ollama_reads_it(monkeypatch, raw, url):
 
 
 def test_sampling_maps_to_ollama_options():
-    s = Sampling(temperature=0.3, top_p=0.9, top_k=20, min_p=0.1, repeat_penalty=1.2, seed=5, stop=("\n",), max_tokens=7)
+    s = Sampling(
+        temperature=0.3, top_p=0.9, top_k=20, min_p=0.1, repeat_penalty=1.2, seed=5, stop=("\n",), max_tokens=7
+    )
     assert ollama_options(s, n_ctx=4096) == {
-        "temperature": 0.3, "top_p": 0.9, "top_k": 20, "min_p": 0.1, "repeat_penalty": 1.2,
-        "num_ctx": 4096, "seed": 5, "stop": ["\n"], "num_predict": 7}
-    assert "seed" not in ollama_options(Sampling(), n_ctx=None) and "num_ctx" not in ollama_options(Sampling(), n_ctx=None)
+        "temperature": 0.3,
+        "top_p": 0.9,
+        "top_k": 20,
+        "min_p": 0.1,
+        "repeat_penalty": 1.2,
+        "num_ctx": 4096,
+        "seed": 5,
+        "stop": ["\n"],
+        "num_predict": 7,
+    }
+    assert "seed" not in ollama_options(Sampling(), n_ctx=None) and "num_ctx" not in ollama_options(
+        Sampling(), n_ctx=None
+    )
 
 
 def test_fake_server_speaks_the_api_the_official_client_expects(fake_ollama):
     client = ollama.Client(host=fake_ollama.url)
     assert [m.model for m in client.list().models] == ["llama3.2:latest", "nomic-embed-text:latest"]
     assert client.show("llama3.2").capabilities == ["completion"]
-    parts = [p.message.content for p in client.chat(
-        model="llama3.2", messages=[{"role": "user", "content": "hi"}], stream=True, options={"num_predict": 4})]
+    parts = [
+        p.message.content
+        for p in client.chat(
+            model="llama3.2", messages=[{"role": "user", "content": "hi"}], stream=True, options={"num_predict": 4}
+        )
+    ]
     assert len([p for p in parts if p]) == 4
     answer = client.generate(model="llama3.2", prompt="hi", options={"num_predict": 3, "seed": 1})
     assert answer.done and answer.done_reason == "length" and answer.eval_count == 3
@@ -156,15 +175,18 @@ def test_close_leaves_a_model_the_user_had_loaded(fake_ollama):
 
 def test_chat_sends_messages_options_and_keep_alive(fake_ollama):
     session = OllamaRuntime(host=fake_ollama.url).load(_record(), _plan())
-    req = ChatRequest(messages=(Message("system", "be brief"), Message("user", "hi")),
-                      sampling=Sampling(temperature=0.2, seed=9, max_tokens=6, stop=("zzz",)))
+    req = ChatRequest(
+        messages=(Message("system", "be brief"), Message("user", "hi")),
+        sampling=Sampling(temperature=0.2, seed=9, max_tokens=6, stop=("zzz",)),
+    )
     text, finish, usage = fold(session.chat(req, Cancel()))
     body = _bodies(fake_ollama, "/api/chat")[-1]
     assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
     assert body["options"]["num_ctx"] == 1024 and body["options"]["num_predict"] == 6
     assert body["options"]["seed"] == 9 and body["options"]["stop"] == ["zzz"] and body["keep_alive"] == "30m"
-    official = ollama.Client(host=fake_ollama.url).chat(model="llama3.2", messages=body["messages"],
-                                                         options=body["options"])
+    official = ollama.Client(host=fake_ollama.url).chat(
+        model="llama3.2", messages=body["messages"], options=body["options"]
+    )
     assert text == official.message.content
     assert finish == "length" and usage.completion_tokens == 6 and usage.prompt_tokens == official.prompt_eval_count
 

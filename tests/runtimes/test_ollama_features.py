@@ -15,30 +15,59 @@ import ollama
 import openai
 import pytest
 
+from localrun.chat.tool_calls import openai_calls
 from localrun.errors import UnsupportedFeature
 from localrun.runtimes.ollama import OllamaRuntime
 from localrun.runtimes.ollama_wire import ollama_messages, parse_version, session_capabilities
-from localrun.chat.tool_calls import openai_calls
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
+from localrun.types import (
+    Cancel,
+    ChatRequest,
+    Chunk,
+    CompletionRequest,
+    Format,
+    Message,
+    ModelRecord,
+    Plan,
+    Sampling,
+    fold,
+)
 from tests.runtimes.fake_ollama import FakeModel, FakeOllama
 from tests.support.servers import free_port
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "minLength": 2}, "age": {"type": "integer", "minimum": 0},
-                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2}},
-          "required": ["name", "age", "tags"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string", "minLength": 2},
-                                                                                            "unit": {"type": "string", "enum": ["C", "F"]}},
-                                                           "required": ["city", "unit"]}}}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 2},
+        "age": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 2},
+    },
+    "required": ["name", "age", "tags"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "minLength": 2}, "unit": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["city", "unit"],
+        },
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
 USER = (Message("user", "please call get_weather for Paris"),)
 
 
 @pytest.fixture
 def fake():
-    models = [FakeModel("llama3.2:latest", capabilities=("completion", "tools")), FakeModel("plain:latest"),
-              FakeModel("tiny:latest", capabilities=("completion", "tools")),
-              FakeModel("nomic-embed-text:latest", capabilities=("embedding",))]
+    models = [
+        FakeModel("llama3.2:latest", capabilities=("completion", "tools")),
+        FakeModel("plain:latest"),
+        FakeModel("tiny:latest", capabilities=("completion", "tools")),
+        FakeModel("nomic-embed-text:latest", capabilities=("embedding",)),
+    ]
     with FakeOllama(models) as server:
         yield server
     assert server.state.errors == [], "the fake Ollama server failed while handling a request"
@@ -71,7 +100,11 @@ def test_fake_answers_tools_format_and_logprobs_as_ollama_does(fake):
     jsonschema.validate(dict(call.function.arguments), sent)
     streamed = list(client.chat(model="llama3.2", messages=user, tools=[WEATHER], stream=True))
     assert [c.function.name for p in streamed for c in p.message.tool_calls or ()] == ["get_weather"]
-    history = [*user, r.message.model_dump(exclude_none=True), {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    history = [
+        *user,
+        r.message.model_dump(exclude_none=True),
+        {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+    ]
     after = client.chat(model="llama3.2", messages=history, tools=[WEATHER], options={"num_predict": 3})
     assert not after.message.tool_calls and len(after.message.content.split()) == 3
     with pytest.raises(ollama.ResponseError, match="does not support tools") as info:
@@ -86,8 +119,10 @@ def test_fake_answers_tools_format_and_logprobs_as_ollama_does(fake):
 
     lp = client.chat(model="llama3.2", messages=user, logprobs=True, top_logprobs=2, options={"num_predict": 4})
     assert len(lp.logprobs) == 4 and "".join(e.token for e in lp.logprobs) == lp.message.content
-    assert all(e.logprob < 0 and [a.token for a in e.top_logprobs][0] == e.token and len(e.top_logprobs) == 2
-               for e in lp.logprobs)
+    assert all(
+        e.logprob < 0 and [a.token for a in e.top_logprobs][0] == e.token and len(e.top_logprobs) == 2
+        for e in lp.logprobs
+    )
     gen = list(client.generate(model="llama3.2", prompt="x", logprobs=True, stream=True, options={"num_predict": 3}))
     assert [len(p.logprobs or ()) for p in gen] == [1, 1, 1, 0] and gen[0].logprobs[0].top_logprobs is None
 
@@ -96,8 +131,9 @@ def test_fake_plays_older_ollama_versions(fake):
     client = ollama.Client(host=fake.url)
     fake.state.version = "0.12.3"
     assert httpx.get(f"{fake.url}/api/version").json() == {"version": "0.12.3"}
-    answer = client.chat(model="llama3.2", messages=[{"role": "user", "content": "hi"}], logprobs=True,
-                         options={"num_predict": 3})
+    answer = client.chat(
+        model="llama3.2", messages=[{"role": "user", "content": "hi"}], logprobs=True, options={"num_predict": 3}
+    )
     assert answer.message.content and not answer.logprobs  # ignored, as Ollama did before 0.12.11
     fake.state.version = "0.4.7"
     with pytest.raises(ollama.ResponseError, match="cannot unmarshal object"):
@@ -114,15 +150,18 @@ def test_fake_refuses_string_arguments_in_history_as_ollamas_go_types_do(fake):
 # --- capabilities --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("caps,version,expected", [
-    (("completion", "tools"), "0.13.0", {"tools", "json_schema", "logprobs"}),
-    (("completion",), "0.12.11", {"json_schema", "logprobs"}),
-    (("completion", "tools"), "0.12.10", {"tools", "json_schema"}),
-    (("completion", "tools"), "0.4.7", {"tools"}),
-    (None, "0.5.4", {"embeddings", "json_schema"}),  # no capabilities list: tools unknown, so not declared
-    (("embedding",), "0.13.0", {"embeddings"}),
-    (("completion", "tools"), "0.0.0", {"tools", "json_schema", "logprobs"}),  # a source build
-])
+@pytest.mark.parametrize(
+    "caps,version,expected",
+    [
+        (("completion", "tools"), "0.13.0", {"tools", "json_schema", "logprobs"}),
+        (("completion",), "0.12.11", {"json_schema", "logprobs"}),
+        (("completion", "tools"), "0.12.10", {"tools", "json_schema"}),
+        (("completion", "tools"), "0.4.7", {"tools"}),
+        (None, "0.5.4", {"embeddings", "json_schema"}),  # no capabilities list: tools unknown, so not declared
+        (("embedding",), "0.13.0", {"embeddings"}),
+        (("completion", "tools"), "0.0.0", {"tools", "json_schema", "logprobs"}),  # a source build
+    ],
+)
 def test_capabilities_follow_the_models_list_and_the_servers_version(fake, caps, version, expected):
     fake.state.models["m:latest"] = FakeModel("m:latest", capabilities=caps)
     fake.state.version = version
@@ -139,8 +178,11 @@ def test_a_server_that_hides_its_version_is_taken_as_current(fake):
     assert httpx.get(f"{fake.url}/api/version").status_code == 404
     session = _session(fake)
     assert {"tools", "json_schema", "logprobs"} <= session.capabilities
-    entries = [e for c in session.chat(ChatRequest(messages=USER, sampling=Sampling(logprobs=0, max_tokens=2)), Cancel())
-               for e in c.logprobs]
+    entries = [
+        e
+        for c in session.chat(ChatRequest(messages=USER, sampling=Sampling(logprobs=0, max_tokens=2)), Cancel())
+        for e in c.logprobs
+    ]
     assert len(entries) == 2
     session.close()
 
@@ -169,15 +211,22 @@ def test_tool_call_round_trip(fake, ollama_ids):
     sent = _bodies(fake, "/api/chat")[-1]
     assert sent["tools"] == [WEATHER, TIME] and "tool_choice" not in sent
 
-    follow = ChatRequest(messages=(*USER, Message("assistant", "", tool_calls=(call,)),
-                                   Message("tool", "sunny, 21 C", tool_call_id=call["id"])), tools=(WEATHER,),
-                         sampling=Sampling(max_tokens=4))
+    follow = ChatRequest(
+        messages=(
+            *USER,
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "sunny, 21 C", tool_call_id=call["id"]),
+        ),
+        tools=(WEATHER,),
+        sampling=Sampling(max_tokens=4),
+    )
     text, finish, _ = fold(session.chat(follow, Cancel()))
     assert finish == "length" and len(text.split()) == 4
     assistant, tool = _bodies(fake, "/api/chat")[-1]["messages"][1:]
     assert assistant["role"] == "assistant" and assistant["content"] == ""
     assert [c["function"] for c in assistant["tool_calls"]] == [
-        {"name": "get_weather", "arguments": json.loads(call["function"]["arguments"])}]
+        {"name": "get_weather", "arguments": json.loads(call["function"]["arguments"])}
+    ]
     assert tool["role"] == "tool" and tool["content"] == "sunny, 21 C" and tool["tool_name"] == "get_weather"
     assert tool["tool_call_id"] == assistant["tool_calls"][0]["id"] == call["id"]
     session.close()
@@ -189,10 +238,27 @@ def test_two_calls_in_separate_chunks_both_reach_the_last_chunk(fake, monkeypatc
     def two_calls(self, body, prompt, *, chat, empty):
         self._start_stream()
         for name, args in (("get_weather", {"city": "Oslo", "unit": "C"}), ("get_time", {})):
-            self._line({"model": body["model"], "done": False,
-                        "message": {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": name, "arguments": args}}]}})
-        self._line({"model": body["model"], "done": True, "done_reason": "stop", "message": {"role": "assistant", "content": ""},
-                    "prompt_eval_count": 5, "eval_count": 9})
+            self._line(
+                {
+                    "model": body["model"],
+                    "done": False,
+                    "message": {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"function": {"name": name, "arguments": args}}],
+                    },
+                }
+            )
+        self._line(
+            {
+                "model": body["model"],
+                "done": True,
+                "done_reason": "stop",
+                "message": {"role": "assistant", "content": ""},
+                "prompt_eval_count": 5,
+                "eval_count": 9,
+            }
+        )
         self._end_stream()
 
     session = _session(fake)
@@ -200,7 +266,9 @@ def test_two_calls_in_separate_chunks_both_reach_the_last_chunk(fake, monkeypatc
     last = _last_chunk(list(session.chat(ChatRequest(messages=USER, tools=(WEATHER, TIME)), Cancel())))
     assert last.finish_reason == "tool_calls" and last.usage.completion_tokens == 9
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in last.tool_calls] == [
-        ("get_weather", {"city": "Oslo", "unit": "C"}), ("get_time", {})]
+        ("get_weather", {"city": "Oslo", "unit": "C"}),
+        ("get_time", {}),
+    ]
     assert len({c["id"] for c in last.tool_calls}) == 2
 
 
@@ -216,8 +284,12 @@ def test_tool_choice_none_and_auto_are_honoured_and_forcing_is_refused(fake):
             session.chat(ChatRequest(messages=USER, tools=(WEATHER,), tool_choice=choice), Cancel())
         assert info.value.param == "tool_choice" and "auto" in info.value.hint
     with pytest.raises(UnsupportedFeature, match="'nope'") as info:
-        session.chat(ChatRequest(messages=USER, tools=(WEATHER,), tool_choice={"type": "function", "function": {"name": "nope"}}),
-                     Cancel())
+        session.chat(
+            ChatRequest(
+                messages=USER, tools=(WEATHER,), tool_choice={"type": "function", "function": {"name": "nope"}}
+            ),
+            Cancel(),
+        )
     assert info.value.param == "tool_choice"
     assert len(fake.state.requests) == sent, "a refused request reached Ollama"
 
@@ -229,8 +301,14 @@ def test_tools_on_a_model_without_them_are_refused_before_anything_is_sent(fake)
     with pytest.raises(UnsupportedFeature) as info:
         session.chat(ChatRequest(messages=USER, tools=(WEATHER,)), Cancel())
     assert info.value.param == "tools"
-    history = (Message("assistant", "", tool_calls=({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},)),
-               Message("tool", "r", tool_call_id="c1"))
+    history = (
+        Message(
+            "assistant",
+            "",
+            tool_calls=({"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},),
+        ),
+        Message("tool", "r", tool_call_id="c1"),
+    )
     with pytest.raises(UnsupportedFeature) as info:
         session.chat(ChatRequest(messages=history), Cancel())
     assert info.value.param == "messages[0]"
@@ -241,23 +319,41 @@ def test_history_arguments_that_are_not_a_json_object_are_refused_naming_the_mes
     session = _session(fake)
     for bad in ("{not json", "[1, 2]"):
         call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": bad}}
-        req = ChatRequest(messages=(*USER, Message("assistant", "", tool_calls=(call,)), Message("tool", "x", tool_call_id="c1")),
-                          tools=(WEATHER,))
+        req = ChatRequest(
+            messages=(*USER, Message("assistant", "", tool_calls=(call,)), Message("tool", "x", tool_call_id="c1")),
+            tools=(WEATHER,),
+        )
         with pytest.raises(UnsupportedFeature, match=r"messages\[1\].*get_weather.*not a JSON object") as info:
             session.chat(req, Cancel())
         assert info.value.param == "messages[1]"
 
 
 def test_messages_in_ollamas_shape():
-    calls = ({"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
-             {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}})
-    out = ollama_messages((Message("user", "u"), Message("assistant", "", tool_calls=calls), Message("tool", "1", tool_call_id="b"),
-                           Message("tool", "2", tool_call_id="a"), Message("tool", "3", tool_call_id="a", name="named")))
+    calls = (
+        {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}},
+    )
+    out = ollama_messages(
+        (
+            Message("user", "u"),
+            Message("assistant", "", tool_calls=calls),
+            Message("tool", "1", tool_call_id="b"),
+            Message("tool", "2", tool_call_id="a"),
+            Message("tool", "3", tool_call_id="a", name="named"),
+        )
+    )
     assert out[0] == {"role": "user", "content": "u"}
-    assert out[1]["tool_calls"] == [{"id": "a", "function": {"name": "f", "arguments": {"x": 1}}},
-                                    {"id": "b", "function": {"name": "g", "arguments": {}}}]
+    assert out[1]["tool_calls"] == [
+        {"id": "a", "function": {"name": "f", "arguments": {"x": 1}}},
+        {"id": "b", "function": {"name": "g", "arguments": {}}},
+    ]
     assert [m["tool_name"] for m in out[2:]] == ["g", "f", "named"]
-    back = openai_calls([{"function": {"name": "f", "arguments": {"x": "é"}}}, {"id": "call_7", "function": {"name": "g", "arguments": {}}}])
+    back = openai_calls(
+        [
+            {"function": {"name": "f", "arguments": {"x": "é"}}},
+            {"id": "call_7", "function": {"name": "g", "arguments": {}}},
+        ]
+    )
     assert back[0]["function"] == {"name": "f", "arguments": '{"x": "é"}'} and back[0]["id"].startswith("call_")
     assert back[1] == {"id": "call_7", "type": "function", "function": {"name": "g", "arguments": "{}"}}
 
@@ -306,7 +402,11 @@ def test_logprobs_come_through_on_chat_and_completion(fake):
     for e in entries:
         assert set(e) == {"token", "logprob", "bytes", "top_logprobs"} and e["logprob"] < 0
         assert bytes(e["bytes"]).decode() == e["token"] and len(e["top_logprobs"]) == 3
-        assert e["top_logprobs"][0]["token"] == e["token"] and set(e["top_logprobs"][0]) == {"token", "logprob", "bytes"}
+        assert e["top_logprobs"][0]["token"] == e["token"] and set(e["top_logprobs"][0]) == {
+            "token",
+            "logprob",
+            "bytes",
+        }
     body = _bodies(fake, "/api/chat")[-1]
     assert body["logprobs"] is True and body["top_logprobs"] == 3 and "logprobs" not in body["options"]
 
@@ -369,12 +469,18 @@ def test_openai_client_tool_round_trip(oai, fake):
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    history = [{"role": "user", "content": "please call get_weather for Paris"}, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    history = [
+        {"role": "user", "content": "please call get_weather for Paris"},
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
     again = oai.chat.completions.create(model="tiny", messages=history, tools=[WEATHER], max_tokens=4)
     assert again.choices[0].finish_reason == "length" and again.choices[0].message.content
     sent = _bodies(fake, "/api/chat")[-1]["messages"]
-    assert sent[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": json.loads(call.function.arguments)}
+    assert sent[1]["tool_calls"][0]["function"] == {
+        "name": "get_weather",
+        "arguments": json.loads(call.function.arguments),
+    }
     assert sent[2] == {"role": "tool", "content": "sunny", "tool_name": "get_weather", "tool_call_id": call.id}
 
     chunks = list(_ask(oai, "call get_time", tools=[WEATHER, TIME], stream=True))
@@ -397,10 +503,15 @@ def test_openai_client_response_formats(oai, fake):
     r = _ask(oai, "who?", response_format=fmt)
     jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
     assert _bodies(fake, "/api/chat")[-1]["format"] == PERSON
-    streamed = "".join(c.choices[0].delta.content or "" for c in _ask(oai, "who?", response_format=fmt, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or "" for c in _ask(oai, "who?", response_format=fmt, stream=True) if c.choices
+    )
     assert json.loads(streamed) == json.loads(r.choices[0].message.content)
     obj = _ask(oai, "anything", response_format={"type": "json_object"})
-    assert isinstance(json.loads(obj.choices[0].message.content), dict) and _bodies(fake, "/api/chat")[-1]["format"] == "json"
+    assert (
+        isinstance(json.loads(obj.choices[0].message.content), dict)
+        and _bodies(fake, "/api/chat")[-1]["format"] == "json"
+    )
 
 
 def test_openai_client_logprobs_streaming_and_not(oai):
@@ -418,10 +529,13 @@ def test_openai_client_logprobs_streaming_and_not(oai):
     assert all(len(d) == 2 for d in lp.top_logprobs)
 
 
-@pytest.mark.parametrize("version,kwargs,field", [
-    ("0.12.3", {"logprobs": True}, "logprobs"),
-    ("0.4.7", {"response_format": {"type": "json_object"}}, "response_format"),
-])
+@pytest.mark.parametrize(
+    "version,kwargs,field",
+    [
+        ("0.12.3", {"logprobs": True}, "logprobs"),
+        ("0.4.7", {"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
 def test_openai_client_on_an_older_ollama_gets_a_400_naming_the_field(oai, fake, version, kwargs, field):
     fake.state.version = version  # read when the model loads, on the first request
     with pytest.raises(openai.BadRequestError) as info:
@@ -447,14 +561,22 @@ def test_ollama_client_through_localrun_to_ollama(live_url, fake):
     t = client.chat(model="tiny", messages=[{"role": "user", "content": "call get_weather"}], tools=[WEATHER])
     (call,) = t.message.tool_calls
     assert call.function.name == "get_weather" and isinstance(call.function.arguments, dict)
-    history = [{"role": "user", "content": "call get_weather"}, t.message.model_dump(exclude_none=True),
-               {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    history = [
+        {"role": "user", "content": "call get_weather"},
+        t.message.model_dump(exclude_none=True),
+        {"role": "tool", "content": "sunny", "tool_name": "get_weather"},
+    ]
     assert client.chat(model="tiny", messages=history, tools=[WEATHER], options={"num_predict": 3}).message.content
     assert _bodies(fake, "/api/chat")[-1]["messages"][2]["tool_name"] == "get_weather"
     j = client.chat(model="tiny", messages=[{"role": "user", "content": "x"}], format=PERSON)
     jsonschema.validate(json.loads(j.message.content), PERSON)
-    lp = client.chat(model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=2,
-                     options={"num_predict": 4})
+    lp = client.chat(
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        logprobs=True,
+        top_logprobs=2,
+        options={"num_predict": 4},
+    )
     assert len(lp.logprobs) == 4 and all(len(e.top_logprobs) == 2 for e in lp.logprobs)
 
 
@@ -464,13 +586,18 @@ def test_localrun_serve_process_with_ollama_forced(fake, spawn_server, tiny_gguf
 
     ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
-    server = spawn_server(["localrun", "serve", "--port", str(port), "--runtime", "ollama", "--no-default-model"],
-                          port=port, env={"OLLAMA_HOST": fake.url})
+    server = spawn_server(
+        ["localrun", "serve", "--port", str(port), "--runtime", "ollama", "--no-default-model"],
+        port=port,
+        env={"OLLAMA_HOST": fake.url},
+    )
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60) as client:
         r = _ask(client, "call get_weather", tools=[WEATHER], logprobs=True)
         assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].logprobs.content == []
         assert json.loads(r.choices[0].message.tool_calls[0].function.arguments)["unit"] == "C"
-        schema = _ask(client, "who?", response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}})
+        schema = _ask(
+            client, "who?", response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+        )
         jsonschema.validate(json.loads(schema.choices[0].message.content), PERSON)
         lp = _ask(client, "hi", logprobs=True, max_tokens=3).choices[0].logprobs.content
         assert len(lp) == 3 and all(t.top_logprobs == [] for t in lp)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localrun.chat.stops import StopMatcher
-from localrun.runtimes.openai_compat.watch import abort_on_cancel
 from localrun.runtimes.openai_compat.sse import iter_sse
+from localrun.runtimes.openai_compat.watch import abort_on_cancel
 from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import Cancel, Usage, fold
 
@@ -66,16 +66,18 @@ def test_scanner_matches_cutting_the_whole_text_at_the_first_stop(text, stops, c
 
 def test_shape_stream_ends_with_backend_finish_and_usage():
     usage = Usage(prompt_tokens=4, completion_tokens=2)
-    chunks = list(shape_stream(iter([Piece("a"), Piece("b", finish_reason="length", usage=usage)]),
-                               stops=(), cancel=Cancel()))
+    chunks = list(
+        shape_stream(iter([Piece("a"), Piece("b", finish_reason="length", usage=usage)]), stops=(), cancel=Cancel())
+    )
     assert fold(chunks) == ("ab", "length", usage)
     assert chunks[-1].finish_reason == "length" and chunks[-1].usage == usage
     assert all(c.finish_reason is None for c in chunks[:-1])
 
 
 def test_shape_stream_counts_tokens_when_the_backend_reports_none():
-    text, finish, usage = fold(shape_stream(iter([Piece("a"), Piece("b"), Piece("c")]), stops=("c",),
-                                            cancel=Cancel(), prompt_tokens=5))
+    text, finish, usage = fold(
+        shape_stream(iter([Piece("a"), Piece("b"), Piece("c")]), stops=("c",), cancel=Cancel(), prompt_tokens=5)
+    )
     assert (text, finish) == ("ab", "stop")
     assert usage == Usage(prompt_tokens=5, completion_tokens=3)
 
@@ -105,8 +107,12 @@ def _lp(token: str) -> dict:
 
 
 def test_logprobs_ride_the_next_chunk_sent_and_none_are_lost_to_a_held_back_stop():
-    pieces = [Piece("Hel", logprobs=(_lp("Hel"),)), Piece("lo <", logprobs=(_lp("lo"), _lp(" <"))),
-              Piece("e", logprobs=(_lp("e"),)), Piece("nd> more", logprobs=(_lp("nd>"),))]
+    pieces = [
+        Piece("Hel", logprobs=(_lp("Hel"),)),
+        Piece("lo <", logprobs=(_lp("lo"), _lp(" <"))),
+        Piece("e", logprobs=(_lp("e"),)),
+        Piece("nd> more", logprobs=(_lp("nd>"),)),
+    ]
     chunks = list(shape_stream(iter(pieces), stops=("<end>",), cancel=Cancel()))
     assert [c.text for c in chunks] == ["Hel", "lo ", ""]
     assert [[e["token"] for e in c.logprobs] for c in chunks] == [["Hel"], ["lo", " <"], ["e", "nd>"]]
@@ -138,8 +144,20 @@ def test_closing_the_shaped_stream_closes_the_source_at_once():
 
 
 def test_iter_sse_decodes_events_and_stops_at_done():
-    lines = [": keep-alive", "", "data: {\"a\": 1}", "", "event: x", "data: {\"b\":", "data: 2}", "",
-             "data: [DONE]", "", "data: {\"after\": 1}", ""]
+    lines = [
+        ": keep-alive",
+        "",
+        'data: {"a": 1}',
+        "",
+        "event: x",
+        'data: {"b":',
+        "data: 2}",
+        "",
+        "data: [DONE]",
+        "",
+        'data: {"after": 1}',
+        "",
+    ]
     assert list(iter_sse(lines)) == [{"a": 1}, {"b": 2}]
 
 

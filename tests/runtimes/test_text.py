@@ -50,14 +50,16 @@ def test_no_stops_passes_text_straight_through():
     assert m.push("any text") == ("any text", False)
 
 
-@given(st.text(max_size=40), st.lists(st.integers(min_value=1, max_value=7), max_size=20), st.text(min_size=1, max_size=4))
+@given(
+    st.text(max_size=40), st.lists(st.integers(min_value=1, max_value=7), max_size=20), st.text(min_size=1, max_size=4)
+)
 def test_any_split_of_the_bytes_gives_the_same_text_as_one_piece(text, cuts, stop):
     """However the bytes are cut into tokens, the emitted text is the input up to the
     first stop string (or all of it), never more, never less."""
     data = text.encode()
     pieces, i = [], 0
     for c in cuts:
-        pieces.append(data[i:i + c])
+        pieces.append(data[i : i + c])
         i += c
     pieces.append(data[i:])
     t = TextAssembler([stop])

@@ -15,10 +15,14 @@ def tiny_fim(tmp_path_factory):
     from tests.factories import _tiny_vocab, write_tiny_llama_gguf
 
     base = len(_tiny_vocab()[0])
-    kv = {"tokenizer.ggml.fim_pre_token_id": base, "tokenizer.ggml.fim_suf_token_id": base + 1,
-          "tokenizer.ggml.fim_mid_token_id": base + 2}
-    return write_tiny_llama_gguf(tmp_path_factory.mktemp("tiny-fim") / "tiny-fim.gguf", n_ctx_train=1024,
-                                 extra_tokens=FIM_TOKENS, extra_kv=kv)
+    kv = {
+        "tokenizer.ggml.fim_pre_token_id": base,
+        "tokenizer.ggml.fim_suf_token_id": base + 1,
+        "tokenizer.ggml.fim_mid_token_id": base + 2,
+    }
+    return write_tiny_llama_gguf(
+        tmp_path_factory.mktemp("tiny-fim") / "tiny-fim.gguf", n_ctx_train=1024, extra_tokens=FIM_TOKENS, extra_kv=kv
+    )
 
 
 #: The reranker fixture's classification head: two classes ("yes", "no"); llama.cpp's rank
@@ -34,7 +38,10 @@ def tiny_reranker(tmp_path_factory):
     from tests.factories import write_tiny_llama_gguf
 
     head = np.random.default_rng(RANK_HEAD_SEED).standard_normal((2, 64)).astype(np.float32)
-    path = write_tiny_llama_gguf(tmp_path_factory.mktemp("tiny-rank") / "tiny-rank.gguf", arch="qwen3",
-                                 extra_kv={"qwen3.pooling_type": 4, "qwen3.classifier.output_labels": ["yes", "no"]},
-                                 extra_tensors={"cls.output.weight": head})
+    path = write_tiny_llama_gguf(
+        tmp_path_factory.mktemp("tiny-rank") / "tiny-rank.gguf",
+        arch="qwen3",
+        extra_kv={"qwen3.pooling_type": 4, "qwen3.classifier.output_labels": ["yes", "no"]},
+        extra_tensors={"cls.output.weight": head},
+    )
     return path, head

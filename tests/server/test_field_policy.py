@@ -60,12 +60,23 @@ def test_llama_cpp_client_fields_get_an_answer(app_client):
     assert chat(client, max_tokens=None, n_predict=-1).status_code == 200  # -1: up to the server's cap
 
 
-@pytest.mark.parametrize("field, value, capability", [
-    ("logit_bias", {"5": 10}, "logit_bias"), ("frequency_penalty", 0.5, None), ("presence_penalty", 0.5, None),
-    ("grammar", 'root ::= "a"', None), ("ignore_eos", True, None), ("min_tokens", 3, None), ("typical_p", 0.5, None),
-    ("json_schema", {"type": "object"}, None), ("chat_template_kwargs", {"enable_thinking": False}, None),
-    ("continue_final_message", True, None), ("add_generation_prompt", False, None), ("n", 2, None),
-])
+@pytest.mark.parametrize(
+    "field, value, capability",
+    [
+        ("logit_bias", {"5": 10}, "logit_bias"),
+        ("frequency_penalty", 0.5, None),
+        ("presence_penalty", 0.5, None),
+        ("grammar", 'root ::= "a"', None),
+        ("ignore_eos", True, None),
+        ("min_tokens", 3, None),
+        ("typical_p", 0.5, None),
+        ("json_schema", {"type": "object"}, None),
+        ("chat_template_kwargs", {"enable_thinking": False}, None),
+        ("continue_final_message", True, None),
+        ("add_generation_prompt", False, None),
+        ("n", 2, None),
+    ],
+)
 def test_known_fields_the_runtime_cannot_honour_are_400s_naming_them(app_client, field, value, capability):
     r = chat(app_client(capabilities=["embeddings"]), **{field: value})
     assert r.status_code == 400, r.text
@@ -126,9 +137,18 @@ def test_n_choices_on_a_runtime_that_declares_n(app_client):
     assert [c["index"] for c in choices] == [0, 1, 2]
     assert len({c["message"]["content"] for c in choices}) == 3  # seed + i: three different answers
     assert r.json()["usage"]["completion_tokens"] == 24 and r.json()["system_fingerprint"].startswith("fp_")
-    with client.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-                                                            "max_tokens": 4, "n": 2, "stream": True,
-                                                            "stream_options": {"include_usage": True}}) as s:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 4,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as s:
         lines = [line for line in s.iter_lines() if line.startswith("data: {")]
     import json
 
@@ -150,7 +170,9 @@ def test_best_of_rules(app_client):
     assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"
     r = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "best_of": 2, "stream": True})
     assert r.status_code == 400 and "stream" in r.json()["error"]["message"]
-    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "x", "best_of": 3, "max_tokens": 3, "temperature": 1})
+    r = client.post(
+        "/v1/completions", json={"model": "tiny", "prompt": "x", "best_of": 3, "max_tokens": 3, "temperature": 1}
+    )
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 1 and r.json()["choices"][0]["logprobs"] is None
     assert r.json()["usage"]["completion_tokens"] == 9  # every candidate counts, as OpenAI counts them

@@ -27,24 +27,72 @@ POST_ROUTES = {
     "/admin/pin": {"model": "tiny", "pinned": False},
     "/admin/unload": {"model": "tiny"},
 }
-FIELDS = sorted({
-    "model", "messages", "prompt", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "max_tokens",
-    "max_completion_tokens", "stop", "seed", "n", "tools", "response_format", "logprobs", "top_logprobs", "options",
-    "keep_alive", "format", "raw", "system", "input", "encoding_format", "dimensions", "num_predict", "num_ctx",
-    "role", "content", "images", "pin", "pinned", "logit_bias", "include_usage", "user", "suffix", "echo", "context",
-})
+FIELDS = sorted(
+    {
+        "model",
+        "messages",
+        "prompt",
+        "stream",
+        "stream_options",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "max_completion_tokens",
+        "stop",
+        "seed",
+        "n",
+        "tools",
+        "response_format",
+        "logprobs",
+        "top_logprobs",
+        "options",
+        "keep_alive",
+        "format",
+        "raw",
+        "system",
+        "input",
+        "encoding_format",
+        "dimensions",
+        "num_predict",
+        "num_ctx",
+        "role",
+        "content",
+        "images",
+        "pin",
+        "pinned",
+        "logit_bias",
+        "include_usage",
+        "user",
+        "suffix",
+        "echo",
+        "context",
+    }
+)
 
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
     st.sampled_from(["tiny", "ghost", "", "user", "5m", "-1", "json", "base64", "../etc/passwd", "\x00"]),
 )
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), inner, max_size=5)), max_leaves=20)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
 
 
 def mutated(route: str):
     base = POST_ROUTES[route]
-    return st.builds(lambda key, value: {**base, key: value}, st.sampled_from(sorted(set(base) | set(FIELDS))), json_value)
+    return st.builds(
+        lambda key, value: {**base, key: value}, st.sampled_from(sorted(set(base) | set(FIELDS))), json_value
+    )
 
 
 def bodies(route: str):
@@ -65,7 +113,9 @@ def fuzz_client(build_stack, monkeypatch):
 
     monkeypatch.setenv("LOCALRUN_HUB__OFFLINE", "1")
     stack = build_stack(runtime={"max_tokens_cap": 8})
-    with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(stack.settings, stack.manager), base_url="http://localhost", raise_server_exceptions=False
+    ) as c:
         yield c
 
 
@@ -79,7 +129,11 @@ def check(response) -> None:
 def test_fuzzed_bodies_never_500(fuzz_client, route):
     seen: set[int] = set()
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @settings(
+        max_examples=60,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
     @given(body=bodies(route))
     def run(body: bytes) -> None:
         r = fuzz_client.post(route, content=body, headers={"content-type": "application/json"})

@@ -31,7 +31,11 @@ def in_flight(stack) -> int:
 def test_client_disconnect_mid_stream_stops_the_generation(build_stack, live_factory):
     stack = build_stack(options=SLOW)
     live = live_factory(stack)
-    for path, body in (("/v1/chat/completions", CHAT), ("/api/chat", {**CHAT, "stream": True}), ("/v1/completions", {"model": "tiny", "prompt": "x", "stream": True})):
+    for path, body in (
+        ("/v1/chat/completions", CHAT),
+        ("/api/chat", {**CHAT, "stream": True}),
+        ("/v1/completions", {"model": "tiny", "prompt": "x", "stream": True}),
+    ):
         with httpx.stream("POST", f"{live.url}{path}", json=body, timeout=10) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
@@ -51,7 +55,11 @@ def test_disconnect_before_the_first_token_and_without_streaming(build_stack, li
         httpx.post(f"{live.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.5))
     assert wait_until(lambda: in_flight(stack) == 0, 1.0)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{live.url}/api/generate", json={"model": "tiny", "prompt": "x", "stream": False}, timeout=httpx.Timeout(5, read=0.5))
+        httpx.post(
+            f"{live.url}/api/generate",
+            json={"model": "tiny", "prompt": "x", "stream": False},
+            timeout=httpx.Timeout(5, read=0.5),
+        )
     assert wait_until(lambda: in_flight(stack) == 0, 1.0)
 
 
@@ -70,7 +78,10 @@ def test_many_clients_disconnecting_at_random_leave_nothing_running(build_stack,
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=client, args=(rng.randint(0, 6), rng.choice(["/v1/chat/completions", "/api/chat"]))) for _ in range(100)]
+    threads = [
+        threading.Thread(target=client, args=(rng.randint(0, 6), rng.choice(["/v1/chat/completions", "/api/chat"])))
+        for _ in range(100)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -120,7 +131,11 @@ def test_queue_overflow_is_503_with_retry_after(build_stack, live_factory):
 
 def test_metrics_count_requests_tokens_and_latency(live):
     httpx.post(f"{live.url}/v1/chat/completions", json={**CHAT, "max_tokens": 5}, timeout=10).raise_for_status()
-    httpx.post(f"{live.url}/v1/chat/completions", json={"model": "ghost", "messages": [{"role": "user", "content": "x"}]}, timeout=10)
+    httpx.post(
+        f"{live.url}/v1/chat/completions",
+        json={"model": "ghost", "messages": [{"role": "user", "content": "x"}]},
+        timeout=10,
+    )
     text = httpx.get(f"{live.url}/metrics").text
     assert 'localrun_requests_total{route="/v1/chat/completions",method="POST",status="200"} 1' in text
     assert 'localrun_requests_total{route="/v1/chat/completions",method="POST",status="404"} 1' in text
@@ -140,7 +155,9 @@ def test_access_log_line_per_request(live, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "localrun.server.access"]
     assert len(lines) == 1
     assert "/v1/chat/completions" in lines[0] and " 200 " in lines[0]
-    assert "model=tiny" in lines[0] and "completion_tokens=4" in lines[0] and "ttft=" in lines[0] and "tok/s=" in lines[0]
+    assert (
+        "model=tiny" in lines[0] and "completion_tokens=4" in lines[0] and "ttft=" in lines[0] and "tok/s=" in lines[0]
+    )
 
 
 # --- real server processes ---------------------------------------------------------------
@@ -148,8 +165,10 @@ def test_access_log_line_per_request(live, caplog):
 
 def test_non_loopback_host_without_key_refuses_to_start(spawn_server):
     port = free_port()
-    for args in (["localrun", "serve", "--host", "0.0.0.0", "--no-default-model", "--port", str(port)],
-                 ["tests.support.launch", "--host", "0.0.0.0", "--port", str(port)]):
+    for args in (
+        ["localrun", "serve", "--host", "0.0.0.0", "--no-default-model", "--port", str(port)],
+        ["tests.support.launch", "--host", "0.0.0.0", "--port", str(port)],
+    ):
         server = spawn_server(args, port=port, wait=False)
         assert server.proc.wait(60) == 2
         assert "refusing to listen on 0.0.0.0" in server.log_text() and "API key" in server.log_text()
@@ -173,7 +192,8 @@ def test_cli_serve_with_official_client_and_key_never_logged(spawn_server, tiny_
     key = "sk-local-" + os.urandom(8).hex()
     port = free_port()
     server = spawn_server(
-        ["localrun", "--log-level", "DEBUG", "serve", "--no-default-model", "--port", str(port)], port=port,
+        ["localrun", "--log-level", "DEBUG", "serve", "--no-default-model", "--port", str(port)],
+        port=port,
         env={"LOCALRUN_RUNTIME__FORCE": "fake", "LOCALRUN_API_KEY": key},
     )
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key=key, max_retries=0) as oai:
@@ -267,7 +287,9 @@ def test_unload_during_a_stream_ends_it_with_an_error_not_a_hang(build_stack, li
     live = live_factory(build_stack(options=SLOW))
     with openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0, timeout=10) as oai:
         for _ in range(200):
-            stream = iter(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True))
+            stream = iter(
+                oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], stream=True)
+            )
             assert next(stream).choices
             started = time.monotonic()
             assert httpx.post(f"{live.url}/admin/unload", json={"model": "tiny"}, timeout=10).json()["unloaded"] is True

@@ -9,27 +9,43 @@ import json
 import numpy as np
 import pytest
 
-from localrun.errors import ContextOverflow, UnsupportedFeature
 from localrun.chat.tools import HERMES, LLAMA3, forced_call
+from localrun.errors import ContextOverflow, UnsupportedFeature
 from localrun.types import ChatRequest, Plan, Sampling
-from tests.support.clients import validate
 from tests.conftest import needs_llama
+from tests.support.clients import validate
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
-BOUNDED = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
-                                            "n": {"type": "integer"}, "pair": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 2}},
-           "required": ["ok", "color", "n", "pair"]}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer"}}, "required": ["city", "days"]}}}
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "color": {"enum": ["red", "green", "blue"]},
+        "n": {"type": "integer"},
+        "pair": {"type": "array", "items": {"type": "boolean"}, "minItems": 2, "maxItems": 2},
+    },
+    "required": ["ok", "color", "n", "pair"],
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
 
 
 class Model:
     """One model and one context, driven the simplest way: a prompt, then one token a step."""
 
     def __init__(self, path, n_ctx: int = 512):
-        from localrun.runtimes.llamacpp.session import _llama
         from localrun.runtimes.llamacpp.grammar import LogprobReader
+        from localrun.runtimes.llamacpp.session import _llama
 
         self.llama = llama = _llama()
         self.model = llama.llama_model_load_from_file(str(path).encode(), llama.llama_model_default_params())
@@ -58,8 +74,16 @@ class Model:
         arr = (self.llama.llama_token * len(tokens))(*tokens)
         assert self.llama.llama_decode(self.ctx, self.llama.llama_batch_get_one(arr, len(tokens))) == 0
 
-    def generate(self, prompt: str, gbnf: str | None, *, max_tokens: int, top_n: int = 0,
-                 sampling: Sampling = Sampling(temperature=0), naive: bool = False):
+    def generate(
+        self,
+        prompt: str,
+        gbnf: str | None,
+        *,
+        max_tokens: int,
+        top_n: int = 0,
+        sampling: Sampling = Sampling(temperature=0),
+        naive: bool = False,
+    ):
         """(text, logprob entries, ended on end-of-generation). ``naive``: the grammar first
         in one C chain (llama.cpp masks every token), the reference the fast path must match."""
         from localrun.runtimes.llamacpp.decode import ChainSampler, build_sampler
@@ -137,8 +161,15 @@ def test_schema_grammar_makes_even_random_weights_write_valid_json(tiny):
     assert eog and isinstance(json.loads(text), dict)
 
 
-@pytest.mark.parametrize("sampling", [Sampling(temperature=0), Sampling(temperature=0.9, seed=7),
-                                      Sampling(temperature=1.3, seed=3, top_k=0), Sampling(temperature=0.7, seed=1, repeat_penalty=1.3)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(temperature=0),
+        Sampling(temperature=0.9, seed=7),
+        Sampling(temperature=1.3, seed=3, top_k=0),
+        Sampling(temperature=0.7, seed=1, repeat_penalty=1.3),
+    ],
+)
 def test_checking_the_pick_first_keeps_answers_valid_and_seeded(tiny, sampling):
     """Greedy: the very tokens that masking the whole vocabulary gives. Sampled: a rejected
     pick draws again, so the random stream differs from the naive chain's, but the answer
@@ -156,11 +187,16 @@ def test_checking_the_pick_first_keeps_answers_valid_and_seeded(tiny, sampling):
 
 
 def test_forced_call_grammar_gives_a_parsable_call(tiny):
-    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf
     from localrun.chat.tools import parse_tool_calls
+    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf
 
     for style in (HERMES, LLAMA3):
-        call = forced_call(ChatRequest(messages=(), tools=(WEATHER,), tool_choice={"type": "function", "function": {"name": "get_weather"}}), style)
+        call = forced_call(
+            ChatRequest(
+                messages=(), tools=(WEATHER,), tool_choice={"type": "function", "function": {"name": "get_weather"}}
+            ),
+            style,
+        )
         text, _, eog = tiny.generate("weather?", forced_call_gbnf(call), max_tokens=150)
         assert eog, text
         content, calls = parse_tool_calls(text, ["get_weather"])
@@ -188,7 +224,9 @@ def test_logprobs_match_a_numpy_log_softmax_of_the_logits(tiny):
 def _embedder(m: Model, **options):
     from localrun.runtimes.llamacpp.embed import Embedder
 
-    return Embedder(m.llama, m.model, Plan(runtime="llama.cpp", n_ctx=64, n_threads=1, options=options), tokenize=m.tokenize)
+    return Embedder(
+        m.llama, m.model, Plan(runtime="llama.cpp", n_ctx=64, n_threads=1, options=options), tokenize=m.tokenize
+    )
 
 
 def test_embeddings_on_a_decoder_with_forced_mean_pooling(tiny):
@@ -212,23 +250,32 @@ def test_embeddings_on_a_decoder_with_forced_mean_pooling(tiny):
 @pytest.mark.gemma
 @pytest.mark.slow
 def test_gemma_grammar_logprobs_and_embeddings(gemma_gguf):
-    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, json_schema_gbnf
     from localrun.chat.tools import parse_tool_calls
+    from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, json_schema_gbnf
 
     m = Model(gemma_gguf)
     try:
-        text, entries, eog = m.generate("A JSON object describing a colour:\n", json_schema_gbnf(BOUNDED), max_tokens=60, top_n=2)
+        text, entries, eog = m.generate(
+            "A JSON object describing a colour:\n", json_schema_gbnf(BOUNDED), max_tokens=60, top_n=2
+        )
         assert eog, text
-        assert m.generate("A JSON object describing a colour:\n", json_schema_gbnf(BOUNDED), max_tokens=60, naive=True)[0] == text
+        assert (
+            m.generate("A JSON object describing a colour:\n", json_schema_gbnf(BOUNDED), max_tokens=60, naive=True)[0]
+            == text
+        )
         validate(json.loads(text), BOUNDED)
         assert all(e["logprob"] <= 0 and len(e["top_logprobs"]) == 2 for e in entries)
         call = forced_call(ChatRequest(messages=(), tools=(WEATHER,), tool_choice="required"), HERMES)
-        text, _, eog = m.generate("What is the weather in Paris for the next 3 days?\n", forced_call_gbnf(call), max_tokens=60)
+        text, _, eog = m.generate(
+            "What is the weather in Paris for the next 3 days?\n", forced_call_gbnf(call), max_tokens=60
+        )
         _, calls = parse_tool_calls(text, ["get_weather"])
         assert eog and json.loads(calls[0]["function"]["arguments"])["city"] in ("Paris", "Oslo")
         emb = _embedder(m)
         try:
-            cat, kitten, tax = emb.embed(["a cat sat on the mat", "a kitten sat on the rug", "quarterly tax filing deadline"])
+            cat, kitten, tax = emb.embed(
+                ["a cat sat on the mat", "a kitten sat on the rug", "quarterly tax filing deadline"]
+            )
             assert len(cat) == 640
             assert np.dot(cat, kitten) > np.dot(cat, tax)  # a sanity check of meaning, not just shape
         finally:

@@ -19,8 +19,9 @@ TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endf
 
 
 def lr(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "localrun", *args], capture_output=True, text=True, timeout=120,
-                          env=os.environ.copy())
+    proc = subprocess.run(
+        [sys.executable, "-m", "localrun", *args], capture_output=True, text=True, timeout=120, env=os.environ.copy()
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"localrun {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -29,8 +30,8 @@ def lr(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 def test_precedence_import_then_config_star_then_config_name(tiny_gguf):
     import dataclasses
 
-    from localrun.planning.overrides import META_POOLING, model_overrides
     from localrun.modelstore.store import ModelStore
+    from localrun.planning.overrides import META_POOLING, model_overrides
     from localrun.settings import Settings
 
     record = ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
@@ -84,6 +85,10 @@ def test_config_overrides_reach_a_real_server(serve_module, tiny_gguf, tmp_path)
         r = oai.embeddings.create(model="tiny", input="hello world")
         assert len(r.data[0].embedding) == 64 and r.usage.prompt_tokens == 3
     props = httpx.get(f"{server.url}/props").json()
-    assert props["chat_template"] == TEMPLATE and props["chat_template_source"] == "override" and props["pooling"] == "mean"
+    assert (
+        props["chat_template"] == TEMPLATE
+        and props["chat_template_source"] == "override"
+        and props["pooling"] == "mean"
+    )
     prompt = httpx.post(f"{server.url}/apply-template", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert prompt == {"prompt": "[user] hi\n[assistant] "}

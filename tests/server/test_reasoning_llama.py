@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.clients import anthropic_client
-from tests.server.test_reasoning import OPEN_TEMPLATE
 from tests.conftest import needs_llama
+from tests.server.test_reasoning import OPEN_TEMPLATE
+from tests.support.clients import anthropic_client
 
 pytestmark = [needs_llama, pytest.mark.llama]
 anthropic = pytest.importorskip("anthropic")
@@ -22,17 +22,21 @@ GREEDY = {"extra_body": {"temperature": 0}}
 def open_think_gguf(tmp_path_factory):
     from tests.factories import write_tiny_llama_gguf
 
-    return write_tiny_llama_gguf(tmp_path_factory.mktemp("r1-open") / "tiny-r1-open.gguf", chat_template=OPEN_TEMPLATE,
-                                 n_ctx_train=1024)
+    return write_tiny_llama_gguf(
+        tmp_path_factory.mktemp("r1-open") / "tiny-r1-open.gguf", chat_template=OPEN_TEMPLATE, n_ctx_train=1024
+    )
 
 
 def test_budget_closes_the_reasoning_and_the_answer_follows(serve, open_think_gguf):
     server = serve(open_think_gguf, "r1", runtime="", plan={"n_threads": 1, "n_ctx": 1024}, n_slots=1, slot_ctx=1024)
     with anthropic_client(server, timeout=300) as claude:
         free = claude.messages.create(model="r1", max_tokens=24, messages=USER, **GREEDY)
-        assert [b.type for b in free.content] == ["thinking"] and free.stop_reason == "max_tokens"  # never closes by itself
-        budget = claude.messages.create(model="r1", max_tokens=24, messages=USER, thinking={"type": "enabled", "budget_tokens": 6},
-                                        **GREEDY)
+        assert [b.type for b in free.content] == [
+            "thinking"
+        ] and free.stop_reason == "max_tokens"  # never closes by itself
+        budget = claude.messages.create(
+            model="r1", max_tokens=24, messages=USER, thinking={"type": "enabled", "budget_tokens": 6}, **GREEDY
+        )
         kinds = [b.type for b in budget.content]
         assert kinds == ["thinking", "text"], budget.content
         # greedy: the budgeted reasoning is the start of the free one, cut at the budget

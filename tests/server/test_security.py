@@ -15,10 +15,33 @@ from localrun.server.app import create_app
 from localrun.server.security import allowed_host_names, host_allowed
 
 BAD_HOSTS = [
-    "evil.localhost", "a.local", "x.internal", "127.0.0.1.nip.io", "", "localhost.", "localhost:abc",
-    "localhost:99999", "localhost:", "127.0.0.2", "0.0.0.0", "::1", "[::2]", "evil.com", "localhost.evil.com",
-    "127.0.0.1@evil.com", "evil.com#127.0.0.1", "127.1", "2130706433", "0x7f000001", "[::ffff:127.0.0.1]",
-    "localhost:8739:1", "127.0.0.1:80.evil.com", "[::1]evil", "lo%63alhost", "xn--localhost", "localhost,evil.com",
+    "evil.localhost",
+    "a.local",
+    "x.internal",
+    "127.0.0.1.nip.io",
+    "",
+    "localhost.",
+    "localhost:abc",
+    "localhost:99999",
+    "localhost:",
+    "127.0.0.2",
+    "0.0.0.0",
+    "::1",
+    "[::2]",
+    "evil.com",
+    "localhost.evil.com",
+    "127.0.0.1@evil.com",
+    "evil.com#127.0.0.1",
+    "127.1",
+    "2130706433",
+    "0x7f000001",
+    "[::ffff:127.0.0.1]",
+    "localhost:8739:1",
+    "127.0.0.1:80.evil.com",
+    "[::1]evil",
+    "lo%63alhost",
+    "xn--localhost",
+    "localhost,evil.com",
 ]
 GOOD_HOSTS = ["localhost", "localhost:8739", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8739", "LocalHost:80"]
 
@@ -50,7 +73,11 @@ def send(client: TestClient, method: str, path: str, **kw):
 def test_every_route_is_in_the_matrix(client):
     table = routes(client.app)
     assert len(table) >= 20
-    assert ("POST", "/v1/chat/completions") in table and ("POST", "/api/chat") in table and ("GET", "/admin/events") in table
+    assert (
+        ("POST", "/v1/chat/completions") in table
+        and ("POST", "/api/chat") in table
+        and ("GET", "/admin/events") in table
+    )
 
 
 @pytest.mark.parametrize("host", BAD_HOSTS)
@@ -82,9 +109,19 @@ def test_missing_host_header_is_refused(stack):
     async def capture(message):
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.0", "method": "GET", "scheme": "http",
-             "path": "/health", "raw_path": b"/health", "query_string": b"", "headers": [], "client": ("127.0.0.1", 1),
-             "server": ("127.0.0.1", 8739)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.0",
+        "method": "GET",
+        "scheme": "http",
+        "path": "/health",
+        "raw_path": b"/health",
+        "query_string": b"",
+        "headers": [],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 8739),
+    }
     asyncio.run(app(scope, receive, capture))
     assert sent[0]["status"] == 403
     scope["headers"] = [(b"host", b"localhost"), (b"host", b"evil.com")]  # two Host headers: ambiguous
@@ -138,7 +175,12 @@ def test_api_key_required_everywhere_when_set(build_stack):
     app = create_app(stack.settings, stack.manager)
     with TestClient(app, base_url="http://localhost") as c:
         for method, path in routes(app):
-            for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret-key"}, {"authorization": "Basic s3cret-key"}):
+            for headers in (
+                {},
+                {"authorization": "Bearer wrong"},
+                {"authorization": "s3cret-key"},
+                {"authorization": "Basic s3cret-key"},
+            ):
                 r = send(c, method, path, headers=headers)
                 if (method, path) == ("GET", "/health"):  # probes carry no key: liveness, nothing more
                     assert r.status_code == 200 and r.json() == {"status": "ok"}, headers
@@ -166,18 +208,33 @@ def test_api_key_with_official_client(build_stack, live_factory):
 
 
 def test_no_cors_unless_configured(client, build_stack):
-    r = client.options("/v1/models", headers={"origin": "https://evil.example", "access-control-request-method": "POST"})
+    r = client.options(
+        "/v1/models", headers={"origin": "https://evil.example", "access-control-request-method": "POST"}
+    )
     assert "access-control-allow-origin" not in r.headers
     r = client.get("/v1/models", headers={"origin": "https://evil.example"})
     assert "access-control-allow-origin" not in r.headers
     stack = build_stack(cors_origins=["https://app.example"])
     with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost") as c:
-        pre = c.options("/v1/chat/completions", headers={"origin": "https://app.example", "access-control-request-method": "POST", "access-control-request-headers": "content-type"})
+        pre = c.options(
+            "/v1/chat/completions",
+            headers={
+                "origin": "https://app.example",
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "content-type",
+            },
+        )
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
-        other = c.options("/v1/chat/completions", headers={"origin": "https://evil.example", "access-control-request-method": "POST"})
+        other = c.options(
+            "/v1/chat/completions", headers={"origin": "https://evil.example", "access-control-request-method": "POST"}
+        )
         assert other.headers.get("access-control-allow-origin") != "https://evil.example"
         # CORS never lets a text/plain POST through
-        r = c.post("/v1/chat/completions", content="{}", headers={"origin": "https://app.example", "content-type": "text/plain"})
+        r = c.post(
+            "/v1/chat/completions",
+            content="{}",
+            headers={"origin": "https://app.example", "content-type": "text/plain"},
+        )
         assert r.status_code == 415
 
 

@@ -16,8 +16,24 @@ from tests.support.stacks import make_settings
 
 @pytest.mark.parametrize(
     ("value", "seconds"),
-    [(None, None), ("", None), ("5m", 300.0), ("1h30m", 5400.0), ("10s", 10.0), ("1.5h", 5400.0), ("300ms", 0.3),
-     (0, 0.0), ("0", 0.0), (30, 30.0), (2.5, 2.5), ("45", 45.0), (-1, -1.0), ("-1", -1.0), ("-5m", -1.0), (-0.001, -1.0)],
+    [
+        (None, None),
+        ("", None),
+        ("5m", 300.0),
+        ("1h30m", 5400.0),
+        ("10s", 10.0),
+        ("1.5h", 5400.0),
+        ("300ms", 0.3),
+        (0, 0.0),
+        ("0", 0.0),
+        (30, 30.0),
+        (2.5, 2.5),
+        ("45", 45.0),
+        (-1, -1.0),
+        ("-1", -1.0),
+        ("-5m", -1.0),
+        (-0.001, -1.0),
+    ],
 )
 def test_keep_alive_durations(value, seconds):
     assert keep_alive_seconds(value) == seconds
@@ -34,7 +50,18 @@ def test_host_matching_is_exact():
     assert names >= {"localhost", "127.0.0.1", "[::1]", "box.lan"}
     for ok in ("localhost", "localhost:1", "127.0.0.1:65535", "[::1]:80", "BOX.LAN:8739"):
         assert host_allowed(ok, names), ok
-    for bad in (None, "", "localhost:65536", "localhost:-1", "localhost:+1", "localhost:1:2", "evil.box.lan", "box.lan.evil", "::1", "[::1"):
+    for bad in (
+        None,
+        "",
+        "localhost:65536",
+        "localhost:-1",
+        "localhost:+1",
+        "localhost:1:2",
+        "evil.box.lan",
+        "box.lan.evil",
+        "::1",
+        "[::1",
+    ):
         assert not host_allowed(bad, names), bad
     assert "[::1]" in allowed_host_names("::1", [])
     assert "10.0.0.5" in allowed_host_names("10.0.0.5", []) and "0.0.0.0" not in allowed_host_names("0.0.0.0", [])
@@ -64,7 +91,12 @@ def test_probe_port_names_the_busy_port():
 def test_error_shapes():
     err = ModelNotFound("no model named 'x'", hint="import it")
     body = error_body(err, ollama=False)["error"]
-    assert body == {"message": "no model named 'x' (import it)", "type": "invalid_request_error", "param": None, "code": "model_not_found"}
+    assert body == {
+        "message": "no model named 'x' (import it)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "model_not_found",
+    }
     assert error_body(err, ollama=True) == {"error": "no model named 'x' (import it)"}
     assert error_body(WorkerCrashed("gone"), ollama=False)["error"]["type"] == "server_error"
     assert error_headers(Overloaded("full")) == {"Retry-After": "1"}
@@ -83,7 +115,9 @@ def test_sampling_mapping():
 
 def test_metrics_text():
     m = Metrics()
-    stats = RequestStats(start=0.0, model='we"ird', prompt_tokens=3, completion_tokens=5, first_token_at=0.2, last_token_at=0.6)
+    stats = RequestStats(
+        start=0.0, model='we"ird', prompt_tokens=3, completion_tokens=5, first_token_at=0.2, last_token_at=0.6
+    )
     m.observe_request("/v1/chat/completions", "POST", 200, 0.7, stats)
     m.observe_itl(0.003)
     text = m.render(loaded=[{"name": "a", "active": 2}], worker_restarts=1)

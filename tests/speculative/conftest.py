@@ -13,8 +13,14 @@ GEMMA_COPY = [
 ]
 GEMMA_FREE = ["The capital of France is", "A haiku about the sea:\n"]
 #: The tiny random model falls into loops, and n-grams of its own output repeat.
-TINY_PROMPTS = ["hello world " * 5, "the time is now the time is", "a b c d e f g a b c", "zebra",
-                "what was that what was", "hello the time " * 6]
+TINY_PROMPTS = [
+    "hello world " * 5,
+    "the time is now the time is",
+    "a b c d e f g a b c",
+    "zebra",
+    "what was that what was",
+    "hello the time " * 6,
+]
 
 
 def pair(path, *, slot_ctx: int = 512, n_slots: int = 4, **opts):
@@ -46,8 +52,10 @@ def assert_same_but_near_ties(plain, prompt: str, got: str, max_tokens: int, bou
         if seen + len(entry["token"]) > at:
             tops = entry["top_logprobs"]
             margin = tops[0]["logprob"] - tops[1]["logprob"]
-            assert margin < bound, (f"the answers part at {entry['token']!r} (of {ref!r}), where the model's top two "
-                                    f"are {margin:.3f} apart, beyond rounding ({bound:.3f})")
+            assert margin < bound, (
+                f"the answers part at {entry['token']!r} (of {ref!r}), where the model's top two "
+                f"are {margin:.3f} apart, beyond rounding ({bound:.3f})"
+            )
             return
         seen += len(entry["token"])
     raise AssertionError(f"{got!r} is longer than plain decoding's {ref!r}")

@@ -58,7 +58,9 @@ def test_sampled_answers_keep_their_distribution_with_drafts(tiny_gguf):
         prompt = f"{P0}{cont} {P0}"
 
         def sample(session, seed):
-            return run(session, request(prompt, temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=seed, max_tokens=4))
+            return run(
+                session, request(prompt, temperature=1.0, top_k=2, top_p=1.0, min_p=0.0, seed=seed, max_tokens=4)
+            )
 
         same = [(sample(plain, s).text, sample(spec, s).text) for s in range(40)]
         assert all(a == b for a, b in same), "a seeded answer changed with drafts"

@@ -40,9 +40,12 @@ def files(tmp_path_factory):
     # The same size as the target but one token's text differs: the target's extra is <|x|>.
     out["target_x"] = write_tiny_llama_gguf(root / "target_x.gguf", seed=1, extra_tokens=("<|x|>",))
     out["draft_y"] = write_tiny_llama_gguf(root / "draft_y.gguf", seed=2, extra_tokens=("<|y|>",), **SMALL)
-    out["bos3"] = _edited(write_tiny_llama_gguf(root / "bos3.gguf", seed=2, **SMALL), {"tokenizer.ggml.bos_token_id": 3})
-    out["add_eos"] = _edited(write_tiny_llama_gguf(root / "add_eos.gguf", seed=2, **SMALL),
-                             {"tokenizer.ggml.add_eos_token": True})
+    out["bos3"] = _edited(
+        write_tiny_llama_gguf(root / "bos3.gguf", seed=2, **SMALL), {"tokenizer.ggml.bos_token_id": 3}
+    )
+    out["add_eos"] = _edited(
+        write_tiny_llama_gguf(root / "add_eos.gguf", seed=2, **SMALL), {"tokenizer.ggml.add_eos_token": True}
+    )
     (root / "notes.gguf").write_bytes(b"this is not a GGUF file\n" * 10)
     out["junk"] = root / "notes.gguf"
     return out
@@ -194,7 +197,9 @@ def test_forget_drops_a_sequence(llama, files, target):
         dm.forget(2)  # never used: nothing to do
         assert 0 not in dm._held  # noqa: SLF001
         assert dm.propose([(0, PROMPTS[2], 3), (1, PROMPTS[1], 3)]) == [
-            greedy(llama, files["draft"], PROMPTS[2], 3), greedy(llama, files["draft"], PROMPTS[1], 3)]
+            greedy(llama, files["draft"], PROMPTS[2], 3),
+            greedy(llama, files["draft"], PROMPTS[1], 3),
+        ]
     finally:
         dm.close()
 
@@ -206,11 +211,13 @@ def test_near_a_full_context_fewer_or_no_tokens(llama, files, target, n_ctx):
     assert n == n_ctx
     try:
         long = [1] + [(7 * i) % 300 + 5 for i in range(n + 5)]
-        full = greedy(llama, files["draft"], long[:n - 2], 5)
+        full = greedy(llama, files["draft"], long[: n - 2], 5)
         # The KV holds the tokens and all drafts but the last: n - 2 tokens leave room for 3.
-        assert dm.propose([(0, long[:n - 2], 5), (1, long[:n], 5)]) == [
-            full[:3], greedy(llama, files["draft"], long[:n], 1)]
-        assert dm.propose([(0, long[:n + 1], 5), (1, long[:n + 5], 5)]) == [[], []]
+        assert dm.propose([(0, long[: n - 2], 5), (1, long[:n], 5)]) == [
+            full[:3],
+            greedy(llama, files["draft"], long[:n], 1),
+        ]
+        assert dm.propose([(0, long[: n + 1], 5), (1, long[: n + 5], 5)]) == [[], []]
         assert dm.propose([(0, [], 3), (1, long[:4], 0)]) == [[], []]
     finally:
         dm.close()
@@ -273,18 +280,28 @@ def test_a_few_extra_tokens_are_compatible(llama, files, target):
         dm.close()
 
 
-@pytest.mark.parametrize("name, against, words", [
-    ("plus129", "target", ["543 tokens", "414", "more than 128 apart"]),
-    ("draft_y", "target_x", ["token 414", "<|y|>", "<|x|>"]),
-    ("bos3", "target", ["BOS token id 3", "target's 1"]),
-    ("add_eos", "target", ["add-EOS is True", "target's False"]),
-])
+@pytest.mark.parametrize(
+    "name, against, words",
+    [
+        ("plus129", "target", ["543 tokens", "414", "more than 128 apart"]),
+        ("draft_y", "target_x", ["token 414", "<|y|>", "<|x|>"]),
+        ("bos3", "target", ["BOS token id 3", "target's 1"]),
+        ("add_eos", "target", ["add-EOS is True", "target's False"]),
+    ],
+)
 def test_mismatched_vocabularies_are_refused_saying_what_differs(llama, files, name, against, words):
     other = _load(llama, files[against])
     try:
         with pytest.raises(ConfigError) as err:
-            DraftModel(llama, str(files[name]), target_model=other, target_path=str(files[against]), n_seq=1,
-                       n_ctx_per_seq=64, n_threads=1)
+            DraftModel(
+                llama,
+                str(files[name]),
+                target_model=other,
+                target_path=str(files[against]),
+                n_seq=1,
+                n_ctx_per_seq=64,
+                n_threads=1,
+            )
     finally:
         llama.llama_model_free(other)
     msg = err.value.message
@@ -325,31 +342,71 @@ def test_a_file_that_is_no_model_is_refused(llama, files, target, name):
 
 
 def test_quant_bits():
-    assert [quant_bits(p) for p in ("a/M-Q4_K_M.gguf", "M-F16.gguf", "M.gguf", "M.Q8_0-00001-of-00002.gguf",
-                                    "M-DRAFT-0.5B-Q5_1.gguf", "M-IQ3_XS.gguf")] == [4, 16, 0, 8, 5, 3]
+    assert [
+        quant_bits(p)
+        for p in (
+            "a/M-Q4_K_M.gguf",
+            "M-F16.gguf",
+            "M.gguf",
+            "M.Q8_0-00001-of-00002.gguf",
+            "M-DRAFT-0.5B-Q5_1.gguf",
+            "M-IQ3_XS.gguf",
+        )
+    ] == [4, 16, 0, 8, 5, 3]
 
 
-@pytest.mark.parametrize("listing, primary, tag, expected", [
-    (["M-Q4_K_M.gguf", "M-Q8_0.gguf", "README.md"], "M-Q4_K_M.gguf", None, None),  # no draft at all
-    (["M-Q4_K_M.gguf", "M-DRAFT-0.5B-Q4_0.gguf"], "M-Q4_K_M.gguf", None, "M-DRAFT-0.5B-Q4_0.gguf"),
-    (["M-Q4_K_M.gguf", "m-draft-q4_0.GGUF", "Draft.txt"], "M-Q4_K_M.gguf", None, "m-draft-q4_0.GGUF"),  # any case
-    # Only the model's folder or one above it; the deepest wins, even over a better quant.
-    (["q4/M-Q4_K_M.gguf", "q4/sub/M-draft-Q4_0.gguf", "q8/M-draft-Q4_0.gguf"], "q4/M-Q4_K_M.gguf", None, None),
-    (["a/b/M-Q4_K_M.gguf", "M-draft-Q4_0.gguf", "a/M-draft-F16.gguf"], "a/b/M-Q4_K_M.gguf", None, "a/M-draft-F16.gguf"),
-    (["a/b/M-Q4_K_M.gguf", "M-draft-Q4_0.gguf", "a/x/M-draft-Q4_0.gguf"], "a/b/M-Q4_K_M.gguf", None, "M-draft-Q4_0.gguf"),
-    # Closest bit count to the primary's quant (5 here), ties to the first name.
-    (["M-Q5_K_M.gguf", "D-draft-Q8_0.gguf", "D-draft-F16.gguf", "D-draft-Q4_0.gguf", "D-draft-Q6_K.gguf"],
-     "M-Q5_K_M.gguf", None, "D-draft-Q4_0.gguf"),
-    # A tag: an exact -TAG. first, then the closest bits to the tag's.
-    (["M-Q4_K_M.gguf", "D-draft-Q4_0.gguf", "D-draft-Q4_K_M.gguf"], "M-Q4_K_M.gguf", "q4_k_m", "D-draft-Q4_K_M.gguf"),
-    (["M-Q4_K_M.gguf", "D-draft-Q4_0.gguf", "D-draft-Q6_K.gguf"], "M-Q4_K_M.gguf", "Q8_0", "D-draft-Q6_K.gguf"),
-    # Split drafts: the first part (its -TAG counts); the primary's own parts are never its draft.
-    (["M-Q4_K_M.gguf", "D-draft-Q4_K_M-00002-of-00002.gguf", "D-draft-Q4_K_M-00001-of-00002.gguf", "D-draft-Q2_K.gguf"],
-     "M-Q4_K_M.gguf", "Q4_K_M", "D-draft-Q4_K_M-00001-of-00002.gguf"),
-    (["M-draft-00001-of-00002.gguf", "M-draft-00002-of-00002.gguf"], "M-draft-00001-of-00002.gguf", None, None),
-    # Sidecars stay sidecars.
-    (["M-Q4_K_M.gguf", "mmproj-draft-F16.gguf", "draft.imatrix.gguf"], "M-Q4_K_M.gguf", None, None),
-])
+@pytest.mark.parametrize(
+    "listing, primary, tag, expected",
+    [
+        (["M-Q4_K_M.gguf", "M-Q8_0.gguf", "README.md"], "M-Q4_K_M.gguf", None, None),  # no draft at all
+        (["M-Q4_K_M.gguf", "M-DRAFT-0.5B-Q4_0.gguf"], "M-Q4_K_M.gguf", None, "M-DRAFT-0.5B-Q4_0.gguf"),
+        (["M-Q4_K_M.gguf", "m-draft-q4_0.GGUF", "Draft.txt"], "M-Q4_K_M.gguf", None, "m-draft-q4_0.GGUF"),  # any case
+        # Only the model's folder or one above it; the deepest wins, even over a better quant.
+        (["q4/M-Q4_K_M.gguf", "q4/sub/M-draft-Q4_0.gguf", "q8/M-draft-Q4_0.gguf"], "q4/M-Q4_K_M.gguf", None, None),
+        (
+            ["a/b/M-Q4_K_M.gguf", "M-draft-Q4_0.gguf", "a/M-draft-F16.gguf"],
+            "a/b/M-Q4_K_M.gguf",
+            None,
+            "a/M-draft-F16.gguf",
+        ),
+        (
+            ["a/b/M-Q4_K_M.gguf", "M-draft-Q4_0.gguf", "a/x/M-draft-Q4_0.gguf"],
+            "a/b/M-Q4_K_M.gguf",
+            None,
+            "M-draft-Q4_0.gguf",
+        ),
+        # Closest bit count to the primary's quant (5 here), ties to the first name.
+        (
+            ["M-Q5_K_M.gguf", "D-draft-Q8_0.gguf", "D-draft-F16.gguf", "D-draft-Q4_0.gguf", "D-draft-Q6_K.gguf"],
+            "M-Q5_K_M.gguf",
+            None,
+            "D-draft-Q4_0.gguf",
+        ),
+        # A tag: an exact -TAG. first, then the closest bits to the tag's.
+        (
+            ["M-Q4_K_M.gguf", "D-draft-Q4_0.gguf", "D-draft-Q4_K_M.gguf"],
+            "M-Q4_K_M.gguf",
+            "q4_k_m",
+            "D-draft-Q4_K_M.gguf",
+        ),
+        (["M-Q4_K_M.gguf", "D-draft-Q4_0.gguf", "D-draft-Q6_K.gguf"], "M-Q4_K_M.gguf", "Q8_0", "D-draft-Q6_K.gguf"),
+        # Split drafts: the first part (its -TAG counts); the primary's own parts are never its draft.
+        (
+            [
+                "M-Q4_K_M.gguf",
+                "D-draft-Q4_K_M-00002-of-00002.gguf",
+                "D-draft-Q4_K_M-00001-of-00002.gguf",
+                "D-draft-Q2_K.gguf",
+            ],
+            "M-Q4_K_M.gguf",
+            "Q4_K_M",
+            "D-draft-Q4_K_M-00001-of-00002.gguf",
+        ),
+        (["M-draft-00001-of-00002.gguf", "M-draft-00002-of-00002.gguf"], "M-draft-00001-of-00002.gguf", None, None),
+        # Sidecars stay sidecars.
+        (["M-Q4_K_M.gguf", "mmproj-draft-F16.gguf", "draft.imatrix.gguf"], "M-Q4_K_M.gguf", None, None),
+    ],
+)
 def test_find_draft_sibling(listing, primary, tag, expected):
     assert find_draft_sibling(listing, primary, tag) == expected
 
@@ -389,5 +446,5 @@ def test_shared_prefix_agrees_with_the_plain_loop():
     rng = random.Random(5)
     for _ in range(300):
         a = [rng.randrange(3) for _ in range(rng.randrange(0, 200))]
-        b = a[:rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 50))]
+        b = a[: rng.randrange(0, len(a) + 1)] + [rng.randrange(3) for _ in range(rng.randrange(0, 50))]
         assert shared_prefix(a, b) == common_prefix(a, b) == shared_prefix(b, a)

@@ -28,11 +28,14 @@ def pair(tmp_path_factory):
     """A target, a smaller draft of the same vocabulary, an exact copy, and a stranger."""
     root = tmp_path_factory.mktemp("pair")
     target = write_tiny_llama_gguf(root / "model-Q8_0.gguf", seed=1)
-    return {"target": target,
-            "draft": write_tiny_llama_gguf(root / "model-DRAFT-Q4_0.gguf", seed=2, n_layer=1, n_ff=96),
-            "copy": shutil.copy(target, root.parent / "copy-of-target.gguf"),
-            "stranger": write_tiny_llama_gguf(root.parent / "stranger.gguf", seed=3, extra_tokens=("<|x|>",) * 0
-                                              + tuple(f"<|s{i}|>" for i in range(200)))}
+    return {
+        "target": target,
+        "draft": write_tiny_llama_gguf(root / "model-DRAFT-Q4_0.gguf", seed=2, n_layer=1, n_ff=96),
+        "copy": shutil.copy(target, root.parent / "copy-of-target.gguf"),
+        "stranger": write_tiny_llama_gguf(
+            root.parent / "stranger.gguf", seed=3, extra_tokens=("<|x|>",) * 0 + tuple(f"<|s{i}|>" for i in range(200))
+        ),
+    }
 
 
 @needs_llama
@@ -60,11 +63,15 @@ def test_greedy_answers_with_a_draft_model_equal_plain_decoding(pair, which):
         # a stop string in the middle of a draft, and a grammar that cuts drafts
         stop = ref[0].text[10:13]
         cut = run(spec, request(PROMPTS[0], max_tokens=40, stop=(stop,)))
-        assert cut == run(plain, request(PROMPTS[0], max_tokens=40, stop=(stop,))) or (
-            cut.text, cut.finish) == (ref[0].text[:ref[0].text.index(stop)], "stop")
+        assert cut == run(plain, request(PROMPTS[0], max_tokens=40, stop=(stop,))) or (cut.text, cut.finish) == (
+            ref[0].text[: ref[0].text.index(stop)],
+            "stop",
+        )
         grammar = 'root ::= ("hello" | " world" | " the" | " time" | " is")+'
-        assert (run(spec, request(PROMPTS[0], max_tokens=24, grammar=grammar)).text
-                == run(plain, request(PROMPTS[0], max_tokens=24, grammar=grammar)).text)
+        assert (
+            run(spec, request(PROMPTS[0], max_tokens=24, grammar=grammar)).text
+            == run(plain, request(PROMPTS[0], max_tokens=24, grammar=grammar)).text
+        )
     finally:
         plain.close()
         spec.close()
@@ -144,8 +151,12 @@ def test_draft_mode_for_a_model_with_no_draft_beside_it(pair):
     rec = _record(pair["copy"])  # alone in its folder but for the stranger, whose name says no "draft"
     with pytest.raises(ConfigError, match="has none beside it"):
         plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), overrides=PlanOverrides(speculative="draft"))
-    assert "draft" not in plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"),
-                                         overrides=PlanOverrides(speculative="auto")).options
+    assert (
+        "draft"
+        not in plan_placement(
+            rec, profile("cpu_laptop_8gb"), statuses("cpu"), overrides=PlanOverrides(speculative="auto")
+        ).options
+    )
 
 
 def test_a_draft_model_from_the_store_by_name(pair):
@@ -153,15 +164,21 @@ def test_a_draft_model_from_the_store_by_name(pair):
 
     ModelStore(Settings()).import_path(pair["draft"], name="tiny-draft")
     rec = _record(pair["copy"])
-    plan = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"),
-                          settings=Settings(runtime={"draft": "tiny-draft", "speculative": "draft"}))
+    plan = plan_placement(
+        rec,
+        profile("cpu_laptop_8gb"),
+        statuses("cpu"),
+        settings=Settings(runtime={"draft": "tiny-draft", "speculative": "draft"}),
+    )
     assert plan.options["draft"].endswith(".gguf") and plan.options["speculative"] == "draft"
 
 
 def test_cli_plan_takes_draft_and_says_what_it_loads(pair):
     from localrun.cli import main
 
-    got = CliRunner().invoke(main, ["plan", str(pair["target"]), "--speculative", "draft", "--draft", str(pair["copy"])])
+    got = CliRunner().invoke(
+        main, ["plan", str(pair["target"]), "--speculative", "draft", "--draft", str(pair["copy"])]
+    )
     assert got.exit_code == 0, got.output
     assert "copy-of-target.gguf" in got.output
     bad = CliRunner().invoke(main, ["plan", str(pair["copy"]), "--speculative", "draft"])

@@ -22,7 +22,11 @@ pytestmark = [needs_llama, pytest.mark.llama]
 def model(request):
     if request.param == "tiny":
         return request.getfixturevalue("tiny_gguf"), TINY_PROMPTS, 40
-    return request.getfixturevalue("gemma_gguf"), GEMMA_COPY[:2] + GEMMA_FREE[:1], 24  # 3 prompts: the suite's time budget
+    return (
+        request.getfixturevalue("gemma_gguf"),
+        GEMMA_COPY[:2] + GEMMA_FREE[:1],
+        24,
+    )  # 3 prompts: the suite's time budget
 
 
 def test_greedy_answers_are_the_same_with_drafts_alone_and_batched(model):
@@ -115,7 +119,7 @@ def test_stop_strings_logprobs_and_a_draft_that_crosses_the_stop(model):
     try:
         for prompt in prompts[:3]:
             full = run(plain, request(prompt, max_tokens=max_tokens)).text
-            stop = full[len(full) // 2:len(full) // 2 + 3]
+            stop = full[len(full) // 2 : len(full) // 2 + 3]
             if not stop.strip():
                 continue
             ref = run(plain, request(prompt, max_tokens=max_tokens, stop=(stop,), logprobs=2))
@@ -179,9 +183,13 @@ def test_auto_drafts_in_every_layout_but_exact_prefix_and_times_its_passes(tiny_
     sizes at load."""
     from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS
 
-    for opts, expected in (({"speculative": "auto"}, "auto"), ({"speculative": "auto", "n_slots": 8}, "auto"),
-                           ({"speculative": "auto", "exact_prefix": True}, "off"),
-                           ({"speculative": "ngram"}, "ngram"), ({}, "off")):
+    for opts, expected in (
+        ({"speculative": "auto"}, "auto"),
+        ({"speculative": "auto", "n_slots": 8}, "auto"),
+        ({"speculative": "auto", "exact_prefix": True}, "off"),
+        ({"speculative": "ngram"}, "ngram"),
+        ({}, "off"),
+    ):
         s = load(tiny_gguf, **{"slot_ctx": 128, **opts})
         try:
             assert s.speculative == expected, opts

@@ -7,7 +7,15 @@ import pytest
 
 from localrun.errors import ConfigError
 from localrun.runtimes.llamacpp.speculative import (
-    FIRST_K, MAX_DRAFT, PASS_ROWS, DecodeCosts, DraftPolicy, NgramIndex, SpecState, parse_mode, speculation,
+    FIRST_K,
+    MAX_DRAFT,
+    PASS_ROWS,
+    DecodeCosts,
+    DraftPolicy,
+    NgramIndex,
+    SpecState,
+    parse_mode,
+    speculation,
 )
 from localrun.types import Plan
 
@@ -153,7 +161,10 @@ def test_modes_and_errors():
         speculation(Plan(runtime="llama.cpp", options={"draft_k": MAX_DRAFT + 1}), 0)
     with pytest.raises(ConfigError, match="needs a draft model"):
         speculation(Plan(runtime="llama.cpp", options={"speculative": "draft"}), 0)
-    assert speculation(Plan(runtime="llama.cpp", options={"speculative": "draft", "draft": "/d.gguf"}), 0) == ("draft", 5)
+    assert speculation(Plan(runtime="llama.cpp", options={"speculative": "draft", "draft": "/d.gguf"}), 0) == (
+        "draft",
+        5,
+    )
     # a sliding-window cache that is not full-size: no drafting
     assert speculation(Plan(runtime="llama.cpp", options={"swa_full": False}), 512)[0] == "off"
 
@@ -162,7 +173,7 @@ def test_a_copy_in_progress_is_expected_to_go_on():
     """After a long agreement the run-length estimate beats the per-token rate, so long passes pay."""
     policy = DraftPolicy()
     policy.p = 0.5
-    assert policy.expected(7) == pytest.approx(sum(0.5 ** i for i in range(8)))
+    assert policy.expected(7) == pytest.approx(sum(0.5**i for i in range(8)))
     assert policy.expected(7, run=60) == pytest.approx(1 + sum(60 / (60 + i) for i in range(1, 8)))
     costs = _costs()
     policy.cap = MAX_DRAFT

@@ -24,8 +24,12 @@ def test_usage_shows_drafts_only_when_there_were_some():
 
 def test_metrics_count_drafts_per_model():
     m = Metrics()
-    m.observe_request("/v1/completions", "POST", 200, 0.1, RequestStats(model="a", drafted_tokens=10, accepted_tokens=6))
-    m.observe_request("/v1/completions", "POST", 200, 0.1, RequestStats(model="a", drafted_tokens=10, accepted_tokens=2))
+    m.observe_request(
+        "/v1/completions", "POST", 200, 0.1, RequestStats(model="a", drafted_tokens=10, accepted_tokens=6)
+    )
+    m.observe_request(
+        "/v1/completions", "POST", 200, 0.1, RequestStats(model="a", drafted_tokens=10, accepted_tokens=2)
+    )
     m.observe_request("/v1/completions", "POST", 200, 0.1, RequestStats(model="b"))
     text = m.render(loaded=[], worker_restarts=0)
     assert 'localrun_speculative_drafted_tokens_total{model="a"} 20' in text
@@ -63,8 +67,11 @@ def test_a_real_server_reports_drafts_in_usage_and_metrics(spawn_server, tiny_gg
 
     ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
-    server = spawn_server(["tests.support.launch", "--port", str(port)], port=port,
-                          env={"LOCALRUN_RUNTIME__FORCE": "", "LOCALRUN_RUNTIME__SPECULATIVE": "ngram"})
+    server = spawn_server(
+        ["tests.support.launch", "--port", str(port)],
+        port=port,
+        env={"LOCALRUN_RUNTIME__FORCE": "", "LOCALRUN_RUNTIME__SPECULATIVE": "ngram"},
+    )
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
         got = oai.completions.create(model="tiny", prompt="hello world " * 5, max_tokens=40, temperature=0)
     extra = got.usage.model_extra["speculative"]
@@ -83,13 +90,24 @@ def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
     rec = record(QWEN_05B)
     default = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"))
     assert default.options["speculative"] == "auto" and "speculate auto (see why)" in render_plan(default, rec)
-    auto = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "auto"}))
-    assert auto.options["speculative"] == "auto" and any(r.startswith("speculative decoding auto") for r in auto.reasons)
+    auto = plan_placement(
+        rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "auto"})
+    )
+    assert auto.options["speculative"] == "auto" and any(
+        r.startswith("speculative decoding auto") for r in auto.reasons
+    )
     assert "speculate auto (see why)" in render_plan(auto, rec)
-    off = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"}))
+    off = plan_placement(
+        rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"})
+    )
     assert off.options["speculative"] == "off"
-    forced = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"}),
-                            overrides=PlanOverrides(speculative="ngram"))
+    forced = plan_placement(
+        rec,
+        profile("cpu_laptop_8gb"),
+        statuses("cpu"),
+        settings=Settings(runtime={"speculative": "off"}),
+        overrides=PlanOverrides(speculative="ngram"),
+    )
     assert forced.options["speculative"] == "ngram"  # the flag beats the setting
 
 

@@ -6,9 +6,15 @@ from __future__ import annotations
 import openai
 import pytest
 
-WEATHER = {"name": "get_weather", "description": "Weather for a city",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                            "required": ["city", "days"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    },
+}
 
 
 def client_for(server, timeout: float = 60) -> openai.OpenAI:

@@ -109,8 +109,9 @@ def spawn_server(tmp_path):
     in this test's LOCALRUN_HOME; ready by the one rule of tests.support.servers."""
     started: list[servers.ServerProcess] = []
 
-    def spawn(args: list[str], *, port: int, env: dict | None = None, wait: bool = True,
-              timeout: float = 60.0) -> servers.ServerProcess:
+    def spawn(
+        args: list[str], *, port: int, env: dict | None = None, wait: bool = True, timeout: float = 60.0
+    ) -> servers.ServerProcess:
         from tests.support.launch import launch_env
 
         spec = servers.ServerSpec(list(args), port, env={**launch_env(), **(env or {})}, timeout=timeout)
@@ -146,8 +147,9 @@ def serve_module(tmp_path_factory):
     module's tests share one model load."""
     started: list[servers.ServerProcess] = []
 
-    def start(path, name: str = "tiny", *, plan: dict | None = None, env: dict | None = None,
-              **options) -> servers.ServerProcess:
+    def start(
+        path, name: str = "tiny", *, plan: dict | None = None, env: dict | None = None, **options
+    ) -> servers.ServerProcess:
         home = tmp_path_factory.mktemp("clients-home")
         servers.import_model(home, path, name)
         spec = servers.llama_tiny(servers.free_port(), home=home, plan=plan, **options)

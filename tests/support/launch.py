@@ -24,8 +24,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def launch_args(port: int, options: dict | None = None, plan: dict | None = None, *, host: str | None = None,
-                api_key: str | None = None, log_level: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+def launch_args(
+    port: int,
+    options: dict | None = None,
+    plan: dict | None = None,
+    *,
+    host: str | None = None,
+    api_key: str | None = None,
+    log_level: str | None = None,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     """This launcher on ``port`` with settings ``--option`` and plan ``--plan`` pairs (JSON values):
     the argument list after ``python -m``, so every test that starts one spells it the same way."""
     args = ["tests.support.launch", "--port", str(port)]
@@ -90,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     from localrun.errors import LocalrunError
     from localrun.manager import ModelManager
-    from localrun.planning.facts import default_plan
     from localrun.modelstore.store import ModelStore
+    from localrun.planning.facts import default_plan
     from localrun.server.serve import run_server
     from localrun.settings import load_settings
 

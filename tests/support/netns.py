@@ -40,8 +40,13 @@ class Hosts:
     def b_rx_bytes(self) -> int:
         """Bytes host B has received on its link to A (its veth, or lo in the fallback)."""
         dev = self.b_dev or "lo"
-        out = subprocess.run([*self.b_prefix, "cat", f"/sys/class/net/{dev}/statistics/rx_bytes"],
-                             capture_output=True, text=True, check=True, timeout=10)
+        out = subprocess.run(
+            [*self.b_prefix, "cat", f"/sys/class/net/{dev}/statistics/rx_bytes"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        )
         return int(out.stdout.strip())
 
     def throttle_b(self, rate: str) -> bool:
@@ -49,13 +54,33 @@ class Hosts:
         sends, so the pacing sits on A's end of the pair (B's end would slow only B's ACKs)."""
         if not self.isolated:
             return False
-        done = subprocess.run([*self.a_prefix, "tc", "qdisc", "replace", "dev", self.a_dev, "root", "tbf", "rate", rate,
-                               "burst", "64kb", "latency", "400ms"], capture_output=True, timeout=10)
+        done = subprocess.run(
+            [
+                *self.a_prefix,
+                "tc",
+                "qdisc",
+                "replace",
+                "dev",
+                self.a_dev,
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "64kb",
+                "latency",
+                "400ms",
+            ],
+            capture_output=True,
+            timeout=10,
+        )
         return done.returncode == 0
 
     def unthrottle_b(self) -> None:
         if self.isolated:
-            subprocess.run([*self.a_prefix, "tc", "qdisc", "del", "dev", self.a_dev, "root"], capture_output=True, timeout=10)
+            subprocess.run(
+                [*self.a_prefix, "tc", "qdisc", "del", "dev", self.a_dev, "root"], capture_output=True, timeout=10
+            )
 
 
 def _ip(*args: str) -> None:
@@ -139,7 +164,9 @@ def two_hosts():
         yield Hosts(a_ip, b_ip, ["ip", "netns", "exec", a], ["ip", "netns", "exec", b], vb, a_dev=va)
     finally:
         for ns in made:
-            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split()
+            pids = subprocess.run(
+                ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20
+            ).stdout.split()
             for pid in pids:  # only processes this test started live in its namespaces
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), 9)
@@ -163,7 +190,9 @@ def no_network():
         _ip("-n", ns, "link", "set", "lo", "up")
         yield ["ip", "netns", "exec", ns]
     finally:
-        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20).stdout.split():
+        for pid in subprocess.run(
+            ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=20
+        ).stdout.split():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), 9)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)

@@ -22,6 +22,7 @@ import httpx
 from tests.support.capabilities import ALL
 from tests.support.launch import REPO, launch_args, launch_env, serve_args
 
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on right now (the kernel's pick)."""
     with socket.socket() as s:
@@ -96,8 +97,14 @@ def start(spec: ServerSpec, log_path: Path, *, wait: bool = True) -> ServerProce
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = spec.env if spec.env is not None else launch_env()
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen([*spec.prefix, sys.executable, "-m", *spec.args], stdout=log_file,
-                                stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=spec.new_session)
+        proc = subprocess.Popen(
+            [*spec.prefix, sys.executable, "-m", *spec.args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            start_new_session=spec.new_session,
+        )
     server = ServerProcess(proc, spec, log_path)
     return server.wait_ready() if wait else server
 
@@ -106,13 +113,16 @@ def import_model(home: Path, model: Path, name: str) -> None:
     """Put ``model`` into the store under ``home`` as ``name``, in a child with that home (the
     store reads its paths from the environment, which this process keeps for its own test)."""
     env = launch_env(home)
-    code = ("import sys; from localrun.modelstore.store import ModelStore; from localrun.settings import Settings; "
-            "ModelStore(Settings()).import_path(sys.argv[1], name=sys.argv[2])")
+    code = (
+        "import sys; from localrun.modelstore.store import ModelStore; from localrun.settings import Settings; "
+        "ModelStore(Settings()).import_path(sys.argv[1], name=sys.argv[2])"
+    )
     subprocess.run([sys.executable, "-c", code, str(model), name], env=env, check=True, cwd=REPO)
 
 
-def start_in_home(home: Path, model: Path, name: str, *, runtime: str = "fake", plan: dict | None = None,
-                  **options) -> ServerProcess:
+def start_in_home(
+    home: Path, model: Path, name: str, *, runtime: str = "fake", plan: dict | None = None, **options
+) -> ServerProcess:
     """Import ``model`` under a home of its own and start the launcher there: a server a whole
     module can share (the per-test LOCALRUN_HOME is function-scoped)."""
     home.mkdir(parents=True, exist_ok=True)
@@ -122,8 +132,16 @@ def start_in_home(home: Path, model: Path, name: str, *, runtime: str = "fake", 
 
 # Presets: each returns a spec; the test (or a fixture) starts it.
 
-def launcher(port: int, *, home: Path | None = None, runtime: str = "fake", options: dict | None = None,
-             plan: dict | None = None, **launch) -> ServerSpec:
+
+def launcher(
+    port: int,
+    *,
+    home: Path | None = None,
+    runtime: str = "fake",
+    options: dict | None = None,
+    plan: dict | None = None,
+    **launch,
+) -> ServerSpec:
     """The test launcher (tests.support.launch) on the given runtime ("" lets the planner pick)."""
     return ServerSpec(launch_args(port, options, plan, **launch), port, env=launch_env(home, runtime=runtime))
 
@@ -152,9 +170,17 @@ def localrun_serve(port: int, *args: str, home: Path | None = None) -> ServerSpe
     return ServerSpec(serve_args(port, *args), port, env=launch_env(home))
 
 
-def mirror(home: Path, port: int, *, host: str = "127.0.0.1", key: str | None = None, upstream: str | None = None,
-           prefix: list[str] | None = None, connect_host: str | None = None,
-           extra_env: dict | None = None) -> ServerSpec:
+def mirror(
+    home: Path,
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    key: str | None = None,
+    upstream: str | None = None,
+    prefix: list[str] | None = None,
+    connect_host: str | None = None,
+    extra_env: dict | None = None,
+) -> ServerSpec:
     """``localrun mirror`` serving ``home``'s store (its env holds nothing of the caller's)."""
     args = ["localrun", "--log-level", "INFO", "mirror", "--host", host, "--port", str(port)]
     if key:
@@ -162,12 +188,21 @@ def mirror(home: Path, port: int, *, host: str = "127.0.0.1", key: str | None = 
     if upstream:
         args += ["--upstream", upstream]
     headers = {"Authorization": f"Bearer {key}"} if key else None
-    return ServerSpec(args, port, host=connect_host or host, env={**launch_env(home, clean=True), **(extra_env or {})},
-                      prefix=list(prefix or []), ready_path="/", headers=headers, stop_signal=signal.SIGINT)
+    return ServerSpec(
+        args,
+        port,
+        host=connect_host or host,
+        env={**launch_env(home, clean=True), **(extra_env or {})},
+        prefix=list(prefix or []),
+        ready_path="/",
+        headers=headers,
+        stop_signal=signal.SIGINT,
+    )
 
 
-def upstream_localrun(host: str, port: int, *, key: str, home: Path, prefix: list[str] | None = None,
-                      options: dict | None = None) -> ServerSpec:
+def upstream_localrun(
+    host: str, port: int, *, key: str, home: Path, prefix: list[str] | None = None, options: dict | None = None
+) -> ServerSpec:
     """A localrun upstream (the launcher, real llama.cpp on one thread) listening on ``host``."""
     args = launch_args(port, options, {"n_threads": 1}, host=host, api_key=key, log_level="WARNING")
     env = launch_env(home, runtime="", LOCALRUN_SERVER__ALLOWED_HOSTS=f'["{host}"]')
@@ -176,11 +211,27 @@ def upstream_localrun(host: str, port: int, *, key: str, home: Path, prefix: lis
 
 def llama_cpp_server(model: Path, port: int, *, alias: str) -> ServerSpec:
     """llama-cpp-python's own OpenAI server, as a foreign upstream."""
-    args = ["llama_cpp.server", "--model", str(model), "--model_alias", alias, "--port", str(port),
-            "--host", "127.0.0.1", "--n_ctx", "512", "--n_threads", "1", "--n_threads_batch", "1",
-            # By default any new request, even GET /v1/models (localrun's probe for kind openai),
-            # cuts off the stream in progress; queue instead, as benchmarks/common.py does.
-            "--interrupt_requests", "false"]
+    args = [
+        "llama_cpp.server",
+        "--model",
+        str(model),
+        "--model_alias",
+        alias,
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--n_ctx",
+        "512",
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        # By default any new request, even GET /v1/models (localrun's probe for kind openai),
+        # cuts off the stream in progress; queue instead, as benchmarks/common.py does.
+        "--interrupt_requests",
+        "false",
+    ]
     return ServerSpec(args, port, ready_path="/v1/models", timeout=120.0, new_session=True)
 
 

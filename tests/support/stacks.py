@@ -78,8 +78,9 @@ class Front:
         return self.stack.manager.upstreams
 
 
-def front_with_upstreams(home, upstreams: list[dict], *, model=None, local: tuple[str, ...] = (), queue_size: int = 16,
-                         **upstream) -> Stack:
+def front_with_upstreams(
+    home, upstreams: list[dict], *, model=None, local: tuple[str, ...] = (), queue_size: int = 16, **upstream
+) -> Stack:
     """A front's stack: a store of its own under ``home`` (the upstreams' models are not local
     there; ``local`` names are ``model`` imported), routing to ``upstreams``, probed once."""
     from localrun.manager import ModelManager
@@ -88,8 +89,13 @@ def front_with_upstreams(home, upstreams: list[dict], *, model=None, local: tupl
     from localrun.upstreams.pool import UpstreamPool
     from tests.support.servers import wait_until
 
-    settings = Settings(data_dir=home / "data", cache_dir=home / "cache", server={"queue_size": queue_size},
-                        upstream={**FAST_UPSTREAM, **upstream}, upstreams=[UpstreamConfig(**u) for u in upstreams])
+    settings = Settings(
+        data_dir=home / "data",
+        cache_dir=home / "cache",
+        server={"queue_size": queue_size},
+        upstream={**FAST_UPSTREAM, **upstream},
+        upstreams=[UpstreamConfig(**u) for u in upstreams],
+    )
     store = ModelStore(settings)
     for name in local:
         store.import_path(model, name=name)

@@ -18,12 +18,22 @@ def make_facts():
     from localrun.planning.hardware import HardwareProfile
     from localrun.runtimes.base import RuntimeStatus
 
-    hw = HardwareProfile(os="linux", arch="x86_64", cpu_model="Test CPU 9000", physical_cores=4, logical_cores=8,
-                         cpu_flags=("avx2", "fma", "f16c"), ram_total=16 * GIB, ram_available=12 * GIB)
+    hw = HardwareProfile(
+        os="linux",
+        arch="x86_64",
+        cpu_model="Test CPU 9000",
+        physical_cores=4,
+        logical_cores=8,
+        cpu_flags=("avx2", "fma", "f16c"),
+        ram_total=16 * GIB,
+        ram_available=12 * GIB,
+    )
     statuses = {
         "llama.cpp": RuntimeStatus("llama.cpp", True, "0.3.36", ("cpu",), reason="built for the CPU only"),
         "mlx": RuntimeStatus("mlx", False, reason="mlx is not installed", fix="pip install 'localrun[mlx]'"),
-        "ollama": RuntimeStatus("ollama", False, reason="no server at http://127.0.0.1:11434", fix="start `ollama serve`"),
+        "ollama": RuntimeStatus(
+            "ollama", False, reason="no server at http://127.0.0.1:11434", fix="start `ollama serve`"
+        ),
         "mlc": RuntimeStatus("mlc", False, reason="mlc_llm is not installed", fix="pip install from MLC's wheel index"),
     }
     return hw, statuses
@@ -52,7 +62,9 @@ def planner(settings, facts):
     from localrun.planning.planner import PlanOverrides, plan_placement
 
     hw, statuses = facts
-    return lambda record: plan_placement(record, hw, statuses, overrides=PlanOverrides(runtime="fake"), settings=settings)
+    return lambda record: plan_placement(
+        record, hw, statuses, overrides=PlanOverrides(runtime="fake"), settings=settings
+    )
 
 
 @pytest.fixture

@@ -84,7 +84,9 @@ async def test_escape_stops_mid_answer(make, slow_manager, settings, store, fact
         await wait_for(pilot, lambda: any(isinstance(m, ChatScreen.Tokens) for m in messages), what="first tokens")
         assert screen.generating
         await pilot.press("escape")
-        finished = await wait_for(pilot, lambda: [m for m in messages if isinstance(m, ChatScreen.Finished)], what="stop")
+        finished = await wait_for(
+            pilot, lambda: [m for m in messages if isinstance(m, ChatScreen.Finished)], what="stop"
+        )
         assert finished[0].finish_reason == "cancelled"
         assert 0 < len(finished[0].text.split()) < 400
         assert "stopped" in screen_text(app)
@@ -140,8 +142,13 @@ async def test_chat_with_the_tiny_gguf_on_real_llama_cpp(settings, store, facts)
     if not llama_available():
         pytest.skip("llama-cpp-python is not installed")
     hw, statuses = facts
-    manager = ModelManager(settings, store, planner=lambda r: plan_placement(
-        r, hw, statuses, overrides=PlanOverrides(runtime="llama.cpp"), settings=settings))
+    manager = ModelManager(
+        settings,
+        store,
+        planner=lambda r: plan_placement(
+            r, hw, statuses, overrides=PlanOverrides(runtime="llama.cpp"), settings=settings
+        ),
+    )
     messages: list = []
     app = make_app(settings, store=store, manager=manager, facts=facts, serve=False)
     try:
@@ -150,8 +157,12 @@ async def test_chat_with_the_tiny_gguf_on_real_llama_cpp(settings, store, facts)
             screen.query_one("#max-tokens").value = "8"
             await pilot.click("#prompt")
             await pilot.press(*"hi", "enter")
-            finished = await wait_for(pilot, lambda: [m for m in messages if isinstance(m, ChatScreen.Finished)],
-                                      what="an answer from llama.cpp", timeout=60)
+            finished = await wait_for(
+                pilot,
+                lambda: [m for m in messages if isinstance(m, ChatScreen.Finished)],
+                what="an answer from llama.cpp",
+                timeout=60,
+            )
             assert finished[0].finish_reason in ("stop", "length")
             assert manager.loaded()[0]["runtime"] == "llama.cpp" and manager.loaded()[0]["pid"]
             assert "ttft" in screen_text(app)
@@ -159,14 +170,15 @@ async def test_chat_with_the_tiny_gguf_on_real_llama_cpp(settings, store, facts)
         manager.shutdown()
 
 
-async def test_a_reasoning_models_thinking_shows_in_its_own_block_above_the_answer(settings, store, planner, facts,
-                                                                                   tmp_path):
+async def test_a_reasoning_models_thinking_shows_in_its_own_block_above_the_answer(
+    settings, store, planner, facts, tmp_path
+):
     """The fake runtime thinks (``fake_think_words``) behind a GGUF whose template has a <think> channel."""
     from localrun.manager import ModelManager
     from localrun.tui import make_app
     from localrun.tui.chat import ThinkingBlock
-    from tests.server.test_reasoning import THINK_TEMPLATE
     from tests.factories import write_tiny_llama_gguf
+    from tests.server.test_reasoning import THINK_TEMPLATE
 
     store.import_path(write_tiny_llama_gguf(tmp_path / "tiny-r1.gguf", chat_template=THINK_TEMPLATE), name="r1")
 
@@ -180,8 +192,9 @@ async def test_a_reasoning_models_thinking_shows_in_its_own_block_above_the_answ
     try:
         async with app.run_test(size=(100, 32), message_hook=messages.append) as pilot:
             await pilot.press("5")
-            screen = await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen,
-                                    what="chat screen")
+            screen = await wait_for(
+                pilot, lambda: isinstance(app.screen, ChatScreen) and app.screen, what="chat screen"
+            )
             screen.select_model("r1")
             await wait_for(pilot, lambda: screen.model_select.value == "r1", what="the reasoning model chosen")
             screen.query_one("#temperature").value = "0"  # the fixed filler: none of the thinking's words in the answer

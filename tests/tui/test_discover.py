@@ -67,8 +67,11 @@ async def test_pull_keeps_going_across_screens_and_can_be_cancelled(make, fake_h
         screen.repos_table.move_cursor(row=screen.repos_table.get_row_index("slow/Big-GGUF"))
         await wait_for(pilot, lambda: screen.files_table.row_count == 1, what="files")
         await pilot.press("f", "p")
-        await wait_for(pilot, lambda: any(isinstance(m, DownloadUpdated) and m.state.done > 0 and m.state.active
-                                          for m in messages), what="bytes arriving")
+        await wait_for(
+            pilot,
+            lambda: any(isinstance(m, DownloadUpdated) and m.state.done > 0 and m.state.active for m in messages),
+            what="bytes arriving",
+        )
         await pilot.press("3")  # another screen: the pull goes on, the header says so
         await wait_for(pilot, lambda: "↓ 1 pulling" in screen_text(app), what="header pull count")
         await pilot.press("2", "x")
@@ -96,8 +99,10 @@ async def test_unreachable_hub_is_a_note_not_an_error_wall(make, monkeypatch):
     from localrun.modelstore import hub
 
     def unreachable(query, **kw):
-        raise DownloadFailed("cannot reach the hub at https://huggingface.co: [Errno 101] Network is unreachable",
-                             hint="check the network")
+        raise DownloadFailed(
+            "cannot reach the hub at https://huggingface.co: [Errno 101] Network is unreachable",
+            hint="check the network",
+        )
 
     monkeypatch.setattr(hub, "search", unreachable)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

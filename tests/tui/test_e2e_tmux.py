@@ -22,7 +22,11 @@ from tests.hub.conftest import fake_hub  # noqa: F401 - the fixture
 from tests.support.servers import free_port
 
 TMUX = shutil.which("tmux")
-pytestmark = [pytest.mark.skipif(TMUX is None, reason="tmux is not installed"), pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(TMUX is None, reason="tmux is not installed"),
+    pytest.mark.timeout(180),
+    pytest.mark.slow,
+]
 LOCALRUN = str(Path(sys.executable).with_name("localrun"))
 
 
@@ -47,7 +51,10 @@ class Tmux:
         return self._run("capture-pane", "-p", "-t", self.name)
 
     def alive(self) -> bool:
-        return subprocess.run([TMUX, "-L", self.socket, "has-session", "-t", self.name], capture_output=True).returncode == 0
+        return (
+            subprocess.run([TMUX, "-L", self.socket, "has-session", "-t", self.name], capture_output=True).returncode
+            == 0
+        )
 
     def wait(self, *texts: str, absent: tuple[str, ...] = (), timeout: float = 30.0) -> str:
         deadline = time.monotonic() + timeout
@@ -78,12 +85,23 @@ def test_tui_in_tmux_load_chat_serve_unload_pull(tmp_path, tiny_gguf, fake_hub, 
     ModelStore(load_settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
     env = {
-        "LOCALRUN_HOME": str(_isolated_home), "LOCALRUN_RUNTIME__FORCE": "fake", "LOCALRUN_SERVER__PORT": str(port),
-        "HF_HOME": os.environ["HF_HOME"], "HF_ENDPOINT": fake_hub.url, "HF_HUB_DISABLE_TELEMETRY": "1",
-        "OLLAMA_HOST": "http://127.0.0.1:9", "TERM": "xterm-256color", "COLORTERM": "truecolor",
-        "PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
+        "LOCALRUN_HOME": str(_isolated_home),
+        "LOCALRUN_RUNTIME__FORCE": "fake",
+        "LOCALRUN_SERVER__PORT": str(port),
+        "HF_HOME": os.environ["HF_HOME"],
+        "HF_ENDPOINT": fake_hub.url,
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "OLLAMA_HOST": "http://127.0.0.1:9",
+        "TERM": "xterm-256color",
+        "COLORTERM": "truecolor",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
     }
-    command = "env -i " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" {shlex.quote(LOCALRUN)} tui --no-default-model"
+    command = (
+        "env -i "
+        + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        + f" {shlex.quote(LOCALRUN)} tui --no-default-model"
+    )
     tmux = Tmux(command)
     try:
         # the verdict column fills in once the planner answers, after the first paint

@@ -14,8 +14,13 @@ from tests.tui.conftest import screen_text, wait_for
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-SCREENS = {"1": (LibraryScreen, "l Load"), "2": (DiscoverScreen, "/ Search"), "3": (HardwareScreen, "r Detect again"),
-           "4": (ServerScreen, "u Unload"), "5": (ChatScreen, "esc Stop")}
+SCREENS = {
+    "1": (LibraryScreen, "l Load"),
+    "2": (DiscoverScreen, "/ Search"),
+    "3": (HardwareScreen, "r Detect again"),
+    "4": (ServerScreen, "u Unload"),
+    "5": (ChatScreen, "esc Stop"),
+}
 
 
 async def test_every_screen_fits_80x24_with_header_and_footer(make):

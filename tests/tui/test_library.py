@@ -145,7 +145,9 @@ async def test_load_error_shows_once_with_title_and_action(make, store, tmp_path
         await wait_for(pilot, lambda: screen.table.row_count == 2)
         screen.table.move_cursor(row=screen.table.get_row_index("gone"))
         await pilot.press("l")
-        await wait_for(pilot, lambda: len(app._notifications) and any(n.severity == "error" for n in app._notifications))
+        await wait_for(
+            pilot, lambda: len(app._notifications) and any(n.severity == "error" for n in app._notifications)
+        )
         errors = [n for n in app._notifications if n.severity == "error"]
         assert len(errors) == 1
         assert errors[0].title == "Model not found" or errors[0].title.startswith(("Invalid", "Runtime"))

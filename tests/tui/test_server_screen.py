@@ -40,8 +40,17 @@ async def test_openai_client_is_served_by_the_tuis_manager_and_logged(make, mana
         assert text.startswith("You said: ping from an app")
         assert manager.is_loaded("tiny")  # loaded by the server in the manager the TUI shows
 
-        entry = (await wait_for(pilot, lambda: [m.entry for m in messages if isinstance(m, RequestLogged)
-                                                 and m.entry.route == "/v1/chat/completions"], what="log entry"))[0]
+        entry = (
+            await wait_for(
+                pilot,
+                lambda: [
+                    m.entry
+                    for m in messages
+                    if isinstance(m, RequestLogged) and m.entry.route == "/v1/chat/completions"
+                ],
+                what="log entry",
+            )
+        )[0]
         assert (entry.method, entry.model, entry.status) == ("POST", "tiny", 200)
         assert entry.completion_tokens > 1 and entry.ttft_s is not None and entry.tok_s
         await wait_for(pilot, lambda: "/v1/chat/completions" in screen_text(app), what="log row")

@@ -13,13 +13,32 @@ from localrun.types import FileEntry, Format, ModelRecord, Source
 pytestmark = pytest.mark.timeout(120)
 
 RECORDS = (
-    ModelRecord("qwen2.5-0.5b-instruct:q4_k_m", Format.GGUF, "/models/qwen2.5-0.5b-instruct-q4_k_m.gguf",
-                files=(FileEntry("/models/qwen2.5-0.5b-instruct-q4_k_m.gguf", 397_808_192),), source=Source.HUB,
-                owned=True, repo="Qwen/Qwen2.5-0.5B-Instruct-GGUF",
-                metadata={"architecture": "qwen2", "quant": "Q4_K_M", "context_length": 32768, "block_count": 24,
-                          "embedding_length": 896, "head_count": 14, "head_count_kv": 2, "parameters": 494_032_768}),
-    ModelRecord("tiny", Format.GGUF, "/models/tiny.gguf", files=(FileEntry("/models/tiny.gguf", 552_000),),
-                metadata={"architecture": "llama", "quant": "F32", "context_length": 256}),
+    ModelRecord(
+        "qwen2.5-0.5b-instruct:q4_k_m",
+        Format.GGUF,
+        "/models/qwen2.5-0.5b-instruct-q4_k_m.gguf",
+        files=(FileEntry("/models/qwen2.5-0.5b-instruct-q4_k_m.gguf", 397_808_192),),
+        source=Source.HUB,
+        owned=True,
+        repo="Qwen/Qwen2.5-0.5B-Instruct-GGUF",
+        metadata={
+            "architecture": "qwen2",
+            "quant": "Q4_K_M",
+            "context_length": 32768,
+            "block_count": 24,
+            "embedding_length": 896,
+            "head_count": 14,
+            "head_count_kv": 2,
+            "parameters": 494_032_768,
+        },
+    ),
+    ModelRecord(
+        "tiny",
+        Format.GGUF,
+        "/models/tiny.gguf",
+        files=(FileEntry("/models/tiny.gguf", 552_000),),
+        metadata={"architecture": "llama", "quant": "F32", "context_length": 256},
+    ),
 )
 
 
@@ -46,7 +65,9 @@ def snap_app(settings, facts, monkeypatch):
 
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr("localrun.modelstore.hub.check_reachable", lambda *a, **k: None)  # same picture with or without a network
+    monkeypatch.setattr(
+        "localrun.modelstore.hub.check_reachable", lambda *a, **k: None
+    )  # same picture with or without a network
     hw, statuses = facts
     store = FixedStore()
     manager = ModelManager(settings, store, planner=lambda r: plan_placement(r, hw, statuses, settings=settings))
@@ -86,7 +107,9 @@ def test_library_80x24(snap_compare, snap_app):
 
 
 def test_hardware(snap_compare, snap_app):
-    assert snap_compare(snap_app, terminal_size=(100, 32), run_before=settle("Test CPU 9000", "llama.cpp: ready", keys=("3",)))
+    assert snap_compare(
+        snap_app, terminal_size=(100, 32), run_before=settle("Test CPU 9000", "llama.cpp: ready", keys=("3",))
+    )
 
 
 def test_server_not_serving(snap_compare, snap_app):

@@ -90,7 +90,14 @@ def test_manager_proxy_logs_tui_chats_and_counts_tokens():
     assert "".join(c.text for c in proxy.stream("m", None)) == "a b c"
     assert meter.tokens_total == 3
     (e,) = entries
-    assert (e.method, e.route, e.model, e.prompt_tokens, e.completion_tokens, e.status) == ("TUI", "chat", "m", 7, 3, 200)
+    assert (e.method, e.route, e.model, e.prompt_tokens, e.completion_tokens, e.status) == (
+        "TUI",
+        "chat",
+        "m",
+        7,
+        3,
+        200,
+    )
     assert e.ttft_s is not None and e.ttft_s >= 0
 
 
@@ -120,7 +127,13 @@ def test_middleware_records_route_status_and_the_servers_stats():
     asyncio.run(run("/health"))  # polled routes stay out of the log
     assert len(sent) == 4
     (e,) = entries
-    assert (e.route, e.model, e.status, e.prompt_tokens, e.completion_tokens) == ("/v1/chat/completions", "tiny", 201, 4, 9)
+    assert (e.route, e.model, e.status, e.prompt_tokens, e.completion_tokens) == (
+        "/v1/chat/completions",
+        "tiny",
+        201,
+        4,
+        9,
+    )
     assert e.ttft_s == pytest.approx(0.05) and e.tok_s == pytest.approx(8 / 0.4)
 
 
@@ -142,8 +155,9 @@ def test_remote_ndjson_chunks():
     from localrun.tui.remote import _chunk_from_ndjson
 
     assert _chunk_from_ndjson({"message": {"content": "hi"}, "done": False}) == Chunk("hi")
-    last = _chunk_from_ndjson({"message": {"content": ""}, "done": True, "done_reason": "length",
-                               "prompt_eval_count": 5, "eval_count": 2})
+    last = _chunk_from_ndjson(
+        {"message": {"content": ""}, "done": True, "done_reason": "length", "prompt_eval_count": 5, "eval_count": 2}
+    )
     assert last.finish_reason == "length" and last.usage == Usage(5, 2)
     assert _chunk_from_ndjson({"response": "x", "done": False}).text == "x"
     with pytest.raises(E.LocalrunError):

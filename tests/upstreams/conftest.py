@@ -21,8 +21,9 @@ def front_factory(tiny_gguf, live_factory, tmp_path_factory):
 
     def build(upstreams: list[dict], *, local: tuple[str, ...] = (), queue_size: int = 16, **upstream) -> Front:
         # its own store: the upstreams' models are not local here
-        stack = front_with_upstreams(tmp_path_factory.mktemp("front"), upstreams, model=tiny_gguf, local=local,
-                                     queue_size=queue_size, **upstream)
+        stack = front_with_upstreams(
+            tmp_path_factory.mktemp("front"), upstreams, model=tiny_gguf, local=local, queue_size=queue_size, **upstream
+        )
         made.append(stack.manager)
         return Front(stack, live_factory(stack))
 

@@ -55,7 +55,9 @@ class Replay:
                     body = json.loads(raw) if raw else None
                 except ValueError:
                     body = raw
-                replay.requests.append({"method": method, "path": self.path, "headers": dict(self.headers), "body": body})
+                replay.requests.append(
+                    {"method": method, "path": self.path, "headers": dict(self.headers), "body": body}
+                )
                 reply = replay.routes.get(f"{method} {self.path}")
                 if reply is None:
                     reply = Reply(404, b'{"error": {"message": "no such route", "type": "invalid_request_error"}}')
@@ -127,7 +129,13 @@ def chat_sse(words: list[str], *, model: str = "m", usage: bool = True) -> bytes
         ev({**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]})
     ev({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     if usage:
-        ev({**base, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}})
+        ev(
+            {
+                **base,
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)},
+            }
+        )
     out.append(b"data: [DONE]\n\n")
     return b"".join(out)
 

@@ -40,8 +40,13 @@ def proc_upstream(spawn_server, tiny_gguf):
 
 
 def _ok_replay(replays, *words):
-    return replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("tiny")),
-                    "POST /v1/chat/completions": Reply(body=chat_sse(list(words) or ["fine"]), sse=True)})
+    return replays(
+        {
+            "GET /health": Reply(200, b""),
+            "GET /v1/models": Reply(body=models_json("tiny")),
+            "POST /v1/chat/completions": Reply(body=chat_sse(list(words) or ["fine"]), sse=True),
+        }
+    )
 
 
 def _serving(front) -> str | None:
@@ -51,7 +56,9 @@ def _serving(front) -> str | None:
 
 def test_upstream_killed_mid_stream_errors_fast_and_next_request_goes_to_the_other(proc_upstream, front_factory):
     a, b = proc_upstream(), proc_upstream()
-    front = front_factory([{"name": "a", "url": a.url, "kind": "localrun"}, {"name": "b", "url": b.url, "kind": "localrun"}])
+    front = front_factory(
+        [{"name": "a", "url": a.url, "kind": "localrun"}, {"name": "b", "url": b.url, "kind": "localrun"}]
+    )
     procs = {"a": a, "b": b}
     with httpx.stream("POST", front.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30) as r:
         lines = r.iter_lines()
@@ -69,19 +76,33 @@ def test_upstream_killed_mid_stream_errors_fast_and_next_request_goes_to_the_oth
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("You said")
     assert front.pool.get(other).sent == 1 and front.pool.get(victim).sent == 1  # not retried on the dead one
     assert front.pool.get(victim).status()["health"] in ("cooldown", "down")
-    assert f'localrun_upstream_errors_total{{upstream="{victim}",model="tiny",kind="stream"}} 1' in httpx.get(front.url + "/metrics").text
+    assert (
+        f'localrun_upstream_errors_total{{upstream="{victim}",model="tiny",kind="stream"}} 1'
+        in httpx.get(front.url + "/metrics").text
+    )
 
 
 def test_upstream_that_never_answers_times_out_and_fails_over(replays, front_factory):
-    hang = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("tiny")),
-                    "POST /v1/chat/completions": Reply(hang=True)})
+    hang = replays(
+        {
+            "GET /health": Reply(200, b""),
+            "GET /v1/models": Reply(body=models_json("tiny")),
+            "POST /v1/chat/completions": Reply(hang=True),
+        }
+    )
     good = _ok_replay(replays, "still", " here")
-    front = front_factory([{"name": "hang", "url": hang.url, "kind": "vllm", "first_byte_timeout_s": 1.0, "chunk_timeout_s": 1.0},
-                           {"name": "good", "url": good.url, "kind": "vllm"}])
+    front = front_factory(
+        [
+            {"name": "hang", "url": hang.url, "kind": "vllm", "first_byte_timeout_s": 1.0, "chunk_timeout_s": 1.0},
+            {"name": "good", "url": good.url, "kind": "vllm"},
+        ]
+    )
     r = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "still here"
     assert front.pool.get("hang").cooldowns == 1
-    alone = front_factory([{"name": "hang", "url": hang.url, "kind": "vllm", "first_byte_timeout_s": 1.0, "chunk_timeout_s": 1.0}])
+    alone = front_factory(
+        [{"name": "hang", "url": hang.url, "kind": "vllm", "first_byte_timeout_s": 1.0, "chunk_timeout_s": 1.0}]
+    )
     r = httpx.post(alone.url + "/v1/chat/completions", json=CHAT, timeout=30)
     assert r.status_code == 504 and "upstream 'hang' timed out" in r.json()["error"]["message"]
 
@@ -89,19 +110,35 @@ def test_upstream_that_never_answers_times_out_and_fails_over(replays, front_fac
 def test_silence_between_chunks_ends_the_stream_with_an_error(replays, front_factory):
     events = chat_sse(["one", " two", " three"]).split(b"\n\n")
     # The role event and two tokens, then silence with the connection open.
-    up = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("tiny")),
-                  "POST /v1/chat/completions": Reply(body=b"\n\n".join(events[:3]) + b"\n\n", sse=True, hold_open=True)})
+    up = replays(
+        {
+            "GET /health": Reply(200, b""),
+            "GET /v1/models": Reply(body=models_json("tiny")),
+            "POST /v1/chat/completions": Reply(body=b"\n\n".join(events[:3]) + b"\n\n", sse=True, hold_open=True),
+        }
+    )
     front = front_factory([{"name": "slow", "url": up.url, "kind": "vllm", "chunk_timeout_s": 0.5}])
     r = httpx.post(front.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30)
     data = [line for line in r.text.splitlines() if line.startswith("data:")]
-    assert "one" in r.text and '"error"' in data[-1] and "upstream 'slow' sent nothing for 0.5 s (between chunks)" in data[-1]
+    assert (
+        "one" in r.text
+        and '"error"' in data[-1]
+        and "upstream 'slow' sent nothing for 0.5 s (between chunks)" in data[-1]
+    )
 
 
 def test_broken_sse_fails_over_before_the_first_byte_and_errors_after_it(replays, front_factory):
-    broken = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("tiny")),
-                      "POST /v1/chat/completions": Reply(body=b"data: {not json\n\n", sse=True)})
+    broken = replays(
+        {
+            "GET /health": Reply(200, b""),
+            "GET /v1/models": Reply(body=models_json("tiny")),
+            "POST /v1/chat/completions": Reply(body=b"data: {not json\n\n", sse=True),
+        }
+    )
     good = _ok_replay(replays, "ok")
-    front = front_factory([{"name": "broken", "url": broken.url, "kind": "sglang"}, {"name": "good", "url": good.url, "kind": "sglang"}])
+    front = front_factory(
+        [{"name": "broken", "url": broken.url, "kind": "sglang"}, {"name": "good", "url": good.url, "kind": "sglang"}]
+    )
     r = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     late = chat_sse(["first"], usage=False).split(b"\n\n")[:2]
@@ -112,17 +149,25 @@ def test_broken_sse_fails_over_before_the_first_byte_and_errors_after_it(replays
     assert "first" in data[0] and "broken event stream" in data[-1]
 
 
-def test_wrong_key_is_a_clear_403_naming_the_upstream_and_keys_never_cross(build_stack, live_factory, replays, front_factory, monkeypatch):
+def test_wrong_key_is_a_clear_403_naming_the_upstream_and_keys_never_cross(
+    build_stack, live_factory, replays, front_factory, monkeypatch
+):
     guarded = live_factory(build_stack(api_key="right-key-123"))
     monkeypatch.setenv("GOOD_KEY", "right-key-123")
-    front = front_factory([{"name": "locked", "url": guarded.url, "kind": "localrun", "key": "wrong-key-456", "models": ["tiny"]}])
+    front = front_factory(
+        [{"name": "locked", "url": guarded.url, "kind": "localrun", "key": "wrong-key-456", "models": ["tiny"]}]
+    )
     r = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30)
     err = r.json()["error"]
     assert r.status_code == 403 and "upstream 'locked' refused localrun's key" in err["message"]
     assert "wrong-key-456" not in r.text and "right-key-123" not in r.text
     x, y = _ok_replay(replays, "x"), _ok_replay(replays, "y")
-    front = front_factory([{"name": "x", "url": x.url, "kind": "vllm", "key": "key-for-x-0001"},
-                           {"name": "y", "url": y.url, "kind": "vllm", "key_env": "GOOD_KEY"}])
+    front = front_factory(
+        [
+            {"name": "x", "url": x.url, "kind": "vllm", "key": "key-for-x-0001"},
+            {"name": "y", "url": y.url, "kind": "vllm", "key_env": "GOOD_KEY"},
+        ]
+    )
     for _ in range(4):
         assert httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30).status_code == 200
     assert {q["headers"].get("Authorization") for q in x.requests} == {"Bearer key-for-x-0001"}
@@ -134,8 +179,10 @@ def test_upstream_that_disappears_cools_down_and_recovers(proc_upstream, front_f
     a = proc_upstream(delay=0.0)
     port_b = free_port()
     b = proc_upstream(port=port_b, delay=0.0)
-    front = front_factory([{"name": "a", "url": a.url, "kind": "localrun"}, {"name": "b", "url": b.url, "kind": "localrun"}],
-                          cooldown_s=60.0)
+    front = front_factory(
+        [{"name": "a", "url": a.url, "kind": "localrun"}, {"name": "b", "url": b.url, "kind": "localrun"}],
+        cooldown_s=60.0,
+    )
     b.proc.kill()
     b.proc.wait()
     for _ in range(4):
@@ -155,8 +202,13 @@ def test_upstream_that_disappears_cools_down_and_recovers(proc_upstream, front_f
 
 
 def test_the_only_upstream_is_never_cooled_out_of_reach(replays, front_factory):
-    flaky = replays({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("tiny")),
-                     "POST /v1/chat/completions": Reply(500, b'{"error": {"message": "engine hiccup"}}')})
+    flaky = replays(
+        {
+            "GET /health": Reply(200, b""),
+            "GET /v1/models": Reply(body=models_json("tiny")),
+            "POST /v1/chat/completions": Reply(500, b'{"error": {"message": "engine hiccup"}}'),
+        }
+    )
     front = front_factory([{"name": "only", "url": flaky.url, "kind": "vllm"}])
     for _ in range(2):
         r = httpx.post(front.url + "/v1/chat/completions", json=CHAT, timeout=30)
@@ -201,8 +253,13 @@ def test_client_disconnect_closes_the_upstream_stream(fake_upstream, front_facto
 
 def test_hundred_concurrent_clients_over_two_upstreams_none_lost_split_evenly(fake_upstream, front_factory):
     a, b = fake_upstream(fake_delay_s=0.01, fake_reply_words=4), fake_upstream(fake_delay_s=0.01, fake_reply_words=4)
-    front = front_factory([{"name": "a", "url": a.url, "kind": "localrun", "max_concurrency": 8},
-                           {"name": "b", "url": b.url, "kind": "localrun", "max_concurrency": 8}], queue_size=100)
+    front = front_factory(
+        [
+            {"name": "a", "url": a.url, "kind": "localrun", "max_concurrency": 8},
+            {"name": "b", "url": b.url, "kind": "localrun", "max_concurrency": 8},
+        ],
+        queue_size=100,
+    )
     codes: list[int] = []
     texts: list[str] = []
     lock = threading.Lock()

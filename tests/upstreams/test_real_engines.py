@@ -29,8 +29,14 @@ def engines(tiny_gguf, tmp_path_factory):
     ModelStore(Settings(data_dir=home / "data", cache_dir=home / "cache")).import_path(tiny_gguf, name="tiny")
     with other_host() as host:
         # ngram: drafts at every match (the tiny model loops), so usage carries drafting counts to relay
-        spec = upstream_localrun(host.address, free_port(), key="remote-key-0001", home=home, prefix=host.prefix,
-                                 options={"speculative": "ngram"})
+        spec = upstream_localrun(
+            host.address,
+            free_port(),
+            key="remote-key-0001",
+            home=home,
+            prefix=host.prefix,
+            options={"speculative": "ngram"},
+        )
         remote = start(spec, logs / "remote.log", wait=False)
         cpp = start(llama_cpp_server(tiny_gguf, free_port(), alias="tiny-cpp"), logs / "llama_cpp.log", wait=False)
         try:
@@ -45,10 +51,12 @@ def engines(tiny_gguf, tmp_path_factory):
 @pytest.fixture
 def front(engines, front_factory, monkeypatch):
     monkeypatch.setenv("REMOTE_KEY", "remote-key-0001")
-    return front_factory([
-        {"name": "box2", "url": engines["remote"].url, "kind": "localrun", "key_env": "REMOTE_KEY"},
-        {"name": "cpp", "url": engines["cpp"].url, "kind": "openai"},
-    ])
+    return front_factory(
+        [
+            {"name": "box2", "url": engines["remote"].url, "kind": "localrun", "key_env": "REMOTE_KEY"},
+            {"name": "cpp", "url": engines["cpp"].url, "kind": "openai"},
+        ]
+    )
 
 
 def test_models_of_both_engines_are_listed_with_their_source(engines, front):
@@ -66,13 +74,23 @@ def test_models_of_both_engines_are_listed_with_their_source(engines, front):
 @pytest.mark.parametrize("model", ["tiny", "tiny-cpp"])
 def test_openai_client_chat_completion_and_stream(front, model):
     client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0)
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
+    )
     assert out.model == model and out.choices[0].finish_reason in ("length", "stop")
     assert out.usage.completion_tokens >= 1
     # llama_cpp.server sends no usage in a stream (it ignores stream_options): prompt tokens unknown, 0.
     assert out.usage.prompt_tokens >= 1 if model == "tiny" else out.usage.prompt_tokens == 0
-    chunks = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
-                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == out.choices[0].message.content  # greedy: the same answer both ways
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == out.usage.completion_tokens
@@ -83,10 +101,18 @@ def test_openai_client_chat_completion_and_stream(front, model):
 @pytest.mark.parametrize("model", ["tiny", "tiny-cpp"])
 def test_ollama_client_chat_and_stream(front, model):
     client = ollama.Client(host=front.url, timeout=120)
-    reply = client.chat(model=model, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 6, "temperature": 0})
+    reply = client.chat(
+        model=model, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 6, "temperature": 0}
+    )
     assert reply.message.role == "assistant" and reply.done and reply.eval_count >= 1
-    parts = list(client.chat(model=model, messages=[{"role": "user", "content": "hi"}], stream=True,
-                             options={"num_predict": 6, "temperature": 0}))
+    parts = list(
+        client.chat(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            options={"num_predict": 6, "temperature": 0},
+        )
+    )
     assert parts[-1].done and "".join(p.message.content for p in parts) == reply.message.content
     gen = client.generate(model=model, prompt="Once upon a time", options={"num_predict": 4, "temperature": 0})
     assert gen.done and gen.response
@@ -94,32 +120,68 @@ def test_ollama_client_chat_and_stream(front, model):
 
 def test_logprobs_and_json_schema_pass_through_to_localrun_upstream(front):
     client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                         logprobs=True, top_logprobs=2, temperature=0)
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        temperature=0,
+    )
     content = out.choices[0].logprobs.content
     assert content and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in content)
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "a number"}], max_tokens=24,
-                                         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    out = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "a number"}],
+        max_tokens=24,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
     assert out.choices[0].message.content.lstrip().startswith("{")
 
 
 def test_wrong_key_against_the_other_host_names_it(engines, front_factory):
-    bad = front_factory([{"name": "box2", "url": engines["remote"].url, "kind": "localrun", "key": "nope-nope-nope", "models": ["tiny"]}])
-    r = httpx.post(bad.url + "/v1/chat/completions", json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]}, timeout=60)
+    bad = front_factory(
+        [
+            {
+                "name": "box2",
+                "url": engines["remote"].url,
+                "kind": "localrun",
+                "key": "nope-nope-nope",
+                "models": ["tiny"],
+            }
+        ]
+    )
+    r = httpx.post(
+        bad.url + "/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+        timeout=60,
+    )
     assert r.status_code == 403 and "box2" in r.json()["error"]["message"] and "nope-nope" not in r.text
 
 
 def test_drafting_counts_of_a_localrun_upstream_reach_the_client(engines, front):
     """The front relays the upstream's usage whole: the drafted and accepted tokens too."""
     body = {"model": "tiny", "prompt": "hello world " * 5, "max_tokens": 24, "temperature": 0}
-    direct = httpx.post(engines["remote"].url + "/v1/completions", json=body,
-                        headers={"Authorization": "Bearer remote-key-0001"}, timeout=120).json()["usage"]
+    direct = httpx.post(
+        engines["remote"].url + "/v1/completions",
+        json=body,
+        headers={"Authorization": "Bearer remote-key-0001"},
+        timeout=120,
+    ).json()["usage"]
     via = httpx.post(front.url + "/v1/completions", json=body, timeout=120).json()["usage"]
     assert direct["speculative"]["drafted_tokens"] > 0, direct
     assert via["speculative"] == direct["speculative"]
     assert via["completion_tokens_details"] == direct["completion_tokens_details"]
     client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    chunks = list(client.completions.create(model="tiny", prompt=body["prompt"], max_tokens=24, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=body["prompt"],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage.model_extra["speculative"] == direct["speculative"]

@@ -14,8 +14,15 @@ import ollama
 import openai
 import pytest
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 @pytest.fixture
@@ -53,9 +60,21 @@ def test_tool_calls_come_back_through_localrun(capable, stream):
         calls = deltas
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert calls[0].function.name == "get_weather" and "city" in json.loads(calls[0].function.arguments)
-    history = msgs + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}, {"role": "user", "content": "thanks"}]
+    history = msgs + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "user", "content": "thanks"},
+    ]
     follow = _oa(front).chat.completions.create(model="tiny", messages=history, tools=TOOLS)
     assert follow.choices[0].message.content.startswith("You said: thanks")  # the tool turns went up and were read
 
@@ -63,11 +82,15 @@ def test_tool_calls_come_back_through_localrun(capable, stream):
 def test_json_schema_and_logprobs_pass_through(capable):
     _, front = capable
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
-    out = _oa(front).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                             response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+    out = _oa(front).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+    )
     assert json.loads(out.choices[0].message.content) == {"n": 0}
-    out = _oa(front).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4,
-                                             logprobs=True, top_logprobs=2)
+    out = _oa(front).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4, logprobs=True, top_logprobs=2
+    )
     entries = out.choices[0].logprobs.content
     assert len(entries) >= 1 and all(len(e.top_logprobs) == 2 and e.logprob < 0 for e in entries)
     text = _oa(front).completions.create(model="tiny", prompt="hello", max_tokens=4, logprobs=1)
@@ -77,8 +100,11 @@ def test_json_schema_and_logprobs_pass_through(capable):
 def test_an_upstream_runtime_that_refuses_a_field_is_a_400_naming_both(fake_upstream, front_factory):
     up = fake_upstream()  # its fake runtime declares embeddings only
     front = front_factory([{"name": "box2", "url": up.url, "kind": "localrun"}])
-    r = httpx.post(front.url + "/v1/chat/completions", timeout=30,
-                   json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS})
+    r = httpx.post(
+        front.url + "/v1/chat/completions",
+        timeout=30,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS},
+    )
     err = r.json()["error"]
     assert r.status_code == 400 and "box2" in err["message"] and "'tools'" in err["message"]
 
@@ -89,10 +115,14 @@ def test_local_and_upstream_of_one_name_are_both_reachable(fake_upstream, front_
     ids = [m["id"] for m in httpx.get(front.url + "/v1/models").json()["data"]]
     assert ids.count("tiny") == 1 and "box2/tiny" in ids
     local = _oa(front).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3)
-    remote = _oa(front).chat.completions.create(model="box2/tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3)
+    remote = _oa(front).chat.completions.create(
+        model="box2/tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3
+    )
     assert local.model == "tiny" and remote.model == "box2/tiny"
     assert front.pool.get("box2").sent == 1  # only the prefixed name went upstream
     show = httpx.post(front.url + "/api/show", json={"model": "box2/tiny"}).json()
     assert show["localrun"]["source"] == "upstream" and show["details"]["format"] == "remote"
-    r = httpx.post(front.url + "/v1/chat/completions", json={"model": "box3/tiny", "messages": [{"role": "user", "content": "x"}]})
+    r = httpx.post(
+        front.url + "/v1/chat/completions", json={"model": "box3/tiny", "messages": [{"role": "user", "content": "x"}]}
+    )
     assert r.status_code == 404

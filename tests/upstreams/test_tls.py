@@ -17,21 +17,57 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs t
 @pytest.fixture
 def intranet_ca(tmp_path):
     """(ca.pem, server.pem, server.key): a throw-away CA and a certificate for 127.0.0.1 signed by it."""
+
     def run(*args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path, timeout=60)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test intranet CA")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test intranet CA",
+    )
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1")
     (tmp_path / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.pem",
-        "-days", "1", "-extfile", "san.ext")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    )
     return tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
 
 
 def test_unknown_ca_is_refused_and_a_ca_bundle_trusts_it(intranet_ca, front_factory):
     ca, cert, key = intranet_ca
-    up = Replay({"GET /health": Reply(200, b""), "GET /v1/models": Reply(body=models_json("m")),
-                 "POST /v1/chat/completions": Reply(body=chat_sse(["secure"]), sse=True)}, tls=(str(cert), str(key)))
+    up = Replay(
+        {
+            "GET /health": Reply(200, b""),
+            "GET /v1/models": Reply(body=models_json("m")),
+            "POST /v1/chat/completions": Reply(body=chat_sse(["secure"]), sse=True),
+        },
+        tls=(str(cert), str(key)),
+    )
     try:
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
         strict = front_factory([{"name": "intra", "url": up.url, "kind": "vllm", "models": ["m"]}])

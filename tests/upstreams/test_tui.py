@@ -19,16 +19,17 @@ def anyio_backend():
 async def test_library_and_server_screen_show_the_upstream(fake_upstream, tmp_path, tiny_gguf):
     from localrun.manager import ModelManager
     from localrun.modelstore.store import ModelStore
-    from localrun.settings import Settings
+    from localrun.settings import Settings, UpstreamConfig, UpstreamSettings
     from localrun.tui import make_app
     from localrun.upstreams.pool import UpstreamPool
-    from localrun.settings import UpstreamConfig, UpstreamSettings
 
     up = fake_upstream()
     settings = Settings(data_dir=tmp_path / "data", cache_dir=tmp_path / "cache", runtime={"force": "fake"})
     store = ModelStore(settings)
     store.import_path(tiny_gguf, name="mine")
-    pool = UpstreamPool([UpstreamConfig(name="box2", url=up.url, kind="localrun")], UpstreamSettings(probe_interval_s=0.3))
+    pool = UpstreamPool(
+        [UpstreamConfig(name="box2", url=up.url, kind="localrun")], UpstreamSettings(probe_interval_s=0.3)
+    )
     manager = ModelManager(settings, store, upstreams=pool)
     app = make_app(settings, store=store, manager=manager, facts=make_facts(), serve=False, poll_s=0.2)
     try:
@@ -37,7 +38,9 @@ async def test_library_and_server_screen_show_the_upstream(fake_upstream, tmp_pa
             assert "mine" in screen_text(app)
             await pilot.press("4")
             await wait_for(pilot, lambda: isinstance(app.screen, ServerScreen))
-            await wait_for(pilot, lambda: "box2" in screen_text(app) and "localrun" in screen_text(app), what="upstream table")
+            await wait_for(
+                pilot, lambda: "box2" in screen_text(app) and "localrun" in screen_text(app), what="upstream table"
+            )
             text = screen_text(app)
             assert up.url in text and " up " in text and "tiny" in text
     finally:

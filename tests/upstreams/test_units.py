@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from localrun.runtimes.base import RuntimeStatus
-from localrun.types import Format, ModelRecord
-from localrun.upstreams.routing import listed_models
-from localrun.upstreams.pool import Route, UpstreamPool, affinity_key
 from localrun.settings import UpstreamConfig, UpstreamSettings
+from localrun.types import Format, ModelRecord
 from localrun.upstreams.config_file import read_upstreams, write_upstreams
+from localrun.upstreams.pool import Route, UpstreamPool, affinity_key
+from localrun.upstreams.routing import listed_models
 
 GIB = 2**30
 
@@ -28,21 +28,39 @@ class _NoClient:
 
 
 def _pool(*names: str, routing: str = "least-loaded", weights=None, models=("m",)) -> UpstreamPool:
-    ups = [UpstreamConfig(name=n, url=f"http://127.0.0.1:{9000 + i}", models=list(models), weight=(weights or {}).get(n, 1.0))
-           for i, n in enumerate(names)]
-    return UpstreamPool(ups, UpstreamSettings(routing=routing, affinity_prefix_chars=64), client_factory=lambda c: _NoClient(),
-                        start=False)
+    ups = [
+        UpstreamConfig(
+            name=n, url=f"http://127.0.0.1:{9000 + i}", models=list(models), weight=(weights or {}).get(n, 1.0)
+        )
+        for i, n in enumerate(names)
+    ]
+    return UpstreamPool(
+        ups,
+        UpstreamSettings(routing=routing, affinity_prefix_chars=64),
+        client_factory=lambda c: _NoClient(),
+        start=False,
+    )
 
 
 def test_config_round_trip_keeps_the_rest_of_the_file(tmp_path):
     path = tmp_path / "config.toml"
-    path.write_text('# my settings\n[server]\nport = 9001\n\n[[upstreams]]\nname = "old"\nurl = "http://h:1"\n\n[hub]\noffline = true\n')
-    write_upstreams(path, [UpstreamConfig(name="a", url="http://10.0.0.5:8000/v1/", kind="vllm", key_env="A_KEY", models=["x"]),
-                           UpstreamConfig(name="b", url="https://b.example:443", key="sk-b")])
+    path.write_text(
+        '# my settings\n[server]\nport = 9001\n\n[[upstreams]]\nname = "old"\nurl = "http://h:1"\n\n[hub]\noffline = true\n'
+    )
+    write_upstreams(
+        path,
+        [
+            UpstreamConfig(name="a", url="http://10.0.0.5:8000/v1/", kind="vllm", key_env="A_KEY", models=["x"]),
+            UpstreamConfig(name="b", url="https://b.example:443", key="sk-b"),
+        ],
+    )
     text = path.read_text()
     assert "# my settings" in text and "port = 9001" in text and "offline = true" in text and '"old"' not in text
     ups = read_upstreams(path)
-    assert [(u.name, u.url, u.kind) for u in ups] == [("a", "http://10.0.0.5:8000", "vllm"), ("b", "https://b.example:443", "openai")]
+    assert [(u.name, u.url, u.kind) for u in ups] == [
+        ("a", "http://10.0.0.5:8000", "vllm"),
+        ("b", "https://b.example:443", "openai"),
+    ]
     assert ups[0].api_key({"A_KEY": "from-env"}) == "from-env" and ups[1].api_key() == "sk-b"
     assert oct(path.stat().st_mode & 0o777) == "0o600"
     from localrun.settings import Settings
@@ -50,12 +68,15 @@ def test_config_round_trip_keeps_the_rest_of_the_file(tmp_path):
     assert [u.name for u in Settings(_env_file=None).upstreams] == []  # not this file: LOCALRUN_HOME's
 
 
-@pytest.mark.parametrize("fields,words", [
-    ({"name": "a/b", "url": "http://h"}, "no '/'"),
-    ({"name": "a", "url": "ftp://h"}, "http:// or https://"),
-    ({"name": "a", "url": "http://h", "kind": "exllama"}, "try one of: vllm"),
-    ({"name": "a", "url": "http://h", "key": "k", "key_env": "K"}, "either 'key' or 'key_env'"),
-])
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        ({"name": "a/b", "url": "http://h"}, "no '/'"),
+        ({"name": "a", "url": "ftp://h"}, "http:// or https://"),
+        ({"name": "a", "url": "http://h", "kind": "exllama"}, "try one of: vllm"),
+        ({"name": "a", "url": "http://h", "key": "k", "key_env": "K"}, "either 'key' or 'key_env'"),
+    ],
+)
 def test_bad_upstream_config_names_what_is_wrong(fields, words):
     from pydantic import ValidationError
 
@@ -95,8 +116,12 @@ def test_prefix_affinity_sticks_until_the_sticky_upstream_is_much_busier():
 def test_full_upstreams_make_a_caller_wait_then_overloaded():
     from localrun.errors import Overloaded
 
-    pool = UpstreamPool([UpstreamConfig(name="a", url="http://h:1", models=["m"], max_concurrency=1)], UpstreamSettings(),
-                        client_factory=lambda c: _NoClient(), start=False)
+    pool = UpstreamPool(
+        [UpstreamConfig(name="a", url="http://h:1", models=["m"], max_concurrency=1)],
+        UpstreamSettings(),
+        client_factory=lambda c: _NoClient(),
+        start=False,
+    )
     route = Route("m", "m", ("a",), False)
     pool.acquire(route, exclude=set(), key=None, wait_s=1)
     with pytest.raises(Overloaded) as err:
@@ -150,18 +175,28 @@ def test_vllm_command_line_follows_the_plan():
     from localrun.types import Plan
 
     rec = ModelRecord(name="m", format=Format.MLX, path="/models/m")
-    plan = Plan(runtime="vllm", device="cuda", n_ctx=4096,
-                options={"tensor_parallel_size": 2, "max_model_len": 4096, "gpu_memory_utilization": 0.85})
+    plan = Plan(
+        runtime="vllm",
+        device="cuda",
+        n_ctx=4096,
+        options={"tensor_parallel_size": 2, "max_model_len": 4096, "gpu_memory_utilization": 0.85},
+    )
     cmd = build_vllm_command(rec, plan, 4321, python="/venv/bin/python")
     assert cmd[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     joined = " ".join(cmd)
-    assert "--tensor-parallel-size 2" in joined and "--max-model-len 4096" in joined and "--gpu-memory-utilization 0.85" in joined
+    assert (
+        "--tensor-parallel-size 2" in joined
+        and "--max-model-len 4096" in joined
+        and "--gpu-memory-utilization 0.85" in joined
+    )
     assert "--host 127.0.0.1 --port 4321" in joined and "trust-remote-code" not in joined
 
 
 def _lr(*args, env=None):
     full = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "localrun", *args], capture_output=True, text=True, timeout=60, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "localrun", *args], capture_output=True, text=True, timeout=60, env=full
+    )
 
 
 def test_upstream_commands_add_ls_check_rm(tmp_path, fake_upstream):
@@ -171,8 +206,17 @@ def test_upstream_commands_add_ls_check_rm(tmp_path, fake_upstream):
     assert r.returncode == 0, r.stderr
     assert "box2 (localrun)" in r.stdout and "serves: tiny" in r.stdout
     rows = json.loads(_lr("upstream", "ls", "--json", env=env).stdout)
-    assert rows == [{"name": "box2", "url": up.url, "kind": "localrun", "key": "none", "models": "discovered",
-                     "max_concurrency": 4, "weight": 1.0}]
+    assert rows == [
+        {
+            "name": "box2",
+            "url": up.url,
+            "kind": "localrun",
+            "key": "none",
+            "models": "discovered",
+            "max_concurrency": 4,
+            "weight": 1.0,
+        }
+    ]
     check = json.loads(_lr("upstream", "check", "--json", env=env).stdout)[0]
     assert check["ok"] and check["models"] == ["tiny"] and check["version"] and check["latency_ms"] >= 0
     listed = json.loads(_lr("ls", "--json", env=env).stdout)
@@ -186,16 +230,46 @@ def test_upstream_commands_add_ls_check_rm(tmp_path, fake_upstream):
     assert _lr("upstream", "check", "dead", env=env).returncode == 11
 
 
-@pytest.mark.parametrize("usage, want", [
-    ({"prompt_tokens": 5, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 4},
-      "speculative": {"drafted_tokens": 12, "accepted_tokens": 7}}, (5, 9, 4, 12, 7)),
-    ({"prompt_tokens": 5, "completion_tokens": 9,  # OpenAI's prediction fields, no extension
-      "completion_tokens_details": {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 2}}, (5, 9, 0, 5, 3)),
-    ({"prompt_tokens": "5", "completion_tokens": -3, "prompt_tokens_details": "x",  # hostile: never an error
-      "speculative": {"drafted_tokens": 2, "accepted_tokens": 1e9}}, (0, 0, 0, 2, 2)),
-    ({"prompt_tokens": True, "completion_tokens": float("nan"), "completion_tokens_details": None,
-      "speculative": {"drafted_tokens": float("inf")}}, (0, 0, 0, 0, 0)),
-])
+@pytest.mark.parametrize(
+    "usage, want",
+    [
+        (
+            {
+                "prompt_tokens": 5,
+                "completion_tokens": 9,
+                "prompt_tokens_details": {"cached_tokens": 4},
+                "speculative": {"drafted_tokens": 12, "accepted_tokens": 7},
+            },
+            (5, 9, 4, 12, 7),
+        ),
+        (
+            {
+                "prompt_tokens": 5,
+                "completion_tokens": 9,  # OpenAI's prediction fields, no extension
+                "completion_tokens_details": {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 2},
+            },
+            (5, 9, 0, 5, 3),
+        ),
+        (
+            {
+                "prompt_tokens": "5",
+                "completion_tokens": -3,
+                "prompt_tokens_details": "x",  # hostile: never an error
+                "speculative": {"drafted_tokens": 2, "accepted_tokens": 1e9},
+            },
+            (0, 0, 0, 2, 2),
+        ),
+        (
+            {
+                "prompt_tokens": True,
+                "completion_tokens": float("nan"),
+                "completion_tokens_details": None,
+                "speculative": {"drafted_tokens": float("inf")},
+            },
+            (0, 0, 0, 0, 0),
+        ),
+    ],
+)
 def test_upstream_usage_keeps_drafting_counts_and_survives_odd_values(usage, want):
     from localrun.runtimes.openai_compat.client import _usage
 

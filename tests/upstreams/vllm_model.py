@@ -18,9 +18,12 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 CORPUS = [
-    "the quick brown fox jumps over the lazy dog", "hello world, how are you today?",
-    "localrun serves models through one endpoint", "vLLM runs a tiny llama with random weights",
-    "Once upon a time there was a small model that counted tokens.", "0123456789 + - * / = ( ) [ ] { } : ; , .",
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, how are you today?",
+    "localrun serves models through one endpoint",
+    "vLLM runs a tiny llama with random weights",
+    "Once upon a time there was a small model that counted tokens.",
+    "0123456789 + - * / = ( ) [ ] { } : ; , .",
 ] * 20
 
 
@@ -31,14 +34,23 @@ def write_tokenizer(folder: Path, vocab_size: int = 318) -> int:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<s>", "</s>", "<unk>"]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(CORPUS, trainer)
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": 1024, "chat_template": CHAT_TEMPLATE,
-    }))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": 1024,
+                "chat_template": CHAT_TEMPLATE,
+            }
+        )
+    )
     return tok.get_vocab_size()
 
 
@@ -46,10 +58,22 @@ def write_tiny_llama(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(folder)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 64,
-        "vocab_size": vocab, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "vocab_size": vocab,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
         "hidden_act": "silu",
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))

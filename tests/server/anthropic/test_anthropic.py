@@ -10,7 +10,6 @@ import threading
 import httpx
 import pytest
 
-from tests.support.capabilities import ALL
 from tests.support.clients import WEATHER, anthropic_client
 from tests.support.servers import free_port, health, wait_until
 
@@ -48,24 +47,44 @@ def test_create_answers_a_message_with_usage(claude):
 def test_what_claude_code_sends_is_accepted(claude):
     """System blocks with cache_control and a billing line, a system turn inside messages,
     adaptive thinking, context_management, output_config.effort, metadata, beta headers."""
-    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197; cc_entrypoint=cli; cch=1a2b3;"},
-              {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
-    messages = [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
-                {"role": "system", "content": "tokens left: 1000"},
-                {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm", "signature": "sig"},
-                                                  {"type": "text", "text": "Hello."}]},
-                {"role": "user", "content": "and now?"}]
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197; cc_entrypoint=cli; cch=1a2b3;"},
+        {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+    ]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+        {"role": "system", "content": "tokens left: 1000"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                {"type": "text", "text": "Hello."},
+            ],
+        },
+        {"role": "user", "content": "and now?"},
+    ]
     m = claude.beta.messages.create(
-        model="tiny", max_tokens=32000, system=system, messages=messages,
-        thinking={"type": "adaptive"}, metadata={"user_id": "u1"}, betas=["interleaved-thinking-2025-05-14"],
-        extra_body={"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}, "output_config": {"effort": "high"}, "temperature": 0},
+        model="tiny",
+        max_tokens=32000,
+        system=system,
+        messages=messages,
+        thinking={"type": "adaptive"},
+        metadata={"user_id": "u1"},
+        betas=["interleaved-thinking-2025-05-14"],
+        extra_body={
+            "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
+            "output_config": {"effort": "high"},
+            "temperature": 0,
+        },
     )
     assert m.content[0].text.startswith("You said: and now?.")
 
 
 def test_stream_sends_anthropic_event_sequence(fake_server):
     body = {"model": "tiny", "max_tokens": 64, "temperature": 0, "messages": USER, "stream": True}
-    r = httpx.post(f"{fake_server.url}/v1/messages?beta=true", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30)
+    r = httpx.post(
+        f"{fake_server.url}/v1/messages?beta=true", json=body, headers={"anthropic-version": "2023-06-01"}, timeout=30
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     names = [name for name, _ in events]
@@ -99,24 +118,49 @@ def test_tool_use_round_trip(claude):
         streamed = stream.get_final_message()
     assert [b.type for b in streamed.content if b.type == "tool_use"] == ["tool_use"]
     assert next(b for b in streamed.content if b.type == "tool_use").input == call.input
-    history = ask + [{"role": "assistant", "content": [b.model_dump() for b in m.content]},
-                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21 C"},
-                                                  {"type": "text", "text": "thanks, summarise"}]}]
+    history = ask + [
+        {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": call.id, "content": "sunny, 21 C"},
+                {"type": "text", "text": "thanks, summarise"},
+            ],
+        },
+    ]
     done = claude.messages.create(model="tiny", max_tokens=64, tools=[WEATHER], messages=history)
     assert done.stop_reason == "end_turn" and done.content[0].text.startswith("You said: thanks, summarise.")
-    errored = history[:2] + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "is_error": True,
-                                                           "content": [{"type": "text", "text": "no network"}]}]}]
+    errored = history[:2] + [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": call.id,
+                    "is_error": True,
+                    "content": [{"type": "text", "text": "no network"}],
+                }
+            ],
+        }
+    ]
     assert claude.messages.create(model="tiny", max_tokens=8, tools=[WEATHER], messages=errored).content
 
 
 def test_forced_tool_and_disable_parallel(claude):
     clock = {"name": "get_time", "input_schema": {"type": "object", "properties": {"zone": {"type": "string"}}}}
-    m = claude.messages.create(model="tiny", max_tokens=64, tools=[WEATHER, clock], messages=USER,
-                               tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True})
+    m = claude.messages.create(
+        model="tiny",
+        max_tokens=64,
+        tools=[WEATHER, clock],
+        messages=USER,
+        tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
+    )
     calls = [b for b in m.content if b.type == "tool_use"]
     assert [c.name for c in calls] == ["get_time"] and m.stop_reason == "tool_use"
     with pytest.raises(anthropic.BadRequestError, match="not among 'tools'"):
-        claude.messages.create(model="tiny", max_tokens=8, tools=[WEATHER], messages=USER, tool_choice={"type": "tool", "name": "nope"})
+        claude.messages.create(
+            model="tiny", max_tokens=8, tools=[WEATHER], messages=USER, tool_choice={"type": "tool", "name": "nope"}
+        )
 
 
 def test_count_tokens_is_the_requests_prompt(claude):
@@ -150,8 +194,9 @@ def test_errors_have_anthropic_shape_and_exception_types(claude, fake_server):
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         claude.messages.create(model="tiny", max_tokens=0, messages=USER)
     with pytest.raises(anthropic.BadRequestError, match="web_search_20250305"):
-        claude.messages.create(model="tiny", max_tokens=8, messages=USER,
-                               tools=[{"type": "web_search_20250305", "name": "web_search"}])
+        claude.messages.create(
+            model="tiny", max_tokens=8, messages=USER, tools=[{"type": "web_search_20250305", "name": "web_search"}]
+        )
     with pytest.raises(anthropic.BadRequestError, match="prefilled"):
         claude.messages.create(model="tiny", max_tokens=8, messages=USER + [{"role": "assistant", "content": "Sure"}])
     r = httpx.post(f"{fake_server.url}/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
@@ -164,8 +209,12 @@ def test_a_field_the_runtime_cannot_honour_is_a_400_naming_it(serve, tiny_gguf):
         with pytest.raises(anthropic.BadRequestError, match="'tools' is not supported by the fake runtime"):
             client.messages.create(model="tiny", max_tokens=8, messages=USER, tools=[WEATHER])
         with pytest.raises(anthropic.BadRequestError, match="output_config.format"):
-            client.messages.create(model="tiny", max_tokens=8, messages=USER,
-                                   extra_body={"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}})
+            client.messages.create(
+                model="tiny",
+                max_tokens=8,
+                messages=USER,
+                extra_body={"output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+            )
         image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
         with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\].content\[0\]"):
             client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": [image]}])
@@ -173,8 +222,12 @@ def test_a_field_the_runtime_cannot_honour_is_a_400_naming_it(serve, tiny_gguf):
 
 def test_structured_output_by_output_config(claude):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    m = claude.messages.create(model="tiny", max_tokens=64, messages=USER,
-                               extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    m = claude.messages.create(
+        model="tiny",
+        max_tokens=64,
+        messages=USER,
+        extra_body={"output_config": {"format": {"type": "json_schema", "schema": schema}}},
+    )
     assert json.loads(m.content[0].text) == {"ok": True}
 
 
@@ -184,8 +237,11 @@ def test_api_key_as_x_api_key_or_bearer(tiny_gguf, spawn_server):  # noqa: F811
 
     ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
-    server = spawn_server(["tests.support.launch", "--port", str(port), "--api-key", "s3cret"], port=port,
-                          env={"LOCALRUN_RUNTIME__FORCE": "fake"})
+    server = spawn_server(
+        ["tests.support.launch", "--port", str(port), "--api-key", "s3cret"],
+        port=port,
+        env={"LOCALRUN_RUNTIME__FORCE": "fake"},
+    )
     with anthropic_client(server, api_key="s3cret") as by_header:  # the SDK sends x-api-key
         assert by_header.messages.create(model="tiny", max_tokens=4, messages=USER).content
     with anthropic_client(server, api_key=None, auth_token="s3cret") as by_bearer:  # Authorization: Bearer
@@ -255,8 +311,11 @@ def test_disconnect_before_a_whole_answer_stops_it(build_stack, live_factory):  
     stack = build_stack(options={"fake_delay_s": 0.05, "fake_reply_words": 2000})
     live = live_factory(stack)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{live.url}/v1/messages", json={"model": "tiny", "max_tokens": 4000, "messages": USER},
-                   timeout=httpx.Timeout(5, read=0.5))
+        httpx.post(
+            f"{live.url}/v1/messages",
+            json={"model": "tiny", "max_tokens": 4000, "messages": USER},
+            timeout=httpx.Timeout(5, read=0.5),
+        )
     assert wait_until(lambda: _in_flight(stack) == 0, 1.0)
 
 
@@ -264,7 +323,9 @@ def test_concurrent_streams_each_get_their_own_answer(claude):
     results: dict[int, str] = {}
 
     def one(i: int) -> None:
-        with claude.messages.stream(model="tiny", max_tokens=32, messages=[{"role": "user", "content": f"number {i}"}], **T0) as s:
+        with claude.messages.stream(
+            model="tiny", max_tokens=32, messages=[{"role": "user", "content": f"number {i}"}], **T0
+        ) as s:
             results[i] = s.get_final_message().content[0].text
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools, stable_system_text
-from localrun.server.errors import InvalidRequest
 from localrun.server.anthropic.schemas import MessagesRequest
+from localrun.server.errors import InvalidRequest
 
 
 def body(**fields) -> MessagesRequest:
@@ -23,39 +23,84 @@ def test_billing_hash_is_constant_and_nothing_else_changes():
     two = "x-anthropic-billing-header: cc_version=2.1.197.e3f; cc_entrypoint=cli; cch=9ffe0;"
     assert stable_system_text(one) == stable_system_text(two) == one.replace("1a2b3", "00000")
     assert stable_system_text("talk about cch=123; freely") == "talk about cch=123; freely"  # only the header line
-    system = [{"type": "text", "text": one}, {"type": "text", "text": "You are helpful.", "cache_control": {"type": "ephemeral"}}]
+    system = [
+        {"type": "text", "text": one},
+        {"type": "text", "text": "You are helpful.", "cache_control": {"type": "ephemeral"}},
+    ]
     first = core_messages(body(system=system))
     again = core_messages(body(system=[{"type": "text", "text": two}, system[1]]))
     assert first == again and first[0].role == "system" and first[0].content.endswith("\n\nYou are helpful.")
 
 
 def test_tools_are_sorted_and_call_arguments_keep_their_order():
-    tools = [{"name": "Write", "input_schema": {"type": "object"}}, {"name": "Bash", "description": "run",
-                                                                     "input_schema": {"type": "object"}}]
+    tools = [
+        {"name": "Write", "input_schema": {"type": "object"}},
+        {"name": "Bash", "description": "run", "input_schema": {"type": "object"}},
+    ]
     a = core_tools(body(tools=tools))
     assert [t["function"]["name"] for t in a] == ["Bash", "Write"] and a == core_tools(body(tools=tools[::-1]))
     call = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"z": 1, "a": {"y": 2, "b": 3}}}
-    msgs = core_messages(body(messages=[{"role": "user", "content": "go"}, {"role": "assistant", "content": [call]},
-                                        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
-                                                                      "content": "done", "is_error": True}]}]))
+    msgs = core_messages(
+        body(
+            messages=[
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [call]},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done", "is_error": True}],
+                },
+            ]
+        )
+    )
     assert msgs[1].tool_calls[0]["function"]["arguments"] == json.dumps({"z": 1, "a": {"y": 2, "b": 3}})
-    assert (msgs[2].role, msgs[2].tool_call_id, msgs[2].name, msgs[2].content) == ("tool", "toolu_1", "Bash", "Error: done")
+    assert (msgs[2].role, msgs[2].tool_call_id, msgs[2].name, msgs[2].content) == (
+        "tool",
+        "toolu_1",
+        "Bash",
+        "Error: done",
+    )
     with pytest.raises(InvalidRequest, match="share a name"):
         core_tools(body(tools=tools + tools[:1]))
 
 
 def test_system_turns_inside_messages_stay_in_place():
-    msgs = core_messages(body(system="S", messages=[
-        {"role": "system", "content": "early"}, {"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
-        {"role": "system", "content": [{"type": "text", "text": "tokens left: 900"}]}, {"role": "user", "content": "q2"}]))
-    assert [(m.role, m.content) for m in msgs] == [("system", "S\n\nearly"), ("user", "q1"), ("assistant", "a1"),
-                                                   ("user", "tokens left: 900\n\nq2")]
+    msgs = core_messages(
+        body(
+            system="S",
+            messages=[
+                {"role": "system", "content": "early"},
+                {"role": "user", "content": "q1"},
+                {"role": "assistant", "content": "a1"},
+                {"role": "system", "content": [{"type": "text", "text": "tokens left: 900"}]},
+                {"role": "user", "content": "q2"},
+            ],
+        )
+    )
+    assert [(m.role, m.content) for m in msgs] == [
+        ("system", "S\n\nearly"),
+        ("user", "q1"),
+        ("assistant", "a1"),
+        ("user", "tokens left: 900\n\nq2"),
+    ]
 
 
 def test_thinking_history_is_accepted_and_not_rendered():
-    msgs = core_messages(body(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": [
-        {"type": "thinking", "thinking": "secret", "signature": "s"}, {"type": "redacted_thinking", "data": "x"},
-        {"type": "text", "text": "answer"}]}, {"role": "user", "content": "more"}]))
+    msgs = core_messages(
+        body(
+            messages=[
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "secret", "signature": "s"},
+                        {"type": "redacted_thinking", "data": "x"},
+                        {"type": "text", "text": "answer"},
+                    ],
+                },
+                {"role": "user", "content": "more"},
+            ]
+        )
+    )
     assert [m.content for m in msgs] == ["q", "answer", "more"]
 
 
@@ -64,7 +109,9 @@ def test_tool_choice_and_refusals():
     ts = core_tools(body(tools=tools))
     assert core_tool_choice(body(tools=tools, tool_choice={"type": "any"}), ts) == "required"
     assert core_tool_choice(body(tools=tools, tool_choice={"type": "tool", "name": "Bash"}), ts) == {
-        "type": "function", "function": {"name": "Bash"}}
+        "type": "function",
+        "function": {"name": "Bash"},
+    }
     assert core_tool_choice(body(tools=tools, tool_choice={"type": "none"}), ts) == "none"
     with pytest.raises(InvalidRequest, match="needs at least one tool"):
         core_tool_choice(body(tool_choice={"type": "any"}), ())
@@ -73,6 +120,8 @@ def test_tool_choice_and_refusals():
     with pytest.raises(InvalidRequest, match="only system turns"):
         core_messages(body(messages=[{"role": "system", "content": "x"}]))
     with pytest.raises(InvalidRequest, match="tool_use block in a user turn"):
-        core_messages(body(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {}}]}]))
+        core_messages(
+            body(messages=[{"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {}}]}])
+        )
     with pytest.raises(InvalidRequest, match="'search_result'"):
         core_messages(body(messages=[{"role": "user", "content": [{"type": "search_result", "source": "x"}]}]))

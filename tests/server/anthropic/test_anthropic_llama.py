@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.clients import WEATHER, anthropic_client
 from tests.conftest import needs_llama
+from tests.support.clients import WEATHER, anthropic_client
 
 pytestmark = [needs_llama, pytest.mark.llama]
 anthropic = pytest.importorskip("anthropic")
@@ -31,8 +31,10 @@ def tiny_long(tmp_path_factory):
 
 def test_smollm2_messages_stream_count_and_prefix_cache(serve, smollm2_path):
     server = serve(smollm2_path, "smol", runtime="", plan={**ONE_THREAD, "n_ctx": 1024}, **slots(1024))
-    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197; cch=0a1b2;"},
-              {"type": "text", "text": "You are a helpful assistant.", "cache_control": {"type": "ephemeral"}}]
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197; cch=0a1b2;"},
+        {"type": "text", "text": "You are a helpful assistant.", "cache_control": {"type": "ephemeral"}},
+    ]
     ask = [{"role": "user", "content": "What is 2 + 2?"}]
     with anthropic_client(server, timeout=300) as client:
         counted = client.messages.count_tokens(model="smol", system=system, messages=ask).input_tokens
@@ -57,31 +59,57 @@ def test_smollm2_claude_code_shaped_turns(serve, smollm2_path):
     """A system turn inside messages, thinking history, adaptive thinking, a tool result: served, and in order."""
     server = serve(smollm2_path, "smol", runtime="", plan={**ONE_THREAD, "n_ctx": 2048}, **slots(2048))
     call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris", "days": 1}}
-    messages = [{"role": "user", "content": "Weather in Paris?"},
-                {"role": "system", "content": "Be brief."},
-                {"role": "assistant", "content": [{"type": "thinking", "thinking": "I should call the tool.", "signature": ""}, call]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]}]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "I should call the tool.", "signature": ""}, call],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny, 21 C"}]},
+    ]
     with anthropic_client(server, timeout=300) as client:
-        m = client.messages.create(model="smol", max_tokens=10, messages=messages, tools=[WEATHER],
-                                   thinking={"type": "adaptive"}, **GREEDY,
-                                   )
+        m = client.messages.create(
+            model="smol",
+            max_tokens=10,
+            messages=messages,
+            tools=[WEATHER],
+            thinking={"type": "adaptive"},
+            **GREEDY,
+        )
         assert m.content and m.stop_reason in ("end_turn", "max_tokens", "tool_use")
 
 
 #: Bounded arguments: random weights stay inside an enum, where a free string could run past max_tokens.
-BOUNDED_WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {
-    "city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer"}}, "required": ["city", "days"]}}
+BOUNDED_WEATHER = {
+    "name": "get_weather",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    },
+}
 
 
 def test_tiny_forced_tool_call_is_valid_by_grammar(serve, tiny_long):
     server = serve(tiny_long, "tiny", runtime="", plan={**ONE_THREAD, "n_ctx": 2048}, **slots(2048))
     with anthropic_client(server, timeout=300) as client:
-        m = client.messages.create(model="tiny", max_tokens=120, tools=[BOUNDED_WEATHER], tool_choice={"type": "any"},
-                                   messages=[{"role": "user", "content": "weather?"}])
+        m = client.messages.create(
+            model="tiny",
+            max_tokens=120,
+            tools=[BOUNDED_WEATHER],
+            tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": "weather?"}],
+        )
         calls = [b for b in m.content if b.type == "tool_use"]
         assert m.stop_reason == "tool_use" and calls and calls[0].name == "get_weather"
         assert calls[0].input["city"] in ("Paris", "Oslo", "Lima") and isinstance(calls[0].input["days"], int)
-        with client.messages.stream(model="tiny", max_tokens=120, tools=[BOUNDED_WEATHER], tool_choice={"type": "any"},
-                                    messages=[{"role": "user", "content": "weather?"}]) as s:
+        with client.messages.stream(
+            model="tiny",
+            max_tokens=120,
+            tools=[BOUNDED_WEATHER],
+            tool_choice={"type": "any"},
+            messages=[{"role": "user", "content": "weather?"}],
+        ) as s:
             final = s.get_final_message()
         assert [b.name for b in final.content if b.type == "tool_use"] == ["get_weather"]

@@ -53,8 +53,11 @@ def test_props_and_apply_template(tiny, tiny_fim):
 
 
 def test_native_completion(tiny):
-    r = post(tiny, "/completion", {"prompt": "hello world", "n_predict": 4, "cache_prompt": True, "temperature": 0,
-                                   "n_probs": 2, "seed": 1})
+    r = post(
+        tiny,
+        "/completion",
+        {"prompt": "hello world", "n_predict": 4, "cache_prompt": True, "temperature": 0, "n_probs": 2, "seed": 1},
+    )
     out = r.json()
     assert r.status_code == 200, out
     assert out["tokens_predicted"] == 4 and out["tokens_evaluated"] == 3 and out["stop_type"] == "limit"
@@ -64,11 +67,16 @@ def test_native_completion(tiny):
     ids = post(tiny, "/tokenize", {"content": "hello world", "add_special": True}).json()["tokens"]
     by_ids = post(tiny, "/completion", {"prompt": ids, "n_predict": 4, "temperature": 0}).json()
     assert by_ids["content"] == out["content"]
-    banned = post(tiny, "/completion", {"prompt": "the", "n_predict": 3, "temperature": 0,
-                                        "logit_bias": [[297, 100.0]]}).json()
+    banned = post(
+        tiny, "/completion", {"prompt": "the", "n_predict": 3, "temperature": 0, "logit_bias": [[297, 100.0]]}
+    ).json()
     assert banned["content"] == " world" * 3
-    with httpx.stream("POST", f"{tiny.url}/completion", json={"prompt": "hello world", "n_predict": 4, "temperature": 0,
-                                                             "stream": True}, timeout=120) as s:
+    with httpx.stream(
+        "POST",
+        f"{tiny.url}/completion",
+        json={"prompt": "hello world", "n_predict": 4, "temperature": 0, "stream": True},
+        timeout=120,
+    ) as s:
         events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
     assert events[-1]["stop"] is True and events[-1]["tokens_predicted"] == 4
     assert "".join(e["content"] for e in events) == out["content"]
@@ -79,7 +87,9 @@ def test_native_completion(tiny):
 def test_infill_uses_the_fim_tokens(tiny):
     body = {"input_prefix": "hello", "input_suffix": "world", "n_predict": 3, "temperature": 0}
     out = post(tiny, "/infill", body).json()
-    n = len(post(tiny, "/tokenize", {"content": "hello"}).json()["tokens"]) + len(post(tiny, "/tokenize", {"content": "world"}).json()["tokens"])
+    n = len(post(tiny, "/tokenize", {"content": "hello"}).json()["tokens"]) + len(
+        post(tiny, "/tokenize", {"content": "world"}).json()["tokens"]
+    )
     assert out["tokens_evaluated"] == n + 4 and out["tokens_predicted"] == 3
     started = post(tiny, "/infill", {**body, "prompt": "the"}).json()
     assert started["content"].startswith("the") and started["tokens_evaluated"] > out["tokens_evaluated"]
@@ -93,7 +103,9 @@ def test_infill_uses_the_fim_tokens(tiny):
 @pytest.fixture(scope="module")
 def reranker(serve_module, tiny_reranker):
     path, _ = tiny_reranker
-    return serve_module(path, "rank", plan={"n_threads": 1}), serve_module(path, "rank", plan={"n_threads": 1}, pooling="none")
+    return serve_module(path, "rank", plan={"n_threads": 1}), serve_module(
+        path, "rank", plan={"n_threads": 1}, pooling="none"
+    )
 
 
 def test_rerank_scores_are_the_rank_head_on_the_last_token(reranker, tiny_reranker):

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from tests.support.clients import chat
-
 
 def test_unprefixed_openai_aliases_answer_like_v1(app_client):
     client = app_client()
     assert client.get("/models").json()["data"][0]["id"] == "tiny"
     assert client.get("/models/tiny").json()["id"] == "tiny"
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
-    assert client.post("/chat/completions", json=body).json()["choices"] == client.post("/v1/chat/completions", json=body).json()["choices"]
+    assert (
+        client.post("/chat/completions", json=body).json()["choices"]
+        == client.post("/v1/chat/completions", json=body).json()["choices"]
+    )
     r = client.post("/completions", json={"model": "tiny", "prompt": "a b", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["object"] == "text_completion"
     r = client.post("/embeddings", json={"model": "tiny", "input": ["one two"]})
@@ -20,8 +21,11 @@ def test_unprefixed_openai_aliases_answer_like_v1(app_client):
 
 def test_a_runtime_without_token_access_says_so(app_client):
     client = app_client()
-    for path, body in (("/tokenize", {"content": "hi"}), ("/detokenize", {"tokens": [1]}),
-                       ("/apply-template", {"messages": [{"role": "user", "content": "x"}]})):
+    for path, body in (
+        ("/tokenize", {"content": "hi"}),
+        ("/detokenize", {"tokens": [1]}),
+        ("/apply-template", {"messages": [{"role": "user", "content": "x"}]}),
+    ):
         r = client.post(path, json=body)
         assert r.status_code == 400, (path, r.text)
         assert "fake runtime" in r.json()["error"]["message"]
@@ -75,7 +79,9 @@ def test_health_without_the_key_is_liveness_only(app_client):
     assert client.get("/health", headers={"Authorization": "Bearer wrong"}).json() == {"status": "ok"}
     full = client.get("/health", headers={"Authorization": "Bearer sekrit"}).json()
     assert "pid" in full and "models" in full
-    assert client.get("/metrics").status_code == 401 and client.post("/tokenize", json={"content": "x"}).status_code == 401
+    assert (
+        client.get("/metrics").status_code == 401 and client.post("/tokenize", json={"content": "x"}).status_code == 401
+    )
     assert client.post("/health").status_code in (401, 405)  # only a GET is a probe
 
 

@@ -48,7 +48,9 @@ def test_generate_streaming_and_not(oll):
     assert r.response.startswith("You said: tell me.") and r.done
     raw = oll.generate(model="tiny", prompt="a b c", raw=True, options={"temperature": 0, "num_predict": 5})
     assert raw.response.startswith(" ... a b c.")
-    parts = list(oll.generate(model="tiny", prompt="tell me", options={"temperature": 0, "num_predict": 5}, stream=True))
+    parts = list(
+        oll.generate(model="tiny", prompt="tell me", options={"temperature": 0, "num_predict": 5}, stream=True)
+    )
     assert "".join(p.response for p in parts) == r.response
 
 
@@ -64,7 +66,21 @@ def test_unsupported_options_and_fields_are_400(oll):
     for kwargs, name in (
         ({"options": {"mirostat": 2}}, "options.mirostat"),
         ({"format": "json"}, "format"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object", "properties": {}}}}]}, "tools"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "description": "d",
+                            "parameters": {"type": "object", "properties": {}},
+                        },
+                    }
+                ]
+            },
+            "tools",
+        ),
     ):
         with pytest.raises(ollama.ResponseError) as info:
             oll.chat(model="tiny", messages=[{"role": "user", "content": "x"}], **kwargs)
@@ -72,7 +88,9 @@ def test_unsupported_options_and_fields_are_400(oll):
     with pytest.raises(ollama.ResponseError) as info:
         oll.chat(model="tiny", messages=[{"role": "user", "content": "x"}], options={"num_ctx": 1_000_000})
     assert info.value.status_code == 400 and "num_ctx" in info.value.error
-    ok = oll.chat(model="tiny", messages=[{"role": "user", "content": "x"}], options={"num_ctx": 1024, "num_predict": 2})
+    ok = oll.chat(
+        model="tiny", messages=[{"role": "user", "content": "x"}], options={"num_ctx": 1024, "num_predict": 2}
+    )
     assert ok.eval_count == 2
 
 

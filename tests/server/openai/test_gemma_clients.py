@@ -21,13 +21,21 @@ def gemma(serve_module, gemma_gguf):
 
 
 def ids(server, text: str, add_special: bool = False) -> list[int]:
-    return httpx.post(f"{server.url}/tokenize", json={"content": text, "add_special": add_special}, timeout=60).json()["tokens"]
+    return httpx.post(f"{server.url}/tokenize", json={"content": text, "add_special": add_special}, timeout=60).json()[
+        "tokens"
+    ]
 
 
 def test_n_three_choices(gemma):
     _, oai = gemma
-    r = oai.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Name a fruit."}], n=3,
-                                    max_tokens=8, temperature=1.0, seed=2)
+    r = oai.chat.completions.create(
+        model="gemma",
+        messages=[{"role": "user", "content": "Name a fruit."}],
+        n=3,
+        max_tokens=8,
+        temperature=1.0,
+        seed=2,
+    )
     assert [c.index for c in r.choices] == [0, 1, 2] and all(c.message.content for c in r.choices)
     assert r.usage.prompt_tokens > 5  # the prompt is counted once, not three times
 
@@ -36,8 +44,13 @@ def test_logit_bias_bans_and_forces_a_word(gemma):
     server, oai = gemma
 
     def answer(max_tokens: int = 12, **kwargs) -> str:
-        r = oai.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "What is the capital of France?"}],
-                                        max_tokens=max_tokens, temperature=0, **kwargs)
+        r = oai.chat.completions.create(
+            model="gemma",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=max_tokens,
+            temperature=0,
+            **kwargs,
+        )
         return r.choices[0].message.content
 
     assert "Paris" in answer()
@@ -63,8 +76,9 @@ def test_penalties_reduce_repetition(gemma):
 def test_token_prompt_equals_text(gemma):
     server, oai = gemma
     text = oai.completions.create(model="gemma", prompt="Once upon a time", max_tokens=8, temperature=0)
-    by_ids = oai.completions.create(model="gemma", prompt=ids(server, "Once upon a time", add_special=True), max_tokens=8,
-                                    temperature=0)
+    by_ids = oai.completions.create(
+        model="gemma", prompt=ids(server, "Once upon a time", add_special=True), max_tokens=8, temperature=0
+    )
     assert by_ids.choices[0].text == text.choices[0].text and by_ids.usage.prompt_tokens == text.usage.prompt_tokens
 
 

@@ -19,7 +19,9 @@ def session(tiny_fim):
     from localrun.types import Format, ModelRecord, Plan
 
     record = ModelRecord(name="tiny", format=Format.GGUF, path=str(tiny_fim))
-    s = LlamaCppSession.open(record, Plan(runtime="llama.cpp", n_ctx=1024, n_threads=1, options={"n_slots": 4, "slot_ctx": 256}))
+    s = LlamaCppSession.open(
+        record, Plan(runtime="llama.cpp", n_ctx=1024, n_threads=1, options={"n_slots": 4, "slot_ctx": 256})
+    )
     yield s
     s.close()
 
@@ -40,7 +42,9 @@ def test_n_prefills_once_and_greedy_choices_equal_the_lone_answer(session):
     assert sorted(c.index for c in finals) == [0, 1, 2] and all(c.finish_reason == "length" for c in finals)
     assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
     usage = chunks[-1].usage
-    assert usage.completion_tokens == 18 and usage.prompt_tokens == len(session.tokenize("twice " + LONG, add_special=True))
+    assert usage.completion_tokens == 18 and usage.prompt_tokens == len(
+        session.tokenize("twice " + LONG, add_special=True)
+    )
     same = "".join(c.text for c in run(session, "once " + LONG, temperature=0, max_tokens=6, n=3) if c.index == 2)
     assert same == alone and len(set(texts.values())) == 1
 
@@ -58,7 +62,9 @@ def test_a_cancel_ends_every_choice(session):
     from localrun.types import Cancel, CompletionRequest, Sampling
 
     cancel = Cancel()
-    stream = session.complete(CompletionRequest(prompt=LONG, sampling=Sampling(n=3, max_tokens=200, temperature=1.0)), cancel)
+    stream = session.complete(
+        CompletionRequest(prompt=LONG, sampling=Sampling(n=3, max_tokens=200, temperature=1.0)), cancel
+    )
     seen = []
     for chunk in stream:
         seen.append(chunk)
@@ -67,5 +73,7 @@ def test_a_cancel_ends_every_choice(session):
         if chunk.finish_reason:
             break
     assert seen[-1].finish_reason == "cancelled" and len(seen) < 100
-    assert run(session, "after", max_tokens=2, temperature=0)[-1].usage.completion_tokens == 2  # the slots are free again
+    assert (
+        run(session, "after", max_tokens=2, temperature=0)[-1].usage.completion_tokens == 2
+    )  # the slots are free again
     assert session._sched.running() == 0

@@ -26,8 +26,9 @@ LONG = "hello world the quick fox " * 12  # past the prefix cache's copy thresho
 
 @pytest.fixture(scope="module")
 def tiny(serve_module, tiny_fim):
-    return serve_module(tiny_fim, plan={"n_threads": 1}, n_slots=4, slot_ctx=256, pooling="mean",
-                        chat_template=THINKING_TEMPLATE)
+    return serve_module(
+        tiny_fim, plan={"n_threads": 1}, n_slots=4, slot_ctx=256, pooling="mean", chat_template=THINKING_TEMPLATE
+    )
 
 
 def tokens_of(server, text: str, add_special: bool = False) -> list[int]:
@@ -42,8 +43,9 @@ def complete(oai, **kwargs):
 
 def test_n_gives_n_choices_streamed_and_not(tiny):
     with openai.OpenAI(base_url=f"{tiny.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
-        r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": LONG}], n=3,
-                                        temperature=1.0, seed=11, max_tokens=6)
+        r = oai.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": LONG}], n=3, temperature=1.0, seed=11, max_tokens=6
+        )
         assert [c.index for c in r.choices] == [0, 1, 2]
         assert len({c.message.content for c in r.choices}) > 1  # seed + i per choice
         assert 3 <= r.usage.completion_tokens <= 18 and r.system_fingerprint.startswith("fp_")
@@ -74,9 +76,16 @@ def test_logit_bias_forces_and_bans(tiny):
 
 def test_penalties_change_repetition_measurably(tiny):
     with openai.OpenAI(base_url=f"{tiny.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
+
         def distinct(**kwargs) -> int:
-            r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=32,
-                                            temperature=0, logprobs=True, **kwargs)
+            r = oai.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=32,
+                temperature=0,
+                logprobs=True,
+                **kwargs,
+            )
             return len({t.token for t in r.choices[0].logprobs.content})
 
         plain = distinct()
@@ -108,7 +117,9 @@ def test_suffix_fills_in_the_middle(tiny):
     with openai.OpenAI(base_url=f"{tiny.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
         r = complete(oai, prompt="hello", suffix="world", max_tokens=3)
         n_prefix, n_suffix = len(tokens_of(tiny, "hello")), len(tokens_of(tiny, "world"))
-        assert r.usage.prompt_tokens == 1 + 1 + n_prefix + 1 + n_suffix + 1  # BOS, FIM_PRE, prefix, FIM_SUF, suffix, FIM_MID
+        assert (
+            r.usage.prompt_tokens == 1 + 1 + n_prefix + 1 + n_suffix + 1
+        )  # BOS, FIM_PRE, prefix, FIM_SUF, suffix, FIM_MID
         assert r.usage.completion_tokens == 3
 
 
@@ -124,26 +135,43 @@ def test_eog_controls_min_tokens_and_ignore_eos(tiny):
 
 def test_template_fields_reach_the_template(tiny):
     msgs = [{"role": "user", "content": "hi"}]
-    r = httpx.post(f"{tiny.url}/apply-template", json={"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}})
+    r = httpx.post(
+        f"{tiny.url}/apply-template", json={"messages": msgs, "chat_template_kwargs": {"enable_thinking": False}}
+    )
     assert r.status_code == 200 and r.json()["prompt"].startswith("NOTHINK\n<|im_start|>user")
-    plain = httpx.post(f"{tiny.url}/apply-template", json={"messages": msgs, "add_generation_prompt": False}).json()["prompt"]
+    plain = httpx.post(f"{tiny.url}/apply-template", json={"messages": msgs, "add_generation_prompt": False}).json()[
+        "prompt"
+    ]
     assert plain == "<|im_start|>user\nhi<|im_end|>\n"
     with openai.OpenAI(base_url=f"{tiny.url}/v1", api_key="x", max_retries=0, timeout=120) as oai:
+
         def prompt_tokens(messages, **extra) -> int:
-            return oai.chat.completions.create(model="tiny", messages=messages, max_tokens=1, temperature=0,
-                                               extra_body=extra).usage.prompt_tokens
+            return oai.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=1, temperature=0, extra_body=extra
+            ).usage.prompt_tokens
 
         base = prompt_tokens(msgs)
         assert prompt_tokens(msgs, chat_template_kwargs={"enable_thinking": False}) > base
         assert prompt_tokens(msgs, add_generation_prompt=False) < base
         story = [*msgs, {"role": "assistant", "content": "the quick"}]
         cut = prompt_tokens(story, continue_final_message=True, add_generation_prompt=False)
-        assert cut == len(tokens_of(tiny, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nthe quick", add_special=True))
+        assert cut == len(
+            tokens_of(tiny, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nthe quick", add_special=True)
+        )
 
 
 def test_a_llama_cpp_client_body_gets_an_answer_and_the_header(tiny):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "cache_prompt": True, "n_predict": 3,
-            "id_slot": -1, "timings_per_token": False, "repetition_penalty": 1.1, "typical_p": 0.9, "temperature": 0.5}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "cache_prompt": True,
+        "n_predict": 3,
+        "id_slot": -1,
+        "timings_per_token": False,
+        "repetition_penalty": 1.1,
+        "typical_p": 0.9,
+        "temperature": 0.5,
+    }
     r = httpx.post(f"{tiny.url}/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     assert r.headers["x-localrun-ignored-fields"] == "id_slot, timings_per_token"

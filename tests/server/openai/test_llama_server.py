@@ -13,20 +13,36 @@ import ollama
 import openai
 import pytest
 
-from tests.support.clients import validate
 from tests.conftest import needs_llama
+from tests.support.clients import validate
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
-BOUNDED = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]},
-                                            "n": {"type": "integer"}},
-           "required": ["ok", "color", "n"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]},
-                                                                                            "days": {"type": "integer"}},
-                                                           "required": ["city", "days"]}}}
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}},
-                                                                               "required": ["zone"]}}}
+BOUNDED = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer"}},
+    "required": ["ok", "color", "n"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather forecast for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]},
+    },
+}
 ONE_THREAD = {"n_threads": 1}
 
 
@@ -55,11 +71,20 @@ def check_structured(oai, name: str) -> None:
     r = ask(oai, name, "Describe a colour as JSON.", response_format=fmt)
     assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
     validate(json.loads(r.choices[0].message.content), BOUNDED)
-    streamed = "".join(c.choices[0].delta.content or "" for c in ask(oai, name, "Describe a colour as JSON.", response_format=fmt, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in ask(oai, name, "Describe a colour as JSON.", response_format=fmt, stream=True)
+        if c.choices
+    )
     assert streamed == r.choices[0].message.content  # greedy: the same answer
 
-    named = ask(oai, name, "What is the weather in Paris for 3 days?", tools=[WEATHER, CLOCK],
-                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    named = ask(
+        oai,
+        name,
+        "What is the weather in Paris for 3 days?",
+        tools=[WEATHER, CLOCK],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = named.choices[0]
     assert choice.finish_reason == "tool_calls" and not choice.message.content
     (call,) = choice.message.tool_calls
@@ -74,9 +99,14 @@ def check_structured(oai, name: str) -> None:
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     # the call and its result go back through the template; the model answers in words
-    history = [{"role": "user", "content": "What is the weather in Paris for 3 days?"}, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"}]
-    after = oai.chat.completions.create(model=name, messages=history, tools=[WEATHER], tool_choice="none", max_tokens=8, temperature=0)
+    history = [
+        {"role": "user", "content": "What is the weather in Paris for 3 days?"},
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C"},
+    ]
+    after = oai.chat.completions.create(
+        model=name, messages=history, tools=[WEATHER], tool_choice="none", max_tokens=8, temperature=0
+    )
     assert after.choices[0].message.tool_calls is None and after.usage.prompt_tokens > 20
 
 
@@ -91,7 +121,9 @@ def check_logprobs(oai, name: str) -> None:
     chunks = list(ask(oai, name, "Say something.", logprobs=True, top_logprobs=3, max_tokens=6, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
     assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
-    legacy = oai.completions.create(model=name, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2)
+    legacy = oai.completions.create(
+        model=name, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2
+    )
     lp = legacy.choices[0].logprobs
     assert len(lp.token_logprobs) == legacy.usage.completion_tokens and all(v <= 0 for v in lp.token_logprobs)
     assert all(1 <= len(d) <= 2 for d in lp.top_logprobs)
@@ -113,9 +145,16 @@ def test_tiny_gguf_structured_output_tools_logprobs(serve, tiny_long):
         with pytest.raises(openai.BadRequestError, match="both constrain"):
             ask(oai, "tiny", "x", tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
     oll = ollama.Client(host=server.url, timeout=180)
-    r = oll.chat(model="tiny", messages=[{"role": "user", "content": "x"}], format=BOUNDED, options={"temperature": 0, "num_predict": 120})
+    r = oll.chat(
+        model="tiny",
+        messages=[{"role": "user", "content": "x"}],
+        format=BOUNDED,
+        options={"temperature": 0, "num_predict": 120},
+    )
     validate(json.loads(r.message.content), BOUNDED)
-    lp = oll.generate(model="tiny", prompt="hello", logprobs=True, top_logprobs=2, options={"temperature": 0, "num_predict": 3})
+    lp = oll.generate(
+        model="tiny", prompt="hello", logprobs=True, top_logprobs=2, options={"temperature": 0, "num_predict": 3}
+    )
     assert len(lp.logprobs) == 3 and all(e.logprob <= 0 and len(e.top_logprobs) == 2 for e in lp.logprobs)
 
 
@@ -140,15 +179,28 @@ def test_gemma_structured_output_tools_logprobs_embeddings(serve, gemma_gguf):
     with client(server) as oai:
         check_structured(oai, "gemma")
         check_logprobs(oai, "gemma")
-        person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
-                  "required": ["name", "age"]}
-        r = ask(oai, "gemma", "Alice is 30 years old. Give her name and age as JSON.",
-                response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": person}}, max_tokens=60)
+        person = {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        }
+        r = ask(
+            oai,
+            "gemma",
+            "Alice is 30 years old. Give her name and age as JSON.",
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": person}},
+            max_tokens=60,
+        )
         got = json.loads(r.choices[0].message.content)
         validate(got, person)
         assert got["age"] == 30 and "Alice" in got["name"]
-        vecs = [d.embedding for d in oai.embeddings.create(model="gemma", input=["a cat sat on the mat", "a kitten sat on the rug",
-                                                                                 "quarterly tax filing deadline"]).data]
+        vecs = [
+            d.embedding
+            for d in oai.embeddings.create(
+                model="gemma",
+                input=["a cat sat on the mat", "a kitten sat on the rug", "quarterly tax filing deadline"],
+            ).data
+        ]
         assert [len(v) for v in vecs] == [640] * 3
         dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
         assert dot(vecs[0], vecs[1]) > dot(vecs[0], vecs[2])
@@ -173,7 +225,10 @@ def test_tiny_gguf_constrained_sequences_batched_together_answer_as_alone(serve,
         text, kwargs = item
         r = ask(oai, "tiny", text, **kwargs).choices[0]
         calls = [(c.function.name, c.function.arguments) for c in r.message.tool_calls or ()]
-        lps = [(t.token, round(t.logprob, 3), [a.token for a in t.top_logprobs]) for t in (r.logprobs.content if r.logprobs else ())]
+        lps = [
+            (t.token, round(t.logprob, 3), [a.token for a in t.top_logprobs])
+            for t in (r.logprobs.content if r.logprobs else ())
+        ]
         return r.message.content, calls, lps, r.finish_reason
 
     with client(server) as oai:

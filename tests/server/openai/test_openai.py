@@ -26,7 +26,9 @@ def test_models_list_has_context_length(oai):
 
 
 def test_chat_non_streaming_with_usage(oai):
-    r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=6, temperature=0)
+    r = oai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=6, temperature=0
+    )
     choice = r.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content.startswith("You said: hello there.")
@@ -40,8 +42,19 @@ def test_chat_non_streaming_with_usage(oai):
 
 def test_chat_streaming_joins_to_the_non_streamed_answer(oai):
     messages = [{"role": "user", "content": "count with me"}]
-    whole = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0).choices[0].message.content
-    stream = oai.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+    whole = (
+        oai.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    stream = oai.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole
@@ -55,7 +68,11 @@ def test_chat_streaming_joins_to_the_non_streamed_answer(oai):
 
 
 def test_stream_without_include_usage_has_no_usage_chunk(oai):
-    chunks = list(oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3, stream=True))
+    chunks = list(
+        oai.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=3, stream=True
+        )
+    )
     assert all(c.choices for c in chunks)
     assert all(c.usage is None for c in chunks)
 
@@ -64,7 +81,9 @@ def test_completions_streaming_and_not(oai):
     r = oai.completions.create(model="tiny", prompt="one two three four", max_tokens=5, temperature=0)
     assert r.choices[0].text.startswith(" ... one two three four.")
     assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
-    parts = list(oai.completions.create(model="tiny", prompt="one two three four", max_tokens=5, temperature=0, stream=True))
+    parts = list(
+        oai.completions.create(model="tiny", prompt="one two three four", max_tokens=5, temperature=0, stream=True)
+    )
     assert "".join(p.choices[0].text for p in parts) == r.choices[0].text
     assert parts[-1].choices[0].finish_reason == "length"
 
@@ -74,17 +93,23 @@ def test_stop_strings_and_seed(oai):
     a = oai.chat.completions.create(seed=1234, **kwargs).choices[0].message.content
     b = oai.chat.completions.create(seed=1234, **kwargs).choices[0].message.content
     assert a == b
-    stopped = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "abc"}], stop=["said"], max_tokens=20)
+    stopped = oai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "abc"}], stop=["said"], max_tokens=20
+    )
     assert stopped.choices[0].message.content == "You "
     assert stopped.choices[0].finish_reason == "stop"
-    single = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "abc"}], stop="abc", max_tokens=20)
+    single = oai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "abc"}], stop="abc", max_tokens=20
+    )
     assert single.choices[0].message.content == "You said: "
 
 
 def test_max_tokens_is_capped_by_settings(build_stack, live_factory):
     live = live_factory(build_stack(runtime={"max_tokens_cap": 4}))
     with openai.OpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as client:
-        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "long"}], max_completion_tokens=1000)
+        r = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "long"}], max_completion_tokens=1000
+        )
         assert r.usage.completion_tokens == 4 and r.choices[0].finish_reason == "length"
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "long"}])
         assert r.usage.completion_tokens == 4
@@ -118,20 +143,26 @@ def test_fields_the_runtime_cannot_honour_are_400_naming_field_and_runtime(oai, 
 
 
 def test_image_content_is_refused_by_name(oai):
-    content = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    content = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+    ]
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]"):
         oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}])
 
 
 def test_text_content_parts_are_joined(oai):
     content = [{"type": "text", "text": "part one"}, {"type": "text", "text": " part two"}]
-    r = oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=8, temperature=0)
+    r = oai.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": content}], max_tokens=8, temperature=0
+    )
     assert r.choices[0].message.content.startswith("You said: part one part two.")
 
 
 def test_unknown_field_is_ignored_and_named_bad_numbers_are_400(oai):
-    raw = oai.chat.completions.with_raw_response.create(model="tiny", messages=[{"role": "user", "content": "x"}],
-                                                        extra_body={"frobnicate": 1}, max_tokens=4)
+    raw = oai.chat.completions.with_raw_response.create(
+        model="tiny", messages=[{"role": "user", "content": "x"}], extra_body={"frobnicate": 1}, max_tokens=4
+    )
     assert raw.headers["x-localrun-ignored-fields"] == "frobnicate" and raw.parse().choices[0].message.content
     with pytest.raises(openai.BadRequestError, match="temperature"):
         oai.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=7)

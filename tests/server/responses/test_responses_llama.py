@@ -7,17 +7,28 @@ import json
 
 import pytest
 
+from tests.conftest import needs_llama
 from tests.support.clients import client_for, validate
 from tests.support.servers import start_in_home
-from tests.conftest import needs_llama
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather forecast for a city",
-           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer"}},
-                          "required": ["city", "days"]}}
-BOUNDED = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
-           "required": ["ok", "color"], "additionalProperties": False}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather forecast for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    },
+}
+BOUNDED = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "green", "blue"]}},
+    "required": ["ok", "color"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +57,29 @@ def test_create_and_stream_agree_on_llama(llama_server):
 
 def test_forced_call_and_json_schema_are_valid_by_grammar_on_llama(llama_server):
     with client_for(llama_server, timeout=180) as oai:
-        r = oai.responses.create(model="tiny", input="weather?", tools=[WEATHER], tool_choice="required", temperature=0,
-                                 max_output_tokens=120)
+        r = oai.responses.create(
+            model="tiny",
+            input="weather?",
+            tools=[WEATHER],
+            tool_choice="required",
+            temperature=0,
+            max_output_tokens=120,
+        )
         calls = [o for o in r.output if o.type == "function_call"]
         assert calls and calls[0].name == "get_weather", r.output
         validate(json.loads(calls[0].arguments), WEATHER["parameters"])
-        follow = oai.responses.create(model="tiny", input=[{"role": "user", "content": "weather?"}, calls[0].model_dump(exclude_none=True),
-                                                           {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sun"}],
-                                      tools=[WEATHER], tool_choice="none", max_output_tokens=4, temperature=0)
+        follow = oai.responses.create(
+            model="tiny",
+            input=[
+                {"role": "user", "content": "weather?"},
+                calls[0].model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sun"},
+            ],
+            tools=[WEATHER],
+            tool_choice="none",
+            max_output_tokens=4,
+            temperature=0,
+        )
         assert follow.output[0].type == "message"
         fmt = {"format": {"type": "json_schema", "name": "thing", "schema": BOUNDED, "strict": True}}
         r = oai.responses.create(model="tiny", input="a colour as JSON", text=fmt, temperature=0, max_output_tokens=120)

@@ -173,3 +173,37 @@ def test_a_planted_loop_is_found():
     sources = _planted(L.package_sources(), "localrun.errors", "import localrun.types")
     sources = _planted(sources, "localrun.types", "from localrun import errors")
     assert ["localrun.errors", "localrun.types"] in L.cycles(L.import_graph(sources))
+
+
+# --- ruff runs before the tests (scripts/dev test, so .ci/run) ---------------------------------------
+
+
+def _lint_in(tmp_path: Path, source: str) -> subprocess.CompletedProcess:
+    """``scripts/dev lint`` over a tree of one file, with this repository's ruff settings and venv."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "dev").write_bytes((ROOT / "scripts" / "dev").read_bytes())
+    (tmp_path / "pyproject.toml").write_bytes((ROOT / "pyproject.toml").read_bytes())
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parents[1])
+    (tmp_path / "mod.py").write_text(source)
+    return subprocess.run(["bash", str(tmp_path / "scripts" / "dev"), "lint"], capture_output=True, text=True)
+
+
+def test_lint_passes_a_clean_file_and_fails_planted_violations(tmp_path):
+    (tmp_path / "clean").mkdir()
+    clean = _lint_in(tmp_path / "clean", "import os\n\nprint(os.sep)\n")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    for name, source in [
+        ("unused", "import os\n"),
+        ("wide", "# " + "x" * 130 + "\n"),
+        ("unformatted", "x = {  'a':1 }\n"),
+    ]:
+        (tmp_path / name).mkdir()
+        bad = _lint_in(tmp_path / name, source)
+        assert bad.returncode != 0 and "lint failed" in bad.stderr, (name, bad.stdout, bad.stderr)
+
+
+def test_the_test_command_lints_before_it_tests():
+    text = (ROOT / "scripts" / "dev").read_text()
+    test_branch = text[text.index("  test)") :].split(";;")[0]
+    assert test_branch.index("lint") < test_branch.index("pytest")
+    assert "scripts/dev test" in (ROOT / ".ci" / "run").read_text()

@@ -53,11 +53,6 @@ class PinBody(Strict):
 EVENT_INTERVAL_S = 0.5
 
 
-def in_flight_by_model(manager) -> dict[str, int]:
-    """Requests each model's worker is still running (0 once a cancelled generation has stopped)."""
-    return {info["name"]: int(info.get("in_flight", 0)) for info in manager.loaded()}
-
-
 def status(request: Request) -> dict[str, Any]:
     state = app_state(request)
     manager = state.manager

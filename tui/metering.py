@@ -194,10 +194,6 @@ class MeteredManager:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._manager, name)
 
-    @property
-    def unwrapped(self) -> Any:
-        return self._manager
-
     def _pending_for(self, name: str) -> tuple[_Pending, bool]:
         """The HTTP request's record, or a new one (owned by us) for a chat typed in the TUI."""
         pending = _current.get()

@@ -1,4 +1,4 @@
-"""Model store commands: import, ls, rm (pull, search and verify join when the hub lands)."""
+"""The local store's commands: import, ls (local, upstream and discoverable models) and rm."""
 
 from __future__ import annotations
 

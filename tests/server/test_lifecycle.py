@@ -23,7 +23,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "go on"}], "st
 
 
 def in_flight(stack) -> int:
-    from localrun.server.admin import in_flight_by_model
+    from tests.support.stacks import in_flight_by_model
 
     return sum(in_flight_by_model(stack.manager).values())
 

@@ -103,3 +103,8 @@ def front_with_upstreams(
     manager = ModelManager(settings, store, planner=fake_planner(), upstreams=pool)
     wait_until(lambda: all(st.healthy is not None and st.discovery_tried for st in pool.states()), 10)  # first probes
     return Stack(settings, store, manager)
+
+
+def in_flight_by_model(manager) -> dict[str, int]:
+    """Requests each model's worker is still running (0 once a cancelled generation has stopped)."""
+    return {info["name"]: int(info.get("in_flight", 0)) for info in manager.loaded()}

@@ -283,7 +283,7 @@ def test_pings_while_the_first_token_is_late(build_stack, live_factory, monkeypa
 
 
 def _in_flight(stack) -> int:
-    from localrun.server.admin import in_flight_by_model
+    from tests.support.stacks import in_flight_by_model
 
     return sum(in_flight_by_model(stack.manager).values())
 

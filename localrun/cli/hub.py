@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 
 import click
 
 from localrun.cli.models import open_store
-from localrun.cli.output import console, err_console, human_bytes, settings_from
+from localrun.cli.output import Column, console, err_console, human_bytes, print_rows, settings_from
 
 
 class _Bars:
@@ -84,24 +84,14 @@ def search_cmd(ctx, query, fmt, limit, as_json):
     from localrun.modelstore.hub import search
 
     results = search(query, format=fmt, limit=limit, settings=settings_from(ctx))
-    if as_json:
-        import dataclasses
-
-        click.echo(json.dumps([dataclasses.asdict(r) for r in results], indent=2, default=str))
-        return
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for col in ("Repo", "Downloads", "Likes", "Updated"):
-        table.add_column(col, justify="right" if col in ("Downloads", "Likes") else "left")
-    for r in results:
-        table.add_row(
-            r.name + (" [dim](gated)[/]" if r.gated else ""),
-            f"{r.downloads or 0:,}",
-            f"{r.likes or 0:,}",
-            str(r.updated or "—")[:10],
-        )
-    console().print(table)
+    columns = [
+        Column("Repo", lambda r: r.name + (" [dim](gated)[/]" if r.gated else "")),
+        Column("Downloads", lambda r: f"{r.downloads or 0:,}", right=True),
+        Column("Likes", lambda r: f"{r.likes or 0:,}", right=True),
+        Column("Updated", lambda r: str(r.updated or "—")[:10]),
+    ]
+    json_rows = [dataclasses.asdict(r) for r in results] if as_json else None
+    print_rows(results, columns, as_json=as_json, empty=f"no repos match {query!r}", json_rows=json_rows)
 
 
 @click.command("verify")

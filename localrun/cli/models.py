@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from localrun.cli.output import console, err_console, human_bytes, settings_from
+from localrun.cli.output import Column, console, err_console, human_bytes, print_rows, settings_from
 
 
 def open_store(ctx: click.Context):
@@ -100,30 +99,21 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         extra = [r for r in discover_all(store.settings) if r.path not in known]
     rows = [_row(r) for r in records] + [dict(_row(r), registered=False) for r in extra]
     rows += upstream_rows(store, records)
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
+    ctx_cell = Column("Context", lambda r: f"{r['context_length']:,}" if r.get("context_length") else "—", right=True)
+    columns = [
+        Column("Name", lambda r: r["name"] if r.get("registered", True) else f"[dim]{r['name']}[/]"),
+        Column("Format", lambda r: r["format"]),
+        Column("Arch", lambda r: r["architecture"] or "—"),
+        Column("Quant", lambda r: r["quant"] or "—"),
+        Column("Size", lambda r: human_bytes(r["size"]), right=True),
+        ctx_cell,
+        Column("Source", lambda r: r["source"]),
+    ]
+    print_rows(
+        rows, columns, as_json=as_json, empty="no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`"
+    )
+    if as_json or not rows:
         return
-    if not rows:
-        err_console().print("no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`")
-        return
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for col in ("Name", "Format", "Arch", "Quant", "Size", "Context", "Source"):
-        table.add_column(col, justify="right" if col in ("Size", "Context") else "left")
-    for row in rows:
-        name = row["name"] if row.get("registered", True) else f"[dim]{row['name']}[/]"
-        ctx_len = f"{row['context_length']:,}" if row.get("context_length") else "—"
-        table.add_row(
-            name,
-            row["format"],
-            row["architecture"] or "—",
-            row["quant"] or "—",
-            human_bytes(row["size"]),
-            ctx_len,
-            row["source"],
-        )
-    console().print(table)
     total = sum(r["size"] for r in rows if r.get("registered", True) and r["owned"])
     err_console().print(f"{len(records)} registered · {human_bytes(total)} downloaded by localrun", highlight=False)
 

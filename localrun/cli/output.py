@@ -4,8 +4,12 @@ formatters. Diagnostics go to stderr so ``localrun ls --json | jq`` stays clean.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -46,3 +50,33 @@ def settings_from(ctx: click.Context, **overrides):
         logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         obj["settings"] = s
     return obj["settings"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a listing: its header, how a row becomes its cell, and its alignment."""
+
+    header: str
+    cell: Callable[[Any], str]
+    right: bool = False
+
+
+def print_rows(
+    rows: Sequence[Any], columns: Sequence[Column], *, as_json: bool, empty: str, json_rows: Any = None
+) -> None:
+    """Every listing's three faces in one place: ``--json`` prints the rows (or ``json_rows``) to
+    stdout, an empty listing says ``empty`` on stderr (so ``| jq`` stays clean), else a table."""
+    if as_json:
+        click.echo(json.dumps(list(rows) if json_rows is None else json_rows, indent=2, default=str))
+        return
+    if not rows:
+        err_console().print(empty, highlight=False)
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for col in columns:
+        table.add_column(col.header, justify="right" if col.right else "left")
+    for row in rows:
+        table.add_row(*(col.cell(row) for col in columns))
+    console().print(table)

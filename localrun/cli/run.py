@@ -8,7 +8,7 @@ import time
 import click
 
 from localrun.cli.models import open_store
-from localrun.cli.output import console, err_console, human_bytes, settings_from
+from localrun.cli.output import Column, err_console, human_bytes, print_rows, settings_from
 
 
 def plan_options(f):
@@ -368,7 +368,6 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poo
 @click.pass_context
 def ps_cmd(ctx, as_json):
     """Show the models the running server has loaded."""
-    import json
 
     import httpx
 
@@ -386,30 +385,20 @@ def ps_cmd(ctx, as_json):
         raise RuntimeUnavailable(
             f"no localrun server answered at {url}: {exc}", hint="start one with `localrun serve`"
         ) from exc
-    models = data.get("models", [])
-    if as_json:
-        click.echo(json.dumps(models, indent=2))
-        return
-    if not models:
-        err_console().print("no models loaded")
-        return
-    from rich.table import Table
 
-    table = Table(box=None, header_style="bold")
-    for col in ("Name", "Runtime", "Device", "Memory", "Idle", "Until unload"):
-        table.add_column(col)
-    for m in models:
-        lr = m.get("localrun", {})
-        ttl = lr.get("ttl_left_s")
-        table.add_row(
-            m.get("name", "?"),
-            lr.get("runtime", "?"),
-            lr.get("device", "?"),
-            human_bytes(m.get("size_vram") or m.get("size")),
-            f"{lr.get('idle_s', 0):.0f} s",
-            "pinned" if ttl is None else f"{ttl:.0f} s",
-        )
-    console().print(table)
+    def ttl(m: dict) -> str:
+        left = m.get("localrun", {}).get("ttl_left_s")
+        return "pinned" if left is None else f"{left:.0f} s"
+
+    columns = [
+        Column("Name", lambda m: m.get("name", "?")),
+        Column("Runtime", lambda m: m.get("localrun", {}).get("runtime", "?")),
+        Column("Device", lambda m: m.get("localrun", {}).get("device", "?")),
+        Column("Memory", lambda m: human_bytes(m.get("size_vram") or m.get("size"))),
+        Column("Idle", lambda m: f"{m.get('localrun', {}).get('idle_s', 0):.0f} s"),
+        Column("Until unload", ttl),
+    ]
+    print_rows(data.get("models", []), columns, as_json=as_json, empty="no models loaded")
 
 
 COMMANDS = [run_cmd, serve_cmd, ps_cmd]

@@ -13,7 +13,7 @@ import time
 
 import click
 
-from localrun.cli.output import console, err_console, settings_from
+from localrun.cli.output import Column, console, err_console, print_rows, settings_from
 from localrun.settings import UPSTREAM_KINDS
 
 
@@ -139,21 +139,16 @@ def ls_cmd(ctx: click.Context, as_json: bool) -> None:
         }
         for u in current
     ]
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    if not rows:
-        err_console().print("no upstreams — `localrun upstream add NAME URL --kind vllm`")
-        return
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold")
-    for col in ("Name", "Kind", "URL", "Key", "Models", "Max conc.", "Weight"):
-        table.add_column(col)
-    for r in rows:
-        models = ", ".join(r["models"]) if isinstance(r["models"], list) else r["models"]
-        table.add_row(r["name"], r["kind"], r["url"], r["key"], models, str(r["max_concurrency"]), f"{r['weight']:g}")
-    console().print(table)
+    columns = [
+        Column("Name", lambda r: r["name"]),
+        Column("Kind", lambda r: r["kind"]),
+        Column("URL", lambda r: r["url"]),
+        Column("Key", lambda r: r["key"]),
+        Column("Models", lambda r: ", ".join(r["models"]) if isinstance(r["models"], list) else r["models"]),
+        Column("Max conc.", lambda r: str(r["max_concurrency"])),
+        Column("Weight", lambda r: f"{r['weight']:g}"),
+    ]
+    print_rows(rows, columns, as_json=as_json, empty="no upstreams — `localrun upstream add NAME URL --kind vllm`")
 
 
 @upstream_group.command("rm")

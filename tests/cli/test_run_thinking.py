@@ -29,7 +29,8 @@ def reasoner(tmp_path, monkeypatch):
     assert CliRunner().invoke(main, ["import", str(gguf), "--name", "r1"]).exit_code == 0
 
     def make_manager(settings, store, overrides=None):
-        from localrun.manager import ModelManager, default_plan
+        from localrun.manager import ModelManager
+        from localrun.planning.facts import default_plan
 
         def plan(record):
             p = default_plan(record, settings, overrides)

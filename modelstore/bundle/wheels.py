@@ -36,6 +36,9 @@ logger = logging.getLogger(__name__)
 REQUIREMENTS = "requirements.txt"
 EXTRAS = "llama"
 _GGML_CONFIG = "lib/cmake/ggml/ggml-config.cmake"
+_ON = ("ON", "TRUE", "1")
+#: Instruction-set options past the portable build's baseline (x86-64 + AVX2/FMA).
+_BEYOND_BASELINE_RE = re.compile(r'set\(GGML_(?:AVX512\w*|AVX_VNNI|AMX_\w+)\s+"?(\w+)"?\)', re.IGNORECASE)
 _NATIVE_RE = re.compile(r'set\(GGML_NATIVE\s+"?(ON|OFF|TRUE|FALSE|1|0)"?\)', re.IGNORECASE)
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=off -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 
@@ -53,7 +56,9 @@ class WheelhouseOptions:
 
 
 def wheel_is_native(wheel: Path) -> bool | None:
-    """What ggml-config.cmake inside the wheel says about GGML_NATIVE; None if it says nothing."""
+    """Whether the wheel was built for this CPU's instruction set, from its ggml-config.cmake:
+    ``GGML_NATIVE`` on, or an extension past the portable baseline (AVX-512, AVX-VNNI, AMX) named
+    explicitly, as ``scripts/dev setup`` does on an AMX machine. None if the file says nothing."""
     try:
         with zipfile.ZipFile(wheel) as z:
             names = [n for n in z.namelist() if n.endswith(_GGML_CONFIG)]
@@ -61,7 +66,9 @@ def wheel_is_native(wheel: Path) -> bool | None:
     except (OSError, zipfile.BadZipFile) as exc:
         raise WheelhouseError(f"{wheel}: not a readable wheel ({exc})", hint="give a .whl file pip built") from None
     m = _NATIVE_RE.search(text)
-    return None if m is None else m.group(1).upper() in ("ON", "TRUE", "1")
+    if m is None:
+        return None
+    return m.group(1).upper() in _ON or any(v.upper() in _ON for v in _BEYOND_BASELINE_RE.findall(text))
 
 
 def _installed_llama_version() -> str:
@@ -77,12 +84,15 @@ def _installed_llama_version() -> str:
 
 
 def cached_llama_wheels(version: str) -> list[Path]:
-    """llama-cpp-python wheels of ``version`` that pip's wheel cache holds (built by earlier installs)."""
+    """llama-cpp-python wheels of ``version`` built by earlier installs, newest first: those in
+    localrun's own wheelhouse (``scripts/dev setup`` keeps there the builds pip's cache cannot
+    tell apart by their flags) and those in pip's wheel cache."""
     out = subprocess.run([sys.executable, "-m", "pip", "cache", "dir"], capture_output=True, text=True, timeout=60)
     cache = Path(out.stdout.strip() or Path.home() / ".cache" / "pip")
-    return sorted(
-        (cache / "wheels").rglob(f"llama_cpp_python-{version}-*.whl"), key=lambda p: p.stat().st_mtime, reverse=True
-    )
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    pattern = f"llama_cpp_python-{version}-*.whl"
+    found = [*(Path(xdg) / "localrun" / "wheels").glob(f"*/{pattern}"), *(cache / "wheels").rglob(pattern)]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def _pip(args: list[str], what: str, env: dict | None = None) -> None:
@@ -126,7 +136,7 @@ def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]
             return portable[0], False
         if not found:
             raise WheelhouseError(
-                f"no llama-cpp-python {version} wheel in pip's cache",
+                f"no llama-cpp-python {version} wheel in pip's cache or localrun's wheelhouse",
                 hint="pass --build-portable-llama (builds one, ~15 CPU-minutes) or --llama-wheel PATH",
             )
         wheel = found[0]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -98,10 +99,14 @@ def test_the_tui_chat_picks_the_chat_model_first(monkeypatch):
     )  # the query_one getter, on a bare screen
     screen = ChatScreen.__new__(ChatScreen)
     screen._wanted = None
-    ChatScreen._set_models(screen, ["gemma3-270m", CHAT_MODEL_NAME, "tiny"], [])
+
+    def records(*names):  # the screen keeps the records now (it reads their chat templates for reasoning)
+        return [SimpleNamespace(name=n) for n in names]
+
+    ChatScreen._set_models(screen, records("gemma3-270m", CHAT_MODEL_NAME, "tiny"), [])
     assert select.value == CHAT_MODEL_NAME
     select.value = None
-    ChatScreen._set_models(screen, ["gemma3-270m", CHAT_MODEL_NAME], ["gemma3-270m"])
+    ChatScreen._set_models(screen, records("gemma3-270m", CHAT_MODEL_NAME), ["gemma3-270m"])
     assert select.value == "gemma3-270m"  # a loaded model still comes first
 
 

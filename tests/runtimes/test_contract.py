@@ -155,7 +155,7 @@ def _text(chunks) -> str:
     return "".join(c.text for c in chunks)
 
 
-# --- every runtime (the unknown-model check: the adapters) -------------------------------------------------------------------------------
+# --- every runtime (the unknown-model check: the adapters)
 
 
 def test_session_follows_the_protocol(harness):
@@ -236,7 +236,7 @@ def test_unknown_model_is_a_clear_model_not_found(harness):
     assert info.value.hint
 
 
-# --- in-process runtimes on the tiny GGUF: a known 256-token context and a chat template ---------
+# --- in-process runtimes on the tiny GGUF: a known 256-token context and a chat template
 
 
 @pytest.mark.parametrize("kind", ["complete", "chat"])

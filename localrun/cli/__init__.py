@@ -7,7 +7,6 @@ code. Heavy imports happen inside each command so ``localrun --help`` stays fast
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import click

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from localrun.runtimes.base import call_extra
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest
@@ -33,7 +33,7 @@ class Call:
     args: Mapping[str, Any] = field(default_factory=dict)
 
 
-Request = Union[ChatRequest, CompletionRequest, Embed, Call]
+Request = ChatRequest | CompletionRequest | Embed | Call
 Emit = Callable[[Chunk], None]
 
 

@@ -53,6 +53,8 @@ from localrun.runtimes.pieces import Piece
 from localrun.types import Cancel, Usage
 
 log = logging.getLogger(__name__)
+# One shared default: the call in a default argument ran once at import anyway.
+DEFAULT_TIMEOUTS = Timeouts()
 
 
 def error_message(response: httpx.Response) -> str:
@@ -146,7 +148,7 @@ class OpenAIClient:
         kind: Kind | None = None,
         upstream: str | None = None,
         key: str | None = None,
-        timeouts: Timeouts = Timeouts(),
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
         verify: bool | Any = True,
         transport: httpx.BaseTransport | None = None,
     ):

@@ -368,8 +368,8 @@ class BlockWriter:
             out.append(self._start("text", {"type": "text", "text": ""}))
             # The per-token event from a prebuilt prefix: one json.dumps of the text, as the OpenAI route does.
             self._text_head = (
-                'event: content_block_delta\ndata: {"type": "content_block_delta", "index": %d, '
-                '"delta": {"type": "text_delta", "text": ' % self.index
+                f'event: content_block_delta\ndata: {{"type": "content_block_delta", "index": {self.index:d}, '
+                '"delta": {"type": "text_delta", "text": '
             ).encode()
         out.append(self._text_head + json.dumps(text, ensure_ascii=False).encode() + b"}}\n\n")
         return out

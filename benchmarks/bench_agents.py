@@ -48,7 +48,7 @@ WORDS = (
 def words(n: int, seed: int) -> str:
     rng = random.Random(seed)
     lines, line = [], []
-    for i in range(n):
+    for _ in range(n):
         line.append(rng.choice(WORDS))
         if len(line) >= 14:
             lines.append(" ".join(line) + ".")
@@ -264,7 +264,8 @@ def main() -> int:
                 ratios = [t / cold for t, _ in res[1:]]
                 cached = [c for _, c in res[1:]]
                 print(
-                    f"  turn-k TTFT / cold: p50 {statistics.median(ratios):.3f}, max {max(ratios):.3f} (target <= 0.05); "
+                    f"  turn-k TTFT / cold: p50 {statistics.median(ratios):.3f}, max {max(ratios):.3f} (target <= "
+                    "0.05); "
                     f"cached: min {min(cached):.1%} (target >= 95%)"
                 )
             overhead(client, url, "gemma", args.runs, args.max_tokens)

@@ -63,7 +63,10 @@ class Level:
         return self.tokens / self.wall if self.wall else 0.0
 
     def row(self) -> str:
-        return f"{self.rate:7.1f} tok/s  TTFT p50 {pct(self.ttft, 50) * 1000:6.0f} ms  p99 {pct(self.ttft, 99) * 1000:6.0f} ms"
+        return (
+            f"{self.rate:7.1f} tok/s  TTFT p50 {pct(self.ttft, 50) * 1000:6.0f} ms  p99 "
+            f"{pct(self.ttft, 99) * 1000:6.0f} ms"
+        )
 
 
 def run_level(one, n: int, rounds: int, tag: str) -> Level:
@@ -73,7 +76,7 @@ def run_level(one, n: int, rounds: int, tag: str) -> Level:
         out: list = [None] * n
         barrier = threading.Barrier(n)
 
-        def go(k: int) -> None:
+        def go(k: int, barrier=barrier, out=out, r=r) -> None:  # this round's, bound now
             barrier.wait()
             out[k] = one(PROMPT.format(i=f"{tag}-{n}-{r}-{k}"))
 
@@ -253,7 +256,7 @@ class Engine:
         samplers = []
         try:
             prompts = [self.tokenize(PROMPT.format(i=f"engine-{n_seq}-{s}")) for s in range(n_seq)]
-            for s in range(n_seq):
+            for _ in range(n_seq):
                 chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
                 L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
                 samplers.append(chain)
@@ -485,7 +488,8 @@ def main() -> None:
         print("(d) llama-server skipped: set LLAMA_SERVER_BIN to its binary")
 
     print(
-        "\nstreams   (a) localrun              (b) llama_cpp.server      (c) engine   (d) llama-server   (a)/(c)  (a)/(b)"
+        "\nstreams   (a) localrun              (b) llama_cpp.server      (c) engine   (d) llama-server   (a)/(c)  "
+        "(a)/(b)"
     )
     for n in levels:
         a, b, d = results["a"][n], results["b"].get(n), results["d"].get(n)

@@ -129,26 +129,32 @@ def main() -> int:
         tar = best(lambda: _timed_import(other, work / "bundle.tar", "tar"))
         mb = size / 1e6
         print(
-            f"Gemma 3 270M Q4_K_M: {mb:.1f} MB, best of {args.rounds}; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+            f"Gemma 3 270M Q4_K_M: {mb:.1f} MB, best of {args.rounds}; load {os.getloadavg()[0]:.2f} on "
+            f"{os.cpu_count()} CPUs"
         )
         print(
-            f"same filesystem  import (in-process)         {same:7.3f} s   target <= 1 s   {'OK' if same <= 1 else 'MISS'}"
+            f"same filesystem  import (in-process)         {same:7.3f} s   target <= 1 s   "
+            f"{'OK' if same <= 1 else 'MISS'}"
         )
         print(
-            f"same filesystem  localrun bundle import (CLI) {cli:7.3f} s   target <= 1 s   {'OK' if cli <= 1 else 'MISS'}"
+            f"same filesystem  localrun bundle import (CLI) {cli:7.3f} s   target <= 1 s   "
+            f"{'OK' if cli <= 1 else 'MISS'}"
         )
         print(f"  (CLI start-up alone, `localrun ls` on an empty home: {startup:.3f} s)")
         print(f"other filesystem cp                          {cp_other:7.3f} s   {mb / cp_other:7.0f} MB/s")
         print(
-            f"other filesystem import (sealed)             {cross:7.3f} s   {mb / cross:7.0f} MB/s   ratio vs cp {cp_other / cross:.2f} "
+            f"other filesystem import (sealed)             {cross:7.3f} s   {mb / cross:7.0f} MB/s   ratio vs cp "
+            f"{cp_other / cross:.2f} "
             f"(target >= 0.8) {'OK' if cp_other / cross >= 0.8 else 'MISS'}; median of {len(ratios)} paired rounds "
             f"{ratios[len(ratios) // 2]:.2f}"
         )
         print(
-            f"other filesystem import --rehash             {cross_hashed:7.3f} s   {mb / cross_hashed:7.0f} MB/s   ratio vs cp {cp_other / cross_hashed:.2f}"
+            f"other filesystem import --rehash             {cross_hashed:7.3f} s   {mb / cross_hashed:7.0f} MB/s   "
+            f"ratio vs cp {cp_other / cross_hashed:.2f}"
         )
         print(
-            f"other filesystem import of the tar           {tar:7.3f} s   {mb / tar:7.0f} MB/s   ratio vs cp {cp_other / tar:.2f}"
+            f"other filesystem import of the tar           {tar:7.3f} s   {mb / tar:7.0f} MB/s   ratio vs cp "
+            f"{cp_other / tar:.2f}"
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -194,7 +194,8 @@ def main() -> int:
                 if "b" in parts:
                     tok = bench_tokenize(url, model, args.rounds)
                     print(
-                        f"(b) /tokenize {tok['tokens']} tokens: {tok['http_ms']:.1f} ms over HTTP (target ≤ 20), llama-cpp-python "
+                        f"(b) /tokenize {tok['tokens']} tokens: {tok['http_ms']:.1f} ms over HTTP (target ≤ 20), "
+                        "llama-cpp-python "
                         f"in process {tok['in_process_ms']:.1f} ms, ratio {tok['http_ms'] / tok['in_process_ms']:.2f}"
                     )
             finally:
@@ -202,7 +203,8 @@ def main() -> int:
     if "c" in parts:
         rr = bench_rerank(args.threads, args.rounds)
         print(
-            f"(c) /rerank of {rr['docs']} documents on the tiny reranker: {rr['seconds'] * 1e3:.0f} ms, {rr['docs_per_s']:.0f} docs/s"
+            f"(c) /rerank of {rr['docs']} documents on the tiny reranker: {rr['seconds'] * 1e3:.0f} ms, "
+            f"{rr['docs_per_s']:.0f} docs/s"
         )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min) at the end")
     return 0

@@ -45,7 +45,8 @@ plain, pulled = [], []
 for k in range(rounds):
     dest = os.path.join(work, f"plain-{k}")
     t = time.perf_counter()
-    with httpx.Client(timeout=60) as c, c.stream("GET", file_url, headers={**auth, "Accept-Encoding": "identity"}) as r, open(dest, "wb") as f:
+    headers = {**auth, "Accept-Encoding": "identity"}
+    with httpx.Client(timeout=60) as c, c.stream("GET", file_url, headers=headers) as r, open(dest, "wb") as f:
         r.raise_for_status()
         for chunk in r.iter_raw():
             f.write(chunk)
@@ -72,9 +73,8 @@ async def _get(host: str, port: int, path: str, start: int, end: int | None) -> 
     """One GET on a raw socket (bytes counted, not kept); returns the body length."""
     reader, writer = await asyncio.open_connection(host, port)
     rng = f"Range: bytes={start}-{'' if end is None else end}\r\n" if end is not None or start else ""
-    writer.write(
-        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept-Encoding: identity\r\n{rng}Connection: close\r\n\r\n".encode()
-    )
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept-Encoding: identity\r\n"
+    writer.write((request + f"{rng}Connection: close\r\n\r\n").encode())
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(
@@ -145,7 +145,11 @@ def main() -> int:
             bwork = work / "host-b"
             bwork.mkdir()
             env = {**home_env(bwork), "HF_ENDPOINT": url, "HF_TOKEN": KEY}
-            warm = "import httpx,sys,time\nfor _ in range(300):\n try:\n  httpx.head(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]},timeout=120).raise_for_status(); break\n except Exception: time.sleep(0.2)"
+            warm = (
+                "import httpx,sys,time\nfor _ in range(300):\n try:\n  "
+                "httpx.head(sys.argv[1],headers={'Authorization':'Bearer '+sys.argv[2]},timeout=120)"
+                ".raise_for_status(); break\n except Exception: time.sleep(0.2)"
+            )
             subprocess.run(
                 [*hosts.b_prefix, sys.executable, "-c", warm, f"{url}/{REPO}/resolve/main/big-Q4_K_M.gguf", KEY],
                 env=env,

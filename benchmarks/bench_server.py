@@ -145,7 +145,8 @@ def main() -> None:
 
     model = gemma_path()
     print(
-        f"model {model.name}, n_ctx {N_CTX}, {args.threads} threads, greedy, max_tokens {args.max_tokens}, p50 of {args.runs} runs"
+        f"model {model.name}, n_ctx {N_CTX}, {args.threads} threads, greedy, max_tokens {args.max_tokens}, p50 of "
+        f"{args.runs} runs"
     )
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     llm = load_in_process(model, args.threads)
@@ -165,7 +166,8 @@ def main() -> None:
             print(f"(a) llama-cpp-python in-process  : TTFT {ttft_a * 1000:7.1f} ms   decode {rate_a:6.1f} tok/s")
             print(f"(b) localrun serve, openai client: TTFT {ttft_b * 1000:7.1f} ms   decode {rate_b:6.1f} tok/s")
             print(
-                f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x ({(ttft_b - ttft_a) * 1000:+.1f} ms)",
+                f"ratios (b)/(a): decode {rate_b / rate_a:.3f}   TTFT {ttft_b / ttft_a:.2f}x "
+                f"({(ttft_b - ttft_a) * 1000:+.1f} ms)",
                 flush=True,
             )
             if levels:

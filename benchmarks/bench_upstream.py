@@ -142,7 +142,11 @@ def overhead(direct: str, front: str, *, level: int, runs: int, max_tokens: int)
             for tag, url in order:
                 results: list[dict] = []
                 threads = [
-                    threading.Thread(target=lambda p=p: results.append(stream(client, url, chat(p, max_tokens))))
+                    threading.Thread(
+                        target=lambda p=p, results=results, url=url: results.append(
+                            stream(client, url, chat(p, max_tokens))
+                        )
+                    )
                     for p in prompts
                 ]
                 for t in threads:
@@ -168,7 +172,8 @@ def overhead(direct: str, front: str, *, level: int, runs: int, max_tokens: int)
 
 def overhead_table(direct: str, front: str, args) -> None:
     print(
-        f"{'streams':>7} {'TTFT direct':>12} {'TTFT via':>10} {'overhead':>9} {'tok/s direct':>13} {'tok/s via':>10} {'ratio':>6}"
+        f"{'streams':>7} {'TTFT direct':>12} {'TTFT via':>10} {'overhead':>9} {'tok/s direct':>13} {'tok/s via':>10} "
+        f"{'ratio':>6}"
     )
     for level in (1, 8):
         r = overhead(direct, front, level=level, runs=args.runs, max_tokens=args.max_tokens)
@@ -204,7 +209,8 @@ def main() -> None:
     args = ap.parse_args()
     model = gemma_path()
     print(
-        f"load {os.getloadavg()[0]:.2f} · model {model.name} · n_ctx {N_CTX} · greedy · {args.threads} thread(s) per upstream"
+        f"load {os.getloadavg()[0]:.2f} · model {model.name} · n_ctx {N_CTX} · greedy · {args.threads} thread(s) per "
+        "upstream"
     )
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="bench-upstream-") as tmp:

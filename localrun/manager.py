@@ -197,7 +197,8 @@ class ModelManager:
             if not victims:
                 if over_cap:
                     raise Overloaded(
-                        f"{len(loaded)} models are loaded and none is idle (cap {self.settings.runtime.max_loaded_models})",
+                        f"{len(loaded)} models are loaded and none is idle (cap "
+                        f"{self.settings.runtime.max_loaded_models})",
                         hint="retry when a request finishes, unload a model, or raise runtime.max_loaded_models",
                     )
                 return  # memory looks short but nothing can go: let the load try

@@ -69,7 +69,8 @@ class ServerSettings(BaseModel):
     queue_size: int = Field(16, ge=1, le=10_000)
     """Requests that may wait per model before new ones get 503 + Retry-After."""
     strict_fields: bool = False
-    """Refuse request fields localrun does not know (OpenAI's rule) instead of ignoring them and naming them in X-Localrun-Ignored-Fields."""
+    """Refuse request fields localrun does not know (OpenAI's rule) instead of ignoring them and
+    naming them in X-Localrun-Ignored-Fields."""
     reasoning_field: Literal["both", "reasoning_content", "reasoning"] = "both"
     """Where OpenAI chat answers carry a reasoning model's thinking: ``reasoning_content``
     (DeepSeek, llama.cpp), ``reasoning`` (gpt-oss, vLLM, Ollama) or both (clients read either)."""

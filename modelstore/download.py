@@ -186,7 +186,9 @@ class _Transfer:
         if code in (401, 403):
             raise AccessDenied(
                 f"{self.where}: the hub refused the download ({code})",
-                hint="for a gated or private repo accept its terms on the hub, then run `hf auth login` or set HF_TOKEN",
+                hint=(
+                    "for a gated or private repo accept its terms on the hub, then run `hf auth login` or set HF_TOKEN"
+                ),
             )
         if code == 404:
             raise ModelNotFound(
@@ -422,7 +424,8 @@ def _download(
             continue
         partial.unlink(missing_ok=True)
         raise DownloadFailed(
-            f"{layout.repo}/{rf.path}: the downloaded bytes do not match the hub's listing ({problem}); nothing was kept",
+            f"{layout.repo}/{rf.path}: the downloaded bytes do not match the hub's listing ({problem}); nothing was "
+            "kept",
             hint="run the pull again; if it repeats, the mirror or a proxy is altering the file",
         )
     if not partial.exists():  # an empty file: nothing was streamed

@@ -241,7 +241,10 @@ def _translate(exc: Exception, repo: str, revision: str | None, endpoint: str, t
     if isinstance(exc, (hf_httpx.TransportError, OSError)):
         return DownloadFailed(
             f"cannot reach the hub at {endpoint}: {exc}",
-            hint="check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already downloaded",
+            hint=(
+                "check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already "
+                "downloaded"
+            ),
         )
     if isinstance(exc, hf_errors.HfHubHTTPError):
         return DownloadFailed(

@@ -122,7 +122,8 @@ class ModelIndex:
                     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
                 elif version > SCHEMA_VERSION:
                     raise ConfigError(
-                        f"model index {self.path} has schema version {version}, newer than this localrun ({SCHEMA_VERSION})",
+                        f"model index {self.path} has schema version {version}, newer than this localrun "
+                        f"({SCHEMA_VERSION})",
                         hint="upgrade localrun, or point LOCALRUN_HOME elsewhere",
                     )
                 conn.execute("COMMIT")

@@ -100,7 +100,10 @@ def _refuse_code(ref: HubRef, sel: Selection, trust_remote_code: bool, allow_nat
     if sel.native_files and not allow_native:
         raise InvalidModelFile(
             f"{ref.repo} ships native libraries ({', '.join(sel.native_files[:5])}); refusing to download them",
-            hint="MLC compiles its own library on first use; pass allow_native (--allow-native) only if you trust the publisher",
+            hint=(
+                "MLC compiles its own library on first use; pass allow_native (--allow-native) only if you trust "
+                "the publisher"
+            ),
         )
 
 

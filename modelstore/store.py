@@ -141,7 +141,8 @@ class ModelStore:
         _refuse_non_model(files[0], first.scalars.get("general.type"), first.architecture, total_tensors)
         if split and first.split_tensors_count is not None and first.split_tensors_count != total_tensors:
             raise InvalidModelFile(
-                f"{files[0]}: the shards hold {total_tensors} tensors, the first shard says {first.split_tensors_count}",
+                f"{files[0]}: the shards hold {total_tensors} tensors, the first shard says "
+                f"{first.split_tensors_count}",
                 hint="a shard is from another model or another version; download them together",
             )
         meta = first.as_dict()

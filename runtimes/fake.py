@@ -256,7 +256,8 @@ class FakeSession:
         n_ctx = self.plan.n_ctx
         if len(tokens) > n_ctx - 1:
             raise ContextOverflow(
-                f"the prompt is {len(tokens)} tokens but the context holds {n_ctx} (at most {n_ctx - 1} for the prompt)",
+                f"the prompt is {len(tokens)} tokens but the context holds {n_ctx} (at most {n_ctx - 1} for the "
+                "prompt)",
                 hint="shorten the conversation or load the model with a larger context",
             )
         # Validation happens above, eagerly; the stream itself is a generator.

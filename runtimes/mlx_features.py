@@ -64,7 +64,8 @@ def chat_inputs(req: ChatRequest, template: str | None, model: str) -> tuple[lis
     """
     if tools.forced_call(req, tools.tool_style(template)) is not None:
         raise UnsupportedFeature(
-            f"the MLX runtime serving {model} cannot force a tool call (tool_choice or function_call {req.tool_choice!r}): "
+            f"the MLX runtime serving {model} cannot force a tool call (tool_choice or function_call "
+            f"{req.tool_choice!r}): "
             "it has no grammar engine to make the model emit one",
             param="tool_choice",
             hint="use tool_choice 'auto' (the model may call a tool) or a llama.cpp model",

@@ -165,7 +165,8 @@ def _arguments(arguments: Any, index: int, name: Any) -> dict[str, Any]:
         value = None
     if not isinstance(value, dict):
         raise UnsupportedFeature(
-            f"messages[{index}]: the arguments of the call to {name!r} are not a JSON object ({str(arguments)[:80]!r}); "
+            f"messages[{index}]: the arguments of the call to {name!r} are not a JSON object "
+            f"({str(arguments)[:80]!r}); "
             "Ollama takes arguments as an object",
             param=f"messages[{index}]",
             hint="send the arguments the model produced, a JSON object encoded as a string",

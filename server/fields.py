@@ -41,7 +41,9 @@ MAX_LISTED = 32
 #: What to do about a field whose capability the runtime lacks, where "remove the field" is wrong.
 HINTS = {
     "token_prompts": "send the prompt (or input) as text, or load the model on llama.cpp",
-    "fill-in-the-middle": "this model has no fill-in-the-middle tokens: use a code model with FIM tokens, or leave the suffix out",
+    "fill-in-the-middle": (
+        "this model has no fill-in-the-middle tokens: use a code model with FIM tokens, or leave the suffix out"
+    ),
     "rerank": "use a reranker model (rank pooling), or load one with --pooling rank",
     "embeddings": "use an embedding model, or load this one with a pooling override (--pooling mean)",
 }

@@ -139,12 +139,14 @@ def plan_lines(plan: Plan, record: ModelRecord) -> tuple[str, ...]:
     from localrun.tui.format import human_bytes
 
     lines = [
-        f"Plan: {plan.runtime} on {plan.device}, {plan.n_threads} threads, {plan.n_gpu_layers} GPU layers, context {plan.n_ctx:,}"
+        f"Plan: {plan.runtime} on {plan.device}, {plan.n_threads} threads, {plan.n_gpu_layers} GPU layers, context "
+        f"{plan.n_ctx:,}"
     ]
     if plan.memory:
         m = plan.memory
         lines.append(
-            f"Memory: weights {human_bytes(m.weights)} + KV {human_bytes(m.kv_cache)} + overhead {human_bytes(m.overhead)} = {human_bytes(m.total)}"
+            f"Memory: weights {human_bytes(m.weights)} + KV {human_bytes(m.kv_cache)} + overhead "
+            f"{human_bytes(m.overhead)} = {human_bytes(m.total)}"
         )
     lines.append(f"Verdict: {plan.verdict}")
     lines.extend(f"  · {r}" for r in plan.reasons)

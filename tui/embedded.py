@@ -159,7 +159,8 @@ class EmbeddedServer:
             if self._task.done() or loop.time() > deadline:
                 await self.stop()
                 raise RuntimeUnavailable(
-                    f"the server could not start on {self.host}:{self.port}: {self.exit_error or 'it did not come up in time'}",
+                    f"the server could not start on {self.host}:{self.port}: "
+                    f"{self.exit_error or 'it did not come up in time'}",
                     hint="pick another port (LOCALRUN_SERVER__PORT) or see the log",
                 )
             await asyncio.sleep(0.02)

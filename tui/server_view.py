@@ -32,7 +32,10 @@ def mirror_line(state, settings) -> str:
             f"Hub mirror: on · other machines set HF_ENDPOINT={state.url} (huggingface_hub, hf download, "
             "llama.cpp -hf, localrun pull)"
         )
-    return "Hub mirror: off · `localrun serve --mirror`, `localrun mirror` or LOCALRUN_SERVER__MIRROR=1 serves this store to other machines"
+    return (
+        "Hub mirror: off · `localrun serve --mirror`, `localrun mirror` or LOCALRUN_SERVER__MIRROR=1 serves this "
+        "store to other machines"
+    )
 
 
 def address_line(state, settings) -> str:
@@ -43,10 +46,16 @@ def address_line(state, settings) -> str:
             + mirror_line(state, settings)
         )
     if state.mode == "attached":
-        return f"Attached to {state.url}: another localrun serves it; its request log is in that window. · key: {'on' if state.key else 'off'}"
+        return (
+            f"Attached to {state.url}: another localrun serves it; its request log is in that window. · key: "
+            f"{'on' if state.key else 'off'}"
+        )
     if state.mode == "starting":
         return "Starting the server…"
-    return f"Not serving{': ' + state.detail if state.detail else ''}. Local apps cannot reach these models until localrun serves."
+    return (
+        f"Not serving{': ' + state.detail if state.detail else ''}. Local apps cannot reach these models until "
+        "localrun serves."
+    )
 
 
 def speculation_note(drafted: int, accepted: int) -> str:

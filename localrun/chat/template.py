@@ -20,8 +20,9 @@ The budget and the size checks live in :mod:`localrun.chat.budget`.
 Models without a template get :func:`fallback_chat`: a plain ``System:/User:/Assistant:``
 transcript that a base model continues as the assistant, with ``"User:"`` and
 ``"Assistant:"`` as extra stop strings, since a base model starts the next turn mid-line
-too (Gemma 3 270M, a base model shipped without a template, answers sensibly this way). Gemma's own turn format is available for a Gemma-vocabulary model whose file lost
-its template (``gemma_turns=True``; the caller checks the vocab has ``<start_of_turn>``).
+too (Gemma 3 270M, a base model shipped without a template, answers sensibly this way).
+Gemma's own turn format is available for a Gemma-vocabulary model whose file lost its template
+(``gemma_turns=True``; the caller checks the vocab has ``<start_of_turn>``).
 """
 
 from __future__ import annotations

@@ -99,7 +99,8 @@ def import_cmd(ctx, path, rehash, replace):
             highlight=False,
         )
     err_console().print(
-        f"  {result.linked} linked, {result.reflinked} reflinked, {result.copied} copied, {result.reused} already there; "
+        f"  {result.linked} linked, {result.reflinked} reflinked, {result.copied} copied, {result.reused} already "
+        "there; "
         f"{human_bytes(result.bytes_hashed)} hashed",
         highlight=False,
     )

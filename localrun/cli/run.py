@@ -184,7 +184,10 @@ def _stream_answer(manager, name: str, req, fmt=None, *, show_thinking: bool = T
     "--raw/--chat",
     "raw",
     default=None,
-    help="Complete the prompt as plain text, or chat with the model's template (default: chat when the model has a template).",
+    help=(
+        "Complete the prompt as plain text, or chat with the model's template (default: chat when the model has a "
+        "template)."
+    ),
 )
 @click.option("--system", help="System prompt for chat.")
 @click.option("--max-tokens", type=click.IntRange(1, None), default=None, help="Stop after this many tokens.")

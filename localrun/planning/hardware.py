@@ -301,7 +301,8 @@ def hardware_lines(profile: HardwareProfile) -> list[str]:
     if p.apple:
         a = p.apple
         lines.append(
-            f"Apple     {a.chip}: {fmt_bytes(a.unified_memory)} unified, GPU budget {fmt_bytes(a.gpu_working_set_budget)}"
+            f"Apple     {a.chip}: {fmt_bytes(a.unified_memory)} unified, GPU budget "
+            f"{fmt_bytes(a.gpu_working_set_budget)}"
         )
     for g in p.gpus:
         extra = [

@@ -40,7 +40,10 @@ _ON = ("ON", "TRUE", "1")
 #: Instruction-set options past the portable build's baseline (x86-64 + AVX2/FMA).
 _BEYOND_BASELINE_RE = re.compile(r'set\(GGML_(?:AVX512\w*|AVX_VNNI|AMX_\w+)\s+"?(\w+)"?\)', re.IGNORECASE)
 _NATIVE_RE = re.compile(r'set\(GGML_NATIVE\s+"?(ON|OFF|TRUE|FALSE|1|0)"?\)', re.IGNORECASE)
-PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=off -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+PORTABLE_CMAKE_ARGS = (
+    "-DGGML_NATIVE=off -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF "
+    "-DLLAMA_BUILD_SERVER=OFF"
+)
 
 
 class WheelhouseError(LocalrunError):

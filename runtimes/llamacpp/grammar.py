@@ -282,9 +282,7 @@ class LogprobSampler:
 
     __slots__ = ("inner", "_reader", "_top_n", "entries", "_is_eog")
 
-    def __init__(
-        self, inner, reader: LogprobReader, top_n: int, entries: list, is_eog: Callable[[int], bool]
-    ) -> None:
+    def __init__(self, inner, reader: LogprobReader, top_n: int, entries: list, is_eog: Callable[[int], bool]) -> None:
         self.inner, self._reader, self._top_n, self.entries, self._is_eog = inner, reader, top_n, entries, is_eog
 
     def sample(self, ctx, index: int) -> int:

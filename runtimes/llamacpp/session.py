@@ -178,7 +178,8 @@ class LlamaCppSession(ServerExtras):
             piece_of=piece_of,
             call=self._sched.call,
         )
-        # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of thinking.
+        # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of
+        # thinking.
         self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
 
     @classmethod
@@ -309,7 +310,8 @@ class LlamaCppSession(ServerExtras):
         continue_final: bool = False,
         prefix: str = "",
     ) -> tuple[list[int], tuple[str, ...]]:
-        """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the prompt format adds."""
+        """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the
+        prompt format adds."""
         text, stops = self.chat_text(
             messages, variables, add_generation_prompt=add_generation_prompt, continue_final=continue_final
         )

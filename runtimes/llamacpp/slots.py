@@ -54,10 +54,10 @@ class Layout:
         The planner sets ``n_slots`` and ``slot_ctx`` (each slot the plan's whole context, the
         KV of all of them counted in its estimate). A plan built without them (tests, tools)
         has the slots share its ``n_ctx`` (as many 2,048-token slots as fit, up to 4; one slot
-        below 4,096 tokens), so memory stays within that plan's KV estimate. ``batch_invariant`` defaults to on for the CPU with at most 7 slots, where it
-        costs nothing measurable; with 8 or more it would keep decode steps off the faster
-        8-row kernels (here 117 instead of 186 tok/s at 8 streams), so it is off unless asked
-        for. GPU kernels differ with batch size anyway."""
+        below 4,096 tokens), so memory stays within that plan's KV estimate. ``batch_invariant``
+        defaults to on for the CPU with at most 7 slots, where it costs nothing measurable; with 8
+        or more it would keep decode steps off the faster 8-row kernels (here 117 instead of 186
+        tok/s at 8 streams), so it is off unless asked for. GPU kernels differ with batch size anyway."""
         opts = plan.options
         try:
             unified = bool(opts.get("kv_unified", False))

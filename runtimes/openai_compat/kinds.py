@@ -169,7 +169,10 @@ def status_error(
             f"{where} refused localrun's key (HTTP {status}): {message}",
             status=403,
             kind="auth",
-            hint=f"fix 'key' or 'key_env' of [[upstreams]] name = {upstream!r} in config.toml (`localrun upstream add --replace`)",
+            hint=(
+                f"fix 'key' or 'key_env' of [[upstreams]] name = {upstream!r} in config.toml (`localrun upstream "
+                "add --replace`)"
+            ),
         )
     if status == 404:
         err = ModelNotFound(

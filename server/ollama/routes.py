@@ -102,7 +102,8 @@ async def _load_or_unload(request: Request, model: str, keep_alive_s: float | No
 def _check_num_ctx(gen: Generation, options: Options | None) -> None:
     if options is not None and options.num_ctx is not None and options.num_ctx > gen.plan.n_ctx:
         raise UnsupportedFeature(
-            f"options.num_ctx {options.num_ctx} is larger than the context {gen.record.name} is loaded with ({gen.plan.n_ctx})",
+            f"options.num_ctx {options.num_ctx} is larger than the context {gen.record.name} is loaded with "
+            f"({gen.plan.n_ctx})",
             hint="load the model with a larger context (runtime.context_length, or `localrun serve` with --ctx)",
             param="options.num_ctx",
         )

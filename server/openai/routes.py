@@ -339,7 +339,8 @@ async def embeddings(request: Request):
     name = request_stats(request).model or body.model
     if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
         raise UnsupportedFeature(
-            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}: truncating embeddings is not supported",
+            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}: truncating embeddings is "
+            "not supported",
             hint="leave 'dimensions' out",
             param="dimensions",
         )

@@ -34,7 +34,8 @@ TINY_PROMPTS = [
 ]
 GEMMA_PROMPTS = [
     "The capital of France is",
-    "Once upon a time, in a land far away, there lived a young girl who loved to read old books by candlelight. One day",
+    "Once upon a time, in a land far away, there lived a young girl who loved to read old books by candlelight. One "
+    "day",
     "def fibonacci(n):",
     "Here is a list of numbers that keeps going: 1, 2, 3, 4, 5, 6, 7,",
     "The three primary colors are",

@@ -52,7 +52,8 @@ def test_four_concurrent_requests_through_a_worker_match_their_solo_runs(which, 
         ["hello world the time is now " * 3, "what was that hello " * 6, "zebra time " * 6, "a b c d e f g h i j " * 3]
         if which == "tiny"
         else [
-            "The capital of France is a city of museums, cafes, parks and old stone bridges over a long and slow river. Its most famous tower",
+            "The capital of France is a city of museums, cafes, parks and old stone bridges over a long and slow "
+            "river. Its most famous tower",
             "Once upon a time, in a land far away beyond the mountains and the sea, there lived a young fisherman who",
             'def fibonacci(n):\n    """Return the n-th Fibonacci number, counting from zero, iteratively."""\n',
             "The three primary colors of light are red, green and blue, and the three primary colors of paint are red,",

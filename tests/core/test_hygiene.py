@@ -78,7 +78,8 @@ def test_no_plain_server_or_tui_package_is_installed():
     """Outside the checkout, only ``localrun.*`` is importable: no plain ``server`` or ``tui``."""
     code = (
         "import importlib.util, json; "
-        "print(json.dumps({n: importlib.util.find_spec(n) is not None for n in ('server','tui','runtimes','modelstore')}))"
+        "print(json.dumps({n: importlib.util.find_spec(n) is not None for n in "
+        "('server','tui','runtimes','modelstore')}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     found = json.loads(out.stdout)

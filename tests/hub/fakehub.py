@@ -286,7 +286,8 @@ class _Handler(BaseHTTPRequestHandler):
                 entry,
                 401,
                 "GatedRepo",
-                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access it.",
+                f"Access to model {repo_id} is restricted. You must have access to it and be authenticated to access "
+                "it.",
             )
             return None
         return repo

@@ -60,7 +60,8 @@ def site(tmp_path_factory):
 
 def _wait_from_b(hosts, url, mp, timeout=60.0):
     probe = (
-        "import httpx,sys\ntry:\n r=httpx.get(sys.argv[1]+'/',headers={'Authorization':'Bearer '+sys.argv[2]},timeout=2)\n"
+        "import httpx,sys\ntry:\n r=httpx.get(sys.argv[1]+'/',headers={'Authorization':'Bearer "
+        "'+sys.argv[2]},timeout=2)\n"
         " sys.exit(0 if r.status_code==200 else 1)\nexcept Exception:\n sys.exit(1)"
     )
     deadline = time.monotonic() + timeout

@@ -33,7 +33,8 @@ PAYLOADS = [
     # attr filter and escaped names
     "{{ (cycler|attr('__init__')|attr('__globals__'))['os'].system('touch SENT') }}",
     "{{ (cycler|attr('\\x5f\\x5finit\\x5f\\x5f')|attr('\\x5f\\x5fglobals\\x5f\\x5f'))['os'].system('touch SENT') }}",
-    "{{ messages|map(attribute='__class__')|list }}{{ self.__init__.__globals__.__builtins__.__import__('os').system('touch SENT') }}",
+    "{{ messages|map(attribute='__class__')|list }}{{ "
+    "self.__init__.__globals__.__builtins__.__import__('os').system('touch SENT') }}",
     # format-string tricks (Jinja < 3.1.5 let str.format reach attributes; CVE-2024-56326 via a stored format method)
     "{{ '{0.__init__.__globals__[os].system}'.format(cycler) }}",
     "{{ '{a.__init__.__globals__}'.format_map({'a': cycler}) }}",
@@ -153,7 +154,10 @@ def test_normal_render_and_template_features():
         "<s><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         "<|im_start|>assistant\nHello<|im_end|>\n"
     )
-    loops = "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ ',' if not loop.last }}{% endfor %}"
+    loops = (
+        "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ ',' if not loop.last "
+        "}}{% endfor %}"
+    )
     assert render_chat(loops, msgs) == "1/2,2/2"
     assert render_chat("{{ {'a': 'é'}|tojson }}", []) == '{"a": "é"}'
     assert render_chat("{% generation %}{{ eos_token }}{% endgeneration %}", [], eos_token="</s>") == "</s>"
@@ -234,7 +238,8 @@ GEMMA3_TEMPLATE = """{{ bos_token }}
 
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+    "'<|eot_id|>' %}"
     "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )

@@ -191,8 +191,10 @@ def test_loading_prints_nothing_to_stderr(tiny_gguf):
     code = (
         "from localrun.runtimes.llamacpp.session import LlamaCppRuntime\n"
         "from localrun.types import *\n"
-        f"s = LlamaCppRuntime().load(ModelRecord(name='m', format=Format.GGUF, path={str(tiny_gguf)!r}), Plan(runtime='llama.cpp', n_ctx=128))\n"
-        "print(''.join(c.text for c in s.complete(CompletionRequest(prompt='hello', sampling=Sampling(max_tokens=3)), Cancel())) and 'ok')\n"
+        f"s = LlamaCppRuntime().load(ModelRecord(name='m', format=Format.GGUF, path={str(tiny_gguf)!r}), "
+        "Plan(runtime='llama.cpp', n_ctx=128))\n"
+        "print(''.join(c.text for c in s.complete(CompletionRequest(prompt='hello', "
+        "sampling=Sampling(max_tokens=3)), Cancel())) and 'ok')\n"
         "s.close()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

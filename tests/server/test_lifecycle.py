@@ -99,7 +99,10 @@ def raw_request(url: str, path: str, body: dict) -> socket.socket:
     port = int(url.rsplit(":", 1)[1])
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", port))
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: "
+        f"{len(data)}\r\n\r\n"
+    )
     sock.sendall(head.encode() + data)
     return sock
 

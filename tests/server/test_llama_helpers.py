@@ -17,6 +17,7 @@ from tests.support.clients import validate
 
 pytestmark = [needs_llama, pytest.mark.llama]
 
+GREEDY = Sampling(temperature=0)
 BOUNDED = {
     "type": "object",
     "properties": {
@@ -81,7 +82,7 @@ class Model:
         *,
         max_tokens: int,
         top_n: int = 0,
-        sampling: Sampling = Sampling(temperature=0),
+        sampling: Sampling = GREEDY,
         naive: bool = False,
     ):
         """(text, logprob entries, ended on end-of-generation). ``naive``: the grammar first

@@ -15,7 +15,10 @@ import pytest
 
 from tests.conftest import needs_llama
 
-TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt "
+    "%}[assistant] {% endif %}"
+)
 
 
 def lr(*args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -26,7 +26,8 @@ anthropic = pytest.importorskip("anthropic")
 #: Qwen3-like: ChatML, earlier reasoning dropped from assistant turns, the model opens <think> itself.
 THINK_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['role'] == 'assistant' %}{{ message['content'].split('</think>')[-1] }}{% else %}{{ message['content'] }}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{{ message['content'].split('</think>')[-1] }}{% else %}{{ "
+    "message['content'] }}{% endif %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 #: DeepSeek-R1-like: the generation prompt opens the reasoning block.

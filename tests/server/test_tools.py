@@ -29,7 +29,8 @@ NAMES = ("get_weather", "add")
 NATIVE = (
     "{% if tools %}<|im_start|>system\nTools:{% for t in tools %}\n{{ t | tojson }}{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson "
+    "}}</tool_call>{% endfor %}"
     "{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -104,7 +105,8 @@ def test_a_request_without_tools_renders_as_before():
             [("get_weather", {"city": "Paris"})],
         ),
         (
-            '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n<tool_call>{"name": "add", "arguments": {"a": 2}}</tool_call>',
+            '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n<tool_call>{"name": "add", "arguments": '
+            '{"a": 2}}</tool_call>',
             "",
             [("add", {"a": 1}), ("add", {"a": 2})],
         ),

@@ -7,7 +7,8 @@ from tests.batching.conftest import load
 
 #: Copy-heavy prompts: the answer repeats what the prompt holds, so n-gram drafts are right.
 GEMMA_COPY = [
-    "Repeat exactly: The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.\nAnswer:",
+    "Repeat exactly: The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy "
+    "dog.\nAnswer:",
     "Copy this list: apple, banana, cherry, date, elderberry, fig, grape.\nCopy: apple, banana,",
     "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n",
 ]

@@ -155,7 +155,10 @@ def two_hosts():
         for ns in made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
         why = getattr(exc, "stderr", b"") or str(exc).encode()
-        msg = f"NETWORK NAMESPACES UNAVAILABLE ({why.decode(errors='replace').strip()[:200]}): falling back to LOOPBACK, host A and B share this machine's network"
+        msg = (
+            f"NETWORK NAMESPACES UNAVAILABLE ({why.decode(errors='replace').strip()[:200]}): falling back to "
+            "LOOPBACK, host A and B share this machine's network"
+        )
         print(msg, file=sys.stderr)
         warnings.warn(msg, stacklevel=2)
         yield Hosts("127.0.0.1", "127.0.0.1", isolated=False)

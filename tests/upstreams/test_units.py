@@ -45,7 +45,8 @@ def _pool(*names: str, routing: str = "least-loaded", weights=None, models=("m",
 def test_config_round_trip_keeps_the_rest_of_the_file(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text(
-        '# my settings\n[server]\nport = 9001\n\n[[upstreams]]\nname = "old"\nurl = "http://h:1"\n\n[hub]\noffline = true\n'
+        '# my settings\n[server]\nport = 9001\n\n[[upstreams]]\nname = "old"\nurl = "http://h:1"\n\n[hub]\noffline = '
+        "true\n"
     )
     write_upstreams(
         path,

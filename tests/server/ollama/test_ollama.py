@@ -154,7 +154,8 @@ def test_delete(oll, live):
     assert info.value.status_code == 404
 
 
-def test_pull_streams_progress_and_registers_the_model(oll, fake_hub):
+@pytest.mark.usefixtures("fake_hub")
+def test_pull_streams_progress_and_registers_the_model(oll):
     events = list(oll.pull("testorg/Tiny-GGUF", stream=True))
     statuses = [e.status for e in events]
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
@@ -164,7 +165,8 @@ def test_pull_streams_progress_and_registers_the_model(oll, fake_hub):
     assert oll.pull("testorg/Tiny-GGUF:Q8_0").status == "success"
 
 
-def test_pull_failure_reaches_the_client(oll, fake_hub):
+@pytest.mark.usefixtures("fake_hub")
+def test_pull_failure_reaches_the_client(oll):
     with pytest.raises(ollama.ResponseError, match="nothing"):
         list(oll.pull("testorg/nothing-GGUF", stream=True))
     with pytest.raises(ollama.ResponseError, match="nothing"):

@@ -145,7 +145,8 @@ def test_requests_that_cannot_be_met_are_400_before_anything_runs(oai):
 
 
 def test_a_schema_without_the_capability_is_refused_by_the_runtime_itself(serve, tiny_gguf):
-    """The same server and model, but a runtime that declares only logprobs: the rest is a 400 naming field and runtime."""
+    """The same server and model, but a runtime that declares only logprobs: the rest is a 400
+    naming field and runtime."""
     server = serve(tiny_gguf, "tiny", fake_capabilities=["logprobs"])
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=30) as client:
         assert ask(client, "x", logprobs=True, max_tokens=2).choices[0].logprobs.content

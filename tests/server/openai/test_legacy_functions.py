@@ -35,7 +35,8 @@ TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
 # A template that takes tools (so history turns keep their tool fields) and, when the last
 # message says SHOW, stops with what it was given: the runtime's own view of the request.
 PROBE = (
-    "{% if messages[-1].content == 'SHOW' %}{{ raise_exception({'messages': messages, 'tools': tools} | tojson) }}{% endif %}"
+    "{% if messages[-1].content == 'SHOW' %}{{ raise_exception({'messages': messages, 'tools': tools} | tojson) }}{% "
+    "endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

@@ -129,28 +129,10 @@ def metadata_lines(record: ModelRecord) -> tuple[str, ...]:
 
 
 def plan_lines(plan: Plan, record: ModelRecord) -> tuple[str, ...]:
-    """The planner's own rendering when it is there; a plain one built from the Plan otherwise."""
-    try:
-        from localrun.planning.planner import render_plan
-    except ImportError:
-        render_plan = None
-    if render_plan is not None:
-        return tuple(str(line) for line in render_plan(plan, record))
-    from localrun.tui.format import human_bytes
+    """The plan in the words ``localrun plan`` prints (planning.render), for the Library's details."""
+    from localrun.planning.render import render_plan
 
-    lines = [
-        f"Plan: {plan.runtime} on {plan.device}, {plan.n_threads} threads, {plan.n_gpu_layers} GPU layers, context "
-        f"{plan.n_ctx:,}"
-    ]
-    if plan.memory:
-        m = plan.memory
-        lines.append(
-            f"Memory: weights {human_bytes(m.weights)} + KV {human_bytes(m.kv_cache)} + overhead "
-            f"{human_bytes(m.overhead)} = {human_bytes(m.total)}"
-        )
-    lines.append(f"Verdict: {plan.verdict}")
-    lines.extend(f"  · {r}" for r in plan.reasons)
-    return tuple(lines)
+    return tuple(str(line) for line in render_plan(plan, record))
 
 
 class LocalBackend:

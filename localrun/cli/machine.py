@@ -63,7 +63,7 @@ def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, p
     if as_json:
         click.echo(json.dumps({"model": record.name, "plan": plan.to_dict()}, indent=2))
         return
-    from localrun.planning.planner import render_plan
+    from localrun.planning.render import render_plan
 
     for line in render_plan(plan, record):
         console().print(line, highlight=False)

@@ -10,7 +10,6 @@ The memory model it uses lives in :mod:`localrun.planning.placement`.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -434,58 +433,3 @@ def require_fit(plan: Plan, record: ModelRecord) -> Plan:
             hint="pick a smaller quant or model, a shorter --ctx, or free some memory",
         )
     return plan
-
-
-def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
-    """Plain lines for ``localrun plan``: what runs where, how much memory, the verdict and why."""
-    meta = record.metadata
-    facts = [record.format.value.upper(), meta.get("quant"), fmt_bytes(record.size) if record.size else None]
-    placed = plan.options.get("placement", {})
-    total = placed.get("layers_total")
-    if plan.n_gpu_layers and total:
-        layers = f"{min(plan.n_gpu_layers, total)} of {total} on {DEVICE_LABELS.get(plan.device, plan.device)}"
-    else:
-        layers = "CPU only"
-    trained = ModelShape.from_metadata(meta).n_ctx_train
-    lines = [
-        f"model     {record.name} ({', '.join(f for f in facts if f)})",
-        f"runtime   {plan.runtime} on {DEVICE_LABELS.get(plan.device, plan.device)}, {plan.n_threads} threads",
-        f"layers    {layers}",
-        f"context   {plan.n_ctx:,} tokens"
-        + (f" (trained {trained:,})" if trained else "")
-        + f", KV cache {plan.kv_type}",
-    ]
-    if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
-        n = plan.options["n_slots"]
-        lines.append(
-            f"parallel  {n} requests at once, each with the whole context"
-            if n > 1
-            else "parallel  one request at a time"
-        )
-    if plan.runtime == "vllm":
-        o = plan.options
-        share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
-        lines.append(
-            f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
-            f"{o.get('max_model_len', plan.n_ctx):,}{share}"
-        )
-    if plan.runtime == "llama.cpp" and "speculative" in plan.options:
-        draft = plan.options.get("draft")
-        with_draft = f", draft model {os.path.basename(draft)}" if draft else ""
-        lines.append(f"speculate {plan.options['speculative']}{with_draft} (see why)")
-    if plan.memory:
-        m = plan.memory
-        lines.append(
-            f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "
-            f"+ overhead {fmt_bytes(m.overhead)} = {fmt_bytes(m.total)}"
-        )
-    if placed.get("gpu_bytes"):
-        lines.append(
-            f"placement GPU {fmt_bytes(placed['gpu_bytes'])} of {fmt_bytes(placed['gpu_budget'])}, "
-            f"RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])}"
-        )
-    elif placed:
-        lines.append(f"placement RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])} available")
-    lines.append(f"verdict   {plan.verdict}")
-    lines.extend(("why       " if i == 0 else "          ") + f"- {r}" for i, r in enumerate(plan.reasons))
-    return lines

@@ -20,9 +20,9 @@ from localrun.planning.planner import (
     PlanOverrides,
     _initial_context,
     plan_placement,
-    render_plan,
     require_fit,
 )
+from localrun.planning.render import render_plan
 from localrun.settings import RuntimeSettings, Settings
 from localrun.types import Format, MemoryEstimate, Plan
 from tests.hardware.helpers import (

@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from localrun.errors import ConfigError, ModelNotFound
-from localrun.planning.planner import PlanOverrides, plan_placement, render_plan
+from localrun.planning.planner import PlanOverrides, plan_placement
+from localrun.planning.render import render_plan
 from localrun.settings import Settings
 from localrun.types import Format, ModelRecord
 from tests.batching.conftest import assert_idle, load, request, run, together

@@ -83,7 +83,8 @@ def test_a_real_server_reports_drafts_in_usage_and_metrics(spawn_server, tiny_gg
 
 
 def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
-    from localrun.planning.planner import PlanOverrides, plan_placement, render_plan
+    from localrun.planning.planner import PlanOverrides, plan_placement
+    from localrun.planning.render import render_plan
     from localrun.settings import Settings
     from tests.hardware.helpers import QWEN_05B, profile, record, statuses
 

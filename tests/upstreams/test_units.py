@@ -153,7 +153,8 @@ def test_vllm_placement_sizes_tensor_parallelism_and_context():
 
 
 def test_planner_picks_vllm_on_cuda_only_and_shows_its_options(monkeypatch):
-    from localrun.planning.planner import PlanOverrides, plan_placement, render_plan
+    from localrun.planning.planner import PlanOverrides, plan_placement
+    from localrun.planning.render import render_plan
     from tests.hardware.helpers import LLAMA_8B, profile, statuses
 
     monkeypatch.delenv("LOCALRUN_VLLM_DEVICE", raising=False)

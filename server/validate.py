@@ -60,3 +60,18 @@ def _find(value: Any, path: tuple) -> tuple | None:
 def _printable(name: str) -> str:
     """A key that holds a surrogate, with each surrogate shown as ``?`` so the error can be encoded."""
     return _SURROGATE.sub("?", name)
+
+
+def refuse_empty_prompt(text: str, ids: list[int] | None, *, suffix: str | None = None) -> None:
+    """A 400 for a completion prompt with nothing in it (``""``, ``[""]``).
+
+    A runtime has nothing to continue from: llama.cpp's session refused it as a 500 that
+    blamed the client, the fake runtime answered. A fill-in-the-middle request (a ``suffix``)
+    may start from nothing, and token-id prompts are refused empty by their schema.
+    """
+    if ids is None and not text and suffix is None:
+        raise InvalidRequest(
+            "the prompt is empty: there is nothing to complete",
+            param="prompt",
+            hint="send some text (or token ids) as the prompt",
+        )

@@ -53,6 +53,7 @@ from localrun.server.llama_server.schemas import (
     TokenizeBody,
 )
 from localrun.server.security import is_loopback_host
+from localrun.server.validate import refuse_empty_prompt
 from localrun.types import CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ async def completion(request: Request):
     body: NativeCompletion = await parse_body(request, NativeCompletion)
     model = await pick_model(request, body.model)
     ids = None if isinstance(body.prompt, str) else list(body.prompt)
+    refuse_empty_prompt(body.prompt if ids is None else "", ids)
     req = CompletionRequest(
         prompt=body.prompt if ids is None else "",
         sampling=_native_sampling(request, body),

@@ -139,3 +139,30 @@ def test_llama_cpp_answers_400_and_leaves_nothing_in_flight(serve_module, tiny_g
     ok = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200, ok.text
     assert wait_until(lambda: health(server.url)["in_flight"] == 0, 5.0)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/completions", "/completion"])
+@pytest.mark.parametrize("prompt", ["", [""]])
+def test_an_empty_prompt_is_a_400_naming_the_prompt(app_client, path, prompt):
+    if path == "/completion" and prompt == [""]:
+        pytest.skip("llama-server's /completion takes no list of texts")
+    r = app_client().post(path, json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "prompt" and "empty" in r.json()["error"]["message"]
+
+
+def test_an_empty_prompt_with_a_suffix_is_fill_in_the_middle_not_an_error(app_client):
+    r = app_client().post("/v1/completions", json={"model": "tiny", "prompt": "", "suffix": "x", "max_tokens": 2})
+    assert r.status_code != 400 or "empty" not in r.text  # the fake runtime refuses FIM itself, for another reason
+
+
+@needs_llama
+@pytest.mark.llama
+def test_llama_cpp_empty_prompt_is_a_400_not_a_500(serve_module, tiny_gguf):
+    import httpx
+
+    server = serve_module(tiny_gguf, n_threads=1)
+    for path in ("/v1/completions", "/completion"):
+        r = httpx.post(server.url + path, json={"model": "tiny", "prompt": "", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 400 and "empty" in r.text, (path, r.text)
+    assert wait_until(lambda: health(server.url)["in_flight"] == 0, 5.0)

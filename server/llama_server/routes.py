@@ -309,12 +309,8 @@ async def rerank(request: Request):
     body: RerankBody = await parse_body(request, RerankBody)
     docs = body.docs()
     model = await pick_model(request, body.model)
-    out = (
-        await session_call(
-            request, model, "rerank", {"query": body.query, "documents": docs}, found=[("query", "rerank")]
-        )
-        if docs
-        else {"scores": [], "prompt_tokens": 0}
+    out = await session_call(
+        request, model, "rerank", {"query": body.query, "documents": docs}, found=[("query", "rerank")]
     )
     order = sorted(range(len(docs)), key=lambda i: -out["scores"][i])[: body.top_n or len(docs)]
     results = []

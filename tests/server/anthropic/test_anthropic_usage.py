@@ -89,3 +89,31 @@ def test_message_start_carries_the_prompts_input_tokens(think_url):
     assert start["message"]["usage"]["input_tokens"] == prompt  # the prompt, known before the prefill
     final = next(e for e in events if e["type"] == "message_delta")["usage"]
     assert final["input_tokens"] + final["cache_read_input_tokens"] == prompt
+
+
+def test_openai_reasoning_content_sent_back_reaches_the_template_too():
+    from localrun.chat.tools import prompt_messages
+    from localrun.server.openai.convert import core_messages as openai_messages
+    from localrun.server.openai.schemas import ChatCompletionRequest
+    from localrun.types import ChatRequest
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "reasoning_content": THOUGHT, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            ],
+        }
+    )
+    msgs, _ = prompt_messages(
+        ChatRequest(messages=openai_messages(body), tools=({"type": "function"},)), THINKING_TEMPLATE
+    )
+    assert [m.get("reasoning_content") for m in msgs if m["role"] == "assistant"] == [THOUGHT]
+    gpt_oss_like = (
+        THINKING_TEMPLATE + "{% for message in messages %}{{ message.thinking }}{% endfor %}"
+    )  # gpt-oss reads message.thinking on a call turn
+    msgs, _ = prompt_messages(ChatRequest(messages=openai_messages(body), tools=({"type": "function"},)), gpt_oss_like)
+    assert msgs[1]["thinking"] == THOUGHT

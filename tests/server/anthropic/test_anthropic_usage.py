@@ -117,3 +117,18 @@ def test_openai_reasoning_content_sent_back_reaches_the_template_too():
     )  # gpt-oss reads message.thinking on a call turn
     msgs, _ = prompt_messages(ChatRequest(messages=openai_messages(body), tools=({"type": "function"},)), gpt_oss_like)
     assert msgs[1]["thinking"] == THOUGHT
+
+
+def test_a_responses_reasoning_item_rides_with_its_call_turn():
+    from localrun.server.responses.convert import conversation, parse_items
+
+    items = parse_items(
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": THOUGHT}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+        ]
+    )
+    turn = next(m for m in conversation(items, None) if m.role == "assistant")
+    assert turn.reasoning == THOUGHT and turn.tool_calls

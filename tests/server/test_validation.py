@@ -140,11 +140,17 @@ def test_llama_cpp_answers_400_and_leaves_nothing_in_flight(serve_module, tiny_g
     assert wait_until(lambda: health(server.url)["in_flight"] == 0, 5.0)
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/completions", "/completion"])
-@pytest.mark.parametrize("prompt", ["", [""]])
+@pytest.mark.parametrize(
+    ("path", "prompt"),
+    [
+        ("/v1/completions", ""),
+        ("/v1/completions", [""]),
+        ("/completions", ""),
+        ("/completions", [""]),
+        ("/completion", ""),
+    ],
+)
 def test_an_empty_prompt_is_a_400_naming_the_prompt(app_client, path, prompt):
-    if path == "/completion" and prompt == [""]:
-        pytest.skip("llama-server's /completion takes no list of texts")
     r = app_client().post(path, json={"model": "tiny", "prompt": prompt, "max_tokens": 2})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "prompt" and "empty" in r.json()["error"]["message"]

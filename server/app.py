@@ -61,6 +61,7 @@ def create_app(settings: Settings, manager) -> FastAPI:
         llama_server.router,
         responses.router,
         anthropic.router,
+        responses.bare_router,
         openai.bare_router,
     ):
         app.include_router(router)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -18,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
-from localrun.server.fields import parse_body
+from localrun.server.fields import note_ignored, parse_body, strict_fields
 from localrun.server.generation import (
     Generation,
     app_state,
@@ -56,9 +57,43 @@ def _keep_alive(value) -> float | None:
         raise InvalidRequest(str(exc), param="keep_alive") from None
 
 
-def _sampling(request: Request, body):
+def note_options(request: Request, options: Options | None, capabilities: frozenset[str] = frozenset()) -> None:
+    """Name the options that will not act (header and log), as Ollama ignores them; an unknown
+    key is a 400 only under ``server.strict_fields``."""
+    if options is None:
+        return
+    unknown = options.unknown()
+    if unknown and strict_fields(request):
+        raise InvalidRequest(
+            f"unknown field {unknown[0]!r}",
+            param=unknown[0],
+            hint="remove it (the server runs with server.strict_fields = true)",
+        )
+    ignored = options.ignored(capabilities)
+    if ignored:
+        log.warning(
+            "%s: ignoring %s (load-time options, or samplers this runtime does not have)",
+            request.url.path[:200],
+            ", ".join(ignored),
+        )
+    if unknown or ignored:
+        note_ignored(request, unknown + ignored)
+
+
+async def _capabilities(request: Request, body, keep_alive_s: float | None) -> frozenset[str]:
+    """The runtime's capabilities when an option depends on them (the model is loaded, as the
+    request would load it anyway); nothing to ask otherwise, so no extra hop on most requests."""
+    o = body.options
+    if o is None or not o.knobs(frozenset(Options.RUNTIME_KNOBS)):
+        return frozenset()
+    lm = await asyncio.to_thread(app_state(request).manager.load, body.model, keep_alive_s=keep_alive_s)
+    return frozenset(lm.handle.capabilities or ())
+
+
+def _sampling(request: Request, body, capabilities: frozenset[str] = frozenset()):
     cap = app_state(request).settings.runtime.max_tokens_cap
     o = body.options or Options()
+    note_options(request, body.options, capabilities)
     seed = o.seed if o.seed is not None and o.seed >= 0 else None  # Ollama: -1 means random
     try:
         schema = body.json_schema()
@@ -77,10 +112,7 @@ def _sampling(request: Request, body):
         repeat_penalty=o.repeat_penalty,
         json_schema=schema,
         logprobs=logprobs,
-        # Checked against the runtime's capabilities (Options.unsupported) before they get here.
-        typical_p=o.typical_p,
-        presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty,
+        **o.knobs(capabilities),  # only those the runtime has; the rest are named as ignored
     )
 
 
@@ -116,9 +148,10 @@ async def chat(request: Request):
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    caps = await _capabilities(request, body, keep_alive_s)
     req = ChatRequest(
         messages=core_messages(body),
-        sampling=_sampling(request, body),
+        sampling=_sampling(request, body, caps),
         tools=tools,
         tool_choice="auto" if tools else None,
     )
@@ -131,7 +164,7 @@ async def generate(request: Request):
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.prompt and not body.unsupported():
         return await _load_or_unload(request, body.model, keep_alive_s, chat=False)
-    sampling = _sampling(request, body)
+    sampling = _sampling(request, body, await _capabilities(request, body, keep_alive_s))
     if body.raw:
         req = CompletionRequest(prompt=body.prompt or "", sampling=sampling)
     else:
@@ -243,9 +276,7 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
 @router.post("/embed")
 async def embed(request: Request):
     body: EmbedBody = await parse_body(request, EmbedBody)
-    found = body.options.unsupported() if body.options else []
-    if found:
-        raise UnsupportedFeature(f"{found[0][0]!r} is not supported for embeddings", param=found[0][0])
+    note_options(request, body.options)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     manager = app_state(request).manager
     started = time.perf_counter()
@@ -255,12 +286,8 @@ async def embed(request: Request):
     if keep_alive_s is not None:
         await asyncio.to_thread(manager.load, record.name, keep_alive_s=keep_alive_s)
     vectors, n_tokens = await embed_counted(request, record.name, texts)
-    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
-        raise UnsupportedFeature(
-            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}",
-            hint="leave 'dimensions' out",
-            param="dimensions",
-        )
+    if body.dimensions is not None:
+        vectors = [truncated(v, body.dimensions) for v in vectors]
     return {
         "model": record.name,
         "embeddings": vectors,
@@ -270,9 +297,21 @@ async def embed(request: Request):
     }
 
 
+def truncated(vector: list[float], dimensions: int) -> list[float]:
+    """The first ``dimensions`` values, normalized to unit length again, as Ollama's /api/embed does
+    (Matryoshka-trained models keep their meaning in the leading dimensions); a vector no longer
+    than ``dimensions`` is left as it is, as there."""
+    if dimensions >= len(vector):
+        return vector
+    head = vector[:dimensions]
+    norm = math.sqrt(sum(x * x for x in head))
+    return [x / max(norm, 1e-12) for x in head]
+
+
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingsBody = await parse_body(request, EmbeddingsBody)
+    note_options(request, body.options)
     manager = app_state(request).manager
     record = await asyncio.to_thread(manager.resolve, body.model)
     request_stats(request).model = record.name

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
-from localrun.server.fields import note_ignored, parse_body, strict_fields
+from localrun.server.fields import note_ignored, parse_body, refuse_unsupported, strict_fields
 from localrun.server.generation import (
     Generation,
     app_state,
@@ -31,6 +31,8 @@ from localrun.server.generation import (
     request_stats,
 )
 from localrun.server.model_info import iso
+from localrun.server.ollama.context import CAPABILITY as CONTEXT_CAPABILITY
+from localrun.server.ollama.context import answer_context, with_context
 from localrun.server.ollama.convert import core_messages, ollama_tool_calls
 from localrun.server.ollama.schemas import (
     ChatBody,
@@ -40,6 +42,7 @@ from localrun.server.ollama.schemas import (
     Options,
     keep_alive_seconds,
 )
+from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.reasoning import think_reasoning
 from localrun.types import ChatRequest, CompletionRequest, Message
 
@@ -80,14 +83,26 @@ def note_options(request: Request, options: Options | None, capabilities: frozen
         note_ignored(request, unknown + ignored)
 
 
-async def _capabilities(request: Request, body, keep_alive_s: float | None) -> frozenset[str]:
-    """The runtime's capabilities when an option depends on them (the model is loaded, as the
-    request would load it anyway); nothing to ask otherwise, so no extra hop on most requests."""
+async def _capabilities(request: Request, body, keep_alive_s: float | None, *, needed: bool = False) -> frozenset[str]:
+    """The runtime's capabilities when an option (or ``context``) depends on them: the model is
+    loaded, as the request would load it anyway; nothing to ask otherwise, so no extra hop."""
     o = body.options
-    if o is None or not o.knobs(frozenset(Options.RUNTIME_KNOBS)):
+    if not needed and (o is None or not o.knobs(frozenset(Options.RUNTIME_KNOBS))):
         return frozenset()
     lm = await asyncio.to_thread(app_state(request).manager.load, body.model, keep_alive_s=keep_alive_s)
     return frozenset(lm.handle.capabilities or ())
+
+
+async def _model_defaults(request: Request, body):
+    """(body, system prompt) with what ``/api/create`` stored for the model: its parameters under
+    the request's options (the request's win) and its system prompt, used when the request has none."""
+    record = await asyncio.to_thread(app_state(request).manager.resolve, body.model)
+    meta = record.metadata or {}
+    params, system = meta.get(META_PARAMETERS), meta.get(META_SYSTEM)
+    if isinstance(params, dict) and params:
+        given = body.options.model_dump(exclude_unset=True) if body.options else {}
+        body = body.model_copy(update={"options": Options.model_validate({**params, **given})})
+    return body, system if isinstance(system, str) and system else None
 
 
 def _sampling(request: Request, body, capabilities: frozenset[str] = frozenset()):
@@ -148,9 +163,13 @@ async def chat(request: Request):
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    body, system = await _model_defaults(request, body)
     caps = await _capabilities(request, body, keep_alive_s)
+    messages = core_messages(body)
+    if system and not any(m.role == "system" for m in messages):
+        messages = (Message("system", system), *messages)
     req = ChatRequest(
-        messages=core_messages(body),
+        messages=messages,
         sampling=_sampling(request, body, caps),
         tools=tools,
         tool_choice="auto" if tools else None,
@@ -164,12 +183,21 @@ async def generate(request: Request):
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.prompt and not body.unsupported():
         return await _load_or_unload(request, body.model, keep_alive_s, chat=False)
-    sampling = _sampling(request, body, await _capabilities(request, body, keep_alive_s))
-    if body.raw:
-        req = CompletionRequest(prompt=body.prompt or "", sampling=sampling)
+    body, default_system = await _model_defaults(request, body)
+    caps = await _capabilities(request, body, keep_alive_s, needed=bool(body.context))
+    sampling = _sampling(request, body, caps)
+    if body.raw or body.suffix:  # fill-in-the-middle, like a raw prompt, skips the chat template
+        req = CompletionRequest(prompt=body.prompt or "", sampling=sampling, suffix=body.suffix or None)
     else:
-        msgs = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
+        system = body.system or default_system
+        msgs = ([Message("system", system)] if system else []) + [Message("user", body.prompt or "")]
         req = ChatRequest(messages=tuple(msgs), sampling=sampling)
+    if body.context:  # the model is loaded (needed=True above): refuse before asking it to tokenize
+        lm = await asyncio.to_thread(app_state(request).manager.load, body.model, keep_alive_s=keep_alive_s)
+        refuse_unsupported(
+            [("context", CONTEXT_CAPABILITY)], model=lm.record.name, runtime=lm.plan.runtime, capabilities=caps
+        )
+        req = await with_context(request, lm.record.name, req, body.context)
     return await _generate(request, body, req, keep_alive_s, chat=False)
 
 
@@ -198,11 +226,14 @@ async def _generate(request: Request, body, req, keep_alive_s: float | None, *, 
             line["response"] = text
             if gen.reasoning:
                 line["thinking"] = gen.reasoning
+            if (context := await answer_context(request, gen, req, text)) is not None:
+                line["context"] = context
         if body.logprobs:
             line["logprobs"] = gen.logprobs
         return JSONResponse(line)
     first = await gen.first()
-    return StreamingResponse(_ndjson(gen, first, timing, chat=chat), media_type=NDJSON)
+    tail = None if chat else (lambda answer: answer_context(request, gen, req, answer))
+    return StreamingResponse(_ndjson(gen, first, timing, chat=chat, context=tail), media_type=NDJSON)
 
 
 def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
@@ -229,7 +260,9 @@ def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
     return line
 
 
-async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterator[bytes]:
+async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -> AsyncIterator[bytes]:
+    """The stream's lines; ``context(answer)`` gives the last line's token ids (/api/generate)."""
+    answer: list[str] = []
     head = json.dumps({"model": gen.record.name})[:-1] + ',"created_at":"'
     if chat:
         mid = '","message":{"role":"assistant","content":'
@@ -240,6 +273,8 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
     dumps = json.dumps
 
     def line(chunk) -> bytes | None:
+        if context is not None and chunk.text:
+            answer.append(chunk.text)
         if chunk.logprobs or chunk.tool_calls or chunk.reasoning:  # rarer and larger: a whole object
             out: dict = {"model": gen.record.name, "created_at": iso()}
             if chat:
@@ -270,7 +305,10 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
         yield json.dumps(stream_error_line(exc, ollama=True)).encode() + b"\n"
         return
-    yield json.dumps(_final(gen, timing, chat=chat)).encode() + b"\n"
+    last = _final(gen, timing, chat=chat)
+    if context is not None and (ids := await context("".join(answer))) is not None:
+        last["context"] = ids
+    yield json.dumps(last).encode() + b"\n"
 
 
 @router.post("/embed")

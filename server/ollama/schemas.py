@@ -189,7 +189,7 @@ class GenerateBody(_Generating):
         for name, cap in (
             ("suffix", "fill-in-the-middle"),
             ("template", "custom templates"),
-            ("context", "context tokens"),
+            ("context", "token_prompts"),
             ("images", "vision"),
         ):
             if getattr(self, name):
@@ -236,6 +236,38 @@ class PullBody(Strict):
     stream: bool | None = None
     username: str | None = None
     password: str | None = None
+
+
+class CopyBody(Strict):
+    """``/api/copy``: register ``destination`` as another model with ``source``'s files and overrides."""
+
+    source: ModelName
+    destination: ModelName
+
+
+Sha256Ref = Annotated[str, StringConstraints(pattern=r"^sha256[:-][0-9a-fA-F]{64}$")]
+FileName = Annotated[str, StringConstraints(max_length=1024)]
+
+
+class CreateBody(Strict):
+    """``/api/create`` as Ollama's docs/api.md has it today (``from`` or ``files``, then the layers)."""
+
+    model: ModelName | None = None
+    name: ModelName | None = None  # the older field
+    from_: Annotated[ModelName | None, Field(alias="from")] = None
+    files: Annotated[dict[FileName, Sha256Ref], Field(max_length=64)] | None = None
+    adapters: dict[str, Any] | None = None
+    template: Annotated[str, StringConstraints(max_length=262_144)] | None = None
+    renderer: str | None = None
+    parser: str | None = None
+    license: Annotated[str, StringConstraints(max_length=262_144)] | list[str] | None = None
+    system: Annotated[str, StringConstraints(max_length=262_144)] | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[Any] | None = None
+    stream: bool | None = None
+    quantize: str | None = None
+    modelfile: str | None = None  # the pre-0.5 body: a Modelfile's text
+    path: str | None = None  # the pre-0.5 body: a Modelfile's path on the server
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

@@ -3,8 +3,8 @@ back in on the next request, as Ollama does (its older clients keep a conversati
 
 Out: the prompt as the runtime sees it (the raw prompt, or the chat template applied to the
 system and user turns) tokenized, then the answer tokenized again (chunks carry text, not ids:
-the same ids wherever the text round-trips, which a byte split inside a character does not). In: those ids go first, as the prompt's
-token ids, and the new prompt's ids follow. Both need a runtime that tokenizes
+the same ids wherever the text round-trips, which a byte split inside a character does not).
+In: those ids go first, as the prompt's token ids, and the new prompt's ids follow. Both need a runtime that tokenizes
 (``token_prompts``: llama.cpp); on others no ``context`` is sent, and one sent is a 400 naming
 the field (the route's field policy).
 """

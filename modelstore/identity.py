@@ -40,8 +40,8 @@ def registration_digest(record: ModelRecord, extra: dict[str, Any] | None = None
             files.append(["sha256", entry.sha256.lower()])
         else:
             files.append(["file", os.path.realpath(file_path(record, entry.path)), entry.size])
-    if not files:  # an upstream or transient record: only its path says what it is
-        files.append(["path", record.path])
+    if not files:  # an upstream's model: its name and where it is served say what it is
+        files.append(["remote", record.name, record.path, record.metadata.get("upstreams")])
     overrides = {k: v for k, v in (record.metadata or {}).items() if k.startswith(OVERRIDE_PREFIX)}
     overrides.update({k: v for k, v in (extra or {}).items() if v is not None})
     doc = {"format": record.format.value, "files": files, "overrides": overrides}

@@ -8,9 +8,9 @@ copied, and stay until no registration uses them.
 from ``files`` given by sha256, plus the layers that change behaviour: ``system``, ``template``,
 ``parameters``, ``license``. What localrun cannot do is a 400 that says so: ``quantize``,
 ``adapters``, ``messages``, Ollama's renderers and parsers, a Go template, and files it does not
-have — the server accepts no uploads and names no path on its own disk from a request, so a file
-that is not in the store yet is imported on the server (``localrun import PATH``) and then found
-by its digest.
+have — the server accepts no uploads and no HTTP route takes a path on its disk (shared/security.md),
+so a file not in the store yet is imported on the server (``localrun import PATH``, then ``localrun
+verify`` records its sha256) and then found by its digest.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
-from localrun.errors import TemplateError
+from localrun.errors import ModelExists, TemplateError
 from localrun.modelstore.identity import without_latest
 from localrun.modelstore.names import validate_model_name
 from localrun.server.errors import InvalidRequest
@@ -60,8 +60,16 @@ def _local(manager, name: str) -> ModelRecord:
 
 
 def _register(manager, record: ModelRecord) -> ModelRecord:
-    """Write ``record`` under its name, replacing what was there as Ollama's copy and create do;
-    a model loaded under that name is unloaded first, so the next request loads the new one."""
+    """Write ``record`` under its name. A name that holds the same files is replaced, as Ollama's
+    copy and create replace a manifest (creating ``mario`` again with a new system prompt); a name
+    that holds other files is refused, since replacing it would orphan files localrun may own. A
+    model loaded under that name is unloaded first, so the next request loads the new one."""
+    existing = manager.store.index.find(record.name)
+    if existing is not None and [f.path for f in existing.files] != [f.path for f in record.files]:
+        raise ModelExists(
+            f"the name {record.name} is taken by another model ({existing.path})",
+            hint=f"delete it first (DELETE /api/delete, or `localrun rm {record.name}`), or choose another name",
+        )
     manager.unload(record.name)
     return manager.store.register(record, replace=True)
 

@@ -181,13 +181,18 @@ def test_pull_of_a_registered_model_succeeds_and_insecure_is_accepted(client):
 # --- copy and create ---------------------------------------------------------------------
 
 
-def test_copy_registers_a_real_model(stack, client):
+def test_copy_registers_a_real_model(stack, client, tiny_fim):
     assert client.post("/api/copy", json={"source": "tiny:latest", "destination": "mine:latest"}).status_code == 200
     assert stack.store.index.find("mine").path == stack.store.resolve("tiny").path
     assert "mine:latest" in _tags(client)
     r = client.post("/api/chat", json={**CHAT, "model": "mine", "options": {"num_predict": 1}})
     assert r.status_code == 200
     assert client.post("/api/copy", json={"source": "ghost", "destination": "x"}).status_code == 404
+    # Another model's name is not overwritten (its files could be orphaned); the same files' is.
+    stack.store.import_path(tiny_fim, name="fim")
+    r = client.post("/api/copy", json={"source": "fim", "destination": "mine"})
+    assert r.status_code == 409 and "mine" in r.json()["error"]
+    assert client.post("/api/create", json={"model": "mine", "from": "tiny", "system": "s"}).status_code == 200
     assert client.request("DELETE", "/api/delete", json={"model": "mine"}).status_code == 200
     assert stack.store.resolve("tiny")  # the source and its file are untouched
 

@@ -65,3 +65,12 @@ def without_latest(name: str) -> str | None:
     if len(name) > len(LATEST) and name[-len(LATEST) :].lower() == LATEST:
         return name[: -len(LATEST)]
     return None
+
+
+def other_latest(name: str) -> str:
+    """The other spelling of the same Ollama name: ``NAME`` for ``NAME:latest``, ``NAME:latest`` for an
+    untagged ``NAME`` (a model imported as ``foo:latest`` is what a client asking for ``foo`` means)."""
+    bare = without_latest(name)
+    if bare is not None:
+        return bare
+    return name if has_tag(name) else name + LATEST

@@ -34,6 +34,7 @@ from localrun.errors import AccessDenied, DownloadFailed, ModelNotFound
 from localrun.modelstore.gitids import git_blob_hasher
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import RemoteFile
+from localrun.modelstore.hub_http import Deadlines, after_headers, timeout_error
 
 logger = logging.getLogger(__name__)
 
@@ -143,10 +144,12 @@ class _Transfer:
         retries: int,
         digest: FileDigest,
         offset: int,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.client, self.url, self.headers, self.rf, self.partial, self.repo = client, url, headers, rf, partial, repo
         self.progress, self.chunk_size, self.retries = progress, chunk_size, retries
         self.digest, self.offset, self.fetched = digest, offset, 0
+        self.deadlines = deadlines or Deadlines()
         self.where = f"{repo}/{rf.path}"
 
     def restart(self) -> None:
@@ -162,13 +165,22 @@ class _Transfer:
             headers = {**self.headers, "Accept-Encoding": "identity"}
             if self.offset:
                 headers["Range"] = f"bytes={self.offset}-"
+            at, got_headers, origin = self.offset, False, _origin(self.url)
             try:
                 with self.client.stream("GET", self.url, headers=headers) as resp:
+                    got_headers, origin = True, _origin(str(resp.url))  # after redirects: the host that went silent
+                    after_headers(resp, self.deadlines)
                     if self._accept(resp):
                         self._receive(resp, began, began_at)
                 if self.offset < self.rf.size:
                     raise httpx.RemoteProtocolError("the body ended early")
             except (httpx.TransportError, _Retry) as exc:
+                if isinstance(exc, httpx.TimeoutException) and self.offset == at:
+                    # Silence with nothing gained: asking again only multiplies the wait.
+                    why = timeout_error(exc, origin, self.deadlines, body=got_headers)
+                    raise DownloadFailed(
+                        f"{self.where}: {why.message} ({self.offset} of {self.rf.size} bytes kept)", hint=why.hint
+                    ) from exc
                 attempt += 1
                 if attempt > self.retries:
                     raise DownloadFailed(
@@ -334,6 +346,13 @@ class _Sink:
                 self.error = self.error or exc
 
 
+def _origin(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc.rpartition('@')[2]}"
+
+
 class _Retry(Exception):
     """A transient answer (429, 5xx, a confused range): back off and ask again."""
 
@@ -349,6 +368,7 @@ def fetch_file(
     progress: ProgressCallback | None = None,
     chunk_size: int | None = None,
     retries: int = RETRIES,
+    deadlines: Deadlines | None = None,
 ) -> FetchResult:
     """Make ``snapshots/<commit>/<rf.path>`` a verified copy of the hub's file and return it.
 
@@ -383,7 +403,9 @@ def fetch_file(
                 return FetchResult(snap, blob, digest.sha256.hexdigest(), size, 0, True)
             logger.warning("%s: cached blob %s does not match the hub; fetching it again", rf.path, blob)
             blob.unlink()
-        return _download(layout, commit, rf, url, blob, partial, client, headers or {}, progress, chunk_size, retries)
+        return _download(
+            layout, commit, rf, url, blob, partial, client, headers or {}, progress, chunk_size, retries, deadlines
+        )
     finally:
         lock.release()
 
@@ -400,6 +422,7 @@ def _download(
     progress: ProgressCallback | None,
     chunk_size: int | None,
     retries: int,
+    deadlines: Deadlines | None = None,
 ) -> FetchResult:
     offset = partial.stat().st_size if partial.exists() else 0
     digest = FileDigest(rf)
@@ -410,7 +433,9 @@ def _download(
         digest, offset = hash_file(partial, rf, offset, progress)
         logger.info("%s: resuming at byte %d of %d", rf.path, offset, rf.size)
     check_disk_space(blob.parent, rf.size - offset, rf.path)
-    transfer = _Transfer(client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset)
+    transfer = _Transfer(
+        client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset, deadlines
+    )
     resumed = offset > 0
     while True:
         transfer.run()

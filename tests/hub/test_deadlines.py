@@ -133,6 +133,18 @@ def test_a_download_whose_headers_come_but_no_body_fails_at_once(fake_hub, store
         headers_only.close()
 
 
+def test_cli_pull_whose_file_server_stalls_after_the_headers_fails_naming_it(fake_hub, tmp_path):
+    headers_only = SilentListener(b"HTTP/1.1 200 OK\r\nContent-Length: 6291456\r\nETag: x\r\n\r\n")
+    try:
+        fake_hub.add_repo(MID, {MID_FILE: repos.make_gguf(payload=1024, seed=8)})
+        fake_hub.faults.redirect_to = headers_only.url
+        proc, _ = _cli(tmp_path / "home", fake_hub.url, "pull", MID, "--yes")
+        assert proc.returncode != 0
+        _assert_names_the_endpoint(proc.stderr, headers_only.url, "stopped sending mid-way within 1.5 s")
+    finally:
+        headers_only.close()
+
+
 def test_a_download_that_stalls_mid_body_is_cut_and_resumed(fake_hub, store, monkeypatch):
     """The server goes silent half-way (and would stay so for minutes): the stall deadline
     cuts it, the retry asks for the rest with Range, and the file verifies."""

@@ -95,7 +95,7 @@ def timeout_error(exc: Exception, endpoint: str, deadlines: Deadlines, *, body: 
         what, secs, knob = "accepted the connection but sent no answer", deadlines.first_byte_s, "first_byte_timeout_s"
     return DownloadFailed(
         f"the hub at {endpoint} {what} within {secs:g} s",
-        hint=f"{_HINT}; [hub] {knob} in config.toml sets this deadline",
+        hint=f"{_HINT}; hub.{knob} in config.toml (LOCALRUN_HUB__{knob.upper()}) sets this deadline",
     )
 
 

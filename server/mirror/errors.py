@@ -21,7 +21,7 @@ _DRIVE_PATH = re.compile(r"(?<![\w])[A-Za-z]:[\\/][^\s'\"<>()\[\],;|]*")
 
 def _short(path: str) -> str:
     tail = re.split(r"[\\/]+", path.rstrip("\\/"))[-1]
-    return f"…/{tail}" if tail else "…"
+    return f".../{tail}" if tail else "..."  # ASCII: it also goes into a header
 
 
 def _host_path(match: re.Match) -> str:

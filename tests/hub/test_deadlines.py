@@ -101,6 +101,7 @@ def _assert_names_the_endpoint(text: str, endpoint: str, what: str) -> None:
     assert endpoint in flat, flat
     assert what in flat, flat
     assert "HF_ENDPOINT" in flat and "--offline" in flat, flat
+    assert "hub." in flat and "_timeout_s in config.toml" in flat, flat  # which setting moves the deadline
 
 
 def test_pull_from_a_silent_endpoint_fails_within_the_deadline(silent, tmp_path):

@@ -90,6 +90,6 @@ def test_redaction_keeps_what_is_not_a_host_path():
     assert redact_paths("no route GET /api/models/x on this mirror") == "no route GET /api/models/x on this mirror"
     assert redact_paths("see http://10.0.0.5:8740/org/repo") == "see http://10.0.0.5:8740/org/repo"
     assert (
-        redact_paths(f"cannot write {os.path.realpath('/tmp')}/a/b.incomplete: x") == "cannot write …/b.incomplete: x"
+        redact_paths(f"cannot write {os.path.realpath('/tmp')}/a/b.incomplete: x") == "cannot write .../b.incomplete: x"
     )
-    assert redact_paths(r"C:\Users\alice\model.gguf is 3 bytes") == "…/model.gguf is 3 bytes"
+    assert redact_paths(r"C:\Users\alice\model.gguf is 3 bytes") == ".../model.gguf is 3 bytes"

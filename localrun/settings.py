@@ -130,6 +130,12 @@ class HubSettings(BaseModel):
     """Hub base URL (a mirror); default: HF_ENDPOINT or huggingface.co."""
     offline: bool = False
     """Use local files only (also HF_HUB_OFFLINE=1)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to open a connection to the hub or mirror before giving up on it."""
+    first_byte_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a hub request waits for the answer's headers: an endpoint that accepts and stays silent fails here."""
+    stall_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a download may go without a byte before it is cut (and resumed from what arrived)."""
 
 
 class ModelSettings(BaseModel):

@@ -59,7 +59,6 @@ def test_litellm_request_with_a_content_type(litellm_client, case, request_):
 VERBATIM = [(c, r) for c, r in REQUESTS if r["content_type"] is None]
 
 
-@pytest.mark.xfail(reason="reading JSON without a Content-Type is the guards part of issue 21", strict=False)
 @pytest.mark.parametrize(("case", "request_"), VERBATIM, ids=[f"{c}: {r['path']}" for c, r in VERBATIM])
 def test_litellm_request_verbatim(litellm_client, case, request_):
     r = litellm_client.request(request_["method"], request_["path"], content=json.dumps(request_["body"]).encode())

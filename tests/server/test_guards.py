@@ -165,12 +165,15 @@ def test_ignored_field_names_never_break_the_response(server, name):
     X-Localrun-Ignored-Fields header and the server dropped the connection (curl exit 52)."""
     doc = '{"model": "llama3.2", "prompt": "hi", "stream": false, ' + json.dumps(name) + ': 1, "other_field": 2}'
     status, headers = _raw_post(server.spec.port, "/api/generate", doc.encode())
+    if name == "\ud800":  # a lone surrogate anywhere in a body is refused, by name (server/validate.py)
+        assert status == 400
+        return
     assert status == 200
     listed = [unquote(n) for n in headers["x-localrun-ignored-fields"][0].split(", ")]
     assert "other_field" in listed
     shown = name if len(name) <= 64 else name[:64] + "..."
     unlisted = int(headers.get("x-localrun-ignored-fields-unlisted", ["0"])[0])
-    if name in ("", "\ud800"):  # nothing to show: left out and counted
+    if name == "":  # nothing to show: left out and counted
         assert unlisted == 1 and len(listed) == 1
     else:
         assert shown in listed and unlisted == 0

@@ -114,6 +114,8 @@ class ModelManager:
         self._planner = planner
         #: The CLI's planner overrides (--ctx, --gpu-layers…) for the default planner; see plan_for.
         self._overrides = overrides
+        #: One log file for every worker's output (``launch`` shows it); None: logs/worker-NAME.log each.
+        self.worker_log = None
         self._events = events
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.RLock()
@@ -166,7 +168,7 @@ class ModelManager:
             plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
-            log_path = self.settings.data_dir / "logs" / f"worker-{safe}.log"
+            log_path = self.worker_log or self.settings.data_dir / "logs" / f"worker-{safe}.log"
             return WorkerHandle(record, plan, log_path=log_path)
         return InProcessHandle(record, plan, runtime.load(record, plan))
 

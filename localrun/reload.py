@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from localrun.manager import LoadedModel, ModelManager
     from localrun.types import Plan
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("localrun.activity")  # a reload is what a waiting user wants to know of
 
 
 def _fitting_plan(manager: ModelManager, lm: LoadedModel, target: int, source: str) -> Plan | None:

@@ -333,8 +333,9 @@ class Scheduler(SpeculativeSteps):
         if not self._call_decode([job]):
             self._prefill_began.pop(id(job), None)
             return
-        if len(job.prompt) - began[1] >= PROGRESS_MIN_TOKENS:
-            # A long prompt takes minutes on a few cores: say how far it is (``launch`` shows this log).
+        tenth = 10 * (start + n) // len(job.prompt)
+        if len(job.prompt) - began[1] >= PROGRESS_MIN_TOKENS and tenth > 10 * start // len(job.prompt):
+            # A long prompt takes minutes on a few cores: say how far it is, every tenth (``launch`` shows this log).
             done, elapsed = start + n - began[1], time.perf_counter() - began[0]
             log.info(
                 "prefill %d/%d tokens (%.0f%%), %.0f tok/s",

@@ -57,6 +57,9 @@ class Watch:
 
     def __init__(self, lm: Any, req: Any) -> None:
         self.lm, self.kind = lm, type(req).__name__.replace("Request", "").lower()
+        tools = len(getattr(req, "tools", None) or ())
+        if tools:  # an agent's request carries its whole tool list: the count shows it arrived
+            self.kind += f" with {tools} tools"
         self.t0 = time.perf_counter()
         self.first: float | None = None
         self.pieces = 0

@@ -369,8 +369,10 @@ def launch_cmd(ctx, agent_name, args, model_name, ctx_len, max_tokens, print_onl
     record, plan, overrides = _model_and_plan(settings, store, model_name, agent, ctx_len)
     key = settings.server.api_key.get_secret_value() if settings.server.api_key else "localrun"
     url = server_url(_client_host(settings.server.host), settings.server.port)
+    from rich.markup import escape
+
     for note in context_notes(agent, record, plan):
-        err_console().print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console().print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     if print_only:
         _print_settings(agent, Endpoint(url, key, record.name, plan.n_ctx), args)
         return

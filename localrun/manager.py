@@ -172,8 +172,16 @@ class ModelManager:
             return WorkerHandle(record, plan, log_path=log_path)
         return InProcessHandle(record, plan, runtime.load(record, plan))
 
-    def load(self, name: str, *, keep_alive_s: float | None = None, pin: bool | None = None) -> LoadedModel:
-        """Load ``name`` if it is not loaded (or its worker died); return it."""
+    def load(
+        self,
+        name: str,
+        *,
+        keep_alive_s: float | None = None,
+        pin: bool | None = None,
+        plan_with: Planner | None = None,
+    ) -> LoadedModel:
+        """Load ``name`` if it is not loaded (or its worker died), planned by ``plan_with`` (default
+        :meth:`plan_for`); return it."""
         remote = self._remote_model(name)
         if remote is not None:
             return remote
@@ -190,7 +198,7 @@ class ModelManager:
                     self.worker_restarts += 1
                     lm = None
             if lm is None:
-                plan = self.plan_for(record)
+                plan = (plan_with or self.plan_for)(record)
                 self._make_room(plan)
                 t0 = time.monotonic()
                 handle = self._start_handle(record, plan)

@@ -29,20 +29,20 @@ from localrun.planning.placement import ModelShape
 
 if TYPE_CHECKING:
     from localrun.manager import LoadedModel, ModelManager
-    from localrun.types import Plan
+    from localrun.types import ModelRecord, Plan
 
 log = logging.getLogger("localrun.activity")  # a reload is what a waiting user wants to know of
 
 
-def _fitting_plan(manager: ModelManager, lm: LoadedModel, target: int, source: str) -> Plan | None:
-    """The plan at ``target``, or at the largest multiple of 256 above the loaded context that fits; None if none."""
-    plan = manager.plan_for(lm.record, target, source)
+def _fitting_plan(manager: ModelManager, record: ModelRecord, current: int, target: int, source: str) -> Plan | None:
+    """The plan at ``target``, or at the largest multiple of 256 above ``current`` that fits; None if none."""
+    plan = manager.plan_for(record, target, source)
     if plan.verdict != "wont-fit":
         return plan
-    lo, hi, best = lm.plan.n_ctx // 256 + 1, (target - 1) // 256, None
+    lo, hi, best = current // 256 + 1, (target - 1) // 256, None
     while lo <= hi:  # memory grows with the context: the edge is found by bisection
         mid = (lo + hi) // 2
-        candidate = manager.plan_for(lm.record, mid * 256, source)
+        candidate = manager.plan_for(record, mid * 256, source)
         if candidate.verdict != "wont-fit":
             best, lo = candidate, mid + 1
         else:
@@ -50,29 +50,55 @@ def _fitting_plan(manager: ModelManager, lm: LoadedModel, target: int, source: s
     return best
 
 
+def _grown_plan(
+    manager: ModelManager, record: ModelRecord, current: Plan, asked: int, source: str
+) -> tuple[Plan | None, str | None]:
+    """The plan with more context to load for ``asked`` (None: keep ``current``), and what to tell the user."""
+    trained = ModelShape.from_metadata(record.metadata).n_ctx_train
+    target = grown_context(asked, trained)
+    if target <= current.n_ctx:
+        return None, (
+            f"{source} {asked:,} is beyond the {trained:,} tokens {record.name} was trained on: "
+            f"kept at {current.n_ctx:,}"
+        )
+    plan = _fitting_plan(manager, record, current.n_ctx, target, source)
+    if plan is None or plan.n_ctx <= current.n_ctx:
+        return None, (
+            f"{source} {asked:,} does not fit in memory: {record.name} kept at {current.n_ctx:,} tokens "
+            f'(start the server with --ctx or set [models."{record.name}"] ctx to load it larger)'
+        )
+    if plan.n_ctx < asked:
+        return plan, f"{source} {asked:,} clamped to {plan.n_ctx:,}, the most that fits in memory"
+    return plan, None
+
+
 def ensure_context(manager: ModelManager, name: str, asked: int, source: str) -> tuple[LoadedModel, str | None]:
-    """The model loaded with at least ``asked`` tokens of context if memory allows; (model, why not) otherwise."""
+    """The model loaded with at least ``asked`` tokens of context if memory allows; (model, why not) otherwise.
+
+    A model not loaded yet is loaded once, with the larger context straight away."""
+    remote = manager._remote_model(name)
+    if remote is not None:
+        note = None if remote.plan.n_ctx >= asked else f"{remote.name} is served by another server, at its context"
+        return remote, note
+    record = manager.store.resolve(name)
+    if not manager.is_loaded(record.name):
+        notes: list[str | None] = []
+
+        def planned(r: ModelRecord) -> Plan:
+            base = manager.plan_for(r)
+            if base.n_ctx >= asked:
+                return base
+            plan, note = _grown_plan(manager, r, base, asked, source)
+            notes.append(note)
+            return plan or base
+
+        return manager.load(name, plan_with=planned), (notes[0] if notes else None)
     lm = manager.load(name)
     if lm.plan.n_ctx >= asked:
         return lm, None
-    if lm is manager._remote_loaded.get(name):
-        return lm, f"{lm.name} is served by another server: its context {lm.plan.n_ctx:,} is that server's"
-    trained = ModelShape.from_metadata(lm.record.metadata).n_ctx_train
-    target = grown_context(asked, trained)
-    if target <= lm.plan.n_ctx:
-        return (
-            lm,
-            f"{source} {asked:,} is beyond the {trained:,} tokens {lm.name} was trained on: kept at {lm.plan.n_ctx:,}",
-        )
-    plan = _fitting_plan(manager, lm, target, source)
-    if plan is None or plan.n_ctx <= lm.plan.n_ctx:
-        return lm, (
-            f"{source} {asked:,} does not fit in memory: {lm.name} kept at {lm.plan.n_ctx:,} tokens "
-            f'(start the server with --ctx or set [models."{lm.name}"] ctx to load it larger)'
-        )
-    note = (
-        None if plan.n_ctx >= asked else f"{source} {asked:,} clamped to {plan.n_ctx:,}, the most that fits in memory"
-    )
+    plan, note = _grown_plan(manager, lm.record, lm.plan, asked, source)
+    if plan is None:
+        return lm, note
     return _reload(manager, lm, plan), note
 
 

@@ -154,3 +154,14 @@ def test_an_overflow_beyond_the_trained_context_says_so(build_stack, live_factor
     )
     assert r.status_code == 400
     assert "tiny was trained on 256 tokens: shorten the conversation" in r.json()["error"]
+
+
+def test_a_model_not_loaded_yet_is_loaded_once_with_the_larger_context(served, monkeypatch):
+    stack, url = served()
+    starts = []
+    real = stack.manager._start_handle
+    monkeypatch.setattr(
+        stack.manager, "_start_handle", lambda record, plan: starts.append(plan.n_ctx) or real(record, plan)
+    )
+    assert chat(url, num_ctx=10_000).status_code == 200
+    assert starts == [16_384] and loaded_ctx(stack) == 16_384

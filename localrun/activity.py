@@ -44,8 +44,11 @@ def context_fix(name: str, trained: int | None, prompt_tokens: int | None) -> st
     )
 
 
-def with_context_hint(exc: ContextOverflow, record: Any) -> ContextOverflow:
-    """``exc`` with a hint that names the option which fixes it (set in place; returned for ``raise``)."""
+def with_context_hint(exc: ContextOverflow, record: Any, runtime: str = "") -> ContextOverflow:
+    """``exc`` with a hint that names the option which fixes it (set in place; returned for ``raise``).
+    An upstream's context is that server's to set: its own words stay."""
+    if runtime == "upstream":
+        return exc
     found = _TOKENS.search(exc.message)
     trained = ModelShape.from_metadata(record.metadata).n_ctx_train
     exc.hint = context_fix(record.name, trained, int(found.group(1)) if found else None)
@@ -111,7 +114,7 @@ def watched(lm: Any, req: Any, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
             watch.note(chunk)
             yield chunk
     except ContextOverflow as exc:
-        watch.refused(with_context_hint(exc, lm.record))
+        watch.refused(with_context_hint(exc, lm.record, lm.plan.runtime))
         raise
     except LocalrunError as exc:
         watch.refused(exc)
@@ -131,7 +134,7 @@ async def awatched(lm: Any, req: Any, chunks: AsyncIterator[Chunk]) -> AsyncIter
             watch.note(chunk)
             yield chunk
     except ContextOverflow as exc:
-        watch.refused(with_context_hint(exc, lm.record))
+        watch.refused(with_context_hint(exc, lm.record, lm.plan.runtime))
         raise
     except LocalrunError as exc:
         watch.refused(exc)

@@ -50,6 +50,7 @@ def test_the_agent_with_its_own_prompt_and_tools_through_launch(
     found = re.search(r"tail -f (\S+launch-" + agent + r"\.log)", out)
     assert found, out[-4000:]
     log = open(found.group(1), encoding="utf-8").read()
+    print("\n".join(line for line in log.splitlines() if "tokens" in line))  # for the run's report (pytest -s)
     assert "localrun serving gemma3-270m (32,768-token context" in out, out[-4000:]
     assert result.returncode == 0, out[-4000:] + log[-4000:]
     tools = [int(n) for n in re.findall(r"gemma3-270m: chat with (\d+) tools of \d+ prompt tokens", log)]

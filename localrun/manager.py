@@ -37,6 +37,7 @@ class LoadedModel:
     pinned: bool = False
     active: int = 0  # requests admitted (queued or running)
     queue_limit: int | None = None  # admission bound; None: server.queue_size
+    retired: bool = False  # being replaced (a reload with a larger context): admit nothing more
 
     def idle_s(self) -> float:
         return 0.0 if self.active else time.monotonic() - self.last_used
@@ -96,6 +97,7 @@ class ModelManager:
         store,
         *,
         planner: Planner | None = None,
+        overrides: Any = None,
         events: Callable[[dict], None] | None = None,
         upstreams=None,
     ):
@@ -110,9 +112,14 @@ class ModelManager:
 
             self._remote = RemoteModels(self.upstreams, store, settings)
         self._planner = planner
+        #: The CLI's planner overrides (--ctx, --gpu-layers…) for the default planner; see plan_for.
+        self._overrides = overrides
+        #: One log file for every worker's output (``launch`` shows it); None: logs/worker-NAME.log each.
+        self.worker_log = None
         self._events = events
         self._models: dict[str, LoadedModel] = {}
         self._lock = threading.RLock()
+        self._released = threading.Condition(self._lock)  # notified whenever a request ends (reloads wait on it)
         self._load_locks: dict[str, threading.Lock] = {}
         self._stop = threading.Event()
         self.worker_restarts = 0
@@ -120,12 +127,28 @@ class ModelManager:
         self._reaper.start()
 
     # -- planning and loading ------------------------------------------------------------
-    def plan_for(self, record: ModelRecord) -> Plan:
+    def plan_for(self, record: ModelRecord, n_ctx: int | None = None, ctx_source: str | None = None) -> Plan:
+        """The plan to load ``record`` with; ``n_ctx`` asks for that context instead (a reload that grows it)."""
         if self._planner is not None:
-            return self._planner(record)
+            if n_ctx is None:
+                return self._planner(record)
+            import dataclasses
+            import inspect
+
+            if "n_ctx" in inspect.signature(self._planner).parameters:
+                return self._planner(record, n_ctx=n_ctx)
+            # a planner passed in (tests, the TUI's) that sizes nothing: take the context as asked
+            return dataclasses.replace(self._planner(record), n_ctx=n_ctx)
         from localrun.planning.facts import default_plan
 
-        return default_plan(record, self.settings)
+        overrides = self._overrides
+        if n_ctx is not None:
+            import dataclasses
+
+            from localrun.planning.planner import PlanOverrides
+
+            overrides = dataclasses.replace(overrides or PlanOverrides(), n_ctx=n_ctx, ctx_source=ctx_source)
+        return default_plan(record, self.settings, overrides)
 
     def _emit(self, event: dict) -> None:
         if self._events:
@@ -145,12 +168,20 @@ class ModelManager:
             plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
-            log_path = self.settings.data_dir / "logs" / f"worker-{safe}.log"
+            log_path = self.worker_log or self.settings.data_dir / "logs" / f"worker-{safe}.log"
             return WorkerHandle(record, plan, log_path=log_path)
         return InProcessHandle(record, plan, runtime.load(record, plan))
 
-    def load(self, name: str, *, keep_alive_s: float | None = None, pin: bool | None = None) -> LoadedModel:
-        """Load ``name`` if it is not loaded (or its worker died); return it."""
+    def load(
+        self,
+        name: str,
+        *,
+        keep_alive_s: float | None = None,
+        pin: bool | None = None,
+        plan_with: Planner | None = None,
+    ) -> LoadedModel:
+        """Load ``name`` if it is not loaded (or its worker died), planned by ``plan_with`` (default
+        :meth:`plan_for`); return it."""
         remote = self._remote_model(name)
         if remote is not None:
             return remote
@@ -167,7 +198,7 @@ class ModelManager:
                     self.worker_restarts += 1
                     lm = None
             if lm is None:
-                plan = self.plan_for(record)
+                plan = (plan_with or self.plan_for)(record)
                 self._make_room(plan)
                 t0 = time.monotonic()
                 handle = self._start_handle(record, plan)
@@ -332,8 +363,19 @@ class ModelManager:
                 self.unload(name, reason="keep-alive expired")
 
     # -- requests --------------------------------------------------------------------------
-    def _admit(self, lm: LoadedModel) -> None:
+    def ensure_context(
+        self, name: str, n_ctx: int, *, source: str = "options.num_ctx"
+    ) -> tuple[LoadedModel, str | None]:
+        """Load ``name`` with at least ``n_ctx`` tokens of context when memory allows (see localrun/reload.py)."""
+        from localrun.reload import ensure_context
+
+        return ensure_context(self, name, n_ctx, source)
+
+    def _admit(self, lm: LoadedModel) -> bool:
+        """Count a request against ``lm``'s queue; False when ``lm`` is being replaced (load it again)."""
         with self._lock:
+            if lm.retired:
+                return False
             limit = lm.queue_limit or self.settings.server.queue_size
             if lm.active >= limit:
                 raise Overloaded(
@@ -341,11 +383,20 @@ class ModelManager:
                     hint="retry in a moment",
                 )
             lm.active += 1
+            return True
 
     def _release(self, lm: LoadedModel) -> None:
         with self._lock:
             lm.active -= 1
             lm.last_used = time.monotonic()
+            self._released.notify_all()
+
+    def _load_admitted(self, name: str, keep_alive_s: float | None = None) -> LoadedModel:
+        """Load and admit; a model replaced between the two (a reload) is loaded again, behind the reload."""
+        while True:
+            lm = self.load(name, keep_alive_s=keep_alive_s)
+            if self._admit(lm):
+                return lm
 
     def stream(
         self,
@@ -356,12 +407,12 @@ class ModelManager:
         keep_alive_s: float | None = None,
     ) -> Iterator[Chunk]:
         """Blocking chunk stream for the CLI and the TUI's workers."""
+        from localrun.activity import watched
         from localrun.worker.host import iter_chunks
 
-        lm = self.load(name, keep_alive_s=keep_alive_s)
-        self._admit(lm)
+        lm = self._load_admitted(name, keep_alive_s)
         try:
-            yield from iter_chunks(lm.handle, req, cancel)
+            yield from watched(lm, req, iter_chunks(lm.handle, req, cancel))
         finally:
             self._release(lm)
 
@@ -376,17 +427,15 @@ class ModelManager:
 
         # An upstream model already routed once is found without a thread hop (nothing to load).
         lm = self._remote_model(name) if self._remote is not None and self._remote.warm(name) else None
-        if lm is None:
-            lm = await asyncio.to_thread(self.load, name, keep_alive_s=keep_alive_s)
-        self._admit(lm)
+        if lm is None or not self._admit(lm):
+            lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s)
         return OpenStream(self, lm, req)
 
     def embed(self, name: str, texts: list[str]) -> list[list[float]]:
         from localrun.worker.host import call_result
         from localrun.worker.ops import Embed
 
-        lm = self.load(name)
-        self._admit(lm)
+        lm = self._load_admitted(name)
         try:
             return call_result(lm.handle, Embed(tuple(texts)))
         finally:
@@ -397,8 +446,7 @@ class ModelManager:
         from localrun.worker.host import call_result
         from localrun.worker.ops import Call
 
-        lm = self.load(name)
-        self._admit(lm)
+        lm = self._load_admitted(name)
         try:
             return call_result(lm.handle, Call(method, dict(args or {})))
         finally:
@@ -434,10 +482,11 @@ class OpenStream:
             self._manager._release(self._lm)
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
+        from localrun.activity import awatched
         from localrun.worker.host import aiter_chunks
 
         try:
-            async for chunk in aiter_chunks(self._lm.handle, self._req):
+            async for chunk in awatched(self._lm, self._req, aiter_chunks(self._lm.handle, self._req)):
                 yield chunk
         finally:
             self._release()

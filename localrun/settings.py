@@ -95,10 +95,15 @@ class RuntimeSettings(BaseModel):
 
     threads: int | None = Field(None, ge=1, le=1024)
     """CPU threads for llama.cpp; default: the number of physical cores."""
+    ctx: int | None = Field(None, ge=64)
+    """Context every model is loaded with (``LOCALRUN_RUNTIME__CTX``, ``[runtime] ctx``); a model's own
+    ``[models."NAME"] ctx`` and ``--ctx`` win over it. Unset: the planner's default (the trained context
+    within a memory tier, see localrun/planning/context.py)."""
     context_length: int | None = Field(None, ge=64)
-    """Cap on the context a model is loaded with; default: the planner's choice."""
-    max_context_default: int = Field(8192, ge=64)
-    """Largest context the planner picks on its own when the model's trained length is bigger."""
+    """Cap on the context the planner picks on its own; default: no cap beyond the memory tier."""
+    max_context_default: int | None = Field(None, ge=64)
+    """Largest context the planner picks on its own when the model's trained length is bigger;
+    unset: the memory tier (4k, 32k or 256k, as Ollama's VRAM tiers)."""
     parallel: int | None = Field(None, ge=1, le=64)
     """Requests one llama.cpp model decodes at once (slots, each with the whole context);
     default: up to 4 when their KV cache fits comfortably, else fewer."""
@@ -145,6 +150,8 @@ class ModelSettings(BaseModel):
     """How embeddings pool the token vectors; lets a generative model (Gemma) serve /v1/embeddings."""
     chat_template_file: Path | None = None
     """A Jinja chat template to use instead of the GGUF's (rendered in the same sandbox)."""
+    ctx: int | None = Field(None, ge=64)
+    """Context to load this model with; wins over runtime.ctx, loses to ``--ctx``."""
 
 
 # --- upstreams: the [upstream] and [[upstreams]] sections ---------------------------------

@@ -132,7 +132,8 @@ def too_long_message(exc: LocalrunError) -> str | None:
     if tokens is None or context is None:
         return None
     limit = int(context.group(1) or context.group(2))
-    return f"prompt is too long: {tokens.group(1)} tokens > {limit - 1} maximum"
+    hint = f" ({exc.hint})" if exc.hint else ""  # the option that fixes it (localrun/activity.py)
+    return f"prompt is too long: {tokens.group(1)} tokens > {limit - 1} maximum{hint}"
 
 
 def anthropic_error_body(exc: LocalrunError) -> dict:

@@ -36,6 +36,8 @@ from localrun.cli.output import err_console, settings_from
 from localrun.errors import LocalrunError
 
 TELEMETRY_OFF = {"DO_NOT_TRACK": "1"}
+#: The longest answer a server that ``launch`` starts writes (``--max-tokens``): agents ask for 32k.
+LAUNCH_MAX_TOKENS = 2048
 #: Variables of the user's environment that would point an agent elsewhere (a cloud key wins over the token).
 UNSET = {"claude": ("ANTHROPIC_API_KEY",), "codex": ("OPENAI_BASE_URL",), "opencode": ("OPENCODE_CONFIG",)}
 
@@ -266,14 +268,44 @@ def context_notes(agent: Agent, record, plan) -> list[str]:
     ]
 
 
-def _model_and_plan(settings, store, name: str | None, agent: Agent):
-    from localrun.cli.run import resolve_or_builtin
-    from localrun.planning.facts import default_plan
+def agent_overrides(settings, record, agent: Agent, ctx_len: int | None):
+    """The planner overrides of ``launch``: --ctx, else the user's own ctx setting for the model
+    (``[models."NAME"] ctx``, ``runtime.ctx``), else the context the agent needs."""
+    from localrun.planning.context import user_context
     from localrun.planning.planner import PlanOverrides
 
+    if ctx_len is not None:
+        return PlanOverrides(n_ctx=ctx_len, ctx_source="--ctx")
+    if user_context(record.name, settings, None, None)[0] is not None:
+        return None
+    why = f"launch {agent.name} (its first request is about {agent.first_request:,} tokens)"
+    return PlanOverrides(n_ctx=agent.context, ctx_source=why)
+
+
+def _model_and_plan(settings, store, name: str | None, agent: Agent, ctx_len: int | None = None):
+    from localrun.cli.run import resolve_or_builtin
+    from localrun.planning.facts import default_plan
+
     record = resolve_or_builtin(store, name or _default_model_name(store))
-    plan = default_plan(record, settings, PlanOverrides(n_ctx=agent.context))
-    return record, plan
+    overrides = agent_overrides(settings, record, agent, ctx_len)
+    return record, default_plan(record, settings, overrides), overrides
+
+
+def activity_log(path: Path):
+    """Send the server's activity (one line per request, refusals, reloads) and the workers' prefill
+    progress to ``path``. A file, not the terminal: the agent's full-screen interface owns the terminal
+    and repaints it, so lines written there would garble it and then be wiped. ``tail -f`` it elsewhere."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    activity = logging.getLogger("localrun.activity")
+    activity.setLevel(logging.INFO)
+    activity.addHandler(handler)
+    activity.propagate = False  # not to the terminal's handler either
+    os.environ["LOCALRUN_WORKER_LOG"] = "INFO"  # the workers (children of this process) log prefill progress
+    return handler
 
 
 def _default_model_name(store) -> str:
@@ -306,10 +338,27 @@ def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...]) -> None:
     "--model", "-m", "model_name", default=None, help="Model to serve to the agent (default: the default chat model)."
 )
 @click.option(
+    "--ctx",
+    "ctx_len",
+    type=click.IntRange(64, None),
+    default=None,
+    help='Context to serve the model with (default: [models."NAME"] ctx or runtime.ctx if set, else 32,768 '
+    "within the model's trained context).",
+)
+@click.option(
+    "--max-tokens",
+    "max_tokens",
+    type=click.IntRange(1, None),
+    default=None,
+    help="Longest answer the server launch starts will write, whatever the agent asks "
+    f"(default {LAUNCH_MAX_TOKENS:,} or runtime.max_tokens_cap if lower): a small model that rambles "
+    "to the agent's own limit would take many minutes per turn.",
+)
+@click.option(
     "--print", "print_only", is_flag=True, help="Print the environment and command instead of running the agent."
 )
 @click.pass_context
-def launch_cmd(ctx, agent_name, args, model_name, print_only):
+def launch_cmd(ctx, agent_name, args, model_name, ctx_len, max_tokens, print_only):
     """Run a coding agent (claude, codex, opencode) against localrun. ARGS after -- go to the agent."""
     agent = agent_named(agent_name)
     settings = settings_from(ctx)
@@ -317,25 +366,35 @@ def launch_cmd(ctx, agent_name, args, model_name, print_only):
     from localrun.server.serve import server_url
 
     store = open_store(ctx)
-    record, plan = _model_and_plan(settings, store, model_name, agent)
+    record, plan, overrides = _model_and_plan(settings, store, model_name, agent, ctx_len)
     key = settings.server.api_key.get_secret_value() if settings.server.api_key else "localrun"
     url = server_url(_client_host(settings.server.host), settings.server.port)
+    from rich.markup import escape
+
     for note in context_notes(agent, record, plan):
-        err_console().print(f"[yellow]note:[/] {note}", highlight=False)
+        err_console().print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     if print_only:
         _print_settings(agent, Endpoint(url, key, record.name, plan.n_ctx), args)
         return
     exe = find_executable(agent)
     background = None
+    log_path = settings.data_dir / "logs" / f"launch-{agent.name}.log"
     if running_server(url, key) is None:
         from localrun.cli.run import make_manager
-        from localrun.planning.planner import PlanOverrides
 
-        background = Background(settings, make_manager(settings, store, PlanOverrides(n_ctx=agent.context)))
+        cap = min(max_tokens or LAUNCH_MAX_TOKENS, settings.runtime.max_tokens_cap)
+        settings = settings.model_copy(update={"runtime": settings.runtime.model_copy(update={"max_tokens_cap": cap})})
+        handler = activity_log(log_path)
+        manager = make_manager(settings, store, overrides)
+        manager.worker_log = log_path
+        background = Background(settings, manager)
         url = background.url
         err_console().print(
-            f"[dim]localrun serving {record.name} ({plan.n_ctx:,}-token context) on {url} for {agent.name}[/]",
+            f"[dim]localrun serving {record.name} ({plan.n_ctx:,}-token context, answers up to {cap:,} tokens) "
+            f"on {url} for {agent.name}\n"
+            f"what the server is doing (prefill progress, tokens/s, refusals): tail -f {log_path}[/]",
             highlight=False,
+            soft_wrap=True,  # the path stays on one line, for copying
         )
     else:
         err_console().print(
@@ -347,6 +406,8 @@ def launch_cmd(ctx, agent_name, args, model_name, print_only):
     finally:
         if background is not None:
             background.stop()
+            handler.close()
+            err_console().print(f"[dim]server activity of this run: {log_path}[/]", highlight=False, soft_wrap=True)
     sys.exit(code)
 
 

@@ -66,7 +66,7 @@ def plan_cmd(ctx, ref, as_json, runtime, ctx_len, gpu_layers, device, threads, p
     from localrun.planning.render import render_plan
 
     for line in render_plan(plan, record):
-        console().print(line, highlight=False)
+        console().print(line, highlight=False, markup=False)  # reasons name [models."NAME"] tables
 
 
 COMMANDS = [hw_cmd, plan_cmd]

@@ -14,7 +14,12 @@ from localrun.cli.output import Column, err_console, human_bytes, print_rows, se
 def plan_options(f):
     """The planner overrides shared by run, serve and plan."""
     f = click.option("--runtime", help="Runtime to use (llama.cpp, mlx, ollama, mlc, fake).")(f)
-    f = click.option("--ctx", "ctx_len", type=click.IntRange(64, None), help="Context length to load with.")(f)
+    f = click.option(
+        "--ctx",
+        "ctx_len",
+        type=click.IntRange(64, None),
+        help='Context length to load with (beats [models."NAME"] ctx and runtime.ctx).',
+    )(f)
     f = click.option("--gpu-layers", type=int, help="Layers to offload to the GPU (-1: all).")(f)
     f = click.option("--device", help="Device: cpu, cuda, metal…")(f)
     f = click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads.")(f)
@@ -63,11 +68,8 @@ def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None,
 
 def make_manager(settings, store, overrides=None):
     from localrun.manager import ModelManager
-    from localrun.planning.facts import default_plan
 
-    if overrides is None:
-        return ModelManager(settings, store)
-    return ModelManager(settings, store, planner=lambda record: default_plan(record, settings, overrides))
+    return ModelManager(settings, store, overrides=overrides)
 
 
 def resolve_or_builtin(store, name: str):
@@ -301,6 +303,14 @@ def pooling_settings(items) -> dict:
 )
 @click.option("--runtime", default=None, help="Force one runtime for every model.")
 @click.option(
+    "--ctx",
+    "ctx_len",
+    type=click.IntRange(64, None),
+    default=None,
+    help='Context every model is loaded with (beats [models."NAME"] ctx and runtime.ctx; default: the trained '
+    "context within the memory tier, see `localrun plan`).",
+)
+@click.option(
     "--parallel",
     type=click.IntRange(1, 64),
     default=None,
@@ -319,7 +329,9 @@ def pooling_settings(items) -> dict:
 )
 @speculative_option
 @click.pass_context
-def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poolings, mirror, speculative, draft):
+def serve_cmd(
+    ctx, host, port, api_key, runtime, ctx_len, parallel, no_default_model, poolings, mirror, speculative, draft
+):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {
         k: v
@@ -349,7 +361,7 @@ def serve_cmd(ctx, host, port, api_key, runtime, parallel, no_default_model, poo
     from localrun.manager import ModelManager
     from localrun.server.serve import run_server
 
-    manager = ModelManager(settings, store)
+    manager = ModelManager(settings, store, overrides=overrides_from(None, ctx_len, None, None, None))
     key = "on" if settings.server.api_key else "off"
 
     def ready(url: str) -> None:

@@ -65,8 +65,10 @@ def default_plan(record: ModelRecord, settings: Any, overrides: Any = None) -> P
     from localrun.planning.overrides import with_overrides
     from localrun.planning.planner import PlanOverrides, plan_placement
 
-    if overrides is None and settings.runtime.force:
-        overrides = PlanOverrides(runtime=settings.runtime.force)
+    if settings.runtime.force and (overrides is None or overrides.runtime is None):
+        import dataclasses
+
+        overrides = dataclasses.replace(overrides or PlanOverrides(), runtime=settings.runtime.force)
     hw, statuses = machine_facts(settings)
     plan = plan_placement(record, hw, statuses, overrides=overrides, settings=settings)
     return with_overrides(plan, record, settings)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
+from localrun.planning.context import fit_context, initial_context
 from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
 from localrun.planning.placement import (
     KV_BYTES,
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 #: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
 AUTO_SLOTS = (4, 3, 2)
-MIN_CONTEXT = 512  # below this a chat model is of no use: the verdict becomes wont-fit instead
 VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fragmentation
 #: Which GPUs each llama.cpp GPU backend can drive.
 BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
@@ -54,6 +54,8 @@ class PlanOverrides:
     runtime: str | None = None
     device: str | None = None
     n_ctx: int | None = None
+    #: Who asked for n_ctx, in words for the plan's reasons ("--ctx", "options.num_ctx"…).
+    ctx_source: str | None = None
     n_gpu_layers: int | None = None  # -1: all
     threads: int | None = None
     kv_type: str | None = None
@@ -190,61 +192,6 @@ def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOv
     ), None
 
 
-def _initial_context(shape: ModelShape, ov: PlanOverrides, rt: Any) -> tuple[int, list[str], bool]:
-    """The context to start from, why, and whether the planner may shrink it to fit."""
-    trained = shape.n_ctx_train
-    if ov.n_ctx is not None:
-        if ov.n_ctx < 1:
-            raise ConfigError(f"context length must be positive, not {ov.n_ctx}", param="n_ctx")
-        if trained and ov.n_ctx > trained:
-            return (
-                trained,
-                [f"context {ov.n_ctx:,} asked for, but the model was trained on {trained:,}: using {trained:,}"],
-                False,
-            )
-        return ov.n_ctx, [], False
-    cap, by = rt.max_context_default, "the default max_context (raise with --ctx)"
-    if rt.context_length is not None:
-        cap, by = rt.context_length, "runtime.context_length in the settings"
-    if not trained:
-        return cap, [f"the model does not state its trained context: using {cap:,}"], True
-    if trained > cap:
-        return cap, [f"context {cap:,} of the trained {trained:,}: capped by {by}"], True
-    return trained, [], True
-
-
-def _fit_context(
-    shape: ModelShape,
-    weights: int,
-    budget: Budget,
-    n_ctx: int,
-    adjustable: bool,
-    n_gpu_layers: int | None,
-    kv_type: str,
-) -> Placement:
-    """Keep the context if the model fits with it at all; otherwise take the largest multiple of
-    256 tokens (not below MIN_CONTEXT) that fits comfortably, else the largest that fits tightly."""
-
-    def at(ctx: int) -> Placement:
-        return place(shape, weights, budget, ctx, n_gpu_layers=n_gpu_layers, kv_type=kv_type)
-
-    first = at(n_ctx)
-    if first.ratio <= 1.0 or not adjustable or n_ctx <= MIN_CONTEXT:
-        return first
-    for limit in (TIGHT_RATIO, 1.0):  # memory grows with the context, so a binary search finds the edge
-        lo, hi, best = MIN_CONTEXT // 256, max(MIN_CONTEXT, n_ctx - 1) // 256, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            candidate = at(mid * 256)
-            if candidate.ratio <= limit:
-                best, lo = candidate, mid + 1
-            else:
-                hi = mid - 1
-        if best is not None:
-            return best
-    return at(MIN_CONTEXT)
-
-
 def plan_placement(
     record: ModelRecord,
     hw: HardwareProfile,
@@ -276,11 +223,14 @@ def plan_placement(
     budget, cpu_why = _budget(runtime, status, hw, ov)
     shape = ModelShape.from_metadata(record.metadata)
     weights = weights_bytes(record)
-    n_ctx, ctx_reasons, adjustable = _initial_context(shape, ov, rt)
+    choice = initial_context(record.name, shape, settings, rt, budget, hw, ov.n_ctx, ov.ctx_source)
+    n_ctx, ctx_reasons = choice.n_ctx, list(choice.reasons)
     layers = ov.n_gpu_layers
     if runtime in ("mlx", "mlc") and budget.backend != "cpu":
         layers = -1  # these runtimes place the whole model on their device
-    placement = _fit_context(shape, weights, budget, n_ctx, adjustable, layers, kv_type)
+    placement = fit_context(
+        lambda ctx: place(shape, weights, budget, ctx, n_gpu_layers=layers, kv_type=kv_type), n_ctx, choice.adjustable
+    )
     threads = ov.threads or rt.threads or hw.physical_cores or 1
     slots, slot_reasons, draft, speculate = 1, [], None, None
     if runtime == "llama.cpp":
@@ -309,6 +259,7 @@ def plan_placement(
     if runtime == "ollama":
         reasons.append("Ollama makes the final placement itself; these numbers are localrun's estimate")
     options: dict[str, Any] = {
+        "ctx_source": choice.source,
         "placement": {
             "host_bytes": placement.host,
             "gpu_bytes": placement.gpu,
@@ -318,7 +269,7 @@ def plan_placement(
             "layers_total": (shape.n_layer or 0) + 1,
             "backend": budget.backend,
             "unified": budget.unified,
-        }
+        },
     }
     if runtime == "ollama":
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)

@@ -29,7 +29,8 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         f"layers    {layers}",
         f"context   {plan.n_ctx:,} tokens"
         + (f" (trained {trained:,})" if trained else "")
-        + f", KV cache {plan.kv_type}",
+        + f", KV cache {plan.kv_type}"
+        + (f", set by {plan.options['ctx_source']}" if plan.options.get("ctx_source", "default") != "default" else ""),
     ]
     if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
         n = plan.options["n_slots"]

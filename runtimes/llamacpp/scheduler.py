@@ -66,6 +66,8 @@ from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
 from localrun.types import Chunk
 
 log = logging.getLogger(__name__)
+#: Prompts at least this long log their prefill progress at INFO, one line per chunk.
+PROGRESS_MIN_TOKENS = 2048
 
 
 class Scheduler(SpeculativeSteps):
@@ -110,6 +112,7 @@ class Scheduler(SpeculativeSteps):
         self._broken: str | None = None
         self._waiting: collections.deque[Job] = collections.deque()
         self._prefilling: collections.deque[Job] = collections.deque()
+        self._prefill_began: dict[int, tuple[float, int]] = {}  # id(job) -> (time, position) its prefill began
         self._decoding: list[Job] = []  # sorted by slot: consecutive sequences share a micro-batch
         self._calibrated = threading.Event()
         self._thread = threading.Thread(target=self._run, name="llama-scheduler", daemon=True)
@@ -326,8 +329,23 @@ class Scheduler(SpeculativeSteps):
         last = start + n == len(job.prompt)
         fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
         self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
+        began = self._prefill_began.setdefault(id(job), (time.perf_counter(), start))
         if not self._call_decode([job]):
+            self._prefill_began.pop(id(job), None)
             return
+        tenth = 10 * (start + n) // len(job.prompt)
+        if len(job.prompt) - began[1] >= PROGRESS_MIN_TOKENS and tenth > 10 * start // len(job.prompt):
+            # A long prompt takes minutes on a few cores: say how far it is, every tenth (``launch`` shows this log).
+            done, elapsed = start + n - began[1], time.perf_counter() - began[0]
+            log.info(
+                "prefill %d/%d tokens (%.0f%%), %.0f tok/s",
+                start + n,
+                len(job.prompt),
+                100 * (start + n) / len(job.prompt),
+                done / elapsed if elapsed > 0 else 0.0,
+            )
+        if last:
+            self._prefill_began.pop(id(job), None)
         job.slot.tokens.extend(chunk)
         self.cache.extended(job.slot)
         if not last:
@@ -386,6 +404,7 @@ class Scheduler(SpeculativeSteps):
             self._finish(job, None, error=err)
 
     def _finish(self, job: Job, reason: str | None, tail: str = "", *, error: LocalrunError | None = None) -> None:
+        self._prefill_began.pop(id(job), None)
         for jobs in (self._waiting, self._prefilling):
             if job in jobs:
                 jobs.remove(job)

@@ -146,14 +146,16 @@ async def _load_or_unload(request: Request, model: str, keep_alive_s: float | No
     return JSONResponse(body)
 
 
-def _check_num_ctx(gen: Generation, options: Options | None) -> None:
-    if options is not None and options.num_ctx is not None and options.num_ctx > gen.plan.n_ctx:
-        raise UnsupportedFeature(
-            f"options.num_ctx {options.num_ctx} is larger than the context {gen.record.name} is loaded with "
-            f"({gen.plan.n_ctx})",
-            hint="load the model with a larger context (runtime.context_length, or `localrun serve` with --ctx)",
-            param="options.num_ctx",
-        )
+async def _check_num_ctx(request: Request, model: str, options: Options | None) -> None:
+    """Ollama's ``options.num_ctx`` above the loaded context reloads the model with more, as Ollama does
+    (once, by tiers, behind in-flight requests: localrun/reload.py), or clamps it to what fits, with the
+    reason in the log. Runs before the request is admitted, so the reload never waits on it."""
+    if options is None or options.num_ctx is None:
+        return
+    manager = app_state(request).manager
+    lm, note = await asyncio.to_thread(manager.ensure_context, model, options.num_ctx, source="options.num_ctx")
+    if note:
+        logging.getLogger("localrun.activity").warning("%s: %s", lm.name, note)
 
 
 @router.post("/chat")
@@ -203,10 +205,10 @@ async def generate(request: Request):
 
 async def _generate(request: Request, body, req, keep_alive_s: float | None, *, chat: bool) -> Response:
     started = time.perf_counter()
+    await _check_num_ctx(request, body.model, body.options)
     gen = await open_generation(request, body.model, req, keep_alive_s=keep_alive_s, found=body.unsupported())
     loaded = time.perf_counter()
     try:
-        _check_num_ctx(gen, body.options)
         if isinstance(req, ChatRequest):
             think_reasoning(request, gen, req, body.think)
     except LocalrunError:

@@ -36,6 +36,8 @@ LAYERS = {
     "localrun.upstreams": "upstreams",
     "localrun.worker": "worker",
     "localrun.manager": "manager",
+    "localrun.reload": "manager",  # the manager's reload with a larger context
+    "localrun.activity": "manager",  # the manager's request log and overflow hints
     "localrun.server": "server",
     "localrun.tui": "tui",
     "localrun.cli": "cli",

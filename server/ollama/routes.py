@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import note_ignored, parse_body, refuse_unsupported, strict_fields
 from localrun.server.generation import (

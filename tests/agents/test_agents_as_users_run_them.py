@@ -6,7 +6,8 @@ Each test proves the protocol path end to end, not the model's wisdom: the reque
 model with the full tool list (the launch log's line for it counts the tools), an answer comes
 back, and the agent exits 0. The server ``launch`` starts caps answers (``--max-tokens``), so a base
 model that rambles to the agent's own 32k limit cannot take a quarter of an hour. Slow: each
-first request is a 10-20k-token prefill, minutes on two cores. Run with ``-m "slow and agents"``.
+first request is a 10-20k-token prefill, minutes on two cores, so the suite is opt-in: run it with
+``-m user_run`` (pyproject's addopts leaves it out of the default run and CI).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from localrun.cli import main
 from tests.agents.conftest import agent_binary, run_launch
 from tests.conftest import needs_llama
 
-pytestmark = [pytest.mark.slow, pytest.mark.agents, pytest.mark.llama, pytest.mark.gemma, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.user_run, pytest.mark.slow, pytest.mark.agents, pytest.mark.llama, pytest.mark.gemma, pytest.mark.timeout(1800)]
 
 RUN_S = 1500
 PROMPT = "Say hello."

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
@@ -39,6 +40,7 @@ from localrun.server.ollama.schemas import (
     Options,
     keep_alive_seconds,
 )
+from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
 from localrun.types import ChatRequest, CompletionRequest, Message
 
@@ -109,6 +111,7 @@ def _check_num_ctx(gen: Generation, options: Options | None) -> None:
         )
 
 
+@documented(ChatBody, answers.OllamaChat, stream=NDJSON)
 @router.post("/chat")
 async def chat(request: Request):
     body: ChatBody = await parse_body(request, ChatBody)
@@ -125,6 +128,7 @@ async def chat(request: Request):
     return await _generate(request, body, req, keep_alive_s, chat=True)
 
 
+@documented(GenerateBody, answers.OllamaGenerate, stream=NDJSON)
 @router.post("/generate")
 async def generate(request: Request):
     body: GenerateBody = await parse_body(request, GenerateBody)
@@ -240,6 +244,7 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
     yield json.dumps(_final(gen, timing, chat=chat)).encode() + b"\n"
 
 
+@documented(EmbedBody, answers.OllamaEmbed)
 @router.post("/embed")
 async def embed(request: Request):
     body: EmbedBody = await parse_body(request, EmbedBody)
@@ -270,6 +275,7 @@ async def embed(request: Request):
     }
 
 
+@documented(EmbeddingsBody, answers.OllamaEmbedding)
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingsBody = await parse_body(request, EmbeddingsBody)

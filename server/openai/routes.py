@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
@@ -44,6 +45,7 @@ from localrun.server.openai.choices import (
 )
 from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
+from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
 from localrun.types import ChatRequest, Chunk, CompletionRequest
 
@@ -54,6 +56,7 @@ router = APIRouter(prefix="/v1")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+@documented(answer=answers.ModelList)
 @router.get("/models")
 async def list_models(request: Request):
     manager = app_state(request).manager
@@ -63,6 +66,7 @@ async def list_models(request: Request):
     return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records] + remote}
 
 
+@documented(answer=answers.ModelObject)
 @router.get("/models/{model:path}")
 async def get_model(request: Request, model: str):
     manager = app_state(request).manager
@@ -71,6 +75,7 @@ async def get_model(request: Request, model: str):
     return openai_model(record, loaded.get(record.name))
 
 
+@documented(ChatCompletionRequest, answers.ChatCompletion, stream=SSE)
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
@@ -122,6 +127,7 @@ def _json_schema(body, from_format):
     return schema
 
 
+@documented(CompletionRequestBody, answers.TextCompletion, stream=SSE)
 @router.post("/completions")
 async def completions(request: Request):
     body: CompletionRequestBody = await parse_body(request, CompletionRequestBody)
@@ -332,6 +338,7 @@ async def _sse_events(
     yield b"data: [DONE]\n\n"
 
 
+@documented(EmbeddingRequestBody, answers.EmbeddingList)
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingRequestBody = await parse_body(request, EmbeddingRequestBody)

@@ -246,6 +246,8 @@ def _success(doc: Doc, refs: dict[tuple, dict]) -> dict[str, Any]:
     answer = {"description": "success" + (" (streamed when asked)" if doc.stream and doc.answer else "")}
     if content:
         answer["content"] = content
+    else:
+        answer["description"] = "success, with no body"
     return answer
 
 

@@ -1,0 +1,203 @@
+"""Schemathesis over the served OpenAPI document, against a real uvicorn on 127.0.0.1 (the fake
+runtime behind it, the mirror on): every operation, valid and invalid inputs alike, must
+answer below 500, keep the connection (a dropped one is what a client sees when a response
+cannot be sent at all), and, when it answers 200 with JSON, match the answer it documents.
+
+Hypothesis' own failure machinery is not used: each problem is recorded (route, status, body)
+and the run goes on, so one run names every broken operation and no time goes to shrinking.
+The CI run is bounded per operation; the ``slow`` run is the same with ten times the examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+
+from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from schemathesis.checks import not_a_server_error  # noqa: E402
+from schemathesis.generation import GenerationMode  # noqa: E402
+from schemathesis.specs.openapi.checks import response_schema_conformance  # noqa: E402
+
+#: The model the fuzz's server holds: half the bodies that name a model name this one, so
+#: generation runs instead of every request stopping at "no such model".
+MODEL = "tiny"
+#: Examples per operation and generation mode (positive: schema-valid; negative: not).
+CI_EXAMPLES = 12
+SLOW_EXAMPLES = 120
+#: Per-request wall clock: a generation on the fake runtime is milliseconds; a hang is a bug.
+REQUEST_TIMEOUT_S = 20.0
+
+
+@dataclasses.dataclass
+class Report:
+    operations: int = 0
+    requests: int = 0
+    server_errors: int = 0
+    dropped: int = 0
+    problems: list[str] = dataclasses.field(default_factory=list)
+    known: dict[str, int] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    per_operation: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def note(self, label: str, case, what: str) -> None:
+        body = case.body if not isinstance(case.body, bytes) else case.body[:200]
+        text = json.dumps(body, ensure_ascii=True, default=str)[:300] if body is not None else "-"
+        line = f"{label} path={case.formatted_path} query={case.query or {}} body={text}: {what}"
+        if len(self.problems) < 200:
+            self.problems.append(line)
+
+
+def _space_edged_unknown_name(case) -> bool:
+    return isinstance(case.body, dict) and any(k == "" or k != k.strip() for k in case.body)
+
+
+#: Defects this fuzz found that are fixed on another branch of issue 21, each a predicate on the
+#: failing case: tolerated (counted and printed) so that this branch stays green, and to be
+#: deleted here once the fix is merged. Nothing else is tolerated.
+KNOWN_DROPS = {
+    # An unknown top-level name that is empty or starts/ends with a space makes the
+    # X-Localrun-Ignored-Fields value illegal (server/fields.py IgnoredFieldsHeader); h11
+    # refuses to send the response and the connection drops.
+    "ignored-fields header": _space_edged_unknown_name,
+}
+
+
+@pytest.fixture
+def fuzz_server(tiny_gguf, live_factory):
+    """A real server (uvicorn in a thread) over the fake runtime with every capability, the
+    mirror on, no network (the hub is offline, so a fuzzed ``/api/pull`` never waits on one)."""
+    from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
+    from tests.support.capabilities import ALL
+    from tests.support.stacks import Stack, fake_planner
+
+    config = Settings(server={"mirror": True}, runtime={"max_tokens_cap": 8}, hub={"offline": True})
+    store = ModelStore(config)
+    store.import_path(tiny_gguf, name=MODEL)
+    manager = ModelManager(config, store, planner=fake_planner(fake_capabilities=list(ALL)))
+    try:
+        yield live_factory(Stack(config, store, manager))
+    finally:
+        manager.shutdown()
+
+
+def _name_the_model(case) -> None:
+    """Point the case at the model the server holds, where it names one."""
+    if isinstance(case.body, dict) and "model" in case.body and case.method.upper() != "DELETE":
+        case.body["model"] = MODEL
+    if case.path_parameters and "model" in case.path_parameters:
+        case.path_parameters["model"] = MODEL
+
+
+def fuzz(url: str, examples: int) -> Report:
+    """Run every operation of ``url``'s document with ``examples`` cases per generation mode."""
+    import requests
+
+    started = time.monotonic()
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", timeout=10)
+    report = Report()
+    session = requests.Session()
+    for result in schema.get_all_operations():
+        report.operations += 1
+        _fuzz_operation(result.ok(), url, session, report, examples)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _fuzz_operation(operation, url: str, session, report: Report, examples: int) -> None:
+    import requests
+
+    label = f"{operation.method.upper()} {operation.path}"
+    strategy = st.one_of(
+        operation.as_strategy(generation_mode=GenerationMode.POSITIVE),
+        operation.as_strategy(generation_mode=GenerationMode.NEGATIVE),
+    )
+
+    @given(case=strategy, name_it=st.booleans())
+    @settings(
+        max_examples=examples * 2,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+    )
+    def run(case, name_it):
+        if name_it:
+            _name_the_model(case)
+        report.requests += 1
+        try:
+            response = case.call(base_url=url, session=session, timeout=REQUEST_TIMEOUT_S)
+        except requests.exceptions.ConnectionError as exc:
+            known = next((name for name, match in KNOWN_DROPS.items() if match(case)), None)
+            if known:
+                report.known[known] = report.known.get(known, 0) + 1
+                return
+            report.dropped += 1
+            report.note(label, case, f"connection dropped ({type(exc).__name__})")
+            return
+        except requests.exceptions.Timeout:
+            report.dropped += 1
+            report.note(label, case, f"no answer in {REQUEST_TIMEOUT_S:.0f} s")
+            return
+        if response.status_code >= 500:
+            report.server_errors += 1
+            report.note(label, case, f"{response.status_code} {response.text[:300]}")
+            return
+        checks = [not_a_server_error]
+        if response.status_code == 200 and _content_type(response).startswith("application/json"):
+            checks.append(response_schema_conformance)
+        try:
+            case.validate_response(response, checks=checks)
+        except AssertionError as exc:  # schemathesis' failure group: the answer is not what is documented
+            report.note(label, case, f"{response.status_code} does not match the document: {str(exc)[:400]}")
+
+    started = time.monotonic()
+    run()
+    report.per_operation[label] = time.monotonic() - started
+
+
+def _content_type(response) -> str:
+    value = response.headers.get("content-type") or response.headers.get("Content-Type") or ""
+    return value[0] if isinstance(value, list) else value  # schemathesis keeps every value of a header
+
+
+def _check(report: Report) -> None:
+    print(
+        f"\nschemathesis: {report.operations} operations, {report.requests} requests, "
+        f"{report.server_errors} 5xx, {report.dropped} dropped, {len(report.problems)} problems, {report.seconds:.0f} s"
+    )
+    if report.known:
+        print(f"known defects fixed elsewhere, tolerated: {report.known}")
+    slowest = sorted(report.per_operation.items(), key=lambda kv: -kv[1])[:5]
+    print("slowest operations: " + ", ".join(f"{label} {s:.1f} s" for label, s in slowest))
+    assert report.operations >= 45
+    assert report.requests >= report.operations * CI_EXAMPLES
+    assert not report.problems, "\n".join(report.problems)
+
+
+def test_fuzz_every_operation_no_5xx_no_dropped_connection(fuzz_server):
+    _check(fuzz(fuzz_server.url, CI_EXAMPLES))
+
+
+@pytest.mark.slow
+def test_fuzz_every_operation_long(fuzz_server):
+    _check(fuzz(fuzz_server.url, SLOW_EXAMPLES))
+
+
+def test_a_keep_alive_past_the_year_2318_lists_in_ps(app_client):
+    """Found by the fuzz: a huge numeric keep_alive (1e12 s, within its bound) loaded the model, then /api/ps was a 500
+    (OverflowError computing expires_at) for every client until the model unloaded."""
+    client = app_client()
+    loaded = client.post("/api/generate", json={"model": MODEL, "prompt": "hi", "keep_alive": 1e12, "stream": False})
+    assert loaded.status_code == 200, loaded.text
+    ps = client.get("/api/ps")
+    assert ps.status_code == 200, ps.text
+    assert ps.json()["models"][0]["expires_at"].startswith("2318-")

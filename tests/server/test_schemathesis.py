@@ -209,11 +209,13 @@ def _check(report: Report) -> None:
     assert not report.problems, "\n".join(report.problems)
 
 
+@pytest.mark.timeout(600)  # about 90 s on 2 idle cores; generating cases is most of it
 def test_fuzz_every_operation_no_5xx_no_dropped_connection(fuzz_server):
     _check(fuzz(fuzz_server.url, CI_EXAMPLES))
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_fuzz_every_operation_long(fuzz_server):
     _check(fuzz(fuzz_server.url, SLOW_EXAMPLES))
 

@@ -280,3 +280,39 @@ HUB_QUERY = ("search", "author", "filter", "limit", "blobs", "recursive", "inclu
 
 class HubListing(RootModel[list[dict[str, Any]] | dict[str, Any]]):
     """The mirror's ``/api/models``: a list of repos, or one repo's info, tree or refs."""
+
+
+# --- errors: one shape per family, chosen by path as server/errors.py chooses it ---
+
+
+class OpenAIErrorDetail(Answer):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(Answer):
+    """Every route outside /api and /v1/messages: OpenAI's error object."""
+
+    error: OpenAIErrorDetail
+
+
+class OllamaError(Answer):
+    """Ollama's routes (and the mirror's /api/models): a plain message."""
+
+    error: str
+
+
+class AnthropicErrorDetail(Answer):
+    type: str
+    message: str
+
+
+class AnthropicError(Answer):
+    type: str
+    error: AnthropicErrorDetail
+
+
+class HubError(RootModel[OllamaError | OpenAIError]):
+    """The mirror's file route: the hub's plain message, or the guards' OpenAI object."""

@@ -28,6 +28,9 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from localrun.server import answers
+from localrun.server.errors import is_anthropic_path, is_ollama_path
+
 log = logging.getLogger(__name__)
 
 #: The attribute :func:`documented` sets on an endpoint.
@@ -168,7 +171,7 @@ def _components(ops: list[Operation], *, strict_fields: bool) -> tuple[dict[str,
     Pydantic names the components (a longer name only where two models share one).
     """
     bodies = {op.doc.body for op in ops if op.doc and op.doc.body}
-    answers = {op.doc.answer for op in ops if op.doc and op.doc.answer}
+    answers = {op.doc.answer for op in ops if op.doc and op.doc.answer} | {_error_model(op.path) for op in ops}
     pairs = [(m, "validation") for m in sorted(bodies, key=_key)]
     pairs += [(m, "serialization") for m in sorted(answers, key=_key)]
     if not pairs:
@@ -228,11 +231,23 @@ def _operation(op: Operation, oid: str, refs: dict[tuple, dict]) -> dict[str, An
     if op.method == "head":  # the headers of the GET, no body
         out["responses"] = {"200": {"description": "success (headers only)"}, "default": {"description": "an error"}}
         return out
-    out["responses"] = {
-        "200": _success(doc, refs),
-        "default": {"description": "an error, in the API family's error shape"},
+    error = {
+        "description": "an error, in the API family's shape",
+        "content": {"application/json": {"schema": dict(refs[(_error_model(op.path), "serialization")])}},
     }
+    out["responses"] = {"200": _success(doc, refs), "default": error}
     return out
+
+
+def _error_model(path: str) -> type[BaseModel]:
+    """The error shape server/errors.py gives ``path`` (the mirror's file route answers either)."""
+    if is_anthropic_path(path):
+        return answers.AnthropicError
+    if is_ollama_path(path):
+        return answers.OllamaError
+    if "/resolve/" in path:
+        return answers.HubError
+    return answers.OpenAIError
 
 
 def _success(doc: Doc, refs: dict[tuple, dict]) -> dict[str, Any]:

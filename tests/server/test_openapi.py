@@ -143,6 +143,17 @@ def test_request_bodies_and_answers_are_described(served):
                 assert "requestBody" in op, f"{method} {path}"
             if method != "head" and path != "/api/delete":  # Ollama's delete answers 200 with no body
                 assert op["responses"]["200"].get("content"), f"{method} {path} declares no success body"
+
+    # Errors come in each family's shape, as server/errors.py picks it by path.
+    def error_ref(path, method="post"):
+        return ops[path][method]["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].rsplit("/")[
+            -1
+        ]
+
+    assert error_ref("/v1/chat/completions") == "OpenAIError"
+    assert error_ref("/api/chat") == "OllamaError"
+    assert error_ref("/v1/messages") == "AnthropicError"
+    assert error_ref("/{ns}/{name}/resolve/{rest}", "get") == "HubError"
     # The bare alias documents the same models as its /v1 route.
     assert ops["/chat/completions"]["post"]["requestBody"] == chat["requestBody"]
 

@@ -133,7 +133,8 @@ class Overloaded(LocalrunError):
 
 
 class WorkerCrashed(LocalrunError):
-    http_status = 500
+    # 503, so clients retry (with Retry-After): the next request starts a new worker.
+    http_status = 503
     code = "worker_crashed"
     exit_code = 8
 

@@ -256,6 +256,11 @@ class ModelManager:
         built here, pinned and never reaped, and rebuilt when the route's upstreams change.
         """
         entry = self._remote.get(name) if self._remote is not None else None
+        if entry is None and self._remote is not None:
+            from localrun.modelstore.identity import without_latest
+
+            if (bare := without_latest(name)) is not None:  # Ollama's clients send back NAME:latest
+                entry, name = self._remote.get(bare), bare
         if entry is None:
             return None
         from localrun.worker.host import InProcessHandle

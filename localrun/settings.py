@@ -63,9 +63,21 @@ class ServerSettings(BaseModel):
     allowed_hosts: list[str] = Field(default_factory=list)
     """Extra Host header names accepted besides localhost, 127.0.0.1 and [::1] (DNS-rebinding guard)."""
     cors_origins: list[str] = Field(default_factory=list)
-    """Origins allowed by CORS; empty means CORS is off."""
+    """Origins allowed by CORS besides the local ones (see ``cors_local_origins``)."""
+    cors_local_origins: bool = True
+    """Let browser pages served from this machine (http(s)://localhost, 127.0.0.1 or [::1], any
+    port) and desktop app shells (app://, tauri://, vscode-webview://, vscode-file://, file://)
+    call the API, as Ollama does by default; false: only ``cors_origins``."""
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     """Largest request body accepted."""
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """Deadline for a request's head (request line and headers), from the connection's start
+    or the request's first byte; a client still sending it then gets a 408 and is disconnected."""
+    body_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Deadline for reading a whole request body once its headers are in (a slow or endless
+    chunked body gets a 408 and the connection is closed)."""
+    keep_alive_timeout_s: float = Field(5.0, gt=0, le=3600)
+    """How long an idle kept-alive connection waits for its next request (uvicorn's timeout_keep_alive)."""
     queue_size: int = Field(16, ge=1, le=10_000)
     """Requests that may wait per model before new ones get 503 + Retry-After."""
     strict_fields: bool = False
@@ -122,6 +134,12 @@ class HubSettings(BaseModel):
     """Hub base URL (a mirror); default: HF_ENDPOINT or huggingface.co."""
     offline: bool = False
     """Use local files only (also HF_HUB_OFFLINE=1)."""
+    connect_timeout_s: float = Field(10.0, gt=0)
+    """Seconds to open a connection to the hub or mirror before giving up on it."""
+    first_byte_timeout_s: float = Field(30.0, gt=0)
+    """Seconds a hub request waits for the answer's headers: an endpoint that accepts and stays silent fails here."""
+    stall_timeout_s: float = Field(60.0, gt=0)
+    """Seconds a download may go without a byte before it is cut (and resumed from what arrived)."""
 
 
 class ModelSettings(BaseModel):

@@ -125,6 +125,9 @@ class Message:
     #: For a ``tool`` turn: which call this result answers.
     tool_call_id: str | None = None
     name: str | None = None
+    #: An assistant turn's reasoning (an Anthropic ``thinking`` block, OpenAI's ``reasoning_content``):
+    #: templates that render it (Qwen3's, gpt-oss's) keep it inside a tool-use loop.
+    reasoning: str = ""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Message:

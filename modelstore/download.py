@@ -20,10 +20,8 @@ import errno
 import hashlib
 import logging
 import os
-import queue
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,15 +29,16 @@ from pathlib import Path
 from typing import BinaryIO
 
 from localrun.errors import AccessDenied, DownloadFailed, ModelNotFound
+from localrun.modelstore.download_sink import Sink
 from localrun.modelstore.gitids import git_blob_hasher
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import RemoteFile
+from localrun.modelstore.hub_http import Deadlines, after_headers, timeout_error
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SIZE = 1024 * 1024
 _BATCH = 1024 * 1024
-_SYNC_EVERY = 32 * 1024 * 1024
 RETRIES = 5
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
@@ -143,10 +142,12 @@ class _Transfer:
         retries: int,
         digest: FileDigest,
         offset: int,
+        deadlines: Deadlines | None = None,
     ) -> None:
         self.client, self.url, self.headers, self.rf, self.partial, self.repo = client, url, headers, rf, partial, repo
         self.progress, self.chunk_size, self.retries = progress, chunk_size, retries
         self.digest, self.offset, self.fetched = digest, offset, 0
+        self.deadlines = deadlines or Deadlines()
         self.where = f"{repo}/{rf.path}"
 
     def restart(self) -> None:
@@ -162,13 +163,22 @@ class _Transfer:
             headers = {**self.headers, "Accept-Encoding": "identity"}
             if self.offset:
                 headers["Range"] = f"bytes={self.offset}-"
+            at, got_headers, origin = self.offset, False, _origin(self.url)
             try:
                 with self.client.stream("GET", self.url, headers=headers) as resp:
+                    got_headers, origin = True, _origin(str(resp.url))  # after redirects: the host that went silent
+                    after_headers(resp, self.deadlines)
                     if self._accept(resp):
                         self._receive(resp, began, began_at)
                 if self.offset < self.rf.size:
                     raise httpx.RemoteProtocolError("the body ended early")
             except (httpx.TransportError, _Retry) as exc:
+                if isinstance(exc, httpx.TimeoutException) and self.offset == at:
+                    # Silence with nothing gained: asking again only multiplies the wait.
+                    why = timeout_error(exc, origin, self.deadlines, body=got_headers)
+                    raise DownloadFailed(
+                        f"{self.where}: {why.message} ({self.offset} of {self.rf.size} bytes kept)", hint=why.hint
+                    ) from exc
                 attempt += 1
                 if attempt > self.retries:
                     raise DownloadFailed(
@@ -225,7 +235,7 @@ class _Transfer:
         try:
             with open(self.partial, "r+b" if self.partial.exists() else "wb") as f:
                 f.seek(self.offset)
-                sink = _Sink(self, f)
+                sink = Sink(self, f, _write)  # looked up now: tests swap _write to fill the disk
                 try:
                     batch, batched = [], 0
                     for chunk in resp.iter_raw(self.chunk_size):
@@ -265,73 +275,11 @@ class _Transfer:
             ) from exc
 
 
-class _Sink:
-    """Writes and hashes on a second thread while the first keeps reading the socket.
+def _origin(url: str) -> str:
+    from urllib.parse import urlsplit
 
-    recv, sha256, write and fdatasync all release the GIL, so the pipeline overlaps them;
-    serially, hashing alone costs a third of a loopback download. Chunks go over in ~1 MiB
-    batches to keep queue overhead negligible. A third thread flushes written data to disk
-    every few tens of MiB, so the fsync before the final rename has little left to do.
-    ``offset``/``digest`` on the transfer advance only after bytes are written, so they
-    always describe the partial file exactly.
-    """
-
-    def __init__(self, transfer: _Transfer, f: BinaryIO) -> None:
-        self.transfer, self.f, self.error = transfer, f, None
-        self.queue: queue.Queue = queue.Queue(maxsize=16)
-        self.dirty, self.stopping = threading.Event(), False
-        self.writer = threading.Thread(target=self._write_loop, name="localrun-download-writer", daemon=True)
-        self.syncer = threading.Thread(target=self._sync_loop, name="localrun-download-sync", daemon=True)
-        self.writer.start()
-        self.syncer.start()
-
-    def put(self, batch: list) -> None:
-        if self.error is not None:
-            raise self.error
-        if batch:
-            self.queue.put(batch)
-
-    def close(self, last: list) -> None:
-        if last and self.error is None:
-            self.queue.put(last)
-        self.queue.put(None)
-        self.writer.join()
-        self.stopping = True
-        self.dirty.set()
-        self.syncer.join()
-        if self.error is not None:
-            raise self.error
-
-    def _write_loop(self) -> None:
-        t, unsynced = self.transfer, 0
-        while (batch := self.queue.get()) is not None:
-            if self.error is not None:
-                continue  # drain so the reader never blocks on a full queue
-            try:
-                data = batch[0] if len(batch) == 1 else b"".join(batch)  # one write, one hash: fewer GIL handoffs
-                _write(self.f, data)
-                t.digest.update(data)
-                t.offset += len(data)
-                t.fetched += len(data)
-                unsynced += len(data)
-                if unsynced >= _SYNC_EVERY:
-                    self.f.flush()
-                    self.dirty.set()
-                    unsynced = 0
-            except OSError as exc:
-                self.error = exc
-
-    def _sync_loop(self) -> None:
-        sync = getattr(os, "fdatasync", os.fsync)
-        while True:
-            self.dirty.wait()
-            self.dirty.clear()
-            if self.stopping:
-                return
-            try:
-                sync(self.f.fileno())
-            except OSError as exc:  # reported like a failed write
-                self.error = self.error or exc
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc.rpartition('@')[2]}"
 
 
 class _Retry(Exception):
@@ -349,6 +297,7 @@ def fetch_file(
     progress: ProgressCallback | None = None,
     chunk_size: int | None = None,
     retries: int = RETRIES,
+    deadlines: Deadlines | None = None,
 ) -> FetchResult:
     """Make ``snapshots/<commit>/<rf.path>`` a verified copy of the hub's file and return it.
 
@@ -383,7 +332,9 @@ def fetch_file(
                 return FetchResult(snap, blob, digest.sha256.hexdigest(), size, 0, True)
             logger.warning("%s: cached blob %s does not match the hub; fetching it again", rf.path, blob)
             blob.unlink()
-        return _download(layout, commit, rf, url, blob, partial, client, headers or {}, progress, chunk_size, retries)
+        return _download(
+            layout, commit, rf, url, blob, partial, client, headers or {}, progress, chunk_size, retries, deadlines
+        )
     finally:
         lock.release()
 
@@ -400,6 +351,7 @@ def _download(
     progress: ProgressCallback | None,
     chunk_size: int | None,
     retries: int,
+    deadlines: Deadlines | None = None,
 ) -> FetchResult:
     offset = partial.stat().st_size if partial.exists() else 0
     digest = FileDigest(rf)
@@ -410,7 +362,9 @@ def _download(
         digest, offset = hash_file(partial, rf, offset, progress)
         logger.info("%s: resuming at byte %d of %d", rf.path, offset, rf.size)
     check_disk_space(blob.parent, rf.size - offset, rf.path)
-    transfer = _Transfer(client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset)
+    transfer = _Transfer(
+        client, url, headers, rf, partial, layout.repo, progress, chunk_size, retries, digest, offset, deadlines
+    )
     resumed = offset > 0
     while True:
         transfer.run()

@@ -1,10 +1,11 @@
 """Talking to the hub: where it is, who we are, what a repo holds, and search.
 
-Listing goes through huggingface_hub's ``HfApi`` (imported inside functions, so importing
-localrun stays fast). Everything that arrives from the network is validated here, where
-it is parsed: file names with :func:`~localrun.modelstore.names.safe_relpath`, commit
-hashes and hashes by shape. A listing with one bad name is refused whole, because a hub
-that sends such a name is not one to take bytes from.
+Listing and search go through :mod:`localrun.modelstore.hub_http` (every request under a
+connect, first-byte and stall deadline; huggingface_hub's ``HfApi`` has none). Everything
+that arrives from the network is validated here, where it is parsed: file names with
+:func:`~localrun.modelstore.names.safe_relpath`, commit hashes and hashes by shape. A
+listing with one bad name is refused whole, because a hub that sends such a name is not
+one to take bytes from.
 
 huggingface_hub reads its environment once, at import; localrun reads ``HF_ENDPOINT``,
 ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and the cache location on every call instead, and passes
@@ -218,37 +219,31 @@ def remote_file_from_listing(path: object, size: object, sha256: object, oid: ob
 
 
 def _translate(exc: Exception, repo: str, revision: str | None, endpoint: str, token: str | None) -> Exception:
-    """huggingface_hub / transport errors -> LocalrunError a person can act on."""
-    from huggingface_hub import errors as hf_errors
-    from huggingface_hub.utils import httpx as hf_httpx
+    """A hub status answer or a malformed listing -> a LocalrunError a person can act on."""
+    from localrun.modelstore.hub_http import HubStatus
 
     login = "run `hf auth login` or set HF_TOKEN" + (" (the token sent was refused)" if token else "")
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(exc, hf_errors.GatedRepoError) or status == 403:
-        return AccessDenied(
-            f"{repo} is gated or private and this account has no access to it",
-            hint=f"accept its terms on the hub, then {login}",
-        )
-    if status == 401:
-        return AccessDenied(
-            f"{repo} is not accessible: it does not exist, or it is private or gated",
-            hint=f"check the name; if it is private or gated, {login}",
-        )
-    if isinstance(exc, hf_errors.RevisionNotFoundError):
-        return ModelNotFound(f"{repo} has no revision {revision!r}", hint="check --revision (a branch, tag or commit)")
-    if isinstance(exc, hf_errors.RepositoryNotFoundError) or status == 404:
-        return ModelNotFound(f"no repo {repo} on {endpoint}", hint="check the name; `localrun search` finds repos")
-    if isinstance(exc, (hf_httpx.TransportError, OSError)):
+    if isinstance(exc, HubStatus):
+        status, code = exc.status, exc.code
+        if code == "GatedRepo" or status == 403:
+            return AccessDenied(
+                f"{repo} is gated or private and this account has no access to it",
+                hint=f"accept its terms on the hub, then {login}",
+            )
+        if status == 401:
+            return AccessDenied(
+                f"{repo} is not accessible: it does not exist, or it is private or gated",
+                hint=f"check the name; if it is private or gated, {login}",
+            )
+        if code == "RevisionNotFound":
+            return ModelNotFound(
+                f"{repo} has no revision {revision!r}", hint="check --revision (a branch, tag or commit)"
+            )
+        if code == "RepoNotFound" or status == 404:
+            return ModelNotFound(f"no repo {repo} on {endpoint}", hint="check the name; `localrun search` finds repos")
         return DownloadFailed(
-            f"cannot reach the hub at {endpoint}: {exc}",
-            hint=(
-                "check the network and HF_ENDPOINT, or use offline mode (HF_HUB_OFFLINE=1) for models already "
-                "downloaded"
-            ),
-        )
-    if isinstance(exc, hf_errors.HfHubHTTPError):
-        return DownloadFailed(
-            f"the hub at {endpoint} answered {status} for {repo}: {str(exc).splitlines()[0]}", hint="try again later"
+            f"the hub at {endpoint} answered {status} for {repo}" + (f": {exc.message}" if exc.message else ""),
+            hint="try again later",
         )
     if isinstance(exc, (KeyError, TypeError, ValueError, AttributeError)):  # what parsing a malformed answer raises
         return DownloadFailed(
@@ -258,17 +253,43 @@ def _translate(exc: Exception, repo: str, revision: str | None, endpoint: str, t
     return exc
 
 
+def _listing_entry(e: object, repo: str) -> RemoteFile | None:
+    """One tree entry (untrusted JSON) -> a RemoteFile; None for a folder (its name still checked)."""
+    if not isinstance(e, dict):
+        raise TypeError(f"tree entry is {type(e).__name__}, not an object")
+    if e.get("type") == "directory":
+        safe_relpath(e["path"])
+        return None
+    if e.get("type") != "file":
+        raise ValueError(f"tree entry of type {e.get('type')!r}")
+    lfs = e.get("lfs")
+    if lfs is not None and not isinstance(lfs, dict):
+        raise TypeError("tree entry's lfs is not an object")
+    return remote_file_from_listing(e["path"], e["size"], lfs.get("oid") if lfs else None, e.get("oid"), repo=repo)
+
+
+def _parse_date(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 class HubClient:
-    """Listing and search against one endpoint with one token."""
+    """Listing and search against one endpoint with one token, every request under deadlines."""
 
     def __init__(self, *, endpoint: str | None = None, token: str | None = None, settings=None) -> None:
+        from localrun.modelstore.hub_http import Deadlines
+
         self.endpoint = (endpoint or hub_endpoint(settings)).rstrip("/")
         self.token = token if token is not None else hub_token()
-
-    def _api(self):
-        from huggingface_hub import HfApi
-
-        return HfApi(endpoint=self.endpoint, token=self.token or False)
+        self.deadlines = Deadlines.from_settings(settings)
 
     def auth_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -278,33 +299,44 @@ class HubClient:
 
         return f"{self.endpoint}/{repo}/resolve/{commit}/{quote(path)}"
 
+    def _get(self, client, path: str, params=None, *, pages: bool = False, limit: int | None = None):
+        from localrun.modelstore import hub_http
+
+        fn = hub_http.get_pages if pages else hub_http.get_json
+        kwargs = {"limit": limit} if pages else {}
+        out = fn(
+            client,
+            f"{self.endpoint}{path}",
+            endpoint=self.endpoint,
+            deadlines=self.deadlines,
+            params=params,
+            headers=self.auth_headers(),
+            **kwargs,
+        )
+        return out if pages else out[0]
+
     def list_repo(self, repo: str, revision: str | None = None) -> RepoListing:
         """Resolve ``revision`` to a commit and list every file at it, with sizes and LFS sha256."""
+        from urllib.parse import quote
+
         rev = revision or "main"
         check_reachable(self.endpoint)
-        api = self._api()
+        safe_relpath(repo)  # it goes into the URL path
         try:
-            info = api.model_info(repo, revision=rev)
-            commit = validate_commit(info.sha, where=repo)
-            entries = list(api.list_repo_tree(repo, recursive=True, revision=commit))
-        except InvalidName:
+            with self.deadlines.client() as http:
+                info = self._get(http, f"/api/models/{repo}/revision/{quote(rev, safe='')}")
+                if not isinstance(info, dict):
+                    raise TypeError("model info is not an object")
+                commit = validate_commit(info.get("sha"), where=repo)
+                entries = self._get(http, f"/api/models/{repo}/tree/{commit}", {"recursive": "true"}, pages=True)
+            files = [f for f in (_listing_entry(e, repo) for e in entries) if f is not None]
+        except (InvalidName, DownloadFailed):
             raise
         except Exception as exc:
             translated = _translate(exc, repo, rev, self.endpoint, self.token)
             if translated is exc:
                 raise
             raise translated from exc
-        files = []
-        for e in entries:
-            if not hasattr(e, "size"):  # a folder
-                safe_relpath(e.path)
-                continue
-            lfs = getattr(e, "lfs", None)
-            files.append(
-                remote_file_from_listing(
-                    e.path, e.size, lfs.sha256 if lfs else None, getattr(e, "blob_id", None), repo=repo
-                )
-            )
         seen: set[str] = set()
         for f in files:
             if f.path.lower() in seen:  # would collide on case-insensitive file systems
@@ -316,33 +348,33 @@ class HubClient:
     def search(self, query: str, *, format: Format | str | None = None, limit: int = 20) -> list[RepoSummary]:
         tag = FORMAT_TAGS.get(Format(format)) if format else None
         check_reachable(self.endpoint)
-        api = self._api()
+        params: list[tuple[str, str]] = [("sort", "downloads"), ("limit", str(limit))]
+        if query:
+            params.append(("search", query))
+        if tag:
+            params.append(("filter", tag))
+        params += [("expand", k) for k in ("downloads", "likes", "lastModified", "tags", "gated")]
         try:
-            hits = list(
-                api.list_models(
-                    search=query or None,
-                    filter=tag,
-                    sort="downloads",
-                    limit=limit,
-                    expand=["downloads", "likes", "lastModified", "tags", "gated"],
+            with self.deadlines.client() as http:
+                hits = self._get(http, "/api/models", params, pages=True, limit=limit)
+            return [
+                RepoSummary(
+                    name=str(m["id"]),
+                    downloads=_count(m.get("downloads")),
+                    likes=_count(m.get("likes")),
+                    updated=_parse_date(m.get("lastModified")),
+                    tags=tuple(t for t in (m.get("tags") or ()) if isinstance(t, str)),
+                    gated=bool(m.get("gated")),
                 )
-            )
+                for m in hits
+            ]
+        except DownloadFailed:
+            raise
         except Exception as exc:
             translated = _translate(exc, f"search {query!r}", None, self.endpoint, self.token)
             if translated is exc:
                 raise
             raise translated from exc
-        return [
-            RepoSummary(
-                name=m.id,
-                downloads=m.downloads or 0,
-                likes=m.likes or 0,
-                updated=m.last_modified,
-                tags=tuple(m.tags or ()),
-                gated=bool(m.gated),
-            )
-            for m in hits
-        ]
 
 
 def search(query: str, *, format: Format | str | None = None, limit: int = 20, settings=None) -> list[RepoSummary]:

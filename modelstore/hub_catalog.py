@@ -226,7 +226,8 @@ def _local_commit(record: ModelRecord, files: dict[str, MirrorFile]) -> str:
 
 
 def _stat_key(st: os.stat_result) -> tuple:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    """The inode unchanged since it was hashed: ctime too, which (unlike mtime) nothing puts back."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Verifier:
@@ -282,34 +283,42 @@ class Verifier:
             return self._hash(f)
 
     def _hash(self, f: MirrorFile) -> tuple:
-        """Hash with the downloader's digest (sha256, and the git sha1 where that is the check)."""
-        where = f"{f.path} ({f.disk})"
+        """Hash with the downloader's digest (sha256, and the git sha1 where that is the check).
+
+        The errors name the file by its repo path only: they go to the mirror's clients,
+        which have no business with this host's folders; the log gets the disk path.
+        """
+        where = f.path
         expect = RemoteFile(f.path, f.size, f.sha256, None if f.sha256 else f.git_oid)
+
+        def refused(message: str, hint: str) -> VerificationFailed:
+            logger.warning("mirror: %s (%s): %s", f.path, f.disk, message)
+            return VerificationFailed(message, hint=hint)
+
         try:
             before = _stat_key(os.stat(f.disk))
             if before[2] != f.size:
-                raise VerificationFailed(
+                raise refused(
                     f"{where} is {before[2]} bytes, the store recorded {f.size}",
-                    hint="the file changed on the mirror host; pull or import it again there",
+                    "the file changed on the mirror host; pull or import it again there",
                 )
             digest, _ = hash_file(Path(f.disk), expect, None, None)
             after = _stat_key(os.stat(f.disk))
         except FileNotFoundError:
-            raise VerificationFailed(
-                f"{where} is missing on the mirror host",
-                hint="pull or import it again there, or `localrun rm` the model",
+            raise refused(
+                f"{where} is missing on the mirror host", "pull or import it again there, or `localrun rm` the model"
             ) from None
         if after != before:
-            raise VerificationFailed(f"{where} changed while it was being checked", hint="try again in a moment")
+            raise refused(f"{where} changed while it was being checked", "try again in a moment")
         problem = digest.mismatch()
         if problem:
-            raise VerificationFailed(
+            raise refused(
                 f"{where} no longer matches the hash the store recorded ({problem}); the mirror will not serve it",
-                hint="the file was modified on the mirror host; pull or import it again there",
+                "the file was modified on the mirror host; pull or import it again there",
             )
         got = digest.sha256.hexdigest()
         self._good[f.disk] = (after, got)
-        logger.info("mirror: verified %s", where)
+        logger.info("mirror: verified %s (%s)", where, f.disk)
         return after
 
 

@@ -271,8 +271,6 @@ def pull(
     Raises InvalidName, ModelNotFound, AccessDenied, DownloadFailed, VerificationFailed,
     InvalidModelFile; on any of them no unverified file is left at a final path.
     """
-    import httpx
-
     settings = getattr(store, "settings", None)
     plan = (
         ref
@@ -293,11 +291,7 @@ def pull(
         layout.write_ref(plan.revision, plan.commit)
     client = HubClient(settings=settings, endpoint=plan.endpoint)
     results: dict[str, FetchResult] = {}
-    with httpx.Client(
-        follow_redirects=True,
-        timeout=httpx.Timeout(30.0, connect=10.0),
-        headers={"User-Agent": "localrun/0.1; hf_hub-compatible"},
-    ) as http:
+    with client.deadlines.client() as http:
         for pf in plan.files:
             rf = listing.get(pf.path)
             if plan.offline:
@@ -311,6 +305,7 @@ def pull(
                     client=http,
                     headers=client.auth_headers(),
                     progress=progress,
+                    deadlines=client.deadlines,
                 )
             if pf.path == "config.json":
                 _check_config(plan, results[pf.path].path)

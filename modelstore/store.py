@@ -31,6 +31,7 @@ from localrun.types import FileEntry, Format, ModelRecord, Source
 
 from . import builtins
 from .gguf_meta import read_gguf_metadata
+from .identity import other_latest
 from .index import ModelIndex
 from .mlx_folder import inspect_mlx_folder
 from .names import model_name_from_filename, shard_name, split_shard_name, validate_model_name
@@ -197,6 +198,8 @@ class ModelStore:
         """
         text = str(name_or_path)
         rec = self.index.find(text)
+        if rec is None:  # Ollama's names: NAME:latest is NAME, and the other way round
+            rec = self.index.find(other_latest(text))
         if rec is not None:
             self._check_files_present(rec)
             return rec

@@ -26,6 +26,7 @@ EXTRAS = {
     "props": "context size, template, FIM and pooling facts: /props",
     "rerank": "relevance scores of documents for a query: /rerank",
     "embed_tokens": "per-token vectors (pooling none): llama-server's native /embeddings",
+    "count_prompt": "a chat request's prompt tokens, not run: Anthropic's message_start usage",
 }
 
 

@@ -83,6 +83,10 @@ async def health(request: Request):
     return status(request)
 
 
+# HEAD as well, as load balancers and `curl -I` probe (FastAPI, unlike Starlette, adds no HEAD to a GET).
+router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+
+
 @documented(media="text/plain")
 @router.get("/metrics")
 async def metrics(request: Request):

@@ -3,8 +3,9 @@
 Nothing here is global: the settings, the ModelManager and the metrics live on
 ``app.state``, so the CLI's server and the TUI's embedded one can each build their own.
 The middleware stack, outermost first: Observe (metrics + access log) → HostGuard (the
-DNS-rebinding allowlist, before anything else looks at the request) → CORS (only when
-origins are configured) → RequestGuard (API key, JSON-only bodies, size limit) → routes.
+DNS-rebinding allowlist, before anything else looks at the request) → CORS (local origins by
+default, plus server.cors_origins) → IgnoredFieldsHeader → RequestGuard (API key, JSON-only
+bodies from browsers, size and time limits) → routes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from localrun.server import admin, anthropic, llama_server, ollama, openai, open
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
-from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
+from localrun.server.security import CORS_HEADERS, LOCAL_ORIGINS, HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def create_app(settings: Settings, manager) -> FastAPI:
         llama_server.router,
         responses.router,
         anthropic.router,
+        responses.bare_router,
         openai.bare_router,
     ):
         app.include_router(router)
@@ -120,16 +122,21 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
     server = settings.server
     key = server.api_key.get_secret_value() if server.api_key else None
     # add_middleware puts each new one outside the previous: add innermost first.
-    app.add_middleware(RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes)
+    app.add_middleware(
+        RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s
+    )
     app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
-    if server.cors_origins:
+    if server.cors_origins or server.cors_local_origins:
         from starlette.middleware.cors import CORSMiddleware
 
+        # Outside RequestGuard: a preflight carries no key, and a refusal still needs the CORS
+        # headers for the page to read it. Other origins get no CORS headers, so browsers block them.
         app.add_middleware(
             CORSMiddleware,
             allow_origins=list(server.cors_origins),
-            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_origin_regex=LOCAL_ORIGINS if server.cors_local_origins else None,
+            allow_methods=["GET", "HEAD", "POST", "DELETE", "OPTIONS"],
+            allow_headers=list(CORS_HEADERS),
             allow_credentials=False,
             max_age=600,
         )

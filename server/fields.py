@@ -9,8 +9,10 @@ Three kinds of top-level field:
   field and the runtime (:func:`refuse_unsupported`), never a silent ignore;
 * **unknown** — accepted and ignored, as llama-server, vLLM and Ollama do (clients rely on
   it: llama.cpp's send ``id_slot``, ``timings_per_token``…), but never silently: the names
-  go back in the ``X-Localrun-Ignored-Fields`` response header (:class:`IgnoredFieldsHeader`)
-  and to the log. ``server.strict_fields = true`` makes them a 400 again (OpenAI's rule).
+  go back in the ``X-Localrun-Ignored-Fields`` response header (:class:`IgnoredFieldsHeader`;
+  percent-encoded where a name is not a header token, and counted in
+  ``X-Localrun-Ignored-Fields-Unlisted`` where it cannot be shown) and to the log.
+  ``server.strict_fields = true`` makes them a 400 again (OpenAI's rule).
 
 Only the top level is lenient: nested objects (messages, tools, formats) stay strict, since
 a typo there changes what the model sees.
@@ -30,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import UnsupportedFeature
 from localrun.server.errors import InvalidRequest
+from localrun.server.validate import refuse_lone_surrogates
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,7 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest("the body nests too deeply", hint="send a flatter JSON document") from None
+    refuse_lone_surrogates(raw, data)
     if isinstance(data, dict) and lenient:
         data = drop_unknown(request, data, schema)
     try:
@@ -137,20 +141,51 @@ def drop_unknown(request: Request, data: dict, schema: type[BaseModel]) -> dict:
     return {k: v for k, v in data.items() if k in known}
 
 
-def _printable(name: str) -> str:
-    """A name safe in a header and a log line: printable ASCII only, commas replaced."""
-    return "".join(c if " " <= c <= "~" and c != "," else "?" for c in name[:64])
+#: What an ignored name may show as itself in the header: RFC 9110 token characters, less "%",
+#: which starts an escape. Everything else is percent-encoded as UTF-8, so a name that starts or
+#: ends with a space, holds a comma, a control character or non-ASCII text never makes the header
+#: illegal (a space at either end once did: the server dropped the connection without answering).
+_SHOWN_AS_IS = frozenset("!#$&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+#: Longest name shown (in characters, before encoding); a longer one is cut and marked with "...".
+MAX_NAME_CHARS = 64
+#: Counts the ignored names the header does not list (empty, not UTF-8, or past MAX_LISTED).
+UNLISTED_HEADER = "X-Localrun-Ignored-Fields-Unlisted"
+UNLISTED_KEY = "localrun.ignored_fields_unlisted"
+
+
+def shown_name(name: str) -> str | None:
+    """``name`` as a header token (percent-encoded where it is not a token character); None for a
+    name that cannot be shown: the empty name, or one holding a lone surrogate (not UTF-8)."""
+    if not name:
+        return None
+    cut = name[:MAX_NAME_CHARS]
+    try:
+        raw = cut.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    text = "".join(chr(b) if chr(b) in _SHOWN_AS_IS else f"%{b:02X}" for b in raw)
+    return text + ("..." if len(name) > MAX_NAME_CHARS else "")
 
 
 def note_ignored(request: Request, names: list[str]) -> None:
-    shown = [_printable(n) for n in names[:MAX_LISTED]]
-    request.scope.setdefault(SCOPE_KEY, []).extend(shown)
+    """Keep the ignored names for the response header (shown safely, at most MAX_LISTED, the rest
+    counted) and say them in the log."""
+    listed = request.scope.setdefault(SCOPE_KEY, [])
+    unlisted = 0
+    for name in names:
+        shown = shown_name(name)
+        if shown is None or len(listed) >= MAX_LISTED:
+            unlisted += 1
+        elif shown not in listed:
+            listed.append(shown)
+    if unlisted:
+        request.scope[UNLISTED_KEY] = request.scope.get(UNLISTED_KEY, 0) + unlisted
     log.info(
         "%s %s: ignored unknown field%s %s",
         request.method,
         request.url.path[:200],
         "s" if len(names) > 1 else "",
-        ", ".join(shown) + (f" (+{len(names) - MAX_LISTED} more)" if len(names) > MAX_LISTED else ""),
+        ", ".join(listed) + (f" (+{unlisted} not listed)" if unlisted else ""),
     )
 
 
@@ -183,7 +218,9 @@ def refuse_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str
 
 
 class IgnoredFieldsHeader:
-    """Adds ``X-Localrun-Ignored-Fields`` to a response whose request had unknown fields."""
+    """Adds ``X-Localrun-Ignored-Fields`` (the names, comma-separated, each a token) and, when
+    some could not be listed, ``X-Localrun-Ignored-Fields-Unlisted`` (how many) to a response
+    whose request had unknown fields."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -194,10 +231,22 @@ class IgnoredFieldsHeader:
             return
 
         async def sending(message: Message) -> None:
-            names = scope.get(SCOPE_KEY)
-            if message["type"] == "http.response.start" and names:
-                value = ", ".join(dict.fromkeys(names)).encode("ascii")
-                message = {**message, "headers": [*message.get("headers", []), (HEADER.lower().encode(), value)]}
+            if message["type"] == "http.response.start":
+                added = ignored_field_headers(scope)
+                if added:
+                    message = {**message, "headers": [*message.get("headers", []), *added]}
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+def ignored_field_headers(scope: Scope) -> list[tuple[bytes, bytes]]:
+    """The header lines for what :func:`note_ignored` kept; ASCII tokens only, never empty."""
+    out = []
+    names = scope.get(SCOPE_KEY)
+    if names:
+        out.append((HEADER.lower().encode(), ", ".join(names).encode("ascii")))
+    unlisted = scope.get(UNLISTED_KEY)
+    if unlisted:
+        out.append((UNLISTED_HEADER.lower().encode(), str(unlisted).encode("ascii")))
+    return out

@@ -264,3 +264,15 @@ async def embed_counted(
         return [], 0
     out = await session_call(request, model, "embed_usage", {"inputs": list(inputs)}, found=found)
     return out["embeddings"], int(out["prompt_tokens"])
+
+
+async def prompt_size(request: Request, model: str, req) -> int:
+    """How many tokens the chat request ``req`` renders to, counted by the runtime (render and
+    tokenize, no prefill) before its generation starts: Anthropic's ``message_start`` carries it.
+    0 where the runtime cannot count; the final usage is the runtime's own either way."""
+    try:
+        out = await session_call(request, model, "count_prompt", {"request": req.to_dict()})
+    except LocalrunError as exc:  # no count_prompt here, or a failure the generation itself will report
+        log.debug("%s: no prompt count before the generation: %s", model, exc)
+        return 0
+    return int(out["prompt_tokens"])

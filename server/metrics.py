@@ -1,8 +1,11 @@
 """Prometheus metrics and the access log, hand-written (no dependency, no global registry).
 
 :class:`Observe` is the outermost middleware: it times every request, records its status
-under its route template (never the raw path, which a client controls), and writes one
-access-log line when the response has been sent — for a stream, after the last token.
+under bounded labels, and writes one access-log line when the response has been sent — for a
+stream, after the last token. A label is a known HTTP method and a route template of the app
+(never the raw method or path, which a client controls: 10,000 made-up method names once made
+10,000 series, 75 MB of RSS, and a 93 MB ``/metrics``); anything else is ``other``. Refused
+requests (a bad Host, no key) still count, under those same labels.
 Generation routes fill in a :class:`RequestStats` found in the ASGI scope with the model,
 token counts and first-token time. The log line never holds a header, so never the key.
 """
@@ -22,6 +25,9 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger("localrun.server.access")
 
 STATS_KEY = "localrun.stats"
+#: The methods that become a label as themselves; any other is counted as OTHER.
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+OTHER = "other"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 
@@ -39,10 +45,16 @@ class RequestStats:
     accepted_tokens: int = 0  # … and kept (each one a decode pass saved)
     first_token_at: float | None = None
     last_token_at: float | None = None
+    requested_model: str | None = None  # what the body named (DEBUG log only), before any route resolved it
+    first_byte_at: float | None = None  # when the response started (its status line)
 
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.start
+
+    @property
+    def ttfb_s(self) -> float | None:
+        return None if self.first_byte_at is None else self.first_byte_at - self.start
 
     @property
     def decode_rate(self) -> float | None:
@@ -78,6 +90,21 @@ class Histogram:
         lines.append(f"{name}_sum{suffix} {self.total:.6f}")
         lines.append(f"{name}_count{suffix} {self.count}")
         return lines
+
+
+def method_label(method: str) -> str:
+    """The method as a label: itself when HTTP defines it for this server, else ``other``."""
+    return method if method in KNOWN_METHODS else OTHER
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's template (``/api/show``, ``/{repo:path}/resolve/...``), else ``other``.
+
+    Only a template the router itself set is used: the set of them is fixed when the app is
+    built, so the label set stays bounded whatever paths clients send.
+    """
+    path = getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) and path.startswith("/") else OTHER
 
 
 def _label(value: str) -> str:
@@ -199,6 +226,7 @@ class Observe:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                stats.first_byte_at = time.perf_counter()
             await send(message)
 
         self.metrics.in_flight += 1
@@ -210,27 +238,45 @@ class Observe:
         finally:
             self.metrics.in_flight -= 1
             seconds = time.perf_counter() - stats.start
-            route = getattr(scope.get("route"), "path", None) or "unmatched"
             status = status or 499  # nothing was sent: the client left, or the task was cancelled
-            self.metrics.observe_request(route, scope["method"], status, seconds, stats)
+            # By now the guards have decided: a refused request has no route and is counted as "other".
+            self.metrics.observe_request(route_label(scope), method_label(scope["method"]), status, seconds, stats)
             _log_access(scope, status, seconds, stats)
 
 
+def _shown(text: str, limit: int = 200) -> str:
+    """A client-controlled string safe on one log line: control and non-ASCII characters escaped."""
+    text = text[:limit]
+    return text if text.isascii() and text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
 def _log_access(scope: Scope, status: int, seconds: float, stats: RequestStats) -> None:
-    if not access_log.isEnabledFor(logging.INFO):
+    """One line per request: the INFO line, or at DEBUG the same with what a user needs to see
+    what a client sent (route, the model the body named, time to first byte). Never a header,
+    so never the key, and never the body's text."""
+    debug = access_log.isEnabledFor(logging.DEBUG)
+    if not debug and not access_log.isEnabledFor(logging.INFO):
         return
     client = scope.get("client") or ("-", 0)
-    parts = [f'{client[0]} "{scope["method"]} {scope.get("path", "")[:200]}" {status} {seconds * 1000:.1f}ms']
+    request = f"{_shown(scope['method'], 32)} {_shown(scope.get('path', ''))}"
+    parts = [f'{client[0]} "{request}" {status} {seconds * 1000:.1f}ms']
+    if debug:
+        parts.append(f"route={route_label(scope)} ttfb={_ms(stats.ttfb_s)} total={_ms(seconds)}")
+        if not stats.model:  # a route that never reached the model (refused, failed): what the body asked for
+            parts.append(f"model={_shown(stats.requested_model, 100) if stats.requested_model else '-'}")
     if stats.model:
-        ttft = stats.ttft_s
         rate = stats.decode_rate
         parts.append(
             f"model={stats.model} prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}"
             f" cached_tokens={stats.cached_tokens}"
             + (f" drafted={stats.drafted_tokens} accepted={stats.accepted_tokens}" if stats.drafted_tokens else "")
-            + f" ttft={'-' if ttft is None else f'{ttft * 1000:.1f}ms'} tok/s={'-' if rate is None else f'{rate:.1f}'}"
+            + f" ttft={_ms(stats.ttft_s)} tok/s={'-' if rate is None else f'{rate:.1f}'}"
         )
-    access_log.info(" ".join(parts))
+    (access_log.debug if debug else access_log.info)(" ".join(parts))
 
 
 class UpstreamMetrics:

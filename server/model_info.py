@@ -10,6 +10,7 @@ import datetime as dt
 import time
 from typing import Any
 
+from localrun.modelstore.identity import registration_digest, tagged
 from localrun.types import ModelRecord
 
 #: A time far away for "never unloads", as Ollama reports pinned models.
@@ -51,11 +52,20 @@ def details(record: ModelRecord) -> dict[str, Any]:
     }
 
 
-def digest(record: ModelRecord) -> str:
-    for f in record.files:
-        if f.sha256:
-            return f.sha256
-    return ""
+def config_overrides(settings, name: str) -> dict[str, Any]:
+    """What config.toml's ``[models."*"]`` and ``[models."NAME"]`` override for ``name`` (None: nothing)."""
+    configured = getattr(settings, "models", None) or {}
+    out: dict[str, Any] = {}
+    for key in ("*", name):
+        entry = configured.get(key)
+        if entry is not None:
+            out.update({f"config.{k}": v for k, v in entry.model_dump(exclude_none=True).items()})
+    return out
+
+
+def digest(record: ModelRecord, settings=None) -> str:
+    """The registration's digest (see :func:`localrun.modelstore.identity.registration_digest`)."""
+    return registration_digest(record, config_overrides(settings, record.name))
 
 
 def openai_model(record: ModelRecord, loaded: dict | None) -> dict[str, Any]:
@@ -72,37 +82,21 @@ def openai_model(record: ModelRecord, loaded: dict | None) -> dict[str, Any]:
     return entry
 
 
-def ollama_tag(record: ModelRecord) -> dict[str, Any]:
+def ollama_tag(record: ModelRecord, settings=None) -> dict[str, Any]:
+    """One model as /api/tags lists it: named ``NAME:latest`` when untagged, as Ollama's are (its
+    clients send that name back, and it resolves); localrun's own name under "localrun"."""
     return {
-        "name": record.name,
-        "model": record.name,
+        "name": tagged(record.name),
+        "model": tagged(record.name),
         "modified_at": iso(record.added_at or None),
         "size": record.size,
-        "digest": digest(record),
+        "digest": digest(record, settings),
         "details": details(record),
+        "localrun": {"name": record.name, "source": record.source.value},
     }
 
 
-def ollama_show(record: ModelRecord, loaded: dict | None, *, verbose: bool) -> dict[str, Any]:
-    meta = dict(record.metadata or {})
-    template = meta.pop("chat_template", None) or ""
-    info = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool)) or v is None}
-    if verbose and isinstance(meta.get("scalars"), dict):
-        info.update({k: v for k, v in meta["scalars"].items() if isinstance(v, (str, int, float, bool))})
-    capabilities = ["completion"]
-    return {
-        "modelfile": f"# localrun model {record.name}\nFROM {record.path}\n",
-        "parameters": "",
-        "template": template,
-        "details": details(record),
-        "model_info": info,
-        "capabilities": capabilities,
-        "modified_at": iso(record.added_at or None),
-        "localrun": {"source": record.source.value, "path": record.path, "loaded": loaded},
-    }
-
-
-def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[str, Any]:
+def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any], settings=None) -> dict[str, Any]:
     """One loaded model as /api/ps shows it, with localrun's own view under "localrun"."""
     memory = info.get("memory_bytes") or (record.size if record else 0)
     on_gpu = str(info.get("device", "cpu")).lower() not in ("cpu", "")
@@ -111,11 +105,11 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any]) -> dict[st
     # A keep_alive past _FOREVER (1e20 s is a legal number) would overflow datetime: it is forever.
     expires = _FOREVER if ttl is None or ttl >= (_FOREVER - now).total_seconds() else now + dt.timedelta(seconds=ttl)
     return {
-        "name": info.get("name"),
-        "model": info.get("name"),
+        "name": tagged(str(info.get("name"))),
+        "model": tagged(str(info.get("name"))),
         "size": memory,
         "size_vram": memory if on_gpu else 0,
-        "digest": digest(record) if record else "",
+        "digest": digest(record, settings) if record else "",
         "details": details(record) if record else {},
         "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "context_length": info.get("n_ctx"),
@@ -138,5 +132,9 @@ def openai_upstream_model(entry) -> dict[str, Any]:
 
 def ollama_upstream_tag(entry) -> dict[str, Any]:
     tag = ollama_tag(entry.record)
-    tag["localrun"] = {"source": "upstream " + ",".join(entry.upstreams), "health": entry.health}
+    tag["localrun"] = {
+        "name": entry.record.name,
+        "source": "upstream " + ",".join(entry.upstreams),
+        "health": entry.health,
+    }
     return tag

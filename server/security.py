@@ -1,26 +1,87 @@
 """Security middleware: the Host allowlist, the API key, JSON-only bodies, a size limit.
 
 Two plain ASGI middlewares (no per-request task or thread): :class:`HostGuard` runs
-first of all, then CORS when configured, then :class:`RequestGuard`. Together they close
+first of all, then CORS, then :class:`RequestGuard`. Together they close
 the holes local model servers keep shipping: DNS rebinding (a web page whose name now
 points at 127.0.0.1 — its requests carry that page's Host), browser ``text/plain`` POSTs
 that skip the CORS preflight, servers bound to the network without a key, and unbounded
-bodies. The request body is read here, bounded, and replayed to the app, so no route ever
-sees more than ``max_body_bytes``.
+bodies. The request body is read here, bounded in size and time, and replayed to the app, so
+no route ever sees more than ``max_body_bytes`` and no client holds a request open by
+trickling (or never ending) its body.
+
+The JSON-only rule is a defence against browsers, so it applies to requests a browser could
+have sent: those with an ``Origin`` or a ``Sec-Fetch-*`` header (every browser sends one on a
+cross-origin POST). A request with neither — curl's ``-d``, which says
+``application/x-www-form-urlencoded``, Ollama's documented examples, litellm, which sends no
+Content-Type — is read as JSON whatever it says; the Host allowlist still stands against rebinding.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
+import json
 import logging
 import re
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localrun.errors import LocalrunError
 from localrun.server.errors import BodyTooLarge, HostNotAllowed, NotJson, Unauthorized, error_response
+from localrun.server.metrics import STATS_KEY, access_log
 
 log = logging.getLogger(__name__)
+
+#: Origins a browser page on this machine, a desktop app shell or a browser extension sends:
+#: Ollama's default OLLAMA_ORIGINS (with its AllowBrowserExtensions), less 0.0.0.0, which no
+#: Host allowlist here accepts either, and never ``null``, the origin of sandboxed frames and of
+#: any downloaded file opened in a browser. A web page elsewhere has its own origin (a rebinding
+#: page's is its public name), so it stays refused.
+LOCAL_ORIGINS = (
+    r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?"
+    r"|(app|tauri|vscode-webview|vscode-file|file)://[^\s]*"
+    r"|(chrome-extension|moz-extension|safari-web-extension)://[^\s]*"
+)
+#: What browser clients send beyond the simple headers: Ollama's list (OpenAI's JS SDK
+#: headers included) and Anthropic's key and version headers.
+CORS_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "User-Agent",
+    "Accept",
+    "X-Requested-With",
+    "OpenAI-Beta",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
+    "anthropic-dangerous-direct-browser-access",
+    *(
+        f"x-stainless-{name}"
+        for name in (
+            "arch",
+            "async",
+            "custom-poll-interval",
+            "helper-method",
+            "lang",
+            "os",
+            "package-version",
+            "poll-helper",
+            "retry-count",
+            "runtime",
+            "runtime-version",
+            "timeout",
+        )
+    ),
+)
+
+
+class BodyTimeout(LocalrunError):
+    """The request body did not arrive whole within ``server.body_timeout_s``."""
+
+    http_status = 408
+    code = "request_timeout"
+
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _PORT = re.compile(r"[0-9]{1,5}")
@@ -120,10 +181,11 @@ AUTHENTICATED_KEY = "localrun.authenticated"
 class RequestGuard:
     """API key, JSON content type and a bounded body, in that order."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 60.0):
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,7 +209,21 @@ class RequestGuard:
             or _header(scope, b"content-length")
             or _header(scope, b"transfer-encoding")
         ):
-            body = await self._read_body(receive)
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    body = await self._read_body(receive)
+            except TimeoutError:
+                log.info(
+                    "%s %s: the body did not arrive in %.0f s", scope["method"][:32], path[:100], self.body_timeout_s
+                )
+                exc = BodyTimeout(
+                    f"the request body did not arrive within {self.body_timeout_s:g} s",
+                    hint="send the whole body at once, or raise server.body_timeout_s",
+                )
+                response = error_response(exc, path=path)
+                response.headers["connection"] = "close"  # the rest of the body is never read
+                await response(scope, receive, send)
+                return
             if body is _GONE:
                 return  # the client left before sending the whole body: nothing to answer
             if body is None:
@@ -158,6 +234,8 @@ class RequestGuard:
                 await error_response(exc, path=path)(scope, receive, send)
                 return
             receive = _replay(body, receive)
+            if access_log.isEnabledFor(logging.DEBUG):
+                _note_requested_model(scope, body)
         await self.app(scope, receive, send)
 
     def _check_key(self, scope: Scope):
@@ -190,6 +268,8 @@ class RequestGuard:
                     hint="send a smaller request or raise server.max_body_bytes",
                 )
         has_body = (length is not None and length != "0") or _header(scope, b"transfer-encoding") is not None
+        if not _from_browser(scope):
+            return None  # no browser sent this: its body is read as JSON whatever it is labelled
         if method in _BODY_METHODS or (method == "DELETE" and has_body):
             ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
             if ctype != "application/json":
@@ -214,6 +294,28 @@ class RequestGuard:
             parts.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(parts)
+
+
+def _from_browser(scope: Scope) -> bool:
+    """True when the request carries what a browser adds and a page cannot remove: ``Origin``
+    (on every cross-origin POST) or a ``Sec-Fetch-*`` header (forbidden to scripts)."""
+    for key, _ in scope.get("headers", ()):
+        if key == b"origin" or key.startswith(b"sec-fetch-"):
+            return True
+    return False
+
+
+def _note_requested_model(scope: Scope, body: bytes) -> None:
+    """For the DEBUG access line: the model the body names, if any (the body itself is never logged)."""
+    stats = scope.get(STATS_KEY)
+    if stats is None or not body.lstrip().startswith(b"{"):
+        return
+    try:
+        model = json.loads(body).get("model")
+    except (ValueError, RecursionError):
+        return  # not JSON: the route will say so
+    if isinstance(model, str):
+        stats.requested_model = model
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -4,6 +4,11 @@ uvicorn binds the socket itself: a socket bound here and handed over would lose
 TCP_NODELAY (uvicorn#3149), adding ≈ 40 ms to every keep-alive request after the first.
 A port in use is a ConfigError naming it — never a silent move to another port or
 interface — and a non-loopback host without an API key does not start at all.
+
+No client holds a connection forever: uvicorn's h11 protocol has a keep-alive timeout but no
+deadline for the request head (a client that connects and sends nothing, or one header byte a
+second, is kept until it leaves), so :func:`deadline_protocol` adds one; the body's deadline is
+the RequestGuard's (security.py), and ``timeout_keep_alive`` covers the idle time between requests.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import errno
 import logging
 import socket
 from collections.abc import Callable
+from typing import Any
 
 from localrun.errors import ConfigError
 from localrun.server.security import is_loopback_host
@@ -72,21 +78,85 @@ def probe_port(host: str, port: int) -> None:
         probe.close()
 
 
+_HEAD_TIMEOUT_TEXT = b"the request head took too long\n"
+#: Sent, then the connection closed, to a client whose request head missed its deadline.
+_HEAD_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_HEAD_TIMEOUT_TEXT), _HEAD_TIMEOUT_TEXT)
+)
+
+
+def deadline_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a deadline for each request head (request line and headers).
+
+    The clock starts when the connection opens, and for a later request on a kept-alive
+    connection when its first byte arrives; it stops once h11 has the whole head. A client
+    still sending its head at the deadline gets a 408 and the connection closed. (h11 alone
+    bounds the head's size, h11_max_incomplete_event_size, but not its time.) Always h11, even
+    where httptools is installed, so the same deadline holds on every machine.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadlineProtocol(H11Protocol):
+        _head_timer: Any = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_deadline()
+
+        def data_received(self, data: bytes) -> None:
+            if self._head_timer is None and self.conn.their_state is h11.IDLE:
+                self._arm_head_deadline()  # the first byte of a later request on this connection
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:
+                self._cancel_head_deadline()  # the head is complete (or the connection failed)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_deadline()
+            super().connection_lost(exc)
+
+        def _arm_head_deadline(self) -> None:
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_deadline_passed)
+
+        def _cancel_head_deadline(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_deadline_passed(self) -> None:
+            self._head_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.info(
+                    "closed a connection from %s: no complete request head in %.0f s", self.client, header_timeout_s
+                )
+                self.transport.write(_HEAD_TIMEOUT_RESPONSE)
+                self.transport.close()
+
+    return HeadDeadlineProtocol
+
+
 def uvicorn_server(
     app, host: str, port: int, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True
 ):
     """A uvicorn.Server for ``app`` with localrun's options (our logging and access log, no
-    proxy headers, no server header, no websockets). ``server.run()`` blocks (the CLI);
-    ``await server.serve()`` runs it in an existing event loop (the TUI), where
-    ``handle_signals=False`` leaves Ctrl-C and the terminal to the host application."""
+    proxy headers, no server header, no websockets, the read deadlines of ``server.*``).
+    ``server.run()`` blocks (the CLI); ``await server.serve()`` runs it in an existing event
+    loop (the TUI), where ``handle_signals=False`` leaves Ctrl-C and the terminal to the host application."""
     import contextlib
 
     import uvicorn
 
+    from localrun.settings import ServerSettings
+
+    settings = getattr(getattr(app, "state", None), "settings", None)
+    limits = settings.server if settings is not None else ServerSettings()
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        http=deadline_protocol(limits.header_timeout_s),
+        timeout_keep_alive=limits.keep_alive_timeout_s,
         log_config=None,  # keep the process's logging; the access log is ours
         access_log=False,
         proxy_headers=False,  # never trust X-Forwarded-For: nothing sits in front of us

@@ -180,7 +180,7 @@ def _record_from_tag(m: dict[str, Any]) -> ModelRecord:
     size = int(m.get("size") or 0)
     path = lr.get("path") or ""
     return ModelRecord(
-        name=m.get("name") or m.get("model") or "?",
+        name=lr.get("name") or m.get("name") or m.get("model") or "?",
         format=format_,
         path=path,
         files=(FileEntry(path, size),),

@@ -39,7 +39,8 @@ def mirror_line(state, settings) -> str:
 
 
 def address_line(state, settings) -> str:
-    cors = "on" if settings.server.cors_origins else "off"
+    server = settings.server
+    cors = " + ".join((["local pages"] if server.cors_local_origins else []) + list(server.cors_origins)[:3]) or "off"
     if state.mode == "embedded":
         return (
             f"Listening {state.url} · OpenAI /v1 · Ollama /api · key: {'on' if state.key else 'off'} · CORS: {cors}\n"

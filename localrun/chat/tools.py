@@ -41,7 +41,7 @@ from localrun.chat.tool_calls import (
     parse_tool_calls,
 )
 from localrun.errors import UnsupportedFeature
-from localrun.types import ChatRequest, Chunk
+from localrun.types import ChatRequest, Chunk, Message
 
 __all__ = [
     "FALLBACK_SYSTEM",
@@ -165,9 +165,22 @@ def prompt_messages(req: ChatRequest, template: str | None) -> tuple[list[dict[s
                 d["tool_call_id"] = m.tool_call_id
             if m.name is not None:
                 d["name"] = m.name
+            _add_reasoning(d, m, template)
             msgs.append(d)
         return msgs, ({"tools": [dict(t) for t in req.tools]} if offer else {})
     return _fallback_messages(req, offer), {}
+
+
+def _add_reasoning(d: dict[str, Any], m: Message, template: str | None) -> None:
+    """An assistant turn's reasoning where the template looks for it, as llama-server passes it:
+    ``reasoning_content`` (Qwen3, DeepSeek), and for a turn with calls also ``thinking``, which
+    gpt-oss's template reads (it refuses both ``thinking`` and content on a call turn, so only
+    a template that names ``message.thinking`` gets it). A template that reads neither drops it."""
+    if not m.reasoning:
+        return
+    d["reasoning_content"] = m.reasoning
+    if m.tool_calls and template and "message.thinking" in template and not m.content:
+        d["thinking"] = m.reasoning
 
 
 def _fallback_messages(req: ChatRequest, offer: bool) -> list[dict[str, Any]]:
@@ -186,6 +199,7 @@ def _fallback_messages(req: ChatRequest, offer: bool) -> list[dict[str, Any]]:
             calls = "\n".join(_call_text(c) for c in m.tool_calls)
             content = f"{content}\n{calls}" if content else calls
         msgs.append({"role": m.role, "content": content})
+        _add_reasoning(msgs[-1], replace(m, tool_calls=()), None)
     for d in msgs:
         d.pop("_tool_result", None)
     if offer:

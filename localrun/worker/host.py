@@ -148,18 +148,34 @@ class WorkerHandle:
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, request: Request, sink: Sink) -> int:
+        """Send ``request`` to the worker; its events go to ``sink``.
+
+        The sink is registered before the frame is written (the answer may come back before
+        ``send`` returns), so every way the write can fail — a broken pipe, text that cannot be
+        encoded, a cancellation — takes the entry out again: a leaked entry keeps ``in_flight``
+        above zero with nothing running, and the model is then never idle enough to unload.
+        """
         frame = ops.to_frame(request)  # the one place a request is serialised: it crosses a pipe
         rid = next(self._ids)
         with self._lock:
             if not self.alive:
                 raise WorkerCrashed(f"the worker running {self.record.name} is not running ({self._exit_text()})")
             self._sinks[rid] = sink
+        sent = False
         try:
             self._writer.send({"id": rid, **frame})
+            sent = True
         except OSError as exc:
-            with self._lock:
-                self._sinks.pop(rid, None)
             raise WorkerCrashed(f"cannot reach the worker running {self.record.name}: {exc}") from exc
+        except (UnicodeError, ValueError, TypeError) as exc:
+            raise LocalrunError(
+                f"the request to {self.record.name} cannot be sent to its worker: {exc}",
+                hint="send valid Unicode text",
+            ) from exc
+        finally:
+            if not sent:
+                with self._lock:
+                    self._sinks.pop(rid, None)
         return rid
 
     def cancel(self, rid: int) -> None:

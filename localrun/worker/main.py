@@ -23,9 +23,19 @@ log = logging.getLogger(__name__)
 
 
 def _error_dict(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, LocalrunError):
-        return exc.to_dict()
-    return {"kind": "LocalrunError", "message": f"{type(exc).__name__}: {exc}", "hint": None, "param": None}
+    """The error event's body, its texts made encodable: a message that quotes the request's own
+    text may hold a lone surrogate, and an error event that cannot be sent leaves the parent
+    waiting on a request that is over."""
+    data = (
+        exc.to_dict()
+        if isinstance(exc, LocalrunError)
+        else {"kind": "LocalrunError", "message": f"{type(exc).__name__}: {exc}", "hint": None, "param": None}
+    )
+    return {k: _encodable(v) if isinstance(v, str) else v for k, v in data.items()}
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class WorkerServer:

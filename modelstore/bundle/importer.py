@@ -61,7 +61,7 @@ class ImportResult:
 
 
 class _Journal:
-    """Blobs this import already placed and verified: (dev, ino, size, mtime) + sha256 each.
+    """Blobs this import already placed and verified: their :func:`.source.stat_key` + sha256 each.
 
     Lets a re-run after kill -9 skip re-hashing what the killed run proved; a blob touched
     since no longer matches its key and is hashed again."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from localrun.chat.template import fallback_chat, render_chat
 from localrun.errors import UnsupportedFeature
-from localrun.types import CompletionRequest
+from localrun.types import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,13 @@ class ServerExtras:
     ) -> dict[str, Any]:
         text, _ = self.chat_text(messages, dict(template_kwargs or {}), add_generation_prompt=add_generation_prompt)
         return {"prompt": text}
+
+    def serve_count_prompt(self, request: dict[str, Any]) -> dict[str, Any]:
+        """How many tokens a chat request (a ``ChatRequest`` as a dict) renders to, without running
+        it: Anthropic's ``message_start`` carries the prompt's size before the prefill starts."""
+        self._check_open()
+        tokens, _, _ = self.chat_tokens(ChatRequest.from_dict(request))
+        return {"prompt_tokens": len(tokens)}
 
     def serve_props(self) -> dict[str, Any]:
         pooling = self._features.pooling

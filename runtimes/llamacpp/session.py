@@ -322,6 +322,12 @@ class LlamaCppSession(ServerExtras):
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
+        tokens, stops, gbnf = self.chat_tokens(req)
+        return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
+
+    def chat_tokens(self, req: ChatRequest) -> tuple[list[int], tuple[str, ...], str | None]:
+        """(prompt tokens, stop strings, grammar) of a chat request: what ``chat`` runs and
+        ``serve_count_prompt`` counts, so the two cannot disagree."""
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
         tokens, stops = self.chat_prompt(
             messages,
@@ -330,7 +336,7 @@ class LlamaCppSession(ServerExtras):
             continue_final=req.continue_final_message,
             prefix=req.prefix,
         )
-        return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
+        return tokens, stops, gbnf
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()

@@ -18,8 +18,12 @@ Rules, each chosen so that what an agent re-sends every turn renders to the same
   ``is_error`` results are prefixed ``Error:``.
 * Tools are sorted by name: an agent reconnecting its MCP servers may list them in another
   order, which means nothing but would change the prompt.
-* ``thinking`` / ``redacted_thinking`` blocks of earlier turns are accepted and left out of
-  the prompt (chat templates of reasoning models drop earlier reasoning as well).
+* An assistant turn's ``thinking`` blocks are its reasoning (``Message.reasoning``), which
+  reaches the template as ``reasoning_content``, as llama-server passes it: a reasoning model's
+  template keeps it within a tool-use loop (Anthropic keeps thinking there too) and drops it
+  from turns before the last user message by itself; a template that does not render it drops
+  it. ``count_tokens`` counts what the template keeps. ``redacted_thinking`` (encrypted by
+  Anthropic, unreadable here) is accepted and left out.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
     if isinstance(m.content, str):
         return [Message(m.role, m.content)]
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[Message] = []
     for j, block in enumerate(m.content):
@@ -91,8 +96,11 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
                     "tool", _tool_result_text(block), tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id)
                 )
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # earlier reasoning: accepted, not rendered (see the module doc)
+        elif kind == "thinking":
+            if m.role == "assistant" and block.thinking:
+                thoughts.append(block.thinking)
+        elif kind == "redacted_thinking":
+            continue  # encrypted reasoning: accepted, not rendered (see the module doc)
         elif kind not in ("image", "document"):  # those are refused by capability before this runs
             raise InvalidRequest(
                 f"messages[{i}].content[{j}] has block type {kind!r}, which localrun does not serve",
@@ -100,14 +108,15 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
                 param=f"messages[{i}].content[{j}].type",
             )
     out = results
-    if texts or calls or not results:
-        out.append(Message(m.role, "\n\n".join(texts), tool_calls=tuple(calls)))
+    if texts or calls or thoughts or not results:
+        out.append(Message(m.role, "\n\n".join(texts), tool_calls=tuple(calls), reasoning="\n\n".join(thoughts)))
     return out
 
 
 def _join(a: Message, b: Message) -> Message:
     text = "\n\n".join(t for t in (a.content, b.content) if t)
-    return Message(a.role, text, tool_calls=a.tool_calls + b.tool_calls)
+    reasoning = "\n\n".join(t for t in (a.reasoning, b.reasoning) if t)
+    return Message(a.role, text, tool_calls=a.tool_calls + b.tool_calls, reasoning=reasoning)
 
 
 def core_messages(body: CountTokensRequest) -> tuple[Message, ...]:

@@ -11,8 +11,10 @@ are still proper HTTP errors (a prompt over the context is refused before the pr
 
 Usage: ``input_tokens`` counts the prompt tokens that were computed, ``cache_read_input_tokens``
 those the prefix cache held (Anthropic's split: their sum is the prompt). Runtimes report
-usage on the last chunk, so ``message_start`` carries zeros and ``message_delta`` the real
-counts (the official SDK and Claude Code take them from there).
+usage on the last chunk, which ``message_delta`` carries; ``message_start`` carries the prompt's
+size as Anthropic's does (Claude Code tracks its context window from it), counted by the
+runtime before the prefill (:func:`~localrun.server.generation.prompt_size`), all of it as ``input_tokens`` since the
+cache's share is not known yet.
 
 ``stop_sequences`` are matched here, above the runtime, so the answer can say which one
 ended it (``stop_reason: "stop_sequence"``); the generation is then stopped, and its usage
@@ -45,7 +47,7 @@ from localrun.server.anthropic.convert import core_messages, core_tool_choice, c
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.server.errors import stream_error_line
 from localrun.server.fields import parse_body
-from localrun.server.generation import Generation, app_state, make_sampling, open_generation
+from localrun.server.generation import Generation, app_state, make_sampling, open_generation, prompt_size
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
@@ -153,6 +155,11 @@ async def create_message(request: Request):
     answer = Answer(gen, body)
     if not body.stream:
         return await answer.whole()
+    try:
+        answer.prompt_tokens = await prompt_size(request, gen.record.name, req)
+    except BaseException:  # the client left while it was counted: the admitted slot is given back
+        await gen.aclose()
+        raise
     return await answer.stream()
 
 
@@ -204,6 +211,7 @@ class Answer:
         self.matched: str | None = None
         self.pieces = 0  # text chunks seen: the usage when a stop sequence ends the generation early
         self.seen, self.sent = "", 0  # all text the model made, and how much of it went out
+        self.prompt_tokens = 0  # for message_start, before the runtime's usage arrives (generation.prompt_size)
 
     def _text(self, chunk: Chunk) -> str:
         """The chunk's text up to a stop sequence; after one, nothing."""
@@ -292,9 +300,8 @@ class Answer:
         blocks = BlockWriter()
         chunks = None
         try:
-            yield sse(
-                "message_start", {"type": "message_start", "message": self._message([], None, anthropic_usage(Usage()))}
-            )
+            start = anthropic_usage(Usage(prompt_tokens=self.prompt_tokens))
+            yield sse("message_start", {"type": "message_start", "message": self._message([], None, start)})
             if waiting is not None:
                 yield PING
                 while not (await asyncio.wait({waiting}, timeout=PING_EVERY_S))[0]:

@@ -55,6 +55,7 @@ from localrun.server.llama_server.schemas import (
 )
 from localrun.server.openapi import SSE, documented
 from localrun.server.security import is_loopback_host
+from localrun.server.validate import refuse_empty_prompt
 from localrun.types import CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ async def completion(request: Request):
     body: NativeCompletion = await parse_body(request, NativeCompletion)
     model = await pick_model(request, body.model)
     ids = None if isinstance(body.prompt, str) else list(body.prompt)
+    refuse_empty_prompt(body.prompt if ids is None else "", ids)
     req = CompletionRequest(
         prompt=body.prompt if ids is None else "",
         sampling=_native_sampling(request, body),
@@ -316,12 +318,8 @@ async def rerank(request: Request):
     body: RerankBody = await parse_body(request, RerankBody)
     docs = body.docs()
     model = await pick_model(request, body.model)
-    out = (
-        await session_call(
-            request, model, "rerank", {"query": body.query, "documents": docs}, found=[("query", "rerank")]
-        )
-        if docs
-        else {"scores": [], "prompt_tokens": 0}
+    out = await session_call(
+        request, model, "rerank", {"query": body.query, "documents": docs}, found=[("query", "rerank")]
     )
     order = sorted(range(len(docs)), key=lambda i: -out["scores"][i])[: body.top_n or len(docs)]
     results = []

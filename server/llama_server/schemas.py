@@ -126,6 +126,9 @@ class RerankBody(Strict):
         docs = self.documents if self.documents is not None else self.texts
         if docs is None:
             raise InvalidRequest("missing required field 'documents'", param="documents")
+        if not docs:  # llama-server's answer too: there is nothing to rank
+            field = "documents" if self.documents is not None else "texts"
+            raise InvalidRequest(f"{field!r} must be a non-empty list of strings", param=field)
         return list(docs)
 
 

@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 logger = logging.getLogger(__name__)
 
 BLOCK = 1024 * 1024
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$", re.IGNORECASE)  # RFC 9110 §14.1: the unit is case-insensitive
 
 
 class RangeNotSatisfiable(Exception):
@@ -53,7 +53,8 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
 
 
 def stat_key(st: os.stat_result) -> tuple:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    """Must equal :func:`localrun.modelstore.hub_catalog._stat_key`: the good key is compared."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class FileSlice:

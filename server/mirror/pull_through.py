@@ -130,13 +130,11 @@ class Upstream:
         verifier.trust(f, sha256)
 
     def _fetch(self, disk: str) -> str:
-        import httpx
-
         from localrun.modelstore.download import fetch_file
 
         repo, commit, rf = self._remote[disk]
         layout = CacheLayout(self.cache_dir, repo)
-        with httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0)) as http:
+        with self.client.deadlines.client() as http:
             result = fetch_file(
                 layout,
                 commit,
@@ -144,6 +142,7 @@ class Upstream:
                 self.client.file_url(repo, commit, rf.path),
                 client=http,
                 headers=self.client.auth_headers(),
+                deadlines=self.client.deadlines,
             )
         self.fetches += 0 if result.reused else 1
         logger.info("mirror: fetched %s/%s from %s (%d bytes)", repo, rf.path, self.url, result.fetched)

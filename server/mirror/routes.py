@@ -44,6 +44,7 @@ from localrun.modelstore.hub_catalog import (
 )
 from localrun.modelstore.names import safe_relpath
 from localrun.server import answers
+from localrun.server.mirror.errors import hub_error
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 from localrun.server.openapi import documented
 
@@ -51,19 +52,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MIRROR_PORT = 8740
 _MAX_LIST = 1000
-
-
-def hub_error(status: int, message: str, *, code: str | None = None, commit: str | None = None) -> Response:
-    """The hub's error shape: ``{"error": …}`` plus the headers huggingface_hub maps to types."""
-    # h11 refuses a header value with white space at either end (and drops the connection), so
-    # the cut at 400 characters must not leave a trailing space.
-    safe = message.encode("ascii", "replace").decode().replace("\r", " ").replace("\n", " ")[:400].strip()
-    headers = {"X-Error-Message": safe}
-    if code:
-        headers["X-Error-Code"] = code
-    if commit:
-        headers["X-Repo-Commit"] = commit
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _iso(ts: float) -> str:
@@ -424,7 +412,7 @@ async def resolve(request: Request) -> Response:
         return _from_error(exc)
     except OSError as exc:  # the store's disk, not the request: say so rather than a bare 500
         logger.warning("mirror: cannot read for %s: %s", request.url.path[:200], exc)
-        return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or exc})")
+        return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or type(exc).__name__})")
 
 
 def _not_fetched_yet(mirror: Mirror, request: Request, repo: MirrorRepo, commit: MirrorCommit, f: MirrorFile):

@@ -18,8 +18,9 @@ from localrun.server import answers
 from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
-from localrun.server.model_info import ollama_ps_entry, ollama_show, ollama_tag, ollama_upstream_tag, upstream_listing
+from localrun.server.model_info import ollama_ps_entry, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.ollama.schemas import ModelBody, PullBody
+from localrun.server.ollama.show import ollama_show
 from localrun.server.openapi import NDJSON, documented
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,10 @@ async def version():
 @documented(answer=answers.OllamaTags)
 @router.get("/tags")
 async def tags(request: Request):
-    manager = app_state(request).manager
-    records = await asyncio.to_thread(manager.store.list)
-    remote = [ollama_upstream_tag(u) for u in upstream_listing(manager, records)]
-    return {"models": [ollama_tag(r) for r in records] + remote}
+    state = app_state(request)
+    records = await asyncio.to_thread(state.manager.store.list)
+    remote = [ollama_upstream_tag(u) for u in upstream_listing(state.manager, records)]
+    return {"models": [ollama_tag(r, state.settings) for r in records] + remote}
 
 
 def _name(body: ModelBody) -> str:
@@ -56,23 +57,24 @@ def _name(body: ModelBody) -> str:
 @router.post("/show")
 async def show(request: Request):
     body: ModelBody = await parse_body(request, ModelBody)
-    manager = app_state(request).manager
-    record = await asyncio.to_thread(manager.resolve, _name(body))
-    loaded = next((m for m in manager.loaded() if m["name"] == record.name), None)
-    return ollama_show(record, loaded, verbose=bool(body.verbose))
+    state = app_state(request)
+    record = await asyncio.to_thread(state.manager.resolve, _name(body))
+    loaded = next((m for m in state.manager.loaded() if m["name"] == record.name), None)
+    return ollama_show(record, loaded, verbose=bool(body.verbose), settings=state.settings)
 
 
 @documented(answer=answers.OllamaTags)
 @router.get("/ps")
 async def ps(request: Request):
-    manager = app_state(request).manager
+    state = app_state(request)
+    manager = state.manager
     entries = []
     for info in manager.loaded():
         try:
             record = await asyncio.to_thread(manager.resolve, info["name"])
         except LocalrunError:  # removed from the store while loaded: still worth showing
             record = None
-        entries.append(ollama_ps_entry(record, info))
+        entries.append(ollama_ps_entry(record, info, state.settings))
     return {"models": entries}
 
 
@@ -119,10 +121,13 @@ async def pull(request: Request):
     ref = body.model or body.name
     if not ref:
         raise InvalidRequest("missing required field 'model'", param="model")
-    if body.insecure:
-        raise InvalidRequest("'insecure' pulls are not supported: localrun verifies every file", param="insecure")
-    pull_fn = _pull_function()
+    if body.insecure:  # Open WebUI always sends it; localrun's hub client verifies TLS and every file regardless
+        log.info("pull of %s: ignoring 'insecure': true (TLS and file hashes are always checked)", ref[:200])
     state = app_state(request)
+    if await _registered(state.manager, ref):
+        log.info("pull of %s: already registered", ref[:200])
+        return _already_pulled(body.stream is not False)
+    pull_fn = _pull_function()
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -152,6 +157,23 @@ async def pull(request: Request):
                 await task
                 return JSONResponse({"status": "success"})
     return StreamingResponse(_pull_lines(queue, task), media_type="application/x-ndjson")
+
+
+async def _registered(manager, ref: str) -> bool:
+    """Whether ``ref`` names a model already in the store with its files in place: Ollama answers
+    success for a model it has, so a client's pull box works for any model the list shows."""
+    try:
+        await asyncio.to_thread(manager.store.resolve, ref)
+    except LocalrunError:  # unknown, an invalid name for the store (a hub URL…), or its files changed: pull it
+        return False
+    return True
+
+
+def _already_pulled(stream: bool) -> Response:
+    if not stream:
+        return JSONResponse({"status": "success"})
+    lines = b'{"status":"pulling manifest"}\n{"status":"writing manifest"}\n{"status":"success"}\n'
+    return Response(lines, media_type="application/x-ndjson")
 
 
 async def _pull_lines(queue: asyncio.Queue, task) -> AsyncIterator[bytes]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -19,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
-from localrun.server.fields import parse_body
+from localrun.server.fields import note_ignored, parse_body, refuse_unsupported, strict_fields
 from localrun.server.generation import (
     Generation,
     app_state,
@@ -31,6 +32,8 @@ from localrun.server.generation import (
     request_stats,
 )
 from localrun.server.model_info import iso
+from localrun.server.ollama.context import CAPABILITY as CONTEXT_CAPABILITY
+from localrun.server.ollama.context import answer_context, with_context
 from localrun.server.ollama.convert import core_messages, ollama_tool_calls
 from localrun.server.ollama.schemas import (
     ChatBody,
@@ -40,6 +43,7 @@ from localrun.server.ollama.schemas import (
     Options,
     keep_alive_seconds,
 )
+from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
 from localrun.types import ChatRequest, CompletionRequest, Message
@@ -58,9 +62,55 @@ def _keep_alive(value) -> float | None:
         raise InvalidRequest(str(exc), param="keep_alive") from None
 
 
-def _sampling(request: Request, body):
+def note_options(request: Request, options: Options | None, capabilities: frozenset[str] = frozenset()) -> None:
+    """Name the options that will not act (header and log), as Ollama ignores them; an unknown
+    key is a 400 only under ``server.strict_fields``."""
+    if options is None:
+        return
+    unknown = options.unknown()
+    if unknown and strict_fields(request):
+        raise InvalidRequest(
+            f"unknown field {unknown[0]!r}",
+            param=unknown[0],
+            hint="remove it (the server runs with server.strict_fields = true)",
+        )
+    ignored = options.ignored(capabilities)
+    if ignored:
+        log.warning(
+            "%s: ignoring %s (load-time options, or samplers this runtime does not have)",
+            request.url.path[:200],
+            ", ".join(ignored),
+        )
+    if unknown or ignored:
+        note_ignored(request, unknown + ignored)
+
+
+async def _capabilities(request: Request, body, keep_alive_s: float | None, *, needed: bool = False) -> frozenset[str]:
+    """The runtime's capabilities when an option (or ``context``) depends on them: the model is
+    loaded, as the request would load it anyway; nothing to ask otherwise, so no extra hop."""
+    o = body.options
+    if not needed and (o is None or not o.knobs(frozenset(Options.RUNTIME_KNOBS))):
+        return frozenset()
+    lm = await asyncio.to_thread(app_state(request).manager.load, body.model, keep_alive_s=keep_alive_s)
+    return frozenset(lm.handle.capabilities or ())
+
+
+async def _model_defaults(request: Request, body):
+    """(body, system prompt) with what ``/api/create`` stored for the model: its parameters under
+    the request's options (the request's win) and its system prompt, used when the request has none."""
+    record = await asyncio.to_thread(app_state(request).manager.resolve, body.model)
+    meta = record.metadata or {}
+    params, system = meta.get(META_PARAMETERS), meta.get(META_SYSTEM)
+    if isinstance(params, dict) and params:
+        given = body.options.model_dump(exclude_unset=True) if body.options else {}
+        body = body.model_copy(update={"options": Options.model_validate({**params, **given})})
+    return body, system if isinstance(system, str) and system else None
+
+
+def _sampling(request: Request, body, capabilities: frozenset[str] = frozenset()):
     cap = app_state(request).settings.runtime.max_tokens_cap
     o = body.options or Options()
+    note_options(request, body.options, capabilities)
     seed = o.seed if o.seed is not None and o.seed >= 0 else None  # Ollama: -1 means random
     try:
         schema = body.json_schema()
@@ -79,10 +129,7 @@ def _sampling(request: Request, body):
         repeat_penalty=o.repeat_penalty,
         json_schema=schema,
         logprobs=logprobs,
-        # Checked against the runtime's capabilities (Options.unsupported) before they get here.
-        typical_p=o.typical_p,
-        presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty,
+        **o.knobs(capabilities),  # only those the runtime has; the rest are named as ignored
     )
 
 
@@ -119,9 +166,14 @@ async def chat(request: Request):
     if not body.messages:
         return await _load_or_unload(request, body.model, keep_alive_s, chat=True)
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
+    body, system = await _model_defaults(request, body)
+    caps = await _capabilities(request, body, keep_alive_s)
+    messages = core_messages(body)
+    if system and not any(m.role == "system" for m in messages):
+        messages = (Message("system", system), *messages)
     req = ChatRequest(
-        messages=core_messages(body),
-        sampling=_sampling(request, body),
+        messages=messages,
+        sampling=_sampling(request, body, caps),
         tools=tools,
         tool_choice="auto" if tools else None,
     )
@@ -135,12 +187,21 @@ async def generate(request: Request):
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.prompt and not body.unsupported():
         return await _load_or_unload(request, body.model, keep_alive_s, chat=False)
-    sampling = _sampling(request, body)
-    if body.raw:
-        req = CompletionRequest(prompt=body.prompt or "", sampling=sampling)
+    body, default_system = await _model_defaults(request, body)
+    caps = await _capabilities(request, body, keep_alive_s, needed=bool(body.context))
+    sampling = _sampling(request, body, caps)
+    if body.raw or body.suffix:  # fill-in-the-middle, like a raw prompt, skips the chat template
+        req = CompletionRequest(prompt=body.prompt or "", sampling=sampling, suffix=body.suffix or None)
     else:
-        msgs = ([Message("system", body.system)] if body.system else []) + [Message("user", body.prompt or "")]
+        system = body.system or default_system
+        msgs = ([Message("system", system)] if system else []) + [Message("user", body.prompt or "")]
         req = ChatRequest(messages=tuple(msgs), sampling=sampling)
+    if body.context:  # the model is loaded (needed=True above): refuse before asking it to tokenize
+        lm = await asyncio.to_thread(app_state(request).manager.load, body.model, keep_alive_s=keep_alive_s)
+        refuse_unsupported(
+            [("context", CONTEXT_CAPABILITY)], model=lm.record.name, runtime=lm.plan.runtime, capabilities=caps
+        )
+        req = await with_context(request, lm.record.name, req, body.context)
     return await _generate(request, body, req, keep_alive_s, chat=False)
 
 
@@ -169,11 +230,14 @@ async def _generate(request: Request, body, req, keep_alive_s: float | None, *, 
             line["response"] = text
             if gen.reasoning:
                 line["thinking"] = gen.reasoning
+            if (context := await answer_context(request, gen, req, text)) is not None:
+                line["context"] = context
         if body.logprobs:
             line["logprobs"] = gen.logprobs
         return JSONResponse(line)
     first = await gen.first()
-    return StreamingResponse(_ndjson(gen, first, timing, chat=chat), media_type=NDJSON)
+    tail = None if chat else (lambda answer: answer_context(request, gen, req, answer))
+    return StreamingResponse(_ndjson(gen, first, timing, chat=chat, context=tail), media_type=NDJSON)
 
 
 def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
@@ -200,7 +264,9 @@ def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
     return line
 
 
-async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterator[bytes]:
+async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -> AsyncIterator[bytes]:
+    """The stream's lines; ``context(answer)`` gives the last line's token ids (/api/generate)."""
+    answer: list[str] = []
     head = json.dumps({"model": gen.record.name})[:-1] + ',"created_at":"'
     if chat:
         mid = '","message":{"role":"assistant","content":'
@@ -211,6 +277,8 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
     dumps = json.dumps
 
     def line(chunk) -> bytes | None:
+        if context is not None and chunk.text:
+            answer.append(chunk.text)
         if chunk.logprobs or chunk.tool_calls or chunk.reasoning:  # rarer and larger: a whole object
             out: dict = {"model": gen.record.name, "created_at": iso()}
             if chat:
@@ -241,16 +309,17 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool) -> AsyncIterato
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
         yield json.dumps(stream_error_line(exc, ollama=True)).encode() + b"\n"
         return
-    yield json.dumps(_final(gen, timing, chat=chat)).encode() + b"\n"
+    last = _final(gen, timing, chat=chat)
+    if context is not None and (ids := await context("".join(answer))) is not None:
+        last["context"] = ids
+    yield json.dumps(last).encode() + b"\n"
 
 
 @documented(EmbedBody, answers.OllamaEmbed)
 @router.post("/embed")
 async def embed(request: Request):
     body: EmbedBody = await parse_body(request, EmbedBody)
-    found = body.options.unsupported() if body.options else []
-    if found:
-        raise UnsupportedFeature(f"{found[0][0]!r} is not supported for embeddings", param=found[0][0])
+    note_options(request, body.options)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
     manager = app_state(request).manager
     started = time.perf_counter()
@@ -260,12 +329,8 @@ async def embed(request: Request):
     if keep_alive_s is not None:
         await asyncio.to_thread(manager.load, record.name, keep_alive_s=keep_alive_s)
     vectors, n_tokens = await embed_counted(request, record.name, texts)
-    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
-        raise UnsupportedFeature(
-            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}",
-            hint="leave 'dimensions' out",
-            param="dimensions",
-        )
+    if body.dimensions is not None:
+        vectors = [truncated(v, body.dimensions) for v in vectors]
     return {
         "model": record.name,
         "embeddings": vectors,
@@ -275,10 +340,22 @@ async def embed(request: Request):
     }
 
 
+def truncated(vector: list[float], dimensions: int) -> list[float]:
+    """The first ``dimensions`` values, normalized to unit length again, as Ollama's /api/embed does
+    (Matryoshka-trained models keep their meaning in the leading dimensions); a vector no longer
+    than ``dimensions`` is left as it is, as there."""
+    if dimensions >= len(vector):
+        return vector
+    head = vector[:dimensions]
+    norm = math.sqrt(sum(x * x for x in head))
+    return [x / max(norm, 1e-12) for x in head]
+
+
 @documented(EmbeddingsBody, answers.OllamaEmbedding)
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingsBody = await parse_body(request, EmbeddingsBody)
+    note_options(request, body.options)
     manager = app_state(request).manager
     record = await asyncio.to_thread(manager.resolve, body.model)
     request_stats(request).model = record.name

@@ -1,8 +1,11 @@
 """Strict request schemas for the Ollama-compatible routes (``/api/...``).
 
-Declares what the official ``ollama`` client sends (``ollama._types``). ``options`` keys
-localrun honours are typed and bounded; Ollama's other option names are accepted by the
-schema so the route can name them in a 400 rather than call them unknown.
+Declares what the official ``ollama`` client sends (``ollama._types``). ``options`` are
+lenient, as Ollama's are: the keys localrun honours are typed and bounded; Ollama's load-time
+options (``num_thread``, ``num_gpu``, ``use_mmap``…) and samplers the runtime lacks are
+accepted and ignored, and unknown keys (``draft_num_predict`` in Ollama's own docs) too;
+every ignored key is named in the ``X-Localrun-Ignored-Fields`` header and the log
+(:meth:`Options.ignored`), never silently dropped.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints
 
 from localrun.server.openai.schemas import Seed, Stop, Strict, ToolDef, ToolName
 
@@ -19,7 +22,10 @@ KeepAlive = Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[str, StringCo
 
 
 class Options(Strict):
-    """Ollama's ``options``. The first block is honoured; the rest is named in a 400 when set."""
+    """Ollama's ``options``. The first block is honoured; the rest is honoured where the runtime
+    can (penalties, typical_p) and otherwise ignored and named; unknown keys land in ``model_extra``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     temperature: Annotated[float, Field(ge=0, le=100)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
@@ -58,10 +64,43 @@ class Options(Strict):
         {"temperature", "top_p", "top_k", "min_p", "repeat_penalty", "seed", "stop", "num_predict", "num_ctx"}
     )
 
-    def unsupported(self) -> list[tuple[str, str]]:
-        return [
-            (f"options.{k}", k) for k in sorted(self.model_fields_set - self.HONOURED) if getattr(self, k) is not None
-        ]
+    #: Sampler knobs honoured when the runtime declares the capability of the same name.
+    RUNTIME_KNOBS: ClassVar[tuple[str, ...]] = ("typical_p", "presence_penalty", "frequency_penalty")
+    #: Values that ask for nothing (a sampler switched off, localrun's own penalty window): not ignored.
+    NO_OP: ClassVar[dict[str, Any]] = {
+        "mirostat": 0,
+        "tfs_z": 1.0,
+        "typical_p": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repeat_last_n": 64,
+    }
+
+    def unknown(self) -> list[str]:
+        """The keys no Ollama version defines (or a typo), as the header names them."""
+        return [f"options.{k}" for k in (self.model_extra or {})]
+
+    def knobs(self, capabilities: frozenset[str]) -> dict[str, float]:
+        """The runtime-dependent samplers to pass on: set, not a no-op, and declared by the runtime."""
+        return {
+            k: getattr(self, k)
+            for k in self.RUNTIME_KNOBS
+            if getattr(self, k) is not None and getattr(self, k) != self.NO_OP[k] and k in capabilities
+        }
+
+    def ignored(self, capabilities: frozenset[str]) -> list[str]:
+        """Known keys that were set and will not act: load-time options (the model is already
+        loaded as planned), samplers this runtime lacks (mirostat, tfs_z: none has them), and
+        ``repeat_last_n`` other than localrun's fixed window of 64. Ollama ignores them too."""
+        out = []
+        for k in sorted(self.model_fields_set - self.HONOURED):
+            value = getattr(self, k)
+            if value is None or (k in self.NO_OP and value == self.NO_OP[k]):
+                continue
+            if k in self.RUNTIME_KNOBS and k in capabilities:
+                continue
+            out.append(f"options.{k}")
+        return out
 
 
 class CalledFunction(Strict):
@@ -109,7 +148,7 @@ class _Generating(Strict):
         return self.format
 
     def _unsupported_common(self) -> list[tuple[str, str]]:
-        found = list(self.options.unsupported()) if self.options else []
+        found: list[tuple[str, str]] = []  # options are never refused: see Options.ignored
         if self.format not in (None, ""):
             found.append(("format", "json_schema"))
         if self.logprobs or self.top_logprobs:
@@ -150,7 +189,7 @@ class GenerateBody(_Generating):
         for name, cap in (
             ("suffix", "fill-in-the-middle"),
             ("template", "custom templates"),
-            ("context", "context tokens"),
+            ("context", "token_prompts"),
             ("images", "vision"),
         ):
             if getattr(self, name):
@@ -197,6 +236,38 @@ class PullBody(Strict):
     stream: bool | None = None
     username: str | None = None
     password: str | None = None
+
+
+class CopyBody(Strict):
+    """``/api/copy``: register ``destination`` as another model with ``source``'s files and overrides."""
+
+    source: ModelName
+    destination: ModelName
+
+
+Sha256Ref = Annotated[str, StringConstraints(pattern=r"^sha256[:-][0-9a-fA-F]{64}$")]
+FileName = Annotated[str, StringConstraints(max_length=1024)]
+
+
+class CreateBody(Strict):
+    """``/api/create`` as Ollama's docs/api.md has it today (``from`` or ``files``, then the layers)."""
+
+    model: ModelName | None = None
+    name: ModelName | None = None  # the older field
+    from_: Annotated[ModelName | None, Field(alias="from")] = None
+    files: Annotated[dict[FileName, Sha256Ref], Field(max_length=64)] | None = None
+    adapters: dict[str, Any] | None = None
+    template: Annotated[str, StringConstraints(max_length=262_144)] | None = None
+    renderer: str | None = None
+    parser: str | None = None
+    license: Annotated[str, StringConstraints(max_length=262_144)] | list[str] | None = None
+    system: Annotated[str, StringConstraints(max_length=262_144)] | None = None
+    parameters: dict[str, Any] | None = None
+    messages: list[Any] | None = None
+    stream: bool | None = None
+    quantize: str | None = None
+    modelfile: str | None = None  # the pre-0.5 body: a Modelfile's text
+    path: str | None = None  # the pre-0.5 body: a Modelfile's path on the server
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

@@ -52,7 +52,13 @@ def core_messages(body: ChatCompletionRequest) -> tuple[Message, ...]:
         if call_id is not None and role == "tool":
             pending = [p for p in pending if p[0] != call_id]
         name = m.name if m.name is not None or role != "tool" else called.get(call_id or "")
-        out.append(Message(role, _message_text(m.content), tool_calls=calls, tool_call_id=call_id, name=name))
+        # An assistant turn's reasoning sent back (llama-server's interleaved thinking): the template decides.
+        thought = (m.reasoning_content or m.reasoning or "") if role == "assistant" else ""
+        out.append(
+            Message(
+                role, _message_text(m.content), tool_calls=calls, tool_call_id=call_id, name=name, reasoning=thought
+            )
+        )
     return tuple(out)
 
 

@@ -47,6 +47,7 @@ from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
+from localrun.server.validate import refuse_empty_prompt
 from localrun.types import ChatRequest, Chunk, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,22 @@ def _json_schema(body, from_format):
     return schema
 
 
+#: OpenAI's documented default of the legacy completions' ``max_tokens``; chat completions have none (the cap).
+LEGACY_MAX_TOKENS = 16
+
+
+def legacy_token_limit(body: CompletionRequestBody) -> int | None:
+    """The legacy route's limit: what the client set, llama-server's ``n_predict: -1`` (the cap), else 16.
+
+    Without it a bare ``{"prompt": …}`` ran to the server's cap (8,192 tokens), where every
+    OpenAI client expects 16.
+    """
+    limit = body.token_limit()
+    if limit is None and body.n_predict is None:
+        return LEGACY_MAX_TOKENS
+    return limit
+
+
 @documented(CompletionRequestBody, answers.TextCompletion, stream=SSE)
 @router.post("/completions")
 async def completions(request: Request):
@@ -140,7 +157,7 @@ async def completions(request: Request):
     logprobs = body.logprobs if body.logprobs is not None else (0 if best_of > 1 else None)
     sampling = make_sampling(
         cap=cap,
-        max_tokens=body.token_limit(),
+        max_tokens=legacy_token_limit(body),
         seed=body.seed,
         stop=body.stop,
         json_schema=_json_schema(body, None),
@@ -148,6 +165,7 @@ async def completions(request: Request):
         **knobs,
     )
     ids = body.prompt_ids()
+    refuse_empty_prompt(body.prompt_text(), ids, suffix=body.suffix)
     req = CompletionRequest(
         prompt=body.prompt_text(), sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix
     )

@@ -1,5 +1,5 @@
-"""OpenAI's Responses API family: /v1/responses, stored responses by id."""
+"""OpenAI's Responses API family: /v1/responses, stored responses by id; ``bare_router`` the same without /v1."""
 
-from localrun.server.responses.routes import router
+from localrun.server.responses.routes import bare_router, router
 
-__all__ = ["router"]
+__all__ = ["bare_router", "router"]

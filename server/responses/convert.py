@@ -5,10 +5,11 @@ system message (Codex sends two developer items, and Qwen-style templates reject
 second system message); a later ``system``/``developer`` item stays a system turn where
 it was. Consecutive assistant output (a message, ``function_call`` and
 ``custom_tool_call`` items) is one assistant turn with ``tool_calls``; a call's output is a
-``tool`` turn named after its call. Reasoning items ride with the next assistant turn
-when the core's Message carries reasoning, else they are left out (most templates drop
-past reasoning anyway). Hosted-tool items were dropped by the schema. A conversation with
-no turn at all (a probe) gets one empty user turn, so every template renders.
+``tool`` turn named after its call. Reasoning items ride with the next assistant turn as
+its ``Message.reasoning``, which reaches the template as ``reasoning_content`` (a reasoning
+model's template keeps it within a tool loop and drops older turns' itself). Hosted-tool
+items were dropped by the schema. A conversation with no turn at all (a probe) gets one
+empty user turn, so every template renders.
 
 **Tools.** ``function`` tools pass through; a ``custom`` tool (Codex's ``apply_patch``) is
 offered as a function with one string argument ``input``, its grammar (if any) written

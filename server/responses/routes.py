@@ -220,3 +220,17 @@ async def delete_response(request: Request, rid: str):
     if not await asyncio.to_thread(response_store(request).delete, rid):
         raise ResponseNotFound(f"no stored response with id {rid[:200]!r}")
     return {"id": rid, "object": "response", "deleted": True}
+
+
+def _bare_router() -> APIRouter:
+    """The same routes without ``/v1`` (``POST /responses``…), like OpenAI's other bare aliases: a client
+    whose base URL lacks ``/v1`` (llama.cpp's own server tests among them) got a 404 here alone."""
+    bare = APIRouter()
+    for route in router.routes:
+        bare.add_api_route(
+            route.path.removeprefix("/v1"), route.endpoint, methods=list(route.methods), include_in_schema=False
+        )
+    return bare
+
+
+bare_router = _bare_router()

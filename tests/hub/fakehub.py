@@ -95,6 +95,7 @@ class Faults:
     throttle_bps: float | None = None
     drop_at: int | None = None  # cut the connection once this file offset is reached
     drop_times: int = 1  # how many GETs are cut (then the knob disarms itself)
+    hold: threading.Event | None = None  # at drop_at, go silent until this is set, then cut (a stall)
     ignore_range: bool = False
     forbidden_html: bool = False
     redirect_to: str | None = None  # base URL of another host serving the same repos
@@ -433,6 +434,8 @@ class _Handler(BaseHTTPRequestHandler):
                     time.sleep(ahead)
         if drop_at is not None:
             self.wfile.flush()
+            if faults.hold is not None:
+                faults.hold.wait(120)
             self.close_connection = True
             self.connection.shutdown(2)
 

@@ -43,7 +43,6 @@ class Report:
     server_errors: int = 0
     dropped: int = 0
     problems: list[str] = dataclasses.field(default_factory=list)
-    known: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
     per_operation: dict[str, float] = dataclasses.field(default_factory=dict)
     statuses: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -55,21 +54,6 @@ class Report:
         line = f"{label} path={case.formatted_path} query={case.query or {}} body={text}: {what}"
         if len(self.problems) < 200:
             self.problems.append(line)
-
-
-def _space_edged_unknown_name(case) -> bool:
-    return isinstance(case.body, dict) and any(k == "" or k != k.strip() for k in case.body)
-
-
-#: Defects this fuzz found that are fixed on another branch of issue 21, each a predicate on the
-#: failing case: tolerated (counted and printed) so that this branch stays green, and to be
-#: deleted here once the fix is merged. Nothing else is tolerated.
-KNOWN_DROPS = {
-    # An unknown top-level name that is empty or starts/ends with a space makes the
-    # X-Localrun-Ignored-Fields value illegal (server/fields.py IgnoredFieldsHeader); h11
-    # refuses to send the response and the connection drops.
-    "ignored-fields header": _space_edged_unknown_name,
-}
 
 
 @pytest.fixture
@@ -153,10 +137,6 @@ def _fuzz_operation(operation, url: str, session, report: Report, examples: int)
             else:
                 response = case.call(base_url=url, session=session, timeout=REQUEST_TIMEOUT_S)
         except requests.exceptions.ConnectionError as exc:
-            known = next((name for name, match in KNOWN_DROPS.items() if match(case)), None)
-            if known:
-                report.known[known] = report.known.get(known, 0) + 1
-                return
             report.dropped += 1
             report.note(label, case, f"connection dropped ({type(exc).__name__})")
             return
@@ -201,8 +181,6 @@ def _check(report: Report) -> None:
         f"{report.server_errors} 5xx, {report.dropped} dropped, {len(report.problems)} problems, {report.seconds:.0f} s"
     )
     print(f"statuses: {dict(sorted(report.statuses.items()))}; waiting on the server {report.in_flight_s:.0f} s")
-    if report.known:
-        print(f"known defects fixed elsewhere, tolerated: {report.known}")
     slowest = sorted(report.per_operation.items(), key=lambda kv: -kv[1])[:5]
     print("slowest operations: " + ", ".join(f"{label} {s:.1f} s" for label, s in slowest))
     assert report.operations >= 45

@@ -144,7 +144,7 @@ def test_text_plain_post_starts_nothing(client, stack):
     body = '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'
     for path in ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/admin/load", "/api/pull"):
         for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None):
-            headers = {"content-type": ctype} if ctype else {}
+            headers = {"origin": "https://evil.example", **({"content-type": ctype} if ctype else {})}  # a browser's
             r = client.post(path, content=body, headers=headers)
             assert r.status_code == 415, (path, ctype, r.status_code)
     assert stack.manager.loaded() == []

@@ -65,8 +65,8 @@ def test_models_of_both_engines_are_listed_with_their_source(engines, front):
     assert ids["tiny"]["owned_by"] == "upstream:box2" and ids["tiny"]["upstream"]["health"] == "up"
     assert ids["tiny-cpp"]["owned_by"] == "upstream:cpp"
     listed = {m.model for m in ollama.Client(host=front.url).list().models}
-    assert {"tiny", "tiny-cpp"} <= listed
-    names = {m["name"]: m for m in httpx.get(front.url + "/api/tags").json()["models"]}
+    assert {"tiny:latest", "tiny-cpp:latest"} <= listed  # untagged names carry :latest, as Ollama's do
+    names = {m["localrun"]["name"]: m for m in httpx.get(front.url + "/api/tags").json()["models"]}
     assert names["tiny"]["localrun"]["source"] == "upstream box2"
     assert names["tiny-cpp"]["localrun"]["source"] == "upstream cpp"
 

@@ -1,0 +1,211 @@
+"""Every request localrun makes to a hub, bounded in time: connect, first byte, stall.
+
+A hub endpoint can fail in three silent ways, and each gets its own deadline
+(``[hub]`` in config.toml, or ``LOCALRUN_HUB__…``):
+
+* ``connect_timeout_s`` — the TCP (and TLS) connection does not open;
+* ``first_byte_timeout_s`` — the connection opens but the answer's headers never come
+  (a wedged proxy, a mirror that accepts and hangs, a firewall that swallows packets);
+* ``stall_timeout_s`` — headers came, then the body stops arriving mid-way.
+
+httpx has one ``read`` timeout for the wait before the headers and the gaps in the body
+alike, so requests start with ``read = first_byte_timeout_s`` and :func:`after_headers`
+switches the same request to ``stall_timeout_s`` once the headers are in (httpcore reads
+the request's ``timeout`` extension when the body is first iterated).
+
+Why not huggingface_hub's ``HfApi`` for listing and search: its shared client has no
+timeout (``timeout=None``), and its paginated calls retry a timeout five times with
+back-off, so a silent endpoint held ``localrun pull`` and ``search`` for minutes. The
+three JSON routes localrun needs are small; here they are bounded, and a timeout is
+reported once, naming the endpoint and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from localrun.errors import DownloadFailed
+
+logger = logging.getLogger(__name__)
+
+USER_AGENT = "localrun/0.1; hf_hub-compatible"
+#: The most a listing or search page may weigh: a hostile hub cannot fill memory.
+MAX_JSON_BYTES = 64 * 1024 * 1024
+MAX_PAGES = 1000
+_STATUS_RETRIES = 2  # 429/5xx on a metadata call: the hub's own back-off, kept short
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    connect_s: float = 10.0
+    first_byte_s: float = 30.0
+    stall_s: float = 60.0
+
+    @classmethod
+    def from_settings(cls, settings=None) -> Deadlines:
+        hub = getattr(settings, "hub", None)
+        default = cls()
+        return cls(
+            float(getattr(hub, "connect_timeout_s", default.connect_s)),
+            float(getattr(hub, "first_byte_timeout_s", default.first_byte_s)),
+            float(getattr(hub, "stall_timeout_s", default.stall_s)),
+        )
+
+    def timeout(self):
+        import httpx
+
+        return httpx.Timeout(
+            connect=self.connect_s, read=self.first_byte_s, write=self.first_byte_s, pool=self.connect_s
+        )
+
+    def client(self, **kwargs):
+        """An httpx client whose every request carries these deadlines."""
+        import httpx
+
+        headers = {"User-Agent": USER_AGENT, **kwargs.pop("headers", {})}
+        return httpx.Client(follow_redirects=True, timeout=self.timeout(), headers=headers, **kwargs)
+
+
+def after_headers(resp, deadlines: Deadlines) -> None:
+    """The headers are in: from here on the read timeout bounds the gaps in the body."""
+    timeouts = resp.request.extensions.get("timeout") if resp.request is not None else None
+    if isinstance(timeouts, dict):
+        timeouts["read"] = deadlines.stall_s
+
+
+_HINT = (
+    "check that HF_ENDPOINT (or hub.endpoint in config.toml) names a working hub or mirror, "
+    "or use --offline / HF_HUB_OFFLINE=1 for models already downloaded"
+)
+
+
+def timeout_error(exc: Exception, endpoint: str, deadlines: Deadlines, *, body: bool = False) -> DownloadFailed:
+    """A timeout as a person can act on it: which endpoint, which deadline, what to check."""
+    import httpx
+
+    if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+        what, secs, knob = "did not accept a connection", deadlines.connect_s, "connect_timeout_s"
+    elif body:
+        what, secs, knob = "stopped sending mid-way", deadlines.stall_s, "stall_timeout_s"
+    else:
+        what, secs, knob = "accepted the connection but sent no answer", deadlines.first_byte_s, "first_byte_timeout_s"
+    return DownloadFailed(
+        f"the hub at {endpoint} {what} within {secs:g} s",
+        hint=f"{_HINT}; hub.{knob} in config.toml (LOCALRUN_HUB__{knob.upper()}) sets this deadline",
+    )
+
+
+class HubStatus(Exception):
+    """A hub answer that is not 2xx, with what the hub said about it (untrusted, trimmed)."""
+
+    def __init__(self, status: int, code: str | None, message: str | None, url: str) -> None:
+        self.status, self.code, self.url = status, code, url
+        self.message = _printable(message or "")
+        super().__init__(f"{status} {code or ''} {self.message}".strip())
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text[:limit] + ("…" if len(text) > limit else "")
+
+
+def _same_origin(url: str, endpoint: str) -> bool:
+    a, b = urlsplit(url), urlsplit(endpoint)
+    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
+
+
+def get_json(client, url: str, *, endpoint: str, deadlines: Deadlines, params=None, headers=None):
+    """GET one JSON document; returns (value, response). Raises HubStatus or DownloadFailed.
+
+    A timeout fails at once (never retried: retrying a silent endpoint only multiplies the
+    wait); a 429 or 5xx is retried twice with a short back-off, as the hub asks.
+    """
+    import httpx
+
+    attempt = 0
+    while True:
+        got_headers = False
+        try:
+            with client.stream("GET", url, params=params, headers=headers) as resp:
+                got_headers = True
+                after_headers(resp, deadlines)
+                if resp.status_code >= 400:
+                    if (resp.status_code == 429 or resp.status_code >= 500) and attempt < _STATUS_RETRIES:
+                        attempt += 1
+                        logger.info("%s answered %d; retrying (%d/%d)", url, resp.status_code, attempt, _STATUS_RETRIES)
+                        time.sleep(0.5 * attempt)
+                        continue
+                    raise HubStatus(
+                        resp.status_code,
+                        resp.headers.get("X-Error-Code"),
+                        resp.headers.get("X-Error-Message") or _error_field(resp.headers, _head(resp)),
+                        str(resp.url),
+                    )
+                body, size = [], 0
+                for chunk in resp.iter_bytes():
+                    size += len(chunk)
+                    if size > MAX_JSON_BYTES:
+                        raise DownloadFailed(
+                            f"the hub at {endpoint} sent more than {MAX_JSON_BYTES >> 20} MiB for one listing page",
+                            hint=_HINT,
+                        )
+                    body.append(chunk)
+                try:
+                    return json.loads(b"".join(body)), resp
+                except ValueError as exc:
+                    raise DownloadFailed(
+                        f"the hub at {endpoint} sent something that is not JSON for {resp.url.path}",
+                        hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+                    ) from exc
+        except httpx.TimeoutException as exc:
+            raise timeout_error(exc, endpoint, deadlines, body=got_headers) from exc
+        except httpx.TransportError as exc:
+            raise DownloadFailed(
+                f"cannot reach the hub at {endpoint}: {exc or type(exc).__name__}", hint=_HINT
+            ) from exc
+
+
+def get_pages(client, url: str, *, endpoint: str, deadlines: Deadlines, params=None, headers=None, limit=None):
+    """Every item of a paginated JSON list (the hub's ``Link: rel="next"``), up to ``limit``."""
+    items: list = []
+    for _ in range(MAX_PAGES):
+        page, resp = get_json(client, url, endpoint=endpoint, deadlines=deadlines, params=params, headers=headers)
+        if not isinstance(page, list):
+            raise DownloadFailed(
+                f"the hub at {endpoint} sent a malformed answer for {resp.url.path} (not a list)",
+                hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+            )
+        items.extend(page)
+        if limit is not None and len(items) >= limit:
+            return items[:limit]
+        nxt = resp.links.get("next", {}).get("url")
+        if not nxt:
+            return items
+        if not _same_origin(nxt, endpoint):  # the token goes only where the user pointed it
+            raise DownloadFailed(f"the hub at {endpoint} sent a next page on another host ({nxt[:120]})", hint=_HINT)
+        url, params = nxt, None
+    raise DownloadFailed(f"the hub at {endpoint} sent more than {MAX_PAGES} pages", hint=_HINT)
+
+
+def _head(resp, limit: int = 64 * 1024) -> bytes:
+    """The start of an error body (enough for the hub's ``{"error": …}``), never more."""
+    out = b""
+    for chunk in resp.iter_bytes():
+        out += chunk
+        if len(out) >= limit:
+            break
+    return out[:limit]
+
+
+def _error_field(headers, body: bytes) -> str | None:
+    if "json" not in headers.get("Content-Type", ""):
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data.get("error") if isinstance(data, dict) and isinstance(data.get("error"), str) else None

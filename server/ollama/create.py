@@ -1,0 +1,200 @@
+"""``/api/copy`` and ``/api/create``: new registrations of models the store already has.
+
+Both write a real record to the store (the one door, ``ModelStore.register``), so the new name
+is listed, shown, loaded, copied and deleted like any other; its files are the source's, never
+copied, and stay until no registration uses them.
+
+``/api/create`` takes Ollama's current body (docs/api.md): a model ``from`` an existing one, or
+from ``files`` given by sha256, plus the layers that change behaviour: ``system``, ``template``,
+``parameters``, ``license``. What localrun cannot do is a 400 that says so: ``quantize``,
+``adapters``, ``messages``, Ollama's renderers and parsers, a Go template, and files it does not
+have — the server accepts no uploads and no HTTP route takes a path on its disk (shared/security.md),
+so a file not in the store yet is imported on the server (``localrun import PATH``, then ``localrun
+verify`` records its sha256) and then found by its digest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, Response
+
+from localrun.errors import ModelExists, TemplateError
+from localrun.modelstore.identity import without_latest
+from localrun.modelstore.names import validate_model_name
+from localrun.server import answers
+from localrun.server.errors import InvalidRequest
+from localrun.server.fields import parse_body, validation_error
+from localrun.server.generation import app_state
+from localrun.server.ollama.schemas import CopyBody, CreateBody, Options
+from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM, META_TEMPLATE
+from localrun.server.openapi import NDJSON, documented
+from localrun.types import Format, ModelRecord
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix="/api")
+
+META_LICENSE = "localrun.license"
+_SAMPLE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+
+
+def store_name(name: str) -> str:
+    """The store's name for a name a client gives: ``NAME:latest`` is ``NAME`` (see identity.tagged)."""
+    return validate_model_name(without_latest(name) or name)
+
+
+def _local(manager, name: str) -> ModelRecord:
+    """A model in the store (an upstream's model has no files here to register again)."""
+    record = manager.resolve(name)
+    if record.format is Format.REMOTE:
+        raise InvalidRequest(
+            f"{record.name} is served by an upstream; only models in this store can be copied or built on",
+            hint="pull or import the model here first",
+        )
+    return record
+
+
+def _register(manager, record: ModelRecord) -> ModelRecord:
+    """Write ``record`` under its name. A name that holds the same files is replaced, as Ollama's
+    copy and create replace a manifest (creating ``mario`` again with a new system prompt); a name
+    that holds other files is refused, since replacing it would orphan files localrun may own. A
+    model loaded under that name is unloaded first, so the next request loads the new one."""
+    existing = manager.store.index.find(record.name)
+    if existing is not None and [f.path for f in existing.files] != [f.path for f in record.files]:
+        raise ModelExists(
+            f"the name {record.name} is taken by another model ({existing.path})",
+            hint=f"delete it first (DELETE /api/delete, or `localrun rm {record.name}`), or choose another name",
+        )
+    manager.unload(record.name)
+    return manager.store.register(record, replace=True)
+
+
+@documented(CopyBody)
+@router.post("/copy")
+async def copy(request: Request):
+    body: CopyBody = await parse_body(request, CopyBody)
+    manager = app_state(request).manager
+    source = await asyncio.to_thread(_local, manager, body.source)
+    destination = store_name(body.destination)
+    if destination != source.name:
+        copied = dataclasses.replace(source, name=destination, added_at=time.time())
+        await asyncio.to_thread(_register, manager, copied)
+        log.info("copied %s to %s", source.name, destination)
+    return Response(status_code=200)
+
+
+def _refuse_unsupported(body: CreateBody) -> None:
+    if body.modelfile is not None or body.path is not None:
+        raise InvalidRequest(
+            "the Modelfile body ('modelfile', 'path') is Ollama's old API",
+            hint="send 'from' (or 'files') with 'system', 'template' and 'parameters' as fields",
+            param="modelfile" if body.modelfile is not None else "path",
+        )
+    for field, why in (
+        ("quantize", "localrun does not quantize models: pull or import a quantized GGUF"),
+        ("adapters", "LoRA adapters are not supported"),
+        ("messages", "a stored conversation is not supported: send the messages with each request"),
+        ("renderer", "Ollama's built-in renderers are not part of localrun: send a Jinja 'template'"),
+        ("parser", "Ollama's built-in parsers are not part of localrun"),
+    ):
+        if getattr(body, field):
+            raise InvalidRequest(f"{field!r} is not supported by /api/create: {why}", param=field)
+    if body.from_ and body.files:
+        raise InvalidRequest("give 'from' or 'files', not both", param="files")
+    if not body.from_ and not body.files:
+        raise InvalidRequest("missing 'from' (an existing model) or 'files' (sha256 digests)", param="from")
+
+
+def _by_digest(manager, files: dict[str, str]) -> ModelRecord:
+    """The store's model whose files are exactly these digests (each file once, any names)."""
+    wanted = {ref.split(":", 1)[-1].split("-", 1)[-1].lower() for ref in files.values()}
+    for record in manager.store.list():
+        have = {(f.sha256 or "").lower() for f in record.files}
+        if have == wanted:
+            return record
+    shown = ", ".join(sorted(files)[:3])
+    raise InvalidRequest(
+        f"no model in the store has the files {shown} by those sha256 digests",
+        hint=(
+            "localrun accepts no uploads: import the file on the server (`localrun import PATH`, then "
+            "`localrun verify NAME` to record its sha256), or create from a model by name with 'from'"
+        ),
+        param="files",
+    )
+
+
+def _checked_template(template: str) -> str:
+    from localrun.chat.template import render_chat
+
+    try:
+        render_chat(template, _SAMPLE, bos_token="<s>", eos_token="</s>")
+    except TemplateError as exc:
+        raise InvalidRequest(
+            f"the template does not render as a Jinja chat template: {exc.message}",
+            hint="localrun speaks the GGUF's Jinja templates; Ollama's Go templates ({{ .Prompt }}) are not supported",
+            param="template",
+        ) from None
+    return template
+
+
+def _checked_parameters(params: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's parameters are its options: typed and bounded by the same schema; unknown names refused
+    here (a stored typo would be ignored on every request)."""
+    try:
+        options = Options.model_validate(params)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    if options.model_extra:
+        name = next(iter(options.model_extra))
+        raise InvalidRequest(f"unknown parameter {name!r}", param=f"parameters.{name}")
+    return options.model_dump(exclude_unset=True)
+
+
+def _created(manager, body: CreateBody, name: str) -> ModelRecord:
+    base = _local(manager, body.from_) if body.from_ else _by_digest(manager, body.files or {})
+    meta = dict(base.metadata or {})
+    if body.system is not None:
+        meta[META_SYSTEM] = body.system
+    if body.template is not None:
+        meta[META_TEMPLATE] = _checked_template(body.template)
+    if body.parameters:
+        meta[META_PARAMETERS] = {**(meta.get(META_PARAMETERS) or {}), **_checked_parameters(body.parameters)}
+    if body.license is not None:
+        meta[META_LICENSE] = body.license
+    record = dataclasses.replace(base, name=name, metadata=meta, added_at=time.time())
+    return _register(manager, record)
+
+
+@documented(CreateBody, answers.OllamaStatus, stream=NDJSON)
+@router.post("/create")
+async def create(request: Request):
+    body: CreateBody = await parse_body(request, CreateBody)
+    if not (body.model or body.name):
+        raise InvalidRequest("missing required field 'model'", param="model")
+    _refuse_unsupported(body)
+    name = store_name(body.model or body.name or "")
+    manager = app_state(request).manager
+    record = await asyncio.to_thread(_created, manager, body, name)
+    log.info("created %s from %s", record.name, body.from_ or "files")
+    if body.stream is False:
+        return JSONResponse({"status": "success"})
+    lines = b'{"status":"reading model metadata"}\n{"status":"writing manifest"}\n{"status":"success"}\n'
+    return Response(lines, media_type="application/x-ndjson")
+
+
+@documented()
+@router.head("/blobs/{ref}")
+async def blob_exists(request: Request, ref: str):
+    """Ollama's client asks before it uploads; a file the store has (by sha256) answers 200, so a
+    create with ``files`` needs no upload. Nothing else is found: localrun takes no uploads."""
+    wanted = ref.split(":", 1)[-1].split("-", 1)[-1].lower()
+    records = await asyncio.to_thread(app_state(request).manager.store.list)
+    found = any((f.sha256 or "").lower() == wanted for r in records for f in r.files)
+    return Response(status_code=200 if found else 404)

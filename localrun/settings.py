@@ -88,6 +88,10 @@ class ServerSettings(BaseModel):
     (DeepSeek, llama.cpp), ``reasoning`` (gpt-oss, vLLM, Ollama) or both (clients read either)."""
     mirror: bool = False
     """Also serve the model store as a Hugging Face hub mirror on the same port (`serve --mirror`)."""
+    docs: bool = False
+    """Serve the Swagger UI at ``/docs`` (``/openapi.json`` is always served, behind the API key when one
+    is set). Off by default: the page loads its scripts from a CDN, which a local server should not ask of
+    a browser unless the user wants it."""
 
 
 class RuntimeSettings(BaseModel):

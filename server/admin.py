@@ -21,11 +21,13 @@ from pydantic import StringConstraints
 from starlette.responses import PlainTextResponse, StreamingResponse
 
 from localrun import __version__
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
 from localrun.server.ollama.schemas import KeepAlive, keep_alive_seconds
 from localrun.server.openai.schemas import Strict
+from localrun.server.openapi import SSE, documented
 from localrun.server.security import AUTHENTICATED_KEY
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ def status(request: Request) -> dict[str, Any]:
     }
 
 
+@documented(answer=answers.Health)
 @router.get("/health")
 async def health(request: Request):
     """Liveness for anyone (load balancers and container probes carry no key); the detailed
@@ -84,6 +87,7 @@ async def health(request: Request):
 router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
 
+@documented(media="text/plain")
 @router.get("/metrics")
 async def metrics(request: Request):
     state = app_state(request)
@@ -93,6 +97,7 @@ async def metrics(request: Request):
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+@documented(answer=answers.AdminStatus)
 @router.get("/admin/status")
 async def admin_status(request: Request):
     data = status(request)
@@ -101,6 +106,7 @@ async def admin_status(request: Request):
     return data
 
 
+@documented(LoadBody, answers.Loaded, strict=True)
 @router.post("/admin/load")
 async def admin_load(request: Request):
     body: LoadBody = await parse_body(request, LoadBody, lenient=False)
@@ -113,6 +119,7 @@ async def admin_load(request: Request):
     return {"loaded": lm.info()}
 
 
+@documented(ModelOnly, answers.Unloaded, strict=True)
 @router.post("/admin/unload")
 async def admin_unload(request: Request):
     body: ModelOnly = await parse_body(request, ModelOnly, lenient=False)
@@ -121,6 +128,7 @@ async def admin_unload(request: Request):
     return {"model": record.name, "unloaded": await asyncio.to_thread(manager.unload, record.name)}
 
 
+@documented(PinBody, answers.Loaded, strict=True)
 @router.post("/admin/pin")
 async def admin_pin(request: Request):
     body: PinBody = await parse_body(request, PinBody, lenient=False)
@@ -129,6 +137,7 @@ async def admin_pin(request: Request):
     return {"loaded": lm.info()}
 
 
+@documented(stream=SSE)
 @router.get("/admin/events")
 async def admin_events(request: Request):
     """SSE: a ``status`` event now and whenever the loaded models change (polled, cheap)."""

@@ -21,7 +21,7 @@ from starlette.responses import PlainTextResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import admin, anthropic, llama_server, ollama, openai, responses
+from localrun.server import admin, anthropic, llama_server, ollama, openai, openapi, responses
 from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
@@ -51,6 +51,7 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.upstream_metrics = attach_upstream_metrics(manager)
     app.state.started_at = time.monotonic()
+    openapi.install(app, settings)  # /openapi.json (and /docs with server.docs), built from the routes' marks
 
     # Each wire family is a package exposing ``router``; the order is the order paths are matched in,
     # and OpenAI's bare paths (no /v1) come last so every other family's path wins.

@@ -101,7 +101,9 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any], settings=N
     memory = info.get("memory_bytes") or (record.size if record else 0)
     on_gpu = str(info.get("device", "cpu")).lower() not in ("cpu", "")
     ttl = info.get("ttl_left_s")
-    expires = _FOREVER if ttl is None else dt.datetime.now(tz=dt.UTC) + dt.timedelta(seconds=ttl)
+    now = dt.datetime.now(tz=dt.UTC)
+    # A keep_alive past _FOREVER (1e20 s is a legal number) would overflow datetime: it is forever.
+    expires = _FOREVER if ttl is None or ttl >= (_FOREVER - now).total_seconds() else now + dt.timedelta(seconds=ttl)
     return {
         "name": tagged(str(info.get("name"))),
         "model": tagged(str(info.get("name"))),

@@ -42,11 +42,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.chat.stops import StopMatcher
 from localrun.errors import LocalrunError
+from localrun.server import answers
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.server.errors import stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, make_sampling, open_generation, prompt_size
+from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
 
@@ -129,6 +131,7 @@ def _stop_reason(finish: str | None, calls: list[dict], matched: str | None) -> 
     return "max_tokens" if finish == "length" else "end_turn"
 
 
+@documented(MessagesRequest, answers.AnthropicMessage, stream=SSE)
 @router.post("/messages")
 async def create_message(request: Request):
     body: MessagesRequest = await parse_body(request, MessagesRequest)
@@ -184,6 +187,7 @@ def _json_schema(body: CountTokensRequest) -> dict | None:
     return None if fmt is None else (fmt.schema_ or {})
 
 
+@documented(CountTokensRequest, answers.TokenCount)
 @router.post("/messages/count_tokens")
 async def count_tokens(request: Request):
     """The prompt's length, by running the request with no tokens to generate: the count is the

@@ -31,6 +31,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
@@ -52,6 +53,7 @@ from localrun.server.llama_server.schemas import (
     RerankBody,
     TokenizeBody,
 )
+from localrun.server.openapi import SSE, documented
 from localrun.server.security import is_loopback_host
 from localrun.server.validate import refuse_empty_prompt
 from localrun.types import CompletionRequest
@@ -88,6 +90,7 @@ async def pick_model(request: Request, name: str | None) -> str:
     )
 
 
+@documented(TokenizeBody, answers.Tokens)
 @router.post("/tokenize")
 async def tokenize(request: Request):
     body: TokenizeBody = await parse_body(request, TokenizeBody)
@@ -101,6 +104,7 @@ async def tokenize(request: Request):
     )
 
 
+@documented(DetokenizeBody, answers.Detokenized)
 @router.post("/detokenize")
 async def detokenize(request: Request):
     body: DetokenizeBody = await parse_body(request, DetokenizeBody)
@@ -110,6 +114,7 @@ async def detokenize(request: Request):
     )
 
 
+@documented(ApplyTemplateBody, answers.Templated)
 @router.post("/apply-template")
 async def apply_template(request: Request):
     body: ApplyTemplateBody = await parse_body(request, ApplyTemplateBody)
@@ -135,6 +140,7 @@ async def apply_template(request: Request):
     )
 
 
+@documented(answer=answers.Props)
 @router.get("/props")
 async def props(request: Request):
     state = app_state(request)
@@ -191,6 +197,7 @@ def _native_sampling(request: Request, body: NativeSampling):
     )
 
 
+@documented(NativeCompletion, answers.CompletionAnswer, stream=SSE)
 @router.post("/completion")
 async def completion(request: Request):
     body: NativeCompletion = await parse_body(request, NativeCompletion)
@@ -207,6 +214,7 @@ async def completion(request: Request):
     return await _native_answer(gen, body)
 
 
+@documented(InfillBody, answers.CompletionAnswer, stream=SSE)
 @router.post("/infill")
 async def infill(request: Request):
     """Fill in the middle: ``input_extra`` chunks (other files) come first, then ``input_prefix``;
@@ -303,6 +311,7 @@ async def _native_events(
     yield event(_final(gen, body, started, "", []))
 
 
+@documented(RerankBody, answers.Reranked)
 @router.post("/rerank")
 @router.post("/v1/rerank")
 async def rerank(request: Request):
@@ -329,6 +338,7 @@ async def rerank(request: Request):
     }
 
 
+@documented(NativeEmbeddingBody, answers.NativeEmbeddings)
 @router.post("/embeddings")
 async def native_embeddings(request: Request):
     """llama-server's shape for ``content``; OpenAI's route for an ``input`` body."""

@@ -43,8 +43,10 @@ from localrun.modelstore.hub_catalog import (
     valid_repo_part,
 )
 from localrun.modelstore.names import safe_relpath
+from localrun.server import answers
 from localrun.server.mirror.errors import hub_error
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
+from localrun.server.openapi import documented
 
 logger = logging.getLogger(__name__)
 
@@ -279,6 +281,7 @@ def _flag(request: Request, name: str) -> bool:
     return (request.query_params.get(name) or "").lower() in ("1", "true", "yes")
 
 
+@documented(answer=answers.HubListing, tag="mirror", query=answers.HUB_QUERY)
 async def api_models(request: Request) -> Response:
     """Every ``/api/models…`` route, dispatched on raw path segments."""
     mirror: Mirror = request.app.state.mirror
@@ -341,6 +344,7 @@ def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
     }
 
 
+@documented(media="application/octet-stream", tag="mirror")
 async def resolve(request: Request) -> Response:
     """HEAD/GET ``/{ns}/{name}/resolve/{rev}/{path}``: a verified file, whole or a Range of it."""
     mirror: Mirror = request.app.state.mirror

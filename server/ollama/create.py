@@ -28,11 +28,13 @@ from starlette.responses import JSONResponse, Response
 from localrun.errors import ModelExists, TemplateError
 from localrun.modelstore.identity import without_latest
 from localrun.modelstore.names import validate_model_name
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body, validation_error
 from localrun.server.generation import app_state
 from localrun.server.ollama.schemas import CopyBody, CreateBody, Options
 from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM, META_TEMPLATE
+from localrun.server.openapi import NDJSON, documented
 from localrun.types import Format, ModelRecord
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ def _register(manager, record: ModelRecord) -> ModelRecord:
     return manager.store.register(record, replace=True)
 
 
+@documented(CopyBody)
 @router.post("/copy")
 async def copy(request: Request):
     body: CopyBody = await parse_body(request, CopyBody)
@@ -169,6 +172,7 @@ def _created(manager, body: CreateBody, name: str) -> ModelRecord:
     return _register(manager, record)
 
 
+@documented(CreateBody, answers.OllamaStatus, stream=NDJSON)
 @router.post("/create")
 async def create(request: Request):
     body: CreateBody = await parse_body(request, CreateBody)
@@ -185,6 +189,7 @@ async def create(request: Request):
     return Response(lines, media_type="application/x-ndjson")
 
 
+@documented()
 @router.head("/blobs/{ref}")
 async def blob_exists(request: Request, ref: str):
     """Ollama's client asks before it uploads; a file the store has (by sha256) answers 200, so a

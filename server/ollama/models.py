@@ -14,12 +14,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
 from localrun.server.model_info import ollama_ps_entry, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.ollama.schemas import ModelBody, PullBody
 from localrun.server.ollama.show import ollama_show
+from localrun.server.openapi import NDJSON, documented
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +31,13 @@ router = APIRouter(prefix="/api")
 OLLAMA_COMPAT_VERSION = "0.12.0"
 
 
+@documented(answer=answers.OllamaVersion)
 @router.api_route("/version", methods=["GET", "HEAD"])
 async def version():
     return {"version": OLLAMA_COMPAT_VERSION, "localrun": __version__}
 
 
+@documented(answer=answers.OllamaTags)
 @router.get("/tags")
 async def tags(request: Request):
     state = app_state(request)
@@ -49,6 +53,7 @@ def _name(body: ModelBody) -> str:
     return name
 
 
+@documented(ModelBody, answers.OllamaShow)
 @router.post("/show")
 async def show(request: Request):
     body: ModelBody = await parse_body(request, ModelBody)
@@ -58,6 +63,7 @@ async def show(request: Request):
     return ollama_show(record, loaded, verbose=bool(body.verbose), settings=state.settings)
 
 
+@documented(answer=answers.OllamaTags)
 @router.get("/ps")
 async def ps(request: Request):
     state = app_state(request)
@@ -72,6 +78,7 @@ async def ps(request: Request):
     return {"models": entries}
 
 
+@documented(ModelBody)
 @router.delete("/delete")
 async def delete(request: Request):
     body: ModelBody = await parse_body(request, ModelBody)
@@ -107,6 +114,7 @@ def _progress_line(p: Any) -> dict:
     }
 
 
+@documented(PullBody, answers.OllamaStatus, stream=NDJSON)
 @router.post("/pull")
 async def pull(request: Request):
     body: PullBody = await parse_body(request, PullBody)

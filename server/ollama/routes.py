@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import note_ignored, parse_body, refuse_unsupported, strict_fields
 from localrun.server.generation import (
@@ -43,6 +44,7 @@ from localrun.server.ollama.schemas import (
     keep_alive_seconds,
 )
 from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
+from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
 from localrun.types import ChatRequest, CompletionRequest, Message
 
@@ -158,6 +160,7 @@ async def _check_num_ctx(request: Request, model: str, options: Options | None) 
         logging.getLogger("localrun.activity").warning("%s: %s", lm.name, note)
 
 
+@documented(ChatBody, answers.OllamaChat, stream=NDJSON)
 @router.post("/chat")
 async def chat(request: Request):
     body: ChatBody = await parse_body(request, ChatBody)
@@ -179,6 +182,7 @@ async def chat(request: Request):
     return await _generate(request, body, req, keep_alive_s, chat=True)
 
 
+@documented(GenerateBody, answers.OllamaGenerate, stream=NDJSON)
 @router.post("/generate")
 async def generate(request: Request):
     body: GenerateBody = await parse_body(request, GenerateBody)
@@ -313,6 +317,7 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -
     yield json.dumps(last).encode() + b"\n"
 
 
+@documented(EmbedBody, answers.OllamaEmbed)
 @router.post("/embed")
 async def embed(request: Request):
     body: EmbedBody = await parse_body(request, EmbedBody)
@@ -348,6 +353,7 @@ def truncated(vector: list[float], dimensions: int) -> list[float]:
     return [x / max(norm, 1e-12) for x in head]
 
 
+@documented(EmbeddingsBody, answers.OllamaEmbedding)
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingsBody = await parse_body(request, EmbeddingsBody)

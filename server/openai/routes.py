@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
@@ -44,6 +45,7 @@ from localrun.server.openai.choices import (
 )
 from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
+from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.validate import refuse_empty_prompt
 from localrun.types import ChatRequest, Chunk, CompletionRequest
@@ -55,6 +57,7 @@ router = APIRouter(prefix="/v1")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+@documented(answer=answers.ModelList)
 @router.get("/models")
 async def list_models(request: Request):
     manager = app_state(request).manager
@@ -64,6 +67,7 @@ async def list_models(request: Request):
     return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records] + remote}
 
 
+@documented(answer=answers.ModelObject)
 @router.get("/models/{model:path}")
 async def get_model(request: Request, model: str):
     manager = app_state(request).manager
@@ -72,6 +76,7 @@ async def get_model(request: Request, model: str):
     return openai_model(record, loaded.get(record.name))
 
 
+@documented(ChatCompletionRequest, answers.ChatCompletion, stream=SSE)
 @router.post("/chat/completions")
 async def chat_completions(request: Request):
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
@@ -139,6 +144,7 @@ def legacy_token_limit(body: CompletionRequestBody) -> int | None:
     return limit
 
 
+@documented(CompletionRequestBody, answers.TextCompletion, stream=SSE)
 @router.post("/completions")
 async def completions(request: Request):
     body: CompletionRequestBody = await parse_body(request, CompletionRequestBody)
@@ -350,6 +356,7 @@ async def _sse_events(
     yield b"data: [DONE]\n\n"
 
 
+@documented(EmbeddingRequestBody, answers.EmbeddingList)
 @router.post("/embeddings")
 async def embeddings(request: Request):
     body: EmbeddingRequestBody = await parse_body(request, EmbeddingRequestBody)

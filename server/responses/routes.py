@@ -21,8 +21,10 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from localrun.errors import LocalrunError
+from localrun.server import answers
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation
+from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning
 from localrun.server.responses.convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set
 from localrun.server.responses.output import Draft, EventWriter, new_id, output_items, status_of, usage_object
@@ -118,6 +120,7 @@ def _calls(gen: Generation, body: ResponsesRequest) -> list[dict]:
     return calls
 
 
+@documented(ResponsesRequest, answers.ResponseObject, stream=SSE)
 @router.post("/responses")
 async def create_response(request: Request):
     body: ResponsesRequest = await parse_body(request, ResponsesRequest)
@@ -203,11 +206,13 @@ def _piece(writer: EventWriter, chunk) -> bytes:
     return out
 
 
+@documented(answer=answers.ResponseObject)
 @router.get("/responses/{rid}")
 async def get_response(request: Request, rid: str):
     return await asyncio.to_thread(response_store(request).get, rid)
 
 
+@documented(answer=answers.Deleted)
 @router.delete("/responses/{rid}")
 async def delete_response(request: Request, rid: str):
     from localrun.server.responses.store import ResponseNotFound

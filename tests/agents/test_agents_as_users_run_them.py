@@ -21,7 +21,14 @@ from localrun.cli import main
 from tests.agents.conftest import agent_binary, run_launch
 from tests.conftest import needs_llama
 
-pytestmark = [pytest.mark.user_run, pytest.mark.slow, pytest.mark.agents, pytest.mark.llama, pytest.mark.gemma, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.user_run,
+    pytest.mark.slow,
+    pytest.mark.agents,
+    pytest.mark.llama,
+    pytest.mark.gemma,
+    pytest.mark.timeout(1800),
+]
 
 RUN_S = 1500
 PROMPT = "Say hello."

@@ -7,7 +7,7 @@ model with the full tool list (the launch log's line for it counts the tools), a
 back, and the agent exits 0. The server ``launch`` starts caps answers (``--max-tokens``), so a base
 model that rambles to the agent's own 32k limit cannot take a quarter of an hour. Slow: each
 first request is a 10-20k-token prefill, minutes on two cores, so the suite is opt-in: run it with
-``-m user_run`` (pyproject's addopts leaves it out of the default run and CI).
+``-m long`` (pyproject's addopts leaves it out of the default run and CI).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.agents.conftest import agent_binary, run_launch
 from tests.conftest import needs_llama
 
 pytestmark = [
-    pytest.mark.user_run,
+    pytest.mark.long,
     pytest.mark.slow,
     pytest.mark.agents,
     pytest.mark.llama,

@@ -194,6 +194,7 @@ def test_fuzz_every_operation_no_5xx_no_dropped_connection(fuzz_server):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # opt-in (-m long): five times the CI examples, minutes
 @pytest.mark.timeout(1800)
 def test_fuzz_every_operation_long(fuzz_server):
     _check(fuzz(fuzz_server.url, SLOW_EXAMPLES))

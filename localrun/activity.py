@@ -79,6 +79,9 @@ class Watch:
             self.finish = chunk.finish_reason
 
     def refused(self, exc: LocalrunError) -> None:
+        """Log why the request was refused; an overflow gets the hint that names its fix first (in place)."""
+        if isinstance(exc, ContextOverflow):
+            with_context_hint(exc, self.lm.record, self.lm.plan.runtime)
         hint = f" ({exc.hint})" if exc.hint else ""
         log.warning("%s: %s refused: %s%s", self.lm.name, self.kind, exc.message, hint)
 
@@ -113,9 +116,6 @@ def watched(lm: Any, req: Any, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         for chunk in chunks:
             watch.note(chunk)
             yield chunk
-    except ContextOverflow as exc:
-        watch.refused(with_context_hint(exc, lm.record, lm.plan.runtime))
-        raise
     except LocalrunError as exc:
         watch.refused(exc)
         raise
@@ -133,9 +133,6 @@ async def awatched(lm: Any, req: Any, chunks: AsyncIterator[Chunk]) -> AsyncIter
         async for chunk in chunks:
             watch.note(chunk)
             yield chunk
-    except ContextOverflow as exc:
-        watch.refused(with_context_hint(exc, lm.record, lm.plan.runtime))
-        raise
     except LocalrunError as exc:
         watch.refused(exc)
         raise

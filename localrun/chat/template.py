@@ -310,3 +310,17 @@ def fallback_chat(messages: Sequence[Any], *, gemma_turns: bool = False, bos_tok
     labels = {"system": "System", "user": "User", "assistant": "Assistant"}
     lines = [f"{labels.get(m['role'], str(m['role']).title())}: {m['content']}" for m in msgs]
     return FallbackPrompt(bos_token + "\n".join(lines) + "\nAssistant:", TRANSCRIPT_STOPS, "transcript")
+
+
+#: A short conversation every chat template must render (a user's template is tried on it before it is kept).
+SAMPLE_CONVERSATION = (
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+    {"role": "user", "content": "u2"},
+)
+
+
+def try_render(template: str) -> None:
+    """Render ``template`` on :data:`SAMPLE_CONVERSATION` in the sandbox; a TemplateError says why it cannot serve."""
+    render_chat(template, list(SAMPLE_CONVERSATION), bos_token="<s>", eos_token="</s>")

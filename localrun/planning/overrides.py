@@ -29,12 +29,6 @@ POOLING = ("mean", "cls", "last", "none", "rank")
 META_POOLING = "localrun.pooling"
 META_TEMPLATE = "localrun.chat_template"
 META_TEMPLATE_FILE = "localrun.chat_template_file"
-_SAMPLE = [
-    {"role": "system", "content": "s"},
-    {"role": "user", "content": "u"},
-    {"role": "assistant", "content": "a"},
-    {"role": "user", "content": "u2"},
-]
 
 
 def check_pooling(name: str) -> str:
@@ -49,7 +43,7 @@ def read_chat_template(path: str | Path) -> str:
     Raises:
         ConfigError: the file is missing, too large, not UTF-8, or the template does not render.
     """
-    from localrun.chat.template import MAX_TEMPLATE_CHARS, render_chat
+    from localrun.chat.template import MAX_TEMPLATE_CHARS, try_render
 
     p = Path(path).expanduser()
     try:
@@ -61,7 +55,7 @@ def read_chat_template(path: str | Path) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read the chat template {p}: {exc}", hint="give a readable UTF-8 Jinja file") from exc
     try:
-        render_chat(text, _SAMPLE, bos_token="<s>", eos_token="</s>")
+        try_render(text)
     except TemplateError as exc:
         raise ConfigError(
             f"the chat template {p} does not render: {exc.message}",

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api")
 
 META_LICENSE = "localrun.license"
-_SAMPLE = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
 
 
 def store_name(name: str) -> str:
@@ -131,10 +130,10 @@ def _by_digest(manager, files: dict[str, str]) -> ModelRecord:
 
 
 def _checked_template(template: str) -> str:
-    from localrun.chat.template import render_chat
+    from localrun.chat.template import try_render
 
     try:
-        render_chat(template, _SAMPLE, bos_token="<s>", eos_token="</s>")
+        try_render(template)
     except TemplateError as exc:
         raise InvalidRequest(
             f"the template does not render as a Jinja chat template: {exc.message}",

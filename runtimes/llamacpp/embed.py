@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 #: Tokens one input may have when neither the plan nor the model says.
 DEFAULT_EMBED_CTX = 2048
+#: The embedding context a plan's own context is capped at unless ``options.embed_ctx`` asks for more: it runs
+#: one batch of its whole size (n_ubatch = n_ctx), so a decoder's 32k context would need a compute buffer that
+#: llama.cpp cannot allocate, and no embedding input needs that much.
+MAX_AUTO_EMBED_CTX = 8192
 
 
 def meta_str(llama, model, key: str) -> str | None:
@@ -116,7 +120,9 @@ class Embedder:
             max(1, int(llama.llama_model_n_cls_out(model))) if hasattr(llama, "llama_model_n_cls_out") else 1
         )
         train = int(llama.llama_model_n_ctx_train(model)) or DEFAULT_EMBED_CTX
-        self.n_ctx = max(8, min(int(plan.options.get("embed_ctx") or plan.n_ctx or DEFAULT_EMBED_CTX), train))
+        asked = plan.options.get("embed_ctx")
+        want = int(asked) if asked else min(plan.n_ctx or DEFAULT_EMBED_CTX, MAX_AUTO_EMBED_CTX)
+        self.n_ctx = max(8, min(want, train))
         pooling = effective_pooling(llama, model, plan) if pooling is None else pooling
         # A decoder without an override pools by mean; an explicit "none" keeps per-token vectors.
         self.pooling = llama.LLAMA_POOLING_TYPE_MEAN if pooling is None else pooling

@@ -82,7 +82,7 @@ def exercise(server, name: str, prompt: str) -> None:
     )
     assert "".join(p.response for p in parts) == comp.choices[0].text
     ps = oll.ps().models
-    assert ps[0].model == name and ps[0].context_length > 0
+    assert ps[0].model == f"{name}:latest" and ps[0].context_length > 0  # Ollama tags an untagged name :latest
 
 
 def kill_mid_stream(server, name: str) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import click
 
-from localrun.cli.output import err_console, settings_from
+from localrun.cli.output import ctx_option, err_console, settings_from
 from localrun.errors import LocalrunError
 
 TELEMETRY_OFF = {"DO_NOT_TRACK": "1"}
@@ -337,13 +337,9 @@ def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...]) -> None:
 @click.option(
     "--model", "-m", "model_name", default=None, help="Model to serve to the agent (default: the default chat model)."
 )
-@click.option(
-    "--ctx",
-    "ctx_len",
-    type=click.IntRange(64, None),
-    default=None,
-    help='Context to serve the model with (default: [models."NAME"] ctx or runtime.ctx if set, else 32,768 '
-    "within the model's trained context).",
+@ctx_option(
+    'Context to serve the model with (default: [models."NAME"] ctx or runtime.ctx if set, else 32,768 '
+    "within the model's trained context)."
 )
 @click.option(
     "--max-tokens",

@@ -80,3 +80,9 @@ def print_rows(
     for row in rows:
         table.add_row(*(col.cell(row) for col in columns))
     console().print(table)
+
+
+def ctx_option(help: str) -> Callable:
+    """``--ctx N`` with one name, destination (``ctx_len``) and bound on every command that loads a model;
+    only the help, which says what the command does with it, differs."""
+    return click.option("--ctx", "ctx_len", type=click.IntRange(64, None), default=None, help=help)

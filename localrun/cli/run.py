@@ -8,18 +8,13 @@ import time
 import click
 
 from localrun.cli.models import open_store
-from localrun.cli.output import Column, err_console, human_bytes, print_rows, settings_from
+from localrun.cli.output import Column, ctx_option, err_console, human_bytes, print_rows, settings_from
 
 
 def plan_options(f):
     """The planner overrides shared by run, serve and plan."""
     f = click.option("--runtime", help="Runtime to use (llama.cpp, mlx, ollama, mlc, fake).")(f)
-    f = click.option(
-        "--ctx",
-        "ctx_len",
-        type=click.IntRange(64, None),
-        help='Context length to load with (beats [models."NAME"] ctx and runtime.ctx).',
-    )(f)
+    f = ctx_option('Context length to load with (beats [models."NAME"] ctx and runtime.ctx).')(f)
     f = click.option("--gpu-layers", type=int, help="Layers to offload to the GPU (-1: all).")(f)
     f = click.option("--device", help="Device: cpu, cuda, metal…")(f)
     f = click.option("--threads", type=click.IntRange(1, 1024), help="CPU threads.")(f)
@@ -302,13 +297,9 @@ def pooling_settings(items) -> dict:
     "--api-key", default=None, envvar="LOCALRUN_API_KEY", help="Require this Bearer key (env LOCALRUN_API_KEY)."
 )
 @click.option("--runtime", default=None, help="Force one runtime for every model.")
-@click.option(
-    "--ctx",
-    "ctx_len",
-    type=click.IntRange(64, None),
-    default=None,
-    help='Context every model is loaded with (beats [models."NAME"] ctx and runtime.ctx; default: the trained '
-    "context within the memory tier, see `localrun plan`).",
+@ctx_option(
+    'Context every model is loaded with (beats [models."NAME"] ctx and runtime.ctx; default: the trained '
+    "context within the memory tier, see `localrun plan`)."
 )
 @click.option(
     "--parallel",

@@ -7,6 +7,8 @@ wire formats to and from them; the worker pipe carries them as dicts (``to_dict`
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import enum
 import threading
@@ -116,6 +118,54 @@ class Plan:
         return cls(**d)
 
 
+#: Where one media item (an image, an audio clip) sits in a message's ``content`` or a completion's
+#: ``prompt``: the runtime puts that item's tokens there, the n-th marker taking ``media[n]``. Wire
+#: converters add one per item where the client placed it and neutralise the literal in client text
+#: (:func:`strip_media_markers`), so a user cannot forge one.
+MEDIA_MARKER = "<__media__>"
+#: ``ModelRecord.metadata`` key: the absolute path of the model's multimodal projector (an
+#: ``mmproj*.gguf``), which is also one of ``ModelRecord.files`` (so verify, rm, bundles and the
+#: mirror carry it with the model). Absent for a text-only model.
+META_PROJECTOR = "localrun.projector"
+#: Capabilities a session declares when its projector takes images / audio.
+VISION, AUDIO = "vision", "audio"
+
+
+def strip_media_markers(text: str) -> str:
+    """``text`` with every literal :data:`MEDIA_MARKER` defused (client text must not place media)."""
+    return text.replace(MEDIA_MARKER, "<__media_>") if MEDIA_MARKER in text else text
+
+
+@dataclass(frozen=True)
+class Media:
+    """One image or audio clip of a request, as the client sent it (decoded from base64 or a
+    fetched URL, not yet decoded as an image: the runtime does that, where a bad file can only
+    hurt a sacrificial process)."""
+
+    kind: str  # "image" | "audio"
+    data: bytes  # the encoded file: PNG, JPEG, WebP, GIF, BMP…; WAV, MP3, FLAC
+    mime: str | None = None  # as declared by the client (a data: URL's type, input_audio's format)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "data": base64.b64encode(self.data).decode("ascii"), "mime": self.mime}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Media:
+        try:
+            data = base64.b64decode(d["data"], validate=True)
+        except (binascii.Error, ValueError, TypeError) as exc:
+            raise ValueError(f"media data is not base64: {exc}") from None
+        return cls(kind=str(d["kind"]), data=data, mime=d.get("mime"))
+
+
+def _media_to_dict(items: tuple[Media, ...]) -> list[dict[str, Any]]:
+    return [m.to_dict() for m in items]
+
+
+def _media_from(items: Any) -> tuple[Media, ...]:
+    return tuple(m if isinstance(m, Media) else Media.from_dict(m) for m in items or ())
+
+
 @dataclass(frozen=True)
 class Message:
     role: str
@@ -128,11 +178,19 @@ class Message:
     #: An assistant turn's reasoning (an Anthropic ``thinking`` block, OpenAI's ``reasoning_content``):
     #: templates that render it (Qwen3's, gpt-oss's) keep it inside a tool-use loop.
     reasoning: str = ""
+    #: Images and audio of this turn, in order; ``content`` holds one :data:`MEDIA_MARKER` per item.
+    media: tuple[Media, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["media"] = _media_to_dict(self.media)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Message:
         d = dict(d)
         d["tool_calls"] = tuple(d.get("tool_calls") or ())
+        d["media"] = _media_from(d.get("media"))
         return cls(**d)
 
 
@@ -196,7 +254,14 @@ class ChatRequest:
     prefix: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["messages"] = [m.to_dict() for m in self.messages]
+        return d
+
+    @property
+    def media(self) -> tuple[Media, ...]:
+        """Every media item of the conversation, in prompt order."""
+        return tuple(item for m in self.messages for item in m.media)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChatRequest:
@@ -222,9 +287,14 @@ class CompletionRequest:
     suffix: str | None = None
     #: With ``suffix``: how the middle begins (llama-server's /infill ``prompt``); the model goes on from it.
     middle: str = ""
+    #: Images and audio for the prompt (llama-server's ``multimodal_data``); ``prompt`` holds one
+    #: :data:`MEDIA_MARKER` per item (appended after the text when the client placed none).
+    media: tuple[Media, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["media"] = _media_to_dict(self.media)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompletionRequest:
@@ -234,6 +304,7 @@ class CompletionRequest:
             prompt_tokens=tuple(int(t) for t in d.get("prompt_tokens") or ()),
             suffix=d.get("suffix"),
             middle=d.get("middle") or "",
+            media=_media_from(d.get("media")),
         )
 
 

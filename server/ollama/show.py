@@ -16,14 +16,13 @@ from typing import Any
 from localrun.chat.reasoning import detect_format
 from localrun.chat.tools import template_uses_tools
 from localrun.server.model_info import details, digest, iso
-from localrun.types import Format, ModelRecord
+from localrun.types import META_PROJECTOR, Format, ModelRecord
 
 #: Keys ``localrun import`` / ``/api/create`` record (the same names planning/overrides.py reads).
 META_POOLING = "localrun.pooling"
 META_TEMPLATE = "localrun.chat_template"
 META_SYSTEM = "localrun.system"
 META_PARAMETERS = "localrun.parameters"
-META_PROJECTOR = "localrun.projector"
 #: Encoder-only architectures: they embed, they cannot generate.
 ENCODERS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "neo-bert", "modern-bert", "t5encoder"})
 #: llama.cpp's pooling enum (``LLAMA_POOLING_TYPE_*``) as GGUF's ``ARCH.pooling_type`` stores it.

@@ -19,6 +19,7 @@ and :attr:`LocalrunError.exit_code`, the TUI to a notification.
      ├── ContextOverflow          the prompt is longer than the context
      ├── TemplateError            a chat template failed, timed out or is missing
      ├── UnsupportedFeature       a request field the runtime cannot honour
+     ├── InvalidMedia             an image or audio clip that cannot be read, or is over a cap
      ├── Overloaded               a model's queue is full (retry later)
      ├── WorkerCrashed            a worker process died while holding requests
      ├── Cancelled                the request was cancelled
@@ -123,6 +124,15 @@ class TemplateError(LocalrunError):
 class UnsupportedFeature(LocalrunError):
     http_status = 400
     code = "unsupported_feature"
+    exit_code = 2
+
+
+class InvalidMedia(LocalrunError):
+    """A request's image or audio that is corrupt, truncated, of an unknown format, over a size
+    or pixel cap, or of a kind the projector does not take: always the client's 400."""
+
+    http_status = 400
+    code = "invalid_media"
     exit_code = 2
 
 

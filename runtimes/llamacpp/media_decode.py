@@ -41,7 +41,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from localrun.errors import InvalidMedia
+from localrun.errors import InvalidMedia, RuntimeUnavailable
 from localrun.proc import describe_exit
 
 log = logging.getLogger(__name__)
@@ -78,12 +78,18 @@ class _ChildDied(Exception):
     pass
 
 
+class _StartFailed(Exception):
+    """The child never said it was ready: this machine's problem, not the client's file."""
+
+
 class _Child:
     """One decoder process and its two pipes. Used by one thread at a time (the pool sees to it)."""
 
+    command = (sys.executable, "-m", "localrun.runtimes.llamacpp.media_decode")
+
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localrun.runtimes.llamacpp.media_decode"],
+            list(self.command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=os.environ.copy(),
@@ -112,9 +118,14 @@ class _Child:
 
     def call(self, header: dict, data: bytes, timeout_s: float) -> tuple[dict, bytes]:
         if not self.ready:
-            hello, _ = self._frame(time.monotonic() + START_TIMEOUT_S)
+            try:
+                hello, _ = self._frame(time.monotonic() + START_TIMEOUT_S)
+            except TimeoutError:
+                raise _StartFailed(f"no answer in {START_TIMEOUT_S:g} s") from None
+            except (_ChildDied, OSError, ValueError, struct.error) as exc:
+                raise _StartFailed(str(exc) or type(exc).__name__) from None
             if not hello.get("ready"):
-                raise _ChildDied(f"decoder child did not start: {hello}")
+                raise _StartFailed(f"unexpected greeting {hello!r}")
             self.ready = True
         payload = json.dumps(header).encode()
         try:
@@ -204,6 +215,9 @@ class MediaDecoder:
         healthy = True
         try:
             head, out = child.call(header, data, self.timeout_s)
+        except _StartFailed as exc:
+            healthy = False
+            raise RuntimeUnavailable(f"the media decoder process could not start: {exc}") from None
         except TimeoutError:
             healthy = False
             raise InvalidMedia(f"decoding the {what} took longer than the {self.timeout_s:g}-second cap") from None
@@ -223,7 +237,7 @@ class MediaDecoder:
                 if not self._closed:
                     self._idle.put(self._spawn())
         if "error" in head:
-            raise InvalidMedia(f"{what}: {head['error']}")
+            raise InvalidMedia(f"invalid {what}: {head['error']}")
         return head, out
 
     def close(self) -> None:

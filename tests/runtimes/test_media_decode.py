@@ -318,7 +318,7 @@ def test_a_hung_decode_times_out_and_the_next_one_works(hooked):
 
 
 def test_hooks_are_off_without_the_environment_variable(decoder):
-    _refused(decoder, TEST_ABORT, "not an image")
+    _refused(decoder, TEST_ABORT, "invalid image: not an image")
     assert decoder.restarts == 0
 
 
@@ -330,3 +330,15 @@ def test_close_ends_the_children():
     assert all(p.poll() is not None for p in procs)
     with pytest.raises(RuntimeError, match="closed"):
         decoder.image(V.image_bytes("PNG"))
+
+
+def test_a_decoder_that_cannot_start_is_the_servers_fault_not_the_files(monkeypatch):
+    import sys
+
+    from localrun.errors import RuntimeUnavailable
+    from localrun.runtimes.llamacpp import media_decode
+
+    monkeypatch.setattr(media_decode._Child, "command", (sys.executable, "-c", "raise SystemExit(3)"))
+    with MediaDecoder() as decoder:
+        with pytest.raises(RuntimeUnavailable, match="could not start: exit code 3"):
+            decoder.image(V.image_bytes("PNG"))

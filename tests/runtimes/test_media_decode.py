@@ -342,3 +342,30 @@ def test_a_decoder_that_cannot_start_is_the_servers_fault_not_the_files(monkeypa
     with MediaDecoder() as decoder:
         with pytest.raises(RuntimeUnavailable, match="could not start: exit code 3"):
             decoder.image(V.image_bytes("PNG"))
+
+
+def test_a_seeded_fuzz_of_broken_files_gets_only_decodes_or_invalid_media(decoder):
+    """Bit flips, cuts and splices of every taken format: the child answers each one (a picture or
+    a named refusal), never an exception of another kind, and survives them all."""
+    import random
+
+    rng = random.Random(19)
+    seeds = [V.image_bytes(fmt, (24, 16), seed=i) for i, fmt in enumerate(["PNG", "JPEG", "WEBP", "GIF", "BMP"])]
+    clips = [V.wav_bytes(0.05, sampwidth=w) for w in (1, 2, 3, 4)] + [V.float_wav_bytes(0.05)]
+    outcomes = {"ok": 0, "refused": 0}
+    for i in range(300):
+        base = bytearray(rng.choice(clips if i % 3 == 0 else seeds))
+        for _ in range(rng.randint(1, 6)):
+            base[rng.randrange(len(base))] = rng.randrange(256)
+        if rng.random() < 0.4:
+            base = base[: rng.randrange(1, len(base))]
+        if rng.random() < 0.2:
+            base += bytes(rng.randrange(256) for _ in range(rng.randint(1, 64)))
+        try:
+            decoder.audio(bytes(base), 16000) if i % 3 == 0 else decoder.image(bytes(base))
+            outcomes["ok"] += 1
+        except InvalidMedia as exc:
+            assert str(exc).startswith("invalid "), exc
+            outcomes["refused"] += 1
+    assert outcomes["refused"] > 50 and decoder.restarts == 0, outcomes
+    assert decoder.image(seeds[0]).nx == 24

@@ -139,7 +139,7 @@ def test_audio_projector_takes_a_clip_at_16khz(text_model, gemma3_audio_projecto
         a = mtmd.encode(mtmd.audio_bitmap(tone(440.0)))
         b = mtmd.encode(mtmd.audio_bitmap(tone(880.0)))
         assert a["kinds"][1] == M.MTMD_INPUT_CHUNK_TYPE_AUDIO
-        assert a["n_tokens"] == b["n_tokens"] > 0
+        assert a["n_tokens"] == b["n_tokens"] == vision.AUDIO_TOKENS_PER_WINDOW  # a 1 s clip fills one 30 s window
         assert np.isfinite(a["embd"]).all()
         assert not np.allclose(a["embd"], b["embd"])
     finally:
@@ -177,3 +177,15 @@ def test_media_helpers_make_real_files():
     with wave.open(io.BytesIO(vision.wav_bytes(0.5, sampwidth=3))) as w:
         assert (w.getframerate(), w.getsampwidth(), w.getnframes()) == (16000, 3, 8000)
     assert vision.float_wav_bytes()[20:22] == b"\x03\x00"  # WAVE_FORMAT_IEEE_FLOAT
+
+
+@pytest.mark.long
+def test_siglip_sized_projector_loads_and_encodes(text_model, gemma3_siglip_projector):
+    """Minutes on two CPU threads (5 TFLOP per 896-px image): opt-in, for the benchmark's fixture."""
+    mtmd = Mtmd(text_model, gemma3_siglip_projector)
+    try:
+        got = mtmd.encode(mtmd.image_bitmap(_noise(7, size=(300, 400))))
+        assert got["n_tokens"] == vision.SIGLIP400M.tokens_per_image == 256
+        assert np.isfinite(got["embd"]).all()
+    finally:
+        mtmd.close()

@@ -97,6 +97,9 @@ class AudioShape:
 
 
 TINY_AUDIO = AudioShape("tiny-audio", n_embd=64, n_ff=128, n_layer=2, n_head=4)
+AUDIO_TOKENS_PER_WINDOW = 750
+"""Embeddings per 30 s Whisper window (3000 mel frames, halved by the conv, halved by the pool): a
+clip of any length up to 30 s costs 750 tokens; a 31 s clip is two media chunks of 750."""
 AUDIO_SAMPLE_RATE = 16000
 """What mtmd's whisper preprocessor resamples nothing to: the clip must already be 16 kHz mono."""
 

@@ -23,6 +23,15 @@ What ``tools/mtmd/clip.cpp`` needs, and so what is written here:
   blocks (no bias on ``attn_k``), ``a.post_ln``, a 2× avg pool and ``mm.a.fc``. mtmd computes the
   128-bin log-mel itself at 16 kHz; one 30 s chunk of audio becomes 750 embeddings.
 
+Fixtures (session-scoped; ``tests/conftest.py`` registers this module as a plugin):
+``gemma3_tiny_projector``, ``gemma3_siglip_projector`` (586 MB, built in ~7 s on first use),
+``gemma3_audio_projector``, and the pairs ``gemma_vision`` / ``gemma_audio`` (:class:`VisionPair`,
+whose ``record()`` is a ModelRecord with the projector in its files and ``META_PROJECTOR``).
+Media in memory: :func:`image_bytes` (any Pillow format, seeded noise), :func:`wav_bytes` (PCM
+8/16/24/32-bit), :func:`float_wav_bytes`, :func:`mp3_bytes` (the pinned ``lameenc`` of the test
+extra). No FLAC or Ogg encoder is installed, so none is made here; the decoder takes both
+through miniaudio.
+
 Shapes here are numpy's, the reverse of ggml's ``ne``.
 """
 

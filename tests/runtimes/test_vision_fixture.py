@@ -189,3 +189,21 @@ def test_siglip_sized_projector_loads_and_encodes(text_model, gemma3_siglip_proj
         assert np.isfinite(got["embd"]).all()
     finally:
         mtmd.close()
+
+
+def test_a_q8_projector_keeps_rows_q8_cannot_pack_in_f16_and_loads(tmp_path, text_model):
+    """SigLIP's ffn_down rows are 4304 wide, no multiple of Q8_0's 32-value block, so gguf cannot
+    quantize them; falling back to F32 (the first version) made the SigLIP fixture 853 MB, not 586."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    shape = vision.VisionShape("q8-odd", 32, 8, n_embd=64, n_ff=80, n_layer=1, n_head=4, n_merge=2, quant="q8_0")
+    path = vision.write_gemma3_projector(tmp_path / "q8.gguf", shape)
+    types = {t.name: t.tensor_type for t in GGUFReader(str(path)).tensors}
+    assert types["v.blk.0.attn_q.weight"] == GGMLQuantizationType.Q8_0
+    assert types["v.blk.0.ffn_up.weight"] == GGMLQuantizationType.Q8_0  # rows of 64
+    assert types["v.blk.0.ffn_down.weight"] == GGMLQuantizationType.F16  # rows of 80
+    mtmd = Mtmd(text_model, path)
+    try:
+        assert mtmd.encode(mtmd.image_bitmap(_noise(8)))["n_tokens"] == shape.tokens_per_image == 4
+    finally:
+        mtmd.close()

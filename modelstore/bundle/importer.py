@@ -314,7 +314,8 @@ class _Importer:
 
         snap = layout.snapshot(m.commit, m.projector)
         sha256 = next(e.sha256 for e in files if e.path == str(snap))
-        probe = ModelRecord(name=m.name, format=m.format, path=str(primary), files=tuple(files), metadata=meta)
+        own = tuple(e for e in files if e.path != str(snap))
+        probe = ModelRecord(name=m.name, format=m.format, path=str(primary), files=own, metadata=meta)
         paired = pair(probe, snap, owned=True, sha256=sha256)
         return list(paired.files), paired.metadata
 

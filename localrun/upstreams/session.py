@@ -25,14 +25,14 @@ log = logging.getLogger(__name__)
 
 def route_capabilities(pool: UpstreamPool, route: Route) -> frozenset[str]:
     """What every upstream of the route honours: a request may land on any of them."""
-    from localrun.runtimes.openai_compat.kinds import get_kind
+    from localrun.runtimes.openai_compat.kinds import entry_media, get_kind
 
     caps: frozenset[str] | None = None
     for name in route.upstreams:
         st = pool.get(name)
         if st is None:
             continue
-        kind_caps = get_kind(st.config.kind).capabilities
+        kind_caps = get_kind(st.config.kind).capabilities | entry_media(st.models.get(route.model))
         caps = kind_caps if caps is None else caps & kind_caps
     return caps or frozenset()
 

@@ -40,7 +40,7 @@ AUDIO_ONLY = {
 OMNI = {
     "general.architecture": "clip",
     "clip.projector_type": "qwen2.5o",
-    "clip.vision.projector_type": "qwen25vl",
+    "clip.vision.projector_type": "qwen2.5vl_merger",
     "clip.audio.projector_type": "qwen2a",
     "clip.has_vision_encoder": True,
     "clip.has_audio_encoder": True,

@@ -15,7 +15,7 @@ from localrun.planning.planner import plan_placement
 from localrun.planning.render import render_plan
 from localrun.types import META_PROJECTOR, FileEntry
 from tests.hardware.helpers import LLAMA_8B, QWEN_05B, profile, record, statuses
-from tests.support.projectors import AUDIO_ONLY, GEMMA3, OMNI, UNKNOWN, write_projector
+from tests.support.projector_headers import AUDIO_ONLY, GEMMA3, OMNI, UNKNOWN, write_projector
 
 MIB = 2**20
 

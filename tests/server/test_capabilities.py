@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.projectors import AUDIO_ONLY, GEMMA3, OMNI, pair, write_projector
+from tests.support.projector_headers import AUDIO_ONLY, GEMMA3, OMNI, pair, write_projector
 
 
 @pytest.fixture

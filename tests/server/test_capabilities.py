@@ -82,3 +82,14 @@ def test_props_modalities_are_the_loaded_sessions(app_client, caps, expected):
 def test_props_says_audio_for_a_session_that_hears(app_client):
     r = app_client(capabilities=("vision", "audio")).get("/props", params={"model": "tiny"})
     assert r.json()["modalities"] == {"vision": True, "audio": True}
+
+
+def test_a_gguf_with_its_encoders_inside_says_vision_and_audio(stack, client, tmp_path):
+    """Ollama's own converts (Gemma 3n, Gemma 4) carry the encoders in the model file."""
+    from tests.factories import write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(
+        tmp_path / "omni.gguf", extra_kv={"llama.vision.block_count": 2, "llama.audio.block_count": 2}
+    )
+    stack.store.import_path(path, name="omni")
+    assert _show(client, "omni")["capabilities"] == ["completion", "vision", "audio"]

@@ -93,3 +93,18 @@ def test_a_gguf_with_its_encoders_inside_says_vision_and_audio(stack, client, tm
     )
     stack.store.import_path(path, name="omni")
     assert _show(client, "omni")["capabilities"] == ["completion", "vision", "audio"]
+
+
+def test_the_official_clients_read_them_from_a_live_server(paired, live_factory):
+    """ollama-python's ShowResponse and openai's model objects over real sockets."""
+    import ollama
+    import openai
+
+    live = live_factory(paired)
+    shown = ollama.Client(host=live.url).show("tiny-omni")
+    assert shown.capabilities == ["completion", "vision", "audio"]
+    assert ollama.Client(host=live.url).show("tiny").capabilities == ["completion"]
+    models = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0).models.list().data
+    extra = {m.id: m.model_extra for m in models}
+    assert extra["tiny-vision"]["modalities"] == {"vision": True, "audio": False}
+    assert "multimodal" in extra["tiny-vision"]["capabilities"] and "multimodal" not in extra["tiny"]["capabilities"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from localrun.errors import LocalrunError
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest
+from localrun.types import AUDIO, VISION, Cancel, ChatRequest, Chunk, CompletionRequest
 from localrun.upstreams.pool import Route, UpstreamPool, UpstreamState, affinity_key
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,11 @@ def route_capabilities(pool: UpstreamPool, route: Route) -> frozenset[str]:
         kind_caps = get_kind(st.config.kind).capabilities | entry_media(st.models.get(route.model))
         caps = kind_caps if caps is None else caps & kind_caps
     return caps or frozenset()
+
+
+def route_media(pool: UpstreamPool, route: Route) -> frozenset[str]:
+    """``vision`` / ``audio`` where every upstream of the route says its model takes them."""
+    return route_capabilities(pool, route) & {VISION, AUDIO}
 
 
 def _prompt_text(req: ChatRequest | CompletionRequest) -> str:

@@ -67,8 +67,9 @@ def chat_template(record: ModelRecord) -> str:
 
 def capabilities(record: ModelRecord, settings=None) -> list[str]:
     """What the model can do, in Ollama's names and order."""
-    if record.format is Format.REMOTE:  # an upstream's model: its own server knows more
-        return ["completion"]
+    if record.format is Format.REMOTE:  # an upstream's model: what its /v1/models entry says
+        media = (record.metadata or {}).get("upstream_media") or ()
+        return ["completion", *(c for c in ("vision", "audio") if c in media)]
     meta = record.metadata or {}
     scalars = _scalars(record)
     pool = pooling(record, settings)

@@ -116,3 +116,15 @@ def test_a_completion_with_media_is_refused_not_sent(replays, front_factory):
 )
 def test_entry_media_reads_each_engines_words(entry, expected):
     assert entry_media(entry) == expected
+
+
+def test_show_and_models_list_say_what_a_routed_model_takes(replays, front_factory):
+    import httpx
+
+    entry = {"id": MODEL, "object": "model", "capabilities": ["completion", "vision", "multimodal"]}
+    up = _engine(replays, {"object": "list", "data": [entry, {"id": "plain", "object": "model"}]})
+    front = front_factory([{"name": "box", "url": up.url, "kind": "localrun"}])
+    shown = httpx.post(front.url + "/api/show", json={"model": MODEL}, timeout=10).json()
+    assert shown["capabilities"] == ["completion", "vision"]
+    plain = httpx.post(front.url + "/api/show", json={"model": "plain"}, timeout=10).json()
+    assert plain["capabilities"] == ["completion"]

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
-from localrun.runtimes.openai_compat.wire import sampling_to_openai
+from localrun.runtimes.openai_compat.wire import refuse_media, sampling_to_openai
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
@@ -225,12 +225,18 @@ class MlcRuntime:
 
 
 class MlcSession(SupervisedSession):
-    """One model behind one ``mlc_llm serve``; MLC batches concurrent requests itself."""
+    """One model behind one ``mlc_llm serve``; MLC batches concurrent requests itself.
+
+    No ``vision``: MLC's server takes ``image_url`` parts only for the few vision models it
+    compiles (Phi-3-vision, LLaVA) and localrun cannot tell them from a weight folder, so
+    media are refused with a 400 rather than sent to be dropped.
+    """
 
     concurrent = True
     capabilities: frozenset[str] = frozenset()
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
+        refuse_media(req, runtime="mlc", model=self._server.record.name, why="MLC serves text models here")
         body = {
             "messages": [{"role": m.role, "content": m.content} for m in req.messages],
             **sampling_to_openai(req.sampling),
@@ -238,6 +244,7 @@ class MlcSession(SupervisedSession):
         return self._stream("/v1/chat/completions", body, req.sampling.stop, cancel)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
+        refuse_media(req, runtime="mlc", model=self._server.record.name, why="MLC serves text models here")
         body = {"prompt": req.prompt, **sampling_to_openai(req.sampling)}
         return self._stream("/v1/completions", body, req.sampling.stop, cancel)
 

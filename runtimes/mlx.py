@@ -42,6 +42,7 @@ from localrun.errors import (
 )
 from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.openai_compat.wire import refuse_media
 from localrun.runtimes.pieces import Piece, shape_stream
 from localrun.types import (
     Cancel,
@@ -57,6 +58,9 @@ from localrun.types import (
 )
 
 log = logging.getLogger(__name__)
+
+#: mlx-lm runs text models only (vision models need mlx-vlm, a separate engine): no vision, no audio.
+_TEXT_ONLY = "mlx-lm runs the text part of a model only"
 
 FIX = "pip install 'localrun[mlx]'"
 #: Files that would be imported or unpickled by some loader; MLX itself needs none of them.
@@ -244,11 +248,13 @@ class MlxSession:
 
     # -- requests ----------------------------------------------------------------------
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
+        refuse_media(req, runtime="mlx", model=self._name, why=_TEXT_ONLY)
         messages, variables = mlx_features.chat_inputs(req, self.prompt_template(), self._name)
         prompt, stops = self.chat_prompt(messages, variables)
         return tools.with_tool_calls(self._generate(prompt, req.sampling, stops, cancel), req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
+        refuse_media(req, runtime="mlx", model=self._name, why=_TEXT_ONLY)
         prompt = list(self._tokenizer.encode(req.prompt))
         return self._generate(prompt, req.sampling, (), cancel)
 

@@ -45,10 +45,12 @@ from localrun.errors import (
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.ollama_wire import (
+    check_media,
     check_sampling,
     offered_tools,
     ollama_messages,
     parse_version,
+    raw_prompt,
     sampling_fields,
     session_capabilities,
     shape_ollama_stream,
@@ -403,6 +405,7 @@ class OllamaSession:
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         """Refusals are raised here, before anything is sent; the answer streams after."""
         tools = offered_tools(req, self.capabilities, model=self.model)
+        check_media(req.media, self.capabilities, model=self.model)
         body = self._body(req.sampling, messages=ollama_messages(req.messages))
         if tools:
             body["tools"] = tools
@@ -411,7 +414,8 @@ class OllamaSession:
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         # raw: the prompt goes to the model as is, without the model's chat template.
-        body = self._body(req.sampling, prompt=req.prompt, raw=True)
+        check_media(req.media, self.capabilities, model=self.model)
+        body = self._body(req.sampling, raw=True, **raw_prompt(req.prompt, req.media))
         events = self._client.stream("/api/generate", body, cancel, model=self.model)
         return shape_ollama_stream(
             events, "generate", sampling=req.sampling, cancel=cancel, server=self._client.base_url

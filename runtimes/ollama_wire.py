@@ -22,6 +22,13 @@ session's life. Every rule here follows Ollama's ``docs/api.md``:
   object is refused, naming the message), a tool result with ``tool_name`` — the name of
   the call it answers, found by ``tool_call_id`` — and the ids too, which newer Ollama
   versions use and older ones ignore.
+* **Images and audio** (:func:`check_media`, :func:`ollama_messages`, :func:`raw_prompt`). A
+  session declares ``vision`` / ``audio`` when ``/api/show`` lists them for the model. Media go
+  base64 in a message's (or ``/api/generate``'s) ``images`` list, audio too: Ollama tells a
+  clip from a picture by its bytes (``llm.DetectMediaKind``). Each :data:`MEDIA_MARKER` becomes
+  the tag Ollama places them by: ``[img]`` in chat content (its ``chatPrompt`` replaces each
+  with the next item's ``[img-N]``), ``[img-N]`` itself in a raw prompt, which no template
+  touches.
 * **Structured outputs**: ``format`` is ``"json"`` for json_object mode (``json_schema ==
   {}``) and the schema itself otherwise. A GBNF grammar cannot be honoured by Ollama and
   is refused (param ``grammar``).
@@ -35,6 +42,7 @@ session's life. Every rule here follows Ollama's ``docs/api.md``:
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -44,7 +52,7 @@ from localrun.chat import tools as toolcalls
 from localrun.chat.tool_calls import openai_calls
 from localrun.errors import UnsupportedFeature
 from localrun.runtimes.pieces import Piece, shape_stream
-from localrun.types import Cancel, ChatRequest, Chunk, Message, Sampling, Usage
+from localrun.types import AUDIO, MEDIA_MARKER, VISION, Cancel, ChatRequest, Chunk, Media, Message, Sampling, Usage
 
 #: The first Ollama with structured outputs (``format`` as a JSON schema).
 MIN_JSON_SCHEMA = (0, 5, 0)
@@ -80,6 +88,7 @@ def session_capabilities(caps: Sequence[str] | None, version: tuple[int, int, in
         out.add("json_schema")
     if completion and (version is None or version >= MIN_LOGPROBS):
         out.add("logprobs")
+    out.update(c for c in (VISION, AUDIO) if caps is not None and c in caps)
     return frozenset(out)
 
 
@@ -123,6 +132,37 @@ def sampling_fields(sampling: Sampling) -> dict[str, Any]:
         body["logprobs"] = True
         body["top_logprobs"] = int(sampling.logprobs)
     return body
+
+
+def check_media(media: Sequence[Media], capabilities: frozenset[str], *, model: str) -> None:
+    """Refuse media Ollama does not list this model as taking, before anything is sent.
+
+    Raises:
+        UnsupportedFeature: an image for a model without ``vision``, a clip without ``audio``.
+    """
+    for m in media:
+        needed = VISION if m.kind == "image" else AUDIO
+        if needed not in capabilities:
+            raise UnsupportedFeature(
+                f"{m.kind} input is not supported by the ollama runtime serving {model}: "
+                f"Ollama does not list the {needed!r} capability for this model",
+                param="images",
+                hint=f"use a model Ollama lists with {needed!r} (ollama show MODEL), or leave the {m.kind} out",
+            )
+
+
+def _b64(media: Sequence[Media]) -> list[str]:
+    return [base64.b64encode(m.data).decode("ascii") for m in media]
+
+
+def raw_prompt(prompt: str, media: Sequence[Media]) -> dict[str, Any]:
+    """``/api/generate``'s ``prompt`` and ``images`` for a raw completion: the n-th marker becomes
+    ``[img-n]``, the tag Ollama's runner splits a prompt at."""
+    if not media:
+        return {"prompt": prompt}
+    parts = prompt.split(MEDIA_MARKER)
+    text = parts[0] + "".join(f"[img-{i}]{rest}" for i, rest in enumerate(parts[1:]))
+    return {"prompt": text, "images": _b64(media)}
 
 
 def offered_tools(req: ChatRequest, capabilities: frozenset[str], *, model: str) -> list[dict[str, Any]]:
@@ -180,6 +220,9 @@ def ollama_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.media:
+            d["content"] = m.content.replace(MEDIA_MARKER, "[img]")
+            d["images"] = _b64(m.media)
         if m.tool_calls:
             calls = []
             for c in m.tool_calls:

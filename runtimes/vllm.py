@@ -34,7 +34,7 @@ from localrun.runtimes.openai_compat.kinds import KINDS
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.runtimes.openai_compat.wire import chat_body, completion_body
 from localrun.runtimes.pieces import shape_stream
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+from localrun.types import AUDIO, VISION, Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
 
@@ -174,15 +174,36 @@ class VllmRuntime:
         return VllmSession(server)
 
 
+def folder_media(record: ModelRecord) -> frozenset[str]:
+    """``vision`` / ``audio`` for a Hugging Face folder whose config.json has a ``vision_config`` /
+    ``audio_config`` (Gemma 3, Qwen2.5-VL, Qwen2-Audio…): the models vLLM serves with
+    ``image_url`` / ``input_audio`` parts. A config that cannot be read declares nothing."""
+    import json
+
+    try:
+        config = json.loads((Path(record.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.debug("no config.json to read media support from for %s: %s", record.name, exc)
+        return frozenset()
+    if not isinstance(config, dict):
+        return frozenset()
+    return frozenset(c for c, key in ((VISION, "vision_config"), (AUDIO, "audio_config")) if config.get(key))
+
+
 class VllmSession(SupervisedSession):
     """One model behind one vLLM server; vLLM batches concurrent requests itself.
 
     Tools need vLLM's ``--enable-auto-tool-choice`` and a parser per model family, so they
-    are not declared; JSON schemas (xgrammar), log-probabilities and embeddings are.
+    are not declared; JSON schemas (xgrammar), log-probabilities and embeddings are, and
+    images / audio for a multimodal folder (:func:`folder_media`), sent as OpenAI's parts.
     """
 
     concurrent = True
     capabilities: frozenset[str] = frozenset({"json_schema", "logprobs"})
+
+    def __init__(self, server: SupervisedServer):
+        super().__init__(server)
+        self.capabilities = VllmSession.capabilities | folder_media(server.record)
 
     def _run(self, path: str, body: dict[str, Any], cancel: Cancel) -> Iterator[Chunk]:
         """vLLM applies the stop strings itself (they are in the body); the supervisor's client streams."""

@@ -6,6 +6,10 @@ cannot flood the event loop, and the Markdown stream coalesces further when rend
 falls behind: keys stay responsive while tokens pour in. Esc sets the Cancel the runtime
 checks between tokens.
 
+``/image PATH`` (``/audio PATH``) attaches a file to the next message, for a model whose
+projector takes it (read from the record, as the Library shows it); a line in the transcript
+says what was attached, and the message carries it to the runtime.
+
 A reasoning model's thinking is split off the answer by the same code the server and
 ``localrun run`` use (:mod:`localrun.chat.reasoning`) and shows in a dimmed :class:`ThinkingBlock`
 above the answer; the history keeps the answer alone.
@@ -13,6 +17,7 @@ above the answer; the history keeps the answer alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -25,11 +30,14 @@ from textual.message import Message
 from textual.widgets import Input, Markdown, Select, Static
 from textual.widgets.markdown import MarkdownStream
 
+from localrun.chat.attach import place, read_media, require_media_support
 from localrun.chat.reasoning import detect_format, split_chunks, template_of
 from localrun.errors import ConfigError, LocalrunError
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
+from localrun.modelstore.projector_facts import media_capabilities, projector_path
 from localrun.tui.base import LocalrunScreen
-from localrun.types import Cancel, ChatRequest, ModelRecord, Sampling
+from localrun.tui.format import human_bytes
+from localrun.types import Cancel, ChatRequest, Media, ModelRecord, Sampling
 from localrun.types import Message as ChatMessage
 
 log = logging.getLogger(__name__)
@@ -133,6 +141,7 @@ class ChatScreen(LocalrunScreen):
         self._thinking: ThinkingBlock | None = None
         self._wanted: str | None = None
         self._records: dict[str, ModelRecord] = {}
+        self.attached: list[Media] = []  # for the next message
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="chat-settings"):
@@ -214,13 +223,17 @@ class ChatScreen(LocalrunScreen):
         text = event.value.strip()
         if not text or self.generating:
             return
+        if text.split(maxsplit=1)[0] in ("/image", "/audio"):
+            await self._attach_file(text)
+            return
         try:
             chat = self.current_settings()
         except ConfigError as exc:
             self.lapp.show_error(exc)
             return
         self.prompt.value = ""
-        self.history.append(ChatMessage("user", text))
+        media, self.attached = tuple(self.attached), []
+        self.history.append(ChatMessage("user", place(text, media), media=media))
         messages = ([ChatMessage("system", chat.system)] if chat.system else []) + self.history
         await self._add_turn("you", text)
         answer = await self._add_turn("ai", "")
@@ -232,6 +245,28 @@ class ChatScreen(LocalrunScreen):
             f"loading {chat.model}…" if chat.model not in {m.name for m in self.lapp.loaded} else "thinking…"
         )
         self._generate(chat.model, ChatRequest(tuple(messages), chat.sampling), self._cancel)
+
+    async def _attach_file(self, command: str) -> None:
+        """``/image PATH``: read the file now (a wrong path is said at once) and keep it for the next message."""
+        word, _, path = command.partition(" ")
+        kind = word[1:]
+        try:
+            chat = self.current_settings()
+            if not path.strip():
+                raise ConfigError(f"{word} needs a file", hint=f"type {word} PATH, then your message")
+            record = self._records.get(chat.model)
+            item = await asyncio.to_thread(read_media, kind, path.strip())
+            caps = await asyncio.to_thread(media_capabilities, record) if record else ()
+            has_projector = bool(record and projector_path(record))
+            require_media_support([item], caps, model=chat.model, has_projector=has_projector)
+        except LocalrunError as exc:
+            self.lapp.show_error(exc)
+            return
+        self.prompt.value = ""
+        self.attached.append(item)
+        line = f"attached {kind} {path.strip()} ({human_bytes(len(item.data))}) to the next message"
+        await self.transcript.mount(Static(line, classes="attached", markup=False))
+        self.transcript.scroll_end(animate=False)
 
     async def _add_turn(self, who: str, text: str) -> Markdown:
         label = Static(who, classes=f"who who-{who}")
@@ -343,6 +378,7 @@ class ChatScreen(LocalrunScreen):
         if self._cancel is not None:
             self._cancel.set()
         self.history.clear()
+        self.attached.clear()
         await self.transcript.remove_children()
         self.stats.update("")
         self.prompt.focus()

@@ -19,6 +19,7 @@ from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState
 
 from localrun.errors import LocalrunError
+from localrun.modelstore.projector_facts import media_capabilities
 from localrun.tui.backend import LoadedInfo, ModelDetails
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge
@@ -40,6 +41,8 @@ class LibraryRow:
     plan_error: str | None = None
     #: What the Source column shows: the store's source, or ``upstream NAME (health)`` (the catalog's label).
     source: str = ""
+    #: What the model takes besides text ("vision", "audio"), read from its projector's header.
+    media: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -57,8 +60,13 @@ class LibraryRow:
     def verdict(self) -> str | None:
         return self.plan.verdict if self.plan else None
 
+    @property
+    def format_text(self) -> str:
+        """The format and what the model takes besides text (``gguf · vision``), from its projector."""
+        return " · ".join((self.record.format.value, *self.media))
+
     def matches(self, needle: str) -> bool:
-        hay = " ".join((self.name, self.record.format.value, self.quant, self.runtime, self.source)).lower()
+        hay = " ".join((self.name, self.format_text, self.quant, self.runtime, self.source)).lower()
         return all(word in hay for word in needle.lower().split())
 
 
@@ -78,10 +86,11 @@ def read_rows(backend) -> list[LibraryRow]:
     """Every model with its plan; a model the planner refuses keeps its row, with the reason."""
     rows = []
     for entry in backend.catalog():
+        media = media_capabilities(entry.record)  # the projector's header, read here off the UI thread
         try:
-            rows.append(LibraryRow(entry.record, backend.plan(entry.record), source=entry.source))
+            rows.append(LibraryRow(entry.record, backend.plan(entry.record), source=entry.source, media=media))
         except LocalrunError as exc:
-            rows.append(LibraryRow(entry.record, None, str(exc), source=entry.source))
+            rows.append(LibraryRow(entry.record, None, str(exc), source=entry.source, media=media))
     return rows
 
 
@@ -192,7 +201,7 @@ class LibraryScreen(LocalrunScreen):
             rec = row.record
             table.add_row(
                 Text(row.name),
-                rec.format.value,
+                row.format_text,
                 Text(row.quant),
                 Text(human_bytes(rec.size), justify="right"),
                 row.runtime,

@@ -17,6 +17,7 @@ from typing import Any
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
 from localrun.planning.context import fit_context, initial_context
 from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
+from localrun.planning.media import with_media
 from localrun.planning.placement import (
     KV_BYTES,
     N_UBATCH,
@@ -293,6 +294,7 @@ def plan_placement(
         reasons=tuple(reasons),
         options=options,
     )
+    plan = with_media(plan, record) if runtime == "llama.cpp" else plan  # the projector's encoder, per image
     if runtime == "vllm":  # vLLM places the whole model on CUDA GPUs itself: size it the vLLM way
         plan = plan_for_vllm(plan, hw, status, asked_device=ov.device)
     return plan

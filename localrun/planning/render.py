@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from localrun.planning.hardware import fmt_bytes
+from localrun.planning.media import media_lines
 from localrun.planning.placement import ModelShape
 from localrun.planning.planner import DEVICE_LABELS
 from localrun.types import ModelRecord, Plan
@@ -63,6 +64,7 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         )
     elif placed:
         lines.append(f"placement RAM {fmt_bytes(placed['host_bytes'])} of {fmt_bytes(placed['host_budget'])} available")
+    lines += media_lines(plan)
     lines.append(f"verdict   {plan.verdict}")
     lines.extend(("why       " if i == 0 else "          ") + f"- {r}" for i, r in enumerate(plan.reasons))
     return lines

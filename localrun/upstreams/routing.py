@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from localrun.types import Format, ModelRecord, Plan, Source
 from localrun.upstreams.pool import Route, UpstreamPool
-from localrun.upstreams.session import UpstreamSession
+from localrun.upstreams.session import UpstreamSession, route_media
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ def remote_record(pool: UpstreamPool, route: Route) -> ModelRecord:
     ctx = entry.get("max_model_len") or entry.get("context_length")
     if isinstance(ctx, int) and ctx > 0:
         meta["context_length"] = ctx
+    meta["upstream_media"] = sorted(route_media(pool, route))  # /api/show and /v1/models say it
     urls = ", ".join(pool.get(n).config.url for n in route.upstreams if pool.get(n) is not None)
     return ModelRecord(
         name=route.name,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from localrun.errors import LocalrunError
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest
+from localrun.types import AUDIO, VISION, Cancel, ChatRequest, Chunk, CompletionRequest
 from localrun.upstreams.pool import Route, UpstreamPool, UpstreamState, affinity_key
 
 log = logging.getLogger(__name__)
@@ -25,16 +25,21 @@ log = logging.getLogger(__name__)
 
 def route_capabilities(pool: UpstreamPool, route: Route) -> frozenset[str]:
     """What every upstream of the route honours: a request may land on any of them."""
-    from localrun.runtimes.openai_compat.kinds import get_kind
+    from localrun.runtimes.openai_compat.kinds import entry_media, get_kind
 
     caps: frozenset[str] | None = None
     for name in route.upstreams:
         st = pool.get(name)
         if st is None:
             continue
-        kind_caps = get_kind(st.config.kind).capabilities
+        kind_caps = get_kind(st.config.kind).capabilities | entry_media(st.models.get(route.model))
         caps = kind_caps if caps is None else caps & kind_caps
     return caps or frozenset()
+
+
+def route_media(pool: UpstreamPool, route: Route) -> frozenset[str]:
+    """``vision`` / ``audio`` where every upstream of the route says its model takes them."""
+    return route_capabilities(pool, route) & {VISION, AUDIO}
 
 
 def _prompt_text(req: ChatRequest | CompletionRequest) -> str:

@@ -252,7 +252,12 @@ class OpenAIClient:
             raise self._stream_error(
                 "answered /v1/models with something that is not an OpenAI model list", retryable=False
             )
-        return [r for r in rows if isinstance(r, dict) and isinstance(r.get("id"), str)]
+        rows = [r for r in rows if isinstance(r, dict) and isinstance(r.get("id"), str)]
+        # llama-server says what a model takes in an Ollama-shaped "models" list beside "data"
+        # (capabilities ["completion", "multimodal"]): carry it onto the entry of that id.
+        listed = data.get("models") if isinstance(data.get("models"), list) else []
+        caps = {m.get("model"): m["capabilities"] for m in listed if isinstance(m, dict) and "capabilities" in m}
+        return [{"capabilities": caps[r["id"]], **r} if r["id"] in caps else r for r in rows]
 
     def probe(self, *, timeout_s: float = 3.0) -> Probe:
         """GET the kind's own health endpoint: a 2xx passes (LMDeploy's body must not say unhealthy)."""

@@ -67,6 +67,35 @@ KINDS: dict[str, Kind] = {
 }
 
 
+#: How /v1/models entries say a model takes images or audio: llama-server's (and localrun's)
+#: ``capabilities`` (``multimodal`` means its projector loaded: images at least), localrun's
+#: ``modalities``, OpenRouter-style ``architecture.input_modalities``, LM Studio's ``type: vlm``.
+_MEDIA_WORDS = {"vision": "vision", "image": "vision", "multimodal": "vision", "audio": "audio"}
+
+
+def entry_media(entry: dict[str, Any] | None) -> frozenset[str]:
+    """``vision`` / ``audio`` where an upstream's /v1/models entry says the model takes them.
+
+    Nothing is assumed: an entry that says nothing (vLLM's, OpenAI's) declares no media, so
+    the server's 400 rule answers instead of an upstream that would drop or reject the image.
+    """
+    if not isinstance(entry, dict):
+        return frozenset()
+    words: list[Any] = []
+    caps = entry.get("capabilities")
+    if isinstance(caps, list):
+        words += caps
+    modalities = entry.get("modalities")
+    if isinstance(modalities, dict):
+        words += [k for k, on in modalities.items() if on is True]
+    arch = entry.get("architecture")
+    if isinstance(arch, dict) and isinstance(arch.get("input_modalities"), list):
+        words += arch["input_modalities"]
+    if entry.get("type") == "vlm":
+        words.append("vision")
+    return frozenset(_MEDIA_WORDS[w] for w in words if isinstance(w, str) and w in _MEDIA_WORDS)
+
+
 def get_kind(name: str) -> Kind:
     try:
         return KINDS[name]

@@ -1,14 +1,41 @@
 """Requests and answers of an upstream in OpenAI's wire shape: messages, sampling fields,
 log-probabilities and streamed tool-call deltas. Kind-specific choices (llama.cpp-style
-sampling knobs) follow the upstream's :class:`~localrun.runtimes.openai_compat.kinds.Kind`."""
+sampling knobs) follow the upstream's :class:`~localrun.runtimes.openai_compat.kinds.Kind`.
+
+A message with media goes as OpenAI's content parts, in prompt order: text between markers,
+each image an ``image_url`` part with a ``data:`` URL, each clip an ``input_audio`` part
+(base64, ``wav`` or ``mp3``). Only sessions that declare ``vision`` / ``audio`` are sent
+them (the server's 400 rule refuses the rest), and OpenAI's completions API has no media
+field, so a completion with media is refused here."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
+from localrun.errors import UnsupportedFeature
 from localrun.runtimes.openai_compat.kinds import Kind
-from localrun.types import ChatRequest, CompletionRequest, Sampling
+from localrun.types import MEDIA_MARKER, ChatRequest, CompletionRequest, Media, Message, Sampling
+
+#: An image's type when the client declared none (the upstream sniffs the bytes; the URL needs one).
+_DEFAULT_IMAGE_MIME = "image/png"
+
+
+def refuse_media(req: ChatRequest | CompletionRequest, *, runtime: str, model: str, why: str) -> None:
+    """For a runtime that declares neither ``vision`` nor ``audio``: media are refused rather than
+    dropped (the server refuses them first; this is for callers that skip it, the CLI and the TUI).
+
+    Raises:
+        UnsupportedFeature: the request carries an image or a clip.
+    """
+    if req.media:
+        kind = req.media[0].kind
+        raise UnsupportedFeature(
+            f"{kind} input is not supported by the {runtime} runtime serving {model}: {why}",
+            param="images" if kind == "image" else "audio",
+            hint="load a GGUF with its projector on llama.cpp (localrun pull a repo that has an mmproj file)",
+        )
 
 
 def sampling_to_openai(s: Sampling) -> dict[str, Any]:
@@ -28,11 +55,33 @@ def sampling_to_openai(s: Sampling) -> dict[str, Any]:
     return body
 
 
+def _media_part(item: Media) -> dict[str, Any]:
+    data = base64.b64encode(item.data).decode("ascii")
+    if item.kind == "audio":
+        fmt = "mp3" if item.mime and ("mpeg" in item.mime or "mp3" in item.mime) else "wav"
+        return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
+    mime = item.mime if item.mime and item.mime.startswith("image/") else _DEFAULT_IMAGE_MIME
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}}
+
+
+def content_parts(m: Message) -> list[dict[str, Any]]:
+    """``m``'s text and media as OpenAI content parts, each media item where its marker was."""
+    texts = m.content.split(MEDIA_MARKER)
+    parts: list[dict[str, Any]] = [{"type": "text", "text": texts[0]}] if texts[0] else []
+    for item, text in zip(m.media, texts[1:], strict=False):
+        parts.append(_media_part(item))
+        if text:
+            parts.append({"type": "text", "text": text})
+    for item in m.media[len(texts) - 1 :]:  # more items than markers: the rest after the text
+        parts.append(_media_part(item))
+    return parts
+
+
 def openai_messages(req: ChatRequest) -> list[dict[str, Any]]:
-    """Core messages in OpenAI's wire shape, tool calls and results included."""
+    """Core messages in OpenAI's wire shape, tool calls, results and media included."""
     out = []
     for m in req.messages:
-        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        msg: dict[str, Any] = {"role": m.role, "content": content_parts(m) if m.media else m.content}
         if m.tool_calls:
             msg["tool_calls"] = list(m.tool_calls)
             msg["content"] = m.content or None
@@ -77,6 +126,13 @@ def chat_body(req: ChatRequest, kind: Kind, model: str) -> dict[str, Any]:
 
 
 def completion_body(req: CompletionRequest, kind: Kind, model: str) -> dict[str, Any]:
+    if req.media:
+        raise UnsupportedFeature(
+            f"media in a completion cannot be sent to the {kind.name} upstream: OpenAI's completions API has no "
+            "field for them",
+            param="multimodal_data",
+            hint="send the image in a chat request (an image_url content part)",
+        )
     return {"model": model, "prompt": req.prompt, **sampling_body(req.sampling, kind, chat=False)}
 
 

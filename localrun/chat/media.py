@@ -42,6 +42,7 @@ from localrun.chat.media_formats import (
     TAKEN,
     TYPES,
     HeaderProblem,
+    TooManyPixels,
     audio_facts,
     image_size,
     normal_mime,
@@ -184,12 +185,13 @@ class MediaReader:
     def _header(self, data: bytes, mime: str) -> str:
         if TYPES[mime][0] == AUDIO:
             return audio_facts(data, mime)
-        width, height = image_size(data, mime)
+        cap = f"over the cap of {self.limits.max_pixels:,} (server.max_image_pixels)"
+        try:
+            width, height = image_size(data, mime)
+        except TooManyPixels as exc:
+            raise HeaderProblem(f"it claims {exc.pixels or 'more'} pixels, {cap}") from None
         if width * height > self.limits.max_pixels:
-            raise HeaderProblem(
-                f"it is {width}×{height} = {width * height:,} pixels, over the cap of {self.limits.max_pixels:,} "
-                "(server.max_image_pixels)"
-            )
+            raise HeaderProblem(f"it is {width}×{height} = {width * height:,} pixels, {cap}")
         return f"{width}×{height}"
 
     def _count(self, where: str, size: int, kind: str | None = None) -> None:

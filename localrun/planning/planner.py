@@ -17,6 +17,7 @@ from typing import Any
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
 from localrun.planning.context import fit_context, initial_context
 from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
+from localrun.planning.offload import choose_kv, flash_reason, gpu_devices, moe_options, split_options
 from localrun.planning.placement import (
     KV_BYTES,
     N_UBATCH,
@@ -37,7 +38,10 @@ log = logging.getLogger(__name__)
 
 #: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
 AUTO_SLOTS = (4, 3, 2)
-VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fragmentation
+#: Per GPU, kept free for the driver, the desktop and fragmentation. llama-server's --fit leaves 1 GiB
+#: (common.h fit_params_target) beyond what it measures; localrun counts the CUDA context (320 MiB,
+#: placement.GPU_CONTEXT) in the estimate itself, so 512 MiB more leaves about as much.
+VRAM_MARGIN = 512 * MIB
 #: Which GPUs each llama.cpp GPU backend can drive.
 BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
 DEVICES = ("auto", "cpu", "gpu", "cuda", "metal", "hip", "vulkan", "sycl")
@@ -57,6 +61,7 @@ class PlanOverrides:
     #: Who asked for n_ctx, in words for the plan's reasons ("--ctx", "options.num_ctx"…).
     ctx_source: str | None = None
     n_gpu_layers: int | None = None  # -1: all
+    n_cpu_moe: int | None = None  # MoE: keep the experts of the first N layers in RAM (-1: all, --cpu-moe)
     threads: int | None = None
     kv_type: str | None = None
     parallel: int | None = None  # llama.cpp slots
@@ -181,14 +186,16 @@ def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOv
         if wants_gpu:
             raise RuntimeUnavailable(f"{runtime} uses {backend.upper()} but no GPU for it was found", param="device")
         return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
-    usable = sum(max(0, g.vram_free - VRAM_MARGIN) for g in gpus)
-    names = ", ".join(dict.fromkeys(g.name for g in gpus)) + (f" ×{len(gpus)}" if len(gpus) > 1 else "")
+    devices = gpu_devices(status.details.get("devices"), gpus, VRAM_MARGIN)
+    usable = sum(free for _, free in devices)
+    names = ", ".join(dict.fromkeys(name for name, _ in devices)) + (f" ×{len(devices)}" if len(devices) > 1 else "")
     return Budget(
         backend,
         hw.ram_available,
         usable,
-        gpu_margin=VRAM_MARGIN * len(gpus),
+        gpu_margin=VRAM_MARGIN * len(devices),
         label=f"{DEVICE_LABELS.get(backend, backend)} ({names})",
+        gpu_free=tuple(free for _, free in devices) if len(devices) > 1 else (),
     ), None
 
 
@@ -213,8 +220,8 @@ def plan_placement(
     """
     ov = overrides or PlanOverrides()
     rt = settings.runtime if settings is not None else _default_runtime_settings()
-    kv_type = (ov.kv_type or "f16").lower()
-    if kv_type not in KV_BYTES:
+    kv_asked = ov.kv_type.lower() if ov.kv_type else None
+    if kv_asked is not None and kv_asked not in KV_BYTES:
         raise ConfigError(
             f"unknown KV cache type {ov.kv_type!r}", hint="use one of: " + ", ".join(KV_BYTES), param="kv_type"
         )
@@ -228,14 +235,25 @@ def plan_placement(
     layers = ov.n_gpu_layers
     if runtime in ("mlx", "mlc") and budget.backend != "cpu":
         layers = -1  # these runtimes place the whole model on their device
-    placement = fit_context(
-        lambda ctx: place(shape, weights, budget, ctx, n_gpu_layers=layers, kv_type=kv_type), n_ctx, choice.adjustable
-    )
+    asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
+    moe_asked = ov.n_cpu_moe if runtime == "llama.cpp" else None
+
+    def place_at(kv: str) -> tuple[Placement, tuple[int, list[str]]]:
+        single = fit_context(
+            lambda ctx: place(shape, weights, budget, ctx, n_gpu_layers=layers, kv_type=kv, n_cpu_moe=moe_asked),
+            n_ctx,
+            choice.adjustable,
+        )
+        if runtime != "llama.cpp":
+            return single, (1, [])
+        placed, n, why = _choose_slots(shape, weights, budget, single, asked, kv)
+        return placed, (n, why)
+
+    wants = runtime == "llama.cpp" and (not choice.adjustable or asked is not None)
+    kv_type, placement, (slots, slot_reasons), kv_why = choose_kv(place_at, kv_asked, wants, n_ctx, shape.n_layer or 0)
     threads = ov.threads or rt.threads or hw.physical_cores or 1
-    slots, slot_reasons, draft, speculate = 1, [], None, None
+    draft, speculate = None, None
     if runtime == "llama.cpp":
-        asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
-        placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
         speculate = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
         draft = draft_plan(
             record,
@@ -248,6 +266,12 @@ def plan_placement(
         if draft is not None:
             placement = draft.beside(placement, budget)
     reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
+    gpu_opts: dict[str, Any] = {}
+    if runtime == "llama.cpp":
+        for opts, why in (moe_options(shape, budget, placement, moe_asked), split_options(budget, placement)):
+            gpu_opts.update(opts)
+            reasons += why
+        reasons += [w for w in (flash_reason(budget, placement, kv_type), kv_why) if w]
     reasons += ctx_reasons
     if placement.n_ctx < n_ctx:
         reasons.append(f"context reduced from {n_ctx:,} to {placement.n_ctx:,} to fit in memory")
@@ -274,7 +298,7 @@ def plan_placement(
     if runtime == "ollama":
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
-        options.update(n_slots=slots, slot_ctx=placement.n_ctx)
+        options.update(n_slots=slots, slot_ctx=placement.n_ctx, **gpu_opts)
         options["speculative"] = speculate[0]
         reasons.append(speculate[1])
         if draft is not None:
@@ -309,7 +333,16 @@ def _choose_slots(
     only help when several arrive together); one when the model is tight already."""
 
     def at(n: int) -> Placement:
-        return place(shape, weights, budget, single.n_ctx, n_gpu_layers=single.n_gpu_layers, kv_type=kv_type, n_seq=n)
+        return place(
+            shape,
+            weights,
+            budget,
+            single.n_ctx,
+            n_gpu_layers=single.n_gpu_layers,
+            kv_type=kv_type,
+            n_seq=n,
+            n_cpu_moe=single.n_cpu_moe if shape.is_moe else None,
+        )
 
     if asked is not None:
         if asked < 1:

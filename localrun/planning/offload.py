@@ -18,15 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from localrun.planning.hardware import fmt_bytes
-from localrun.planning.placement import TIGHT_RATIO, Budget, ModelShape, Placement, tensor_overrides
+from localrun.planning.placement import FLASH_BACKENDS, TIGHT_RATIO, Budget, ModelShape, Placement, tensor_overrides
 
 log = logging.getLogger(__name__)
 
 #: The KV cache type tried when f16 does not let the asked-for context or parallelism fit: q8_0 halves
 #: the cache at a quality loss llama.cpp's own perplexity runs put near zero (q4_0 costs visibly more).
 QUANT_KV = "q8_0"
-#: Backends whose llama.cpp kernels have flash attention (llama.cpp's "auto" turns it on there).
-FLASH_BACKENDS = ("cuda", "metal", "hip", "vulkan")
 
 
 def gpu_devices(status_devices: Sequence[dict] | None, gpus: Sequence[Any], margin: int) -> list[tuple[str, int]]:
@@ -70,12 +68,14 @@ def moe_options(
         ]
     on_cpu = expert_bytes * min(m, n_layer) / n_layer
     what = (
-        "all layers' experts" if m >= n_layer else f"the experts of the first {m} of {n_layer} layers"
-    ) + f" ({fmt_bytes(on_cpu)}) stay in RAM"
+        ("all layers' experts" if m >= n_layer else f"the experts of the first {m} of {n_layer} layers")
+        + f" ({fmt_bytes(on_cpu)}) stay "
+        + ("with the CPU, outside Metal's working set" if budget.unified else "in RAM")
+    )
     flag = "--cpu-moe" if m >= n_layer else f"--n-cpu-moe {m}"
-    why = "as asked" if asked is not None else f"so attention, shared weights and the KV cache fit on {budget.label}"
+    why = "as asked" if asked is not None else f"so attention, shared weights and the KV cache fit in {budget.label}"
     return {"n_cpu_moe": m, "tensor_overrides": tensor_overrides(m, n_layer)}, [
-        f"MoE with {shape.n_expert} experts: {what}, {why} ({flag}, a tensor override to the CPU buffer type)"
+        f"MoE with {shape.n_expert} experts: {what} ({flag}, a tensor override to the CPU buffer type) {why}"
     ]
 
 
@@ -84,7 +84,10 @@ def flash_reason(budget: Budget, placement: Placement, kv_type: str) -> str | No
         return None
     if kv_type not in ("f16", "f32", "bf16"):
         return f"flash attention on: the {kv_type} KV cache needs it, and {budget.label} has it"
-    return f"flash attention: llama.cpp's auto, which turns it on where {budget.label}'s kernels have it"
+    return (
+        f"flash attention: llama.cpp's auto, on where {budget.label} has the kernels "
+        "(so no attention-score buffer is counted)"
+    )
 
 
 def choose_kv(

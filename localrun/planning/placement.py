@@ -55,6 +55,8 @@ GPU_CONTEXT = {"cuda": 320 * MIB, "hip": 320 * MIB, "vulkan": 128 * MIB, "sycl":
 #: llama.cpp's LLM_FFN_EXPS_REGEX (common/common.h): every layer's routed-expert tensors, what ``--cpu-moe``
 #: keeps in RAM. Shared experts (``ffn_*_shexp``) and the router (``ffn_gate_inp``) do not match.
 EXPS_PATTERN = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+#: GPU backends whose llama.cpp kernels have flash attention, which llama.cpp's default ("auto") turns on.
+FLASH_BACKENDS = ("cuda", "metal", "hip", "vulkan")
 
 
 @dataclass(frozen=True)
@@ -150,15 +152,20 @@ def kv_cache_bytes(shape: ModelShape, n_ctx: int, kv_type: str = "f16", layers: 
     return int(sum(heads) * n_ctx * (shape.k_len + shape.v_len) * per_elem)
 
 
-def compute_bytes(shape: ModelShape, n_ctx: int, *, on_gpu: bool) -> int:
-    """The compute buffer a batch needs (see the module docstring for what counts where)."""
+def compute_bytes(shape: ModelShape, n_ctx: int, *, on_gpu: bool, flash: bool = False, attention: bool = True) -> int:
+    """The compute buffer a batch needs (see the module docstring for what counts where).
+
+    ``flash``: flash attention never writes the n_head × n_ubatch × n_ctx score matrix. Without
+    ``attention`` (a CPU that only runs MoE experts for GPU layers) only the activations count."""
     n_ub = min(N_UBATCH, n_ctx)
     n_embd = shape.n_embd or 4096
     n_head = shape.n_head or 32
     head_dim = shape.k_len or n_embd // n_head
     n_ff = shape.n_ff or 4 * n_embd
     activations = n_ub * 4 * (6 * n_embd + 2 * n_head * head_dim + 3 * n_ff)
-    scores = n_head * n_ub * n_ctx
+    if not attention:
+        return activations
+    scores = 0 if flash else n_head * n_ub * n_ctx
     mask = n_ctx * n_ub * 4
     if on_gpu:
         logits = (shape.n_vocab or DEFAULT_VOCAB) * n_ub * 4
@@ -278,11 +285,12 @@ def place(
         else:
             experts_on_gpu = max(0, n_layer - max(n_layer - reps, m))
             w_gpu = int(per_dense_layer * (reps + (n >= total_layers)) + per_expert_layer * experts_on_gpu)
-        per_device = GPU_CONTEXT.get(budget.backend, 256 * MIB) + compute_bytes(shape, n_ctx, on_gpu=True)
+        flash = budget.backend in FLASH_BACKENDS
+        per_device = GPU_CONTEXT.get(budget.backend, 256 * MIB) + compute_bytes(shape, n_ctx, on_gpu=True, flash=flash)
         gpu = per_device * budget.n_devices + w_gpu + kv_gpu
         host = base + (weights - w_gpu) + (kv_all - kv_gpu)
-        if n < total_layers or m:  # the CPU computes its layers (or experts) too
-            host += compute_bytes(shape, n_ctx, on_gpu=False)
+        if n < total_layers or m:  # the CPU computes its layers (or only the experts it holds) too
+            host += compute_bytes(shape, n_ctx, on_gpu=False, flash=flash, attention=reps < n_layer)
         return Placement(n_ctx, n, weights, kv_all, host, gpu, budget.ratio(host, gpu), m)
 
     def fits(p: Placement) -> bool:

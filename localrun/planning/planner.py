@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
+from localrun.planning.budget import DEVICE_LABELS, VRAM_MARGIN, hw_backend, memory_budget
 from localrun.planning.context import fit_context, initial_context
-from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
-from localrun.planning.offload import choose_kv, flash_reason, gpu_devices, moe_options, split_options
+from localrun.planning.hardware import HardwareProfile, fmt_bytes
+from localrun.planning.offload import choose_kv, flash_reason, moe_options, split_options
 from localrun.planning.placement import (
     KV_BYTES,
     N_UBATCH,
@@ -35,17 +36,10 @@ from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
+__all__ = ["DEVICE_LABELS", "VRAM_MARGIN", "PlanOverrides", "plan_placement", "require_fit"]
 
 #: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
 AUTO_SLOTS = (4, 3, 2)
-#: Per GPU, kept free for the driver, the desktop and fragmentation. llama-server's --fit leaves 1 GiB
-#: (common.h fit_params_target) beyond what it measures; localrun counts the CUDA context (320 MiB,
-#: placement.GPU_CONTEXT) in the estimate itself, so 512 MiB more leaves about as much.
-VRAM_MARGIN = 512 * MIB
-#: Which GPUs each llama.cpp GPU backend can drive.
-BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
-DEVICES = ("auto", "cpu", "gpu", "cuda", "metal", "hip", "vulkan", "sycl")
-DEVICE_LABELS = {"cpu": "CPU", "cuda": "CUDA", "metal": "Metal", "hip": "ROCm/HIP", "vulkan": "Vulkan", "sycl": "SYCL"}
 #: The order the planner tries the runtimes that can run a model's format (each runtime's own
 #: ``formats`` says which can); a listed runtime not named here comes after them.
 PREFERENCE = ("llama.cpp", "ollama", "vllm", "mlx", "mlc")
@@ -129,76 +123,6 @@ def _status(name: str, statuses: Mapping[str, RuntimeStatus]) -> RuntimeStatus:
     return RuntimeStatus(name, True)  # a runtime probing leaves out (the fake) runs when asked
 
 
-def _hw_backend(hw: HardwareProfile) -> str:
-    """The GPU backend a runtime that ships its own GPU libraries (Ollama, MLC) would use here."""
-    if hw.apple:
-        return "metal"
-    vendors = {g.vendor for g in hw.gpus if not g.integrated}
-    return "cuda" if "nvidia" in vendors else "hip" if "amd" in vendors else "vulkan" if vendors else "cpu"
-
-
-def _runtime_backend(runtime: str, status: RuntimeStatus, hw: HardwareProfile) -> str:
-    if runtime == "llama.cpp":
-        backend = status.details.get("backend") or next((d for d in status.devices if d != "cpu"), "cpu")
-        return "metal" if backend == "gpu" and hw.apple else backend
-    if runtime == "mlx":
-        return "metal" if "metal" in status.devices else "cuda" if "cuda" in status.devices else "cpu"
-    if runtime in ("ollama", "mlc"):
-        return _hw_backend(hw)
-    return "cpu"
-
-
-def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOverrides) -> tuple[Budget, str | None]:
-    """The memory this plan may use, and why it runs on the CPU when it does."""
-    device = (ov.device or "auto").lower().replace("rocm", "hip")
-    if device not in DEVICES:
-        raise ConfigError(f"unknown device {ov.device!r}", hint="use one of: " + ", ".join(DEVICES), param="device")
-    cpu = Budget("cpu", hw.ram_available)
-    if device == "cpu" or ov.n_gpu_layers == 0:
-        return cpu, "CPU requested"
-    backend = _runtime_backend(runtime, status, hw)
-    wants_gpu = device != "auto" or (ov.n_gpu_layers or 0) != 0
-    if backend == "cpu":
-        if wants_gpu:
-            raise RuntimeUnavailable(
-                f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
-                hint=status.fix,
-                param="device",
-            )
-        if hw.gpus or hw.apple:
-            gpu = hw.apple.chip if hw.apple else hw.gpus[0].name
-            return cpu, f"{runtime} is built without GPU offload, so the {gpu} goes unused" + (
-                f" (to use it: {status.fix})" if status.fix else ""
-            )
-        return cpu, "no GPU on this machine"
-    if device not in ("auto", "gpu") and device != backend:
-        raise RuntimeUnavailable(
-            f"{runtime} here uses {backend.upper()}, not {device.upper()}", hint=status.fix, param="device"
-        )
-    if backend == "metal":
-        if not hw.apple:
-            return cpu, f"{runtime} is built for Metal but this is not an Apple Silicon Mac"
-        gpu_budget = min(hw.apple.gpu_working_set_budget, hw.ram_available)
-        return Budget("metal", hw.ram_available, gpu_budget, unified=True, label=f"Metal ({hw.apple.chip})"), None
-    vendors = BACKEND_VENDORS.get(backend, {"nvidia", "amd", "intel"})
-    gpus = [g for g in hw.gpus if g.vendor in vendors and not g.integrated]
-    if not gpus:
-        if wants_gpu:
-            raise RuntimeUnavailable(f"{runtime} uses {backend.upper()} but no GPU for it was found", param="device")
-        return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
-    devices = gpu_devices(status.details.get("devices"), gpus, VRAM_MARGIN)
-    usable = sum(free for _, free in devices)
-    names = ", ".join(dict.fromkeys(name for name, _ in devices)) + (f" ×{len(devices)}" if len(devices) > 1 else "")
-    return Budget(
-        backend,
-        hw.ram_available,
-        usable,
-        gpu_margin=VRAM_MARGIN * len(devices),
-        label=f"{DEVICE_LABELS.get(backend, backend)} ({names})",
-        gpu_free=tuple(free for _, free in devices) if len(devices) > 1 else (),
-    ), None
-
-
 def plan_placement(
     record: ModelRecord,
     hw: HardwareProfile,
@@ -227,7 +151,7 @@ def plan_placement(
         )
     runtime, reasons = choose_runtime(record, statuses, ov.runtime)
     status = _status(runtime, statuses)
-    budget, cpu_why = _budget(runtime, status, hw, ov)
+    budget, cpu_why = memory_budget(runtime, status, hw, ov.device, ov.n_gpu_layers)
     shape = ModelShape.from_metadata(record.metadata)
     weights = weights_bytes(record)
     choice = initial_context(record.name, shape, settings, rt, budget, hw, ov.n_ctx, ov.ctx_source)
@@ -299,6 +223,8 @@ def plan_placement(
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
         options.update(n_slots=slots, slot_ctx=placement.n_ctx, **gpu_opts)
+        if status.details.get("backend"):  # the build next to what the machine could use, for `plan`'s words
+            options.update(llama_backend=status.details["backend"], machine_backend=hw_backend(hw))
         options["speculative"] = speculate[0]
         reasons.append(speculate[1])
         if draft is not None:

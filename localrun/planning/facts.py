@@ -87,7 +87,7 @@ def backend_lines(statuses: Mapping[str, RuntimeStatus]) -> list[str]:
     from localrun.planning.hardware import fmt_bytes
 
     st = statuses.get("llama.cpp")
-    if st is None or not st.available:
+    if st is None or not st.available or "backend" not in st.details:  # nothing probed, nothing to say
         return []
     has, could = st.details.get("backend", "cpu"), st.details.get("wanted_backend") or "cpu"
     line = build_words(has, could) + (f" (rebuild: {st.fix})" if has == "cpu" and could != "cpu" and st.fix else "")

@@ -60,7 +60,10 @@ def moe_options(
     """The tensor overrides that keep experts in RAM, and the line that says why."""
     m, n_layer = placement.n_cpu_moe, shape.n_layer or 0
     if not shape.is_moe or not placement.n_gpu_layers:
-        return {}, []
+        if asked is None:
+            return {}, []
+        why = "the model has no routed experts" if not shape.is_moe else "no layer runs on a GPU"
+        return {}, [f"--cpu-moe / --n-cpu-moe change nothing here: {why}"]
     expert_bytes = shape.expert_share * placement.weights
     if not m:
         return {"n_cpu_moe": 0}, [

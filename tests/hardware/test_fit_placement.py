@@ -186,3 +186,10 @@ def test_the_plan_says_which_backend_the_build_has_beside_the_machines(files):
     assert "build     llama.cpp built for CPU, but this machine could use CUDA" in "\n".join(
         render_plan(p, indexed(files["llama-3.1-8b"], "l"))
     )
+
+
+def test_moe_flags_on_a_dense_model_or_the_cpu_say_they_change_nothing(files):
+    p, _, words = plan(files, "llama-3.1-8b", "rtx4090_desktop", n_cpu_moe=-1)
+    assert "tensor_overrides" not in p.options and "change nothing here: the model has no routed experts" in words
+    p, _, words = plan(files, "qwen3-30b-a3b", "rtx4090_desktop", n_cpu_moe=4, device="cpu")
+    assert "tensor_overrides" not in p.options and "change nothing here: no layer runs on a GPU" in words

@@ -193,3 +193,10 @@ def test_moe_flags_on_a_dense_model_or_the_cpu_say_they_change_nothing(files):
     assert "tensor_overrides" not in p.options and "change nothing here: the model has no routed experts" in words
     p, _, words = plan(files, "qwen3-30b-a3b", "rtx4090_desktop", n_cpu_moe=4, device="cpu")
     assert "tensor_overrides" not in p.options and "change nothing here: no layer runs on a GPU" in words
+
+
+def test_an_index_entry_from_before_expert_bytes_estimates_the_share_from_the_shape(files):
+    meta = indexed(files["qwen3-30b-a3b"], "q").metadata
+    measured = ModelShape.from_metadata(meta).expert_share
+    older = {k: v for k, v in meta.items() if k != "expert_bytes"}
+    assert ModelShape.from_metadata(older).expert_share == pytest.approx(measured, abs=0.03)

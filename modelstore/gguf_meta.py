@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +75,8 @@ class GGUFInfo:
     sliding_window: int | None = None
     expert_count: int | None = None
     expert_used_count: int | None = None
+    expert_bytes: int = 0
+    """Bytes of the MoE routed-expert tensors (``blk.N.ffn_*_exps``) here: what the planner keeps in RAM first."""
     tokenizer_model: str | None = None
     chat_template: str | None = None
     bos_token_id: int | None = None
@@ -237,6 +240,7 @@ def _build_info(path: Path, raw: RawHeader) -> GGUFInfo:
         sliding_window=arch_int("attention.sliding_window"),
         expert_count=arch_int("expert_count"),
         expert_used_count=arch_int("expert_used_count"),
+        expert_bytes=sum(t.n_bytes for t in tensors if _EXPERT_TENSOR.search(t.name)),
         tokenizer_model=_str_field(values, types, "tokenizer.ggml.model"),
         chat_template=template,
         bos_token_id=_int_field(values, types, "tokenizer.ggml.bos_token_id"),
@@ -249,6 +253,9 @@ def _build_info(path: Path, raw: RawHeader) -> GGUFInfo:
         tensors=tensors,
     )
 
+
+#: The tensors llama.cpp's --cpu-moe keeps in RAM (LLM_FFN_EXPS_REGEX, common/common.h).
+_EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 
 _HINT = "the file is not a valid GGUF model (truncated download or corrupt); download it again"
 

@@ -16,11 +16,12 @@ from localrun.tui.tables import fit_columns
 log = logging.getLogger(__name__)
 
 
-def profile_lines(hw) -> list[str]:
-    """The hardware module's own lines, so the CLI and the TUI say the same thing."""
+def profile_lines(hw, statuses=None) -> list[str]:
+    """The hardware module's own lines, and the llama.cpp build's backend, so the CLI and the TUI say the same."""
+    from localrun.planning.facts import backend_lines
     from localrun.planning.hardware import hardware_lines
 
-    return [str(line) for line in hardware_lines(hw)]
+    return [str(line) for line in hardware_lines(hw)] + backend_lines(statuses or {})
 
 
 class HardwareScreen(LocalrunScreen):
@@ -46,7 +47,7 @@ class HardwareScreen(LocalrunScreen):
         if facts is None:
             return
         hw, statuses = facts
-        self.profile.update("\n".join(profile_lines(hw)))
+        self.profile.update("\n".join(profile_lines(hw, statuses)))
         theme = self.app.theme_variables
         table = self.runtimes
         table.clear()

@@ -26,6 +26,10 @@ def hw_cmd(ctx, as_json):
     from localrun.planning.hardware import render_hardware
 
     console().print(render_hardware(hw))
+    from localrun.planning.facts import backend_lines
+
+    for line in backend_lines(statuses):
+        console().print(line, highlight=False, markup=False)
     from rich.table import Table
 
     table = Table(box=None, header_style="bold")

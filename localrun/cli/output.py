@@ -86,3 +86,73 @@ def ctx_option(help: str) -> Callable:
     """``--ctx N`` with one name, destination (``ctx_len``) and bound on every command that loads a model;
     only the help, which says what the command does with it, differs."""
     return click.option("--ctx", "ctx_len", type=click.IntRange(64, None), default=None, help=help)
+
+
+#: Where :func:`placement_options` keeps what was given, in the click context's ``meta``.
+PLACEMENT = "localrun.placement"
+#: The KV cache types the llama.cpp session takes (runtimes/llamacpp/session.py KV_TYPES).
+KV_CHOICES = ("f16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+
+
+def placement_options(*, gpu_layers: bool = False) -> Callable:
+    """``--kv-type``, ``--cpu-moe`` and ``--n-cpu-moe N`` (and ``--gpu-layers`` where ``gpu_layers``) for
+    every command that plans a load. They are not parameters of the command: each lands in the
+    context's meta and :func:`placement_overrides` hands them to the planner, so adding one touches
+    no command's signature."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is not None and value is not False:
+            ctx.meta.setdefault(PLACEMENT, {})[param.name] = value
+        return value
+
+    def decorate(f: Callable) -> Callable:
+        f = click.option(
+            "--kv-type",
+            type=click.Choice(KV_CHOICES, case_sensitive=False),
+            expose_value=False,
+            callback=keep,
+            help="KV cache type for llama.cpp (default: f16, or q8_0 when only that fits the asked-for context).",
+        )(f)
+        f = click.option(
+            "--n-cpu-moe",
+            type=click.IntRange(0, None),
+            expose_value=False,
+            callback=keep,
+            metavar="N",
+            help="MoE models: keep the experts of the first N layers in RAM (default: as many as must, to fit).",
+        )(f)
+        f = click.option(
+            "--cpu-moe",
+            is_flag=True,
+            default=None,
+            expose_value=False,
+            callback=keep,
+            help="MoE models: keep every layer's experts in RAM, attention and the KV cache on the GPU.",
+        )(f)
+        if gpu_layers:
+            f = click.option(
+                "--gpu-layers",
+                type=int,
+                expose_value=False,
+                callback=keep,
+                help="Layers to offload to the GPU (-1: all).",
+            )(f)
+        return f
+
+    return decorate
+
+
+def placement_overrides() -> dict[str, Any]:
+    """PlanOverrides fields from :func:`placement_options` of the running command ({} outside one)."""
+    ctx = click.get_current_context(silent=True)
+    given = dict(ctx.meta.get(PLACEMENT, {})) if ctx is not None else {}
+    out: dict[str, Any] = {}
+    if given.get("kv_type"):
+        out["kv_type"] = given["kv_type"].lower()
+    if given.get("cpu_moe"):
+        out["n_cpu_moe"] = -1
+    elif given.get("n_cpu_moe") is not None:
+        out["n_cpu_moe"] = given["n_cpu_moe"]
+    if given.get("gpu_layers") is not None:
+        out["n_gpu_layers"] = given["gpu_layers"]
+    return out

@@ -8,7 +8,16 @@ import time
 import click
 
 from localrun.cli.models import open_store
-from localrun.cli.output import Column, ctx_option, err_console, human_bytes, print_rows, settings_from
+from localrun.cli.output import (
+    Column,
+    ctx_option,
+    err_console,
+    human_bytes,
+    placement_options,
+    placement_overrides,
+    print_rows,
+    settings_from,
+)
 
 
 def plan_options(f):
@@ -24,7 +33,7 @@ def plan_options(f):
         help="Requests a llama.cpp model decodes at once, each with the whole context.",
     )(f)
     f = speculative_option(f)
-    return f
+    return placement_options()(f)
 
 
 def speculative_option(f):
@@ -45,19 +54,23 @@ def speculative_option(f):
 
 
 def overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel=None, speculative=None, draft=None):
-    if not any(v is not None for v in (runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)):
+    placed = placement_overrides()  # --kv-type, --cpu-moe, --n-cpu-moe (and serve's --gpu-layers)
+    values = (runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)
+    if not placed and not any(v is not None for v in values):
         return None
     from localrun.planning.planner import PlanOverrides
 
+    if gpu_layers is not None:
+        placed["n_gpu_layers"] = gpu_layers
     return PlanOverrides(
         runtime=runtime,
         n_ctx=ctx_len,
-        n_gpu_layers=gpu_layers,
         device=device,
         threads=threads,
         parallel=parallel,
         speculative=speculative,
         draft=draft,
+        **placed,
     )
 
 
@@ -343,6 +356,7 @@ def pooling_settings(items) -> dict:
     "--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL)."
 )
 @speculative_option
+@placement_options(gpu_layers=True)
 @click.pass_context
 def serve_cmd(
     ctx, host, port, api_key, runtime, ctx_len, parallel, no_default_model, poolings, mirror, speculative, draft

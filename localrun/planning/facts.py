@@ -78,3 +78,21 @@ def status_cells(status: RuntimeStatus) -> tuple[str, str, str]:
     """Version, devices and "why / how to get it" of a status, as ``localrun hw`` and the TUI show them."""
     why = " · ".join(x for x in (status.reason, status.fix) if x)
     return status.version or "—", ", ".join(status.devices) or "—", why
+
+
+def backend_lines(statuses: Mapping[str, RuntimeStatus]) -> list[str]:
+    """What ``localrun hw`` and the TUI say of the installed llama.cpp build: the backend it has next
+    to the one this machine could use, and the devices llama.cpp itself sees (its own list, not NVML's)."""
+    from localrun.planning.budget import build_words
+    from localrun.planning.hardware import fmt_bytes
+
+    st = statuses.get("llama.cpp")
+    if st is None or not st.available or "backend" not in st.details:  # nothing probed, nothing to say
+        return []
+    has, could = st.details.get("backend", "cpu"), st.details.get("wanted_backend") or "cpu"
+    line = build_words(has, could) + (f" (rebuild: {st.fix})" if has == "cpu" and could != "cpu" and st.fix else "")
+    lines = [f"build     {line}"]
+    for d in st.details.get("devices") or ():  # llama.cpp's own device list (the probe asks it)
+        memory = f", {fmt_bytes(d['free'])} free of {fmt_bytes(d['total'])}" if d.get("total") else ""
+        lines.append(f"device    {d.get('name')}: {d.get('description')} ({d.get('type')}{memory})")
+    return lines

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
+from localrun.planning.budget import DEVICE_LABELS, VRAM_MARGIN, hw_backend, memory_budget
 from localrun.planning.context import fit_context, initial_context
-from localrun.planning.hardware import MIB, HardwareProfile, fmt_bytes
+from localrun.planning.hardware import HardwareProfile, fmt_bytes
 from localrun.planning.media import with_media
+from localrun.planning.offload import choose_kv, flash_reason, moe_options, split_options
 from localrun.planning.placement import (
     KV_BYTES,
     N_UBATCH,
@@ -35,14 +37,10 @@ from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
 
 log = logging.getLogger(__name__)
+__all__ = ["DEVICE_LABELS", "VRAM_MARGIN", "PlanOverrides", "plan_placement", "require_fit"]
 
 #: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
 AUTO_SLOTS = (4, 3, 2)
-VRAM_MARGIN = 512 * MIB  # per GPU, kept free for the driver, the desktop and fragmentation
-#: Which GPUs each llama.cpp GPU backend can drive.
-BACKEND_VENDORS = {"cuda": {"nvidia"}, "hip": {"amd"}, "vulkan": {"nvidia", "amd", "intel"}, "sycl": {"intel"}}
-DEVICES = ("auto", "cpu", "gpu", "cuda", "metal", "hip", "vulkan", "sycl")
-DEVICE_LABELS = {"cpu": "CPU", "cuda": "CUDA", "metal": "Metal", "hip": "ROCm/HIP", "vulkan": "Vulkan", "sycl": "SYCL"}
 #: The order the planner tries the runtimes that can run a model's format (each runtime's own
 #: ``formats`` says which can); a listed runtime not named here comes after them.
 PREFERENCE = ("llama.cpp", "ollama", "vllm", "mlx", "mlc")
@@ -58,6 +56,7 @@ class PlanOverrides:
     #: Who asked for n_ctx, in words for the plan's reasons ("--ctx", "options.num_ctx"…).
     ctx_source: str | None = None
     n_gpu_layers: int | None = None  # -1: all
+    n_cpu_moe: int | None = None  # MoE: keep the experts of the first N layers in RAM (-1: all, --cpu-moe)
     threads: int | None = None
     kv_type: str | None = None
     parallel: int | None = None  # llama.cpp slots
@@ -125,74 +124,6 @@ def _status(name: str, statuses: Mapping[str, RuntimeStatus]) -> RuntimeStatus:
     return RuntimeStatus(name, True)  # a runtime probing leaves out (the fake) runs when asked
 
 
-def _hw_backend(hw: HardwareProfile) -> str:
-    """The GPU backend a runtime that ships its own GPU libraries (Ollama, MLC) would use here."""
-    if hw.apple:
-        return "metal"
-    vendors = {g.vendor for g in hw.gpus if not g.integrated}
-    return "cuda" if "nvidia" in vendors else "hip" if "amd" in vendors else "vulkan" if vendors else "cpu"
-
-
-def _runtime_backend(runtime: str, status: RuntimeStatus, hw: HardwareProfile) -> str:
-    if runtime == "llama.cpp":
-        backend = status.details.get("backend") or next((d for d in status.devices if d != "cpu"), "cpu")
-        return "metal" if backend == "gpu" and hw.apple else backend
-    if runtime == "mlx":
-        return "metal" if "metal" in status.devices else "cuda" if "cuda" in status.devices else "cpu"
-    if runtime in ("ollama", "mlc"):
-        return _hw_backend(hw)
-    return "cpu"
-
-
-def _budget(runtime: str, status: RuntimeStatus, hw: HardwareProfile, ov: PlanOverrides) -> tuple[Budget, str | None]:
-    """The memory this plan may use, and why it runs on the CPU when it does."""
-    device = (ov.device or "auto").lower().replace("rocm", "hip")
-    if device not in DEVICES:
-        raise ConfigError(f"unknown device {ov.device!r}", hint="use one of: " + ", ".join(DEVICES), param="device")
-    cpu = Budget("cpu", hw.ram_available)
-    if device == "cpu" or ov.n_gpu_layers == 0:
-        return cpu, "CPU requested"
-    backend = _runtime_backend(runtime, status, hw)
-    wants_gpu = device != "auto" or (ov.n_gpu_layers or 0) != 0
-    if backend == "cpu":
-        if wants_gpu:
-            raise RuntimeUnavailable(
-                f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
-                hint=status.fix,
-                param="device",
-            )
-        if hw.gpus or hw.apple:
-            gpu = hw.apple.chip if hw.apple else hw.gpus[0].name
-            return cpu, f"{runtime} is built without GPU offload, so the {gpu} goes unused" + (
-                f" (to use it: {status.fix})" if status.fix else ""
-            )
-        return cpu, "no GPU on this machine"
-    if device not in ("auto", "gpu") and device != backend:
-        raise RuntimeUnavailable(
-            f"{runtime} here uses {backend.upper()}, not {device.upper()}", hint=status.fix, param="device"
-        )
-    if backend == "metal":
-        if not hw.apple:
-            return cpu, f"{runtime} is built for Metal but this is not an Apple Silicon Mac"
-        gpu_budget = min(hw.apple.gpu_working_set_budget, hw.ram_available)
-        return Budget("metal", hw.ram_available, gpu_budget, unified=True, label=f"Metal ({hw.apple.chip})"), None
-    vendors = BACKEND_VENDORS.get(backend, {"nvidia", "amd", "intel"})
-    gpus = [g for g in hw.gpus if g.vendor in vendors and not g.integrated]
-    if not gpus:
-        if wants_gpu:
-            raise RuntimeUnavailable(f"{runtime} uses {backend.upper()} but no GPU for it was found", param="device")
-        return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
-    usable = sum(max(0, g.vram_free - VRAM_MARGIN) for g in gpus)
-    names = ", ".join(dict.fromkeys(g.name for g in gpus)) + (f" ×{len(gpus)}" if len(gpus) > 1 else "")
-    return Budget(
-        backend,
-        hw.ram_available,
-        usable,
-        gpu_margin=VRAM_MARGIN * len(gpus),
-        label=f"{DEVICE_LABELS.get(backend, backend)} ({names})",
-    ), None
-
-
 def plan_placement(
     record: ModelRecord,
     hw: HardwareProfile,
@@ -214,14 +145,14 @@ def plan_placement(
     """
     ov = overrides or PlanOverrides()
     rt = settings.runtime if settings is not None else _default_runtime_settings()
-    kv_type = (ov.kv_type or "f16").lower()
-    if kv_type not in KV_BYTES:
+    kv_asked = ov.kv_type.lower() if ov.kv_type else None
+    if kv_asked is not None and kv_asked not in KV_BYTES:
         raise ConfigError(
             f"unknown KV cache type {ov.kv_type!r}", hint="use one of: " + ", ".join(KV_BYTES), param="kv_type"
         )
     runtime, reasons = choose_runtime(record, statuses, ov.runtime)
     status = _status(runtime, statuses)
-    budget, cpu_why = _budget(runtime, status, hw, ov)
+    budget, cpu_why = memory_budget(runtime, status, hw, ov.device, ov.n_gpu_layers)
     shape = ModelShape.from_metadata(record.metadata)
     weights = weights_bytes(record)
     choice = initial_context(record.name, shape, settings, rt, budget, hw, ov.n_ctx, ov.ctx_source)
@@ -229,14 +160,25 @@ def plan_placement(
     layers = ov.n_gpu_layers
     if runtime in ("mlx", "mlc") and budget.backend != "cpu":
         layers = -1  # these runtimes place the whole model on their device
-    placement = fit_context(
-        lambda ctx: place(shape, weights, budget, ctx, n_gpu_layers=layers, kv_type=kv_type), n_ctx, choice.adjustable
-    )
+    asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
+    moe_asked = ov.n_cpu_moe if runtime == "llama.cpp" else None
+
+    def place_at(kv: str) -> tuple[Placement, tuple[int, list[str]]]:
+        single = fit_context(
+            lambda ctx: place(shape, weights, budget, ctx, n_gpu_layers=layers, kv_type=kv, n_cpu_moe=moe_asked),
+            n_ctx,
+            choice.adjustable,
+        )
+        if runtime != "llama.cpp":
+            return single, (1, [])
+        placed, n, why = _choose_slots(shape, weights, budget, single, asked, kv)
+        return placed, (n, why)
+
+    wants = runtime == "llama.cpp" and (not choice.adjustable or asked is not None)
+    kv_type, placement, (slots, slot_reasons), kv_why = choose_kv(place_at, kv_asked, wants, n_ctx, shape.n_layer or 0)
     threads = ov.threads or rt.threads or hw.physical_cores or 1
-    slots, slot_reasons, draft, speculate = 1, [], None, None
+    draft, speculate = None, None
     if runtime == "llama.cpp":
-        asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
-        placement, slots, slot_reasons = _choose_slots(shape, weights, budget, placement, asked, kv_type)
         speculate = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
         draft = draft_plan(
             record,
@@ -249,6 +191,12 @@ def plan_placement(
         if draft is not None:
             placement = draft.beside(placement, budget)
     reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
+    gpu_opts: dict[str, Any] = {}
+    if runtime == "llama.cpp":
+        for opts, why in (moe_options(shape, budget, placement, moe_asked), split_options(budget, placement)):
+            gpu_opts.update(opts)
+            reasons += why
+        reasons += [w for w in (flash_reason(budget, placement, kv_type), kv_why) if w]
     reasons += ctx_reasons
     if placement.n_ctx < n_ctx:
         reasons.append(f"context reduced from {n_ctx:,} to {placement.n_ctx:,} to fit in memory")
@@ -275,7 +223,9 @@ def plan_placement(
     if runtime == "ollama":
         options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
     if runtime == "llama.cpp":
-        options.update(n_slots=slots, slot_ctx=placement.n_ctx)
+        options.update(n_slots=slots, slot_ctx=placement.n_ctx, **gpu_opts)
+        if status.details.get("backend"):  # the build next to what the machine could use, for `plan`'s words
+            options.update(llama_backend=status.details["backend"], machine_backend=hw_backend(hw))
         options["speculative"] = speculate[0]
         reasons.append(speculate[1])
         if draft is not None:
@@ -311,7 +261,16 @@ def _choose_slots(
     only help when several arrive together); one when the model is tight already."""
 
     def at(n: int) -> Placement:
-        return place(shape, weights, budget, single.n_ctx, n_gpu_layers=single.n_gpu_layers, kv_type=kv_type, n_seq=n)
+        return place(
+            shape,
+            weights,
+            budget,
+            single.n_ctx,
+            n_gpu_layers=single.n_gpu_layers,
+            kv_type=kv_type,
+            n_seq=n,
+            n_cpu_moe=single.n_cpu_moe if shape.is_moe else None,
+        )
 
     if asked is not None:
         if asked < 1:

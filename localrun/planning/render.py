@@ -21,6 +21,10 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
     total = placed.get("layers_total")
     if plan.n_gpu_layers and total:
         layers = f"{min(plan.n_gpu_layers, total)} of {total} on {DEVICE_LABELS.get(plan.device, plan.device)}"
+        moe = plan.options.get("n_cpu_moe") or 0
+        if moe:
+            flag = "--cpu-moe" if moe >= total - 1 else f"--n-cpu-moe {moe}"
+            layers += f", experts of {min(moe, total - 1)} layers in RAM ({flag})"
     else:
         layers = "CPU only"
     trained = ModelShape.from_metadata(meta).n_ctx_train
@@ -33,6 +37,15 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         + f", KV cache {plan.kv_type}"
         + (f", set by {plan.options['ctx_source']}" if plan.options.get("ctx_source", "default") != "default" else ""),
     ]
+    if plan.options.get("tensor_split"):
+        shares = " / ".join(f"{x:.0%}" for x in plan.options["tensor_split"])
+        lines.append(f"gpus      layers split {shares} by free memory, main GPU {plan.options.get('main_gpu', 0)}")
+    if plan.options.get("llama_backend"):
+        from localrun.planning.budget import build_words
+
+        lines.append(
+            "build     " + build_words(plan.options["llama_backend"], plan.options.get("machine_backend") or "cpu")
+        )
     if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
         n = plan.options["n_slots"]
         lines.append(

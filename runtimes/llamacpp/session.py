@@ -201,6 +201,9 @@ class LlamaCppSession(ServerExtras):
             # Repacked weights (AVX2 Q4_K 8x8, …) change a row's arithmetic with the rows
             # decoded beside it; measured here they bought no speed on Gemma 3 270M.
             mp.use_extra_bufts = bool(plan.options.get("repack", False))
+        from localrun.runtimes.llamacpp import overrides  # MoE experts to RAM, several GPUs (see overrides.py)
+
+        load_params = overrides.apply(llama, mp, plan.options)  # held until the model is freed
         NATIVE_LOG.take_recent()
         model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
         if not model:
@@ -218,9 +221,18 @@ class LlamaCppSession(ServerExtras):
                 f"{record.name}" + (f": {why}" if why else ""),
                 hint="lower the context length, the slots or the GPU layers",
             )
-        log.debug("loaded %s: %s threads=%d gpu_layers=%d", record.path, layout, plan.n_threads, plan.n_gpu_layers)
+        log.debug(
+            "loaded %s: %s threads=%d gpu_layers=%d %s",
+            record.path,
+            layout,
+            plan.n_threads,
+            plan.n_gpu_layers,
+            " ".join(load_params.summary),
+        )
         try:
-            return cls(llama, model, ctx, record, plan, layout)
+            session = cls(llama, model, ctx, record, plan, layout)
+            session._load_params = load_params
+            return session
         except BaseException:
             llama.llama_free(ctx)
             llama.llama_model_free(model)

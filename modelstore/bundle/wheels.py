@@ -160,6 +160,7 @@ def build_portable_wheel(version: str, work: Path) -> Path:
         ],
         "building a portable llama-cpp-python (GGML_BACKEND_DL, every CPU variant)",
         env,
+        timeout=4 * 3600,  # a dozen CPU backends: over an hour on 2 shared cores
     )
     return make_portable(next(raw.glob("llama_cpp_python-*.whl")), kept)
 
@@ -190,10 +191,10 @@ def cached_llama_wheels(version: str) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def _pip(args: list[str], what: str, env: dict | None = None) -> None:
+def _pip(args: list[str], what: str, env: dict | None = None, timeout: int = 3600) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
     logger.info("%s: %s", what, " ".join(cmd))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if run.returncode != 0:
         tail = (run.stderr or run.stdout).strip().splitlines()[-8:]
         raise WheelhouseError(

@@ -107,7 +107,7 @@ def test_portable_build_is_asked_of_pip_with_every_cpu_variant_and_kept(tmp_path
     """The build itself (~1 CPU-hour) is not run here; what pip is asked, and what is kept, is checked."""
     calls = []
 
-    def fake_pip(args, what, env=None):
+    def fake_pip(args, what, env=None, timeout=None):
         calls.append((args, env))
         fake_dl_wheel(Path(args[args.index("-w") + 1]))
 

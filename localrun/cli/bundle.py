@@ -31,12 +31,13 @@ def bundle_cmd() -> None:
 @click.option(
     "--llama-wheel",
     type=click.Path(path_type=Path, exists=True, dir_okay=False),
-    help="With --with-wheels: this llama-cpp-python wheel (default: pip's cache, if portable).",
+    help="With --with-wheels: this llama-cpp-python wheel (default: the wheelhouse's or pip's, if portable).",
 )
 @click.option(
     "--build-portable-llama",
     is_flag=True,
-    help="With --with-wheels: build llama-cpp-python with GGML_NATIVE=off (~15 CPU-minutes).",
+    help="With --with-wheels: build llama-cpp-python with every CPU variant, picked at run time "
+    "(GGML_BACKEND_DL, ~1 CPU-hour once, then kept in the wheelhouse).",
 )
 @click.option(
     "--allow-native-llama", is_flag=True, help="With --with-wheels: accept a llama-cpp-python built for this CPU only."

@@ -5,12 +5,17 @@ wheels/requirements.txt`` installs localrun without a single network request or 
 
 llama-cpp-python is the hard part: PyPI ships only its sdist, so the wheel must be built
 here. A default build compiles ggml with ``-march=native`` and may die with SIGILL on an
-older CPU; a portable one is built with ``GGML_NATIVE=off`` (baseline x86-64 plus AVX2/FMA,
-as the project's own release wheels). The wheel records how it was built in
-``lib/cmake/ggml/ggml-config.cmake``; that is read, never guessed. pip's cache holds the
-wheel ``scripts/dev setup`` built, which is native: it is used only when asked
-(``allow_native``), and a portable build (~15 CPU-minutes) only when asked
-(``build_portable``), because both are choices about other people's CPUs.
+older CPU. The portable one is built as llama.cpp's own releases are: ``GGML_BACKEND_DL`` with
+``GGML_CPU_ALL_VARIANTS`` compiles the CPU backend once per x86 level (x64, sse42, haswell,
+skylakex, icelake, zen4, alderlake…) as ``libggml-cpu-<variant>.so`` modules, and ggml loads
+the best one the running CPU scores (runtimes/llamacpp/build_info.py points ggml at the
+package's lib/ folder, where :func:`make_portable` moves them). The Sapphire Rapids variant is
+left out: its AMX kernels crash llama-cpp-python 0.3.36 on Q4_K models (scripts/llama_backend.py),
+and such a CPU then loads the zen4 variant (AVX-512 with VBMI, VNNI and BF16). The wheel records
+how it was built in ``lib/cmake/ggml/ggml-config.cmake``; that is read, never guessed. A native
+wheel is used only when asked (``allow_native``) and a portable build (~1 CPU-hour) only when
+asked (``build_portable``), because both are choices about other people's CPUs; the portable
+wheel is kept in the wheelhouse (``<version>-cpu-portable-<machine>``) and built once.
 """
 
 from __future__ import annotations
@@ -41,9 +46,14 @@ _ON = ("ON", "TRUE", "1")
 _BEYOND_BASELINE_RE = re.compile(r'set\(GGML_(?:AVX512\w*|AVX_VNNI|AMX_\w+)\s+"?(\w+)"?\)', re.IGNORECASE)
 _NATIVE_RE = re.compile(r'set\(GGML_NATIVE\s+"?(ON|OFF|TRUE|FALSE|1|0)"?\)', re.IGNORECASE)
 PORTABLE_CMAKE_ARGS = (
-    "-DGGML_NATIVE=off -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF "
-    "-DLLAMA_BUILD_SERVER=OFF"
+    "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF "
+    "-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 )
+#: A CPU backend module of a GGML_BACKEND_DL build, wherever the build installed it.
+_VARIANT_RE = re.compile(r"(?:^|/)(lib)?ggml-cpu-([\w.]+?)\.(so|dll|dylib)$")
+#: Variants left out of a portable wheel: their AMX kernels crash 0.3.36 on Q4_K (see above).
+DROPPED_VARIANTS = ("sapphirerapids",)
+PACKAGE_LIB = "llama_cpp/lib/"
 
 
 class WheelhouseError(LocalrunError):
@@ -74,6 +84,87 @@ def wheel_is_native(wheel: Path) -> bool | None:
     return m.group(1).upper() in _ON or any(v.upper() in _ON for v in _BEYOND_BASELINE_RE.findall(text))
 
 
+def portable_variants(wheel: Path) -> list[str]:
+    """The CPU variants a GGML_BACKEND_DL wheel carries in llama_cpp/lib/ (empty for any other build)."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    return sorted(m.group(2) for n in names if n.startswith(PACKAGE_LIB) and (m := _VARIANT_RE.search(n)))
+
+
+def make_portable(wheel: Path, out: Path) -> Path:
+    """Rewrite a freshly built GGML_BACKEND_DL wheel into ``out``: every ``libggml-cpu-*`` module
+    moved into llama_cpp/lib/ (ggml installs them to the prefix's bin/, where nothing looks), the
+    AMX variant dropped, RECORD rewritten with the new hashes. Refuses a wheel with no variants."""
+    import base64
+    import csv
+    import io
+
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / wheel.name
+    with zipfile.ZipFile(wheel) as src:
+        entries = [(i, src.read(i)) for i in src.infolist() if not i.is_dir()]
+    record_name = next(i.filename for i, _ in entries if i.filename.endswith(".dist-info/RECORD"))
+    kept: dict[str, tuple[zipfile.ZipInfo, bytes]] = {}
+    for info, data in entries:
+        name = info.filename
+        m = _VARIANT_RE.search(name)
+        if m is not None:
+            if m.group(2) in DROPPED_VARIANTS:
+                continue
+            name = PACKAGE_LIB + name.rsplit("/", 1)[-1]
+        if name != record_name:
+            kept.setdefault(name, (info, data))
+    if not any(_VARIANT_RE.search(n) for n in kept):
+        raise WheelhouseError(
+            f"{wheel.name} has no libggml-cpu-* variants: it was not built with GGML_CPU_ALL_VARIANTS",
+            hint="build it with CMAKE_ARGS from PORTABLE_CMAKE_ARGS (bundle export --build-portable-llama)",
+        )
+    rows = io.StringIO()
+    writer = csv.writer(rows, lineterminator="\n")
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as dst:
+        for name, (info, data) in sorted(kept.items()):
+            zi = zipfile.ZipInfo(name, date_time=info.date_time)
+            zi.external_attr, zi.compress_type = info.external_attr, zipfile.ZIP_DEFLATED
+            dst.writestr(zi, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            writer.writerow([name, f"sha256={digest}", len(data)])
+        writer.writerow([record_name, "", ""])
+        dst.writestr(record_name, rows.getvalue())
+    return target
+
+
+def portable_wheelhouse(version: str) -> Path:
+    """Where the portable wheel of ``version`` is kept, beside scripts/dev's per-backend builds."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "localrun" / "wheels" / f"{version}-cpu-portable-{platform.machine()}"
+
+
+def build_portable_wheel(version: str, work: Path) -> Path:
+    """The portable wheel of ``version``: the kept one, else built (no pip cache, ~1 CPU-hour) and kept."""
+    kept = portable_wheelhouse(version)
+    found = sorted(kept.glob(f"llama_cpp_python-{version}-*.whl"))
+    if found:
+        return found[0]
+    env = {**os.environ, "CMAKE_ARGS": PORTABLE_CMAKE_ARGS}
+    raw = work / "raw"
+    _pip(
+        [
+            "wheel",
+            "--no-deps",
+            "--no-cache-dir",
+            "--no-binary",
+            "llama-cpp-python",
+            f"llama-cpp-python=={version}",
+            "-w",
+            str(raw),
+        ],
+        "building a portable llama-cpp-python (GGML_BACKEND_DL, every CPU variant)",
+        env,
+        timeout=4 * 3600,  # a dozen CPU backends: over an hour on 2 shared cores
+    )
+    return make_portable(next(raw.glob("llama_cpp_python-*.whl")), kept)
+
+
 def _installed_llama_version() -> str:
     from importlib import metadata
 
@@ -94,14 +185,16 @@ def cached_llama_wheels(version: str) -> list[Path]:
     cache = Path(out.stdout.strip() or Path.home() / ".cache" / "pip")
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     pattern = f"llama_cpp_python-{version}-*.whl"
-    found = [*(Path(xdg) / "localrun" / "wheels").glob(f"*/{pattern}"), *(cache / "wheels").rglob(pattern)]
+    # Only the wheelhouse's CPU builds: a CUDA or Metal wheel kept there is no wheel for another box.
+    ours = [p for p in (Path(xdg) / "localrun" / "wheels").glob(f"*/{pattern}") if "cpu-" in p.parent.name]
+    found = [*ours, *(cache / "wheels").rglob(pattern)]
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def _pip(args: list[str], what: str, env: dict | None = None) -> None:
+def _pip(args: list[str], what: str, env: dict | None = None, timeout: int = 3600) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
     logger.info("%s: %s", what, " ".join(cmd))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if run.returncode != 0:
         tail = (run.stderr or run.stdout).strip().splitlines()[-8:]
         raise WheelhouseError(
@@ -116,25 +209,11 @@ def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]
     if opts.llama_wheel is not None:
         wheel = Path(opts.llama_wheel)
     elif opts.build_portable:
-        env = {**os.environ, "CMAKE_ARGS": PORTABLE_CMAKE_ARGS}
-        _pip(
-            [
-                "wheel",
-                "--no-deps",
-                "--no-cache-dir",
-                "--no-binary",
-                "llama-cpp-python",
-                f"llama-cpp-python=={version}",
-                "-w",
-                str(work),
-            ],
-            "building a portable llama-cpp-python (GGML_NATIVE=off)",
-            env,
-        )
-        wheel = next(work.glob("llama_cpp_python-*.whl"))
+        wheel = build_portable_wheel(version, work)
     else:
         found = cached_llama_wheels(version)
         portable = [w for w in found if wheel_is_native(w) is False]
+        portable.sort(key=lambda w: not portable_variants(w))  # the run-time-dispatch build first
         if portable:
             return portable[0], False
         if not found:
@@ -189,6 +268,14 @@ def write_requirements(folder: Path) -> Path:
 def platform_info(llama: Path, native: bool) -> dict:
     from packaging import tags
 
+    variants = portable_variants(llama)
+    if native:
+        note = "built for this CPU only"
+    elif variants:
+        note = f"GGML_BACKEND_DL: picks the best of {len(variants)} CPU variants at run time ({', '.join(variants)})"
+    else:
+        note = "GGML_NATIVE=off: any CPU of this architecture with AVX2"
+
     impl = sys.implementation.name
     return {
         "implementation": impl,
@@ -202,7 +289,7 @@ def platform_info(llama: Path, native: bool) -> dict:
         "llama_cpp_python": {
             "wheel": llama.name,
             "ggml_native": native,
-            "note": "built for this CPU only" if native else "GGML_NATIVE=off: any CPU of this architecture with AVX2",
+            "note": note,
         },
         "requirements": f"wheels/{REQUIREMENTS}",
         "install": f"pip install --no-index --find-links wheels --require-hashes -r wheels/{REQUIREMENTS}",

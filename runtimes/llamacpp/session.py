@@ -51,6 +51,7 @@ from localrun.errors import (
     WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
+from localrun.runtimes.llamacpp.build_info import load_backends
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
@@ -77,6 +78,7 @@ def _llama():
     except ImportError as exc:
         raise RuntimeUnavailable(f"llama-cpp-python is not installed ({exc})", hint=INSTALL_FIX) from exc
     NATIVE_LOG.install(llama_cpp)  # after the import (it installs its own printer), before any work
+    load_backends(llama_cpp)  # a portable (GGML_BACKEND_DL) build's CPU variants live in its lib/
     llama_cpp.llama_backend_init()
     return llama_cpp
 

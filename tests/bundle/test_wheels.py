@@ -86,21 +86,87 @@ def test_wheels_travel_and_are_verified(form, source, target, tiny_model, tmp_pa
         assert doc["python"]["platform"] == "test"
 
 
-def test_portable_build_is_asked_of_pip_with_native_off(tmp_path, monkeypatch):
-    """The build itself (~15 CPU-minutes) is not run here; what pip is asked to do is checked."""
+VARIANTS = ("x64", "haswell", "skylakex", "zen4", "sapphirerapids")
+
+
+def fake_dl_wheel(folder: Path) -> Path:
+    """A wheel laid out as a GGML_BACKEND_DL build installs it: the CPU modules in bin/."""
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("llama_cpp/__init__.py", "")
+        z.writestr("llama_cpp/lib/libggml.so", b"ggml")
+        z.writestr("lib/cmake/ggml/ggml-config.cmake", 'set(GGML_NATIVE "OFF")\nset(GGML_BACKEND_DL "ON")\n')
+        for v in VARIANTS:
+            z.writestr(f"bin/libggml-cpu-{v}.so", f"kernels for {v}".encode())
+        z.writestr("llama_cpp_python-0.3.36.dist-info/RECORD", "stale,,\n")
+    return wheel
+
+
+def test_portable_build_is_asked_of_pip_with_every_cpu_variant_and_kept(tmp_path, monkeypatch):
+    """The build itself (~1 CPU-hour) is not run here; what pip is asked, and what is kept, is checked."""
     calls = []
 
-    def fake_pip(args, what, env=None):
+    def fake_pip(args, what, env=None, timeout=None):
         calls.append((args, env))
-        fake_llama_wheel(Path(args[args.index("-w") + 1]), "OFF")
+        fake_dl_wheel(Path(args[args.index("-w") + 1]))
 
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(wheels, "_pip", fake_pip)
     monkeypatch.setattr(wheels, "_installed_llama_version", lambda: "0.3.36")
     wheel, native = wheels.choose_llama_wheel(wheels.WheelhouseOptions(build_portable=True), tmp_path)
     args, env = calls[0]
-    assert native is False and wheel.parent == tmp_path
-    assert "-DGGML_NATIVE=off" in env["CMAKE_ARGS"] and "--no-cache-dir" in args and "llama-cpp-python==0.3.36" in args
+    assert native is False and wheel.parent == wheels.portable_wheelhouse("0.3.36")
+    assert wheel.parent.name.startswith("0.3.36-cpu-portable-")
+    for flag in ("-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_NATIVE=OFF"):
+        assert flag in env["CMAKE_ARGS"]
+    assert "--no-cache-dir" in args and "llama-cpp-python==0.3.36" in args
     assert args[args.index("--no-binary") + 1] == "llama-cpp-python"
+    # built once: the kept wheel answers the next export
+    assert wheels.choose_llama_wheel(wheels.WheelhouseOptions(build_portable=True), tmp_path)[0] == wheel
+    assert len(calls) == 1
+
+
+def test_the_portable_wheel_carries_its_variants_where_ggml_is_pointed_and_no_amx(tmp_path):
+    out = wheels.make_portable(fake_dl_wheel(tmp_path / "raw"), tmp_path / "kept")
+    assert wheels.portable_variants(out) == ["haswell", "skylakex", "x64", "zen4"]
+    with zipfile.ZipFile(out) as z:
+        names = z.namelist()
+        record = z.read("llama_cpp_python-0.3.36.dist-info/RECORD").decode().splitlines()
+        assert z.read("llama_cpp/lib/libggml-cpu-zen4.so") == b"kernels for zen4"
+    assert not [n for n in names if n.startswith("bin/")] and "sapphirerapids" not in " ".join(names)
+    rows = {line.split(",")[0]: line.split(",")[1] for line in record}
+    import base64
+    import hashlib
+
+    digest = base64.urlsafe_b64encode(hashlib.sha256(b"kernels for zen4").digest()).rstrip(b"=").decode()
+    assert rows["llama_cpp/lib/libggml-cpu-zen4.so"] == f"sha256={digest}"
+    assert set(rows) == set(names) and "stale" not in rows
+    info = wheels.platform_info(out, False)["llama_cpp_python"]["note"]
+    assert info.startswith("GGML_BACKEND_DL: picks the best of 4 CPU variants")
+
+
+def test_a_wheel_without_variants_is_not_called_portable(tmp_path):
+    plain = fake_llama_wheel(tmp_path, "OFF")
+    with zipfile.ZipFile(plain, "a") as z:
+        z.writestr("x.dist-info/RECORD", "")
+    assert wheels.portable_variants(plain) == []
+    with pytest.raises(wheels.WheelhouseError, match="no libggml-cpu-\\* variants"):
+        wheels.make_portable(plain, tmp_path / "out")
+
+
+def test_the_wheelhouse_offers_cpu_builds_only_portable_first(tmp_path, monkeypatch):
+    house = tmp_path / "cache" / "localrun" / "wheels"
+    for key in ("0.3.36-cuda-sm90", "0.3.36-cpu-noamx-abc"):
+        (house / key).mkdir(parents=True)
+    fake_llama_wheel(house / "0.3.36-cuda-sm90", "OFF")
+    plain = fake_llama_wheel(house / "0.3.36-cpu-noamx-abc", "OFF")
+    portable = wheels.make_portable(fake_dl_wheel(tmp_path / "raw"), house / "0.3.36-cpu-portable-x86_64")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    found = wheels.cached_llama_wheels("0.3.36")
+    assert portable in found and plain in found and not [w for w in found if "cuda" in str(w)]
+    monkeypatch.setattr(wheels, "_installed_llama_version", lambda: "0.3.36")
+    assert wheels.choose_llama_wheel(wheels.WheelhouseOptions(), tmp_path) == (portable, False)
 
 
 def test_cached_native_wheel_is_found_and_refused(tmp_path, monkeypatch):

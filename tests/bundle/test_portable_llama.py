@@ -29,6 +29,12 @@ def portable_wheel() -> Path:
     from importlib import metadata
 
     version = metadata.version("llama-cpp-python")
+    kept = sorted(wheels.portable_wheelhouse(version).glob(f"llama_cpp_python-{version}-*.whl"))
+    if not kept and os.environ.get("LOCALRUN_BUILD_PORTABLE") != "1":
+        # A cold build is over an hour on 2 cores: more than CI's whole budget. It is built once,
+        # on purpose (this test with LOCALRUN_BUILD_PORTABLE=1, or `bundle export --with-wheels
+        # --build-portable-llama`), then kept; from then on this test runs in every suite.
+        pytest.skip("no portable llama.cpp wheel kept yet: run with LOCALRUN_BUILD_PORTABLE=1 to build it once")
     with tempfile.TemporaryDirectory(prefix="portable-llama-") as tmp:
         return wheels.build_portable_wheel(version, Path(tmp))
 

@@ -214,6 +214,37 @@ def test_text_streams_and_an_image_request_batched_answer_as_they_do_alone(visio
 
 @needs_llama
 @pytest.mark.llama
+def test_other_streams_decode_to_the_end_while_an_image_is_being_encoded(vision):
+    """The encode runs off the scheduler thread: held inside the projector's encode, it must
+    not stop a text stream from finishing (llama-server's slot loop would wait for it)."""
+    encoder = vision._sched.encoder
+    real, entered, release, left = encoder.projector.encode, threading.Event(), threading.Event(), threading.Event()
+
+    def held(native, span):
+        entered.set()
+        release.wait(60)
+        left.set()
+        return real(native, span)
+
+    encoder.projector.encode = held
+    try:
+        result: dict = {}
+        image = threading.Thread(target=lambda: result.setdefault("image", _run(vision, _req([_image(9)]))))
+        image.start()
+        assert entered.wait(60)
+        text, last = _run(vision, _req(text="Count to ten.", max_tokens=10))
+        assert last.finish_reason in ("stop", "length")
+        assert not left.is_set()  # the text stream finished while the encode was still held
+        release.set()
+        image.join(60)
+        assert result["image"][1].finish_reason in ("stop", "length")
+    finally:
+        release.set()
+        encoder.projector.encode = real
+
+
+@needs_llama
+@pytest.mark.llama
 def test_a_bad_image_fails_its_request_only(vision):
     good, _ = _run(vision, _req(text="Say hello.", max_tokens=4))
     for bad in (b"", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, _png(6)[:60], b"not an image at all"):
@@ -258,6 +289,7 @@ def test_audio_to_a_vision_projector_is_invalid_media(vision):
 
 @needs_llama
 @pytest.mark.llama
+@pytest.mark.slow  # Whisper pads every clip to 30 s: about 790 prompt tokens per request
 def test_audio_through_the_audio_projector(gemma_audio):
     from tests.support.vision import wav_bytes
 

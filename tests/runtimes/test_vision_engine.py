@@ -136,6 +136,8 @@ def _media_start(session, req) -> tuple[int, int]:
     """(the first media chunk's start, its tokens) in ``req``'s prompt."""
     prompt, _, _ = session.chat_tokens(req)
     try:
+        # Gemma 3's image tokens attend to each other: decoded in one call, causal attention off.
+        assert all(s.non_causal == (s.kind == "image") for s in prompt.spans)
         return prompt.spans[0].start, prompt.spans[0].n_tokens
     finally:
         prompt.close()

@@ -161,7 +161,8 @@ class MediaPrefill:
     def _can_prefill(self) -> bool:
         """Whether a prefilling job can make progress now (or was cancelled): else the scheduler sleeps."""
         for job in self._prefilling:
-            if job.cancel.is_set() or job.abandoned or self._media_next(job, len(job.slot.tokens)) is not None:
+            # Progress first: the cancel is read only for a job that waits (once per step otherwise, in _reap).
+            if self._media_next(job, len(job.slot.tokens)) is not None or job.abandoned or job.cancel.is_set():
                 return True
         return False
 

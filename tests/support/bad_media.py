@@ -387,7 +387,7 @@ def _data_url() -> list[Case]:
 
 def _wrong_kind() -> list[Case]:
     out = []
-    for name, (data, mime) in sources().items():
+    for name, (data, _mime) in sources().items():
         out.append(Case(f"{name}/as-audio", "wrong_kind", AUDIO, _b64(data), "audio/wav", needs=NEEDS_AUDIO_SLOT))
     for label, clip in (
         ("wav-16k", wav_bytes()),

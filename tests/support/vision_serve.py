@@ -51,11 +51,20 @@ def import_pair(home: Path, model: Path, projector: Path, name: str = MODEL) -> 
 
 
 def start_vision_server(
-    home: Path, model: Path, projector: Path, *, name: str = MODEL, plan: dict | None = None, **options
+    home: Path,
+    model: Path,
+    projector: Path,
+    *,
+    name: str = MODEL,
+    plan: dict | None = None,
+    env_extra: dict | None = None,
+    **options,
 ) -> servers.ServerProcess:
-    """A real llama.cpp server (the test launcher) on the pair, 2 threads unless ``plan`` says."""
+    """A real llama.cpp server (the test launcher) on the pair, 2 threads unless ``plan`` says;
+    ``env_extra`` adds to its environment (``LOCALRUN_SERVER__...`` settings)."""
     import_pair(home, model, projector, name)
     spec = servers.gemma(servers.free_port(), home=home, plan={"n_threads": 2, **(plan or {})}, **options)
+    spec.env.update(env_extra or {})
     return servers.start(spec, home / "server.log")
 
 

@@ -11,6 +11,12 @@ Three stores (facts in shared/reference/ecosystem.md §1.2, §3.1–3.2, §4):
   ``~/.lmstudio``); its ``settings.json`` ``downloadsFolder`` or ``<home>/models``; files at
   ``<models>/<publisher>/<repo>/*.gguf``.
 
+A projector goes with its model everywhere (:mod:`.projector`): an ``mmproj*.gguf`` beside
+the model in an HF snapshot or an LM Studio folder (llama.cpp's ``-hf`` pairing rules), the
+``application/vnd.ollama.image.projector`` layer of an Ollama manifest. A projector is
+never a model of its own: names with "mmproj" are no candidates, and a file whose header
+says ``general.architecture == "clip"`` is skipped whatever it is called.
+
 Each scanner returns :class:`ModelRecord` candidates with ``owned=False`` (localrun must
 never delete them) and skips, with a log line, anything malformed: another tool's store is
 input like any other. Manifest digests are validated strictly (Probllama was a digest
@@ -19,6 +25,7 @@ turned into a path), and a blob must be a regular file inside the blobs folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -28,8 +35,9 @@ from pathlib import Path
 
 from localrun.errors import InvalidModelFile, InvalidName, ModelNotFound
 from localrun.modelstore.names import validate_model_name
+from localrun.modelstore.projector import CLIP_ARCH, find_projector_sibling, pair_found
 from localrun.modelstore.refs import HubRef, gguf_candidates, model_name_for, select_files
-from localrun.types import FileEntry, Format, ModelRecord, Source
+from localrun.types import META_PROJECTOR, FileEntry, Format, ModelRecord, Source
 
 logger = logging.getLogger(__name__)
 
@@ -40,16 +48,40 @@ _MAX_JSON = 1024 * 1024
 
 
 def _gguf_meta(path: Path, read_metadata: bool) -> dict | None:
-    """GGUF header as a dict; None (and a log line) if the file is not a valid GGUF."""
+    """GGUF header as a dict; None (and a log line) if the file is not a valid GGUF or is a
+    projector under another name (a projector never runs alone)."""
     if not read_metadata:
         return {}
     from localrun.modelstore.gguf_meta import read_gguf_metadata
 
     try:
-        return read_gguf_metadata(path).as_dict()
+        meta = read_gguf_metadata(path).as_dict()
     except InvalidModelFile as exc:
         logger.warning("skipping %s: %s", path, exc)
         return None
+    if meta.get("architecture") == CLIP_ARCH:
+        logger.info("skipping %s: a multimodal projector, not a model", path)
+        return None
+    return meta
+
+
+def _with_sibling(record: ModelRecord, listing, primary: str, locate, read_metadata: bool, where: str) -> ModelRecord:
+    """Pair the projector llama.cpp's rules pick from ``listing`` (names relative to the repo
+    folder, ``primary`` among them); ``locate(name)`` → (its path on disk, its sha256 or None)."""
+    found = find_projector_sibling(listing, primary) if record.format is Format.GGUF else None
+    if found is None:
+        return record
+    path, sha256 = locate(found)
+    return _attach(record, path, sha256, read_metadata, where)
+
+
+def _attach(record: ModelRecord, path: Path, sha256: str | None, read_metadata: bool, where: str) -> ModelRecord:
+    if read_metadata:
+        return pair_found(record, path, sha256=sha256, where=where)
+    # a quick scan (no headers read): the pair is recorded unchecked, as the model itself is
+    meta = dict(record.metadata, **{META_PROJECTOR: str(path)})
+    entry = FileEntry(str(path), path.stat().st_size, sha256)
+    return dataclasses.replace(record, files=record.files + (entry,), metadata=meta)
 
 
 def _small_json(path: Path) -> object | None:
@@ -108,33 +140,32 @@ def _hf_records(repo_id: str, rev, files: dict, read_metadata: bool) -> list[Mod
                 "HF cache: skipping %s: it ships code (%s)", repo_id, ", ".join(sel.code_files + sel.native_files)
             )
             continue
-        entries = []
-        for p in sel.files:
-            f = files[p]
-            blob = f.blob_path.name
-            entries.append(
-                FileEntry(str(f.file_path), f.size_on_disk, blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None)
-            )
+        entries = [FileEntry(str(files[p].file_path), files[p].size_on_disk, _hf_file(files[p])[1]) for p in sel.files]
         path = files[sel.primary].file_path if sel.primary else rev.snapshot_path
         meta = _gguf_meta(path, read_metadata) if sel.format is Format.GGUF else {}
         if meta is None:
             continue
         meta["quant"] = sel.quant or meta.get("quant")
-        out.append(
-            ModelRecord(
-                name=model_name_for(repo_id, sel),
-                format=sel.format,
-                path=str(path),
-                files=tuple(entries),
-                source=Source.HF_CACHE,
-                owned=False,
-                repo=repo_id,
-                revision=rev.commit_hash,
-                metadata=meta,
-                added_at=rev.last_modified,
-            )
+        record = ModelRecord(
+            name=model_name_for(repo_id, sel),
+            format=sel.format,
+            path=str(path),
+            files=tuple(entries),
+            source=Source.HF_CACHE,
+            owned=False,
+            repo=repo_id,
+            revision=rev.commit_hash,
+            metadata=meta,
+            added_at=rev.last_modified,
         )
+        where = f"HF cache {repo_id}"
+        out.append(_with_sibling(record, files, sel.primary, lambda n: _hf_file(files[n]), read_metadata, where))
     return out
+
+
+def _hf_file(f) -> tuple[Path, str | None]:
+    blob = f.blob_path.name
+    return Path(f.file_path), blob if re.fullmatch(r"[0-9a-f]{64}", blob) else None
 
 
 # --- Ollama -------------------------------------------------------------------------------
@@ -200,15 +231,13 @@ def _ollama_record(manifest: Path, parts: tuple[str, str, str, str], root: Path,
     projectors = [
         layer for layer in layers if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_PROJECTOR_MEDIA
     ]
-    if len(projectors) == 1:
-        meta["projector"] = str(_ollama_layer(projectors[0], root, where)[0])
     host, namespace, model, tag = parts
     meta["ollama"] = {
         "name": f"{host}/{namespace}/{model}:{tag}",
         "manifest": str(manifest),
         "digest": f"sha256:{digest}",
     }
-    return ModelRecord(
+    record = ModelRecord(
         name=ollama_model_name(*parts),
         format=Format.GGUF,
         path=str(blob),
@@ -218,6 +247,14 @@ def _ollama_record(manifest: Path, parts: tuple[str, str, str, str], root: Path,
         metadata=meta,
         added_at=manifest.stat().st_mtime,
     )
+    if len(projectors) == 1:  # Ollama's vision models: one projector layer beside the weights
+        try:
+            proj, proj_digest, _ = _ollama_layer(projectors[0], root, where)
+        except InvalidName as exc:
+            logger.info("%s (the model is listed without it)", exc)
+            return record
+        record = _attach(record, proj, proj_digest, read_metadata, where)
+    return record
 
 
 def _subdirs(path: Path) -> list[Path]:
@@ -299,18 +336,18 @@ def discover_lmstudio(home: str | os.PathLike[str] | None = None, *, read_metada
                 meta["quant"] = sel.quant or meta.get("quant")
                 meta["lmstudio"] = {"publisher": publisher.name, "repo": repo.name}
                 files = tuple(FileEntry(str(repo / p), (repo / p).stat().st_size, None) for p in sel.files)
-                out.append(
-                    ModelRecord(
-                        name=name,
-                        format=sel.format,
-                        path=str(path),
-                        files=files,
-                        source=Source.LMSTUDIO,
-                        owned=False,
-                        metadata=meta,
-                        added_at=path.stat().st_mtime,
-                    )
+                record = ModelRecord(
+                    name=name,
+                    format=sel.format,
+                    path=str(path),
+                    files=files,
+                    source=Source.LMSTUDIO,
+                    owned=False,
+                    metadata=meta,
+                    added_at=path.stat().st_mtime,
                 )
+                locate = lambda n, r=repo: (r / n, None)  # noqa: E731
+                out.append(_with_sibling(record, names, sel.primary, locate, read_metadata, str(repo)))
     return out
 
 

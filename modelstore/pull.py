@@ -9,6 +9,11 @@ the same refs resolve against the cache alone, and anything missing is named.
 Code never rides along silently: an MLX repo with ``*.py`` files or a ``model_file`` /
 ``auto_map`` key in ``config.json`` is refused unless ``trust_remote_code``; an MLC repo's
 native libraries (``.so``/``.dylib``/``.dll``) unless ``allow_native``.
+
+A GGUF model's multimodal projector (``mmproj*.gguf``) comes with it, chosen by llama.cpp's
+``-hf`` rules (:func:`~localrun.modelstore.projector.find_projector_sibling`), unless
+``mmproj=False`` (``--no-mmproj``); it is verified like the model's own files, proven to be
+a clip GGUF of the model's width, and recorded as the model's projector.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ class PullPlan:
     trust_remote_code: bool = False
     allow_native: bool = False
     listing: RepoListing | None = None
+    projector: str | None = None  # repo path of the projector fetched with the model (also in files)
 
     @property
     def total_bytes(self) -> int:
@@ -77,8 +83,9 @@ class PullPlan:
         )
         lines = [head]
         for f in self.files:
+            role = "  (projector)" if f.path == self.projector else ""
             state = "cached" if f.cached else (f"resume at {human_size(f.partial)}" if f.partial else "new")
-            lines.append(f"  {f.path}  {human_size(f.size)}  [{state}]")
+            lines.append(f"  {f.path}  {human_size(f.size)}  [{state}]{role}")
         lines.append(f"  total {human_size(self.total_bytes)}, to download {human_size(self.download_bytes)}")
         return lines
 
@@ -116,8 +123,12 @@ def plan_pull(
     trust_remote_code: bool = False,
     allow_native: bool = False,
     hub: HubClient | None = None,
+    mmproj: bool = True,
 ) -> PullPlan:
-    """List the repo (or the cache, offline) and choose the files; downloads nothing."""
+    """List the repo (or the cache, offline) and choose the files; downloads nothing.
+
+    ``mmproj``: also take the GGUF model's projector when the repo (or, offline, the cache)
+    holds one; offline, a projector that was never fetched is simply not there."""
     if isinstance(ref, str):
         ref = parse_ref(ref, revision=revision)
     elif revision:
@@ -136,8 +147,14 @@ def plan_pull(
             f"offline: {exc.message}", hint="connect and pull it, or unset HF_HUB_OFFLINE / drop --offline"
         ) from None
     _refuse_code(ref, sel, trust_remote_code, allow_native)
+    projector = None
+    if mmproj and sel.format is Format.GGUF:
+        from localrun.modelstore.projector import find_projector_sibling
+
+        projector = find_projector_sibling(listing.paths, sel.primary)
+    wanted = sel.files + ((projector,) if projector else ())
     planned = []
-    for path in sorted(sel.files, key=lambda p: (p not in CONFIG_FILES, p)):
+    for path in sorted(wanted, key=lambda p: (p not in CONFIG_FILES, p == projector, p)):
         rf = listing.get(path)
         blob = layout.blob(rf.etag) if rf.etag else None
         partial = blob.with_name(blob.name + ".incomplete") if blob else None
@@ -166,6 +183,7 @@ def plan_pull(
         trust_remote_code=trust_remote_code,
         allow_native=allow_native,
         listing=listing,
+        projector=projector,
     )
 
 
@@ -265,6 +283,7 @@ def pull(
     progress: ProgressCallback | None = None,
     trust_remote_code: bool = False,
     allow_native: bool = False,
+    mmproj: bool = True,
 ) -> ModelRecord:
     """Fetch (or find, offline) a model's files, verify every one and register the model.
 
@@ -282,6 +301,7 @@ def pull(
             offline=offline,
             trust_remote_code=trust_remote_code,
             allow_native=allow_native,
+            mmproj=mmproj,
         )
     )
     layout = CacheLayout(plan.cache_dir, plan.repo)
@@ -312,16 +332,31 @@ def pull(
     fetched = sum(r.fetched for r in results.values())
     logger.info("pulled %s: %d files, %d bytes fetched", plan.name, len(results), fetched)
     primary = results[plan.primary].path if plan.primary else layout.snapshot_dir(plan.commit)
+    own = [r for p, r in results.items() if p != plan.projector]
     record = ModelRecord(
         name=plan.name,
         format=plan.format,
         path=str(primary),
-        files=tuple(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in results.values()),
+        files=tuple(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in own),
         source=Source.HUB,
         owned=True,
         repo=plan.repo,
         revision=plan.commit,
-        metadata=_metadata(plan, primary, [r.path for r in results.values()]),
+        metadata=_metadata(plan, primary, [r.path for r in own]),
         added_at=time.time(),
     )
+    if plan.projector:
+        record = _with_projector(plan, record, results[plan.projector])
     return store.register(record)
+
+
+def _with_projector(plan: PullPlan, record: ModelRecord, fetched: FetchResult) -> ModelRecord:
+    from localrun.modelstore.projector import pair
+
+    try:
+        return pair(record, fetched.path, owned=True, sha256=fetched.sha256)
+    except InvalidModelFile as exc:
+        raise InvalidModelFile(
+            f"{plan.repo}/{plan.projector} cannot be this model's projector: {exc.message}",
+            hint=f"pull the model alone with --no-mmproj ({exc.hint})" if exc.hint else "pull it with --no-mmproj",
+        ) from None

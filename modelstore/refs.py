@@ -269,6 +269,11 @@ def _select_exact(ref: HubRef, paths: list[str]) -> Selection:
         raise ModelNotFound(
             f"{ref.file!r} is not a GGUF file", hint=f"name a .gguf file, or pull {ref.repo} itself for MLX/MLC repos"
         )
+    if "mmproj" in PurePosixPath(ref.file).name.lower():
+        raise ModelNotFound(
+            f"{ref.file!r} is a multimodal projector, not a model",
+            hint=f"pull the model file; a projector comes with it (e.g. {ref.repo}:Q4_K_M)",
+        )
     return _gguf_selection(ref, _shard_group(ref.file)[0], paths)
 
 

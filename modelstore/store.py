@@ -35,6 +35,7 @@ from .identity import other_latest
 from .index import ModelIndex
 from .mlx_folder import inspect_mlx_folder
 from .names import model_name_from_filename, shard_name, split_shard_name, validate_model_name
+from .projector import foreign_projector
 from .verify import file_path, sha256_of
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,12 @@ class ModelStore:
 
     # --- import ------------------------------------------------------------------------
 
-    def import_path(self, path: str | Path, *, name: str | None = None, replace: bool = False) -> ModelRecord:
+    def import_path(
+        self, path: str | Path, *, name: str | None = None, replace: bool = False, mmproj: str | Path | None = None
+    ) -> ModelRecord:
         """Validate a GGUF file (first shard of a split one) or an MLX folder and register it
         in place. Importing the same path under the same name again returns the record.
+        ``mmproj``: a projector file to pair with the model (see :meth:`pair_projector`).
 
         Raises:
             ModelNotFound: nothing at ``path``.
@@ -70,10 +74,32 @@ class ModelStore:
             ModelExists: the name is taken by another model and ``replace`` is False.
         """
         record = self.inspect_path(path, name=name)
+        if mmproj is not None:
+            record = self.with_projector(record, mmproj)
         existing = self.index.find(record.name)
         if existing is not None and not replace and existing.path == record.path and existing.files == record.files:
             return existing
         return self.index.add(record, replace=replace)
+
+    def with_projector(self, record: ModelRecord, mmproj: str | Path) -> ModelRecord:
+        """``record`` (not yet stored) paired by hand with ``mmproj``: checked, never owned."""
+        from .projector import pair
+
+        if record.format is not Format.GGUF:
+            raise InvalidModelFile(
+                f"{record.name} is a {record.format.value} model; a projector pairs with a GGUF model",
+                hint="MLX vision models keep their vision weights in the model folder",
+            )
+        return pair(record, mmproj, owned=False)
+
+    def pair_projector(self, name: str, mmproj: str | Path) -> ModelRecord:
+        """Give a registered GGUF model a projector (replacing any it had): the file is checked
+        to be a clip GGUF whose projection width is the model's, registered in place, never
+        copied, and never deleted by `rm` (localrun did not write it).
+
+        Raises ModelNotFound, InvalidModelFile."""
+        rec = self.index.get(name)
+        return self.index.add(self.with_projector(rec, mmproj), replace=True)
 
     def register(self, record: ModelRecord, *, replace: bool = False) -> ModelRecord:
         """The one door through which pull, bundle import and the built-ins add or replace a record.
@@ -283,8 +309,12 @@ class ModelStore:
             return rec
         in_use = {os.path.realpath(file_path(o, f.path)) for o in self.index.list() for f in o.files}
         roots = [self.settings.data_dir.resolve(), _hf_cache_dir().resolve()]
+        foreign = foreign_projector(rec)
         for entry in rec.files:
             link = file_path(rec, entry.path)
+            if entry.path == foreign:
+                logger.info("keeping %s: a projector paired by hand, not written by localrun", link)
+                continue
             where = link.parent.resolve() / link.name  # the entry itself, symlink not followed
             real = Path(os.path.realpath(link))
             if str(real) in in_use:

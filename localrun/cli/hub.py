@@ -30,12 +30,19 @@ class _Bars:
 @click.option("--offline", is_flag=True, help="Use local files only (also HF_HUB_OFFLINE=1).")
 @click.option("--trust-remote-code", is_flag=True, help="Allow MLX repos that ship Python code.")
 @click.option("--allow-native", is_flag=True, help="Allow MLC repos that ship native libraries.")
+@click.option(
+    "--no-mmproj",
+    "no_mmproj",
+    is_flag=True,
+    help="Skip the repo's multimodal projector (mmproj*.gguf): the model alone, text only.",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not print the plan before downloading (scripts).")
 @click.pass_context
-def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, yes):
+def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, no_mmproj, yes):
     """Download a model from the Hugging Face hub (or HF_ENDPOINT's mirror), verified.
 
     REF: org/repo, org/repo:Q5_K_M, hf.co/org/repo:QUANT or org/repo/path/file.gguf.
+    A GGUF repo's projector (mmproj*.gguf, for images/audio) comes along, picked as llama.cpp's -hf does.
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -50,6 +57,7 @@ def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, yes):
         offline=offline,
         trust_remote_code=trust_remote_code,
         allow_native=allow_native,
+        mmproj=not no_mmproj,
     )
     if not yes:
         for line in plan.describe():
@@ -70,7 +78,11 @@ def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, yes):
             trust_remote_code=trust_remote_code,
             allow_native=allow_native,
         )
-    console().print(f"pulled [bold]{record.name}[/] · {human_bytes(record.size)} · verified", highlight=False)
+    from localrun.modelstore.projector import capabilities
+
+    caps = capabilities(record)
+    sees = f" · {' + '.join(caps)} (projector {plan.projector})" if caps else ""
+    console().print(f"pulled [bold]{record.name}[/] · {human_bytes(record.size)} · verified{sees}", highlight=False)
 
 
 @click.command("search")

@@ -17,6 +17,12 @@ def open_store(ctx: click.Context):
 
 @click.command("import")
 @click.argument("path", type=click.Path(path_type=Path))
+@click.option(
+    "--mmproj",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The model's multimodal projector (mmproj*.gguf) for images/audio. PATH may also be a registered "
+    "model's name, to give it one.",
+)
 @click.option("--name", help="Name to register it under (default: from the file name).")
 @click.option("--replace", is_flag=True, help="Replace a model registered under the same name.")
 @click.option(
@@ -32,29 +38,43 @@ def open_store(ctx: click.Context):
 )
 @click.pass_context
 def import_cmd(
-    ctx: click.Context, path: Path, name: str | None, replace: bool, pooling: str | None, chat_template: Path | None
+    ctx: click.Context,
+    path: Path,
+    mmproj: Path | None,
+    name: str | None,
+    replace: bool,
+    pooling: str | None,
+    chat_template: Path | None,
 ) -> None:
     """Register a local GGUF file (or MLX folder) in place, without copying it."""
+    from localrun.modelstore.projector import capabilities
+
     store = open_store(ctx)
-    if pooling is None and chat_template is None:
-        record = store.import_path(path, name=name, replace=replace)
+    verb = "imported"
+    if mmproj is not None and not path.expanduser().exists() and store.index.find(str(path)) is not None:
+        record, verb = store.pair_projector(str(path), mmproj), "paired"
+    elif pooling is None and chat_template is None:
+        record = store.import_path(path, name=name, replace=replace, mmproj=mmproj)
     else:
-        record = _import_with_overrides(store, path, name, replace, pooling, chat_template)
+        record = _import_with_overrides(store, path, name, replace, pooling, chat_template, mmproj)
     meta = record.metadata
+    caps = capabilities(record)
     console().print(
-        f"imported [bold]{record.name}[/] · {record.format.value} · {meta.get('architecture', '?')} · "
-        f"{meta.get('quant') or '?'} · {human_bytes(record.size)}",
+        f"{verb} [bold]{record.name}[/] · {record.format.value} · {meta.get('architecture', '?')} · "
+        f"{meta.get('quant') or '?'} · {human_bytes(record.size)}" + (f" · {' + '.join(caps)}" if caps else ""),
         highlight=False,
     )
 
 
-def _import_with_overrides(store, path: Path, name, replace: bool, pooling, chat_template):
+def _import_with_overrides(store, path: Path, name, replace: bool, pooling, chat_template, mmproj=None):
     """Import and record the overrides in the model's index entry (re-importing the same file updates them)."""
     import dataclasses
 
     from localrun.planning.overrides import META_POOLING, META_TEMPLATE, META_TEMPLATE_FILE, read_chat_template
 
     record = store.inspect_path(path, name=name)
+    if mmproj is not None:
+        record = store.with_projector(record, mmproj)
     meta = dict(record.metadata)
     if pooling is not None:
         meta[META_POOLING] = pooling
@@ -67,6 +87,8 @@ def _import_with_overrides(store, path: Path, name, replace: bool, pooling, chat
 
 
 def _row(record) -> dict:
+    from localrun.modelstore.projector import capabilities, projector_path
+
     meta = record.metadata
     return {
         "name": record.name,
@@ -75,6 +97,8 @@ def _row(record) -> dict:
         "quant": meta.get("quant"),
         "size": record.size,
         "context_length": meta.get("context_length"),
+        "capabilities": list(capabilities(record)),
+        "projector": projector_path(record),
         "source": record.source.value,
         "owned": record.owned,
         "path": record.path,
@@ -107,6 +131,7 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         Column("Quant", lambda r: r["quant"] or "—"),
         Column("Size", lambda r: human_bytes(r["size"]), right=True),
         ctx_cell,
+        Column("Media", lambda r: ", ".join(r.get("capabilities") or ()) or "—"),
         Column("Source", lambda r: r["source"]),
     ]
     print_rows(

@@ -50,7 +50,7 @@ from localrun.modelstore.gitids import (
     synthetic_repo,
 )
 from localrun.modelstore.verify import file_path
-from localrun.types import ModelRecord
+from localrun.types import META_PROJECTOR, ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,8 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
             )
         commit, origin = synthetic_commit(repo, [(s.entry.path, s.entry.sha256) for s in sources]), rec.source.value
     primary = "" if Path(rec.path).is_dir() else next(s.entry.path for s in sources if s.local == Path(rec.path))
+    mmproj = meta.get(META_PROJECTOR)
+    projector = next((s.entry.path for s in sources if mmproj and s.local == Path(mmproj)), "")
     model = LockModel(
         name=rec.name,
         format=rec.format,
@@ -156,6 +158,7 @@ def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, lis
         architecture=meta.get("architecture") or None,
         source=rec.source.value,
         origin=origin,
+        projector=projector,
     )
     return model, sources
 

@@ -284,6 +284,7 @@ class _Importer:
             meta.pop("mtimes", None)
         meta.update(quant=m.quant or meta.get("quant"), architecture=meta.get("architecture") or m.architecture)
         meta["hub"] = {"endpoint": None if m.synthetic else m.origin, "revision": m.revision, "commit": m.commit}
+        files, meta = self._projector(m, layout, primary, files, meta)
         meta["bundle"] = {
             "repo_synthetic": m.synthetic,
             "source": m.source,
@@ -303,6 +304,19 @@ class _Importer:
             metadata=meta,
             added_at=time.time(),
         )
+
+    def _projector(self, m: LockModel, layout: CacheLayout, primary: Path, files: list, meta: dict):
+        """The pair again, at its new place: the projector's header is checked like the model's
+        (and its width against the model's), then recorded under its path in this cache."""
+        if not m.projector:
+            return files, meta
+        from localrun.modelstore.projector import pair
+
+        snap = layout.snapshot(m.commit, m.projector)
+        sha256 = next(e.sha256 for e in files if e.path == str(snap))
+        probe = ModelRecord(name=m.name, format=m.format, path=str(primary), files=tuple(files), metadata=meta)
+        paired = pair(probe, snap, owned=True, sha256=sha256)
+        return list(paired.files), paired.metadata
 
     def rollback(self) -> None:
         """A bad bundle: the blobs and links this run created go again; nothing was registered."""

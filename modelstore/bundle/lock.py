@@ -69,6 +69,7 @@ class LockModel:
     architecture: str | None = None
     source: str = ""
     origin: str = ""
+    projector: str = ""  # the GGUF model's projector (mmproj), one of files; "" for none
 
     @property
     def layout_folder(self) -> str:
@@ -151,6 +152,7 @@ def _model_dict(m: LockModel) -> dict:
         "quant": m.quant,
         "architecture": m.architecture,
         "primary": m.primary,
+        "projector": m.projector or None,
         "source": m.source,
         "origin": m.origin,
         "files": [
@@ -265,6 +267,14 @@ def _parse_model(d: Any, where: str) -> LockModel:
         )
     if fmt is Format.GGUF and not primary:
         raise BundleError(f"{where}: a GGUF model needs a primary file", hint="the lock is damaged; export it again")
+    projector = d.get("projector") or ""
+    if not isinstance(projector, str) or (
+        projector and (fmt is not Format.GGUF or projector not in paths or projector == primary)
+    ):
+        raise BundleError(
+            f"{where}: projector {str(projector)[:80]!r} is not one of this GGUF model's other files",
+            hint="the lock is damaged; export it again",
+        )
     code = [p for p in paths if p.lower().endswith(CODE_SUFFIXES)]
     if code:
         raise BundleError(
@@ -284,6 +294,7 @@ def _parse_model(d: Any, where: str) -> LockModel:
         architecture=_opt_str(d, "architecture", where),
         source=str(d.get("source") or ""),
         origin=str(d.get("origin") or ""),
+        projector=projector,
     )
 
 

@@ -21,7 +21,9 @@ from typing import Any
 
 from localrun.chat.template import fallback_chat, render_chat
 from localrun.errors import UnsupportedFeature
-from localrun.types import ChatRequest, CompletionRequest
+from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media_session import completion_text
+from localrun.types import AUDIO, VISION, ChatRequest, CompletionRequest, Media
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,17 @@ class ServerExtras:
 
     # --- prompts ------------------------------------------------------------------------------
 
-    def completion_tokens(self, req: CompletionRequest) -> list[int]:
-        """The prompt of a completion: token ids as sent, a fill-in-the-middle frame, or the text."""
+    def completion_tokens(self, req: CompletionRequest) -> list[int] | MediaPrompt:
+        """The prompt of a completion: token ids as sent, a fill-in-the-middle frame, or the text
+        (with its media, a :class:`MediaPrompt`)."""
+        if req.media:
+            if req.suffix is not None or req.prompt_tokens:
+                raise UnsupportedFeature(
+                    "media go with a text prompt, not with token ids or a fill-in-the-middle suffix",
+                    param="prompt",
+                    hint="send the prompt as text with the media",
+                )
+            return self.media_prompt(completion_text(req.prompt, req.media), req.media, add_special=True)
         if req.suffix is not None:
             return self.infill_tokens(req.prompt, req.suffix, req.middle)
         if req.prompt_tokens:
@@ -70,6 +81,11 @@ class ServerExtras:
             mid,
             *start,
         ]
+
+    def media_prompt(self, text: str, media: Sequence[Media], *, add_special: bool) -> MediaPrompt:
+        """``text`` (one MEDIA_MARKER per item) and ``media`` as the scheduler's prompt (media_session.py)."""
+        self._check_open()
+        return self._media.prompt(text, media, add_special=add_special, max_chunk=self._n_ubatch)
 
     def chat_text(
         self,
@@ -143,6 +159,9 @@ class ServerExtras:
         it: Anthropic's ``message_start`` carries the prompt's size before the prefill starts."""
         self._check_open()
         tokens, _, _ = self.chat_tokens(ChatRequest.from_dict(request))
+        if isinstance(tokens, MediaPrompt):  # media counted too (the image's tokens), then freed
+            tokens.close()
+            return {"prompt_tokens": len(tokens.tokens)}
         return {"prompt_tokens": len(tokens)}
 
     def serve_props(self) -> dict[str, Any]:
@@ -158,6 +177,8 @@ class ServerExtras:
             "fim": bool(self._fim),
             "pooling": POOLING_NAMES.get(pooling) if pooling is not None else None,
             "capabilities": sorted(self.capabilities),
+            # llama-server's shape: which media the loaded projector takes.
+            "modalities": {"vision": VISION in self.capabilities, "audio": AUDIO in self.capabilities},
         }
 
     def template_source(self) -> str:

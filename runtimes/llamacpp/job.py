@@ -1,10 +1,11 @@
 """One request inside the llama.cpp scheduler (:mod:`.scheduler`): its prompt, limits,
-sampler, slot, text so far and drafting state."""
+sampler, slot, text so far, drafting state and media chunks."""
 
 from __future__ import annotations
 
 import queue
 
+from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
 from localrun.runtimes.llamacpp.prefix import Slot
 from localrun.runtimes.llamacpp.speculative import SpecState
 from localrun.runtimes.llamacpp.text import TextAssembler
@@ -31,6 +32,8 @@ class Job:
         "logprobs",
         "parked",
         "spec",
+        "media",
+        "encodes",
     )
 
     def __init__(
@@ -42,6 +45,7 @@ class Job:
         cancel: Cancel,
         build_sampler,
         logprobs: list | None = None,
+        media: MediaPrompt | None = None,
     ) -> None:
         self.prompt = prompt
         self.limit = limit
@@ -62,6 +66,10 @@ class Job:
         # go out with the next chunk, so a token whose text is held back is not lost.
         self.logprobs = logprobs
         self.spec: SpecState | None = None  # drafting state, when speculation is on (speculative.py)
+        # The prompt's media chunks (``prompt`` holds their pseudo ids, media_prompt.py) and their
+        # queued encodes by chunk start (media_prefill.py); shared by the choices of one request.
+        self.media = media
+        self.encodes: dict = {}
 
     def usage(self) -> Usage:
         spec = self.spec

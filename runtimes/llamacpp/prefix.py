@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from localrun.runtimes.llamacpp.media_prompt import media_safe_cut
 from localrun.runtimes.llamacpp.radix import RadixIndex
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class PrefixCache:
         if limit < max(MIN_REUSE, self._min_tail) or not self._reuse:
             return 0, frozenset()
         found, owners = self.index.longest(prompt)
-        keep = min(found, limit)
+        keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media_prompt.py)
         if keep < max(MIN_REUSE, self._min_tail):  # a few tokens are not worth it
             return 0, frozenset()
         return keep, owners

@@ -14,6 +14,9 @@ One scheduler thread owns the context. Each step it
    verifies it in a call of its own instead and may gain several tokens in the step
    (:mod:`.speculative_step`).
 
+Images and audio: a media chunk is prefilled in its request's turn, its encode running on a
+thread of its own meanwhile (:mod:`.media_prefill` says how the two interleave).
+
 Request threads never touch llama.cpp: they submit a :class:`Job` and read its chunks from
 a queue. New requests join at the next step; finished ones leave and keep their KV. Other
 native compute of the worker (embeddings) is handed to this thread too (:meth:`Scheduler.call`,
@@ -55,10 +58,12 @@ import os
 import threading
 import time
 
-from localrun.errors import LocalrunError, Overloaded, RuntimeUnavailable
+from localrun.errors import LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.calls import ThreadCalls
 from localrun.runtimes.llamacpp.decode import fill_batch
+from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
+from localrun.runtimes.llamacpp.media_prefill import MediaEncoder, MediaPrefill
 from localrun.runtimes.llamacpp.prefix import PrefixCache
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
@@ -70,7 +75,7 @@ log = logging.getLogger(__name__)
 PROGRESS_MIN_TOKENS = 2048
 
 
-class Scheduler(SpeculativeSteps):
+class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
     """Owns one llama.cpp context on its own thread and runs many requests in it."""
 
     def __init__(
@@ -85,6 +90,7 @@ class Scheduler(SpeculativeSteps):
         speculative: str = "off",
         draft_k: int | None = None,
         drafter=None,
+        projector=None,
     ) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
@@ -115,6 +121,7 @@ class Scheduler(SpeculativeSteps):
         self._prefill_began: dict[int, tuple[float, int]] = {}  # id(job) -> (time, position) its prefill began
         self._decoding: list[Job] = []  # sorted by slot: consecutive sequences share a micro-batch
         self._calibrated = threading.Event()
+        self.encoder = MediaEncoder(projector, self._notify) if projector is not None else None
         self._thread = threading.Thread(target=self._run, name="llama-scheduler", daemon=True)
         self._thread.start()
         self._calibrated.wait(120)  # loading ends once the pass sizes are timed (on that thread)
@@ -166,6 +173,10 @@ class Scheduler(SpeculativeSteps):
             self._inbox.append(job)
             self._wake.notify()
 
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
     def call(self, fn):
         """Run ``fn`` on the scheduler thread between two steps and return its result (or raise
         its error) here: the way other native compute of this worker stays on one thread."""
@@ -191,6 +202,8 @@ class Scheduler(SpeculativeSteps):
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise RuntimeUnavailable("the llama.cpp scheduler did not stop", hint="kill the worker process")
+        if self.encoder is not None:
+            self.encoder.close()
         if self._batch is not None:
             self._llama.llama_batch_free(self._batch)
             self._batch = None
@@ -214,10 +227,10 @@ class Scheduler(SpeculativeSteps):
                         or self._calls
                         or self._stopping
                         or self._waiting
-                        or self._prefilling
+                        or self._can_prefill()  # not while every prefill waits for its encode
                         or self._decoding
                     ):
-                        self._wake.wait()
+                        self._wake.wait(0.1 if self._prefilling else None)  # 0.1: a cancel ends an encode's wait
                     new, self._inbox = self._inbox, []
                     calls, stopping = self._calls.take(), self._stopping
                 self._waiting.extend(new)
@@ -280,6 +293,8 @@ class Scheduler(SpeculativeSteps):
             job.sampler = job.build_sampler()
             if self.speculative != "off":
                 job.spec = SpecState(job.prompt, fixed_k=self._draft_k)
+            if job.media is not None:
+                self._media_admitted(job)
             self._prefilling.append(job)
 
     def _decode_step(self) -> None:
@@ -314,23 +329,32 @@ class Scheduler(SpeculativeSteps):
         for _ in range(len(self._prefilling)):
             job = self._prefilling[0]
             start = len(job.slot.tokens)
-            n = chunk_size(len(job.prompt) - start, self.layout.step_tokens, self.layout.min_chunk)
+            piece = self._media_next(job, start)  # text up to the next media chunk, or that chunk
+            if piece is None:  # its image is being encoded: the others go on meanwhile
+                self._prefilling.rotate(-1)
+                continue
+            run, span = piece
+            n = run if span is not None else chunk_size(run, self.layout.step_tokens, self.layout.min_chunk)
             if not first and n > budget:
                 return
             self._prefilling.rotate(-1)
             budget -= n
             first = False
-            self._prefill_chunk(job, start, n)
+            self._prefill_chunk(job, start, n, span)
             if budget <= 0:
                 return
 
-    def _prefill_chunk(self, job: Job, start: int, n: int) -> None:
+    def _prefill_chunk(self, job: Job, start: int, n: int, span=None) -> None:
         chunk = job.prompt[start : start + n]
         last = start + n == len(job.prompt)
-        fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
-        self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
         began = self._prefill_began.setdefault(id(job), (time.perf_counter(), start))
-        if not self._call_decode([job]):
+        if span is not None:
+            row = self._decode_media(job, span, last)
+        else:
+            fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
+            self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
+            row = n - 1 if self._call_decode([job]) else None
+        if row is None:
             self._prefill_began.pop(id(job), None)
             return
         tenth = 10 * (start + n) // len(job.prompt)
@@ -356,7 +380,7 @@ class Scheduler(SpeculativeSteps):
             return
         self._decoding.append(job)
         self._decoding.sort(key=lambda j: j.slot.seq)
-        self._emit(job, job.sampler.sample(self._ctx, n - 1))
+        self._emit(job, job.sampler.sample(self._ctx, row))
 
     def _emit(self, job: Job, token: int) -> None:
         """One sampled token: end the job (EOG, stop string, limit) or stream its text."""
@@ -376,35 +400,9 @@ class Scheduler(SpeculativeSteps):
                 job.out.put(Chunk(text=piece, logprobs=job.take_logprobs()))
             job.pending = token
 
-    def _decode_rc(self) -> int:
-        rc = self._llama.llama_decode(self._ctx, self._batch)
-        if rc == 1 and self.layout.unified and self.cache.evict_idle():
-            rc = self._llama.llama_decode(self._ctx, self._batch)  # the shared pool had idle prefixes in it
-        return rc
-
-    def _call_decode(self, jobs: list[Job]) -> bool:
-        rc = self._decode_rc()
-        if rc == 0:
-            return True
-        self._fail(jobs, rc)
-        return False
-
-    def _fail(self, jobs: list[Job], rc: int) -> None:
-        if rc == 1:
-            err: LocalrunError = Overloaded(
-                f"the KV cache has no room for this step ({self.running()} requests running)",
-                hint="retry in a moment, or load the model with fewer slots or a larger context",
-            )
-        else:
-            err = LocalrunError(
-                f"llama_decode failed with code {rc}",
-                hint="the context may be out of memory; retry with a shorter prompt",
-            )
-        for job in jobs:
-            self._finish(job, None, error=err)
-
     def _finish(self, job: Job, reason: str | None, tail: str = "", *, error: LocalrunError | None = None) -> None:
         self._prefill_began.pop(id(job), None)
+        self._media_done(job)
         for jobs in (self._waiting, self._prefilling):
             if job in jobs:
                 jobs.remove(job)

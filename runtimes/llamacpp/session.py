@@ -15,6 +15,10 @@ What a session does per request:
   requests at once in one context: continuous batching, prefix reuse across requests
   (``cached_tokens``), a C sampler chain per request, cancel checked every step.
 
+Images and audio: a model whose record names a projector (``metadata[META_PROJECTOR]``)
+declares "vision" / "audio"; :mod:`.media_session` turns a request's media into the prompt's
+media chunks, :mod:`.media_prefill` runs them inside the batching.
+
 Tools, ``json_schema`` / grammars, logprobs and embeddings are wired in by
 :mod:`.features` (capabilities "tools", "json_schema", "logprobs", and
 "embeddings" for models whose GGUF declares pooling or whose plan sets ``embedding``).
@@ -56,12 +60,15 @@ from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.job import Job
+from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media_session import SessionMedia
+from localrun.runtimes.llamacpp.mtmd import open_projector
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Media, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +111,7 @@ class LlamaCppSession(ServerExtras):
     capabilities: frozenset[str] = frozenset()
     concurrent: ClassVar[bool] = True
 
-    def __init__(self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout) -> None:
+    def __init__(self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout, projector=None) -> None:
         self._llama = llama
         self._model = model
         self._ctx = ctx
@@ -136,6 +143,9 @@ class LlamaCppSession(ServerExtras):
         n_swa = llama.llama_model_n_swa(model)
         mode, draft_k = speculation(plan, n_swa)
         self._drafter = None
+        # Images and audio (media_session.py): the projector, its decoder, "vision" / "audio".
+        self._media = SessionMedia(projector, record.name)
+        self._n_ubatch = llama.llama_n_ubatch(ctx)
         if plan.options.get("draft") and mode in ("auto", "draft") and not (mode == "auto" and layout.exact_prefix):
             from localrun.runtimes.llamacpp.draft_model import load_drafter  # auto is off under exact_prefix
 
@@ -158,6 +168,7 @@ class LlamaCppSession(ServerExtras):
                 speculative=mode,
                 draft_k=draft_k,
                 drafter=self._drafter,
+                projector=self._media.usable,
             )
         except BaseException:
             if self._drafter is not None:
@@ -180,7 +191,9 @@ class LlamaCppSession(ServerExtras):
         )
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of
         # thinking.
-        self.capabilities = self._features.capabilities | self.extra_capabilities() | {"reasoning_budget"}
+        self.capabilities = (
+            self._features.capabilities | self.extra_capabilities() | self._media.capabilities | {"reasoning_budget"}
+        )
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> LlamaCppSession:
@@ -209,8 +222,18 @@ class LlamaCppSession(ServerExtras):
                 f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
                 hint="the file may be corrupt or an architecture this llama.cpp does not know",
             )
+        try:
+            projector = open_projector(llama, model, record, plan)
+        except BaseException:
+            llama.llama_model_free(model)
+            raise
+        if projector is not None:  # a whole image goes in one ubatch (its tokens attend to each other)
+            cp.n_batch = max(cp.n_batch, projector.image_tokens())
+            cp.n_ubatch = max(cp.n_ubatch, min(cp.n_batch, projector.image_tokens()))
         ctx = llama.llama_init_from_model(model, cp)
         if not ctx:
+            if projector is not None:
+                projector.close()
             llama.llama_model_free(model)
             why = NATIVE_LOG.take_recent()
             raise WontFit(
@@ -220,8 +243,10 @@ class LlamaCppSession(ServerExtras):
             )
         log.debug("loaded %s: %s threads=%d gpu_layers=%d", record.path, layout, plan.n_threads, plan.n_gpu_layers)
         try:
-            return cls(llama, model, ctx, record, plan, layout)
+            return cls(llama, model, ctx, record, plan, layout, projector)
         except BaseException:
+            if projector is not None:
+                projector.close()
             llama.llama_free(ctx)
             llama.llama_model_free(model)
             raise
@@ -309,13 +334,16 @@ class LlamaCppSession(ServerExtras):
         add_generation_prompt: bool = True,
         continue_final: bool = False,
         prefix: str = "",
-    ) -> tuple[list[int], tuple[str, ...]]:
+        media: Sequence[Media] = (),
+    ) -> tuple[list[int] | MediaPrompt, tuple[str, ...]]:
         """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the
-        prompt format adds."""
+        prompt format adds; with ``media``, a :class:`MediaPrompt` (its tokens and media chunks)."""
         text, stops = self.chat_text(
             messages, variables, add_generation_prompt=add_generation_prompt, continue_final=continue_final
         )
         add_bos = not (self._bos and text.startswith(self._bos))
+        if media:
+            return self.media_prompt(text + prefix, media, add_special=add_bos), stops
         return self.tokenize(text + prefix, add_special=add_bos), stops
 
     # --- the protocol ---------------------------------------------------------------------
@@ -325,7 +353,7 @@ class LlamaCppSession(ServerExtras):
         tokens, stops, gbnf = self.chat_tokens(req)
         return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
 
-    def chat_tokens(self, req: ChatRequest) -> tuple[list[int], tuple[str, ...], str | None]:
+    def chat_tokens(self, req: ChatRequest) -> tuple[list[int] | MediaPrompt, tuple[str, ...], str | None]:
         """(prompt tokens, stop strings, grammar) of a chat request: what ``chat`` runs and
         ``serve_count_prompt`` counts, so the two cannot disagree."""
         messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
@@ -335,6 +363,7 @@ class LlamaCppSession(ServerExtras):
             add_generation_prompt=req.add_generation_prompt,
             continue_final=req.continue_final_message,
             prefix=req.prefix,
+            media=req.media,
         )
         return tokens, stops, gbnf
 
@@ -354,6 +383,7 @@ class LlamaCppSession(ServerExtras):
                 return
             self._closed = True
         self._sched.close()
+        self._media.close()
         if self._drafter is not None:
             self._drafter.close()
         self._features.close()
@@ -370,10 +400,24 @@ class LlamaCppSession(ServerExtras):
     # --- generation -------------------------------------------------------------------------
 
     def _start(
-        self, prompt: list[int], sampling: Sampling, cancel: Cancel, stops: tuple[str, ...], gbnf: str | None = None
+        self,
+        prompt: list[int] | MediaPrompt,
+        sampling: Sampling,
+        cancel: Cancel,
+        stops: tuple[str, ...],
+        gbnf: str | None = None,
     ) -> Iterator[Chunk]:
         """Validate eagerly (so errors come before any chunk), then hand back the stream; the
         request joins the scheduler when the stream is first read."""
+        if not isinstance(prompt, MediaPrompt):
+            return self._start_jobs(prompt, None, sampling, cancel, stops, gbnf)
+        try:
+            return self._start_jobs(prompt.tokens, prompt, sampling, cancel, stops, gbnf)
+        except BaseException:
+            prompt.close()  # it never reached the scheduler
+            raise
+
+    def _start_jobs(self, prompt, media, sampling, cancel, stops, gbnf) -> Iterator[Chunk]:
         self._check_open()
         if not prompt:
             raise LocalrunError("the prompt is empty", hint="send some text")
@@ -406,8 +450,11 @@ class LlamaCppSession(ServerExtras):
                         cancel=cancel,
                         build_sampler=build,
                         logprobs=logprobs,
+                        media=media,
                     )
                 )
+        if media is not None:
+            media.users = len(jobs)  # the choices share its chunks; the last to end frees them
         if len(jobs) == 1:
             return self._sched.stream(jobs[0])
         return stream_choices(self._sched._submit, jobs, cancel)  # noqa: SLF001 - the choices share the scheduler's inbox

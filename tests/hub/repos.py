@@ -67,7 +67,9 @@ def gguf_repo_files() -> dict[str, bytes]:
     files = {
         f"Tiny-{q}.gguf": make_gguf(quant=q, seed=i) for i, q in enumerate(["Q4_0", "Q4_K_M", "Q5_K_M", "Q8_0", "F16"])
     }
-    files["mmproj-Tiny-F16.gguf"] = make_gguf(quant="F16", name="mmproj", seed=90)
+    # In a folder of its own, so pulling the repo never pairs this llama-arch stand-in as a projector
+    # (a sibling folder is not the model's, by llama.cpp's rule); it still must never be picked as the model.
+    files["extras/mmproj-Tiny-F16.gguf"] = make_gguf(quant="F16", name="mmproj", seed=90)
     files["Tiny.imatrix.gguf"] = make_gguf(quant="F16", name="imatrix", seed=91)
     files["README.md"] = b"# Tiny GGUF\n"
     return files

@@ -19,8 +19,9 @@ from localrun.modelstore.discovery import (
 )
 from localrun.modelstore.pull import pull
 from localrun.modelstore.verify import verify
-from localrun.types import Format, Source
+from localrun.types import META_PROJECTOR, Format, Source
 from tests.hub import repos
+from tests.support.projectors import make_projector
 
 # --- HF cache ------------------------------------------------------------------------------
 
@@ -28,7 +29,7 @@ from tests.hub import repos
 def test_hf_cache_models_fetched_by_huggingface_hub(fake_hub, hf_cache):
     from huggingface_hub import hf_hub_download, snapshot_download
 
-    for f in ("Tiny-Q4_K_M.gguf", "Tiny-Q8_0.gguf", "mmproj-Tiny-F16.gguf", "README.md"):
+    for f in ("Tiny-Q4_K_M.gguf", "Tiny-Q8_0.gguf", "extras/mmproj-Tiny-F16.gguf", "README.md"):
         hf_hub_download(repos.GGUF_REPO, f, cache_dir=hf_cache, endpoint=fake_hub.url, token=False)
     snapshot_download(
         repos.SPLIT_REPO, allow_patterns=["Q8_0/*"], cache_dir=hf_cache, endpoint=fake_hub.url, token=False
@@ -109,7 +110,7 @@ def ollama_root(_isolated_home) -> Path:
     template = {"mediaType": "application/vnd.ollama.image.template", **_blob(root, b"{{ .Prompt }}")}
     projector = {
         "mediaType": "application/vnd.ollama.image.projector",
-        **_blob(root, repos.make_gguf(seed=32, name="mmproj")),
+        **_blob(root, make_projector(seed=32)),
     }
     config = _blob(root, json.dumps({"model_format": "gguf", "model_family": "llama", "file_type": "Q4_K_M"}).encode())
     _manifest(root, "registry.ollama.ai/library/tiny/latest", [model, template], config)
@@ -126,7 +127,8 @@ def test_ollama_store_found(ollama_root):
     assert tiny.files[0].sha256 == Path(tiny.path).name.removeprefix("sha256-")
     assert tiny.metadata["quant"] == "Q4_K_M" and tiny.metadata["family"] == "llama"
     assert tiny.metadata["ollama"]["name"] == "registry.ollama.ai/library/tiny:latest"
-    assert Path(found["bartowski/tiny-gguf:q4_k_m"].metadata["projector"]).exists()
+    paired = found["bartowski/tiny-gguf:q4_k_m"]
+    assert Path(paired.metadata[META_PROJECTOR]).exists() and paired.metadata[META_PROJECTOR] == paired.files[1].path
     verify(tiny)
 
 

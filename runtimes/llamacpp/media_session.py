@@ -1,0 +1,144 @@
+"""What a llama.cpp session does with a request's images and audio, before the scheduler sees them.
+
+* The projector (:mod:`.mtmd`) is loaded with the model, from ``record.metadata[META_PROJECTOR]``
+  (or a plan's ``mmproj`` option); it adds "vision" / "audio" to the session's capabilities.
+* A request's media bytes are decoded in a sacrificial process (:mod:`.media_decode`: a file
+  that crashes the native decoder fails that request alone), made into bitmaps named by their
+  content digest, and tokenized with the rendered prompt into a
+  :class:`~.media_prompt.MediaPrompt`: the scheduler's prompt, pseudo ids where the media go.
+* Refusals are 400s that say what to do: media to a model without a projector
+  (``UnsupportedFeature``, naming ``--mmproj``), a kind the projector does not take, a bad file or
+  an image too large for one batch (``InvalidMedia``).
+
+The rendered prompt carries :data:`~localrun.types.MEDIA_MARKER` where each item goes: message
+content is a plain string with the marker in it, which every chat template passes through, and
+mtmd adds the model's own image delimiters around the chunk (Gemma 3: ``<start_of_image>`` …
+``<end_of_image>``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+from localrun.errors import InvalidMedia, UnsupportedFeature
+from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
+from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media
+
+log = logging.getLogger(__name__)
+
+
+class SessionMedia:
+    """The media side of one session: its projector (or None), the decoder, the capabilities."""
+
+    def __init__(self, projector, name: str) -> None:
+        self.projector = projector
+        self._name = name
+        self._decoder = None
+        self._lock = threading.Lock()
+        caps: set[str] = set()
+        if projector is not None and projector.mrope:
+            log.warning(
+                "%s: its projector uses M-RoPE positions, which localrun's llama.cpp scheduler does not place "
+                "yet; images are refused",
+                name,
+            )
+        elif projector is not None:
+            caps |= {VISION} if projector.vision else set()
+            caps |= {AUDIO} if projector.audio else set()
+        self.capabilities = frozenset(caps)
+
+    @property
+    def usable(self):
+        """The projector the scheduler encodes with, or None."""
+        return self.projector if self.capabilities else None
+
+    def check(self, media: Sequence[Media]) -> None:
+        """Refuse media this model cannot take, before anything is decoded."""
+        if not media:
+            return
+        if self.projector is None:
+            raise UnsupportedFeature(
+                f"{self._name} has no multimodal projector, so it cannot take images or audio",
+                param="media",
+                hint=f"pair one with 'localrun import MODEL.gguf --mmproj FILE' (or pull a repo that has an mmproj "
+                f"file), or send {self._name} text only",
+            )
+        if not self.capabilities:
+            raise UnsupportedFeature(
+                f"{self._name}'s projector places media with M-RoPE positions, which localrun's llama.cpp "
+                "runtime does not support yet",
+                param="media",
+                hint="use the Ollama runtime for this model, or a model such as Gemma 3",
+            )
+        for item in media:
+            if item.kind == "audio" and AUDIO not in self.capabilities:
+                raise InvalidMedia(
+                    f"{self._name}'s projector takes images, not audio", hint="send an image, or use an audio model"
+                )
+            if item.kind == "image" and VISION not in self.capabilities:
+                raise InvalidMedia(
+                    f"{self._name}'s projector takes audio, not images", hint="send audio, or use a vision model"
+                )
+            if item.kind not in ("image", "audio"):
+                raise InvalidMedia(f"unknown media kind {item.kind!r}", hint="send an image or an audio clip")
+
+    def prompt(self, text: str, media: Sequence[Media], *, add_special: bool, max_chunk: int) -> MediaPrompt:
+        """Decode ``media`` and tokenize them with ``text`` (one marker per item, in order).
+
+        ``max_chunk``: the most tokens one non-causal chunk may have (the context's ubatch)."""
+        self.check(media)
+        found = text.count(MEDIA_MARKER)
+        if found != len(media):
+            raise InvalidMedia(
+                f"the prompt places {found} media items but {len(media)} were sent",
+                hint="the chat template dropped or repeated a message that carries an image",
+            )
+        projector, decoder = self.projector, self._decoder_now()
+        bitmaps = []
+        try:
+            for item in media:
+                if item.kind == "image":
+                    img = decoder.image(item.data)
+                    bitmaps.append(projector.image_bitmap(img.nx, img.ny, img.rgb, img.digest))
+                else:
+                    clip = decoder.audio(item.data, projector.sample_rate)
+                    bitmaps.append(projector.audio_bitmap(clip.samples, clip.digest))
+        except BaseException:
+            projector.free_bitmaps(bitmaps)
+            raise
+        prompt = projector.tokenize(text, bitmaps, add_special=add_special)
+        big = next((s for s in prompt.spans if s.non_causal and s.n_tokens > max_chunk), None)
+        if big is not None:
+            prompt.close()
+            raise InvalidMedia(
+                f"this {big.kind} takes {big.n_tokens} tokens, more than the {max_chunk} one batch of this model's "
+                "context holds (it must be decoded in one)",
+                hint="send a smaller image, or load the model with a larger step_tokens",
+            )
+        return prompt
+
+    def _decoder_now(self):
+        with self._lock:
+            if self._decoder is None:
+                from localrun.runtimes.llamacpp.media_decode import MediaDecoder
+
+                self._decoder = MediaDecoder()
+            return self._decoder
+
+    def close(self) -> None:
+        """Stop the decoder process and free the projector (after the scheduler stopped)."""
+        with self._lock:
+            decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            decoder.close()
+        if self.projector is not None:
+            self.projector.close()
+
+
+def completion_text(prompt: str, media: Sequence[Media]) -> str:
+    """A completion prompt with one marker per item: those the client placed, else appended."""
+    if media and MEDIA_MARKER not in prompt:
+        return prompt + "".join(MEDIA_MARKER for _ in media)
+    return prompt

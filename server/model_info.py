@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from localrun.modelstore.identity import registration_digest, tagged
+from localrun.modelstore.projector_facts import media_capabilities
 from localrun.types import ModelRecord
 
 #: A time far away for "never unloads", as Ollama reports pinned models.
@@ -68,7 +69,15 @@ def digest(record: ModelRecord, settings=None) -> str:
     return registration_digest(record, config_overrides(settings, record.name))
 
 
-def openai_model(record: ModelRecord, loaded: dict | None) -> dict[str, Any]:
+def modalities(record: ModelRecord) -> dict[str, bool]:
+    """What the model takes besides text, in llama-server's ``/props`` shape (its projector's header)."""
+    media = media_capabilities(record)
+    return {"vision": "vision" in media, "audio": "audio" in media}
+
+
+def openai_model(record: ModelRecord, loaded: dict | None, capabilities: list[str] | None = None) -> dict[str, Any]:
+    """One /v1/models entry. ``capabilities`` (Ollama's names, as /api/show has them) gain
+    llama-server's ``multimodal`` for a model with a projector, which its clients look for."""
     entry: dict[str, Any] = {
         "id": record.name,
         "object": "model",
@@ -79,6 +88,10 @@ def openai_model(record: ModelRecord, loaded: dict | None) -> dict[str, Any]:
     }
     if loaded is not None:
         entry["loaded_context_length"] = loaded.get("n_ctx")
+    if capabilities is not None:
+        media = modalities(record)
+        entry["capabilities"] = [*capabilities, *(["multimodal"] if any(media.values()) else [])]
+        entry["modalities"] = media
     return entry
 
 

@@ -56,7 +56,7 @@ from localrun.server.llama_server.schemas import (
 from localrun.server.openapi import SSE, documented
 from localrun.server.security import is_loopback_host
 from localrun.server.validate import refuse_empty_prompt
-from localrun.types import CompletionRequest
+from localrun.types import AUDIO, MEDIA_MARKER, VISION, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,9 @@ async def props(request: Request):
         "chat_template_source": facts["chat_template_source"],
         "bos_token": facts["bos_token"],
         "eos_token": facts["eos_token"],
-        "modalities": {"vision": False, "audio": False},
+        # What the loaded session takes (its projector, as the runtime opened it), as llama-server says it.
+        "modalities": {"vision": VISION in facts["capabilities"], "audio": AUDIO in facts["capabilities"]},
+        "media_marker": MEDIA_MARKER,
         "fim": facts["fim"],
         "pooling": facts["pooling"],
         "capabilities": facts["capabilities"],

@@ -5,8 +5,10 @@ only for ``embedding`` and passes tools only for ``tools``; oterm greys out tool
 without them. So they are read from the model itself, as Ollama reads them (its
 ``Model.Capabilities``): pooling makes an embedding model, the chat template's variables say
 tools (and thinking, by its reasoning markers), fill-in-the-middle tokens say insert, a
-projector says vision. ``model_info`` carries the GGUF keys with their architecture prefix
-(``llama.context_length``, ``general.architecture``), which is what clients look up.
+projector says vision (and audio, by its header's ``clip.has_*_encoder`` keys, read without
+loading the model; ``projector_info`` carries that header as Ollama's does). ``model_info``
+carries the GGUF keys with their architecture prefix (``llama.context_length``,
+``general.architecture``), which is what clients look up.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 
 from localrun.chat.reasoning import detect_format
 from localrun.chat.tools import template_uses_tools
+from localrun.modelstore.projector_facts import media_capabilities, projector_facts
 from localrun.server.model_info import details, digest, iso
-from localrun.types import META_PROJECTOR, Format, ModelRecord
+from localrun.types import Format, ModelRecord
 
 #: Keys ``localrun import`` / ``/api/create`` record (the same names planning/overrides.py reads).
 META_POOLING = "localrun.pooling"
@@ -78,8 +81,12 @@ def capabilities(record: ModelRecord, settings=None) -> list[str]:
         out.append("completion")
     if pool is not None and pool not in ("none", "rank"):
         out.append("embedding")
-    if meta.get(META_PROJECTOR) or scalars.get("clip.has_vision_encoder") or scalars.get(f"{arch}.vision.block_count"):
+    media = media_capabilities(record)
+    # A GGUF with its encoder inside (``ARCH.vision.block_count``, as Ollama's own converts have) sees too.
+    if "vision" in media or scalars.get("clip.has_vision_encoder") or scalars.get(f"{arch}.vision.block_count"):
         out.append("vision")
+    if "audio" in media or scalars.get(f"{arch}.audio.block_count"):
+        out.append("audio")
     template = chat_template(record)
     if "completion" in out and template_uses_tools(template or None):
         out.append("tools")
@@ -108,6 +115,20 @@ def model_info(record: ModelRecord, *, verbose: bool) -> dict[str, Any]:
     for key, value in _scalars(record).items():
         if isinstance(value, (str, int, float, bool)) and (verbose or not isinstance(value, str) or len(value) <= 256):
             info[key] = value
+    return info
+
+
+def projector_info(record: ModelRecord, *, verbose: bool) -> dict[str, Any] | None:
+    """The projector's header keys, as Ollama's ``projector_info`` (long strings only when verbose)."""
+    facts = projector_facts(record)
+    if facts is None:
+        return None
+    info = {
+        k: v
+        for k, v in facts.keys.items()
+        if isinstance(v, (str, int, float, bool)) and (verbose or not isinstance(v, str) or len(v) <= 256)
+    }
+    info["general.parameter_count"] = facts.n_params
     return info
 
 
@@ -142,4 +163,7 @@ def ollama_show(record: ModelRecord, loaded: dict | None, *, verbose: bool, sett
     }
     if system:
         shown["system"] = system
+    projector = projector_info(record, verbose=verbose)
+    if projector is not None:
+        shown["projector_info"] = projector
     return shown

@@ -34,6 +34,7 @@ from localrun.server.generation import (
     session_call,
 )
 from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
+from localrun.server.ollama.show import capabilities
 from localrun.server.openai.choices import (
     chat_logprobs,
     check_best_of,
@@ -60,20 +61,25 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @documented(answer=answers.ModelList)
 @router.get("/models")
 async def list_models(request: Request):
-    manager = app_state(request).manager
+    state = app_state(request)
+    manager = state.manager
     records = await asyncio.to_thread(manager.store.list)
     loaded = {m["name"]: m for m in manager.loaded()}
     remote = [openai_upstream_model(u) for u in upstream_listing(manager, records)]
-    return {"object": "list", "data": [openai_model(r, loaded.get(r.name)) for r in records] + remote}
+    local = await asyncio.to_thread(  # capabilities read each projector's header (cached): off the loop
+        lambda: [openai_model(r, loaded.get(r.name), capabilities(r, state.settings)) for r in records]
+    )
+    return {"object": "list", "data": local + remote}
 
 
 @documented(answer=answers.ModelObject)
 @router.get("/models/{model:path}")
 async def get_model(request: Request, model: str):
-    manager = app_state(request).manager
-    record = await asyncio.to_thread(manager.resolve, model)
-    loaded = {m["name"]: m for m in manager.loaded()}
-    return openai_model(record, loaded.get(record.name))
+    state = app_state(request)
+    record = await asyncio.to_thread(state.manager.resolve, model)
+    loaded = {m["name"]: m for m in state.manager.loaded()}
+    caps = await asyncio.to_thread(capabilities, record, state.settings)
+    return openai_model(record, loaded.get(record.name), caps)
 
 
 @documented(ChatCompletionRequest, answers.ChatCompletion, stream=SSE)

@@ -339,7 +339,7 @@ def _base64() -> list[Case]:
         "hex-of-png": png.hex(),
         "urlsafe-with-junk": good[:30].replace("+", "-").replace("/", "_") + "*" + good[30:],
         "nul-in-text": good[:16] + "\x00" + good[16:],
-        "data-url-twice": "data:image/png;base64," + good,  # a data URL where bare base64 belongs
+        "data-url-twice": "data:image/png;base64," * 2 + good,  # a data URL in a data URL
         "base64-of-base64": _b64(good.encode()),
         "truncated-quad": good[: (len(good) // 2) + 1],
     }

@@ -190,6 +190,8 @@ def _stream_answer(manager, name: str, req, fmt=None, *, show_thinking: bool = T
 @click.option("--max-tokens", type=click.IntRange(1, None), default=None, help="Stop after this many tokens.")
 @click.option("--temperature", type=click.FloatRange(0, 2), default=None)
 @click.option("--seed", type=int, default=None)
+@click.option("--image", "images", multiple=True, metavar="FILE", help="An image for a model that sees (repeatable).")
+@click.option("--audio", "audios", multiple=True, metavar="FILE", help="An audio clip, wav or mp3 (repeatable).")
 @click.option(
     "--hide-thinking",
     is_flag=True,
@@ -206,6 +208,8 @@ def run_cmd(
     max_tokens,
     temperature,
     seed,
+    images,
+    audios,
     hide_thinking,
     runtime,
     ctx_len,
@@ -216,9 +220,14 @@ def run_cmd(
     speculative,
     draft,
 ):
-    """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively."""
+    """Chat with a model. With PROMPT, print one answer and exit; without, chat interactively.
+
+    --image and --audio attach files to the prompt (to the first message of a chat).
+    """
+    from localrun.chat.attach import place, read_all
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
+    media = read_all(images, audios)  # before anything loads: a mistyped path costs nothing
     settings = settings_from(ctx)
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
@@ -233,23 +242,36 @@ def run_cmd(
     show = not hide_thinking
     try:
         fmt = None if raw else reasoning_format_of(manager, record.name)
+        if media:
+            _check_media(manager, record, media)
         if prompt:
-            text = " ".join(prompt)
+            text = place(" ".join(prompt), media)
             if raw:
-                _stream_answer(manager, record.name, CompletionRequest(prompt=text, sampling=Sampling(**sampling)))
+                req = CompletionRequest(prompt=text, sampling=Sampling(**sampling), media=media)
+                _stream_answer(manager, record.name, req)
             else:
-                msgs = ([Message("system", system)] if system else []) + [Message("user", text)]
+                msgs = ([Message("system", system)] if system else []) + [Message("user", text, media=media)]
                 req = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
                 _stream_answer(manager, record.name, req, fmt, show_thinking=show)
             return
-        _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show)
+        _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show, media=media)
     finally:
         manager.shutdown()
 
 
+def _check_media(manager, record, media) -> None:
+    """Refuse media the model cannot take (a text-only model: how to give it a projector)."""
+    from localrun.chat.attach import require_media_support
+    from localrun.types import META_PROJECTOR
+
+    caps = manager.load(record.name).handle.capabilities or ()
+    require_media_support(media, caps, model=record.name, has_projector=bool(record.metadata.get(META_PROJECTOR)))
+
+
 def _interactive(
-    manager, record, raw: bool, system: str | None, sampling: dict, fmt=None, *, show_thinking: bool = True
+    manager, record, raw: bool, system: str | None, sampling: dict, fmt=None, *, show_thinking: bool = True, media=()
 ) -> None:
+    from localrun.chat.attach import place
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     mode = "completion" if raw else "chat"
@@ -270,10 +292,12 @@ def _interactive(
             return
         if not line.strip():
             continue
+        line, turn_media, media = place(line, media), media, ()  # files given on the command line: the first turn
         if raw:
-            _stream_answer(manager, record.name, CompletionRequest(prompt=line, sampling=Sampling(**sampling)))
+            req = CompletionRequest(prompt=line, sampling=Sampling(**sampling), media=turn_media)
+            _stream_answer(manager, record.name, req)
             continue
-        history.append(Message("user", line))
+        history.append(Message("user", line, media=turn_media))
         req = ChatRequest(messages=tuple(history), sampling=Sampling(**sampling))
         answer = _stream_answer(manager, record.name, req, fmt, show_thinking=show_thinking)
         history.append(Message("assistant", answer))  # the answer alone: templates drop earlier thinking anyway

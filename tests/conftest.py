@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["tests.support.fixtures"]
+pytest_plugins = ["tests.support.fixtures", "tests.support.vision"]
 
 GEMMA_CACHE = Path(os.environ.get("LOCALRUN_TEST_CACHE", Path.home() / ".cache" / "localrun-test"))
 

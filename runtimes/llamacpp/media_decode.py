@@ -2,23 +2,61 @@
 
 API (the llama.cpp engine codes against this; keep it stable)::
 
-    decoder = MediaDecoder(max_bytes=20 << 20, max_pixels=50_000_000, max_audio_s=600.0, timeout_s=10.0)
+    decoder = MediaDecoder(max_bytes=20 << 20, max_pixels=64_000_000, max_audio_s=300.0, timeout_s=10.0)
     img = decoder.image(data)             # -> DecodedImage(nx, ny, rgb: bytes (nx*ny*3, row-major RGB), digest)
     clip = decoder.audio(data, 16000)     # -> DecodedAudio(samples: bytes (float32 LE mono), n, digest)
     decoder.close()
 
 ``digest`` is the sha256 hex of the decoded pixels (with nx, ny) or samples (with the rate): what
-the prefix cache keys a media chunk on, so the same picture re-encoded as PNG or JPEG-quality-100
-is not confused with another and the same bytes always hit.
+the prefix cache keys a media chunk on, so the same picture sent as PNG or as a lossless WebP
+hits the same entry, and two pictures never share one.
 
 Every refusal raises :class:`localrun.errors.InvalidMedia` naming the problem (and the cap, when
 a cap is what refused it). A decoder that crashes the child process fails only the request it was
 decoding (``InvalidMedia``); the child is restarted for the next one.
+
+Why a child process: Pillow's and miniaudio's parsers are C, and they read whatever a client
+sends. In the worker a segfault on one hostile PNG would kill the loaded model and every request
+on it. The child is long-lived (one start, ~0.3 s, not one per image) and single-minded: one file
+at a time, so a crash names its culprit. ``processes`` children decode in parallel; a caller past
+them waits its turn. The per-decode timeout kills a child stuck in a parser, and that request alone
+fails. What crosses the pipe: a JSON header and the raw bytes, each way (framing below).
+
+Test hooks: with ``LOCALRUN_MEDIA_TEST_HOOKS=1`` in the child's environment a payload starting
+with ``TEST_ABORT`` makes the child ``os.abort()`` and one starting with ``TEST_HANG`` makes it
+sleep, so tests can prove crash isolation and the timeout on the real process.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import queue
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import dataclass
+
+from localrun.errors import InvalidMedia, RuntimeUnavailable
+from localrun.proc import describe_exit
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 20 * 1024 * 1024  # OpenAI's per-image limit; a base64 body is a third larger
+DEFAULT_MAX_PIXELS = 64_000_000  # 8000×8000, Anthropic's largest accepted image
+DEFAULT_MAX_AUDIO_S = 300.0  # ten 30-second Whisper windows
+DEFAULT_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 60.0  # the child's imports, on a busy machine; not counted in a decode's timeout
+
+TEST_HOOKS_ENV = "LOCALRUN_MEDIA_TEST_HOOKS"
+TEST_ABORT = b"\x00LOCALRUN-TEST-ABORT"
+TEST_HANG = b"\x00LOCALRUN-TEST-HANG"
+
+_HEAD = struct.Struct("<IQ")  # frame: json length, data length; then the json, then the data
 
 
 @dataclass(frozen=True)
@@ -34,3 +72,237 @@ class DecodedAudio:
     samples: bytes
     n: int
     digest: str
+
+
+class _ChildDied(Exception):
+    pass
+
+
+class _StartFailed(Exception):
+    """The child never said it was ready: this machine's problem, not the client's file."""
+
+
+class _Child:
+    """One decoder process and its two pipes. Used by one thread at a time (the pool sees to it)."""
+
+    command = (sys.executable, "-m", "localrun.runtimes.llamacpp.media_decode")
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            list(self.command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=os.environ.copy(),
+            close_fds=True,
+        )
+        self.ready = False
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        parts: list[bytes] = []
+        while n:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, min(n, 1 << 20))
+            if not chunk:
+                raise _ChildDied(describe_exit(self.proc.wait(timeout=5)))
+            parts.append(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def _frame(self, deadline: float) -> tuple[dict, bytes]:
+        jlen, dlen = _HEAD.unpack(self._read(_HEAD.size, deadline))
+        header = json.loads(self._read(jlen, deadline))
+        return header, self._read(dlen, deadline) if dlen else b""
+
+    def call(self, header: dict, data: bytes, timeout_s: float) -> tuple[dict, bytes]:
+        if not self.ready:
+            try:
+                hello, _ = self._frame(time.monotonic() + START_TIMEOUT_S)
+            except TimeoutError:
+                raise _StartFailed(f"no answer in {START_TIMEOUT_S:g} s") from None
+            except (_ChildDied, OSError, ValueError, struct.error) as exc:
+                raise _StartFailed(str(exc) or type(exc).__name__) from None
+            if not hello.get("ready"):
+                raise _StartFailed(f"unexpected greeting {hello!r}")
+            self.ready = True
+        payload = json.dumps(header).encode()
+        try:
+            self.proc.stdin.write(_HEAD.pack(len(payload), len(data)) + payload)
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise _ChildDied(describe_exit(self.proc.wait(timeout=5))) from None
+        return self._frame(time.monotonic() + timeout_s)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=5)
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except OSError as exc:  # a pipe to a dead process may fail to flush; it is gone either way
+                log.debug("closing a decoder pipe: %s", exc)
+
+    def close(self) -> None:
+        """Ask it to leave (EOF on its stdin); kill it if it does not."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.debug("decoder child did not leave when asked (%s); killing it", exc)
+        self.kill()
+
+
+class MediaDecoder:
+    """Images and audio clips to pixels and samples, off the caller's process (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_audio_s: float = DEFAULT_MAX_AUDIO_S,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        processes: int = 1,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_pixels = max_pixels
+        self.max_audio_s = max_audio_s
+        self.timeout_s = timeout_s
+        self.restarts = 0  # children replaced after a crash or a timeout; for logs and tests
+        self._idle: queue.Queue[_Child] = queue.Queue()
+        self._all: set[_Child] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        for _ in range(max(1, processes)):  # started now: their imports overlap the model's load
+            self._idle.put(self._spawn())
+
+    def _spawn(self) -> _Child:
+        child = _Child()
+        with self._lock:
+            self._all.add(child)
+        return child
+
+    def _retire(self, child: _Child) -> None:
+        child.kill()
+        with self._lock:
+            self._all.discard(child)
+
+    def image(self, data: bytes) -> DecodedImage:
+        self._check_size(data, "image")
+        head, rgb = self._run({"op": "image", "max_pixels": self.max_pixels}, data, "image")
+        return DecodedImage(nx=head["nx"], ny=head["ny"], rgb=rgb, digest=head["digest"])
+
+    def audio(self, data: bytes, sample_rate: int) -> DecodedAudio:
+        self._check_size(data, "audio clip")
+        header = {"op": "audio", "rate": int(sample_rate), "max_audio_s": self.max_audio_s}
+        head, samples = self._run(header, data, "audio clip")
+        return DecodedAudio(samples=samples, n=head["n"], digest=head["digest"])
+
+    def _check_size(self, data: bytes, what: str) -> None:
+        if not data:
+            raise InvalidMedia(f"the {what} is empty (0 bytes)")
+        if len(data) > self.max_bytes:
+            raise InvalidMedia(f"the {what} is {len(data)} bytes, over the {self.max_bytes}-byte cap")
+
+    def _run(self, header: dict, data: bytes, what: str) -> tuple[dict, bytes]:
+        if self._closed:
+            raise RuntimeError("the media decoder is closed")
+        child = self._idle.get()
+        healthy = True
+        try:
+            head, out = child.call(header, data, self.timeout_s)
+        except _StartFailed as exc:
+            healthy = False
+            raise RuntimeUnavailable(f"the media decoder process could not start: {exc}") from None
+        except TimeoutError:
+            healthy = False
+            raise InvalidMedia(f"decoding the {what} took longer than the {self.timeout_s:g}-second cap") from None
+        except _ChildDied as exc:
+            healthy = False
+            log.warning("media decoder child died on a %d-byte %s (%s); restarting it", len(data), what, exc)
+            raise InvalidMedia(f"the {what} crashed the decoder ({exc}): it is malformed") from None
+        except (OSError, ValueError, struct.error) as exc:  # a garbled frame: never trust that child again
+            healthy = False
+            raise InvalidMedia(f"the {what} could not be decoded: decoder protocol error ({exc})") from None
+        finally:
+            if healthy:
+                self._idle.put(child)
+            else:
+                self._retire(child)
+                self.restarts += 1
+                if not self._closed:
+                    self._idle.put(self._spawn())
+        if "error" in head:
+            raise InvalidMedia(f"invalid {what}: {head['error']}")
+        return head, out
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            children = list(self._all)
+            self._all.clear()
+        for child in children:
+            child.close()
+
+    def __enter__(self) -> MediaDecoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --- the child ---------------------------------------------------------------------------------
+
+
+def _child_main() -> None:
+    """Serve decode requests on stdin/stdout until stdin closes. fd 1 is moved aside first, so a
+    stray print or a native library's chatter lands on stderr, never inside a frame."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = sys.stdin.buffer
+    hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
+    import PIL.Image  # noqa: F401  (imported before "ready": the first decode pays no import)
+
+    from localrun.runtimes.llamacpp import media_formats as F
+
+    def send(header: dict, data: bytes = b"") -> None:
+        payload = json.dumps(header).encode()
+        out.write(_HEAD.pack(len(payload), len(data)) + payload)
+        out.write(data)
+        out.flush()
+
+    send({"ready": True})
+    while True:
+        head = inp.read(_HEAD.size)
+        if len(head) < _HEAD.size:
+            return
+        jlen, dlen = _HEAD.unpack(head)
+        req = json.loads(inp.read(jlen))
+        data = inp.read(dlen)
+        if hooks and data.startswith(TEST_ABORT):
+            os.abort()
+        if hooks and data.startswith(TEST_HANG):
+            time.sleep(3600)
+        try:
+            if req["op"] == "image":
+                nx, ny, rgb = F.decode_image(data, int(req["max_pixels"]))
+                send({"nx": nx, "ny": ny, "digest": F.image_digest(nx, ny, rgb)}, rgb)
+            else:
+                rate = int(req["rate"])
+                samples = F.decode_audio(data, rate, float(req["max_audio_s"])).tobytes()
+                send({"n": len(samples) // 4, "digest": F.audio_digest(rate, samples)}, samples)
+        except F.BadMedia as exc:
+            send({"error": str(exc)})
+        except MemoryError:
+            send({"error": "the file needs more memory to decode than this machine gives it"})
+        except Exception as exc:  # a parser bug on hostile input: still this file's fault, and said so
+            log.exception("unexpected decoder failure")
+            send({"error": f"could not be decoded ({type(exc).__name__}: {exc})"})
+
+
+if __name__ == "__main__":
+    _child_main()

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from localrun.errors import InvalidMedia, LocalrunError
+from localrun.errors import InvalidMedia, LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.media_prompt import MediaPrompt, MediaSpan
 
 log = logging.getLogger(__name__)
@@ -93,9 +93,8 @@ class MediaEncoder:
     def close(self, timeout_s: float = 60.0) -> None:
         self._queue.put(None)
         self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.warning("the media encoder did not stop within %.0f s; its chunks stay allocated", timeout_s)
-            return
+        if self._thread.is_alive():  # the projector must not be freed under a running encode
+            raise RuntimeUnavailable("the media encoder did not stop", hint="kill the worker process")
         with self._lock:
             left, self._live = list(self._live.values()), {}
         for media in left:

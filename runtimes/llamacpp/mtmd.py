@@ -132,26 +132,25 @@ class Projector:
             data = text.encode("utf-8")
             inp = m.mtmd_input_text(data, len(data), bool(add_special), True)
             arr = (m.mtmd_bitmap_p_ctypes * max(1, len(bitmaps)))(*bitmaps)
-            with self._lock:
+            with self._lock:  # the context stays until this prompt is read (close() takes the lock)
                 self._check_open()
-                chunks = m.mtmd_input_chunks_init()
-                native = NativeChunks(m, chunks)
-                rc = m.mtmd_tokenize(self._ctx, chunks, ctypes.byref(inp), arr, len(bitmaps))
+                native = NativeChunks(m, m.mtmd_input_chunks_init())
+                rc = m.mtmd_tokenize(self._ctx, native.ptr, ctypes.byref(inp), arr, len(bitmaps))
+                if rc == 0:
+                    try:
+                        return self._prompt(native)
+                    except BaseException:
+                        native.close()
+                        raise
         finally:
             self.free_bitmaps(bitmaps)
-        if rc != 0:
-            native.close()
-            if rc == 1:
-                raise InvalidMedia(
-                    f"the prompt places {text.count(self.marker)} media items but {len(bitmaps)} were sent",
-                    hint="the chat template dropped or repeated a message that carries an image",
-                )
-            raise InvalidMedia("llama.cpp could not preprocess this media for the projector", hint="send another file")
-        try:
-            return self._prompt(native)
-        except BaseException:
-            native.close()
-            raise
+        native.close()
+        if rc == 1:
+            raise InvalidMedia(
+                f"the prompt places {text.count(self.marker)} media items but {len(bitmaps)} were sent",
+                hint="the chat template dropped or repeated a message that carries an image",
+            )
+        raise InvalidMedia("llama.cpp could not preprocess this media for the projector", hint="send another file")
 
     def _prompt(self, native: NativeChunks) -> MediaPrompt:
         m, tokens, spans, seen = self._m, [], [], {}
@@ -216,8 +215,11 @@ class Projector:
             self._m.mtmd_free(ctx)
 
 
-def open_projector(llama, model, record, plan):
-    """The record's projector (``metadata[META_PROJECTOR]``, or the plan's ``mmproj`` option), or None."""
+def open_projector(llama, model, record, plan, cp=None):
+    """The record's projector (``metadata[META_PROJECTOR]``, or the plan's ``mmproj`` option), or None.
+
+    With the context params ``cp`` (before the context exists): their batch and ubatch grow to
+    one image's tokens, which must go in one ubatch when they attend to each other (Gemma 3)."""
     from localrun.types import META_PROJECTOR
 
     path = plan.options.get("mmproj") or (record.metadata or {}).get(META_PROJECTOR)
@@ -227,4 +229,13 @@ def open_projector(llama, model, record, plan):
     if use_gpu is None:
         use_gpu = int(plan.n_gpu_layers) > 0 and plan.device != "cpu"
     threads = int(plan.options.get("mmproj_threads") or plan.n_threads)
-    return Projector(llama, model, str(path), n_threads=threads, use_gpu=bool(use_gpu))
+    projector = Projector(llama, model, str(path), n_threads=threads, use_gpu=bool(use_gpu))
+    if cp is not None:
+        try:
+            need = projector.image_tokens()
+        except BaseException:
+            projector.close()
+            raise
+        cp.n_batch = max(cp.n_batch, need)
+        cp.n_ubatch = max(cp.n_ubatch, need)
+    return projector

@@ -223,13 +223,10 @@ class LlamaCppSession(ServerExtras):
                 hint="the file may be corrupt or an architecture this llama.cpp does not know",
             )
         try:
-            projector = open_projector(llama, model, record, plan)
+            projector = open_projector(llama, model, record, plan, cp)  # cp's batches grow to one image
         except BaseException:
             llama.llama_model_free(model)
             raise
-        if projector is not None:  # a whole image goes in one ubatch (its tokens attend to each other)
-            cp.n_batch = max(cp.n_batch, projector.image_tokens())
-            cp.n_ubatch = max(cp.n_ubatch, min(cp.n_batch, projector.image_tokens()))
         ctx = llama.llama_init_from_model(model, cp)
         if not ctx:
             if projector is not None:

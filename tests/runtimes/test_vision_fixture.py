@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import time
 
 import numpy as np
 import pytest
@@ -63,11 +64,14 @@ class Mtmd:
                     media = chunk
             assert media is not None, kinds
             n_tokens = M.mtmd_input_chunk_get_n_tokens(media)
+            started = time.perf_counter()
             assert M.mtmd_encode_chunk(self.ctx, media) == 0
+            encode_s = time.perf_counter() - started
             embd = M.mtmd_get_output_embd(self.ctx)
             width = vision.GEMMA3_270M_N_EMBD
             out = np.ctypeslib.as_array(embd, shape=(n_tokens * width,)).reshape(n_tokens, width).copy()
-            return {"kinds": kinds, "n_tokens": n_tokens, "id": M.mtmd_input_chunk_get_id(media), "embd": out}
+            chunk_id = M.mtmd_input_chunk_get_id(media)
+            return {"kinds": kinds, "n_tokens": n_tokens, "id": chunk_id, "embd": out, "encode_s": encode_s}
         finally:
             M.mtmd_input_chunks_free(chunks)
             M.mtmd_bitmap_free(bitmap)

@@ -50,7 +50,7 @@ GEMMA3_270M_N_EMBD = 640
 # SigLIP's preprocessing for Gemma 3 (preprocessor_config.json of google/gemma-3-4b-it).
 IMAGE_MEAN = (0.5, 0.5, 0.5)
 IMAGE_STD = (0.5, 0.5, 0.5)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bumped when what a builder writes changes, so a stale cached file is rebuilt, not reused."""
 
 
@@ -141,7 +141,9 @@ class _Weights:
 
     def matrix(self, name: str, shape: tuple[int, int], key: tuple | None = None) -> None:
         """A block matrix in the writer's quant, shared across blocks under ``key``."""
-        quant = self.quant if shape[-1] % 32 == 0 else "f32"
+        # Q8_0 packs 32 values along a row (numpy's last axis); SigLIP's 4304-wide ffn_down is not a
+        # multiple, so that one falls back to F16, as llama-quantize leaves it in real projectors.
+        quant = self.quant if self.quant != "q8_0" or shape[-1] % 32 == 0 else "f16"
         cache_key = (key, shape, quant) if key is not None else None
         if cache_key is not None and cache_key in self._cache:
             data, raw = self._cache[cache_key]
@@ -346,6 +348,21 @@ def wav_bytes(
         out.setframerate(rate)
         out.writeframes(raw)
     return buf.getvalue()
+
+
+def mp3_bytes(seconds: float = 1.0, rate: int = AUDIO_SAMPLE_RATE, *, freq: float = 440.0, channels: int = 1) -> bytes:
+    """A sine tone as MP3, through the pinned ``lameenc`` (LAME) from the test extra."""
+    import lameenc
+
+    n = int(seconds * rate)
+    tone = (0.5 * np.sin(2 * math.pi * freq * np.arange(n) / rate) * 32767).astype("<i2")
+    enc = lameenc.Encoder()
+    enc.set_bit_rate(64)
+    enc.set_in_sample_rate(rate)
+    enc.set_channels(channels)
+    enc.set_quality(7)
+    pcm = np.repeat(tone[:, None], channels, axis=1).tobytes()
+    return bytes(enc.encode(pcm) + enc.flush())
 
 
 def float_wav_bytes(seconds: float = 1.0, rate: int = AUDIO_SAMPLE_RATE, *, freq: float = 440.0) -> bytes:

@@ -76,12 +76,15 @@ def server(tmp_path_factory, gemma_gguf):
     srv = start_vision_server(
         home, gemma_gguf, projector, env_extra={"LOCALRUN_SERVER__FETCH_IMAGE_URLS": '["127.0.0.1"]'}
     )
+    load = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert httpx.post(f"{srv.url}/v1/chat/completions", json=load, timeout=600).status_code == 200
     yield srv
     srv.stop()
 
 
 def img_url(name: str, pages: str) -> str:
     """Their ``get_img_url``: URL, data URI or bare base64 of their two images, or the name itself."""
+    port = pages.rsplit(":", 1)[-1]
     return {
         "IMG_URL_0": f"{pages}/11_truck.png",
         "IMG_URL_1": f"{pages}/91_cat.png",
@@ -91,7 +94,7 @@ def img_url(name: str, pages: str) -> str:
         "IMG_BASE64_1": b64(IMG_1),
         "NOT_FOUND": f"{pages}/404",
         "HTML_PAGE": f"{pages}/index.html",
-        "HOST_NOT_ALLOWED": f"http://localhost:{pages.rsplit(':', 1)[1]}/11_truck.png",
+        "HOST_NOT_ALLOWED": f"http://localhost:{port}/11_truck.png",
     }.get(name, name)
 
 
@@ -109,7 +112,7 @@ def chat(server, prompt: str, url: str, **extra) -> httpx.Response:
         ],
         **extra,
     }
-    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=300)
 
 
 def _message(r: httpx.Response) -> str:
@@ -118,11 +121,6 @@ def _message(r: httpx.Response) -> str:
 
 
 def test_props_and_show_say_the_model_sees(server):
-    httpx.post(
-        f"{server.url}/v1/chat/completions",
-        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
-        timeout=120,
-    )
     props = httpx.get(f"{server.url}/props", params={"model": MODEL}, timeout=30).json()
     assert props["modalities"]["vision"] is True
     assert props["modalities"]["audio"] is False
@@ -172,7 +170,7 @@ def test_vision_chat_completion_token_count(server):
     text_only = httpx.post(
         f"{server.url}/v1/messages/count_tokens",
         json={"model": MODEL, "messages": [{"role": "user", "content": "What is this:"}]},
-        timeout=60,
+        timeout=300,
     ).json()["input_tokens"]
     with_image = httpx.post(
         f"{server.url}/v1/messages/count_tokens",
@@ -188,7 +186,7 @@ def test_vision_chat_completion_token_count(server):
                 }
             ],
         },
-        timeout=60,
+        timeout=300,
     )
     assert with_image.status_code == 200, with_image.text
     assert with_image.json()["input_tokens"] > text_only + 10
@@ -233,7 +231,7 @@ def test_vision_completion(server, route, prompt, image, success):
     body["n_predict" if route == "/completion" else "max_tokens"] = 4
     if route == "/v1/completions":
         body["model"] = MODEL
-    r = httpx.post(f"{server.url}{route}", json=body, timeout=120)
+    r = httpx.post(f"{server.url}{route}", json=body, timeout=300)
     if success:
         assert r.status_code == 200, r.text
         answer = r.json()

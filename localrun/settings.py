@@ -68,8 +68,28 @@ class ServerSettings(BaseModel):
     """Let browser pages served from this machine (http(s)://localhost, 127.0.0.1 or [::1], any
     port) and desktop app shells (app://, tauri://, vscode-webview://, vscode-file://, file://)
     call the API, as Ollama does by default; false: only ``cors_origins``."""
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    """Largest request body accepted."""
+    max_body_bytes: int = Field(48 * 1024 * 1024, ge=1024)
+    """Largest request body accepted. 48 MiB takes a request holding ``max_media_total_bytes`` of
+    images inline (32 MiB of files are ~43 MiB in base64) plus its text: a phone photo (3–8 MB)
+    alone is 4–11 MB in base64, which the old 4 MiB refused."""
+    max_media_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    """Largest image or audio clip accepted, decoded (inline or fetched). 20 MiB: OpenAI's cap per
+    image; it takes a 48-MP phone JPEG or minutes of WAV, and refuses a raw camera dump."""
+    max_media_total_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=46 * 1024 * 1024)
+    """Largest sum of one request's media, decoded. The worker pipe carries them in base64 inside
+    one frame of at most 64 MiB (localrun/worker/protocol.py), hence the ceiling of 46 MiB."""
+    max_media_per_request: int = Field(32, ge=0, le=1000)
+    """Most images and clips in one request, the conversation's history included (0 refuses any).
+    32: an agent's history of screenshots fits, and at ~256 tokens an image it already fills an 8k context."""
+    max_image_pixels: int = Field(64 * 1024 * 1024, ge=1)
+    """Most pixels (width × height, read from the header before any decode) an image may have.
+    64 MP takes a 48-MP phone photo; a 1 KB file claiming 60000×60000 is refused at the door."""
+    fetch_image_urls: list[str] = Field(default_factory=list)
+    """Hosts whose ``http(s)://`` image URLs the server fetches (names, or patterns such as
+    ``*.example.com``). Empty (the default): none, since a server that fetches any URL it is sent
+    lets any client reach what the server can (an SSRF hole); clients send images inline instead."""
+    fetch_timeout_s: float = Field(10.0, gt=0, le=300)
+    """Deadline for fetching one image URL, redirects included (llama-server's is 10 s too)."""
     header_timeout_s: float = Field(10.0, gt=0, le=3600)
     """Deadline for a request's head (request line and headers), from the connection's start
     or the request's first byte; a client still sending it then gets a 408 and is disconnected."""

@@ -30,6 +30,9 @@ them declared it honours the fields the way a real runtime would, in the same wo
   their index, the usage (prompt once, completions summed) on the very last chunk.
 
 Embeddings come with their tokens counted (``serve_embed_usage``), words being its tokens.
+
+Media: a record with a projector sees images by default (``fake_capabilities`` may list ``vision``,
+``audio``); the answer says what arrived, for exact wire tests: ``[media: image/png 68B, …]``.
 """
 
 from __future__ import annotations
@@ -51,11 +54,15 @@ from localrun.errors import ContextOverflow, RuntimeUnavailable, UnsupportedFeat
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import (
+    AUDIO,
+    META_PROJECTOR,
+    VISION,
     Cancel,
     ChatRequest,
     Chunk,
     CompletionRequest,
     Format,
+    Media,
     ModelRecord,
     Plan,
     Sampling,
@@ -106,6 +113,8 @@ class FakeSession:
         self.plan = plan
         if "fake_capabilities" in plan.options:
             self.capabilities = frozenset(plan.options["fake_capabilities"] or ())
+        elif model.metadata.get(META_PROJECTOR):
+            self.capabilities = self.capabilities | {VISION}
         self._delay = float(plan.options.get("fake_delay_s", 0) or 0)
         self._reply_words = int(plan.options.get("fake_reply_words", 48))
         self._think_words = int(plan.options.get("fake_think_words", 0))
@@ -127,7 +136,7 @@ class FakeSession:
         prompt += req.prefix
         last_user = next((m.content for m in reversed(req.messages) if m.role == "user"), "")
         exact = self._tool_call(req, last_user) or self._json_answer(req.sampling)
-        head = exact or f"You said: {last_user.strip()}."
+        head = exact or f"You said: {last_user.strip()}.{media_note(req.media)}"
         if self._think_words and "</think>" not in req.prefix:  # a reasoning model's answer: think first
             head = (
                 "<think> " + " ".join(_FILLER[i % len(_FILLER)] for i in range(self._think_words)) + " </think> " + head
@@ -136,10 +145,11 @@ class FakeSession:
         return toolcalls.with_tool_calls(stream, req)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
-        self._check_capabilities(req.sampling, None)
+        self._check_capabilities(req.sampling, None, req.media)
         tail = " ".join(req.prompt.split()[-8:])
         exact = self._json_answer(req.sampling)
-        return self._generate(req.prompt, exact or f" ... {tail}.", req.sampling, cancel, (), filler=exact is None)
+        head = exact or f" ... {tail}.{media_note(req.media)}"
+        return self._generate(req.prompt, head, req.sampling, cancel, (), filler=exact is None)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Deterministic unit vectors from a hash of each text: equal texts, equal vectors."""
@@ -185,9 +195,12 @@ class FakeSession:
 
     # --- capabilities -------------------------------------------------------------------
 
-    def _check_capabilities(self, sampling: Sampling, req: ChatRequest | None) -> None:
+    def _check_capabilities(self, sampling: Sampling, req: ChatRequest | None, media: tuple[Media, ...] = ()) -> None:
         """The runtime's own refusal, for callers that skip the server's check (CLI, TUI)."""
+        kinds = {m.kind for m in (req.media if req is not None else media)}
         asked = [
+            ("images", VISION, "image" in kinds),
+            ("audio", AUDIO, "audio" in kinds),
             ("logprobs", "logprobs", sampling.logprobs is not None),
             ("response_format", "json_schema", sampling.json_schema is not None),
             ("grammar", "grammar", sampling.grammar is not None),
@@ -321,6 +334,13 @@ class FakeSession:
             if piece:
                 yield Chunk(text=piece, logprobs=tuple(logprobs))
                 logprobs.clear()
+
+
+def media_note(media: tuple[Media, ...]) -> str:
+    """What the answer says about the request's media: `` [media: image/png 68B, …]``, or nothing."""
+    if not media:
+        return ""
+    return " [media: " + ", ".join(f"{m.mime or m.kind} {len(m.data)}B" for m in media) + "]"
 
 
 def fake_logprob(token: str, top_n: int) -> dict[str, Any]:

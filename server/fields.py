@@ -49,7 +49,21 @@ HINTS = {
     ),
     "rerank": "use a reranker model (rank pooling), or load one with --pooling rank",
     "embeddings": "use an embedding model, or load this one with a pooling override (--pooling mean)",
+    "vision": (
+        "{model} has no vision projector: pair one with `localrun import MODEL.gguf --mmproj FILE`, "
+        "or pull a repo that has one (an mmproj*.gguf beside the model)"
+    ),
+    "audio": (
+        "{model} has no projector that takes audio: pair one with `localrun import MODEL.gguf --mmproj FILE`, "
+        "or pull a repo whose projector takes audio"
+    ),
+    "audio_output": "localrun answers in text: leave 'audio' and 'modalities' out",
+    "documents": "send the document's text as a text block; document (PDF) blocks are not read",
 }
+#: The audio hint when the model sees images but its projector takes no audio.
+VISION_ONLY_HINT = "{model}'s projector takes images only: send images, or use a model whose projector takes audio"
+#: What a media item is, for the refusal's sentence.
+_MEDIA_WORDS = {"vision": "an image", "audio": "an audio clip"}
 
 
 def known_fields(schema: type[BaseModel]) -> frozenset[str]:
@@ -210,9 +224,15 @@ def refuse_unsupported(found: list[tuple[str, str]], *, model: str, runtime: str
     """
     for field, capability in found:
         if capability not in capabilities:
+            hint = HINTS.get(capability, "remove the field from the request")
+            if capability == "audio" and "vision" in capabilities:
+                hint = VISION_ONLY_HINT
+            what = _MEDIA_WORDS.get(capability)
             raise UnsupportedFeature(
-                f"{field!r} is not supported by the {runtime} runtime serving {model}",
-                hint=HINTS.get(capability, "remove the field from the request"),
+                f"{field!r} is {what}, which the {runtime} runtime serving {model} does not take"
+                if what
+                else f"{field!r} is not supported by the {runtime} runtime serving {model}",
+                hint=hint.replace("{model}", model),
                 param=field,
             )
 

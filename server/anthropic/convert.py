@@ -18,6 +18,10 @@ Rules, each chosen so that what an agent re-sends every turn renders to the same
   ``is_error`` results are prefixed ``Error:``.
 * Tools are sorted by name: an agent reconnecting its MCP servers may list them in another
   order, which means nothing but would change the prompt.
+* ``image`` blocks (``base64`` with its ``media_type``, or a ``url``, fetched only from allowed
+  hosts) are the turn's media, each a media marker where the block stood, the text blocks around
+  them joined by a blank line as always; an image inside a ``tool_result`` (Claude Code returns
+  screenshots that way) is media of that tool turn.
 * An assistant turn's ``thinking`` blocks are its reasoning (``Message.reasoning``), which
   reaches the template as ``reasoning_content``, as llama-server passes it: a reasoning model's
   template keeps it within a tool-use loop (Anthropic keeps thinking there too) and drops it
@@ -32,9 +36,10 @@ import json
 import re
 from typing import Any
 
-from localrun.server.anthropic.schemas import CountTokensRequest, MessageParam, ToolResultBlock
+from localrun.chat.media import IMAGE, MediaReader
+from localrun.server.anthropic.schemas import CountTokensRequest, ImageBlock, MessageParam, ToolResultBlock
 from localrun.server.errors import InvalidRequest
-from localrun.types import Message
+from localrun.types import MEDIA_MARKER, Media, Message, strip_media_markers
 
 _BILLING = re.compile(r"^(x-anthropic-billing-header:.*?\bcch=)[0-9A-Za-z]+;", re.MULTILINE)
 BILLING_CONSTANT = "00000"
@@ -49,23 +54,50 @@ def _blocks_text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
-    return "\n\n".join(b.text for b in content if getattr(b, "type", None) == "text")
+        return strip_media_markers(content)
+    return "\n\n".join(strip_media_markers(b.text) for b in content if getattr(b, "type", None) == "text")
 
 
 def system_text(body: CountTokensRequest) -> str:
     return stable_system_text(_blocks_text(body.system))
 
 
-def _tool_result_text(block: ToolResultBlock) -> str:
-    text = _blocks_text(block.content)
-    return f"Error: {text}" if block.is_error else text
+def image_media(block: ImageBlock, where: str, reader: MediaReader) -> Media:
+    """An image block's file: inline base64, or a URL the server may fetch; a Files API id is a 400."""
+    source = block.source
+    if source.type == "base64":
+        return reader.base64(source.data, where, expect=IMAGE, declared=source.media_type)
+    if source.type == "url":
+        return reader.url(source.url, where, expect=IMAGE)
+    raise InvalidRequest(
+        f"{where} refers to an uploaded file ({source.file_id[:64]!r}): localrun has no Files API",
+        hint="send the image inline (source type base64)",
+        param=f"{where}.source",
+    )
 
 
-def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
+def _tool_result(block: ToolResultBlock, where: str, reader: MediaReader) -> tuple[str, tuple[Media, ...]]:
+    """A result's text (``Error:`` first for an error) and images, each a marker where it stood."""
+    content = block.content
+    if content is None or isinstance(content, str):
+        text, media = _blocks_text(content), ()
+    else:
+        parts, found = [], []
+        for k, part in enumerate(content):
+            if part.type == "text":
+                parts.append(strip_media_markers(part.text))
+            elif part.type == "image":
+                found.append(image_media(part, f"{where}.content[{k}]", reader))
+                parts.append(MEDIA_MARKER)
+        text, media = "\n\n".join(parts), tuple(found)
+    return (f"Error: {text}" if block.is_error else text), media
+
+
+def _turns(i: int, m: MessageParam, names: dict[str, str], reader: MediaReader) -> list[Message]:
     """The core messages of one Anthropic turn (tool results first, then the text)."""
     if isinstance(m.content, str):
-        return [Message(m.role, m.content)]
+        return [Message(m.role, strip_media_markers(m.content))]
+    media: list[Media] = []
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -73,7 +105,10 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
     for j, block in enumerate(m.content):
         kind = block.type
         if kind == "text":
-            texts.append(block.text)
+            texts.append(strip_media_markers(block.text))
+        elif kind == "image":
+            media.append(image_media(block, f"messages[{i}].content[{j}]", reader))
+            texts.append(MEDIA_MARKER)
         elif kind in ("tool_use", "server_tool_use"):
             if m.role != "assistant":
                 raise InvalidRequest(
@@ -91,17 +126,16 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
                     "come back in a user turn",
                     param=f"messages[{i}].content[{j}]",
                 )
+            text, shown = _tool_result(block, f"messages[{i}].content[{j}]", reader)
             results.append(
-                Message(
-                    "tool", _tool_result_text(block), tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id)
-                )
+                Message("tool", text, tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id), media=shown)
             )
         elif kind == "thinking":
             if m.role == "assistant" and block.thinking:
                 thoughts.append(block.thinking)
         elif kind == "redacted_thinking":
             continue  # encrypted reasoning: accepted, not rendered (see the module doc)
-        elif kind not in ("image", "document"):  # those are refused by capability before this runs
+        elif kind != "document":  # refused by capability (no runtime declares "documents")
             raise InvalidRequest(
                 f"messages[{i}].content[{j}] has block type {kind!r}, which localrun does not serve",
                 hint="send text, tool_use, tool_result or thinking blocks",
@@ -109,29 +143,45 @@ def _turns(i: int, m: MessageParam, names: dict[str, str]) -> list[Message]:
             )
     out = results
     if texts or calls or thoughts or not results:
-        out.append(Message(m.role, "\n\n".join(texts), tool_calls=tuple(calls), reasoning="\n\n".join(thoughts)))
+        out.append(
+            Message(
+                m.role,
+                "\n\n".join(texts),
+                tool_calls=tuple(calls),
+                reasoning="\n\n".join(thoughts),
+                media=tuple(media),
+            )
+        )
     return out
 
 
 def _join(a: Message, b: Message) -> Message:
     text = "\n\n".join(t for t in (a.content, b.content) if t)
     reasoning = "\n\n".join(t for t in (a.reasoning, b.reasoning) if t)
-    return Message(a.role, text, tool_calls=a.tool_calls + b.tool_calls, reasoning=reasoning)
+    return Message(a.role, text, tool_calls=a.tool_calls + b.tool_calls, reasoning=reasoning, media=a.media + b.media)
 
 
-def core_messages(body: CountTokensRequest) -> tuple[Message, ...]:
-    """The conversation as core messages: the system turn first, then the turns in order."""
+def core_messages(body: CountTokensRequest, reader: MediaReader | None = None) -> tuple[Message, ...]:
+    """The conversation as core messages: the system turn first, then the turns in order (media read
+    by ``reader``, which keeps the request's count)."""
+    reader = reader or MediaReader()
     system = [system_text(body)] if body.system else []
     names: dict[str, str] = {}
     out: list[Message] = []
     for i, m in enumerate(body.messages):
         if m.role == "system":
+            if not isinstance(m.content, str) and any(b.type != "text" for b in m.content):
+                raise InvalidRequest(
+                    f"messages[{i}] is a system turn with non-text blocks: a system prompt is text",
+                    hint="put images in a user turn",
+                    param=f"messages[{i}].content",
+                )
             text = _blocks_text(m.content)
             if not out:
                 system.append(stable_system_text(text))
                 continue
             m = MessageParam(role="user", content=text)
-        for msg in _turns(i, m, names):
+        for msg in _turns(i, m, names, reader):
             if out and msg.role == out[-1].role and msg.role != "tool":
                 out[-1] = _join(out[-1], msg)
             else:

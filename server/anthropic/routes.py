@@ -48,6 +48,7 @@ from localrun.server.anthropic.schemas import CountTokensRequest, MessagesReques
 from localrun.server.errors import stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, make_sampling, open_generation, prompt_size
+from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
@@ -75,7 +76,10 @@ def note_ignored(body: CountTokensRequest) -> None:
         log.info("%s: accepted without effect: %s", body.model, ", ".join(sorted(set(names))[:20]))
 
 
-def chat_request(body: CountTokensRequest, sampling: Sampling) -> ChatRequest:
+async def chat_request(
+    request: Request, body: CountTokensRequest, sampling: Sampling
+) -> tuple[ChatRequest, list[tuple[str, str]]]:
+    """The core request and the capabilities it needs (its fields', and its media's: vision, audio)."""
     tools = core_tools(body)
     if body.mcp_servers:
         from localrun.server.errors import InvalidRequest
@@ -85,9 +89,10 @@ def chat_request(body: CountTokensRequest, sampling: Sampling) -> ChatRequest:
             hint="run the MCP tools in the client",
             param="mcp_servers",
         )
-    return ChatRequest(
-        messages=core_messages(body), sampling=sampling, tools=tools, tool_choice=core_tool_choice(body, tools)
-    )
+    reader = reader_for(request)
+    messages = await resolve_remote(reader, core_messages(body, reader), app_state(request).settings.server)
+    req = ChatRequest(messages=messages, sampling=sampling, tools=tools, tool_choice=core_tool_choice(body, tools))
+    return req, body.unsupported() + reader.needs()
 
 
 def anthropic_usage(u: Usage, *, output: int | None = None) -> dict:
@@ -145,8 +150,8 @@ async def create_message(request: Request):
         top_k=body.top_k,
         json_schema=_json_schema(body),
     )
-    req = chat_request(body, sampling)
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    req, found = await chat_request(request, body, sampling)
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
     try:
         enable_reasoning(request, gen, req, reasoning_ask(body))
     except LocalrunError:
@@ -195,8 +200,8 @@ async def count_tokens(request: Request):
     leaves the prompt in the prefix cache for the request that usually follows."""
     body: CountTokensRequest = await parse_body(request, CountTokensRequest)
     note_ignored(body)
-    req = chat_request(body, Sampling(max_tokens=0))
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    req, found = await chat_request(request, body, Sampling(max_tokens=0))
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
     await gen.collect()
     return {"input_tokens": gen.usage.prompt_tokens}
 

@@ -37,10 +37,44 @@ class TextBlock(Open):
     citations: Any = None
 
 
+class Base64Source(Open):
+    type: Literal["base64"]
+    media_type: Annotated[str, StringConstraints(max_length=128)] | None = None
+    data: str
+
+
+class URLSource(Open):
+    """Fetched only from hosts ``server.fetch_image_urls`` allows (localrun.server.media_fetch)."""
+
+    type: Literal["url"]
+    url: str
+
+
+class FileSource(Open):
+    """An id from Anthropic's Files API, which localrun does not have: refused by the converter."""
+
+    type: Literal["file"]
+    file_id: Ident
+
+
+ImageSource = Annotated[Base64Source | URLSource | FileSource, Field(discriminator="type")]
+
+
 class ImageBlock(Open):
-    type: Literal["image", "document"]
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: Any = None
+
+
+class DocumentBlock(Open):
+    """A PDF or text document: refused by capability (``documents``), which no runtime declares."""
+
+    type: Literal["document"]
     source: Any = None
     cache_control: Any = None
+    title: Any = None
+    context: Any = None
+    citations: Any = None
 
 
 class ToolUseBlock(Open):
@@ -55,7 +89,13 @@ class ToolUseBlock(Open):
 class ToolResultBlock(Open):
     type: Literal["tool_result"]
     tool_use_id: Ident
-    content: Text | Annotated[list[TextBlock | ImageBlock], Field(max_length=1000)] | None = None
+    content: (
+        Text
+        | Annotated[
+            list[Annotated[TextBlock | ImageBlock | DocumentBlock, Field(discriminator="type")]], Field(max_length=1000)
+        ]
+        | None
+    ) = None
     is_error: bool | None = None
     cache_control: Any = None
 
@@ -90,7 +130,7 @@ KNOWN_BLOCKS = frozenset(
 )
 
 Block = Annotated[
-    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 
@@ -159,13 +199,15 @@ class CountTokensRequest(Open):
             for j, block in enumerate(m.content):
                 if block.type in ("tool_use", "tool_result"):
                     found.append((f"messages[{i}].content[{j}]", "tools"))
-                if block.type in ("image", "document"):
-                    found.append((f"messages[{i}].content[{j}]", "vision"))
+                # Images need what they hold (vision, by the converter's MediaReader); documents need
+                # "documents", which no runtime declares.
+                if block.type == "document":
+                    found.append((f"messages[{i}].content[{j}]", "documents"))
                 if isinstance(block, ToolResultBlock) and isinstance(block.content, list):
                     found.extend(
-                        (f"messages[{i}].content[{j}].content[{k}]", "vision")
+                        (f"messages[{i}].content[{j}].content[{k}]", "documents")
                         for k, part in enumerate(block.content)
-                        if part.type != "text"
+                        if part.type == "document"
                     )
         return found
 

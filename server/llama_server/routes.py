@@ -53,6 +53,9 @@ from localrun.server.llama_server.schemas import (
     RerankBody,
     TokenizeBody,
 )
+from localrun.server.media_fetch import reader_for
+from localrun.server.openai.convert import completion_prompt
+from localrun.server.openai.schemas import MultimodalPrompt
 from localrun.server.openapi import SSE, documented
 from localrun.server.security import is_loopback_host
 from localrun.server.validate import refuse_empty_prompt
@@ -204,14 +207,16 @@ def _native_sampling(request: Request, body: NativeSampling):
 async def completion(request: Request):
     body: NativeCompletion = await parse_body(request, NativeCompletion)
     model = await pick_model(request, body.model)
-    ids = None if isinstance(body.prompt, str) else list(body.prompt)
-    refuse_empty_prompt(body.prompt if ids is None else "", ids)
+    multimodal = body.prompt if isinstance(body.prompt, MultimodalPrompt) else None
+    ids = None if isinstance(body.prompt, str) or multimodal else list(body.prompt)
+    reader = reader_for(request)
+    text = multimodal.prompt_string if multimodal else body.prompt if ids is None else ""
+    prompt, media = completion_prompt(text, multimodal, reader)
+    refuse_empty_prompt(prompt, ids)
     req = CompletionRequest(
-        prompt=body.prompt if ids is None else "",
-        sampling=_native_sampling(request, body),
-        prompt_tokens=tuple(ids or ()),
+        prompt=prompt, sampling=_native_sampling(request, body), prompt_tokens=tuple(ids or ()), media=media
     )
-    found = body.unsupported() + ([("prompt", "token_prompts")] if ids is not None else [])
+    found = body.unsupported() + reader.needs() + ([("prompt", "token_prompts")] if ids is not None else [])
     gen = await open_generation(request, model, req, keep_alive_s=None, found=found)
     return await _native_answer(gen, body)
 

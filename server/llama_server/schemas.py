@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
-from localrun.server.openai.schemas import ChatMessage, ModelName, Seed, Stop, Strict, TokenIds
+from localrun.server.openai.schemas import ChatMessage, ModelName, MultimodalPrompt, Seed, Stop, Strict, TokenIds
 
 Text = Annotated[str, StringConstraints(max_length=1_000_000)]
 #: llama-server's logit_bias: ``[[token, bias], …]`` (``false`` bans the token) or ``{"token": bias}``.
@@ -73,7 +73,8 @@ class NativeSampling(Strict):
 
 
 class NativeCompletion(NativeSampling):
-    prompt: Text | TokenIds
+    #: Text, token ids, or ``{"prompt_string": …, "multimodal_data": [base64, …]}`` (images and audio).
+    prompt: Text | TokenIds | MultimodalPrompt
 
 
 class ExtraChunk(Strict):

@@ -3,18 +3,33 @@ objects, often without an id), the core's OpenAI-shaped calls out."""
 
 from __future__ import annotations
 
+from localrun.chat.media import MediaReader, ollama_placement
 from localrun.chat.tool_calls import arguments_object, openai_calls
 from localrun.server.ollama.schemas import ChatBody
-from localrun.types import Message
+from localrun.server.openai.convert import inline_media
+from localrun.types import Media, Message, strip_media_markers
 
 
-def core_messages(body: ChatBody) -> tuple[Message, ...]:
-    """Core messages: Ollama's calls (arguments as objects, often no id) in OpenAI's shape."""
+def core_messages(body: ChatBody, reader: MediaReader | None = None) -> tuple[Message, ...]:
+    """Core messages: Ollama's calls (arguments as objects, often no id) in OpenAI's shape, and each
+    message's ``images`` placed by Ollama's rule (:func:`with_images`)."""
+    reader = reader or MediaReader()
     out = []
-    for m in body.messages or ():
+    for i, m in enumerate(body.messages or ()):
         calls = tuple(openai_calls([c.model_dump() for c in m.tool_calls or ()]))
-        out.append(Message(m.role, m.content or "", tool_calls=calls, tool_call_id=m.tool_call_id, name=m.tool_name))
+        text, media = with_images(m.content or "", m.images, f"messages[{i}].images", reader)
+        out.append(Message(m.role, text, tool_calls=calls, tool_call_id=m.tool_call_id, name=m.tool_name, media=media))
     return tuple(out)
+
+
+def with_images(
+    content: str, images: list[str] | None, where: str, reader: MediaReader
+) -> tuple[str, tuple[Media, ...]]:
+    """Text and media of a message (or ``/api/generate``'s prompt) and its base64 ``images``: each
+    takes the next ``[img]`` in the text, else goes before it (Ollama's server/prompt.go). Ollama's
+    ``images`` carry audio too where the model takes it: the reader tells them apart by content."""
+    media = [inline_media(data, f"{where}[{k}]", reader) for k, data in enumerate(images or ())]
+    return ollama_placement(strip_media_markers(content), media)
 
 
 def ollama_tool_calls(calls) -> list[dict]:

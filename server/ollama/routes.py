@@ -31,10 +31,11 @@ from localrun.server.generation import (
     open_generation,
     request_stats,
 )
+from localrun.server.media_fetch import reader_for
 from localrun.server.model_info import iso
 from localrun.server.ollama.context import CAPABILITY as CONTEXT_CAPABILITY
 from localrun.server.ollama.context import answer_context, with_context
-from localrun.server.ollama.convert import core_messages, ollama_tool_calls
+from localrun.server.ollama.convert import core_messages, ollama_tool_calls, with_images
 from localrun.server.ollama.schemas import (
     ChatBody,
     EmbedBody,
@@ -46,7 +47,7 @@ from localrun.server.ollama.schemas import (
 from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
-from localrun.types import ChatRequest, CompletionRequest, Message
+from localrun.types import ChatRequest, CompletionRequest, Message, strip_media_markers
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,8 @@ async def chat(request: Request):
     tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
     body, system = await _model_defaults(request, body)
     caps = await _capabilities(request, body, keep_alive_s)
-    messages = core_messages(body)
+    reader = reader_for(request)
+    messages = core_messages(body, reader)
     if system and not any(m.role == "system" for m in messages):
         messages = (Message("system", system), *messages)
     req = ChatRequest(
@@ -179,7 +181,7 @@ async def chat(request: Request):
         tools=tools,
         tool_choice="auto" if tools else None,
     )
-    return await _generate(request, body, req, keep_alive_s, chat=True)
+    return await _generate(request, body, req, keep_alive_s, chat=True, media_needs=reader.needs())
 
 
 @documented(GenerateBody, answers.OllamaGenerate, stream=NDJSON)
@@ -187,16 +189,23 @@ async def chat(request: Request):
 async def generate(request: Request):
     body: GenerateBody = await parse_body(request, GenerateBody)
     keep_alive_s = _keep_alive(body.keep_alive)
-    if not body.prompt and not body.unsupported():
+    if not body.prompt and not body.images and not body.unsupported():
         return await _load_or_unload(request, body.model, keep_alive_s, chat=False)
     body, default_system = await _model_defaults(request, body)
     caps = await _capabilities(request, body, keep_alive_s, needed=bool(body.context))
     sampling = _sampling(request, body, caps)
+    reader = reader_for(request)
+    prompt, media = with_images(body.prompt or "", body.images, "images", reader)
+    if media and body.context:
+        raise InvalidRequest(
+            "'context' (token ids) cannot carry images: send the conversation to /api/chat instead",
+            param="context",
+        )
     if body.raw or body.suffix:  # fill-in-the-middle, like a raw prompt, skips the chat template
-        req = CompletionRequest(prompt=body.prompt or "", sampling=sampling, suffix=body.suffix or None)
+        req = CompletionRequest(prompt=prompt, sampling=sampling, suffix=body.suffix or None, media=media)
     else:
-        system = body.system or default_system
-        msgs = ([Message("system", system)] if system else []) + [Message("user", body.prompt or "")]
+        system = strip_media_markers(body.system) if body.system else default_system
+        msgs = ([Message("system", system)] if system else []) + [Message("user", prompt, media=media)]
         req = ChatRequest(messages=tuple(msgs), sampling=sampling)
     if body.context:  # the model is loaded (needed=True above): refuse before asking it to tokenize
         lm = await asyncio.to_thread(app_state(request).manager.load, body.model, keep_alive_s=keep_alive_s)
@@ -204,13 +213,16 @@ async def generate(request: Request):
             [("context", CONTEXT_CAPABILITY)], model=lm.record.name, runtime=lm.plan.runtime, capabilities=caps
         )
         req = await with_context(request, lm.record.name, req, body.context)
-    return await _generate(request, body, req, keep_alive_s, chat=False)
+    return await _generate(request, body, req, keep_alive_s, chat=False, media_needs=reader.needs())
 
 
-async def _generate(request: Request, body, req, keep_alive_s: float | None, *, chat: bool) -> Response:
+async def _generate(
+    request: Request, body, req, keep_alive_s: float | None, *, chat: bool, media_needs: list[tuple[str, str]]
+) -> Response:
     started = time.perf_counter()
     await _check_num_ctx(request, body.model, body.options)
-    gen = await open_generation(request, body.model, req, keep_alive_s=keep_alive_s, found=body.unsupported())
+    found = body.unsupported() + media_needs
+    gen = await open_generation(request, body.model, req, keep_alive_s=keep_alive_s, found=found)
     loaded = time.perf_counter()
     try:
         if isinstance(req, ChatRequest):
@@ -232,13 +244,14 @@ async def _generate(request: Request, body, req, keep_alive_s: float | None, *, 
             line["response"] = text
             if gen.reasoning:
                 line["thinking"] = gen.reasoning
-            if (context := await answer_context(request, gen, req, text)) is not None:
+            if not req.media and (context := await answer_context(request, gen, req, text)) is not None:
                 line["context"] = context
         if body.logprobs:
             line["logprobs"] = gen.logprobs
         return JSONResponse(line)
     first = await gen.first()
-    tail = None if chat else (lambda answer: answer_context(request, gen, req, answer))
+    # A prompt with media has no token-id context: its images are not tokens of the vocabulary.
+    tail = None if chat or req.media else (lambda answer: answer_context(request, gen, req, answer))
     return StreamingResponse(_ndjson(gen, first, timing, chat=chat, context=tail), media_type=NDJSON)
 
 

@@ -121,7 +121,8 @@ class ChatMessage(Strict):
     role: Annotated[str, StringConstraints(pattern=r"^(system|user|assistant|tool)$")]
     content: str | None = None
     thinking: str | None = None
-    images: list[Any] | None = None
+    #: Base64 files (images, or audio where the projector takes it), placed by Ollama's ``[img]`` rule.
+    images: Annotated[list[str], Field(max_length=1000)] | None = None
     tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
     tool_name: Annotated[str, StringConstraints(max_length=256)] | None = None
     tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = None
@@ -164,9 +165,7 @@ class ChatBody(_Generating):
         found = self._unsupported_common()
         if self.tools:
             found.append(("tools", "tools"))
-        for i, m in enumerate(self.messages or ()):
-            if m.images:
-                found.append((f"messages[{i}].images", "vision"))
+        for i, m in enumerate(self.messages or ()):  # images need what they hold: the MediaReader says
             if m.tool_calls or m.role == "tool":
                 found.append((f"messages[{i}]", "tools"))
         return found
@@ -179,7 +178,7 @@ class GenerateBody(_Generating):
     template: str | None = None
     context: list[int] | None = None
     raw: bool | None = None
-    images: list[Any] | None = None
+    images: Annotated[list[str], Field(max_length=1000)] | None = None
     width: int | None = None
     height: int | None = None
     steps: int | None = None
@@ -190,7 +189,6 @@ class GenerateBody(_Generating):
             ("suffix", "fill-in-the-middle"),
             ("template", "custom templates"),
             ("context", "token_prompts"),
-            ("images", "vision"),
         ):
             if getattr(self, name):
                 found.append((name, cap))

@@ -33,6 +33,7 @@ from localrun.server.generation import (
     request_stats,
     session_call,
 )
+from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
 from localrun.server.ollama.show import capabilities
 from localrun.server.openai.choices import (
@@ -44,7 +45,7 @@ from localrun.server.openai.choices import (
     system_fingerprint,
     usage_dict,
 )
-from localrun.server.openai.convert import core_messages, core_tools
+from localrun.server.openai.convert import completion_prompt, core_messages, core_tools
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
@@ -103,8 +104,10 @@ async def chat_completions(request: Request):
         logprobs=logprobs_asked(body.logprobs, body.top_logprobs),
         **body.sampling_knobs(),
     )
+    reader = reader_for(request)
+    messages = await resolve_remote(reader, core_messages(body, reader), app_state(request).settings.server)
     req = ChatRequest(
-        messages=core_messages(body),
+        messages=messages,
         sampling=sampling,
         tools=tools,
         tool_choice=tool_choice,
@@ -112,7 +115,7 @@ async def chat_completions(request: Request):
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=bool(body.continue_final_message),
     )
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported() + reader.needs())
     try:
         enable_reasoning(request, gen, req, effort_ask(body.reasoning_effort, "reasoning_effort"))
     except LocalrunError:
@@ -171,11 +174,13 @@ async def completions(request: Request):
         **knobs,
     )
     ids = body.prompt_ids()
-    refuse_empty_prompt(body.prompt_text(), ids, suffix=body.suffix)
+    reader = reader_for(request)
+    prompt, media = completion_prompt(body.prompt_text(), body.multimodal_prompt(), reader)
+    refuse_empty_prompt(prompt, ids, suffix=body.suffix)
     req = CompletionRequest(
-        prompt=body.prompt_text(), sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix
+        prompt=prompt, sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix, media=media
     )
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported())
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported() + reader.needs())
     echo = None
     if body.echo:
         echo = (

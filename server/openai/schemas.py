@@ -105,14 +105,31 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None
 
 
+class ImageURL(Strict):
+    """``image_url``'s object form: a ``data:`` URL (or an ``http(s)://`` one, fetched only from allowed hosts)."""
+
+    url: str
+    detail: Annotated[str, StringConstraints(max_length=16)] | None = None  # accepted; a projector has one resolution
+    format: Annotated[str, StringConstraints(max_length=128)] | None = None  # LiteLLM's declared type
+
+
+class InputAudio(Strict):
+    data: str
+    format: Annotated[str, StringConstraints(max_length=16)] | None = None  # wav | mp3 (flac taken too)
+
+
 class ContentPart(Strict):
     type: Annotated[str, StringConstraints(max_length=64)]
     text: str | None = None
-    image_url: Any = None
-    input_audio: Any = None
+    image_url: str | ImageURL | None = None
+    input_audio: InputAudio | None = None
     file: Any = None
     refusal: str | None = None
     cache_control: Any = None
+
+
+#: Content part types that carry an image or audio clip (``input_image`` is the Responses spelling).
+MEDIA_PARTS = ("image_url", "input_image", "input_audio")
 
 
 class ChatMessage(Strict):
@@ -238,17 +255,16 @@ class ChatCompletionRequest(Sampled):
         if self.logprobs or self.top_logprobs:
             found.append(("logprobs" if self.logprobs else "top_logprobs", "logprobs"))
         if self.modalities and set(self.modalities) - {"text"} or self.audio is not None:
-            found.append(("modalities" if self.audio is None else "audio", "audio"))
+            found.append(("modalities" if self.audio is None else "audio", "audio_output"))
         for i, m in enumerate(self.messages):
             if m.role in ("tool", "function") or m.tool_calls or m.function_call:
                 found.append((f"messages[{i}]", "tools"))
-            if isinstance(m.content, list):
+            if isinstance(m.content, list):  # media parts need what they hold: the converter's MediaReader says
                 for j, part in enumerate(m.content):
-                    if part.type not in ("text", "input_text"):
-                        cap = "vision" if part.type in ("image_url", "input_image") else part.type
-                        found.append((f"messages[{i}].content[{j}]", cap))
+                    if part.type not in ("text", "input_text", *MEDIA_PARTS):
+                        found.append((f"messages[{i}].content[{j}]", part.type))
             if m.audio is not None:
-                found.append((f"messages[{i}].audio", "audio"))
+                found.append((f"messages[{i}].audio", "audio_output"))
         found.extend(_common_unsupported(self))
         for name in ("prediction", "web_search_options", "verbosity"):  # reasoning_effort: a budget (server.reasoning)
             if getattr(self, name) is not None:
@@ -267,12 +283,22 @@ class ChatCompletionRequest(Sampled):
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1, max_length=1_000_000)]
 
 
+class MultimodalPrompt(Strict):
+    """llama-server's prompt object: text holding one ``<__media__>`` marker per ``multimodal_data``
+    item (base64 files), the n-th marker taking the n-th item; without markers they follow the text."""
+
+    prompt_string: Annotated[str, StringConstraints(max_length=1_000_000)]
+    multimodal_data: Annotated[list[str], Field(max_length=1000)] | None = None
+
+
 class CompletionRequestBody(Sampled):
     prompt: (
         str
         | Annotated[list[str], Field(min_length=1, max_length=1)]
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+        | MultimodalPrompt
+        | Annotated[list[MultimodalPrompt], Field(min_length=1, max_length=1)]
     )
     echo: bool | None = None
     suffix: Annotated[str, StringConstraints(max_length=1_000_000)] | None = None
@@ -295,16 +321,25 @@ class CompletionRequestBody(Sampled):
 
     def prompt_ids(self) -> list[int] | None:
         """The prompt as token ids, or None when it is text."""
-        p = self.prompt
-        if isinstance(p, str) or isinstance(p[0], str):
+        p = self.multimodal_prompt() or self.prompt
+        if isinstance(p, (str, MultimodalPrompt)) or isinstance(p[0], str):
             return None
         return list(p[0]) if isinstance(p[0], list) else list(p)
 
     def prompt_text(self) -> str:
-        p = self.prompt
+        """The prompt's text as the client sent it (a multimodal prompt's ``prompt_string``, markers and all)."""
+        p = self.multimodal_prompt() or self.prompt
+        if isinstance(p, MultimodalPrompt):
+            return p.prompt_string
         if isinstance(p, str):
             return p
         return p[0] if isinstance(p[0], str) else ""
+
+    def multimodal_prompt(self) -> MultimodalPrompt | None:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], MultimodalPrompt):
+            return p[0]
+        return p if isinstance(p, MultimodalPrompt) else None
 
 
 def _common_unsupported(req: Sampled) -> list[tuple[str, str]]:

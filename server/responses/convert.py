@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from localrun.chat.media import AUDIO, IMAGE, MediaReader
 from localrun.server.errors import InvalidRequest
 from localrun.server.responses.schemas import (
     DROPPED_ITEMS,
@@ -45,7 +46,7 @@ from localrun.server.responses.schemas import (
     ResponsesRequest,
     parse_typed,
 )
-from localrun.types import Message
+from localrun.types import MEDIA_MARKER, Media, Message, strip_media_markers
 
 log = logging.getLogger(__name__)
 
@@ -179,11 +180,14 @@ def parse_items(raw: str | list[Any] | None, where: str = "input") -> list[tuple
     return items
 
 
-def item_text(content: Any, where: str) -> str:
-    """The text of message content or a tool output: a string or text parts (images are refused earlier)."""
+def item_content(content: Any, where: str, reader: MediaReader) -> tuple[str, tuple[Media, ...]]:
+    """The text and media of message content or a tool output: a string, or parts — text parts
+    joined, each ``input_image`` / ``input_audio`` a media marker where it stood (``input_file`` is
+    refused by capability earlier)."""
     if isinstance(content, str):
-        return content
-    parts = []
+        return strip_media_markers(content), ()
+    parts: list[str] = []
+    media: list[Media] = []
     for j, part in enumerate(content):
         if not isinstance(part, dict):
             raise InvalidRequest(f"{where}[{j}] must be an object", param=f"{where}[{j}]")
@@ -192,18 +196,43 @@ def item_text(content: Any, where: str) -> str:
         if kind in ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text") and isinstance(
             text, str
         ):
-            parts.append(text)
-        elif kind not in ("input_image", "input_file", "input_audio"):
+            parts.append(strip_media_markers(text))
+        elif kind in ("input_image", "input_audio"):
+            media.append(_media_part(part, f"{where}[{j}]", reader))
+            parts.append(MEDIA_MARKER)
+        elif kind != "input_file":
             raise InvalidRequest(
                 f"{where}[{j}] has type {kind!r} or no text; text parts are input_text, output_text, refusal",
                 param=f"{where}[{j}].type",
             )
-    return "".join(parts)
+    return "".join(parts), tuple(media)
+
+
+def _media_part(part: dict[str, Any], where: str, reader: MediaReader) -> Media:
+    """``input_image`` (``image_url``: a data: URL, or a URL the server may fetch; ``detail`` accepted)
+    or ``input_audio`` (``{data, format}`` as in chat)."""
+    if part.get("type") == "input_audio":
+        clip = part.get("input_audio")
+        if not isinstance(clip, dict) or not isinstance(clip.get("data"), str):
+            raise InvalidRequest(f"{where} needs input_audio.data (base64)", param=f"{where}.input_audio")
+        fmt = clip.get("format") if isinstance(clip.get("format"), str) else None
+        return reader.base64(clip["data"], where, expect=AUDIO, declared=fmt)
+    url = part.get("image_url")
+    if url is None and part.get("file_id") is not None:
+        raise InvalidRequest(
+            f"{where} refers to an uploaded file: localrun has no Files API",
+            hint="send the image inline as image_url (a data: URL)",
+            param=f"{where}.file_id",
+        )
+    if isinstance(url, dict):  # the chat shape, which some clients send here too
+        url = url.get("url")
+    return reader.url(url, where, expect=IMAGE)
 
 
 def needs(items: list[tuple[str, Any]]) -> list[tuple[str, str]]:
-    """(field, capability) for history a runtime must support: tool turns, image, file and audio parts."""
-    caps = {"input_image": "vision", "input_file": "files", "input_audio": "audio"}
+    """(field, capability) for history a runtime must support: tool turns and file parts (images and
+    audio need what they hold: the MediaReader's ``needs``)."""
+    caps = {"input_file": "files"}
     found = []
     for where, item in items:
         if isinstance(item, (FunctionCallItem, CustomToolCallItem, CallOutputItem)):
@@ -220,11 +249,14 @@ def needs(items: list[tuple[str, Any]]) -> list[tuple[str, str]]:
 class _Builder:
     """Folds items into core messages; the rules are in the module docstring."""
 
-    def __init__(self, instructions: str | None):
-        self.system: list[str] = [instructions] if instructions else []
+    def __init__(self, instructions: str | None, reader: MediaReader):
+        self.reader = reader
+        self.system: list[str] = [strip_media_markers(instructions)] if instructions else []
+        self.system_media: list[Media] = []
         self.messages: list[Message] = []
         self.calls: list[dict[str, Any]] = []
         self.text: list[str] = []
+        self.media: list[Media] = []
         self.reasoning: list[str] = []
         self.names: dict[str, str] = {}
         self.assistant = False
@@ -232,8 +264,10 @@ class _Builder:
     def flush(self) -> None:
         if self.assistant:
             extra = {"reasoning": "".join(self.reasoning)} if self.reasoning and "reasoning" in _MESSAGE_FIELDS else {}
-            self.messages.append(Message("assistant", "".join(self.text), tool_calls=tuple(self.calls), **extra))
-        self.calls, self.text, self.reasoning, self.assistant = [], [], [], False
+            self.messages.append(
+                Message("assistant", "".join(self.text), tool_calls=tuple(self.calls), media=tuple(self.media), **extra)
+            )
+        self.calls, self.text, self.reasoning, self.media, self.assistant = [], [], [], [], False
 
     def call(self, call_id: str, name: str, arguments: str) -> None:
         self.assistant = True
@@ -242,18 +276,21 @@ class _Builder:
 
     def add(self, where: str, item: Any) -> None:
         if isinstance(item, MessageItem):
-            text = item_text(item.content, f"{where}.content")
+            text, media = item_content(item.content, f"{where}.content", self.reader)
             if item.role == "assistant":
                 if self.calls:  # text after a call starts a new turn
                     self.flush()
                 self.assistant = True
                 self.text.append(text)
+                self.media.extend(media)
                 return
             self.flush()
             if item.role in ("system", "developer") and not self.messages:
                 self.system.append(text)
+                self.system_media.extend(media)
             else:
-                self.messages.append(Message("system" if item.role == "developer" else item.role, text))
+                role = "system" if item.role == "developer" else item.role
+                self.messages.append(Message(role, text, media=media))
         elif isinstance(item, FunctionCallItem):
             self.call(item.call_id, _qualified(item.name, item.namespace), item.arguments)
         elif isinstance(item, CustomToolCallItem):
@@ -264,13 +301,9 @@ class _Builder:
             )
         elif isinstance(item, CallOutputItem):
             self.flush()
+            text, media = item_content(item.output, f"{where}.output", self.reader)
             self.messages.append(
-                Message(
-                    "tool",
-                    item_text(item.output, f"{where}.output"),
-                    tool_call_id=item.call_id,
-                    name=self.names.get(item.call_id),
-                )
+                Message("tool", text, tool_call_id=item.call_id, name=self.names.get(item.call_id), media=media)
             )
         elif isinstance(item, ReasoningItem):
             if self.calls or self.text:  # reasoning opens the next assistant turn
@@ -282,14 +315,17 @@ class _Builder:
 
     def finish(self) -> tuple[Message, ...]:
         self.flush()
-        head = [Message("system", "\n\n".join(self.system))] if self.system else []
+        head = [Message("system", "\n\n".join(self.system), media=tuple(self.system_media))] if self.system else []
         if not any(m.role != "system" for m in self.messages):
             self.messages.append(Message("user", ""))
         return tuple(head + self.messages)
 
 
-def conversation(items: list[tuple[str, Any]], instructions: str | None) -> tuple[Message, ...]:
-    builder = _Builder(instructions)
+def conversation(
+    items: list[tuple[str, Any]], instructions: str | None, reader: MediaReader | None = None
+) -> tuple[Message, ...]:
+    """The items as core messages (media read by ``reader``, which keeps the request's count)."""
+    builder = _Builder(instructions, reader or MediaReader())
     for where, item in items:
         builder.add(where, item)
     return builder.finish()

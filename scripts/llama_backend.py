@@ -256,7 +256,13 @@ def installed(venv_python: str) -> dict:
     """What the venv holds now, from runtimes/llamacpp/build_info.py run by its python."""
     # Absolute, not resolved (the venv's python is a symlink out of the venv); run from / so that
     # a checkout in the cwd cannot shadow the installed llama_cpp.
-    cmd = [os.path.abspath(venv_python), str(BUILD_INFO)]
+    probe = (
+        "import importlib.util, json, sys; "
+        "spec = importlib.util.spec_from_file_location('build_info', sys.argv[1]); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "print(json.dumps(m.describe_installed()))"
+    )
+    cmd = [os.path.abspath(venv_python), "-c", probe, str(BUILD_INFO)]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/")
         return json.loads(out.stdout.strip().splitlines()[-1])

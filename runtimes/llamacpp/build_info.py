@@ -116,26 +116,20 @@ def has_amx(llama_cpp=None) -> bool:
         return False
 
 
-if __name__ == "__main__":  # scripts/llama_backend.py runs this in the venv: one JSON line
-    import json
-    import sys
-
+def describe_installed() -> dict:
+    """What this interpreter's llama-cpp-python is: set-up (scripts/llama_backend.py) reads it
+    from the venv's own python, by path, before localrun is installed there."""
     try:
         import llama_cpp as _lc
     except (ImportError, OSError):
-        print(json.dumps({"installed": False}))
-        sys.exit(0)
+        return {"installed": False}
     from importlib import metadata
 
-    print(
-        json.dumps(
-            {
-                "installed": True,
-                "version": metadata.version("llama_cpp_python"),
-                "backend": build_backend(_lc),
-                "backends": list(build_backends(_lc)),
-                "amx": has_amx(_lc),
-                "dynamic": is_dynamic(_lc),
-            }
-        )
-    )
+    return {
+        "installed": True,
+        "version": metadata.version("llama_cpp_python"),
+        "backend": build_backend(_lc),
+        "backends": list(build_backends(_lc)),
+        "amx": has_amx(_lc),
+        "dynamic": is_dynamic(_lc),
+    }

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from localrun.errors import InvalidModelFile
 from localrun.modelstore.names import shard_name, split_shard_name
-from localrun.modelstore.refs import quant_bits
+from localrun.modelstore.refs import best_sibling, quant_bits
 from localrun.types import AUDIO, META_PROJECTOR, VISION, FileEntry, ModelRecord
 
 logger = logging.getLogger(__name__)
@@ -88,24 +88,14 @@ def find_projector_sibling(paths: Iterable[str], primary: str) -> str | None:
     test that keeps a projector from ever being picked as a model), and a split projector's
     non-first parts and the model's own shards are never chosen.
     """
-    model_dir = PurePosixPath(primary).parts[:-1]
     model_bits = quant_bits(primary)
     own = _shards_of(primary)
-    best, best_key = None, None
-    for path in sorted(set(paths)):
-        p = PurePosixPath(path)
-        if not p.name.lower().endswith(".gguf") or not is_projector_name(path) or path in own:
-            continue
-        split = split_shard_name(p.name)
-        if split and split[1] != 1:
-            continue
-        sib_dir = p.parts[:-1]
-        if model_dir[: len(sib_dir)] != sib_dir:
-            continue  # not the model's folder nor one above it
-        key = (len(sib_dir), -abs(quant_bits(path) - model_bits))
-        if best_key is None or key > best_key:
-            best, best_key = path, key
-    return best
+    return best_sibling(
+        paths,
+        primary,
+        lambda path: is_projector_name(path) and path not in own,
+        lambda path, _stem: (-abs(quant_bits(path) - model_bits),),
+    )
 
 
 def _positive(value) -> int | None:

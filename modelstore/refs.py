@@ -347,7 +347,6 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
     non-first parts of a split draft are never chosen (the first part loads the rest); a
     split name's ``-TAG`` counts before its ``-0000k-of-0000n`` suffix.
     """
-    model_dir = PurePosixPath(primary).parts[:-1]
     own = {primary, *_shard_group(primary)}
     if tag:
         number = re.search(r"\d+", tag)
@@ -355,10 +354,27 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
     else:
         want_bits = quant_bits(primary)
     mark = f"-{tag.upper()}." if tag else None
+
+    def rank(path: str, stem: str) -> tuple:
+        exact = mark is not None and mark in stem.upper() + "."
+        return exact, -abs(quant_bits(path) - want_bits)
+
+    return best_sibling(
+        paths, primary, lambda path: is_draft_file(path) and path not in own and not _is_sidecar(path), rank
+    )
+
+
+def best_sibling(paths: Iterable[str], primary: str, accept, rank) -> str | None:
+    """llama.cpp's ``find_best_sibling`` walk (common/download.cpp), shared by the draft and the
+    projector pick: among ``paths``, the ``.gguf`` files ``accept`` takes, never a split file's
+    non-first part, in ``primary``'s folder or one above it; the deepest folder wins, then
+    ``rank(path, stem)`` (a tuple, higher is better; ``stem``: the name without the split suffix
+    and ``.gguf``); ties go to the first name in sorted order."""
+    model_dir = PurePosixPath(primary).parts[:-1]
     best, best_key = None, None
     for path in sorted(set(paths)):
         p = PurePosixPath(path)
-        if not p.name.lower().endswith(".gguf") or not is_draft_file(path) or path in own or _is_sidecar(path):
+        if not p.name.lower().endswith(".gguf") or not accept(path):
             continue
         split = split_shard_name(p.name)
         if split and split[1] != 1:
@@ -367,8 +383,7 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
         if model_dir[: len(sib_dir)] != sib_dir:
             continue  # not the primary's folder nor one above it
         stem = split[0] if split else p.name[: -len(".gguf")]
-        exact = mark is not None and mark in stem.upper() + "."
-        key = (len(sib_dir), exact, -abs(quant_bits(path) - want_bits))
+        key = (len(sib_dir), *rank(path, stem))
         if best_key is None or key > best_key:
             best, best_key = path, key
     return best

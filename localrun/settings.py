@@ -112,6 +112,9 @@ class ServerSettings(BaseModel):
     """Serve the Swagger UI at ``/docs`` (``/openapi.json`` is always served, behind the API key when one
     is set). Off by default: the page loads its scripts from a CDN, which a local server should not ask of
     a browser unless the user wants it."""
+    slot_save_path: Path | None = None
+    """The folder llama-server's slot API (``POST /slots/{id}?action=save|restore``) reads and
+    writes; a ``filename`` is a plain name inside it. Unset: ``<cache_dir>/slots``."""
 
 
 class RuntimeSettings(BaseModel):
@@ -284,6 +287,26 @@ class UpstreamSettings(BaseModel):
         return v
 
 
+class CacheSettings(BaseModel):
+    """The prompt (KV) cache beyond the slots: host RAM, then disk (docs/kv-cache.md)."""
+
+    kv_dir: Path | None = None
+    """Where state blobs of cached prefixes live; default ``<cache_dir>/kv``."""
+    kv_disk_bytes: int | None = Field(None, ge=0)
+    """Byte budget of the disk tier, least recently used out first; unset: a default from free
+    disk; 0: the disk tier is off."""
+    kv_ram_bytes: int | None = Field(None, ge=0)
+    """Host RAM for prefixes evicted from the slots; unset: a default from free RAM; 0: off."""
+    checkpoints: int = Field(8, ge=0, le=256)
+    """State checkpoints kept per sequence for hybrid, recurrent and sliding-window models (whose
+    state cannot be cut back to any prefix); 0: none, so such models reuse only exact prefixes."""
+
+    @field_validator("kv_dir", mode="after")
+    @classmethod
+    def _expand_kv(cls, v: Path | None) -> Path | None:
+        return v.expanduser() if v is not None else None
+
+
 class Settings(BaseSettings):
     """All of localrun's settings."""
 
@@ -298,6 +321,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     runtime: RuntimeSettings = Field(default_factory=RuntimeSettings)
     hub: HubSettings = Field(default_factory=HubSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     """Per-model overrides by model name ("*": every model); see ModelSettings."""
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)

@@ -27,6 +27,9 @@ EXTRAS = {
     "rerank": "relevance scores of documents for a query: /rerank",
     "embed_tokens": "per-token vectors (pooling none): llama-server's native /embeddings",
     "count_prompt": "a chat request's prompt tokens, not run: Anthropic's message_start usage",
+    "slots": "each slot's state (context, tokens held, busy): llama-server's GET /slots",
+    "slot_action": "save, restore or erase one slot's state to/from a named file: POST /slots/{id}",
+    "cache_stats": "cached prefixes in RAM and on disk (entries, tokens, bytes) and the disk counters",
 }
 
 

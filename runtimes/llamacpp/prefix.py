@@ -83,6 +83,19 @@ class CacheStats:
     relocated: int = 0
     host_bytes: int = 0
     host_entries: int = 0
+    host_tokens: int = 0
+    # The disk tier (kv_disk.py): what it holds for this model's key, and its counters.
+    disk_entries: int = 0
+    disk_bytes: int = 0
+    disk_tokens: int = 0
+    disk_hits: int = 0  # prefixes restored from disk
+    disk_misses: int = 0  # lookups that found nothing usable there (or a file that failed its check)
+    disk_read_bytes: int = 0
+    disk_written_bytes: int = 0
+    disk_restored_tokens: int = 0
+    # State checkpoints (hybrid, recurrent and sliding-window models: checkpoints.py).
+    checkpoints: int = 0
+    checkpoint_restores: int = 0
 
 
 class PrefixCache:
@@ -168,7 +181,12 @@ class PrefixCache:
         return sum(not s.busy for s in self.slots)
 
     def stats(self) -> CacheStats:
-        return CacheStats(**self._counts, host_bytes=self.host_bytes, host_entries=len(self._host))
+        return CacheStats(
+            **self._counts,
+            host_bytes=self.host_bytes,
+            host_entries=len(self._host),
+            host_tokens=sum(len(e.tokens) for e in self._host.values()),
+        )
 
     @property
     def host_bytes(self) -> int:

@@ -1,8 +1,10 @@
 """What a model's projector (its ``mmproj*.gguf``) says about itself, read from the header alone.
 
-Every front end asks the same questions of a paired model without loading it: does it see,
-does it hear (``/api/show``'s capabilities, ``/v1/models``, ``localrun ls``, the TUI Library),
-how large are its encoder's weights and how many tokens does an image cost (``localrun plan``).
+Whether a paired model sees or hears is :func:`localrun.modelstore.projector.capabilities` (one
+answer for ``localrun ls``, the TUI, ``/api/show`` and ``/v1/models``, from the facts the store
+cached when it paired the file). This module reads the rest of the header for the questions asked
+without loading the model: how large are the encoder's weights and how many tokens does an image
+cost (``localrun plan``), and every scalar key (``/api/show``'s ``projector_info``).
 The answers are in the projector's GGUF keys, as llama.cpp's clip loader (tools/mtmd/clip.cpp)
 reads them: ``clip.has_vision_encoder`` / ``clip.has_audio_encoder``, ``clip.projector_type``
 (or ``clip.vision.projector_type`` / ``clip.audio.projector_type`` for a mixed projector),
@@ -21,7 +23,8 @@ from typing import Any
 
 from localrun.errors import InvalidModelFile
 from localrun.modelstore.gguf_meta import read_gguf_metadata
-from localrun.types import META_PROJECTOR, ModelRecord
+from localrun.modelstore.projector import projector_path
+from localrun.types import ModelRecord
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +48,6 @@ class ProjectorFacts:
         """``clip.vision.SUFFIX`` when it is a positive integer."""
         value = self.keys.get(f"clip.vision.{suffix}")
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def projector_path(record: ModelRecord) -> str | None:
-    """The record's projector file, when it has one (the store keeps it under META_PROJECTOR)."""
-    path = (record.metadata or {}).get(META_PROJECTOR)
-    return path if isinstance(path, str) and path else None
 
 
 def projector_facts(record: ModelRecord) -> ProjectorFacts | None:
@@ -99,17 +96,3 @@ def _read(path: str, size: int, mtime_ns: int) -> ProjectorFacts | None:
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
-
-
-def media_capabilities(record: ModelRecord) -> tuple[str, ...]:
-    """``("vision",)``, ``("audio",)``, both or neither: what the record's projector takes.
-
-    A projector named in the record but unreadable still says vision (the pairing is the
-    store's claim, and a loaded session will say exactly); no projector says nothing.
-    """
-    if projector_path(record) is None:
-        return ()
-    facts = projector_facts(record)
-    if facts is None:
-        return ("vision",)
-    return tuple(c for c, on in (("vision", facts.vision), ("audio", facts.audio)) if on)

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from localrun.modelstore.identity import registration_digest, tagged
-from localrun.modelstore.projector_facts import media_capabilities
+from localrun.modelstore.projector import capabilities as media_capabilities
 from localrun.types import ModelRecord
 
 #: A time far away for "never unloads", as Ollama reports pinned models.

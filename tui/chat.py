@@ -34,7 +34,8 @@ from localrun.chat.attach import place, read_media, require_media_support
 from localrun.chat.reasoning import detect_format, split_chunks, template_of
 from localrun.errors import ConfigError, LocalrunError
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
-from localrun.modelstore.projector_facts import media_capabilities, projector_path
+from localrun.modelstore.projector import capabilities as media_capabilities
+from localrun.modelstore.projector import projector_path
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes
 from localrun.types import Cancel, ChatRequest, Media, ModelRecord, Sampling

@@ -19,7 +19,7 @@ from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState
 
 from localrun.errors import LocalrunError
-from localrun.modelstore.projector_facts import media_capabilities
+from localrun.modelstore.projector import capabilities as media_capabilities
 from localrun.tui.backend import LoadedInfo, ModelDetails
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge

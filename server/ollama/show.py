@@ -17,7 +17,8 @@ from typing import Any
 
 from localrun.chat.reasoning import detect_format
 from localrun.chat.tools import template_uses_tools
-from localrun.modelstore.projector_facts import media_capabilities, projector_facts
+from localrun.modelstore.projector import capabilities as media_capabilities
+from localrun.modelstore.projector_facts import projector_facts
 from localrun.server.model_info import details, digest, iso
 from localrun.types import Format, ModelRecord
 

@@ -54,7 +54,7 @@ from localrun.server.llama_server.schemas import (
     TokenizeBody,
 )
 from localrun.server.media_fetch import reader_for
-from localrun.server.openai.convert import completion_prompt
+from localrun.server.openai.convert import completion_prompt, message_content
 from localrun.server.openai.schemas import MultimodalPrompt
 from localrun.server.openapi import SSE, documented
 from localrun.server.security import is_loopback_host
@@ -122,14 +122,15 @@ async def detokenize(request: Request):
 async def apply_template(request: Request):
     body: ApplyTemplateBody = await parse_body(request, ApplyTemplateBody)
     model = await pick_model(request, body.model)
+    # Each image or audio part becomes the media marker where it stood, as llama-server's prompt
+    # shows it; the media are read (a corrupt one is the same 400 chat gives) but not encoded.
+    reader = reader_for(request)
     messages = [
-        {
-            "role": m.role,
-            "content": m.content if isinstance(m.content, str) else "".join(p.text or "" for p in m.content or ()),
-        }
-        for m in body.messages
+        {"role": m.role, "content": message_content(m.content, f"messages[{i}]", reader)[0]}
+        for i, m in enumerate(body.messages)
     ]
     found = [("chat_template_kwargs", "chat_template_kwargs")] if body.chat_template_kwargs else []
+    found += reader.needs()  # media to a model that takes none: the same 400 as chat
     return await session_call(
         request,
         model,

@@ -241,3 +241,25 @@ def test_vision_completion(server, route, prompt, image, success):
     else:
         assert 400 <= r.status_code < 500, r.text
         assert _message(r)
+
+
+def test_apply_template_keeps_the_image_where_it_stood(server):
+    """/apply-template shows the prompt a chat with an image renders to, the media marker in the
+    image's place (llama-server's prompt shows it the same way); before, the image part was dropped."""
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "before "},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + b64(IMG_0)}},
+                {"type": "text", "text": " after"},
+            ],
+        }
+    ]
+    r = httpx.post(f"{server.url}/apply-template", json={"model": MODEL, "messages": messages}, timeout=60)
+    assert r.status_code == 200, r.text
+    prompt = r.json()["prompt"]
+    assert "before <__media__> after" in prompt, prompt
+    bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+    r = httpx.post(f"{server.url}/apply-template", json={"model": MODEL, "messages": bad}, timeout=60)
+    assert r.status_code == 400 and _message(r), r.text

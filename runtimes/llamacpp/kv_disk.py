@@ -47,7 +47,8 @@ MEASURE_MIN_BYTES = 1 << 20
 SMOOTHING = 0.3
 #: Queued (not yet written) blobs held at most, beyond the first (which is always taken).
 DEFAULT_QUEUE_BYTES = 1 << 30
-#: The writer's nice value on Linux: decoding threads win the CPU whenever they want it.
+#: How much nicer than the process the writer thread runs on Linux: decoding threads win the CPU
+#: whenever they want it, and the writer takes what they leave.
 WRITER_NICE = 10
 
 
@@ -119,6 +120,7 @@ class DiskTier:
         self._writing = False
         self._closed = False
         self._thread: threading.Thread | None = None
+        self.writer_tid: int | None = None
         self._seq = 0
         self._headers: dict[tuple[str, int, int], tuple[kv_file.Header, tuple[int, ...]]] = {}
         self._counts = dict.fromkeys(("hits", "misses", "read_bytes", "written_bytes", "dropped", "corrupt"), 0)
@@ -277,9 +279,11 @@ class DiskTier:
             return {**self._counts, **self._last}
 
     def _writer(self) -> None:
-        if sys.platform.startswith("linux"):
+        self.writer_tid = threading.get_native_id()
+        if sys.platform.startswith("linux"):  # a nice value per thread: Linux only
             with contextlib.suppress(OSError, AttributeError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+                base = os.getpriority(os.PRIO_PROCESS, self.writer_tid)  # relative: a niced server stays below
+                os.setpriority(os.PRIO_PROCESS, self.writer_tid, min(19, base + WRITER_NICE))
         while True:
             with self._lock:
                 while not self._queue and not self._closed:

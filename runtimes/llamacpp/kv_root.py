@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -196,7 +197,7 @@ def write_key_file(folder: Path, info: dict) -> None:
     except (OSError, ValueError):
         pass
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / temp_name(KEY_FILE, 0)
+    tmp = folder / temp_name(KEY_FILE, threading.get_ident())  # two tiers of one process may race here
     tmp.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
 

@@ -182,6 +182,15 @@ def test_put_returns_before_the_disk_is_written(tmp_path):
     assert t.counters()["dropped"] == 1
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_writer_thread_runs_at_a_lower_priority(tmp_path):
+    t = tier(tmp_path)
+    stored(t, range(3))
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, t.writer_tid) == min(19, mine + kv_disk.WRITER_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "only the writer thread, not the process"
+
+
 def test_equal_tokens_are_written_once(tmp_path):
     t = tier(tmp_path)
     path = stored(t, range(30))

@@ -112,6 +112,7 @@ class DiskTier:
         self.queue_bytes = queue_bytes
         self.folder = self.root / key.digest()
         self.read_bytes_per_s = DEFAULT_READ_BYTES_PER_S
+        self.measured_read_bytes_per_s: float | None = None  # the latest load's own speed
         self._digest = bytes.fromhex(key.digest())
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -196,10 +197,10 @@ class DiskTier:
             self._counts["hits"] += 1
             self._counts["read_bytes"] += st.st_size
             if st.st_size >= MEASURE_MIN_BYTES and elapsed > 0:
-                speed = st.st_size / elapsed
-                if self._counts["hits"] == 1 or self.read_bytes_per_s == DEFAULT_READ_BYTES_PER_S:
+                self.measured_read_bytes_per_s = speed = st.st_size / elapsed
+                if self.read_bytes_per_s == DEFAULT_READ_BYTES_PER_S:  # a guess: the first measurement replaces it
                     self.read_bytes_per_s = speed
-                else:
+                else:  # measured before, or a prior the caller kept from an earlier run: smooth
                     self.read_bytes_per_s += SMOOTHING * (speed - self.read_bytes_per_s)
         return blob
 

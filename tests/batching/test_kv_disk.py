@@ -295,7 +295,12 @@ def test_read_speed_starts_conservative_and_is_measured(tmp_path):
     assert t.read_bytes_per_s == kv_disk.DEFAULT_READ_BYTES_PER_S, "a tiny load says nothing about throughput"
     stored(t, range(5), nbytes=4 << 20)
     t.load(next(e for e in t.entries() if len(e.tokens) == 5))
-    assert t.read_bytes_per_s != kv_disk.DEFAULT_READ_BYTES_PER_S and t.read_bytes_per_s > 0
+    first = t.measured_read_bytes_per_s
+    assert first and t.read_bytes_per_s == first, "the first measurement replaces the guess"
+    t.read_bytes_per_s = prior = 1e6  # a speed kept from an earlier run
+    t.load(next(e for e in t.entries() if len(e.tokens) == 5))
+    now = t.measured_read_bytes_per_s
+    assert t.read_bytes_per_s == pytest.approx(prior + kv_disk.SMOOTHING * (now - prior)), "later ones are smoothed"
 
 
 def test_default_budget_is_a_share_of_free_disk(tmp_path, monkeypatch):

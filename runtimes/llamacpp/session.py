@@ -67,6 +67,7 @@ from localrun.runtimes.llamacpp.mtmd import open_projector
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
+from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Media, ModelRecord, Plan, Sampling
@@ -103,7 +104,7 @@ class LlamaCppRuntime:
         return LlamaCppSession.open(model, plan)
 
 
-class LlamaCppSession(ServerExtras):
+class LlamaCppSession(ServerExtras, SlotApi):
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.
 
     ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
@@ -462,6 +463,7 @@ class LlamaCppSession(ServerExtras):
                         build_sampler=build,
                         logprobs=logprobs,
                         media=media,
+                        id_slot=self._pinned_slot(sampling) if i == 0 else -1,  # slot_api.py
                     )
                 )
         if media is not None:

@@ -195,7 +195,10 @@ class LlamaCppSession(ServerExtras, SlotApi):
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of
         # thinking.
         self.capabilities = (
-            self._features.capabilities | self.extra_capabilities() | self._media.capabilities | {"reasoning_budget"}
+            self._features.capabilities
+            | self.extra_capabilities()
+            | self._media.capabilities
+            | {"reasoning_budget", "slots"}  # slots: llama-server's id_slot and /slots (slot_api.py)
         )
 
     @classmethod

@@ -432,6 +432,22 @@ def serve_cmd(
         manager.shutdown()
 
 
+def cache_cell(cache: dict | None, tier: str) -> str:
+    """One tier of a model's prompt cache as ``ps`` shows it: prefixes, tokens, bytes ("-": no cache).
+
+    RAM counts the slots that hold a prefix and the host-RAM entries; its bytes are the host
+    entries' (the slots' KV is the context's own, allocated at load)."""
+    if not cache:
+        return "-"
+    if tier == "ram":
+        entries = int(cache.get("host_entries", 0)) + int(cache.get("slots_held", 0))
+        tokens = int(cache.get("slot_tokens", 0)) + int(cache.get("host_tokens", 0))
+        size = int(cache.get("host_bytes", 0))
+    else:
+        entries, tokens, size = (int(cache.get(f"disk_{k}", 0)) for k in ("entries", "tokens", "bytes"))
+    return f"{entries} · {tokens} tok · {human_bytes(size)}"
+
+
 @click.command("ps")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -466,6 +482,8 @@ def ps_cmd(ctx, as_json):
         Column("Memory", lambda m: human_bytes(m.get("size_vram") or m.get("size"))),
         Column("Idle", lambda m: f"{m.get('localrun', {}).get('idle_s', 0):.0f} s"),
         Column("Until unload", ttl),
+        Column("Cache RAM", lambda m: cache_cell(m.get("localrun", {}).get("cache"), "ram")),
+        Column("Cache disk", lambda m: cache_cell(m.get("localrun", {}).get("cache"), "disk")),
     ]
     print_rows(data.get("models", []), columns, as_json=as_json, empty="no models loaded")
 

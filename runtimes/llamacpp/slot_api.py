@@ -163,6 +163,7 @@ class SlotApi:
             out["slots"] = len(cache.slots)
             out["slot_tokens"] = sum(len(s.tokens) for s in cache.slots)
             out["slots_busy"] = sum(s.busy for s in cache.slots)
+            out["slots_held"] = sum(bool(s.tokens) for s in cache.slots)
             out["n_ctx"] = self.n_ctx
             return out
 

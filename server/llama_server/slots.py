@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import StringConstraints
+from pydantic import RootModel, StringConstraints
 
 from localrun.errors import Overloaded
 from localrun.server.answers import Answer
@@ -57,6 +57,18 @@ class SlotFileBody(Strict):
 
 class SlotActionAnswer(Answer):
     id_slot: int
+
+
+class SlotRow(Answer):
+    """One slot in ``GET /slots``."""
+
+    id: int
+    n_ctx: int
+    is_processing: bool
+
+
+class SlotList(RootModel[list[SlotRow]]):
+    pass
 
 
 def slot_folder(settings) -> Path:
@@ -122,7 +134,7 @@ def _slot_id(raw: str) -> int:
     return value
 
 
-@documented(query=("model", "fail_on_no_slot"))
+@documented(answer=SlotList, query=("model", "fail_on_no_slot"))
 @router.get("/slots")
 async def get_slots(request: Request):
     """Each slot of the model (``?model=``), as llama-server lists them; ``?fail_on_no_slot=1``

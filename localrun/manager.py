@@ -279,6 +279,25 @@ class ModelManager:
         with self._lock:
             return [m.info() for m in self._models.values()]
 
+    def cache_stats(self, timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
+        """Each loaded model's prompt-cache numbers (RAM and disk: entries, tokens, bytes, counters),
+        for models whose runtime keeps one (capability "slots"). Never loads a model, nor counts as
+        its use: ``ps`` or a /metrics scrape keeps no model alive."""
+        import queue
+
+        from localrun.worker.host import call_result
+        from localrun.worker.ops import Call
+
+        with self._lock:
+            loaded = [m for m in self._models.values() if m.handle.alive and "slots" in (m.handle.capabilities or ())]
+        out: dict[str, dict[str, Any]] = {}
+        for lm in loaded:
+            try:
+                out[lm.name] = call_result(lm.handle, Call("cache_stats", {}), timeout_s=timeout_s)
+            except (LocalrunError, queue.Empty) as exc:  # unloading, or busy past the deadline: shown next time
+                log.debug("no cache stats from %s: %s", lm.name, exc)
+        return out
+
     def is_loaded(self, name: str) -> bool:
         with self._lock:
             return name in self._models

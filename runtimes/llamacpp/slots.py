@@ -40,6 +40,7 @@ class Layout:
     prefix_cache: bool = True  # False: every prompt is prefilled cold (for comparisons)
     exact: bool = False  # batch-invariant: a request's tokens do not depend on the others
     exact_prefix: bool = False  # and a cached prompt prefix gives what a cold prefill gives
+    checkpoints: int = 8  # state checkpoints per sequence where the memory cannot be cut (checkpoints.py)
 
     @property
     def n_ctx(self) -> int:
@@ -65,6 +66,7 @@ class Layout:
             slot_ctx = int(_given(opts, "slot_ctx", plan.n_ctx if unified else plan.n_ctx // max(1, n_slots)))
             step = int(_given(opts, "step_tokens", min(plan.n_batch, DEFAULT_STEP_TOKENS)))
             host = int(float(opts.get("host_cache_mib") or 0) * 2**20)
+            checkpoints = int(_given(opts, "checkpoints", 8))  # settings cache.checkpoints, via the planner
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"bad llama.cpp slot options {opts!r}: {exc}",
@@ -76,7 +78,7 @@ class Layout:
         exact = exact_prefix or (bool(flag) if flag is not None else on_cpu and n_slots < MIN_CHUNK)
         min_chunk = MIN_CHUNK if exact_prefix else 1
         decode_rows = MIN_CHUNK - 1 if exact else n_slots
-        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0:
+        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0 or not 0 <= checkpoints <= 256:
             raise ConfigError(
                 f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
                 f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
@@ -93,6 +95,7 @@ class Layout:
             prefix_cache=bool(opts.get("prefix_cache", True)),
             exact=exact,
             exact_prefix=exact_prefix,
+            checkpoints=checkpoints,
         )
 
 

@@ -23,9 +23,10 @@ must end, and calls :meth:`CheckpointKv.taken_at` after each text chunk):
   own end (prompt + sampled answer) is shared only when the client's rendering of the answer gives
   back the sampled tokens, which reasoning models (thinking stripped), tool calls (re-serialised)
   and plain BPE re-tokenization often do not;
-* ``TAIL`` tokens before the end of the prompt: a request repeated as it was (a retry, a
-  regenerate, a client resending) shares all of its prompt but the one token the prefix cache
-  always evaluates again, so the end checkpoint lies just past what it may reuse;
+* ``TAIL`` tokens before the end of the prompt (``min_chunk`` where that is more): a request
+  repeated as it was (a retry, a regenerate, a client resending) shares all of its prompt but the
+  tokens the prefix cache always evaluates again, so the end checkpoint lies just past what it
+  may reuse;
 * every ``interval`` tokens of a long prefill: an edit or a compaction in the middle of a long
   conversation re-prefills from the last checkpoint below it, not from the start.
 
@@ -100,11 +101,14 @@ class CheckpointKv:
     #: Read by the prefix cache: a saved state restores only at its own length.
     cuttable = False
 
-    def __init__(self, ops, partial, *, limit: int = DEFAULT_LIMIT, interval: int = DEFAULT_INTERVAL) -> None:
+    def __init__(
+        self, ops, partial, *, limit: int = DEFAULT_LIMIT, interval: int = DEFAULT_INTERVAL, tail: int = TAIL
+    ) -> None:
         self._ops = ops  # the context's KvOps (clear, truncate, copy, window_ok, save, restore)
         self._partial = partial  # save(seq) -> bytes | None and restore(seq, blob) -> bool, partial state
         self.limit = max(0, int(limit))
         self.interval = max(1, int(interval))
+        self.tail = max(1, int(tail))  # at least the prefix cache's min_tail, which a repeat re-evaluates
         self._points: dict[int, list[Checkpoint]] = {}  # seq -> checkpoints, by n_tokens
         self.taken = 0
         self.restores = 0
@@ -163,7 +167,7 @@ class CheckpointKv:
         if self.limit <= 0:
             return n
         end = start + n
-        stops = [total - TAIL, (start // self.interval + 1) * self.interval]
+        stops = [total - self.tail, (start // self.interval + 1) * self.interval]
         for stop in sorted(stops):
             if start + min_chunk <= stop < end and total - stop >= min_chunk:
                 return stop - start
@@ -175,7 +179,7 @@ class CheckpointKv:
         if self.limit <= 0 or n_tokens <= 0:
             return
         end = n_tokens == total
-        if not (end or n_tokens == total - TAIL or n_tokens % self.interval == 0):
+        if not (end or n_tokens == total - self.tail or n_tokens % self.interval == 0):
             return
         blob = self._partial.save(seq)
         if not blob:
@@ -227,10 +231,10 @@ class PartialState:
         return bool(self._llama.llama_state_seq_set_data_ext(self._ctx, buf, len(blob), seq, self._flags))
 
 
-def with_checkpoints(ops, llama, ctx, kind: str | None, *, limit: int):
+def with_checkpoints(ops, llama, ctx, kind: str | None, *, limit: int, min_chunk: int = 1):
     """The KvOps the prefix cache gets: ``ops`` itself for a model that can cut its memory,
     checkpoints around it for one that cannot."""
     if kind is None:
         return ops
     log.info("%s memory: prefix reuse through up to %d state checkpoints per sequence", kind, limit)
-    return CheckpointKv(ops, PartialState(llama, ctx), limit=limit)
+    return CheckpointKv(ops, PartialState(llama, ctx), limit=limit, tail=max(TAIL, min_chunk))

@@ -99,7 +99,9 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
         self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa)
         if layout.prefix_cache:  # memory that cannot be cut ("recurrent", "hybrid", "swa"): checkpoints.py
-            self._kv = with_checkpoints(self._kv, llama, ctx, memory, limit=layout.checkpoints)
+            self._kv = with_checkpoints(
+                self._kv, llama, ctx, memory, limit=layout.checkpoints, min_chunk=layout.min_chunk
+            )
         self._ckpt = self._kv if isinstance(self._kv, CheckpointKv) else None
         # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
         self.costs = DecodeCosts()

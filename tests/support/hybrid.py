@@ -20,7 +20,7 @@ from tests.factories import DEFAULT_TINY_TEMPLATE, _tiny_vocab
 
 HYBRID_DIR = Path(os.environ.get("LOCALRUN_TEST_CACHE", Path.home() / ".cache" / "localrun-test")) / "hybrid"
 #: Bump when a writer changes, so a cached file from an older writer is not reused.
-VERSION = 1
+VERSION = 2
 
 
 def _writer(path: Path, arch: str, name: str, *, n_embd: int, n_layer: int, n_ctx_train: int):
@@ -65,7 +65,7 @@ def write_lfm2_gguf(
     path.parent.mkdir(parents=True, exist_ok=True)
     kinds = ["conv", "attn", "conv", "attn"]
     head_dim = n_embd // n_head
-    w, n_vocab = _writer(path, "lfm2", "tiny-lfm2", n_embd=n_embd, n_layer=len(kinds), n_ctx_train=4096)
+    w, n_vocab = _writer(path, "lfm2", "tiny-lfm2", n_embd=n_embd, n_layer=len(kinds), n_ctx_train=32768)
     w.add_feed_forward_length(n_ff)
     w.add_head_count(n_head)
     w.add_head_count_kv([n_head if k == "attn" else 0 for k in kinds])

@@ -160,7 +160,9 @@ class PrefixCache:
             return 0, frozenset()
         found, owners = self.index.longest(prompt)
         keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media_prompt.py)
-        if keep < max(MIN_REUSE, self._min_tail):  # a few tokens are not worth it
+        if not getattr(self._ops, "cuttable", True):  # a saved state restores only whole (checkpoints.py)
+            owners = frozenset(o for o in owners if o not in self._host or len(self._host[o].tokens) == keep)
+        if keep < max(MIN_REUSE, self._min_tail) or not owners:  # a few tokens are not worth it
             return 0, frozenset()
         return keep, owners
 
@@ -200,6 +202,8 @@ class PrefixCache:
             host_entries=len(self._host),
             host_tokens=sum(len(e.tokens) for e in self._host.values()),
             **(self.disk.stats() if self.disk is not None else {}),
+            checkpoints=getattr(self._ops, "held", int)(),
+            checkpoint_restores=getattr(self._ops, "restores", 0),
         )
 
     def observe_prefill(self, n_tokens: int, seconds: float) -> None:
@@ -297,7 +301,8 @@ class PrefixCache:
     def _cut(self, slot: Slot, keep: int, *, reuse_from: Slot | None) -> int:
         """Leave the first ``keep`` tokens in ``slot`` (0: clear it)."""
         reusable = keep > 0 and reuse_from is not None and self._ops.window_ok(slot.seq, keep)
-        if reusable and self._ops.truncate(slot.seq, keep):
+        keep = self._shorten(slot.seq, keep) if reusable else 0
+        if keep:
             del slot.tokens[keep:]
             self.index.set(slot.seq, slot.tokens)
             self._counts["reused_in_place"] += 1
@@ -313,12 +318,21 @@ class PrefixCache:
             return self._cut(dst, 0, reuse_from=None)
         self._ops.copy(src.seq, dst.seq)
         dst.tokens[:] = src.tokens
-        if not self._ops.truncate(dst.seq, keep):
+        keep = self._shorten(dst.seq, keep)
+        if not keep:
             return self._cut(dst, 0, reuse_from=None)
         del dst.tokens[keep:]
         self.index.set(dst.seq, dst.tokens)
         self._counts["copied"] += 1
         return keep
+
+    def _shorten(self, seq: int, keep: int) -> int:
+        """Cut ``seq`` to ``keep`` tokens; a memory that cannot be cut goes back to its newest
+        checkpoint at or below ``keep`` instead (checkpoints.py). The tokens it holds (0: none)."""
+        if self._ops.truncate(seq, keep):
+            return keep
+        rewind = getattr(self._ops, "rewind", None)
+        return rewind(seq, keep) if rewind is not None else 0
 
     def _restore(self, owner: int, dst: Slot, keep: int) -> int:
         entry = self._host.get(owner)

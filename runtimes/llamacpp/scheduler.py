@@ -60,6 +60,7 @@ import time
 
 from localrun.errors import LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.calls import ThreadCalls
+from localrun.runtimes.llamacpp.checkpoints import CheckpointKv, with_checkpoints
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
@@ -93,11 +94,17 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         drafter=None,
         projector=None,
         disk=None,
+        memory: str | None = None,
     ) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
         self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa)
+        if layout.prefix_cache:  # memory that cannot be cut ("recurrent", "hybrid", "swa"): checkpoints.py
+            self._kv = with_checkpoints(
+                self._kv, llama, ctx, memory, limit=layout.checkpoints, min_chunk=layout.min_chunk
+            )
+        self._ckpt = self._kv if isinstance(self._kv, CheckpointKv) else None
         # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
         self.costs = DecodeCosts()
         self.speculative = self._speculation(speculative)
@@ -351,6 +358,8 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
                 continue
             run, span = piece
             n = run if span is not None else chunk_size(run, self.layout.step_tokens, self.layout.min_chunk)
+            if self._ckpt is not None and span is None:  # end the chunk where a checkpoint is due
+                n = self._ckpt.clip(start, n, len(job.prompt), self.layout.min_chunk)
             if not first and n > budget:
                 return
             self._prefilling.rotate(-1)
@@ -390,6 +399,8 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             self._prefill_began.pop(id(job), None)
         job.slot.tokens.extend(chunk)
         self.cache.extended(job.slot)
+        if self._ckpt is not None and span is None:
+            self._ckpt.taken_at(job.slot.seq, start + n, len(job.prompt))
         if not last:
             return
         self._prefilling.remove(job)

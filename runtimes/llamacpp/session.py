@@ -57,6 +57,7 @@ from localrun.errors import (
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp.build_info import load_backends
+from localrun.runtimes.llamacpp.checkpoints import memory_kind
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
@@ -147,6 +148,12 @@ class LlamaCppSession(ServerExtras, SlotApi):
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
         n_swa = llama.llama_model_n_swa(model)
         mode, draft_k = speculation(plan, n_swa)
+        #: "recurrent", "hybrid", "swa" (without swa_full): a memory that cannot be cut back (checkpoints.py).
+        self.memory = memory_kind(llama, model, swa_full=bool(plan.options.get("swa_full", True)))
+        if self.memory in ("recurrent", "hybrid") and mode != "off":
+            # A rejected draft's tokens cannot be taken back out of a recurrent state.
+            log.info("speculative decoding off: %s memory cannot be cut back after a rejected draft", self.memory)
+            mode = "off"
         self._drafter = None
         # Images and audio (media_session.py): the projector, its decoder, "vision" / "audio".
         self._media = SessionMedia(projector, record.name)
@@ -177,6 +184,7 @@ class LlamaCppSession(ServerExtras, SlotApi):
                 drafter=self._drafter,
                 projector=self._media.usable,
                 disk=disk,
+                memory=self.memory,
             )
         except BaseException:
             if disk is not None:

@@ -44,6 +44,7 @@ class Layout:
     exact_prefix: bool = False  # and a cached prompt prefix gives what a cold prefill gives
     kv_dir: str | None = None  # the disk tier's folder (None: no disk tier; prefix_disk.py)
     kv_disk_bytes: int | None = None  # its byte budget (None: kv_disk.default_budget; 0: off)
+    checkpoints: int = 8  # state checkpoints per sequence where the memory cannot be cut (checkpoints.py)
 
     @property
     def n_ctx(self) -> int:
@@ -72,6 +73,7 @@ class Layout:
             host = host_ram_bytes(opts)
             disk = opts.get("kv_disk_bytes")
             disk = None if disk is None else int(disk)
+            checkpoints = int(_given(opts, "checkpoints", 8))  # settings cache.checkpoints, via the planner
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"bad llama.cpp slot options {opts!r}: {exc}",
@@ -83,7 +85,8 @@ class Layout:
         exact = exact_prefix or (bool(flag) if flag is not None else on_cpu and n_slots < MIN_CHUNK)
         min_chunk = MIN_CHUNK if exact_prefix else 1
         decode_rows = MIN_CHUNK - 1 if exact else n_slots
-        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0 or (disk or 0) < 0:
+        bad_counts = host < 0 or (disk or 0) < 0 or not 0 <= checkpoints <= 256
+        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or bad_counts:
             raise ConfigError(
                 f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
                 f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
@@ -102,6 +105,7 @@ class Layout:
             exact_prefix=exact_prefix,
             kv_dir=str(opts["kv_dir"]) if opts.get("kv_dir") else None,
             kv_disk_bytes=disk,
+            checkpoints=checkpoints,
         )
 
 

@@ -226,15 +226,42 @@ class DiskSpill:
 # --- the key and the tier for a session ---------------------------------------------------------
 
 
+#: How much of each end of a file its fingerprint reads (where no sha256 is known).
+FINGERPRINT_BYTES = 1 << 20
+
+
 def model_sha256(record) -> str:
-    """The digest of every file the model loads (the projector is one of ``record.files``); ""
-    when any lacks a sha256 in the store's record: then there is no safe key."""
-    shas = [f.sha256 for f in getattr(record, "files", ())]
-    if not shas or not all(shas):
+    """The identity of every file the model loads (the projector is one of ``record.files``): its
+    sha256 from the store where the record has one, else a fingerprint of the file as it is now
+    (path, size, mtime and its first and last MiB: ``localrun import`` and discovery record no
+    sha256 until ``localrun verify``, and those models deserve a disk cache too; a file replaced
+    or touched gets a new key, so nothing saved for the old bytes is restored). "" when a file
+    cannot be read: then there is no safe key."""
+    files = [(f.path, f.sha256) for f in getattr(record, "files", ())] or [(getattr(record, "path", ""), None)]
+    ids = []
+    for path, sha in files:
+        ident = sha or _fingerprint(path)
+        if not ident:
+            return ""
+        ids.append(ident)
+    if len(ids) == 1:
+        return ids[0]
+    return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
+
+
+def _fingerprint(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            h = hashlib.sha256(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            h.update(f.read(FINGERPRINT_BYTES))
+            if st.st_size > FINGERPRINT_BYTES:
+                f.seek(max(FINGERPRINT_BYTES, st.st_size - FINGERPRINT_BYTES))
+                h.update(f.read(FINGERPRINT_BYTES))
+    except OSError as exc:
+        log.info("no disk cache key for %s: %s", path, exc)
         return ""
-    if len(shas) == 1:
-        return shas[0]
-    return hashlib.sha256("\n".join(sorted(shas)).encode()).hexdigest()
+    return "fp-" + h.hexdigest()
 
 
 def runtime_id(llama) -> str:
@@ -277,7 +304,7 @@ def open_disk_tier(llama, model, ctx, cp, record, layout):
         return None
     sha = model_sha256(record)
     if not sha:
-        log.info("disk cache off for %s: its store record has no sha256 for every file", record.name)
+        log.info("disk cache off for %s: its files cannot be read for a key", record.name)
         return None
     try:
         from localrun.runtimes.llamacpp import kv_disk

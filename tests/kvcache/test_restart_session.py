@@ -9,6 +9,7 @@ the window of an SWA layer, so a restored sequence cannot be cut back (see prefi
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from localrun.types import FileEntry, ModelRecord
 from tests.batching.conftest import load, request, run
@@ -79,12 +80,29 @@ def test_a_file_from_another_model_is_not_restored(tiny_gguf, tmp_path, monkeypa
     assert got.usage.cached_tokens == 0
 
 
-def test_without_a_sha256_there_is_no_disk_tier(tiny_gguf, tmp_path, monkeypatch):
+def test_without_a_sha256_the_key_is_the_files_fingerprint(tiny_gguf, tmp_path, monkeypatch):
+    """An imported model (no sha256 until ``verify``) still gets a disk cache, keyed by the file
+    as it is: the same file restores, the same file touched (another mtime) restores nothing."""
     _with_sha(monkeypatch, "")
-    s = _keyed(EXACT, tiny_gguf, tmp_path)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(tiny_gguf.read_bytes())
+    kv = tmp_path / "kv"
+    first = _keyed(EXACT, model, kv)
     try:
-        run(s, request(LONG, max_tokens=4))
-        assert s._sched.cache.disk is None
+        run(first, request(LONG + "two", max_tokens=4))
     finally:
-        s.close()
-    assert not list(tmp_path.rglob("*.kv"))
+        first.close()
+    assert list(kv.rglob("*.kv"))
+    again = _keyed(EXACT, model, kv)
+    try:
+        assert run(again, request(LONG + "one", max_tokens=4)).usage.cached_tokens > 0
+    finally:
+        again.close()
+    st = model.stat()
+    os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = _keyed(EXACT, model, kv)
+    try:
+        assert run(touched, request(LONG + "one", max_tokens=4)).usage.cached_tokens == 0
+        assert touched._sched.cache.stats().disk_hits == 0
+    finally:
+        touched.close()

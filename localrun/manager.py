@@ -166,11 +166,23 @@ class ModelManager:
         runtime = get_runtime(plan.runtime)
         if "log_dir" not in plan.options:
             plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
+        if plan.runtime == "llama.cpp":
+            plan = dataclasses.replace(plan, options={**self._cache_options(), **plan.options})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
             log_path = self.worker_log or self.settings.data_dir / "logs" / f"worker-{safe}.log"
             return WorkerHandle(record, plan, log_path=log_path)
         return InProcessHandle(record, plan, runtime.load(record, plan))
+
+    def _cache_options(self) -> dict:
+        """The prompt cache's settings as plan options (a plan's own options win): the llama.cpp
+        runtime's host-RAM and disk tiers read them (runtimes/llamacpp/prefix_disk.py)."""
+        cache = self.settings.cache
+        return {
+            "kv_dir": str(cache.kv_dir or self.settings.cache_dir / "kv"),
+            "kv_disk_bytes": cache.kv_disk_bytes,
+            "kv_ram_bytes": cache.kv_ram_bytes,
+        }
 
     def load(
         self,
@@ -266,6 +278,25 @@ class ModelManager:
     def loaded(self) -> list[dict[str, Any]]:
         with self._lock:
             return [m.info() for m in self._models.values()]
+
+    def cache_stats(self, timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
+        """Each loaded model's prompt-cache numbers (RAM and disk: entries, tokens, bytes, counters),
+        for models whose runtime keeps one (capability "slots"). Never loads a model, nor counts as
+        its use: ``ps`` or a /metrics scrape keeps no model alive."""
+        import queue
+
+        from localrun.worker.host import call_result
+        from localrun.worker.ops import Call
+
+        with self._lock:
+            loaded = [m for m in self._models.values() if m.handle.alive and "slots" in (m.handle.capabilities or ())]
+        out: dict[str, dict[str, Any]] = {}
+        for lm in loaded:
+            try:
+                out[lm.name] = call_result(lm.handle, Call("cache_stats", {}), timeout_s=timeout_s)
+            except (LocalrunError, queue.Empty) as exc:  # unloading, or busy past the deadline: shown next time
+                log.debug("no cache stats from %s: %s", lm.name, exc)
+        return out
 
     def is_loaded(self, name: str) -> bool:
         with self._lock:

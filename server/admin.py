@@ -25,6 +25,7 @@ from localrun.server import answers
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
+from localrun.server.metrics import render_cache
 from localrun.server.ollama.schemas import KeepAlive, keep_alive_seconds
 from localrun.server.openai.schemas import Strict
 from localrun.server.openapi import SSE, documented
@@ -92,6 +93,7 @@ router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=Fals
 async def metrics(request: Request):
     state = app_state(request)
     text = state.metrics.render(loaded=state.manager.loaded(), worker_restarts=state.manager.worker_restarts)
+    text += render_cache(await asyncio.to_thread(state.manager.cache_stats))
     if state.upstream_metrics is not None:
         text += state.upstream_metrics.render(state.manager.upstream_status())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -207,6 +207,39 @@ class Metrics:
             )
 
 
+def render_cache(stats: dict[str, dict]) -> str:
+    """The prompt cache of each loaded model (``ModelManager.cache_stats``): what it holds per tier
+    (gauges) and the disk tier's traffic (counters, from the worker's start)."""
+    out: list[str] = []
+    gauges = [
+        ("localrun_prompt_cache_tokens", "Tokens of cached prefixes, by tier (slots, ram, disk).", "tokens"),
+        ("localrun_prompt_cache_bytes", "Bytes of cached prefix state, by tier (ram, disk).", "bytes"),
+        ("localrun_prompt_cache_entries", "Cached prefixes kept outside the slots, by tier (ram, disk).", "entries"),
+    ]
+    tiers = {
+        "tokens": (("slots", "slot_tokens"), ("ram", "host_tokens"), ("disk", "disk_tokens")),
+        "bytes": (("ram", "host_bytes"), ("disk", "disk_bytes")),
+        "entries": (("ram", "host_entries"), ("disk", "disk_entries")),
+    }
+    for name, text, kind in gauges:
+        out += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+        for model, s in sorted(stats.items()):
+            for tier, key in tiers[kind]:
+                out.append(f'{name}{{model="{_label(model)}",tier="{tier}"}} {int(s.get(key, 0))}')
+    counters = [
+        ("localrun_prompt_cache_disk_hits_total", "disk_hits", "Prefixes restored from the disk tier."),
+        ("localrun_prompt_cache_disk_misses_total", "disk_misses", "Disk lookups that found nothing usable."),
+        ("localrun_prompt_cache_disk_read_bytes_total", "disk_read_bytes", "Bytes read from the disk tier."),
+        ("localrun_prompt_cache_disk_written_bytes_total", "disk_written_bytes", "Bytes written to the disk tier."),
+        ("localrun_prompt_cache_disk_restored_tokens_total", "disk_restored_tokens", "Tokens restored from disk."),
+    ]
+    for name, key, text in counters:
+        out += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+        for model, s in sorted(stats.items()):
+            out.append(f'{name}{{model="{_label(model)}"}} {int(s.get(key, 0))}')
+    return "\n".join(out) + "\n"
+
+
 class Observe:
     """Outermost middleware: per-request metrics and one access-log line."""
 

@@ -44,6 +44,7 @@ def main(ctx: click.Context, log_level: str | None) -> None:
 
 def _register() -> None:
     from localrun.cli import bundle as bundle_cmd
+    from localrun.cli import cache as cache_cmd
     from localrun.cli import hub as hubcmds
     from localrun.cli import launch, machine, models
     from localrun.cli import mirror as mirror_cmd
@@ -51,7 +52,7 @@ def _register() -> None:
     from localrun.cli import tui as tui_cmd
     from localrun.cli import upstream as upstreamcmds
 
-    for module in (models, hubcmds, running, machine, tui_cmd, launch, bundle_cmd, mirror_cmd, upstreamcmds):
+    for module in (models, hubcmds, running, machine, tui_cmd, launch, bundle_cmd, mirror_cmd, upstreamcmds, cache_cmd):
         for command in module.COMMANDS:
             main.add_command(command)
 

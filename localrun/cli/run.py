@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -355,16 +356,40 @@ def pooling_settings(items) -> dict:
 @click.option(
     "--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL)."
 )
+@click.option(
+    "--slot-save-path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder of llama-server's slot files (POST /slots/ID?action=save|restore); default <cache dir>/slots.",
+)
 @speculative_option
 @placement_options(gpu_layers=True)
 @click.pass_context
 def serve_cmd(
-    ctx, host, port, api_key, runtime, ctx_len, parallel, no_default_model, poolings, mirror, speculative, draft
+    ctx,
+    host,
+    port,
+    api_key,
+    runtime,
+    ctx_len,
+    parallel,
+    no_default_model,
+    poolings,
+    mirror,
+    slot_save_path,
+    speculative,
+    draft,
 ):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {
         k: v
-        for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items()
+        for k, v in {
+            "host": host,
+            "port": port,
+            "api_key": api_key,
+            "mirror": mirror or None,
+            "slot_save_path": slot_save_path,
+        }.items()
         if v is not None
     }
     overrides = {"server": server} if server else {}
@@ -407,6 +432,22 @@ def serve_cmd(
         manager.shutdown()
 
 
+def cache_cell(cache: dict | None, tier: str) -> str:
+    """One tier of a model's prompt cache as ``ps`` shows it: prefixes, tokens, bytes ("-": no cache).
+
+    RAM counts the slots that hold a prefix and the host-RAM entries; its bytes are the host
+    entries' (the slots' KV is the context's own, allocated at load)."""
+    if not cache:
+        return "-"
+    if tier == "ram":
+        entries = int(cache.get("host_entries", 0)) + int(cache.get("slots_held", 0))
+        tokens = int(cache.get("slot_tokens", 0)) + int(cache.get("host_tokens", 0))
+        size = int(cache.get("host_bytes", 0))
+    else:
+        entries, tokens, size = (int(cache.get(f"disk_{k}", 0)) for k in ("entries", "tokens", "bytes"))
+    return f"{entries} · {tokens} tok · {human_bytes(size)}"
+
+
 @click.command("ps")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -441,6 +482,8 @@ def ps_cmd(ctx, as_json):
         Column("Memory", lambda m: human_bytes(m.get("size_vram") or m.get("size"))),
         Column("Idle", lambda m: f"{m.get('localrun', {}).get('idle_s', 0):.0f} s"),
         Column("Until unload", ttl),
+        Column("Cache RAM", lambda m: cache_cell(m.get("localrun", {}).get("cache"), "ram")),
+        Column("Cache disk", lambda m: cache_cell(m.get("localrun", {}).get("cache"), "disk")),
     ]
     print_rows(data.get("models", []), columns, as_json=as_json, empty="no models loaded")
 

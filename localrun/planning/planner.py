@@ -227,6 +227,8 @@ def plan_placement(
         if status.details.get("backend"):  # the build next to what the machine could use, for `plan`'s words
             options.update(llama_backend=status.details["backend"], machine_backend=hw_backend(hw))
         options["speculative"] = speculate[0]
+        if settings is not None:  # state checkpoints per sequence where memory cannot be cut (checkpoints.py)
+            options["checkpoints"] = settings.cache.checkpoints
         reasons.append(speculate[1])
         if draft is not None:
             options["draft"] = draft.path

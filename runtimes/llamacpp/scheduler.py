@@ -60,11 +60,13 @@ import time
 
 from localrun.errors import LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.calls import ThreadCalls
+from localrun.runtimes.llamacpp.checkpoints import CheckpointKv, with_checkpoints
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media_prefill import MediaEncoder, MediaPrefill
 from localrun.runtimes.llamacpp.prefix import PrefixCache
+from localrun.runtimes.llamacpp.slot_books import acquire_at
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
 from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
@@ -91,11 +93,18 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         draft_k: int | None = None,
         drafter=None,
         projector=None,
+        disk=None,
+        memory: str | None = None,
     ) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
         self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa)
+        if layout.prefix_cache:  # memory that cannot be cut ("recurrent", "hybrid", "swa"): checkpoints.py
+            self._kv = with_checkpoints(
+                self._kv, llama, ctx, memory, limit=layout.checkpoints, min_chunk=layout.min_chunk
+            )
+        self._ckpt = self._kv if isinstance(self._kv, CheckpointKv) else None
         # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
         self.costs = DecodeCosts()
         self.speculative = self._speculation(speculative)
@@ -110,6 +119,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             min_tail=layout.min_chunk,
             host_budget=layout.host_cache_bytes,
             reuse=layout.prefix_cache,
+            disk=disk,  # kv_disk.DiskTier or None (prefix_disk.py)
         )
         self._inbox: list[Job] = []
         self._calls = ThreadCalls()  # native work of request threads (embeddings), run between steps
@@ -202,6 +212,10 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise RuntimeUnavailable("the llama.cpp scheduler did not stop", hint="kill the worker process")
+        try:  # the thread is gone: this one may touch the context. Every prefix goes to disk first.
+            self.cache.persist()
+        except Exception:  # noqa: BLE001 - a failed write loses a cache, never the unload
+            log.warning("writing the prefix cache to disk failed", exc_info=True)
         if self.encoder is not None:
             self.encoder.close()
         if self._batch is not None:
@@ -281,14 +295,23 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
 
     def _admit(self) -> None:
         while self._waiting and self.cache.free_slots():
-            job = self._waiting[0]
+            # The first in line, passing over requests pinned to a busy slot (id_slot): they wait for theirs.
+            job = next((j for j in self._waiting if j.id_slot < 0 or not self.cache.slots[j.id_slot].busy), None)
+            if job is None:
+                return
             # Spare the idle slots that the next waiting requests would reuse.
             ahead = itertools.islice(self._waiting, 1, 1 + 2 * self.layout.n_slots)
-            spare = frozenset(seq for j in ahead if (seq := self.cache.wanted(j.prompt)) is not None)
-            got = self.cache.acquire(job.prompt, spare=spare)
+            spare = frozenset(
+                seq for j in ahead if (seq := j.id_slot if j.id_slot >= 0 else self.cache.wanted(j.prompt)) is not None
+            )
+            got = (
+                acquire_at(self.cache, job.prompt, job.id_slot)
+                if job.id_slot >= 0
+                else self.cache.acquire(job.prompt, spare=spare)
+            )
             if got is None:
                 return
-            self._waiting.popleft()
+            self._waiting.remove(job)
             job.slot, job.cached = got
             job.sampler = job.build_sampler()
             if self.speculative != "off":
@@ -335,6 +358,8 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
                 continue
             run, span = piece
             n = run if span is not None else chunk_size(run, self.layout.step_tokens, self.layout.min_chunk)
+            if self._ckpt is not None and span is None:  # end the chunk where a checkpoint is due
+                n = self._ckpt.clip(start, n, len(job.prompt), self.layout.min_chunk)
             if not first and n > budget:
                 return
             self._prefilling.rotate(-1)
@@ -353,7 +378,9 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         else:
             fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
             self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
+            timed = time.perf_counter()
             row = n - 1 if self._call_decode([job]) else None
+            self.cache.observe_prefill(n, time.perf_counter() - timed)  # what a disk read is weighed against
         if row is None:
             self._prefill_began.pop(id(job), None)
             return
@@ -372,6 +399,8 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             self._prefill_began.pop(id(job), None)
         job.slot.tokens.extend(chunk)
         self.cache.extended(job.slot)
+        if self._ckpt is not None and span is None:
+            self._ckpt.taken_at(job.slot.seq, start + n, len(job.prompt))
         if not last:
             return
         self._prefilling.remove(job)

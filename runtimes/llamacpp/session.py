@@ -29,7 +29,8 @@ request, and each generator reads its chunks from the scheduler.
 ``plan.options`` this runtime reads for batching (defaults in :mod:`.slots`):
 ``n_slots`` (sequences run at once), ``slot_ctx`` (tokens per request; by default the slots
 share ``plan.n_ctx``), ``kv_unified`` (one KV pool for all slots), ``step_tokens`` (prefill
-tokens per step), ``host_cache_mib`` (host RAM for evicted prefixes, 0 = off),
+tokens per step), ``host_cache_mib`` or ``kv_ram_bytes`` (host RAM for evicted prefixes, 0 = off,
+unset = a default from free RAM), ``kv_dir`` and ``kv_disk_bytes`` (the disk tier, :mod:`.prefix_disk`),
 ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.scheduler`),
 ``speculative`` and ``draft_k`` (see :mod:`.speculative`), and the context switches
 ``flash_attn``, ``swa_full``, ``repack``.
@@ -56,6 +57,7 @@ from localrun.errors import (
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp.build_info import load_backends
+from localrun.runtimes.llamacpp.checkpoints import memory_kind
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
@@ -65,8 +67,10 @@ from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
 from localrun.runtimes.llamacpp.media_session import SessionMedia
 from localrun.runtimes.llamacpp.mtmd import open_projector
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
+from localrun.runtimes.llamacpp.prefix_disk import open_disk_tier
 from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
+from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Media, ModelRecord, Plan, Sampling
@@ -103,7 +107,7 @@ class LlamaCppRuntime:
         return LlamaCppSession.open(model, plan)
 
 
-class LlamaCppSession(ServerExtras):
+class LlamaCppSession(ServerExtras, SlotApi):
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.
 
     ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
@@ -144,6 +148,12 @@ class LlamaCppSession(ServerExtras):
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
         n_swa = llama.llama_model_n_swa(model)
         mode, draft_k = speculation(plan, n_swa)
+        #: "recurrent", "hybrid", "swa" (without swa_full): a memory that cannot be cut back (checkpoints.py).
+        self.memory = memory_kind(llama, model, swa_full=bool(plan.options.get("swa_full", True)))
+        if self.memory in ("recurrent", "hybrid") and mode != "off":
+            # A rejected draft's tokens cannot be taken back out of a recurrent state.
+            log.info("speculative decoding off: %s memory cannot be cut back after a rejected draft", self.memory)
+            mode = "off"
         self._drafter = None
         # Images and audio (media_session.py): the projector, its decoder, "vision" / "audio".
         self._media = SessionMedia(projector, record.name)
@@ -159,6 +169,8 @@ class LlamaCppSession(ServerExtras):
                 record.path,
                 flash_attn_type=self._context_params(llama, plan, layout).flash_attn_type,
             )
+        # The disk tier under the prefix cache (prefix_disk.py): keyed by the model's sha256 and the context.
+        disk = open_disk_tier(llama, model, ctx, self._context_params(llama, plan, layout), record, layout)
         try:
             self._sched = Scheduler(
                 llama,
@@ -171,8 +183,12 @@ class LlamaCppSession(ServerExtras):
                 draft_k=draft_k,
                 drafter=self._drafter,
                 projector=self._media.usable,
+                disk=disk,
+                memory=self.memory,
             )
         except BaseException:
+            if disk is not None:
+                disk.close()
             if self._drafter is not None:
                 self._drafter.close()
             raise
@@ -194,7 +210,10 @@ class LlamaCppSession(ServerExtras):
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of
         # thinking.
         self.capabilities = (
-            self._features.capabilities | self.extra_capabilities() | self._media.capabilities | {"reasoning_budget"}
+            self._features.capabilities
+            | self.extra_capabilities()
+            | self._media.capabilities
+            | {"reasoning_budget", "slots"}  # slots: llama-server's id_slot and /slots (slot_api.py)
         )
 
     @classmethod
@@ -462,6 +481,7 @@ class LlamaCppSession(ServerExtras):
                         build_sampler=build,
                         logprobs=logprobs,
                         media=media,
+                        id_slot=self._pinned_slot(sampling) if i == 0 else -1,  # slot_api.py
                     )
                 )
         if media is not None:

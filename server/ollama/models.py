@@ -69,7 +69,10 @@ async def ps(request: Request):
     state = app_state(request)
     manager = state.manager
     entries = []
+    cache = await asyncio.to_thread(manager.cache_stats)
     for info in manager.loaded():
+        if info["name"] in cache:  # localrun's own view: the prompt cache (`localrun ps` shows it)
+            info = {**info, "cache": cache[info["name"]]}
         try:
             record = await asyncio.to_thread(manager.resolve, info["name"])
         except LocalrunError:  # removed from the store while loaded: still worth showing

@@ -59,6 +59,23 @@ def _tiny_vocab() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
+def add_tiny_tokenizer(w, tokens: list, scores: list, types: list) -> None:
+    """The tiny vocabulary's tokenizer keys (llama SPM, BOS 1, EOS 2, UNK 0, BOS added), and the
+    F32 file type, on a ``GGUFWriter``: every random-weight fixture of tests/ writes these."""
+    from gguf import LlamaFileType
+
+    w.add_vocab_size(len(tokens))
+    w.add_file_type(LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+
+
 def write_tiny_llama_gguf(
     path: str | Path,
     *,
@@ -87,7 +104,7 @@ def write_tiny_llama_gguf(
     and ``extra_tensors`` more weights (a classification head). ``arch="qwen3"`` writes the
     same model as Qwen3 (per-head q/k norms), whose loader takes a rank head (``cls.output``).
     """
-    from gguf import GGUFWriter, LlamaFileType
+    from gguf import GGUFWriter
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,16 +135,7 @@ def write_tiny_llama_gguf(
     w.add_head_count_kv(n_head_kv)
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_tiny_tokenizer(w, tokens, scores, types)
     w.add_add_eos_token(False)
     if chat_template is not None:
         w.add_chat_template(chat_template)

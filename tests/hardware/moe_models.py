@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from localrun.types import FileEntry, Format, ModelRecord
-from tests.factories import _tiny_vocab
+from tests.factories import _tiny_vocab, add_tiny_tokenizer
 
 
 def _nbytes(shape: tuple[int, ...], qtype) -> int:
@@ -198,7 +198,7 @@ def write_tiny_moe_gguf(
     path: Path, *, n_layer: int = 2, n_embd: int = 64, n_expert: int = 4, n_ff_exp: int = 32
 ) -> Path:
     """A loadable qwen3moe with random F32 weights: 4 experts, 2 used, per-head q/k norms."""
-    from gguf import GGUFWriter, LlamaFileType
+    from gguf import GGUFWriter
 
     path.parent.mkdir(parents=True, exist_ok=True)
     n_head, n_head_kv = 4, 2
@@ -224,16 +224,7 @@ def write_tiny_moe_gguf(
     w.add_expert_count(n_expert)
     w.add_expert_used_count(2)
     w.add_expert_feed_forward_length(n_ff_exp)
-    w.add_vocab_size(len(tokens))
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_tiny_tokenizer(w, tokens, scores, types)
     w.add_tensor("token_embd.weight", weight(len(tokens), n_embd))
     w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
     w.add_tensor("output.weight", weight(len(tokens), n_embd))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.factories import DEFAULT_TINY_TEMPLATE, _tiny_vocab
+from tests.factories import DEFAULT_TINY_TEMPLATE, _tiny_vocab, add_tiny_tokenizer
 
 HYBRID_DIR = Path(os.environ.get("LOCALRUN_TEST_CACHE", Path.home() / ".cache" / "localrun-test")) / "hybrid"
 #: Bump when a writer changes, so a cached file from an older writer is not reused.
@@ -24,7 +24,7 @@ VERSION = 2
 
 
 def _writer(path: Path, arch: str, name: str, *, n_embd: int, n_layer: int, n_ctx_train: int):
-    from gguf import GGUFWriter, LlamaFileType
+    from gguf import GGUFWriter
 
     tokens, scores, types = _tiny_vocab()
     w = GGUFWriter(str(path), arch=arch)
@@ -33,16 +33,7 @@ def _writer(path: Path, arch: str, name: str, *, n_embd: int, n_layer: int, n_ct
     w.add_embedding_length(n_embd)
     w.add_block_count(n_layer)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(len(tokens))
-    w.add_file_type(LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
+    add_tiny_tokenizer(w, tokens, scores, types)
     w.add_add_eos_token(False)
     w.add_chat_template(DEFAULT_TINY_TEMPLATE)
     return w, len(tokens)

@@ -84,3 +84,23 @@ def test_kill_9_leaves_nothing_that_loads_wrong(home):
     finally:
         last.stop()
     assert again == cold
+
+
+def test_a_prefix_survives_a_keep_alive_unload(home):
+    """The model unloads after its keep-alive (the worker writes its slot as it goes), and the
+    reload answers the same prompt from disk with the cold tokens."""
+    spec = servers.llama_tiny(servers.free_port(), home=home, plan=None, **PLAN)
+    spec.env.update(LOCALRUN_RUNTIME__THREADS="1", LOCALRUN_RUNTIME__KEEP_ALIVE_S="1")
+    server = servers.start(spec, home / "server.log")
+    try:
+        cold, _ = _complete(server, LONG + "one")
+
+        def unloaded() -> bool:
+            return not httpx.get(f"{server.url}/api/ps", timeout=10).json().get("models")
+
+        assert servers.wait_until(unloaded, timeout=60, interval=0.2), "the model never unloaded"
+        assert servers.wait_until(lambda: list(home.rglob("*.kv")), timeout=30, interval=0.2)
+        again, cached = _complete(server, LONG + "one")
+    finally:
+        server.stop()
+    assert cached > 0 and again == cold

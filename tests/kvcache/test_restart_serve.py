@@ -29,8 +29,8 @@ def _start(home):
     return servers.start(spec, home / "server.log")
 
 
-def _complete(server, prompt: str) -> tuple[str, int]:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0}
+def _complete(server, prompt: str, model: str = "tiny") -> tuple[str, int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0}
     r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -100,6 +100,27 @@ def test_a_prefix_survives_a_keep_alive_unload(home):
 
         assert servers.wait_until(unloaded, timeout=60, interval=0.2), "the model never unloaded"
         assert servers.wait_until(lambda: list(home.rglob("*.kv")), timeout=30, interval=0.2)
+        again, cached = _complete(server, LONG + "one")
+    finally:
+        server.stop()
+    assert cached > 0 and again == cold
+
+
+def test_a_prefix_survives_a_swap_to_another_model_and_back(home, tiny_gguf):
+    """One model fits (max_loaded_models 1): asking for another unloads the first, which writes
+    its slot; asking for the first again reloads it and answers from disk."""
+    other = home / "other.gguf"
+    other.write_bytes(tiny_gguf.read_bytes())  # another file (path, mtime): its own key
+    servers.import_model(home, other, "other")
+    spec = servers.llama_tiny(servers.free_port(), home=home, plan=None, **PLAN)
+    spec.env.update(LOCALRUN_RUNTIME__THREADS="1", LOCALRUN_RUNTIME__MAX_LOADED_MODELS="1")
+    server = servers.start(spec, home / "server.log")
+    try:
+        cold, _ = _complete(server, LONG + "one")
+        _complete(server, LONG + "two", model="other")
+        ps = httpx.get(f"{server.url}/api/ps", timeout=10).json()["models"]
+        loaded = [m.get("name") or m.get("model") for m in ps]
+        assert loaded and all(str(n).startswith("other") for n in loaded), loaded
         again, cached = _complete(server, LONG + "one")
     finally:
         server.stop()

@@ -161,10 +161,18 @@ class PrefixCache:
         found, owners = self.index.longest(prompt)
         keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media_prompt.py)
         if not getattr(self._ops, "cuttable", True):  # a saved state restores only whole (checkpoints.py)
-            owners = frozenset(o for o in owners if o not in self._host or len(self._host[o].tokens) == keep)
+            owners = frozenset(o for o in owners if self._saved_length(o) in (None, keep))
         if keep < max(MIN_REUSE, self._min_tail) or not owners:  # a few tokens are not worth it
             return 0, frozenset()
         return keep, owners
+
+    def _saved_length(self, owner: int) -> int | None:
+        """How many tokens a saved state (host RAM or disk) holds; None for a slot."""
+        if owner in self._host:
+            return len(self._host[owner].tokens)
+        if self.disk is not None and owner in self.disk:
+            return len(self.disk.tokens(owner))
+        return None
 
     def extended(self, slot: Slot) -> None:
         """``slot.tokens`` grew (a prefill chunk landed): others may now reuse it."""

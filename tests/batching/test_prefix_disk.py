@@ -249,19 +249,26 @@ def test_a_cold_long_prompt_counts_a_disk_miss_and_stats_fill_the_disk_fields():
     assert stats.disk_tokens == 200 and stats.disk_bytes > 0
 
 
-def test_without_a_sha256_for_every_file_there_is_no_key():
+def test_the_key_is_the_sha256s_or_else_each_files_fingerprint(tmp_path):
     @dataclass
     class F:
+        path: str
         sha256: str | None
 
     @dataclass
     class R:
         files: tuple
+        path: str = ""
 
-    assert model_sha256(R((F("ab"),))) == "ab"
-    assert model_sha256(R((F("ab"), F(None)))) == ""
-    assert model_sha256(R(())) == ""
-    assert model_sha256(R((F("ab"), F("cd")))) == model_sha256(R((F("cd"), F("ab"))))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    assert model_sha256(R((F("x", "ab"),))) == "ab"
+    assert model_sha256(R((F("x", "ab"), F("y", "cd")))) == model_sha256(R((F("y", "cd"), F("x", "ab"))))
+    printed = model_sha256(R((F(str(model), None),)))
+    assert printed.startswith("fp-") and printed == model_sha256(R((), path=str(model)))
+    model.write_bytes(b"GGUF" + bytes(99) + b"!")  # other bytes: another key
+    assert model_sha256(R((F(str(model), None),))) not in ("", printed)
+    assert model_sha256(R((F(str(tmp_path / "gone.gguf"), None),))) == ""  # unreadable: no key
 
 
 def test_the_measured_speeds_survive_a_restart_beside_the_entries(tmp_path):
@@ -282,3 +289,25 @@ def test_the_measured_speeds_survive_a_restart_beside_the_entries(tmp_path):
     third = FakeTier(store)
     third.folder = tmp_path
     assert PrefixCache(1, FakeKv(1), disk=third).disk.prefill_tok_s == PRIOR_PREFILL_TOK_S
+
+
+class UncuttableKv(FakeKv):
+    """A memory whose saved states restore only whole (a recurrent or hybrid model's)."""
+
+    cuttable = False
+
+    def truncate(self, seq, keep):  # cutting nothing works (llama.cpp's seq_rm past the end), else not
+        self.calls.append(("truncate", seq, keep))
+        return keep >= len(self.kv[seq])
+
+
+def test_a_memory_that_cannot_be_cut_reads_a_disk_entry_only_when_the_prompt_covers_it_whole():
+    store: dict = {}
+    kv, tier = UncuttableKv(1), FakeTier(store)
+    tier.store["e0"] = (tuple(prompt(1000)), json.dumps(prompt(1000)).encode())
+    cache = PrefixCache(1, kv, disk=tier)
+    run(cache, kv, prompt(1000, 150) + [9] * 60)  # shares 150 of the entry's 200: no read
+    assert tier.loads == 0 and cache.stats().disk_hits == 0
+    cache2 = PrefixCache(1, UncuttableKv(1), disk=FakeTier(store))
+    slot, keep = run(cache2, cache2._ops, prompt(1000) + [5, 6, 7])  # covers it whole: restored
+    assert keep == 200 and cache2.stats().disk_hits == 1

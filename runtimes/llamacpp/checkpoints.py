@@ -224,7 +224,7 @@ class PartialState:
             return None
         buf = (ctypes.c_uint8 * size)()
         got = self._llama.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, self._flags)
-        return bytes(buf[:got]) if got else None
+        return ctypes.string_at(buf, got) if got else None  # one copy (a slice of the array is a list of ints)
 
     def restore(self, seq: int, blob: bytes) -> bool:
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from localrun.errors import ConfigError
+from localrun.settings import default_kv_ram_bytes
 from localrun.types import Plan
 
 log = logging.getLogger(__name__)
@@ -24,8 +25,6 @@ MIN_CHUNK = 8
 DEFAULT_SLOT_CTX = 2048
 MAX_DEFAULT_SLOTS = 4
 DEFAULT_STEP_TOKENS = 256
-#: The most host RAM the prefix cache's RAM tier takes by default (``cache.kv_ram_bytes`` unset).
-MAX_DEFAULT_HOST = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -111,8 +110,8 @@ class Layout:
 
 def host_ram_bytes(opts: dict) -> int:
     """The host-RAM tier's bytes: ``host_cache_mib`` where given, else ``kv_ram_bytes`` (settings'
-    ``cache.kv_ram_bytes``), else a default: a tenth of the RAM available now, at most
-    :data:`MAX_DEFAULT_HOST`; it only fills as slots are evicted, and the planner does not count it."""
+    ``cache.kv_ram_bytes``; the planner puts its choice there and counts it in the plan's memory),
+    else :func:`localrun.settings.default_kv_ram_bytes` of the RAM available now."""
     if opts.get("host_cache_mib") is not None:
         return int(float(opts["host_cache_mib"]) * 2**20)
     if opts.get("kv_ram_bytes") is not None:
@@ -120,7 +119,7 @@ def host_ram_bytes(opts: dict) -> int:
     try:
         import psutil
 
-        return min(MAX_DEFAULT_HOST, int(psutil.virtual_memory().available) // 10)
+        return default_kv_ram_bytes(psutil.virtual_memory().available)
     except (ImportError, OSError) as exc:
         log.debug("free RAM unknown (%s): the host-RAM prefix tier is off", exc)
         return 0
@@ -170,7 +169,7 @@ class LlamaKvOps:
         size = self._llama.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         got = self._llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return bytes(buf[:got]) if got else None
+        return ctypes.string_at(buf, got) if got else None  # one copy (a slice of the array is a list of ints)
 
     def restore(self, seq: int, blob: bytes) -> bool:
         buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)

@@ -287,6 +287,16 @@ class UpstreamSettings(BaseModel):
         return v
 
 
+#: The most host RAM the prompt cache's RAM tier takes when ``cache.kv_ram_bytes`` is unset.
+KV_RAM_DEFAULT_MAX = 4 * 2**30
+
+
+def default_kv_ram_bytes(free: int) -> int:
+    """The RAM tier's default size: a tenth of ``free`` (RAM left over once the model is placed, or
+    available now), at most :data:`KV_RAM_DEFAULT_MAX`."""
+    return max(0, min(KV_RAM_DEFAULT_MAX, int(free) // 10))
+
+
 class CacheSettings(BaseModel):
     """The prompt (KV) cache beyond the slots: host RAM, then disk (docs/kv-cache.md)."""
 

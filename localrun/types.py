@@ -84,10 +84,20 @@ class MemoryEstimate:
     weights: int
     kv_cache: int
     overhead: int
+    #: Host RAM the prompt cache may fill with prefixes evicted from the slots (``cache.kv_ram_bytes``):
+    #: empty at load, it grows as slots are evicted, so it is outside :attr:`total` and inside
+    #: :attr:`ceiling`.
+    prompt_cache: int = 0
 
     @property
     def total(self) -> int:
+        """What the model takes once loaded."""
         return self.weights + self.kv_cache + self.overhead
+
+    @property
+    def ceiling(self) -> int:
+        """The most it takes once the prompt cache has filled too."""
+        return self.total + self.prompt_cache
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from localrun.planning.hardware import fmt_bytes
 from localrun.planning.placement import FLASH_BACKENDS, TIGHT_RATIO, Budget, ModelShape, Placement, tensor_overrides
+from localrun.settings import default_kv_ram_bytes
 
 log = logging.getLogger(__name__)
 
@@ -126,3 +127,17 @@ def choose_kv(
         f"{fmt_bytes(p8.kv)} as {QUANT_KV}, which {verdict} with {kept} (--kv-type f16 keeps f16)"
     )
     return QUANT_KV, p8, extra8, why
+
+
+def prompt_cache_ram(settings: Any, budget: Budget, placement: Placement) -> tuple[int, str]:
+    """(bytes, reason) of host RAM for the llama.cpp prompt cache's RAM tier: ``cache.kv_ram_bytes``
+    where set, else :func:`default_kv_ram_bytes` of the RAM the placement leaves free. It is empty at
+    load and fills as slots are evicted, so it goes in the plan's memory but not in its fit ratio."""
+    configured = getattr(getattr(settings, "cache", None), "kv_ram_bytes", None)
+    if configured is not None:
+        size, source = int(configured), "cache.kv_ram_bytes"
+    else:
+        size, source = default_kv_ram_bytes(budget.host - placement.host), "a tenth of the RAM left free, at most 4 GiB"
+    if not size:
+        return 0, "prompt cache in RAM off (cache.kv_ram_bytes = 0): evicted prefixes go to disk or are lost"
+    return size, f"prompt cache in RAM up to {fmt_bytes(size)} ({source}), filled by prefixes evicted from the slots"

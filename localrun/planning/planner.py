@@ -19,7 +19,7 @@ from localrun.planning.budget import DEVICE_LABELS, VRAM_MARGIN, hw_backend, mem
 from localrun.planning.context import fit_context, initial_context
 from localrun.planning.hardware import HardwareProfile, fmt_bytes
 from localrun.planning.media import with_media
-from localrun.planning.offload import choose_kv, flash_reason, moe_options, split_options
+from localrun.planning.offload import choose_kv, flash_reason, moe_options, prompt_cache_ram, split_options
 from localrun.planning.placement import (
     KV_BYTES,
     N_UBATCH,
@@ -197,6 +197,10 @@ def plan_placement(
             gpu_opts.update(opts)
             reasons += why
         reasons += [w for w in (flash_reason(budget, placement, kv_type), kv_why) if w]
+        cache_ram, cache_why = prompt_cache_ram(settings, budget, placement)
+        reasons.append(cache_why)
+    else:
+        cache_ram = 0
     reasons += ctx_reasons
     if placement.n_ctx < n_ctx:
         reasons.append(f"context reduced from {n_ctx:,} to {placement.n_ctx:,} to fit in memory")
@@ -227,6 +231,7 @@ def plan_placement(
         if status.details.get("backend"):  # the build next to what the machine could use, for `plan`'s words
             options.update(llama_backend=status.details["backend"], machine_backend=hw_backend(hw))
         options["speculative"] = speculate[0]
+        options["kv_ram_bytes"] = cache_ram
         if settings is not None:  # state checkpoints per sequence where memory cannot be cut (checkpoints.py)
             options["checkpoints"] = settings.cache.checkpoints
         reasons.append(speculate[1])
@@ -241,7 +246,9 @@ def plan_placement(
         n_threads=threads,
         n_batch=min(N_UBATCH, placement.n_ctx),
         kv_type=kv_type,
-        memory=MemoryEstimate(weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead),
+        memory=MemoryEstimate(
+            weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead, prompt_cache=cache_ram
+        ),
         verdict=verdict,
         reasons=tuple(reasons),
         options=options,

@@ -69,6 +69,7 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         lines.append(
             f"memory    weights {fmt_bytes(m.weights)} + KV cache {fmt_bytes(m.kv_cache)} "
             f"+ overhead {fmt_bytes(m.overhead)} = {fmt_bytes(m.total)}"
+            + (f"; prompt cache up to {fmt_bytes(m.prompt_cache)} more" if m.prompt_cache else "")
         )
     if placed.get("gpu_bytes"):
         lines.append(

@@ -161,7 +161,12 @@ def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf
     plan = plan_placement(record, hw, {"llama.cpp": probe_llamacpp(hw)})
     if plan.device != "cpu":
         pytest.skip("the plan offloads to a GPU; this measures host memory")
-    plan = dataclasses.replace(plan, n_threads=2)  # the plan's defaults otherwise: slots carved from n_ctx
+    # The plan's defaults otherwise (slots carved from n_ctx), with a RAM tier small enough that the
+    # bound below means something: the tier must keep to its budget and the rest to the plan.
+    assert plan.options["kv_ram_bytes"] == plan.memory.prompt_cache > 0  # the planner's choice, counted
+    tier = 64 * 2**20
+    memory = dataclasses.replace(plan.memory, prompt_cache=tier)
+    plan = dataclasses.replace(plan, n_threads=2, memory=memory, options={**plan.options, "kv_ram_bytes": tier})
     h = WorkerHandle(record, plan, log_path=tmp_path / "worker.log", load_timeout_s=120)
     try:
         items = _workload(seed=7, n=100)
@@ -196,9 +201,10 @@ def test_worker_memory_stays_within_the_plan_under_100_mixed_requests(gemma_gguf
         ends = [c.finish_reason for c in finished if c is not None and c.finish_reason]
         assert {"length", "cancelled"} <= set(ends)
         peak = _peak_rss(h.pid)
-        estimate = plan.memory.total
+        estimate = plan.memory.ceiling  # the loaded model plus its prompt cache's RAM, both in the plan
         print(
             f"worker peak RSS {peak / 2**20:.0f} MiB, plan estimate {estimate / 2**20:.0f} MiB "
+            f"({plan.memory.prompt_cache / 2**20:.0f} MiB of it the prompt cache) "
             f"(n_ctx {plan.n_ctx}, {plan.options.get('n_slots', 'default')} slots)"
         )
         assert peak <= estimate

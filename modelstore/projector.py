@@ -204,7 +204,11 @@ def foreign_projector(record: ModelRecord) -> str | None:
 
 
 def capabilities(record: ModelRecord) -> tuple[str, ...]:
-    """("vision",), ("audio",), both or (): from the cached header facts, else the header itself."""
+    """("vision",), ("audio",), both or (): from the cached header facts, else the header itself.
+
+    A projector the record names but whose header cannot be read still says vision: the pairing
+    is the store's claim, ``verify`` and loading say what is wrong with the file, and a model
+    that silently stopped listing vision would only hide it."""
     path = projector_path(record)
     if path is None:
         return ()
@@ -213,9 +217,9 @@ def capabilities(record: ModelRecord) -> tuple[str, ...]:
         return tuple(c for c in (VISION, AUDIO) if info.get(c) is True)
     try:
         return read_projector(path).capabilities
-    except InvalidModelFile as exc:
-        logger.info("%s: projector unreadable: %s", record.name, exc)
-        return ()
+    except (InvalidModelFile, OSError) as exc:
+        logger.info("%s: projector unreadable (still listed as vision): %s", record.name, exc)
+        return (VISION,)
 
 
 def pair_found(record: ModelRecord, projector: str | os.PathLike[str], *, sha256: str | None, where: str):

@@ -150,14 +150,14 @@ async def get_slots(request: Request):
 @router.post("/slots/{id_slot}")
 async def post_slot(request: Request, id_slot: str):
     """Save, restore or erase slot ``id_slot`` (``?action=``); save and restore name a file."""
+    raw = await request.body()  # the body first, as on every route: what is wrong in it is named
+    body = await parse_body(request, SlotFileBody) if raw.strip() else SlotFileBody()
     slot = _slot_id(id_slot)
     action = request.query_params.get("action", "")
     if action not in ACTIONS:
         raise InvalidRequest(
             f"invalid slot action {action[:32]!r}", param="action", hint="use ?action=save, restore or erase"
         )
-    raw = await request.body()
-    body = await parse_body(request, SlotFileBody) if raw.strip() else SlotFileBody()
     model = await pick_model(request, request.query_params.get("model") or body.model)
     args: dict[str, Any] = {"id_slot": slot, "action": action}
     if action != "erase":

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import kv_agent_prompt as prompts  # noqa: E402
 from benchmarks.common import gemma_path  # noqa: E402
-from benchmarks.kv_servers import LlamaServer, Localrun, cached, chat, dir_bytes, ttft  # noqa: E402
+from benchmarks.kv_servers import LlamaServer, Localrun, cached, chat, complete, dir_bytes, messages, ttft  # noqa: E402
 
 DISK_WORDS = ("disk", "kv_")
 STREAM_PROMPTS = (
@@ -189,10 +189,6 @@ def replay(body: dict, answer: int) -> dict:
 
 
 def part_claude(args, home: Path, tmp: Path) -> None:
-    import httpx
-
-    from benchmarks.bench_agents import stream_messages
-
     claude, where = prompts.find_claude(tmp)
     if claude is None:
         print(f"claude code: not available ({where}); the shape from its documented tool list instead")
@@ -205,8 +201,7 @@ def part_claude(args, home: Path, tmp: Path) -> None:
     server = Localrun(home, kv, args.threads, args.ctx)
     server.start()
     server.load()
-    with httpx.Client(timeout=1800) as client:
-        cold_ttft, usage, _, _, _ = stream_messages(client, server.url, replay(first, args.answer))
+    cold_ttft, usage = messages(server.url, replay(first, args.answer))
     total = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
     print(f"  cold: {total} prompt tokens, TTFT {cold_ttft:.2f} s")
     server.stop()
@@ -214,8 +209,7 @@ def part_claude(args, home: Path, tmp: Path) -> None:
         second = prompts.capture_claude_code(claude, tmp / "claude-b")
     server.start()
     load = server.load()
-    with httpx.Client(timeout=1800) as client:
-        hot_ttft, usage, _, _, _ = stream_messages(client, server.url, replay(second, args.answer))
+    hot_ttft, usage = messages(server.url, replay(second, args.answer))
     total = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
     ratio = hot_ttft / cold_ttft
     print(
@@ -242,8 +236,7 @@ def streams_scenario(args, home: Path, kv: Path, disk_bytes: int | None) -> dict
         firsts = [threading.Event() for _ in range(3)]
 
         def run(i: int) -> None:
-            msgs = [{"role": "user", "content": STREAM_PROMPTS[i]}]
-            results[i] = chat(server.url, msgs, args.stream_tokens, started=firsts[i])
+            results[i] = complete(server.url, STREAM_PROMPTS[i], args.stream_tokens, started=firsts[i])
 
         workers = [threading.Thread(target=run, args=(i,)) for i in range(3)]
         for w in workers:
@@ -353,7 +346,7 @@ def main() -> int:
     parser.add_argument("--ttl", type=float, default=10.0, help="keep-alive of the unload case, seconds")
     parser.add_argument("--stream-tokens", type=int, default=400)
     parser.add_argument(
-        "--settle", type=float, default=1.0, help="seconds from the streams' first tokens to the newcomer"
+        "--settle", type=float, default=6.0, help="seconds from the streams' first tokens to the newcomer"
     )
     parser.add_argument("--window", type=float, default=6.0, help="seconds of decoding measured from the newcomer")
     parser.add_argument("--skip", default="", help="comma-separated: restart,anchor,claude,streams,hybrid")

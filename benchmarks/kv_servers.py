@@ -227,3 +227,46 @@ def cached(result: dict) -> int:
 
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def complete(url: str, prompt: str, n_predict: int, *, started=None) -> dict:
+    """One streamed raw completion (``/completion``, no chat template, so no template stop
+    string ends it early) that decodes exactly ``n_predict`` tokens: the decoding streams."""
+    import httpx
+
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0, "stream": True, "ignore_eos": True}
+    sent = time.perf_counter()
+    times: list[float] = []
+    with httpx.stream("POST", f"{url}/completion", json=body, timeout=1800) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if event.get("content"):
+                times.append(time.perf_counter())
+                if started is not None:
+                    started.set()
+    return {"sent": sent, "times": times}
+
+
+def messages(url: str, body: dict) -> tuple[float, dict]:
+    """(TTFT to the first content delta, or to the end when none came; the final usage) of one
+    streamed Anthropic /v1/messages request; a refusal raises with the server's words."""
+    import httpx
+
+    sent = time.perf_counter()
+    first, usage = None, {}
+    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=1800) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.read()[:500]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[5:])
+            if event.get("type") == "content_block_delta":
+                first = first or time.perf_counter()
+            elif event.get("type") == "message_delta":
+                usage = event.get("usage") or usage
+    return (first or time.perf_counter()) - sent, usage

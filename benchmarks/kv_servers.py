@@ -151,7 +151,10 @@ class LlamaServer:
         # --swa-full: the whole sliding-window cache, as localrun keeps it, so a restored slot is
         # reusable (with the window-only cache a restored Gemma 3 slot is re-prefilled whole);
         # --cache-ram 0: no host-RAM prompt cache, which a restart loses anyway.
-        args += ["--slot-save-path", str(self.slot_dir), "--swa-full", "--cache-ram", "0"]
+        # --no-repack: weights as loaded, as localrun loads them (repack off, use_extra_bufts=False);
+        # it also keeps ggml's AMX kernels off, which die with SIGILL/SIGSEGV on a VM that lists AMX
+        # but does not grant its tile state.
+        args += ["--slot-save-path", str(self.slot_dir), "--swa-full", "--cache-ram", "0", "--no-repack"]
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{port}"

@@ -166,11 +166,23 @@ class ModelManager:
         runtime = get_runtime(plan.runtime)
         if "log_dir" not in plan.options:
             plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
+        if plan.runtime == "llama.cpp":
+            plan = dataclasses.replace(plan, options={**self._cache_options(), **plan.options})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
             log_path = self.worker_log or self.settings.data_dir / "logs" / f"worker-{safe}.log"
             return WorkerHandle(record, plan, log_path=log_path)
         return InProcessHandle(record, plan, runtime.load(record, plan))
+
+    def _cache_options(self) -> dict:
+        """The prompt cache's settings as plan options (a plan's own options win): the llama.cpp
+        runtime's host-RAM and disk tiers read them (runtimes/llamacpp/prefix_disk.py)."""
+        cache = self.settings.cache
+        return {
+            "kv_dir": str(cache.kv_dir or self.settings.cache_dir / "kv"),
+            "kv_disk_bytes": cache.kv_disk_bytes,
+            "kv_ram_bytes": cache.kv_ram_bytes,
+        }
 
     def load(
         self,

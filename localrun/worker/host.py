@@ -194,8 +194,10 @@ class WorkerHandle:
             self.proc.kill()
         self.proc.wait()
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Ask the worker to stop (cancelling what runs), then make sure it has."""
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Ask the worker to stop (cancelling what runs), then make sure it has. The wait is long
+        enough for a llama.cpp session to write its prefix cache to disk (it waits 20 s at most,
+        runtimes/llamacpp/prefix_disk.py); a worker with nothing to write exits at once."""
         if self.proc.poll() is None:
             try:
                 self._writer.send({"op": "shutdown"})

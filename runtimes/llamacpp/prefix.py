@@ -7,7 +7,8 @@ its prompt and makes the chosen slot hold exactly that prefix:
 
 * in place, when the prefix sits in an idle slot (cut its tail, nothing copied);
 * copied from another slot (busy or idle) with ``llama_memory_seq_cp``;
-* restored from host RAM with the per-sequence state API.
+* restored from host RAM with the per-sequence state API;
+* restored from disk (:mod:`.prefix_disk`), where host RAM and closing sessions spill to.
 
 Finished conversations stay in their slots until a newcomer needs the room; what goes is
 the least recently used content (saved to host RAM first if the tier is on and nothing else
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from localrun.runtimes.llamacpp.media_prompt import media_safe_cut
+from localrun.runtimes.llamacpp.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
 from localrun.runtimes.llamacpp.radix import RadixIndex
 
 log = logging.getLogger(__name__)
@@ -104,11 +106,19 @@ class PrefixCache:
     ``min_tail`` tokens of every prompt are always evaluated again (at least one, for its
     logits; more where the arithmetic of a short prefill chunk differs from a long one, see
     the scheduler), and a shared prefix shorter than that or than ``MIN_REUSE`` is not reused
-    (``reuse=False``: no prefix is). ``host_budget`` bytes of host RAM keep evicted sequences (0: off).
+    (``reuse=False``: no prefix is). ``host_budget`` bytes of host RAM keep evicted sequences (0: off);
+    ``disk`` (a ``kv_disk.DiskTier``) keeps what host RAM evicts, and every prefix at :meth:`persist`.
     """
 
     def __init__(
-        self, n_slots: int, ops: KvOps, *, min_tail: int = 1, host_budget: int = 0, reuse: bool = True
+        self,
+        n_slots: int,
+        ops: KvOps,
+        *,
+        min_tail: int = 1,
+        host_budget: int = 0,
+        reuse: bool = True,
+        disk=None,
     ) -> None:
         self.slots = [Slot(seq) for seq in range(n_slots)]
         self._ops = ops
@@ -120,6 +130,7 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self.index = RadixIndex()
         self._counts = {"reused_in_place": 0, "copied": 0, "restored": 0, "saved": 0, "relocated": 0}
+        self.disk = DiskSpill(disk, self.index, self._host_ids) if disk is not None else None
 
     # --- what the scheduler calls -------------------------------------------------------------
 
@@ -132,6 +143,8 @@ class PrefixCache:
             return None
         keep, owners = self._reusable(prompt)
         slot, keep = self._place(prompt, keep, owners, idle, spare)
+        if self.disk is not None and keep == 0 and len(prompt) >= HOST_MIN_TOKENS:
+            self.disk.missed()
         slot.busy = True
         slot.used_at = next(self._clock)
         return slot, keep
@@ -186,7 +199,31 @@ class PrefixCache:
             host_bytes=self.host_bytes,
             host_entries=len(self._host),
             host_tokens=sum(len(e.tokens) for e in self._host.values()),
+            **(self.disk.stats() if self.disk is not None else {}),
         )
+
+    def observe_prefill(self, n_tokens: int, seconds: float) -> None:
+        """A prefill chunk's time: the disk tier weighs a read against it."""
+        if self.disk is not None:
+            self.disk.observe_prefill(n_tokens, seconds)
+
+    def persist(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+        """Write every slot's prefix and every host entry the disk lacks, wait for the writes
+        (at most ``timeout_s``) and close the tier: the model is unloading. Scheduler thread, or
+        after it stopped."""
+        if self.disk is None:
+            return
+        disk, self.disk = self.disk, None
+        try:
+            for slot in sorted(self.slots, key=lambda s: -s.used_at):  # the newest first, if the budget is short
+                if len(slot.tokens) >= HOST_MIN_TOKENS and not disk.holds(slot.tokens):
+                    blob = self._ops.save(slot.seq)
+                    if blob is not None:
+                        disk.spill(slot.tokens, blob)
+            for entry in sorted(self._host.values(), key=lambda e: -e.used_at):
+                disk.spill(entry.tokens, entry.blob)
+        finally:
+            disk.close(timeout_s)
 
     @property
     def host_bytes(self) -> int:
@@ -198,8 +235,11 @@ class PrefixCache:
         self, prompt: Sequence[int], keep: int, owners: frozenset[int], idle: list[Slot], spare: frozenset[int]
     ) -> tuple[Slot, int]:
         by_seq = {s.seq: s for s in self.slots}
-        sources = sorted(owners, key=lambda o: (o not in by_seq or by_seq[o].busy, o not in by_seq, o))
+        disk = self.disk if self.disk is not None else ()
+        sources = sorted(owners, key=lambda o: (o not in by_seq or by_seq[o].busy, o not in by_seq, o in disk, o))
         source = sources[0] if keep > 0 and sources else None
+        if source in disk and not (keep >= MIN_COPY and self.disk.worth(source, keep)):
+            source = None  # prefilling the prefix is cheaper than reading it
         if source is not None and source in by_seq and not by_seq[source].busy:
             slot = by_seq[source]
             empty = self._empty(idle, exclude=slot)
@@ -212,6 +252,8 @@ class PrefixCache:
             return target, self._cut(target, 0, reuse_from=None)
         if source in by_seq:
             return target, self._copy(by_seq[source], target, keep)
+        if source in disk:
+            return target, self._restore_disk(source, target, keep)
         return target, self._restore(source, target, keep)
 
     def _empty(self, idle: list[Slot], exclude: Slot | None = None) -> Slot | None:
@@ -279,10 +321,12 @@ class PrefixCache:
         return keep
 
     def _restore(self, owner: int, dst: Slot, keep: int) -> int:
-        entry = self._host[owner]
+        entry = self._host.get(owner)
         if dst.tokens:
             self._ops.clear(dst.seq)
             dst.tokens.clear()
+        if entry is None:  # the target's own eviction made room in host RAM by dropping it
+            return self._cut(dst, 0, reuse_from=None)
         if not self._ops.restore(dst.seq, entry.blob):
             log.warning("restoring a saved prefix of %d tokens failed; prefilling instead", len(entry.tokens))
             self._drop_host(owner)
@@ -296,28 +340,64 @@ class PrefixCache:
         self._counts["restored"] += 1
         return keep
 
+    def _restore_disk(self, owner: int, dst: Slot, keep: int) -> int:
+        tokens = self.disk.tokens(owner)
+        blob = self.disk.load(owner)  # None: gone or failed its check (the tier deleted it)
+        if dst.tokens:
+            self._ops.clear(dst.seq)
+            dst.tokens.clear()
+        if blob is None:
+            return self._cut(dst, 0, reuse_from=None)
+        if not self._ops.restore(dst.seq, blob):
+            log.warning("llama.cpp refused a %d-token prefix from disk; deleted, prefilling instead", len(tokens))
+            self.disk.refused(owner)
+            self._ops.clear(dst.seq)
+            return self._cut(dst, 0, reuse_from=None)
+        dst.tokens[:] = tokens
+        if not (self._ops.window_ok(dst.seq, keep) and self._ops.truncate(dst.seq, keep)):
+            return self._cut(dst, 0, reuse_from=None)
+        del dst.tokens[keep:]
+        self.index.set(dst.seq, dst.tokens)
+        self.disk.restored(owner, keep)
+        return keep
+
     # --- eviction and the host tier -----------------------------------------------------------
 
     def _evict(self, slot: Slot) -> None:
-        if self._host_budget and len(slot.tokens) >= HOST_MIN_TOKENS and not self._held_elsewhere(slot):
-            blob = self._ops.save(slot.seq)
-            if blob is not None and len(blob) <= self._host_budget:
-                self._make_host_room(len(blob))
-                owner = next(self._host_ids)
-                self._host[owner] = _HostEntry(list(slot.tokens), blob, next(self._clock))
-                self.index.set(owner, slot.tokens)
-                self._counts["saved"] += 1
+        if len(slot.tokens) >= HOST_MIN_TOKENS and (self._host_budget or self.disk is not None):
+            self._keep_evicted(slot)
         self._ops.clear(slot.seq)
         slot.tokens.clear()
         self.index.discard(slot.seq)
 
-    def _held_elsewhere(self, slot: Slot) -> bool:
+    def _keep_evicted(self, slot: Slot) -> None:
+        """Save a slot's content before it is cleared: to host RAM, else (too big, RAM off) to disk."""
+        disk = self.disk if self.disk is not None else ()
+        if self._held_elsewhere(slot, ignore=disk) or (not self._host_budget and self.disk.holds(slot.tokens)):
+            return
+        blob = self._ops.save(slot.seq)
+        if blob is None:
+            return
+        if len(blob) <= self._host_budget:
+            self._make_host_room(len(blob))
+            owner = next(self._host_ids)
+            self._host[owner] = _HostEntry(list(slot.tokens), blob, next(self._clock))
+            self.index.set(owner, slot.tokens)
+            self._counts["saved"] += 1
+        elif self.disk is not None:
+            self.disk.spill(slot.tokens, blob)
+
+    def _held_elsewhere(self, slot: Slot, ignore=()) -> bool:
+        """Another slot or host entry holds all of ``slot``'s tokens (owners in ``ignore`` do not count)."""
         found, owners = self.index.longest(slot.tokens)
-        return found == len(slot.tokens) and any(o != slot.seq for o in owners)
+        return found == len(slot.tokens) and any(o != slot.seq and o not in ignore for o in owners)
 
     def _make_host_room(self, need: int) -> None:
         while self._host and self.host_bytes + need > self._host_budget:
-            self._drop_host(min(self._host, key=lambda o: self._host[o].used_at))
+            owner = min(self._host, key=lambda o: self._host[o].used_at)
+            if self.disk is not None:  # host RAM's least recently used goes down a tier
+                self.disk.spill(self._host[owner].tokens, self._host[owner].blob)
+            self._drop_host(owner)
 
     def _drop_host(self, owner: int) -> None:
         self._host.pop(owner, None)

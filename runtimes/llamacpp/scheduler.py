@@ -91,6 +91,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         draft_k: int | None = None,
         drafter=None,
         projector=None,
+        disk=None,
     ) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
@@ -110,6 +111,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             min_tail=layout.min_chunk,
             host_budget=layout.host_cache_bytes,
             reuse=layout.prefix_cache,
+            disk=disk,  # kv_disk.DiskTier or None (prefix_disk.py)
         )
         self._inbox: list[Job] = []
         self._calls = ThreadCalls()  # native work of request threads (embeddings), run between steps
@@ -202,6 +204,10 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise RuntimeUnavailable("the llama.cpp scheduler did not stop", hint="kill the worker process")
+        try:  # the thread is gone: this one may touch the context. Every prefix goes to disk first.
+            self.cache.persist()
+        except Exception:  # noqa: BLE001 - a failed write loses a cache, never the unload
+            log.warning("writing the prefix cache to disk failed", exc_info=True)
         if self.encoder is not None:
             self.encoder.close()
         if self._batch is not None:
@@ -353,7 +359,9 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         else:
             fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
             self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
+            timed = time.perf_counter()
             row = n - 1 if self._call_decode([job]) else None
+            self.cache.observe_prefill(n, time.perf_counter() - timed)  # what a disk read is weighed against
         if row is None:
             self._prefill_began.pop(id(job), None)
             return

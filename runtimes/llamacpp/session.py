@@ -29,7 +29,8 @@ request, and each generator reads its chunks from the scheduler.
 ``plan.options`` this runtime reads for batching (defaults in :mod:`.slots`):
 ``n_slots`` (sequences run at once), ``slot_ctx`` (tokens per request; by default the slots
 share ``plan.n_ctx``), ``kv_unified`` (one KV pool for all slots), ``step_tokens`` (prefill
-tokens per step), ``host_cache_mib`` (host RAM for evicted prefixes, 0 = off),
+tokens per step), ``host_cache_mib`` or ``kv_ram_bytes`` (host RAM for evicted prefixes, 0 = off,
+unset = a default from free RAM), ``kv_dir`` and ``kv_disk_bytes`` (the disk tier, :mod:`.prefix_disk`),
 ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.scheduler`),
 ``speculative`` and ``draft_k`` (see :mod:`.speculative`), and the context switches
 ``flash_attn``, ``swa_full``, ``repack``.
@@ -65,6 +66,7 @@ from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
 from localrun.runtimes.llamacpp.media_session import SessionMedia
 from localrun.runtimes.llamacpp.mtmd import open_projector
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
+from localrun.runtimes.llamacpp.prefix_disk import open_disk_tier
 from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slots import Layout
@@ -159,6 +161,8 @@ class LlamaCppSession(ServerExtras):
                 record.path,
                 flash_attn_type=self._context_params(llama, plan, layout).flash_attn_type,
             )
+        # The disk tier under the prefix cache (prefix_disk.py): keyed by the model's sha256 and the context.
+        disk = open_disk_tier(llama, model, ctx, self._context_params(llama, plan, layout), record, layout)
         try:
             self._sched = Scheduler(
                 llama,
@@ -171,8 +175,11 @@ class LlamaCppSession(ServerExtras):
                 draft_k=draft_k,
                 drafter=self._drafter,
                 projector=self._media.usable,
+                disk=disk,
             )
         except BaseException:
+            if disk is not None:
+                disk.close()
             if self._drafter is not None:
                 self._drafter.close()
             raise

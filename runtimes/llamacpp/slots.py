@@ -24,6 +24,8 @@ MIN_CHUNK = 8
 DEFAULT_SLOT_CTX = 2048
 MAX_DEFAULT_SLOTS = 4
 DEFAULT_STEP_TOKENS = 256
+#: The most host RAM the prefix cache's RAM tier takes by default (``cache.kv_ram_bytes`` unset).
+MAX_DEFAULT_HOST = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class Layout:
     prefix_cache: bool = True  # False: every prompt is prefilled cold (for comparisons)
     exact: bool = False  # batch-invariant: a request's tokens do not depend on the others
     exact_prefix: bool = False  # and a cached prompt prefix gives what a cold prefill gives
+    kv_dir: str | None = None  # the disk tier's folder (None: no disk tier; prefix_disk.py)
+    kv_disk_bytes: int | None = None  # its byte budget (None: kv_disk.default_budget; 0: off)
 
     @property
     def n_ctx(self) -> int:
@@ -48,8 +52,9 @@ class Layout:
 
     @classmethod
     def from_plan(cls, plan: Plan) -> Layout:
-        """Read ``n_slots``, ``slot_ctx``, ``kv_unified``, ``step_tokens``, ``host_cache_mib``,
-        ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` from ``plan.options``.
+        """Read ``n_slots``, ``slot_ctx``, ``kv_unified``, ``step_tokens``, ``host_cache_mib`` (or
+        ``kv_ram_bytes``), ``kv_dir``, ``kv_disk_bytes``, ``prefix_cache``, ``batch_invariant`` and
+        ``exact_prefix`` from ``plan.options``.
 
         The planner sets ``n_slots`` and ``slot_ctx`` (each slot the plan's whole context, the
         KV of all of them counted in its estimate). A plan built without them (tests, tools)
@@ -64,11 +69,13 @@ class Layout:
             n_slots = int(_given(opts, "n_slots", max(1, min(MAX_DEFAULT_SLOTS, plan.n_ctx // DEFAULT_SLOT_CTX))))
             slot_ctx = int(_given(opts, "slot_ctx", plan.n_ctx if unified else plan.n_ctx // max(1, n_slots)))
             step = int(_given(opts, "step_tokens", min(plan.n_batch, DEFAULT_STEP_TOKENS)))
-            host = int(float(opts.get("host_cache_mib") or 0) * 2**20)
+            host = host_ram_bytes(opts)
+            disk = opts.get("kv_disk_bytes")
+            disk = None if disk is None else int(disk)
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"bad llama.cpp slot options {opts!r}: {exc}",
-                hint="n_slots, slot_ctx, step_tokens and host_cache_mib are numbers",
+                hint="n_slots, slot_ctx, step_tokens, host_cache_mib, kv_ram_bytes and kv_disk_bytes are numbers",
             ) from exc
         flag = opts.get("batch_invariant")
         on_cpu = plan.device == "cpu" and int(plan.n_gpu_layers) == 0
@@ -76,7 +83,7 @@ class Layout:
         exact = exact_prefix or (bool(flag) if flag is not None else on_cpu and n_slots < MIN_CHUNK)
         min_chunk = MIN_CHUNK if exact_prefix else 1
         decode_rows = MIN_CHUNK - 1 if exact else n_slots
-        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0:
+        if not 1 <= n_slots <= 256 or slot_ctx < 16 or step < 1 or host < 0 or (disk or 0) < 0:
             raise ConfigError(
                 f"llama.cpp slots out of range: n_slots={n_slots} slot_ctx={slot_ctx} "
                 f"step_tokens={step} host_cache_mib={opts.get('host_cache_mib')}",
@@ -93,7 +100,26 @@ class Layout:
             prefix_cache=bool(opts.get("prefix_cache", True)),
             exact=exact,
             exact_prefix=exact_prefix,
+            kv_dir=str(opts["kv_dir"]) if opts.get("kv_dir") else None,
+            kv_disk_bytes=disk,
         )
+
+
+def host_ram_bytes(opts: dict) -> int:
+    """The host-RAM tier's bytes: ``host_cache_mib`` where given, else ``kv_ram_bytes`` (settings'
+    ``cache.kv_ram_bytes``), else a default: a tenth of the RAM available now, at most
+    :data:`MAX_DEFAULT_HOST`; it only fills as slots are evicted, and the planner does not count it."""
+    if opts.get("host_cache_mib") is not None:
+        return int(float(opts["host_cache_mib"]) * 2**20)
+    if opts.get("kv_ram_bytes") is not None:
+        return int(opts["kv_ram_bytes"])
+    try:
+        import psutil
+
+        return min(MAX_DEFAULT_HOST, int(psutil.virtual_memory().available) // 10)
+    except (ImportError, OSError) as exc:
+        log.debug("free RAM unknown (%s): the host-RAM prefix tier is off", exc)
+        return 0
 
 
 def _given(opts: dict, key: str, default):

@@ -1,0 +1,143 @@
+"""The on-disk format of one cached state blob (the disk tier, kv_disk.py).
+
+One file holds one entry: a fixed header, the token ids whose state it is, then the blob
+``llama_state_seq_get_data`` returned. Every field a wrong restore could come from is checked
+before a blob reaches llama.cpp, and a file that fails any check is reported as :class:`BadFile`
+(the tier deletes it and prefills instead):
+
+* ``magic`` and ``version``: not ours, or a format this code does not know (older or newer);
+* ``digest``: the :class:`~.kv_disk.StateKey` the blob was made under, so another model's file
+  renamed into this folder is refused even though its checksums are good;
+* ``header_crc`` over every header byte before it, ``tokens_crc`` over the token ids and
+  ``blob_crc`` over the blob: a byte flipped anywhere fails one of the three;
+* the file's size must equal header + tokens + blob exactly: a truncated or extended file fails
+  before anything is read past the header.
+
+The checksums are CRC-32 (``zlib.crc32``): it runs at well over a GB/s and releases the GIL on
+large buffers, so checking a 300 MB blob costs a fraction of a second of one core while the
+decode threads run on. It guards against torn writes and bit rot, not against an adversary: the
+cache folder is the user's own (a cryptographic hash of every blob would cost ~8x the CPU).
+Token ids are signed 32-bit: media chunks sit in prompts as negative pseudo-ids (media_prompt.py).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+MAGIC = b"LRKVSTAT"
+#: Bump on any change to the layout below; files of any other version are refused.
+FORMAT_VERSION = 1
+KINDS = ("prefix", "checkpoint")
+#: magic, version, kind, reserved, key digest (32 bytes), token count, blob length, created
+#: (unix time), tokens crc, blob crc; then the header crc over all of that.
+_HEAD = struct.Struct("<8sHBB32sIQdII")
+_CRC = struct.Struct("<I")
+HEADER_SIZE = _HEAD.size + _CRC.size
+#: Blobs are checksummed, written and read in pieces of this size, so the GIL is let go often
+#: and a decode step never waits behind one long call.
+CHUNK = 4 << 20
+
+
+class BadFile(Exception):
+    """A file that must not be loaded; the message says which check it failed."""
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a file's first bytes say about it (the tokens follow, then the blob)."""
+
+    digest: bytes
+    kind: str
+    n_tokens: int
+    blob_len: int
+    created: float
+    tokens_crc: int
+    blob_crc: int
+
+    @property
+    def file_size(self) -> int:
+        return HEADER_SIZE + 4 * self.n_tokens + self.blob_len
+
+
+def blob_crc(blob: bytes | memoryview) -> int:
+    """CRC-32 of a blob, a chunk at a time (zlib releases the GIL on each large chunk)."""
+    view = memoryview(blob).cast("B")
+    crc = 0
+    for i in range(0, len(view), CHUNK):
+        crc = zlib.crc32(view[i : i + CHUNK], crc)
+    return crc
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    arr = array("i", tokens)
+    if arr.itemsize != 4:  # pragma: no cover - every platform localrun runs on has a 32-bit C int
+        raise RuntimeError("C int is not 32 bits here")
+    if struct.pack("=i", 1) != struct.pack("<i", 1):  # pragma: no cover - big-endian hosts
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _tokens_from(raw: bytes) -> tuple[int, ...]:
+    arr = array("i")
+    arr.frombytes(raw)
+    if struct.pack("=i", 1) != struct.pack("<i", 1):  # pragma: no cover
+        arr.byteswap()
+    return tuple(arr)
+
+
+def encode_header(digest: bytes, kind: str, toks: bytes, blob_len: int, crc: int, created: float) -> bytes:
+    """The header and token bytes of a file whose blob (``blob_len`` bytes, CRC ``crc``) follows."""
+    if len(digest) != 32:
+        raise ValueError("the key digest is 32 bytes")
+    head = _HEAD.pack(
+        MAGIC, FORMAT_VERSION, KINDS.index(kind), 0, digest, len(toks) // 4, blob_len, created, zlib.crc32(toks), crc
+    )
+    return head + _CRC.pack(zlib.crc32(head)) + toks
+
+
+def read_header(f: BinaryIO, *, size: int, digest: bytes) -> tuple[Header, tuple[int, ...]]:
+    """Read and check a file's header and tokens (not its blob). ``size`` is the file's size.
+
+    Raises:
+        BadFile: any check failed; the message names it.
+    """
+    raw = f.read(HEADER_SIZE)
+    if len(raw) < HEADER_SIZE:
+        raise BadFile(f"shorter than a header ({size} bytes)")
+    magic, version, kind, _reserved, key, n_tokens, blob_len, created, tcrc, bcrc = _HEAD.unpack_from(raw)
+    if magic != MAGIC:
+        raise BadFile("not a localrun state file (bad magic)")
+    if version != FORMAT_VERSION:  # before the checksum: another version may lay its header out otherwise
+        raise BadFile(f"format version {version}, this localrun reads {FORMAT_VERSION}")
+    if _CRC.unpack_from(raw, _HEAD.size)[0] != zlib.crc32(raw[: _HEAD.size]):
+        raise BadFile("header checksum mismatch")
+    if kind >= len(KINDS):
+        raise BadFile(f"unknown entry kind {kind}")
+    if key != digest:
+        raise BadFile("made under another model, runtime or context (key digest differs)")
+    header = Header(key, KINDS[kind], n_tokens, blob_len, created, tcrc, bcrc)
+    if size != header.file_size:
+        raise BadFile(f"{size} bytes where the header promises {header.file_size} (truncated or extended)")
+    toks = f.read(4 * n_tokens)
+    if len(toks) != 4 * n_tokens or zlib.crc32(toks) != tcrc:
+        raise BadFile("token checksum mismatch")
+    return header, _tokens_from(toks)
+
+
+def read_blob(f: BinaryIO, header: Header) -> bytes:
+    """Read the blob that follows the tokens and check it against the header.
+
+    Raises:
+        BadFile: short read or checksum mismatch.
+    """
+    blob = f.read(header.blob_len)
+    if len(blob) != header.blob_len:
+        raise BadFile("blob shorter than its header says")
+    if blob_crc(blob) != header.blob_crc:
+        raise BadFile("blob checksum mismatch")
+    return blob

@@ -20,6 +20,7 @@ and :attr:`LocalrunError.exit_code`, the TUI to a notification.
      ├── TemplateError            a chat template failed, timed out or is missing
      ├── UnsupportedFeature       a request field the runtime cannot honour
      ├── InvalidMedia             an image or audio clip that cannot be read, or is over a cap
+     ├── SlotError                a slot id, action or slot file the llama.cpp runtime cannot use
      ├── Overloaded               a model's queue is full (retry later)
      ├── WorkerCrashed            a worker process died while holding requests
      ├── Cancelled                the request was cancelled
@@ -133,6 +134,15 @@ class InvalidMedia(LocalrunError):
 
     http_status = 400
     code = "invalid_media"
+    exit_code = 2
+
+
+class SlotError(LocalrunError):
+    """llama-server's slot API: a slot that does not exist, an unknown action, or a slot file
+    that is missing, damaged or saved from another model or context."""
+
+    http_status = 400
+    code = "invalid_slot"
     exit_code = 2
 
 

@@ -226,6 +226,8 @@ class Sampling:
     ignore_eos: bool = False
     #: No end-of-generation token before this many tokens.
     min_tokens: int = 0
+    #: llama-server's ``id_slot``: run in this slot (a llama.cpp sequence), waiting for it if busy; -1: any.
+    id_slot: int = -1
 
 
 def _sampling_from(d: dict[str, Any] | None) -> Sampling:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
-from localrun.server.fields import refuse_unsupported
+from localrun.server.fields import note_ignored, refuse_unsupported
 from localrun.server.metrics import STATS_KEY, Metrics, RequestStats
 from localrun.types import Chunk, Sampling, Usage
 
@@ -235,6 +235,8 @@ async def open_generation(
     except LocalrunError:
         await stream.aclose()
         raise
+    if getattr(req.sampling, "id_slot", -1) >= 0 and "slots" not in (stream.capabilities or ()):
+        note_ignored(request, ["id_slot"])  # llama-server's slots are llama.cpp's: others place requests themselves
     return Generation(request, stream, metrics=state.metrics)
 
 

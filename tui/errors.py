@@ -25,6 +25,7 @@ TITLES: dict[type[E.LocalrunError], tuple[str, str]] = {
     E.TemplateError: ("Chat template failed", "try raw completion, or another build of the model"),
     E.UnsupportedFeature: ("Not supported", "this runtime or model cannot do that"),
     E.InvalidMedia: ("Bad image or audio", "check the file (format, size) or attach another"),
+    E.SlotError: ("Slot action failed", "check the slot id and the slot file"),
     E.Overloaded: ("Busy", "wait for running requests to finish, or unload a model"),
     E.WorkerCrashed: ("Model crashed", "load it again; if it keeps crashing, see the worker log"),
     E.Cancelled: ("Cancelled", "nothing to do"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -355,16 +356,40 @@ def pooling_settings(items) -> dict:
 @click.option(
     "--mirror", is_flag=True, help="Also serve the store as a Hugging Face hub mirror (HF_ENDPOINT=this URL)."
 )
+@click.option(
+    "--slot-save-path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder of llama-server's slot files (POST /slots/ID?action=save|restore); default <cache dir>/slots.",
+)
 @speculative_option
 @placement_options(gpu_layers=True)
 @click.pass_context
 def serve_cmd(
-    ctx, host, port, api_key, runtime, ctx_len, parallel, no_default_model, poolings, mirror, speculative, draft
+    ctx,
+    host,
+    port,
+    api_key,
+    runtime,
+    ctx_len,
+    parallel,
+    no_default_model,
+    poolings,
+    mirror,
+    slot_save_path,
+    speculative,
+    draft,
 ):
     """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
     server = {
         k: v
-        for k, v in {"host": host, "port": port, "api_key": api_key, "mirror": mirror or None}.items()
+        for k, v in {
+            "host": host,
+            "port": port,
+            "api_key": api_key,
+            "mirror": mirror or None,
+            "slot_save_path": slot_save_path,
+        }.items()
         if v is not None
     }
     overrides = {"server": server} if server else {}

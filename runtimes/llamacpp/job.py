@@ -34,6 +34,7 @@ class Job:
         "spec",
         "media",
         "encodes",
+        "id_slot",
     )
 
     def __init__(
@@ -46,6 +47,7 @@ class Job:
         build_sampler,
         logprobs: list | None = None,
         media: MediaPrompt | None = None,
+        id_slot: int = -1,
     ) -> None:
         self.prompt = prompt
         self.limit = limit
@@ -70,6 +72,7 @@ class Job:
         # queued encodes by chunk start (media_prefill.py); shared by the choices of one request.
         self.media = media
         self.encodes: dict = {}
+        self.id_slot = id_slot  # the slot asked for (llama-server's id_slot); -1: the cache picks
 
     def usage(self) -> Usage:
         spec = self.spec

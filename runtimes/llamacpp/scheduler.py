@@ -65,6 +65,7 @@ from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media_prefill import MediaEncoder, MediaPrefill
 from localrun.runtimes.llamacpp.prefix import PrefixCache
+from localrun.runtimes.llamacpp.slot_books import acquire_at
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
 from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
@@ -287,14 +288,23 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
 
     def _admit(self) -> None:
         while self._waiting and self.cache.free_slots():
-            job = self._waiting[0]
+            # The first in line, passing over requests pinned to a busy slot (id_slot): they wait for theirs.
+            job = next((j for j in self._waiting if j.id_slot < 0 or not self.cache.slots[j.id_slot].busy), None)
+            if job is None:
+                return
             # Spare the idle slots that the next waiting requests would reuse.
             ahead = itertools.islice(self._waiting, 1, 1 + 2 * self.layout.n_slots)
-            spare = frozenset(seq for j in ahead if (seq := self.cache.wanted(j.prompt)) is not None)
-            got = self.cache.acquire(job.prompt, spare=spare)
+            spare = frozenset(
+                seq for j in ahead if (seq := j.id_slot if j.id_slot >= 0 else self.cache.wanted(j.prompt)) is not None
+            )
+            got = (
+                acquire_at(self.cache, job.prompt, job.id_slot)
+                if job.id_slot >= 0
+                else self.cache.acquire(job.prompt, spare=spare)
+            )
             if got is None:
                 return
-            self._waiting.popleft()
+            self._waiting.remove(job)
             job.slot, job.cached = got
             job.sampler = job.build_sampler()
             if self.speculative != "off":

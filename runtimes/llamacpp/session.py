@@ -69,6 +69,7 @@ from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 from localrun.runtimes.llamacpp.prefix_disk import open_disk_tier
 from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
+from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Media, ModelRecord, Plan, Sampling
@@ -105,7 +106,7 @@ class LlamaCppRuntime:
         return LlamaCppSession.open(model, plan)
 
 
-class LlamaCppSession(ServerExtras):
+class LlamaCppSession(ServerExtras, SlotApi):
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.
 
     ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
@@ -201,7 +202,10 @@ class LlamaCppSession(ServerExtras):
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of
         # thinking.
         self.capabilities = (
-            self._features.capabilities | self.extra_capabilities() | self._media.capabilities | {"reasoning_budget"}
+            self._features.capabilities
+            | self.extra_capabilities()
+            | self._media.capabilities
+            | {"reasoning_budget", "slots"}  # slots: llama-server's id_slot and /slots (slot_api.py)
         )
 
     @classmethod
@@ -469,6 +473,7 @@ class LlamaCppSession(ServerExtras):
                         build_sampler=build,
                         logprobs=logprobs,
                         media=media,
+                        id_slot=self._pinned_slot(sampling) if i == 0 else -1,  # slot_api.py
                     )
                 )
         if media is not None:

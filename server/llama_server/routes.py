@@ -199,6 +199,7 @@ def _native_sampling(request: Request, body: NativeSampling):
         ignore_eos=body.ignore_eos,
         logit_bias=body.bias_pairs(),
         logprobs=logprobs_asked(True, body.n_probs) if body.n_probs else None,
+        id_slot=body.id_slot,
     )
 
 

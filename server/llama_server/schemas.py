@@ -12,7 +12,16 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
-from localrun.server.openai.schemas import ChatMessage, ModelName, MultimodalPrompt, Seed, Stop, Strict, TokenIds
+from localrun.server.openai.schemas import (
+    ChatMessage,
+    ModelName,
+    MultimodalPrompt,
+    Seed,
+    SlotId,
+    Stop,
+    Strict,
+    TokenIds,
+)
 
 Text = Annotated[str, StringConstraints(max_length=1_000_000)]
 #: llama-server's logit_bias: ``[[token, bias], …]`` (``false`` bans the token) or ``{"token": bias}``.
@@ -45,6 +54,7 @@ class NativeSampling(Strict):
     cache_prompt: bool | None = None
     ignore_eos: bool | None = None
     logit_bias: LogitBias | None = None
+    id_slot: SlotId | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         from localrun.server.fields import sampling_unsupported

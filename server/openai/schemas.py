@@ -146,6 +146,10 @@ class ChatMessage(Strict):
     reasoning: str | None = None
 
 
+#: llama-server's ``id_slot``: a slot of the llama.cpp context, or -1 for any (bounded: 256 slots at most).
+SlotId = Annotated[int, Field(ge=-1, le=255)]
+
+
 class Sampled(Strict):
     """Fields shared by chat and completions."""
 
@@ -182,6 +186,7 @@ class Sampled(Strict):
     json_schema: dict[str, Any] | None = None  # llama.cpp's top-level schema (response_format's json_schema)
     ignore_eos: bool | None = None
     min_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    id_slot: SlotId | None = None  # llama-server's: run in that slot (llama.cpp), -1 any
 
     def sampling_knobs(self) -> dict[str, Any]:
         """The knobs shared by chat and completions, for ``make_sampling``."""
@@ -199,6 +204,7 @@ class Sampled(Strict):
             "grammar": self.grammar,
             "n": self.n,
             "logit_bias": logit_bias_pairs(self.logit_bias),
+            "id_slot": self.id_slot,
         }
 
     def token_limit(self, *more: int | None) -> int | None:

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import kv_agent_prompt as prompts  # noqa: E402
 from benchmarks.common import gemma_path  # noqa: E402
-from benchmarks.kv_servers import LlamaServer, Localrun, cached, chat, complete, dir_bytes, messages, ttft  # noqa: E402
+from benchmarks.kv_servers import RUNNING, LlamaServer, Localrun, cached, chat, complete, dir_bytes, messages, ttft  # noqa: E402
 
 DISK_WORDS = ("disk", "kv_")
 STREAM_PROMPTS = (
@@ -360,6 +360,7 @@ def main() -> int:
     home.mkdir()
     try:
         Localrun(home, tmp / "kv", args.threads, args.ctx).import_model(model)
+        print("model imported and verified (`localrun verify` records the sha256 the disk tier keys by)")
         restart = None
         parts = (
             ("restart", lambda: part_restart(args, home, tmp)),
@@ -379,6 +380,8 @@ def main() -> int:
             if name == "restart":
                 restart = result
     finally:
+        for server in list(RUNNING):  # what a failed part left running
+            server.stop()
         print(f"done; {uptime()}")
         if args.keep:
             print(f"kept: {tmp}")

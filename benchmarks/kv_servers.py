@@ -22,6 +22,9 @@ from benchmarks.common import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gemma"
+#: Servers started and not yet stopped: a part that fails leaves its server here, and the run's
+#: end stops it (never an orphan holding a core of this shared machine).
+RUNNING: list = []
 
 
 @dataclass
@@ -59,12 +62,10 @@ class Localrun:
         return env
 
     def import_model(self, model: Path) -> None:
-        subprocess.run(
-            [sys.executable, "-m", "localrun", "import", str(model), "--name", MODEL],
-            env=self.env(),
-            check=True,
-            capture_output=True,
-        )
+        """``localrun import``, then ``localrun verify``: an imported file's record has no sha256
+        until it is verified, and the disk tier keys its files by that sha256 (no sha256: no tier)."""
+        for args in (["import", str(model), "--name", MODEL], ["verify", MODEL]):
+            subprocess.run([sys.executable, "-m", "localrun", *args], env=self.env(), check=True, capture_output=True)
 
     def start(self) -> float:
         """Start and wait for /health; the seconds that took."""
@@ -80,6 +81,7 @@ class Localrun:
                 stderr=subprocess.STDOUT,
             )
         self.url = f"http://127.0.0.1:{port}"
+        RUNNING.append(self)
         wait_ready(self.proc, f"{self.url}/health")
         return time.perf_counter() - t0
 
@@ -103,6 +105,8 @@ class Localrun:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+        if self in RUNNING:
+            RUNNING.remove(self)
         return time.perf_counter() - t0
 
     def loaded(self) -> bool:
@@ -158,6 +162,7 @@ class LlamaServer:
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{port}"
+        RUNNING.append(self)
         wait_ready(self.proc, f"{self.url}/health")
         return time.perf_counter() - t0
 
@@ -170,6 +175,8 @@ class LlamaServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+        if self in RUNNING:
+            RUNNING.remove(self)
 
     def slot(self, action: str, filename: str) -> tuple[float, dict]:
         """POST /slots/0?action=save|restore: (client-side seconds, its answer)."""

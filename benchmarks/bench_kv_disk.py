@@ -52,7 +52,18 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import kv_agent_prompt as prompts  # noqa: E402
 from benchmarks.common import gemma_path  # noqa: E402
-from benchmarks.kv_servers import RUNNING, LlamaServer, Localrun, cached, chat, complete, dir_bytes, messages, ttft  # noqa: E402
+from benchmarks.kv_servers import (  # noqa: E402
+    RUNNING,
+    LlamaServer,
+    Localrun,
+    cached,
+    chat,
+    complete,
+    dir_bytes,
+    messages,
+    settle,
+    ttft,
+)
 
 DISK_WORDS = ("disk", "kv_")
 STREAM_PROMPTS = (
@@ -103,7 +114,9 @@ def part_restart(args, home: Path, tmp: Path) -> dict:
     print(f"  cold TTFT {ttft(cold):.2f} s (model load before it {load:.2f} s), cached_tokens {cached(cold)}")
     show_disk(first, "before SIGTERM")
     took = first.stop()
-    print(f"  SIGTERM to exit: {took:.2f} s; {kv.name} now holds {mb(dir_bytes(kv))}")
+    print(f"  SIGTERM to exit: {took:.2f} s; {kv.name} then held {mb(dir_bytes(kv))}")
+    landed = settle(kv)
+    print(f"  the state landed {landed:.2f} s after the exit ({mb(dir_bytes(kv))}; a restart sooner misses it)")
 
     second = Localrun(home, kv, args.threads, args.ctx, keep_alive_s=args.ttl)
     up = second.start()
@@ -125,6 +138,8 @@ def part_restart(args, home: Path, tmp: Path) -> dict:
     while second.loaded() and time.perf_counter() - t0 < args.ttl + 300:
         time.sleep(0.5)
     gone = time.perf_counter() - t0
+    landed = settle(kv)
+    print(f"  after the unload the KV folder changed for {landed:.2f} s more")
     print(f"  unloaded {gone:.1f} s after the answer (loaded still: {second.loaded()}); {kv.name}: {mb(dir_bytes(kv))}")
     reload = second.load()
     back = chat(second.url, msgs2, args.answer)
@@ -205,6 +220,7 @@ def part_claude(args, home: Path, tmp: Path) -> None:
     total = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
     print(f"  cold: {total} prompt tokens, TTFT {cold_ttft:.2f} s")
     server.stop()
+    print(f"  the state landed {settle(kv):.2f} s after the exit")
     if second is None:  # a new session: Claude Code run again, its own first request
         second = prompts.capture_claude_code(claude, tmp / "claude-b")
     server.start()

@@ -9,6 +9,7 @@ stopped with SIGTERM as a service manager stops it. :class:`LlamaServer` is the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ MODEL = "gemma"
 #: Servers started and not yet stopped: a part that fails leaves its server here, and the run's
 #: end stops it (never an orphan holding a core of this shared machine).
 RUNNING: list = []
+_LOG_IDS = itertools.count()
 
 
 @dataclass
@@ -70,7 +72,7 @@ class Localrun:
     def start(self) -> float:
         """Start and wait for /health; the seconds that took."""
         port = free_port()
-        log = self.home / f"serve-{self.kv_dir.name}-{len(self.logs)}.log"
+        log = self.home / f"serve-{self.kv_dir.name}-{next(_LOG_IDS)}.log"
         self.logs.append(log)
         t0 = time.perf_counter()
         with open(log, "wb") as out:  # the child keeps its own descriptor
@@ -233,6 +235,22 @@ def cached(result: dict) -> int:
     """usage's cached_tokens (OpenAI), or llama-server's ``timings.cache_n``."""
     details = (result["usage"].get("prompt_tokens_details") or {}).get("cached_tokens")
     return int(details if details is not None else result["timings"].get("cache_n") or 0)
+
+
+def settle(path: Path, *, quiet_s: float = 1.5, timeout: float = 60.0) -> float:
+    """Seconds until ``path`` stops changing (size and file count the same for ``quiet_s``): a
+    state written at shutdown or unload may land after the server says it is done."""
+    t0 = time.perf_counter()
+    last, since = None, t0
+    while time.perf_counter() - t0 < timeout:
+        files = [f for f in path.rglob("*") if f.is_file()] if path.exists() else []
+        now = (len(files), sum(f.stat().st_size for f in files if f.exists()))
+        if now != last:
+            last, since = now, time.perf_counter()
+        elif time.perf_counter() - since >= quiet_s:
+            return since - t0
+        time.sleep(0.1)
+    return time.perf_counter() - t0
 
 
 def dir_bytes(path: Path) -> int:

@@ -103,8 +103,13 @@ async def metrics(request: Request):
 @router.get("/admin/status")
 async def admin_status(request: Request):
     data = status(request)
-    records = await asyncio.to_thread(app_state(request).manager.store.list)
+    manager = app_state(request).manager
+    records = await asyncio.to_thread(manager.store.list)
     data["store"] = [r.name for r in records]
+    cache = await asyncio.to_thread(manager.cache_stats)  # the TUI's Server screen shows it (attached)
+    for model in data["models"]:
+        if model.get("name") in cache:
+            model["cache"] = cache[model["name"]]
     return data
 
 

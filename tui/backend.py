@@ -53,6 +53,8 @@ class LoadedInfo:
     ttl_left_s: float | None = None
     pinned: bool = False
     active: int = 0
+    #: The prompt cache's numbers (``ModelManager.cache_stats``); None for a runtime without one.
+    cache: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -66,6 +68,7 @@ class LoadedInfo:
             ttl_left_s=d.get("ttl_left_s"),
             pinned=bool(d.get("pinned")),
             active=int(d.get("active") or 0),
+            cache=d.get("cache") if isinstance(d.get("cache"), dict) else None,
         )
 
 
@@ -178,7 +181,8 @@ class LocalBackend:
         return ModelDetails(record, plan, plan_lines(plan, record), metadata_lines(record))
 
     def loaded(self) -> list[LoadedInfo]:
-        return [LoadedInfo.from_manager(d) for d in self.manager.loaded()]
+        cache = self.manager.cache_stats()
+        return [LoadedInfo.from_manager({**d, "cache": cache.get(d["name"])}) for d in self.manager.loaded()]
 
     def load(self, name: str, *, pin: bool | None = None) -> None:
         self.manager.load(name, pin=pin)

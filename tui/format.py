@@ -34,6 +34,22 @@ def human_bytes(n: int | float | None) -> str:
     return f"{size:.1f} TB"  # pragma: no cover - the loop always returns
 
 
+def cache_cell(cache: dict | None, tier: str) -> str:
+    """One tier of a model's prompt cache as ``ps`` shows it: prefixes, tokens, bytes ("-": no cache).
+
+    RAM counts the slots that hold a prefix and the host-RAM entries; its bytes are the host
+    entries' (the slots' KV is the context's own, allocated at load)."""
+    if not cache:
+        return "-"
+    if tier == "ram":
+        entries = int(cache.get("host_entries", 0)) + int(cache.get("slots_held", 0))
+        tokens = int(cache.get("slot_tokens", 0)) + int(cache.get("host_tokens", 0))
+        size = int(cache.get("host_bytes", 0))
+    else:
+        entries, tokens, size = (int(cache.get(f"disk_{k}", 0)) for k in ("entries", "tokens", "bytes"))
+    return f"{entries} · {tokens} tok · {human_bytes(size)}"
+
+
 def human_duration(seconds: float | None) -> str:
     """``12 s``, ``4:48``, ``1:02:03``; ``—`` for unknown, ``∞`` for never."""
     if seconds is None:

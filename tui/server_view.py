@@ -1,6 +1,6 @@
-"""Server: where it listens, what is loaded (memory, idle, TTL), a live request log and a
-tokens/s sparkline. The log and the samples live in the app, so nothing is lost while
-another screen is showing."""
+"""Server: where it listens, what is loaded (memory, idle, TTL, its prompt cache in RAM and on
+disk), a live request log and a tokens/s sparkline. The log and the samples live in the app,
+so nothing is lost while another screen is showing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from localrun.errors import LocalrunError
 from localrun.tui.base import LocalrunScreen
-from localrun.tui.format import clock, human_bytes, human_duration, sparkline_peak
+from localrun.tui.format import cache_cell, clock, human_bytes, human_duration, sparkline_peak
 from localrun.tui.metering import RequestLogEntry
 from localrun.tui.tables import fit_columns
 
@@ -134,7 +134,9 @@ class ServerScreen(LocalrunScreen):
         yield DataTable(id="requests", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
-        self.models.add_columns("Model", "Runtime", "Device", "Memory", "Idle", "TTL", "Active", "Requests")
+        self.models.add_columns(
+            "Model", "Runtime", "Device", "Memory", "Idle", "TTL", "Active", "Requests", "Cache RAM", "Cache disk"
+        )
         self.requests.add_columns("Time", "Route", "Model", "In", "Out", "TTFT", "tok/s", "Status")
         app = self.lapp
         for entry in app.request_log:
@@ -172,6 +174,8 @@ class ServerScreen(LocalrunScreen):
                 ttl,
                 str(m.active),
                 str(self._per_model.get(m.name, 0)),
+                cache_cell(m.cache, "ram"),
+                cache_cell(m.cache, "disk"),
                 key=m.name,
             )
         fit_columns(table)

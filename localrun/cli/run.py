@@ -432,22 +432,6 @@ def serve_cmd(
         manager.shutdown()
 
 
-def cache_cell(cache: dict | None, tier: str) -> str:
-    """One tier of a model's prompt cache as ``ps`` shows it: prefixes, tokens, bytes ("-": no cache).
-
-    RAM counts the slots that hold a prefix and the host-RAM entries; its bytes are the host
-    entries' (the slots' KV is the context's own, allocated at load)."""
-    if not cache:
-        return "-"
-    if tier == "ram":
-        entries = int(cache.get("host_entries", 0)) + int(cache.get("slots_held", 0))
-        tokens = int(cache.get("slot_tokens", 0)) + int(cache.get("host_tokens", 0))
-        size = int(cache.get("host_bytes", 0))
-    else:
-        entries, tokens, size = (int(cache.get(f"disk_{k}", 0)) for k in ("entries", "tokens", "bytes"))
-    return f"{entries} · {tokens} tok · {human_bytes(size)}"
-
-
 @click.command("ps")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
@@ -457,6 +441,7 @@ def ps_cmd(ctx, as_json):
     import httpx
 
     from localrun.errors import RuntimeUnavailable
+    from localrun.tui.format import cache_cell
 
     settings = settings_from(ctx)
     host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host

@@ -174,3 +174,30 @@ def test_metadata_lines_are_bounded_and_skip_the_template(tiny_gguf, settings):
     assert all(len(line) <= 100 for line in lines[:-1])  # the path line may be long
     assert any(line.startswith("chat_template") and "chars" in line for line in lines)
     assert lines[-1].startswith("path") and str(tiny_gguf) in lines[-1]
+
+
+def test_the_server_screen_shows_each_models_prompt_cache_from_the_manager():
+    from localrun.tui.backend import LocalBackend
+
+    class Manager:
+        def loaded(self):
+            return [{"name": "gemma", "runtime": "llama.cpp"}, {"name": "other", "runtime": "fake"}]
+
+        def cache_stats(self):
+            return {
+                "gemma": {
+                    "slots_held": 2,
+                    "slot_tokens": 900,
+                    "host_entries": 1,
+                    "host_tokens": 300,
+                    "host_bytes": 2_500_000,
+                    "disk_entries": 4,
+                    "disk_tokens": 16_000,
+                    "disk_bytes": 310_000_000,
+                }
+            }
+
+    gemma, other = LocalBackend(store=None, manager=Manager()).loaded()
+    assert F.cache_cell(gemma.cache, "ram") == "3 · 1200 tok · 2 MB"
+    assert F.cache_cell(gemma.cache, "disk") == "4 · 16000 tok · 310 MB"
+    assert other.cache is None and F.cache_cell(other.cache, "disk") == "-"

@@ -58,6 +58,10 @@ TAIL = 4
 DEFAULT_INTERVAL = 2048
 #: Checkpoints per sequence when the plan does not say (settings ``cache.checkpoints``).
 DEFAULT_LIMIT = 8
+#: States at checkpoints below its end that a leaving slot also leaves (host RAM, disk), and the
+#: fewest tokens between two of them (see :func:`leaving_states`).
+LEAVING_POINTS = 2
+LEAVING_GAP = 256
 
 
 def memory_kind(llama, model, *, swa_full: bool) -> str | None:
@@ -208,6 +212,75 @@ class CheckpointKv:
         points = self._points.get(seq)
         if points:
             self._points[seq] = [c for c in points if c.n_tokens <= keep]
+
+
+def leaving_points(positions, length: int, *, min_tokens: int) -> list[int]:
+    """Which checkpoints (token counts, newest first) a slot of ``length`` tokens leaves states at:
+    at most :data:`LEAVING_POINTS`, :data:`LEAVING_GAP` apart, below ``length``. Of two within a
+    few tokens of each other (a prompt's end and its tail) the older: it serves a repeat of the
+    request as well as the next turn, which prefills those few tokens again."""
+    taken: list[int] = []
+    for n in sorted(set(positions), reverse=True):
+        if n >= length or n < min_tokens:
+            continue
+        if taken and taken[-1] - n < LEAVING_GAP:
+            if taken[-1] - n <= 4 * TAIL:
+                taken[-1] = n
+            continue
+        if len(taken) >= LEAVING_POINTS:
+            break
+        taken.append(n)
+    return taken
+
+
+def saved_cuttable(ops) -> bool:
+    """Whether a state ``ops`` saved restores at any prefix (else only whole): not for memory that
+    cannot be cut, nor for a sliding-window model's, whose saved state keeps only the window."""
+    return bool(getattr(ops, "saved_cuttable", True)) and bool(getattr(ops, "cuttable", True))
+
+
+def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> list[tuple[list[int], bytes]]:
+    """The states a slot leaves with when it is cleared (for host RAM or disk), as (tokens, blob).
+
+    Its whole content first. Where a saved state restores at any prefix, that is all. Where it
+    restores only whole (:func:`saved_cuttable`), the whole content is the prompt *and* the
+    answer, which the next request rarely repeats token for token: a restart, a retry, the next
+    turn and a new session sharing the system prompt would all find nothing. So the slot is also
+    taken back to chosen positions below its end (:func:`leaving_points`) and saved there: just
+    before the prompt's end (a repeat, the next turn), and an earlier one (a request that parts
+    from this one sooner). Memory that cannot be cut goes back to its checkpoints; a sliding-window
+    model with a full-size cache is cut, at the prompt's tail and every :data:`DEFAULT_INTERVAL`.
+    The slot is left cut back: only for one that is about to be cleared. ``skip(tokens)``: that
+    state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
+    seq, tokens = slot.seq, list(slot.tokens)
+    out: list[tuple[list[int], bytes]] = []
+
+    def keep(part: list[int]) -> None:
+        if len(part) >= min_tokens and not skip(part):
+            blob = ops.save(seq)
+            if blob is not None:
+                out.append((part, blob))
+
+    keep(tokens)
+    if saved_cuttable(ops):
+        return out
+    if getattr(ops, "cuttable", True):
+        end = min(slot.prompt_end, len(tokens))
+        positions = [end - max(TAIL, tail), *range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL)]
+
+        def back(n: int) -> int:
+            return n if ops.window_ok(seq, n) and ops.truncate(seq, n) else 0
+    else:
+
+        def back(n: int) -> int:
+            return ops.rewind(seq, n)
+
+        positions = ops.positions(seq)
+    for n in leaving_points(positions, len(tokens), min_tokens=min_tokens):
+        if back(n) != n:
+            break
+        keep(tokens[:n])
+    return out
 
 
 class PartialState:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from localrun.runtimes.llamacpp.checkpoints import leaving_states, saved_cuttable
 from localrun.runtimes.llamacpp.media_prompt import media_safe_cut
 from localrun.runtimes.llamacpp.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
 from localrun.runtimes.llamacpp.radix import RadixIndex
@@ -67,6 +68,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)
     busy: bool = False
     used_at: int = 0
+    prompt_end: int = 0  # how many of ``tokens`` the last prompt's prefill left (the answer follows)
 
 
 @dataclass
@@ -130,7 +132,8 @@ class PrefixCache:
         self._clock = itertools.count(1)
         self.index = RadixIndex()
         self._counts = {"reused_in_place": 0, "copied": 0, "restored": 0, "saved": 0, "relocated": 0}
-        self.disk = DiskSpill(disk, self.index, self._host_ids) if disk is not None else None
+        whole_only = not saved_cuttable(ops)
+        self.disk = DiskSpill(disk, self.index, self._host_ids, whole_only=whole_only) if disk is not None else None
 
     # --- what the scheduler calls -------------------------------------------------------------
 
@@ -160,11 +163,37 @@ class PrefixCache:
             return 0, frozenset()
         found, owners = self.index.longest(prompt)
         keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media_prompt.py)
-        if not getattr(self._ops, "cuttable", True):  # a saved state restores only whole (checkpoints.py)
-            owners = frozenset(o for o in owners if self._saved_length(o) in (None, keep))
+        if not saved_cuttable(self._ops):  # a saved state restores only whole (checkpoints.py)
+            keep, owners = self._uncut_reuse(prompt, keep, owners, limit)
         if keep < max(MIN_REUSE, self._min_tail) or not owners:  # a few tokens are not worth it
             return 0, frozenset()
         return keep, owners
+
+    def _uncut_reuse(
+        self, prompt: Sequence[int], keep: int, owners: frozenset[int], limit: int
+    ) -> tuple[int, frozenset[int]]:
+        """Saved states that restore only whole: one serves only if the prompt covers it whole; a
+        slot as far as it cuts (memory that cannot be cut: its newest checkpoint at or below
+        ``keep``, or whole). The longer of the slots' reach and the longest saved state covered."""
+        by_seq = {s.seq: s for s in self.slots}
+        slots = frozenset(o for o in owners if o in by_seq)
+        exact = frozenset(o for o in owners if o not in by_seq and self._saved_length(o) == keep)
+        if exact:
+            return keep, exact | slots
+        if not slots:
+            reach = 0
+        elif getattr(self._ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
+            reach = keep if any(self._ops.window_ok(o, keep) for o in slots) else 0
+        else:
+            positions = self._ops.positions
+            reach = max(
+                keep if len(by_seq[o].tokens) == keep else max((p for p in positions(o) if p <= keep), default=0)
+                for o in slots
+            )
+        whole, enders = self.index.whole(prompt, limit)
+        if whole > reach and media_safe_cut(prompt, whole) == whole:
+            return whole, enders
+        return (keep, slots) if slots else (0, frozenset())
 
     def _saved_length(self, owner: int) -> int | None:
         """How many tokens a saved state (host RAM or disk) holds; None for a slot."""
@@ -176,6 +205,7 @@ class PrefixCache:
 
     def extended(self, slot: Slot) -> None:
         """``slot.tokens`` grew (a prefill chunk landed): others may now reuse it."""
+        slot.prompt_end = len(slot.tokens)
         self.index.set(slot.seq, slot.tokens)
 
     def release(self, slot: Slot) -> None:
@@ -228,10 +258,10 @@ class PrefixCache:
         disk, self.disk = self.disk, None
         try:
             for slot in sorted(self.slots, key=lambda s: -s.used_at):  # the newest first, if the budget is short
-                if len(slot.tokens) >= HOST_MIN_TOKENS and not disk.holds(slot.tokens):
-                    blob = self._ops.save(slot.seq)
-                    if blob is not None:
-                        disk.spill(slot.tokens, blob)
+                for tokens, blob in leaving_states(
+                    self._ops, slot, skip=disk.holds, min_tokens=HOST_MIN_TOKENS, tail=self._min_tail
+                ):
+                    disk.spill(tokens, blob)
             for entry in sorted(self._host.values(), key=lambda e: -e.used_at):
                 disk.spill(entry.tokens, entry.blob)
         finally:
@@ -393,26 +423,33 @@ class PrefixCache:
         self.index.discard(slot.seq)
 
     def _keep_evicted(self, slot: Slot) -> None:
-        """Save a slot's content before it is cleared: to host RAM, else (too big, RAM off) to disk."""
+        """Save a slot's content before it is cleared (with its checkpoints' states where its
+        memory cannot be cut, :func:`~.checkpoints.leaving_states`): to host RAM, else (too big,
+        RAM off) to disk."""
         disk = self.disk if self.disk is not None else ()
-        if self._held_elsewhere(slot, ignore=disk) or (not self._host_budget and self.disk.holds(slot.tokens)):
-            return
-        blob = self._ops.save(slot.seq)
-        if blob is None:
-            return
-        if len(blob) <= self._host_budget:
-            self._make_host_room(len(blob))
-            owner = next(self._host_ids)
-            self._host[owner] = _HostEntry(list(slot.tokens), blob, next(self._clock))
-            self.index.set(owner, slot.tokens)
-            self._counts["saved"] += 1
-        elif self.disk is not None:
-            self.disk.spill(slot.tokens, blob)
+        cuttable = saved_cuttable(self._ops)
 
-    def _held_elsewhere(self, slot: Slot, ignore=()) -> bool:
-        """Another slot or host entry holds all of ``slot``'s tokens (owners in ``ignore`` do not count)."""
-        found, owners = self.index.longest(slot.tokens)
-        return found == len(slot.tokens) and any(o != slot.seq and o not in ignore for o in owners)
+        def held(tokens: list[int]) -> bool:
+            if not self._host_budget and self.disk.holds(tokens):
+                return True
+            if cuttable:  # any longer entry serves this prefix too
+                return self._held_elsewhere(slot.seq, tokens, ignore=disk)
+            return any(e.tokens == tokens for e in self._host.values())  # only the same tokens do
+
+        for tokens, blob in leaving_states(self._ops, slot, skip=held, min_tokens=HOST_MIN_TOKENS, tail=self._min_tail):
+            if len(blob) <= self._host_budget:
+                self._make_host_room(len(blob))
+                owner = next(self._host_ids)
+                self._host[owner] = _HostEntry(tokens, blob, next(self._clock))
+                self.index.set(owner, tokens)
+                self._counts["saved"] += 1
+            elif self.disk is not None:
+                self.disk.spill(tokens, blob)
+
+    def _held_elsewhere(self, seq: int, tokens: Sequence[int], ignore=()) -> bool:
+        """Another slot or host entry than ``seq`` holds all of ``tokens`` (owners in ``ignore`` do not count)."""
+        found, owners = self.index.longest(tokens)
+        return found == len(tokens) and any(o != seq and o not in ignore for o in owners)
 
     def _make_host_room(self, need: int) -> None:
         while self._host and self.host_bytes + need > self._host_budget:

@@ -56,8 +56,11 @@ class _Owned:
 class DiskSpill:
     """Which prefixes the disk tier holds (as owners in ``index``), and when one is worth reading."""
 
-    def __init__(self, tier, index: RadixIndex, ids: Iterator[int]) -> None:
+    def __init__(self, tier, index: RadixIndex, ids: Iterator[int], *, whole_only: bool = False) -> None:
         self.tier = tier
+        #: The model's saved states restore only whole (checkpoints.saved_cuttable): a longer entry
+        #: does not hold a prefix of it.
+        self.whole_only = whole_only
         self._index = index
         self._ids = ids
         self._owned: dict[int, _Owned] = {}
@@ -85,8 +88,12 @@ class DiskSpill:
 
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether a disk entry has ``tokens`` or a longer sequence starting with them (a restore
-        cut back to ``len(tokens)`` gives the same state, so writing them again buys nothing)."""
-        found, owners = self._index.longest(tokens)
+        cut back to ``len(tokens)`` gives the same state, so writing them again buys nothing);
+        where states restore only whole, an entry of exactly ``tokens``."""
+        if self.whole_only:
+            found, owners = self._index.whole(tokens, len(tokens))
+        else:
+            found, owners = self._index.longest(tokens)
         return found == len(tokens) and any(o in self._owned for o in owners)
 
     def spill(self, tokens: Sequence[int], blob: bytes) -> bool:

@@ -94,6 +94,23 @@ class RadixIndex:
             node = child
         return i, owners
 
+    def whole(self, tokens: Sequence[int], limit: int) -> tuple[int, frozenset[int]]:
+        """(length, owners) of the longest held sequences that are themselves a prefix of
+        ``tokens``, at most ``limit`` long: for saved states that restore only whole."""
+        node, i, best = self._root, 0, (0, frozenset())
+        while i < len(tokens):
+            child = node.children.get(tokens[i])
+            if child is None:
+                break
+            k = _match(child.edge, tokens, i)
+            if k < len(child.edge) or i + k > limit:
+                break
+            node, i = child, i + k
+            ending = frozenset(o for o in node.owners if self._end.get(o) is node)
+            if ending:
+                best = (i, ending)
+        return best
+
     def node_count(self) -> int:
         stack, count = [self._root], 0
         while stack:

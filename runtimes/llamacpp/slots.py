@@ -145,6 +145,9 @@ class LlamaKvOps:
     def __init__(self, llama, ctx, *, n_swa: int) -> None:
         self._llama, self._ctx, self._n_swa = llama, ctx, n_swa
         self._mem = llama.llama_get_memory(ctx)
+        # A sliding-window model's saved state holds only the window's cells of those layers,
+        # full-size cache or not (llama.cpp writes what the window can see): it restores whole.
+        self.saved_cuttable = n_swa <= 0
 
     def clear(self, seq: int) -> None:
         self._llama.llama_memory_seq_rm(self._mem, seq, -1, -1)

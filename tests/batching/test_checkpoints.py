@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from localrun.runtimes.llamacpp.checkpoints import TAIL, CheckpointKv, with_checkpoints
+from localrun.runtimes.llamacpp.checkpoints import TAIL, CheckpointKv, leaving_points, with_checkpoints
 from localrun.runtimes.llamacpp.prefix import HOST_MIN_TOKENS, PrefixCache
 
 
@@ -220,14 +220,51 @@ def test_host_entries_are_reused_only_when_the_prompt_covers_them_whole():
     cache, ops, kv, _ = make(1, host_budget=1 << 20)
     a = list(range(HOST_MIN_TOKENS + 10))
     turn(cache, ops, kv, a)
-    turn(cache, ops, kv, [5] * 40)  # a evicted to host RAM
-    assert cache.stats().host_entries == 1
+    turn(cache, ops, kv, [5] * 40)  # a evicted to host RAM: whole, and at its tail checkpoint
+    assert cache.stats().host_entries == 2
     kv.calls.clear()
     _, keep = turn(cache, ops, kv, a[:-5] + [1, 2, 3, 4, 5, 6])  # shares a's prefix, not all of it
     assert keep == 0 and ("restore", 0) not in kv.calls  # before: restored, then the cut failed
     turn(cache, ops, kv, [6] * 40)
     _, keep = turn(cache, ops, kv, a + [1, 2])
     assert keep == len(a) and cache.stats().restored == 1
+
+
+def test_a_leaving_slot_leaves_states_at_its_checkpoints_so_a_repeat_and_the_next_turn_restore():
+    cache, ops, kv, _ = make(1, host_budget=1 << 22, interval=512)
+    prompt = list(range(2000, 3300))  # checkpoints at 512, 1024, the tail and the end
+    slot, _ = turn(cache, ops, kv, prompt, answer=[7, 8, 9])
+    assert ops.positions(slot.seq) == [512, 1024, len(prompt) - TAIL, len(prompt)]
+    turn(cache, ops, kv, [5] * 80)  # evicts it: the whole slot, the tail, 1024 (the end is 4 tokens from the tail)
+    entries = sorted(len(e.tokens) for e in cache._host.values())
+    assert entries == [1024, len(prompt) - TAIL, len(prompt) + 3]
+    # The next turn, the answer rendered differently: the tail's state, TAIL tokens more to prefill.
+    _, keep = turn(cache, ops, kv, prompt + [70, 80, 1, 2])
+    assert keep == len(prompt) - TAIL
+    # A restart's or a retry's repeat of the request: all but the tail, from host RAM.
+    turn(cache, ops, kv, [6] * 80)
+    _, keep = turn(cache, ops, kv, prompt)
+    assert keep == len(prompt) - TAIL
+    # The slot came from a saved state (no checkpoints below 1296 in it): a prompt that parts at
+    # 1100 takes the saved state at 1024, not a cold prefill.
+    _, keep = turn(cache, ops, kv, prompt[:1100] + [8, 8])
+    assert keep == 1024
+    # The next turn, the answer rendered differently: the repeat left its whole prompt (it had no answer).
+    turn(cache, ops, kv, [4] * 80)
+    _, keep = turn(cache, ops, kv, prompt + [70, 80, 1, 2])
+    assert keep == len(prompt)
+    # A new session, the same system prompt, another question: the interval checkpoint below it.
+    turn(cache, ops, kv, [3] * 80)
+    _, keep = turn(cache, ops, kv, prompt[:1050] + [9, 9, 9])  # before the 1098 the last one left
+    assert keep == 1024
+    check(cache, kv)
+
+
+def test_leaving_points_prefer_the_tail_to_the_end_and_keep_a_gap():
+    assert leaving_points([512, 1024, 1296, 1300], 1303, min_tokens=64) == [1296, 1024]
+    assert leaving_points([1300], 1300, min_tokens=64) == []  # the end of a slot with no answer is the slot
+    assert leaving_points([700, 1000, 1100, 1200], 1303, min_tokens=64) == [1200, 700]
+    assert leaving_points([32, 40], 100, min_tokens=64) == []
 
 
 def test_models_that_can_cut_get_no_wrapper():

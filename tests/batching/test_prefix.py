@@ -127,6 +127,11 @@ def test_index_matches_a_brute_force_search(ops, query):
     best = max((common(t, query) for t in held.values()), default=0)
     owners = {o for o, t in held.items() if common(t, query) == best} if best else set()
     assert idx.longest(query) == (best, owners)
+    for limit in (len(query), max(0, len(query) - 2)):  # saved states that the query covers whole
+        whole = [len(t) for t in held.values() if len(t) <= limit and query[: len(t)] == t]
+        longest = max(whole, default=0)
+        enders = {o for o, t in held.items() if len(t) == longest and query[:longest] == t} if longest else set()
+        assert idx.whole(query, limit) == (longest, enders)
     for owner in list(held):
         idx.discard(owner)
     assert idx.node_count() == 1

@@ -311,3 +311,69 @@ def test_a_memory_that_cannot_be_cut_reads_a_disk_entry_only_when_the_prompt_cov
     cache2 = PrefixCache(1, UncuttableKv(1), disk=FakeTier(store))
     slot, keep = run(cache2, cache2._ops, prompt(1000) + [5, 6, 7])  # covers it whole: restored
     assert keep == 200 and cache2.stats().disk_hits == 1
+
+
+class WindowKv(FakeKv):
+    """A sliding-window model with a full-size cache: the live sequence cuts anywhere, but a saved
+    state keeps only the last WINDOW tokens' window cells, so a restored one cuts nowhere (as
+    llama.cpp's iSWA state does: measured, 1500 tokens restore with pos_min 988)."""
+
+    WINDOW = 50
+    saved_cuttable = False
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.restored: set[int] = set()
+
+    def window_ok(self, seq, keep):
+        return seq not in self.restored or keep == len(self.kv[seq])
+
+    def truncate(self, seq, keep):
+        if not self.window_ok(seq, keep):
+            return False
+        return super().truncate(seq, keep)
+
+    def restore(self, seq, blob):
+        self.restored.add(seq)
+        return super().restore(seq, blob)
+
+    def clear(self, seq):
+        self.restored.discard(seq)
+        super().clear(seq)
+
+
+def _prefill(cache, kv, prompt, answer=()):
+    """run(), with the prefill announced as the scheduler does (prompt_end)."""
+    slot, keep = cache.acquire(prompt)
+    assert slot.tokens == kv.kv[slot.seq] == prompt[:keep]
+    slot.tokens.extend(prompt[keep:])
+    kv.kv[slot.seq] = list(slot.tokens)
+    cache.extended(slot)
+    slot.tokens.extend(answer)
+    kv.kv[slot.seq] = list(slot.tokens)
+    cache.release(slot)
+    return slot, keep
+
+
+def test_a_sliding_window_slot_leaves_states_a_restart_can_restore_whole():
+    from localrun.runtimes.llamacpp.checkpoints import DEFAULT_INTERVAL, TAIL
+
+    store: dict = {}
+    kv = WindowKv(1)
+    cache = PrefixCache(1, kv, disk=FakeTier(store))
+    system = prompt(1000, DEFAULT_INTERVAL + 500)
+    first = system + [1, 2, 3]
+    _prefill(cache, kv, first, answer=[7, 8, 9])
+    cache.persist()  # the unload: the whole slot, its prompt's tail and the interval below
+    assert sorted(len(t) for t, _ in store.values()) == [DEFAULT_INTERVAL, len(first) - TAIL, len(first) + 3]
+    kv2 = WindowKv(1)
+    cache2 = PrefixCache(1, kv2, disk=FakeTier(store))
+    _, keep = _prefill(cache2, kv2, first)  # the same request after the restart
+    assert keep == len(first) - TAIL
+    # The slot came from a state (its window only): a prompt parting earlier takes the disk's 2048.
+    _, keep = _prefill(cache2, kv2, system[:-100] + [4, 4, 4])
+    assert keep == DEFAULT_INTERVAL
+    kv3 = WindowKv(1)
+    cache3 = PrefixCache(1, kv3, disk=FakeTier(store))
+    _, keep = _prefill(cache3, kv3, system[:-100] + [5, 5, 5])  # a new session: the system prompt, another turn
+    assert keep == DEFAULT_INTERVAL

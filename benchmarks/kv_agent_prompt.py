@@ -105,7 +105,8 @@ def sized_messages(count: Callable[[list[dict]], int], target: int, seed: int = 
     msgs, have = [], 0
     for _ in range(4):
         (n0, c0), (n1, c1) = points[-2], points[-1]
-        per_word = max(1e-3, (c1 - c0) / max(1, n1 - n0))
+        # the slope through the last two points, whichever side of the target each fell on
+        per_word = max(1e-3, (c1 - c0) / (n1 - n0)) if n1 != n0 else 1.0
         n = max(100, int(n1 + (target - c1) / per_word))
         msgs = agent_messages(n, seed)
         have = count(msgs)

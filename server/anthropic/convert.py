@@ -5,9 +5,12 @@ Rules, each chosen so that what an agent re-sends every turn renders to the same
 (the prefix cache then keeps it; see "Agents' prefix cache" in docs/architecture.md):
 
 * ``system`` (a string or text blocks) is one system turn, blocks joined by a blank line.
-  Claude Code's first block, ``x-anthropic-billing-header: cc_version=…; cch=<hex>;``,
-  changes its ``cch`` value on every request: it is rewritten to a constant
-  (:func:`stable_system_text`) — it means nothing to the model.
+  Claude Code's first block, ``x-anthropic-billing-header: cc_version=<v>.<hex>;
+  cc_entrypoint=…; cch=<hex>;``, is dropped (:func:`stable_system_text`): it is billing
+  metadata that means nothing to the model, its ``cch`` changes on every request and the
+  suffix of ``cc_version`` with the conversation's content, so kept (or with only ``cch``
+  made constant, as before) it made every new session's prompt differ from its tenth token
+  on and no prefix could be shared across sessions.
 * ``role: "system"`` turns inside ``messages`` (Claude Code ≥ 2.1 sends them) join the
   system prompt while no other turn came before; later ones become user text in place.
   Hoisting them to the front would change the prefix every turn, and many templates
@@ -41,13 +44,12 @@ from localrun.server.anthropic.schemas import CountTokensRequest, ImageBlock, Me
 from localrun.server.errors import InvalidRequest
 from localrun.types import MEDIA_MARKER, Media, Message, strip_media_markers
 
-_BILLING = re.compile(r"^(x-anthropic-billing-header:.*?\bcch=)[0-9A-Za-z]+;", re.MULTILINE)
-BILLING_CONSTANT = "00000"
+_BILLING = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|\Z)", re.MULTILINE)
 
 
 def stable_system_text(text: str) -> str:
-    """The system text with a per-request billing hash made constant (see the module doc)."""
-    return _BILLING.sub(lambda m: m.group(1) + BILLING_CONSTANT + ";", text)
+    """The system text without Claude Code's billing header line (see the module doc)."""
+    return _BILLING.sub("", text)
 
 
 def _blocks_text(content: Any) -> str:

@@ -18,18 +18,20 @@ def body(**fields) -> MessagesRequest:
     return MessagesRequest.model_validate({"model": "m", "max_tokens": 8, **fields})
 
 
-def test_billing_hash_is_constant_and_nothing_else_changes():
+def test_the_billing_header_line_is_dropped_and_nothing_else_changes():
     one = "x-anthropic-billing-header: cc_version=2.1.197.e3f; cc_entrypoint=cli; cch=1a2b3;"
-    two = "x-anthropic-billing-header: cc_version=2.1.197.e3f; cc_entrypoint=cli; cch=9ffe0;"
-    assert stable_system_text(one) == stable_system_text(two) == one.replace("1a2b3", "00000")
+    two = "x-anthropic-billing-header: cc_version=2.1.197.7c0; cc_entrypoint=sdk-cli; cch=9ffe0;"  # another session
+    assert stable_system_text(one) == stable_system_text(two) == ""
     assert stable_system_text("talk about cch=123; freely") == "talk about cch=123; freely"  # only the header line
+    assert stable_system_text(f"A\n\n{one}\n\nB") == "A\n\nB"
+    assert stable_system_text(f"see x-anthropic-billing-header: {one}") == f"see x-anthropic-billing-header: {one}"
     system = [
         {"type": "text", "text": one},
         {"type": "text", "text": "You are helpful.", "cache_control": {"type": "ephemeral"}},
     ]
     first = core_messages(body(system=system))
     again = core_messages(body(system=[{"type": "text", "text": two}, system[1]]))
-    assert first == again and first[0].role == "system" and first[0].content.endswith("\n\nYou are helpful.")
+    assert first == again and first[0].role == "system" and first[0].content == "You are helpful."
 
 
 def test_tools_are_sorted_and_call_arguments_keep_their_order():

@@ -221,8 +221,10 @@ def part_claude(args, home: Path, tmp: Path) -> None:
     print(f"  cold: {total} prompt tokens, TTFT {cold_ttft:.2f} s")
     server.stop()
     print(f"  the state landed {settle(kv):.2f} s after the exit")
-    if second is None:  # a new session: Claude Code run again, its own first request
-        second = prompts.capture_claude_code(claude, tmp / "claude-b")
+    if second is None:  # a new session of the same user in the same project, another question
+        second = prompts.capture_claude_code(
+            claude, tmp / "claude-a", task="List the files in this folder and say what each one is for."
+        )
     server.start()
     load = server.load()
     hot_ttft, usage = messages(server.url, replay(second, args.answer))

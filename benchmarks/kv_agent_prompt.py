@@ -227,9 +227,16 @@ class _Capture(BaseHTTPRequestHandler):
         self._send(404, b"{}", "application/json")
 
 
-def capture_claude_code(claude: Path, scratch: Path, *, model: str = "gemma", timeout: float = 180) -> dict:
+FIRST_TASK = "Read README.md and tell me what this project does."
+
+
+def capture_claude_code(
+    claude: Path, scratch: Path, *, model: str = "gemma", timeout: float = 180, task: str = FIRST_TASK
+) -> dict:
     """Claude Code's first real request of a new session (its largest: system prompt, tools,
-    first user turn), from ``claude -p`` run headless in a fresh HOME against a capture server."""
+    first user turn ``task``), from ``claude -p`` run headless with HOME and the project in
+    ``scratch`` against a capture server. The same ``scratch`` again is the same user's next
+    session in the same project (its system prompt names both folders)."""
     bodies: list[dict] = []
     handler = type("Capture", (_Capture,), {"bodies": bodies})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -258,7 +265,7 @@ def capture_claude_code(claude: Path, scratch: Path, *, model: str = "gemma", ti
     )
     try:
         done = subprocess.run(
-            [str(claude), "-p", "Read README.md and tell me what this project does."],
+            [str(claude), "-p", task],
             cwd=work,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E402
+from benchmarks.common import free_port, gemma_path, post_chat_stream, stop, wait_ready  # noqa: E402
 
 MODEL = "gemma-vision"
 #: The context localrun splits among its 4 slots: each stream needs room for ``--stream-tokens``
@@ -79,7 +79,6 @@ def user(text: str, seed: int | None = None) -> dict:
 
 def stream_chat(url: str, messages: list, max_tokens: int, *, model: str = MODEL, ignore_eos: bool = False) -> dict:
     """One streamed chat: send time, each content chunk's arrival time, the text and the usage."""
-    import httpx
 
     body = {
         "model": model,
@@ -91,23 +90,7 @@ def stream_chat(url: str, messages: list, max_tokens: int, *, model: str = MODEL
     }
     if ignore_eos:
         body["ignore_eos"] = True
-    sent = time.perf_counter()
-    times: list[float] = []
-    text, usage = [], None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=900) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            event = json.loads(line[5:])
-            for choice in event.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    times.append(time.perf_counter())
-                    text.append(piece)
-            usage = event.get("usage") or usage
-    return {"sent": sent, "times": times, "text": "".join(text), "usage": usage or {}}
+    return post_chat_stream(url, body, timeout=900)
 
 
 def stream_completion(url: str, prompt: str, n_predict: int) -> dict:

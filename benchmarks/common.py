@@ -48,13 +48,43 @@ def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 180) -> None:
     raise RuntimeError(f"no answer from {url}")
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen, wait_s: float = 20) -> None:
+    """SIGTERM, then SIGKILL after ``wait_s``."""
     proc.terminate()
     try:
-        proc.wait(20)
+        proc.wait(wait_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def post_chat_stream(url: str, body: dict, *, timeout: float, on_piece=None) -> dict:
+    """POST a streamed ``/v1/chat/completions`` ``body``: send time, each content chunk's arrival,
+    the text, the usage and llama-server's ``timings`` (when sent); ``on_piece()`` at each chunk."""
+    import json
+
+    import httpx
+
+    sent = time.perf_counter()
+    times: list[float] = []
+    text, usage, timings = [], None, None
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {r.read()[:300]!r}")
+        for line in r.iter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            event = json.loads(line[5:])
+            for choice in event.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    times.append(time.perf_counter())
+                    text.append(piece)
+                    if on_piece is not None:
+                        on_piece()
+            usage = event.get("usage") or usage
+            timings = event.get("timings") or timings
+    return {"sent": sent, "times": times, "text": "".join(text), "usage": usage or {}, "timings": timings or {}}
 
 
 def start_llama_cpp_python_server(model: Path, threads: int, n_ctx: int) -> tuple[subprocess.Popen, str] | None:

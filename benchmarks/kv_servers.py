@@ -12,14 +12,13 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import free_port, wait_ready
+from benchmarks.common import free_port, post_chat_stream, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gemma"
@@ -27,6 +26,14 @@ MODEL = "gemma"
 #: end stops it (never an orphan holding a core of this shared machine).
 RUNNING: list = []
 _LOG_IDS = itertools.count()
+
+
+def _terminate(server, wait_s: float) -> None:
+    """SIGTERM the server's process (SIGKILL after ``wait_s``) and forget it."""
+    stop(server.proc, wait_s)
+    server.proc = None
+    if server in RUNNING:
+        RUNNING.remove(server)
 
 
 @dataclass
@@ -100,15 +107,7 @@ class Localrun:
         shutdown writes the slots' prefixes to disk)."""
         assert self.proc is not None
         t0 = time.perf_counter()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(300)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-        if self in RUNNING:
-            RUNNING.remove(self)
+        _terminate(self, 300)
         return time.perf_counter() - t0
 
     def loaded(self) -> bool:
@@ -170,15 +169,7 @@ class LlamaServer:
 
     def stop(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-        if self in RUNNING:
-            RUNNING.remove(self)
+        _terminate(self, 60)
 
     def slot(self, action: str, filename: str) -> tuple[float, dict]:
         """POST /slots/0?action=save|restore: (client-side seconds, its answer)."""
@@ -194,7 +185,6 @@ def chat(url: str, messages: list[dict], max_tokens: int, *, model: str = MODEL,
     """One streamed greedy chat: send time, each content chunk's arrival, the text, usage, and
     llama-server's ``timings`` when it sends them. ``ignore_eos`` so every run decodes its tokens;
     ``started`` (a threading.Event) is set at the first token."""
-    import httpx
 
     body = {
         "model": model,
@@ -205,26 +195,7 @@ def chat(url: str, messages: list[dict], max_tokens: int, *, model: str = MODEL,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
     }
-    sent = time.perf_counter()
-    times: list[float] = []
-    text, usage, timings = [], None, None
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=1800) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"{r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            event = json.loads(line[5:])
-            for choice in event.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    times.append(time.perf_counter())
-                    text.append(piece)
-                    if started is not None:
-                        started.set()
-            usage = event.get("usage") or usage
-            timings = event.get("timings") or timings
-    return {"sent": sent, "times": times, "text": "".join(text), "usage": usage or {}, "timings": timings or {}}
+    return post_chat_stream(url, body, timeout=1800, on_piece=started.set if started is not None else None)
 
 
 def ttft(result: dict) -> float:

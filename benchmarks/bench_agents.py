@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import free_port, gemma_path, stop, wait_ready  # noqa: E402
+from benchmarks.common import free_port, gemma_path, seeded_words, stop, wait_ready  # noqa: E402
 
 WORDS = (
     "read write edit file path line tool call result error test build run check code change diff patch commit "
@@ -46,14 +46,7 @@ WORDS = (
 
 
 def words(n: int, seed: int) -> str:
-    rng = random.Random(seed)
-    lines, line = [], []
-    for _ in range(n):
-        line.append(rng.choice(WORDS))
-        if len(line) >= 14:
-            lines.append(" ".join(line) + ".")
-            line = []
-    return "\n".join(lines + [" ".join(line)])
+    return seeded_words(WORDS, n, seed)
 
 
 def tools(n: int = 24) -> list[dict]:

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import free_port, gemma_path, post_chat_stream, stop, wait_ready  # noqa: E402
+from benchmarks.common import free_port, gemma_path, greedy_chat_body, post_chat_stream, stop, wait_ready  # noqa: E402
 
 MODEL = "gemma-vision"
 #: The context localrun splits among its 4 slots: each stream needs room for ``--stream-tokens``
@@ -80,16 +80,7 @@ def user(text: str, seed: int | None = None) -> dict:
 def stream_chat(url: str, messages: list, max_tokens: int, *, model: str = MODEL, ignore_eos: bool = False) -> dict:
     """One streamed chat: send time, each content chunk's arrival time, the text and the usage."""
 
-    body = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    if ignore_eos:
-        body["ignore_eos"] = True
+    body = greedy_chat_body(model, messages, max_tokens, ignore_eos=ignore_eos)
     return post_chat_stream(url, body, timeout=900)
 
 

@@ -58,6 +58,36 @@ def stop(proc: subprocess.Popen, wait_s: float = 20) -> None:
         proc.wait()
 
 
+def seeded_words(vocab, n: int, seed: int, *, capitalize: bool = False) -> str:
+    """``n`` words of ``vocab`` in sentences of 14 (capitalized or not); the same seed, the same text."""
+    import random
+
+    rng = random.Random(seed)
+    lines, line = [], []
+    for _ in range(n):
+        line.append(rng.choice(vocab))
+        if len(line) >= 14:
+            sentence = " ".join(line)
+            lines.append((sentence.capitalize() if capitalize else sentence) + ".")
+            line = []
+    return "\n".join(lines + [" ".join(line)])
+
+
+def greedy_chat_body(model: str, messages: list, max_tokens: int, *, ignore_eos: bool) -> dict:
+    """A streamed, greedy chat request that reports its usage (``ignore_eos``: decode every token)."""
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
 def post_chat_stream(url: str, body: dict, *, timeout: float, on_piece=None) -> dict:
     """POST a streamed ``/v1/chat/completions`` ``body``: send time, each content chunk's arrival,
     the text, the usage and llama-server's ``timings`` (when sent); ``on_piece()`` at each chunk."""

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from benchmarks.common import seeded_words
+
 ROOT = Path(__file__).resolve().parents[1]
 
 WORDS = (
@@ -46,14 +48,7 @@ RULES = (
 
 def words(n: int, seed: int) -> str:
     """``n`` words from a fixed vocabulary, in sentences of 14; the same seed, the same text."""
-    rng = random.Random(seed)
-    lines, line = [], []
-    for _ in range(n):
-        line.append(rng.choice(WORDS))
-        if len(line) >= 14:
-            lines.append(" ".join(line).capitalize() + ".")
-            line = []
-    return "\n".join(lines + [" ".join(line)])
+    return seeded_words(WORDS, n, seed, capitalize=True)
 
 
 def tool_specs(count: int, desc_words: int, seed: int) -> list[dict]:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.common import free_port, post_chat_stream, stop, wait_ready
+from benchmarks.common import free_port, greedy_chat_body, post_chat_stream, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gemma"
@@ -186,15 +186,7 @@ def chat(url: str, messages: list[dict], max_tokens: int, *, model: str = MODEL,
     llama-server's ``timings`` when it sends them. ``ignore_eos`` so every run decodes its tokens;
     ``started`` (a threading.Event) is set at the first token."""
 
-    body = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    }
+    body = greedy_chat_body(model, messages, max_tokens, ignore_eos=True)
     return post_chat_stream(url, body, timeout=1800, on_piece=started.set if started is not None else None)
 
 

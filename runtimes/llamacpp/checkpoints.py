@@ -50,6 +50,8 @@ import ctypes
 import logging
 from dataclasses import dataclass
 
+from localrun.runtimes.llamacpp.slots import state_source
+
 log = logging.getLogger(__name__)
 
 #: Tokens before a prompt's end where a second checkpoint is taken (llama-server: 4).
@@ -248,9 +250,10 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
     turn and a new session sharing the system prompt would all find nothing. So the slot is also
     taken back to chosen positions below its end (:func:`leaving_points`) and saved there: just
     before the prompt's end (a repeat, the next turn), and an earlier one (a request that parts
-    from this one sooner). Memory that cannot be cut goes back to its checkpoints; a sliding-window
-    model with a full-size cache is cut, at the prompt's tail and every :data:`DEFAULT_INTERVAL`.
-    The slot is left cut back: only for one that is about to be cleared. ``skip(tokens)``: that
+    from this one sooner).
+    Memory that cannot be cut goes back to its checkpoints; a sliding-window model with a
+    full-size cache is cut, at those points and every :data:`DEFAULT_INTERVAL`. The slot is left
+    cut back: only for one that is about to be cleared. ``skip(tokens)``: that
     state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
     seq, tokens = slot.seq, list(slot.tokens)
     out: list[tuple[list[int], bytes]] = []
@@ -266,7 +269,9 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
         return out
     if getattr(ops, "cuttable", True):
         end = min(slot.prompt_end, len(tokens))
-        positions = [end - max(TAIL, tail), *range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL)]
+        # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
+        # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms).
+        positions = [end - max(1, tail), *range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL)]
 
         def back(n: int) -> int:
             return n if ops.window_ok(seq, n) and ops.truncate(seq, n) else 0
@@ -300,8 +305,8 @@ class PartialState:
         return ctypes.string_at(buf, got) if got else None  # one copy (a slice of the array is a list of ints)
 
     def restore(self, seq: int, blob: bytes) -> bool:
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        return bool(self._llama.llama_state_seq_set_data_ext(self._ctx, buf, len(blob), seq, self._flags))
+        src = state_source(blob)
+        return bool(self._llama.llama_state_seq_set_data_ext(self._ctx, src, len(blob), seq, self._flags))
 
 
 def with_checkpoints(ops, llama, ctx, kind: str | None, *, limit: int, min_chunk: int = 1):

@@ -74,6 +74,7 @@ class SessionFeatures:
         name: str,
         tokenize: Callable[[str], list[int]],
         is_eog: Callable[[int], bool],
+        scan_eog: Callable[[], tuple[int, ...]],
         vocab,
         n_vocab: int,
         piece_of: Callable[[int], bytes],
@@ -81,7 +82,7 @@ class SessionFeatures:
     ) -> None:
         self._llama, self._model, self._ctx, self._plan = llama, model, ctx, plan
         self._call = call  # runs native compute on the scheduler thread (calls.py)
-        self._name, self._tokenize, self._is_eog = name, tokenize, is_eog
+        self._name, self._tokenize, self._is_eog, self._scan_eog = name, tokenize, is_eog, scan_eog
         self._vocab, self._n_vocab, self._piece_of = vocab, n_vocab, piece_of
         self.piece = piece_of  # token -> bytes, cached (the extras' /tokenize pieces, /detokenize)
         embeds = embeddings_wanted(llama, model, plan)
@@ -157,10 +158,11 @@ class SessionFeatures:
             )
 
     def eog_tokens(self) -> tuple[int, ...]:
-        """Every end-of-generation token of the vocabulary, found once (one pass over it)."""
+        """Every end-of-generation token of the vocabulary, found once (one pass over it; the
+        session starts that pass when it opens, so a request rarely waits for it)."""
         with self._lock:
             if self._eog is None:
-                self._eog = tuple(t for t in range(self._n_vocab) if self._is_eog(t))
+                self._eog = self._scan_eog()
             return self._eog
 
     def _logprob_reader(self) -> LogprobReader:

@@ -13,15 +13,19 @@ before a blob reaches llama.cpp, and a file that fails any check is reported as 
 * the file's size must equal header + tokens + blob exactly: a truncated or extended file fails
   before anything is read past the header.
 
-The checksums are CRC-32 (``zlib.crc32``): it runs at well over a GB/s and releases the GIL on
-large buffers, so checking a 300 MB blob costs a fraction of a second of one core while the
-decode threads run on. It guards against torn writes and bit rot, not against an adversary: the
-cache folder is the user's own (a cryptographic hash of every blob would cost ~8x the CPU).
+The header and token checksums are CRC-32 (``zlib.crc32``); the blob's is XXH3-64 (``xxhash``),
+about 9 GB/s on one core here against CRC-32's 1.6: checking a 57 MB state (16k tokens of
+Gemma 3 270M) costs 6 ms instead of 36, on the path of a restart's first request. Both guard
+against torn writes and bit rot, not an adversary: the cache folder is the user's own. A blob is
+read into fresh anonymous memory advised onto huge pages where the OS has them (a 57 MB read:
+17 ms instead of 47, most of which was page faults), and llama.cpp restores from that buffer
+without another copy (slots.state_source).
 Token ids are signed 32-bit: media chunks sit in prompts as negative pseudo-ids (media_prompt.py).
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 import zlib
 from array import array
@@ -29,13 +33,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import xxhash
+
 MAGIC = b"LRKVSTAT"
 #: Bump on any change to the layout below; files of any other version are refused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the blob's checksum is XXH3-64 (1: CRC-32)
 KINDS = ("prefix", "checkpoint")
 #: magic, version, kind, reserved, key digest (32 bytes), token count, blob length, created
-#: (unix time), tokens crc, blob crc; then the header crc over all of that.
-_HEAD = struct.Struct("<8sHBB32sIQdII")
+#: (unix time), tokens crc, blob checksum (XXH3-64); then the header crc over all of that.
+_HEAD = struct.Struct("<8sHBB32sIQdIQ")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEAD.size + _CRC.size
 #: Blobs are checksummed, written and read in pieces of this size, so the GIL is let go often
@@ -64,13 +70,27 @@ class Header:
         return HEADER_SIZE + 4 * self.n_tokens + self.blob_len
 
 
-def blob_crc(blob: bytes | memoryview) -> int:
-    """CRC-32 of a blob, a chunk at a time (zlib releases the GIL on each large chunk)."""
+def blob_crc(blob: bytes | bytearray | memoryview | mmap.mmap) -> int:
+    """XXH3-64 of a blob, a chunk at a time (no one call holds the GIL for long)."""
     view = memoryview(blob).cast("B")
-    crc = 0
+    h = xxhash.xxh3_64()
     for i in range(0, len(view), CHUNK):
-        crc = zlib.crc32(view[i : i + CHUNK], crc)
-    return crc
+        h.update(view[i : i + CHUNK])
+    return h.intdigest()
+
+
+def blob_buffer(size: int) -> bytearray | mmap.mmap:
+    """Writable memory for a blob of ``size`` bytes that is read whole and handed to llama.cpp:
+    anonymous pages advised onto huge pages where the OS has them (far fewer page faults)."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if size < CHUNK or advice is None:
+        return bytearray(size)
+    mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared memory gets no huge pages
+    try:
+        mem.madvise(advice)
+    except OSError:  # a kernel without transparent huge pages: plain pages
+        pass
+    return mem
 
 
 def token_bytes(tokens: Sequence[int]) -> bytes:
@@ -129,15 +149,22 @@ def read_header(f: BinaryIO, *, size: int, digest: bytes) -> tuple[Header, tuple
     return header, _tokens_from(toks)
 
 
-def read_blob(f: BinaryIO, header: Header) -> bytes:
-    """Read the blob that follows the tokens and check it against the header.
+def read_blob(f: BinaryIO, header: Header) -> memoryview:
+    """Read the blob that follows the tokens and check it against the header (a writable view
+    of the memory it was read into: it compares equal to the same bytes).
 
     Raises:
         BadFile: short read or checksum mismatch.
     """
-    blob = f.read(header.blob_len)
-    if len(blob) != header.blob_len:
+    blob = blob_buffer(header.blob_len)
+    view, got = memoryview(blob), 0
+    while got < header.blob_len:
+        n = f.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    if got != header.blob_len:
         raise BadFile("blob shorter than its header says")
-    if blob_crc(blob) != header.blob_crc:
+    if blob_crc(view) != header.blob_crc:
         raise BadFile("blob checksum mismatch")
-    return blob
+    return view

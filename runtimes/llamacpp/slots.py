@@ -130,6 +130,16 @@ def _given(opts: dict, key: str, default):
     return default if value is None else value
 
 
+def state_source(blob: bytes | bytearray | memoryview):
+    """The blob as the ``const uint8_t *`` llama.cpp restores a state from, without a copy: for a
+    16k-token Gemma state (57 MB) a copy cost ~55 ms of a restart's first request."""
+    if isinstance(blob, bytes):  # c_char_p points into the bytes object itself
+        return ctypes.cast(ctypes.c_char_p(blob), ctypes.POINTER(ctypes.c_uint8))
+    if isinstance(blob, memoryview) and blob.readonly:
+        return (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+    return (ctypes.c_uint8 * len(blob)).from_buffer(blob)
+
+
 def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
     """The next prefill chunk: ``step`` tokens, never leaving a tail shorter than ``min_chunk``."""
     if remaining <= step:
@@ -175,5 +185,4 @@ class LlamaKvOps:
         return ctypes.string_at(buf, got) if got else None  # one copy (a slice of the array is a list of ints)
 
     def restore(self, seq: int, blob: bytes) -> bool:
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        return bool(self._llama.llama_state_seq_set_data(self._ctx, buf, len(blob), seq))
+        return bool(self._llama.llama_state_seq_set_data(self._ctx, state_source(blob), len(blob), seq))

@@ -356,7 +356,7 @@ def _prefill(cache, kv, prompt, answer=()):
 
 
 def test_a_sliding_window_slot_leaves_states_a_restart_can_restore_whole():
-    from localrun.runtimes.llamacpp.checkpoints import DEFAULT_INTERVAL, TAIL
+    from localrun.runtimes.llamacpp.checkpoints import DEFAULT_INTERVAL
 
     store: dict = {}
     kv = WindowKv(1)
@@ -365,11 +365,12 @@ def test_a_sliding_window_slot_leaves_states_a_restart_can_restore_whole():
     first = system + [1, 2, 3]
     _prefill(cache, kv, first, answer=[7, 8, 9])
     cache.persist()  # the unload: the whole slot, its prompt's tail and the interval below
-    assert sorted(len(t) for t, _ in store.values()) == [DEFAULT_INTERVAL, len(first) - TAIL, len(first) + 3]
+    # The tail point is the cache's min_tail (1) below the prompt's end: a repeat prefills one token.
+    assert sorted(len(t) for t, _ in store.values()) == [DEFAULT_INTERVAL, len(first) - 1, len(first) + 3]
     kv2 = WindowKv(1)
     cache2 = PrefixCache(1, kv2, disk=FakeTier(store))
     _, keep = _prefill(cache2, kv2, first)  # the same request after the restart
-    assert keep == len(first) - TAIL
+    assert keep == len(first) - 1
     # The slot came from a state (its window only): a prompt parting earlier takes the disk's 2048.
     _, keep = _prefill(cache2, kv2, system[:-100] + [4, 4, 4])
     assert keep == DEFAULT_INTERVAL

@@ -216,23 +216,29 @@ class CheckpointKv:
             self._points[seq] = [c for c in points if c.n_tokens <= keep]
 
 
-def leaving_points(positions, length: int, *, min_tokens: int) -> list[int]:
+def leaving_points(positions, length: int, *, min_tokens: int, first=()) -> list[int]:
     """Which checkpoints (token counts, newest first) a slot of ``length`` tokens leaves states at:
     at most :data:`LEAVING_POINTS`, :data:`LEAVING_GAP` apart, below ``length``. Of two within a
     few tokens of each other (a prompt's end and its tail) the older: it serves a repeat of the
-    request as well as the next turn, which prefills those few tokens again."""
+    request as well as the next turn, which prefills those few tokens again. ``first``: points
+    chosen for what they are (the prompt's tail, where its last user message begins), taken
+    before any of ``positions`` and kept if only a few tokens apart from each other."""
+    chosen: list[int] = []
     taken: list[int] = []
-    for n in sorted(set(positions), reverse=True):
-        if n >= length or n < min_tokens:
-            continue
-        if taken and taken[-1] - n < LEAVING_GAP:
-            if taken[-1] - n <= 4 * TAIL:
-                taken[-1] = n
-            continue
-        if len(taken) >= LEAVING_POINTS:
-            break
-        taken.append(n)
-    return taken
+    for group, gap in ((first, 4 * TAIL + 1), (positions, LEAVING_GAP)):
+        for n in sorted(set(group), reverse=True):
+            if n >= length or n < min_tokens:
+                continue
+            i = next((i for i, t in enumerate(taken) if abs(t - n) < gap), None)
+            if i is not None:
+                if group is positions and taken[i] not in chosen and taken[i] - n <= 4 * TAIL:
+                    taken[i] = n
+                continue
+            if len(taken) >= LEAVING_POINTS:
+                break
+            taken.append(n)
+        chosen = list(taken)
+    return sorted(taken, reverse=True)
 
 
 def saved_cuttable(ops) -> bool:
@@ -249,8 +255,8 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
     answer, which the next request rarely repeats token for token: a restart, a retry, the next
     turn and a new session sharing the system prompt would all find nothing. So the slot is also
     taken back to chosen positions below its end (:func:`leaving_points`) and saved there: just
-    before the prompt's end (a repeat, the next turn), and an earlier one (a request that parts
-    from this one sooner).
+    before the prompt's end (a repeat, the next turn), where its last user message begins (a new
+    session of the same agent, turns.py), or else an earlier mark (a request that parts sooner).
     Memory that cannot be cut goes back to its checkpoints; a sliding-window model with a
     full-size cache is cut, at those points and every :data:`DEFAULT_INTERVAL`. The slot is left
     cut back: only for one that is about to be cleared. ``skip(tokens)``: that
@@ -270,8 +276,11 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
     if getattr(ops, "cuttable", True):
         end = min(slot.prompt_end, len(tokens))
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
-        # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms).
-        positions = [end - max(1, tail), *range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL)]
+        # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
+        # where the prompt's last user message begins (a new session of the same agent, turns.py).
+        turn = slot.turn() if getattr(slot, "turn", None) is not None else None
+        first = [end - max(1, tail), *([turn] if turn is not None and turn < end else [])]
+        positions = list(range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL))
 
         def back(n: int) -> int:
             return n if ops.window_ok(seq, n) and ops.truncate(seq, n) else 0
@@ -280,8 +289,8 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
         def back(n: int) -> int:
             return ops.rewind(seq, n)
 
-        positions = ops.positions(seq)
-    for n in leaving_points(positions, len(tokens), min_tokens=min_tokens):
+        positions, first = ops.positions(seq), []
+    for n in leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first):
         if back(n) != n:
             break
         keep(tokens[:n])

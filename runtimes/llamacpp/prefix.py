@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,6 +69,8 @@ class Slot:
     busy: bool = False
     used_at: int = 0
     prompt_end: int = 0  # how many of ``tokens`` the last prompt's prefill left (the answer follows)
+    #: Where that prompt's last user message begins (turns.TurnPrompt.turn), if it says.
+    turn: Callable[[], int | None] | None = None
 
 
 @dataclass
@@ -203,9 +205,11 @@ class PrefixCache:
             return len(self.disk.tokens(owner))
         return None
 
-    def extended(self, slot: Slot) -> None:
-        """``slot.tokens`` grew (a prefill chunk landed): others may now reuse it."""
+    def extended(self, slot: Slot, turn: Callable[[], int | None] | None = None) -> None:
+        """``slot.tokens`` grew (a prefill chunk landed): others may now reuse it. ``turn``: where
+        its prompt's last user message begins (a state worth leaving there, checkpoints.py)."""
         slot.prompt_end = len(slot.tokens)
+        slot.turn = turn
         self.index.set(slot.seq, slot.tokens)
 
     def release(self, slot: Slot) -> None:

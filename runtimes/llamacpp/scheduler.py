@@ -398,7 +398,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         if last:
             self._prefill_began.pop(id(job), None)
         job.slot.tokens.extend(chunk)
-        self.cache.extended(job.slot)
+        self.cache.extended(job.slot, getattr(job.prompt, "turn", None))  # turns.TurnPrompt
         if self._ckpt is not None and span is None:
             self._ckpt.taken_at(job.slot.seq, start + n, len(job.prompt))
         if not last:

@@ -73,6 +73,7 @@ from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
+from localrun.runtimes.llamacpp.turns import TurnPrompt, special_piece_reader, token_at, turn_bytes
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Media, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ class LlamaCppSession(ServerExtras, SlotApi):
         self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
         is_eog = self._eog_reader()
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
+        self._special_length = special_piece_reader(llama, self._vocab)  # where a prompt's last turn begins
         n_swa = llama.llama_model_n_swa(model)
         mode, draft_k = speculation(plan, n_swa)
         #: "recurrent", "hybrid", "swa" (without swa_full): a memory that cannot be cut back (checkpoints.py).
@@ -399,7 +401,17 @@ class LlamaCppSession(ServerExtras, SlotApi):
         add_bos = not (self._bos and text.startswith(self._bos))
         if media:
             return self.media_prompt(text + prefix, media, add_special=add_bos), stops
-        return self.tokenize(text + prefix, add_special=add_bos), stops
+        tokens = self.tokenize(text + prefix, add_special=add_bos)
+        at = turn_bytes(text, messages)
+        if at is None:
+            return tokens, stops
+        return TurnPrompt(tokens, lambda toks: self._turn_at(toks, at, add_bos)), stops
+
+    def _turn_at(self, tokens: Sequence[int], at: int, add_bos: bool) -> int | None:
+        # The scheduler thread asks, when a slot leaves (close() frees the vocabulary after it stops).
+        if self._freed:
+            return None
+        return token_at(tokens, at, self._special_length, skip_first=add_bos)
 
     # --- the protocol ---------------------------------------------------------------------
 

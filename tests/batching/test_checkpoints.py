@@ -267,6 +267,15 @@ def test_leaving_points_prefer_the_tail_to_the_end_and_keep_a_gap():
     assert leaving_points([32, 40], 100, min_tokens=64) == []
 
 
+def test_leaving_points_take_the_chosen_points_before_the_marks():
+    # The prompt's tail and where its last user message begins come first, even 100 tokens apart;
+    # a 2048-token mark fills a place only when one is left.
+    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4300]) == [4399, 4300]
+    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399]) == [4399, 4096]
+    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4395]) == [4399, 4096]  # too close
+    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4100]) == [4399, 4100]
+
+
 def test_models_that_can_cut_get_no_wrapper():
     kv = RecurrentKv(1)
     assert with_checkpoints(kv, None, None, None, limit=8) is kv

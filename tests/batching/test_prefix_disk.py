@@ -378,3 +378,28 @@ def test_a_sliding_window_slot_leaves_states_a_restart_can_restore_whole():
     cache3 = PrefixCache(1, kv3, disk=FakeTier(store))
     _, keep = _prefill(cache3, kv3, system[:-100] + [5, 5, 5])  # a new session: the system prompt, another turn
     assert keep == DEFAULT_INTERVAL
+
+
+def test_a_sliding_window_slot_leaves_a_state_where_its_last_user_message_begins():
+    from localrun.runtimes.llamacpp.checkpoints import DEFAULT_INTERVAL
+
+    store: dict = {}
+    kv = WindowKv(1)
+    cache = PrefixCache(1, kv, disk=FakeTier(store))
+    system = prompt(1000, DEFAULT_INTERVAL + 700)  # system prompt and tools, past the 2048 mark
+    question = prompt(2000, 300)
+    first = system + question
+    slot, _ = cache.acquire(first)
+    slot.tokens.extend(first)
+    kv.kv[slot.seq] = list(slot.tokens)
+    cache.extended(slot, lambda: len(system))  # what turns.TurnPrompt.turn says of this prompt
+    slot.tokens.extend([7, 8, 9])
+    kv.kv[slot.seq] = list(slot.tokens)
+    cache.release(slot)
+    cache.persist()
+    assert sorted(len(t) for t, _ in store.values()) == [len(system), len(first) - 1, len(first) + 3]
+    # The next session after a restart: the same system prompt, another question.
+    kv2 = WindowKv(1)
+    cache2 = PrefixCache(1, kv2, disk=FakeTier(store))
+    _, keep = _prefill(cache2, kv2, system + prompt(3000, 200))
+    assert keep == len(system)

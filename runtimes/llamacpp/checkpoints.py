@@ -167,25 +167,26 @@ class CheckpointKv:
             self._points[seq] = [c for c in self._points.get(seq, ()) if c is not point]
         return 0
 
-    def clip(self, start: int, n: int, total: int, min_chunk: int = 1) -> int:
+    def clip(self, start: int, n: int, total: int, min_chunk: int = 1, turn: int | None = None) -> int:
         """The length of the prefill chunk from ``start`` (``n`` planned, ``total`` the prompt's
-        length) so that it ends at the next position where a checkpoint is due."""
+        length) so that it ends at the next position where a checkpoint is due (``turn``: where
+        the prompt's last user message begins, turns.py)."""
         if self.limit <= 0:
             return n
         end = start + n
-        stops = [total - self.tail, (start // self.interval + 1) * self.interval]
+        stops = [total - self.tail, (start // self.interval + 1) * self.interval, *([turn] if turn else [])]
         for stop in sorted(stops):
             if start + min_chunk <= stop < end and total - stop >= min_chunk:
                 return stop - start
         return n
 
-    def taken_at(self, seq: int, n_tokens: int, total: int) -> None:
+    def taken_at(self, seq: int, n_tokens: int, total: int, turn: int | None = None) -> None:
         """A text prefill chunk landed: ``seq`` holds ``n_tokens`` of a ``total``-token prompt.
         Take a checkpoint if this is one of the chosen positions."""
         if self.limit <= 0 or n_tokens <= 0:
             return
         end = n_tokens == total
-        if not (end or n_tokens == total - self.tail or n_tokens % self.interval == 0):
+        if not (end or n_tokens in (total - self.tail, turn) or n_tokens % self.interval == 0):
             return
         blob = self._partial.save(seq)
         if not blob:
@@ -273,12 +274,12 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
     keep(tokens)
     if saved_cuttable(ops):
         return out
+    turn = slot.turn() if getattr(slot, "turn", None) is not None else None
     if getattr(ops, "cuttable", True):
         end = min(slot.prompt_end, len(tokens))
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
         # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
         # where the prompt's last user message begins (a new session of the same agent, turns.py).
-        turn = slot.turn() if getattr(slot, "turn", None) is not None else None
         first = [end - max(1, tail), *([turn] if turn is not None and turn < end else [])]
         positions = list(range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL))
 
@@ -289,7 +290,10 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
         def back(n: int) -> int:
             return ops.rewind(seq, n)
 
-        positions, first = ops.positions(seq), []
+        positions = ops.positions(seq)  # the turn's among them when it was prefilled here
+        below_end = [p for p in positions if p < min(slot.prompt_end, len(tokens))]
+        # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
+        first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
     for n in leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first):
         if back(n) != n:
             break

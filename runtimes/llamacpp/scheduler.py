@@ -70,6 +70,7 @@ from localrun.runtimes.llamacpp.slot_books import acquire_at
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
 from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
+from localrun.runtimes.llamacpp.turns import turn_of
 from localrun.types import Chunk
 
 log = logging.getLogger(__name__)
@@ -359,7 +360,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             run, span = piece
             n = run if span is not None else chunk_size(run, self.layout.step_tokens, self.layout.min_chunk)
             if self._ckpt is not None and span is None:  # end the chunk where a checkpoint is due
-                n = self._ckpt.clip(start, n, len(job.prompt), self.layout.min_chunk)
+                n = self._ckpt.clip(start, n, len(job.prompt), self.layout.min_chunk, turn_of(job.prompt))
             if not first and n > budget:
                 return
             self._prefilling.rotate(-1)
@@ -400,7 +401,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         job.slot.tokens.extend(chunk)
         self.cache.extended(job.slot, getattr(job.prompt, "turn", None))  # turns.TurnPrompt
         if self._ckpt is not None and span is None:
-            self._ckpt.taken_at(job.slot.seq, start + n, len(job.prompt))
+            self._ckpt.taken_at(job.slot.seq, start + n, len(job.prompt), turn_of(job.prompt))
         if not last:
             return
         self._prefilling.remove(job)

@@ -43,6 +43,11 @@ class TurnPrompt(list):
         return self._at
 
 
+def turn_of(prompt) -> int | None:
+    """Where ``prompt``'s last user message begins, if it is a :class:`TurnPrompt` that says."""
+    return prompt.turn() if isinstance(prompt, TurnPrompt) else None
+
+
 def turn_bytes(text: str, messages: Sequence) -> int | None:
     """The UTF-8 offset in ``text`` where the last user message's content begins, or None (no
     user message, no text, or the template changed the text)."""

@@ -14,6 +14,7 @@ import pytest
 
 from localrun.runtimes.llamacpp.checkpoints import TAIL, CheckpointKv, leaving_points, with_checkpoints
 from localrun.runtimes.llamacpp.prefix import HOST_MIN_TOKENS, PrefixCache
+from localrun.runtimes.llamacpp.turns import TurnPrompt, turn_of
 
 
 class RecurrentKv:
@@ -91,13 +92,13 @@ def turn(cache, ops, kv, prompt, answer=(), *, step: int = 64):
     slot, keep = cache.acquire(prompt)
     check(cache, kv)
     assert slot.tokens == prompt[:keep]
-    start = keep
+    start, at = keep, turn_of(prompt)
     while start < len(prompt):
-        n = ops.clip(start, min(step, len(prompt) - start), len(prompt))
+        n = ops.clip(start, min(step, len(prompt) - start), len(prompt), 1, at)
         kv.read(slot.seq, prompt[start : start + n])
         slot.tokens.extend(prompt[start : start + n])
-        cache.extended(slot)
-        ops.taken_at(slot.seq, start + n, len(prompt))
+        cache.extended(slot, getattr(prompt, "turn", None))
+        ops.taken_at(slot.seq, start + n, len(prompt), at)
         start += n
     for token in answer:
         kv.read(slot.seq, [token])
@@ -257,6 +258,21 @@ def test_a_leaving_slot_leaves_states_at_its_checkpoints_so_a_repeat_and_the_nex
     turn(cache, ops, kv, [3] * 80)
     _, keep = turn(cache, ops, kv, prompt[:1050] + [9, 9, 9])  # before the 1098 the last one left
     assert keep == 1024
+    check(cache, kv)
+
+
+def test_a_hybrid_slot_checkpoints_where_its_last_user_message_begins_and_leaves_a_state_there():
+    cache, ops, kv, _ = make(1, host_budget=1 << 22, interval=512)
+    system = list(range(2000, 3100))  # system prompt and tools
+    prompt = TurnPrompt(system + list(range(5000, 5200)), lambda toks: len(system))
+    slot, _ = turn(cache, ops, kv, prompt, answer=[7, 8, 9])
+    assert len(system) in ops.positions(slot.seq)
+    turn(cache, ops, kv, [5] * 80)  # evicts it: the whole slot, the tail and the turn
+    entries = sorted(len(e.tokens) for e in cache._host.values())
+    assert entries == [len(system), len(prompt) - TAIL, len(prompt) + 3]
+    # The agent's next session: the same system prompt, another question.
+    _, keep = turn(cache, ops, kv, system + list(range(6000, 6100)))
+    assert keep == len(system)
     check(cache, kv)
 
 

@@ -73,15 +73,14 @@ from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
-from localrun.runtimes.llamacpp.turns import TurnPrompt, special_piece_reader, token_at, turn_bytes
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, Media, ModelRecord, Plan, Sampling
+from localrun.runtimes.llamacpp.tokens import EogScan, SessionTokens
+from localrun.runtimes.llamacpp.turns import special_piece_reader
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
 #: ggml type ids for ``Plan.kv_type`` (ggml.h ``enum ggml_type``).
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
-#: Tokens the end-token pass looks at between its checks for close() (about 1 ms of them).
-EOG_SLICE = 1024
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,7 +109,7 @@ class LlamaCppRuntime:
         return LlamaCppSession.open(model, plan)
 
 
-class LlamaCppSession(ServerExtras, SlotApi):
+class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.
 
     ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
@@ -120,7 +119,9 @@ class LlamaCppSession(ServerExtras, SlotApi):
     capabilities: frozenset[str] = frozenset()
     concurrent: ClassVar[bool] = True
 
-    def __init__(self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout, projector=None) -> None:
+    def __init__(
+        self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout, projector=None, eog=None
+    ) -> None:
         self._llama = llama
         self._model = model
         self._ctx = ctx
@@ -128,6 +129,7 @@ class LlamaCppSession(ServerExtras, SlotApi):
         self.plan = plan
         self.layout = layout
         self._vocab = llama.llama_model_get_vocab(model)
+        self._eog = eog if eog is not None else EogScan(llama, model, record.name)
         self._n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         # Guards the vocabulary against close(): request threads tokenize while it frees.
         self._native = threading.Lock()
@@ -205,7 +207,7 @@ class LlamaCppSession(ServerExtras, SlotApi):
             plan,
             name=record.name,
             is_eog=is_eog,
-            scan_eog=self._scan_eog,
+            scan_eog=self._eog.result,
             tokenize=lambda text: self.tokenize(text, add_special=True),
             vocab=self._vocab,
             n_vocab=self._n_vocab,
@@ -220,11 +222,6 @@ class LlamaCppSession(ServerExtras, SlotApi):
             | self._media.capabilities
             | {"reasoning_budget", "slots"}  # slots: llama-server's id_slot and /slots (slot_api.py)
         )
-        # ignore_eos and min_tokens need every end token of the vocabulary: find them now, beside
-        # the first request, not in front of it (0.5 s on Gemma's 262k vocabulary when it was first
-        # looked up by a request; 0.19 s as one raw pass).
-        self._eog_warm = threading.Thread(target=self._warm_eog, name=f"eog-{record.name}", daemon=True)
-        self._eog_warm.start()
 
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> LlamaCppSession:
@@ -256,15 +253,18 @@ class LlamaCppSession(ServerExtras, SlotApi):
                 f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
                 hint="the file may be corrupt or an architecture this llama.cpp does not know",
             )
+        eog = EogScan(llama, model, record.name)  # runs while the context is created (tokens.py)
         try:
             projector = open_projector(llama, model, record, plan, cp)  # cp's batches grow to one image
         except BaseException:
+            eog.stop()
             llama.llama_model_free(model)
             raise
         ctx = llama.llama_init_from_model(model, cp)
         if not ctx:
             if projector is not None:
                 projector.close()
+            eog.stop()
             llama.llama_model_free(model)
             why = NATIVE_LOG.take_recent()
             raise WontFit(
@@ -281,12 +281,13 @@ class LlamaCppSession(ServerExtras, SlotApi):
             " ".join(load_params.summary),
         )
         try:
-            session = cls(llama, model, ctx, record, plan, layout, projector)
+            session = cls(llama, model, ctx, record, plan, layout, projector, eog)
             session._load_params = load_params
             return session
         except BaseException:
             if projector is not None:
                 projector.close()
+            eog.stop()
             llama.llama_free(ctx)
             llama.llama_model_free(model)
             raise
@@ -330,109 +331,12 @@ class LlamaCppSession(ServerExtras, SlotApi):
             )
         return cp
 
-    # --- tokens -------------------------------------------------------------------------
-
-    def _scan_eog(self) -> tuple[int, ...]:
-        """One raw pass over the vocabulary for its end-of-generation tokens, a slice at a time,
-        given up once the session closes (close() waits for the warm-up's pass before it frees the
-        vocabulary). No lock is held: the request threads' tokenizing must not wait behind it."""
-        is_eog, found, n, vocab = self._llama.llama_vocab_is_eog, [], self._n_vocab, self._vocab
-        for start in range(0, n, EOG_SLICE):
-            if self._closed:
-                raise RuntimeUnavailable(f"the llama.cpp session for {self.record.name} is closed")
-            found.extend(t for t in range(start, min(start + EOG_SLICE, n)) if is_eog(vocab, t))
-        return tuple(found)
-
-    def _warm_eog(self) -> None:
-        try:
-            self._features.eog_tokens()
-        except RuntimeUnavailable:  # closed first: nothing needs them any more
-            pass
-
-    def _token_text(self, token: int) -> str:
-        if token is None or token < 0:
-            return ""
-        raw = self._llama.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    def _eog_reader(self):
-        llama, vocab, known = self._llama, self._vocab, {}
-
-        def is_eog(token: int) -> bool:
-            hit = known.get(token)
-            if hit is None:
-                hit = known[token] = bool(llama.llama_vocab_is_eog(vocab, token))
-            return hit
-
-        return is_eog
-
-    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
-        with self._native:
-            self._check_open()
-            data = text.encode("utf-8")
-            size = len(data) + 8
-            buf = (self._llama.llama_token * size)()
-            n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-            if n < 0:
-                size = -n
-                buf = (self._llama.llama_token * size)()
-                n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-            return list(buf[:n])
-
-    def _is_single_token(self, text: str) -> bool:
-        toks = self.tokenize(text, add_special=False)
-        return len(toks) == 1 and self._token_text(toks[0]) == text
-
-    def chat_prompt(
-        self,
-        messages: Sequence,
-        variables: dict | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final: bool = False,
-        prefix: str = "",
-        media: Sequence[Media] = (),
-    ) -> tuple[list[int] | MediaPrompt, tuple[str, ...]]:
-        """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the
-        prompt format adds; with ``media``, a :class:`MediaPrompt` (its tokens and media chunks)."""
-        text, stops = self.chat_text(
-            messages, variables, add_generation_prompt=add_generation_prompt, continue_final=continue_final
-        )
-        add_bos = not (self._bos and text.startswith(self._bos))
-        if media:
-            return self.media_prompt(text + prefix, media, add_special=add_bos), stops
-        tokens = self.tokenize(text + prefix, add_special=add_bos)
-        at = turn_bytes(text, messages)
-        if at is None:
-            return tokens, stops
-        return TurnPrompt(tokens, lambda toks: self._turn_at(toks, at, add_bos)), stops
-
-    def _turn_at(self, tokens: Sequence[int], at: int, add_bos: bool) -> int | None:
-        # The scheduler thread asks, when a slot leaves (close() frees the vocabulary after it stops).
-        if self._freed:
-            return None
-        return token_at(tokens, at, self._special_length, skip_first=add_bos)
-
     # --- the protocol ---------------------------------------------------------------------
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         tokens, stops, gbnf = self.chat_tokens(req)
         return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
-
-    def chat_tokens(self, req: ChatRequest) -> tuple[list[int] | MediaPrompt, tuple[str, ...], str | None]:
-        """(prompt tokens, stop strings, grammar) of a chat request: what ``chat`` runs and
-        ``serve_count_prompt`` counts, so the two cannot disagree."""
-        messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
-        tokens, stops = self.chat_prompt(
-            messages,
-            {**req.template_kwargs, **variables},
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final=req.continue_final_message,
-            prefix=req.prefix,
-            media=req.media,
-        )
-        return tokens, stops, gbnf
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
@@ -454,7 +358,7 @@ class LlamaCppSession(ServerExtras, SlotApi):
         if self._drafter is not None:
             self._drafter.close()
         self._features.close()
-        self._eog_warm.join()  # a slice of the vocabulary at most: it stops at _closed
+        self._eog.stop()  # a slice of the vocabulary at most
         with self._native:
             self._freed = True
             self._llama.llama_free(self._ctx)

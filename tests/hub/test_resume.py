@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,6 +48,11 @@ def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
     for fraction, sig in [(0.1, signal.SIGKILL), (0.45, signal.SIGINT), (0.8, signal.SIGKILL)]:
         had = partial.stat().st_size if partial.exists() else 0
         fake_hub.reset_log()
+        # The hub goes silent a little past the point, so the pull cannot finish between our seeing
+        # the point and the signal (on a loaded machine the last 20 % at 48 MB/s took less).
+        stall = threading.Event()
+        fake_hub.faults.drop_at = min(len(data) - 1, int(len(data) * fraction) + 4 * CHUNK)
+        fake_hub.faults.drop_times, fake_hub.faults.hold = 1, stall
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.hub.pull_child", HUGE],
             cwd=ROOT,
@@ -59,6 +65,7 @@ def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
             proc.send_signal(sig)
             proc.communicate(timeout=30)
         finally:
+            stall.set()
             if proc.poll() is None:
                 proc.kill()
         assert proc.returncode != 0
@@ -68,7 +75,7 @@ def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
         assert partial.stat().st_size >= had
     kept = partial.stat().st_size
     assert len(data) * 0.8 <= kept < len(data)
-    fake_hub.faults.throttle_bps = None
+    fake_hub.faults.throttle_bps = fake_hub.faults.drop_at = fake_hub.faults.hold = None
     fake_hub.reset_log()
     record = pull(store, HUGE)
     assert [r.range for r in fake_hub.requests if r.method == "GET" and r.path.endswith(HUGE_FILE)] == [

@@ -298,7 +298,6 @@ def ensure(venv_python: str, dry_run: bool = False) -> int:
     have = installed(venv_python)
     action, wheel, version = plan(decision, have, root)
     pip = [venv_python, "-m", "pip"]
-    install = [*pip, "install", "-q", "--no-deps", "--force-reinstall"]
     if action == "keep":
         return 0
     if have.get("installed"):
@@ -308,7 +307,7 @@ def ensure(venv_python: str, dry_run: bool = False) -> int:
             file=sys.stderr,
         )
     if action == "install":
-        return _do([*install, str(wheel)], dry_run)
+        return _install(pip, wheel, dry_run)
     cmake = " ".join(filter(None, [os.environ.get("CMAKE_ARGS") or BASE_CMAKE, decision.cmake_args]))
     env = {**os.environ, "CMAKE_ARGS": cmake}
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
@@ -323,12 +322,21 @@ def ensure(venv_python: str, dry_run: bool = False) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         kept = folder / built.name
         shutil.move(str(built), kept)
-    rc = _do([*install, str(kept)], dry_run)
+    rc = _install(pip, kept, dry_run)
     now = installed(venv_python)
     if rc == 0 and now.get("backend") != decision.backend:
         print(f"error: the build says it is {now.get('backend')}, not {decision.backend}", file=sys.stderr)
         return 1
     return rc
+
+
+def _install(pip: list[str], wheel: Path, dry_run: bool) -> int:
+    """Put ``wheel`` in the venv in place of whatever llama-cpp-python it holds, then its own
+    dependencies (numpy, typing-extensions, jinja2, diskcache): the forced reinstall takes no
+    dependencies (it would reinstall numpy every time), and on a fresh venv without them
+    ``import llama_cpp`` fails, so the build's check read "None" and set-up stopped."""
+    rc = _do([*pip, "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], dry_run)
+    return rc or _do([*pip, "install", "-q", str(wheel)], dry_run)
 
 
 def _do(cmd: list[str], dry_run: bool, env: dict | None = None) -> int:

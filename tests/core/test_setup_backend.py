@@ -269,6 +269,28 @@ def test_ensure_builds_cuda_with_no_pip_cache_into_the_wheelhouse(box, tmp_path)
     assert kept.returncode == 0 and kept.stdout == "", kept.stdout
 
 
+def test_a_kept_wheel_is_installed_with_its_dependencies(box, tmp_path):
+    """The forced reinstall takes no dependencies; a second, plain install of the same wheel
+    brings numpy, typing-extensions and the rest, which a fresh venv lacks (without them the
+    build's own check could not import llama_cpp, and a first set-up stopped there)."""
+    key = box.detect()["key"]
+    wheel = _wheel(tmp_path / "cache" / "localrun" / "wheels" / f"0.3.36-{key}")
+    py = _fake_venv_python(tmp_path, {"installed": False})
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "ensure", "--venv-python", str(py), "--dry-run"],
+        env=box.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    runs = [line for line in out.stdout.splitlines() if line.startswith("would run:")]
+    assert runs == [
+        f"would run: {py} -m pip install -q --no-deps --force-reinstall {wheel}",
+        f"would run: {py} -m pip install -q {wheel}",
+    ]
+
+
 def test_setup_asks_the_script_before_pip_installs_localrun():
     text = (ROOT / "scripts" / "dev").read_text()
     setup = text[text.index("setup() {") :].split("\n}\n")[0]

@@ -12,9 +12,14 @@ Rules, each chosen so that what an agent re-sends every turn renders to the same
   made constant, as before) it made every new session's prompt differ from its tenth token
   on and no prefix could be shared across sessions.
 * ``role: "system"`` turns inside ``messages`` (Claude Code ≥ 2.1 sends them) join the
-  system prompt while no other turn came before; later ones become user text in place.
-  Hoisting them to the front would change the prefix every turn, and many templates
-  (Qwen, Gemma) refuse a system turn after the first.
+  system prompt until the first assistant turn; later ones become user text in place.
+  What comes before the first answer is a session's set-up and never changes in its later
+  requests, so joining it to the front keeps every turn's prefix; Claude Code's agent list
+  comes there, after the user's question, and is the same in every session of a project:
+  in front, a new session's prompt is shared up to the question (19.2k of 19.3k tokens, not
+  17.8k: bench_kv_disk). A system turn after an answer (Claude Code's "tokens left" after a
+  tool call) would change the front on every turn if hoisted, the cache breakage Ollama's
+  hoisting caused; and many templates (Qwen, Gemma) refuse a system turn after the first.
 * Consecutive turns of one role are joined, as Anthropic's API does.
 * ``tool_use`` blocks are OpenAI-shaped calls whose arguments keep the client's key order
   (a dict in, the same JSON out); ``tool_result`` blocks are ``tool`` turns naming their call.
@@ -170,7 +175,9 @@ def core_messages(body: CountTokensRequest, reader: MediaReader | None = None) -
     system = [system_text(body)] if body.system else []
     names: dict[str, str] = {}
     out: list[Message] = []
+    answered = False  # an assistant turn came: system turns from here on stay in place
     for i, m in enumerate(body.messages):
+        answered = answered or m.role == "assistant"
         if m.role == "system":
             if not isinstance(m.content, str) and any(b.type != "text" for b in m.content):
                 raise InvalidRequest(
@@ -179,7 +186,7 @@ def core_messages(body: CountTokensRequest, reader: MediaReader | None = None) -
                     param=f"messages[{i}].content",
                 )
             text = _blocks_text(m.content)
-            if not out:
+            if not answered:
                 system.append(stable_system_text(text))
                 continue
             m = MessageParam(role="user", content=text)

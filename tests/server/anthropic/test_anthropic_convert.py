@@ -1,6 +1,6 @@
 """What an Anthropic request becomes for the model, and that what agents re-send each turn
 renders the same prompt: the billing hash made constant, tools sorted, argument key order
-kept, system turns inside messages kept in place, consecutive turns joined."""
+kept, system turns inside messages in front until the first answer, then in place, consecutive turns joined."""
 
 from __future__ import annotations
 
@@ -65,25 +65,30 @@ def test_tools_are_sorted_and_call_arguments_keep_their_order():
         core_tools(body(tools=tools + tools[:1]))
 
 
-def test_system_turns_inside_messages_stay_in_place():
-    msgs = core_messages(
-        body(
-            system="S",
-            messages=[
-                {"role": "system", "content": "early"},
-                {"role": "user", "content": "q1"},
-                {"role": "assistant", "content": "a1"},
-                {"role": "system", "content": [{"type": "text", "text": "tokens left: 900"}]},
-                {"role": "user", "content": "q2"},
-            ],
-        )
-    )
+def test_system_turns_join_the_front_until_the_first_answer_then_stay_in_place():
+    """Claude Code's shape: its agent list comes as a system turn after the first question; the
+    "tokens left" reminder after an answer."""
+    turns = [
+        {"role": "system", "content": "early"},
+        {"role": "user", "content": "q1"},
+        {"role": "system", "content": "agents: Explore, Plan"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "system", "content": [{"type": "text", "text": "tokens left: 900"}]},
+        {"role": "user", "content": "q2"},
+    ]
+    msgs = core_messages(body(system="S", messages=turns))
     assert [(m.role, m.content) for m in msgs] == [
-        ("system", "S\n\nearly"),
+        ("system", "S\n\nearly\n\nagents: Explore, Plan"),
         ("user", "q1"),
         ("assistant", "a1"),
         ("user", "tokens left: 900\n\nq2"),
     ]
+    # the session's first request renders the same front as its later ones, so the prefix holds
+    first = core_messages(body(system="S", messages=turns[:3]))
+    assert first[0] == msgs[0] and first[1:] == (msgs[1],)
+    # and the next session, another question, shares everything in front of it
+    other = core_messages(body(system="S", messages=[turns[0], {"role": "user", "content": "q9"}, turns[2]]))
+    assert other[0] == first[0] and other[1].content == "q9"
 
 
 def test_thinking_history_is_accepted_and_not_rendered():

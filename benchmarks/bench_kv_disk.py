@@ -244,6 +244,7 @@ def part_claude(args, home: Path, tmp: Path) -> None:
 
 def streams_scenario(args, home: Path, kv: Path, disk_bytes: int | None) -> dict:
     server = Localrun(home, kv, args.threads, args.stream_ctx, parallel=4, disk_bytes=disk_bytes, ram_bytes=0)
+    seen = worker_logs(home)
     server.start()
     server.load()
     try:
@@ -270,6 +271,12 @@ def streams_scenario(args, home: Path, kv: Path, disk_bytes: int | None) -> dict
         written = dir_bytes(kv) - before
     finally:
         server.stop()
+    # what the eviction cost the scheduler thread, as the worker logged it
+    saves = [
+        line.split("prompt cache: ", 1)[1]
+        for line in new_log_lines(home, seen)
+        if "prompt cache: slot" in line and " leaves " in line
+    ]
     times = [r["times"] for r in results if r]
     start = newcomer["sent"]
     return {
@@ -280,7 +287,22 @@ def streams_scenario(args, home: Path, kv: Path, disk_bytes: int | None) -> dict
         "write_after": None if watch.grew_at is None else watch.grew_at - start,
         "write_done": None if watch.done_at is None else watch.done_at - start,
         "ended_early": min((t[-1] for t in times if t), default=0) < start + args.window,
+        "saves": saves,
     }
+
+
+def worker_logs(home: Path) -> dict[Path, int]:
+    """The workers' log files under ``home`` and their sizes now (a later run appends to them)."""
+    return {p: p.stat().st_size for p in home.rglob("worker-*.log")}
+
+
+def new_log_lines(home: Path, seen: dict[Path, int]) -> list[str]:
+    lines: list[str] = []
+    for path in home.rglob("worker-*.log"):
+        with open(path, "rb") as f:
+            f.seek(seen.get(path, 0))
+            lines += f.read().decode("utf-8", "replace").splitlines()
+    return lines
 
 
 class Watch:
@@ -327,6 +349,8 @@ def part_streams(args, home: Path, tmp: Path) -> None:
         )
         print(f"  {label}: 3 streams {r['during']:.1f} tok/s in the {args.window:g} s window ({r['before']:.1f} "
               f"before it); {mb(r['written'])} written ({seen}){early}")  # fmt: skip
+        for line in r["saves"]:
+            print(f"    {line}")
     if not on["written"]:
         print("  the disk-on run wrote no state during the window: this ratio measures nothing yet")
     ratio = on["during"] / off["during"] if off["during"] else 0.0

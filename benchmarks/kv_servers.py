@@ -61,6 +61,7 @@ class Localrun:
             LOCALRUN_RUNTIME__SPECULATIVE="off",  # decode speed without drafting noise: both sides the same
             LOCALRUN_CACHE__KV_DIR=str(self.kv_dir),
             LOCALRUN_LOG_LEVEL="INFO",
+            LOCALRUN_WORKER_LOG="INFO",  # the prompt cache's lines (what an eviction saved, and how long it took)
         )
         if self.disk_bytes is not None:
             env["LOCALRUN_CACHE__KV_DISK_BYTES"] = str(self.disk_bytes)

@@ -46,11 +46,11 @@ restores without a cut: the prefix cache reuses such an entry only when the prom
 
 from __future__ import annotations
 
-import ctypes
 import logging
 from dataclasses import dataclass
 
-from localrun.runtimes.llamacpp.slots import state_source
+from localrun.runtimes.llamacpp.kv_file import Blob
+from localrun.runtimes.llamacpp.slots import read_state, state_source
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +140,10 @@ class CheckpointKv:
     def window_ok(self, seq: int, keep: int) -> bool:
         return True  # truncate checks the window, and a checkpoint brings one back
 
-    def save(self, seq: int) -> bytes | None:
+    def save(self, seq: int) -> Blob | None:
         return self._ops.save(seq)
 
-    def restore(self, seq: int, blob: bytes) -> bool:
+    def restore(self, seq: int, blob: Blob) -> bool:
         self._points.pop(seq, None)
         return self._ops.restore(seq, blob)
 
@@ -309,15 +309,12 @@ class PartialState:
         self._llama, self._ctx = llama, ctx
         self._flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
-    def save(self, seq: int) -> bytes | None:
+    def save(self, seq: int) -> Blob | None:
         size = self._llama.llama_state_seq_get_size_ext(self._ctx, seq, self._flags)
-        if size <= 0:
-            return None
-        buf = (ctypes.c_uint8 * size)()
-        got = self._llama.llama_state_seq_get_data_ext(self._ctx, buf, size, seq, self._flags)
-        return ctypes.string_at(buf, got) if got else None  # one copy (a slice of the array is a list of ints)
+        get = self._llama.llama_state_seq_get_data_ext
+        return read_state(size, lambda dst, n: get(self._ctx, dst, n, seq, self._flags))
 
-    def restore(self, seq: int, blob: bytes) -> bool:
+    def restore(self, seq: int, blob: Blob) -> bool:
         src = state_source(blob)
         return bool(self._llama.llama_state_seq_set_data_ext(self._ctx, src, len(blob), seq, self._flags))
 

@@ -222,7 +222,7 @@ class DiskTier:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], blob: bytes, *, kind: str = "prefix") -> bool:
+    def put(self, tokens: Sequence[int], blob: kv_file.Blob, *, kind: str = "prefix") -> bool:
         """Queue ``blob`` (the state of ``tokens``) for the writer thread and return at once.
         True: queued, or already stored or queued under the same tokens. False: dropped (tier off,
         larger than the budget, or the queue is full)."""
@@ -231,8 +231,10 @@ class DiskTier:
         if not self.enabled or not tokens:
             return False
         tokens = tuple(int(t) for t in tokens)
-        if not isinstance(blob, bytes):
-            blob = bytes(blob)  # the caller may reuse its buffer; bytes cannot change under us
+        if isinstance(blob, memoryview):
+            blob = bytes(blob)  # a view into someone's buffer may change under us
+        # bytes, or a buffer llama.cpp saved into (slots.read_state) that the caller hands over and
+        # never writes again: copying it would cost the scheduler thread what read_state saved
         size = kv_file.HEADER_SIZE + 4 * len(tokens) + len(blob)
         name = entry_name(tokens, kind)
         with self._lock:

@@ -79,6 +79,10 @@ def blob_crc(blob: bytes | bytearray | memoryview | mmap.mmap) -> int:
     return h.intdigest()
 
 
+#: A state blob as the cache holds it: bytes read back, or the memory llama.cpp wrote it into.
+Blob = bytes | bytearray | mmap.mmap
+
+
 def blob_buffer(size: int) -> bytearray | mmap.mmap:
     """Writable memory for a blob of ``size`` bytes that is read whole and handed to llama.cpp:
     anonymous pages advised onto huge pages where the OS has them (far fewer page faults)."""

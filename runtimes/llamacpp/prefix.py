@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from localrun.runtimes.llamacpp.checkpoints import leaving_states, saved_cuttable
+from localrun.runtimes.llamacpp.kv_file import Blob
 from localrun.runtimes.llamacpp.media_prompt import media_safe_cut
 from localrun.runtimes.llamacpp.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
 from localrun.runtimes.llamacpp.radix import RadixIndex
@@ -55,9 +57,9 @@ class KvOps(Protocol):
 
     def window_ok(self, seq: int, keep: int) -> bool: ...
 
-    def save(self, seq: int) -> bytes | None: ...
+    def save(self, seq: int) -> Blob | None: ...
 
-    def restore(self, seq: int, blob: bytes) -> bool: ...
+    def restore(self, seq: int, blob: Blob) -> bool: ...
 
 
 @dataclass
@@ -440,7 +442,17 @@ class PrefixCache:
                 return self._held_elsewhere(slot.seq, tokens, ignore=disk)
             return any(e.tokens == tokens for e in self._host.values())  # only the same tokens do
 
-        for tokens, blob in leaving_states(self._ops, slot, skip=held, min_tokens=HOST_MIN_TOKENS, tail=self._min_tail):
+        started = time.perf_counter()
+        states = leaving_states(self._ops, slot, skip=held, min_tokens=HOST_MIN_TOKENS, tail=self._min_tail)
+        log.info(
+            "prompt cache: slot %d leaves %d states (%s tokens, %.1f MB) in %.3f s",
+            slot.seq,
+            len(states),
+            "/".join(str(len(t)) for t, _ in states),
+            sum(len(b) for _, b in states) / 1e6,
+            time.perf_counter() - started,
+        )
+        for tokens, blob in states:
             if len(blob) <= self._host_budget:
                 self._make_host_room(len(blob))
                 owner = next(self._host_ids)

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from localrun.errors import ConfigError
+from localrun.runtimes.llamacpp import kv_file
 from localrun.settings import default_kv_ram_bytes
 from localrun.types import Plan
 
@@ -130,7 +131,7 @@ def _given(opts: dict, key: str, default):
     return default if value is None else value
 
 
-def state_source(blob: bytes | bytearray | memoryview):
+def state_source(blob: kv_file.Blob | memoryview):
     """The blob as the ``const uint8_t *`` llama.cpp restores a state from, without a copy: for a
     16k-token Gemma state (57 MB) a copy cost ~55 ms of a restart's first request."""
     if isinstance(blob, bytes):  # c_char_p points into the bytes object itself
@@ -138,6 +139,29 @@ def state_source(blob: bytes | bytearray | memoryview):
     if isinstance(blob, memoryview) and blob.readonly:
         return (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
     return (ctypes.c_uint8 * len(blob)).from_buffer(blob)
+
+
+def read_state(size: int, get) -> kv_file.Blob | None:
+    """A state of ``size`` bytes that ``get(dst, size)`` (llama.cpp's ``state_seq_get_data``)
+    writes straight into fresh memory, huge pages where the OS has them, and no copy after it.
+
+    Eviction saves on the scheduler thread, so this is decoding time: a 57 MB Gemma state put
+    in a zeroed ctypes array and copied to bytes took 0.25-0.6 s on a busy 2-core VM, where a
+    page fault costs ~17 us and both buffers fault all 14k of their pages; here ~30 faults."""
+    if size <= 0:
+        return None
+    buf = kv_file.blob_buffer(size)
+    dst = (ctypes.c_uint8 * size).from_buffer(buf)
+    got = get(dst, size)
+    del dst  # the export ends here: a bytearray cannot shrink while one is held
+    if not got:
+        return None
+    if got == size:
+        return buf
+    if isinstance(buf, bytearray):
+        del buf[got:]
+        return buf
+    return bytes(memoryview(buf)[:got])  # llama.cpp writes what it sized: not seen
 
 
 def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
@@ -178,11 +202,9 @@ class LlamaKvOps:
         pos_min = self._llama.llama_memory_seq_pos_min(self._mem, seq)
         return 0 <= pos_min <= max(0, keep - self._n_swa)
 
-    def save(self, seq: int) -> bytes | None:
+    def save(self, seq: int) -> kv_file.Blob | None:
         size = self._llama.llama_state_seq_get_size(self._ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        got = self._llama.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return ctypes.string_at(buf, got) if got else None  # one copy (a slice of the array is a list of ints)
+        return read_state(size, lambda dst, n: self._llama.llama_state_seq_get_data(self._ctx, dst, n, seq))
 
-    def restore(self, seq: int, blob: bytes) -> bool:
+    def restore(self, seq: int, blob: kv_file.Blob) -> bool:
         return bool(self._llama.llama_state_seq_set_data(self._ctx, state_source(blob), len(blob), seq))

@@ -64,6 +64,10 @@ DEFAULT_LIMIT = 8
 #: fewest tokens between two of them (see :func:`leaving_states`).
 LEAVING_POINTS = 2
 LEAVING_GAP = 256
+#: A slot whose answer is at most this many tokens past its first leaving point does not also
+#: leave its whole content: the point serves the next turn, which prefills those few tokens again
+#: (a 16k-token Gemma state is 57 MB that eviction copies on the scheduler thread).
+SHORT_ANSWER = 4 * TAIL
 
 
 def memory_kind(llama, model, *, swa_full: bool) -> str | None:
@@ -260,7 +264,8 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
     session of the same agent, turns.py), or else an earlier mark (a request that parts sooner).
     Memory that cannot be cut goes back to its checkpoints; a sliding-window model with a
     full-size cache is cut, at those points and every :data:`DEFAULT_INTERVAL`. The slot is left
-    cut back: only for one that is about to be cleared. ``skip(tokens)``: that
+    cut back: only for one that is about to be cleared. The whole content is left out where the
+    first point is only a few tokens below it (:data:`SHORT_ANSWER`). ``skip(tokens)``: that
     state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
     seq, tokens = slot.seq, list(slot.tokens)
     out: list[tuple[list[int], bytes]] = []
@@ -271,8 +276,8 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
             if blob is not None:
                 out.append((part, blob))
 
-    keep(tokens)
     if saved_cuttable(ops):
+        keep(tokens)
         return out
     turn = slot.turn() if getattr(slot, "turn", None) is not None else None
     if getattr(ops, "cuttable", True):
@@ -285,7 +290,13 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
 
         def back(n: int) -> int:
             return n if ops.window_ok(seq, n) and ops.truncate(seq, n) else 0
+
+        def reachable(n: int) -> bool:
+            return ops.window_ok(seq, n)
     else:
+
+        def reachable(n: int) -> bool:
+            return True  # a checkpoint of its own; rewinding to one fails only if llama.cpp refuses it
 
         def back(n: int) -> int:
             return ops.rewind(seq, n)
@@ -294,7 +305,10 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
         below_end = [p for p in positions if p < min(slot.prompt_end, len(tokens))]
         # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
         first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
-    for n in leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first):
+    points = leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first)
+    if not points or len(tokens) - points[0] > SHORT_ANSWER or not reachable(points[0]):
+        keep(tokens)  # before the cuts: its answer, for the next turn
+    for n in points:
         if back(n) != n:
             break
         keep(tokens[:n])

@@ -12,7 +12,13 @@ import json
 
 import pytest
 
-from localrun.runtimes.llamacpp.checkpoints import TAIL, CheckpointKv, leaving_points, with_checkpoints
+from localrun.runtimes.llamacpp.checkpoints import (
+    SHORT_ANSWER,
+    TAIL,
+    CheckpointKv,
+    leaving_points,
+    with_checkpoints,
+)
 from localrun.runtimes.llamacpp.prefix import HOST_MIN_TOKENS, PrefixCache
 from localrun.runtimes.llamacpp.turns import TurnPrompt, turn_of
 
@@ -220,15 +226,16 @@ def test_a_failed_restore_falls_back_to_an_older_checkpoint_or_a_cold_prefill():
 def test_host_entries_are_reused_only_when_the_prompt_covers_them_whole():
     cache, ops, kv, _ = make(1, host_budget=1 << 20)
     a = list(range(HOST_MIN_TOKENS + 10))
-    turn(cache, ops, kv, a)
+    answer = list(range(900, 900 + SHORT_ANSWER + 4))  # longer than a few tokens: the whole is kept too
+    turn(cache, ops, kv, a, answer=answer)
     turn(cache, ops, kv, [5] * 40)  # a evicted to host RAM: whole, and at its tail checkpoint
     assert cache.stats().host_entries == 2
     kv.calls.clear()
     _, keep = turn(cache, ops, kv, a[:-5] + [1, 2, 3, 4, 5, 6])  # shares a's prefix, not all of it
     assert keep == 0 and ("restore", 0) not in kv.calls  # before: restored, then the cut failed
     turn(cache, ops, kv, [6] * 40)
-    _, keep = turn(cache, ops, kv, a + [1, 2])
-    assert keep == len(a) and cache.stats().restored == 1
+    _, keep = turn(cache, ops, kv, a + answer + [1, 2])
+    assert keep == len(a) + len(answer) and cache.stats().restored == 1
 
 
 def test_a_leaving_slot_leaves_states_at_its_checkpoints_so_a_repeat_and_the_next_turn_restore():
@@ -236,9 +243,11 @@ def test_a_leaving_slot_leaves_states_at_its_checkpoints_so_a_repeat_and_the_nex
     prompt = list(range(2000, 3300))  # checkpoints at 512, 1024, the tail and the end
     slot, _ = turn(cache, ops, kv, prompt, answer=[7, 8, 9])
     assert ops.positions(slot.seq) == [512, 1024, len(prompt) - TAIL, len(prompt)]
-    turn(cache, ops, kv, [5] * 80)  # evicts it: the whole slot, the tail, 1024 (the end is 4 tokens from the tail)
+    # Evicting it leaves the tail and 1024 (the end is 4 tokens from the tail); not the whole slot:
+    # its answer is 3 tokens past the tail, which the next turn prefills again.
+    turn(cache, ops, kv, [5] * 80)
     entries = sorted(len(e.tokens) for e in cache._host.values())
-    assert entries == [1024, len(prompt) - TAIL, len(prompt) + 3]
+    assert entries == [1024, len(prompt) - TAIL]
     # The next turn, the answer rendered differently: the tail's state, TAIL tokens more to prefill.
     _, keep = turn(cache, ops, kv, prompt + [70, 80, 1, 2])
     assert keep == len(prompt) - TAIL
@@ -250,7 +259,8 @@ def test_a_leaving_slot_leaves_states_at_its_checkpoints_so_a_repeat_and_the_nex
     # 1100 takes the saved state at 1024, not a cold prefill.
     _, keep = turn(cache, ops, kv, prompt[:1100] + [8, 8])
     assert keep == 1024
-    # The next turn, the answer rendered differently: the repeat left its whole prompt (it had no answer).
+    # The next turn, the answer rendered differently: the repeat left its whole prompt (it had no
+    # answer, and no checkpoint below its end: it started from the tail's state).
     turn(cache, ops, kv, [4] * 80)
     _, keep = turn(cache, ops, kv, prompt + [70, 80, 1, 2])
     assert keep == len(prompt)
@@ -267,12 +277,25 @@ def test_a_hybrid_slot_checkpoints_where_its_last_user_message_begins_and_leaves
     prompt = TurnPrompt(system + list(range(5000, 5200)), lambda toks: len(system))
     slot, _ = turn(cache, ops, kv, prompt, answer=[7, 8, 9])
     assert len(system) in ops.positions(slot.seq)
-    turn(cache, ops, kv, [5] * 80)  # evicts it: the whole slot, the tail and the turn
+    turn(cache, ops, kv, [5] * 80)  # evicts it: the tail and the turn (the 3-token answer is not worth a state)
     entries = sorted(len(e.tokens) for e in cache._host.values())
-    assert entries == [len(system), len(prompt) - TAIL, len(prompt) + 3]
+    assert entries == [len(system), len(prompt) - TAIL]
     # The agent's next session: the same system prompt, another question.
     _, keep = turn(cache, ops, kv, system + list(range(6000, 6100)))
     assert keep == len(system)
+    check(cache, kv)
+
+
+def test_a_leaving_slot_with_a_longer_answer_leaves_its_whole_content_too():
+    cache, ops, kv, _ = make(1, host_budget=1 << 22, interval=512)
+    prompt = list(range(2000, 3300))
+    answer = list(range(100, 100 + SHORT_ANSWER + 1))
+    turn(cache, ops, kv, prompt, answer=answer)
+    turn(cache, ops, kv, [5] * 80)
+    entries = sorted(len(e.tokens) for e in cache._host.values())
+    assert entries == [1024, len(prompt) - TAIL, len(prompt) + len(answer)]
+    _, keep = turn(cache, ops, kv, prompt + answer + [1, 2])  # the next turn, the answer as it was
+    assert keep == len(prompt) + len(answer)
     check(cache, kv)
 
 

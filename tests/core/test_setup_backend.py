@@ -243,29 +243,29 @@ def _fake_venv_python(tmp_path: Path, report: dict) -> Path:
     return exe
 
 
-def test_ensure_builds_cuda_with_no_pip_cache_into_the_wheelhouse(box, tmp_path):
-    box.nvidia()
-    box.tool("nvcc", "true")
-    py = _fake_venv_python(tmp_path, HAVE_CPU)
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "ensure", "--venv-python", str(py), "--dry-run"],
+def _dry_ensure(box, venv_python) -> subprocess.CompletedProcess:
+    """``llama_backend.py ensure --dry-run`` for ``venv_python`` in the box: what it would run."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "ensure", "--venv-python", str(venv_python), "--dry-run"],
         env=box.env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_ensure_builds_cuda_with_no_pip_cache_into_the_wheelhouse(box, tmp_path):
+    box.nvidia()
+    box.tool("nvcc", "true")
+    py = _fake_venv_python(tmp_path, HAVE_CPU)
+    out = _dry_ensure(box, py)
     assert out.returncode == 0, out.stderr
     assert "llama.cpp build: CUDA (NVIDIA H200" in out.stderr
     assert "the installed llama.cpp build is CPU; this machine gets CUDA" in out.stderr
     assert "-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90'" in out.stdout
     assert "pip wheel -q --no-cache-dir --no-deps" in out.stdout and "llama-cpp-python==0.3.36" in out.stdout
     py = _fake_venv_python(tmp_path, HAVE_CUDA)
-    kept = subprocess.run(
-        [sys.executable, str(SCRIPT), "ensure", "--venv-python", str(py), "--dry-run"],
-        env=box.env,
-        capture_output=True,
-        text=True,
-    )
+    kept = _dry_ensure(box, py)
     assert kept.returncode == 0 and kept.stdout == "", kept.stdout
 
 
@@ -276,13 +276,7 @@ def test_a_kept_wheel_is_installed_with_its_dependencies(box, tmp_path):
     key = box.detect()["key"]
     wheel = _wheel(tmp_path / "cache" / "localrun" / "wheels" / f"0.3.36-{key}")
     py = _fake_venv_python(tmp_path, {"installed": False})
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "ensure", "--venv-python", str(py), "--dry-run"],
-        env=box.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _dry_ensure(box, py)
     assert out.returncode == 0, out.stderr
     runs = [line for line in out.stdout.splitlines() if line.startswith("would run:")]
     assert runs == [

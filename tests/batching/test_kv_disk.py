@@ -162,6 +162,25 @@ def test_a_file_vanishing_under_a_reader_is_a_quiet_miss(tmp_path, caplog):
     assert t.counters()["misses"] == 1 and t.counters()["corrupt"] == 0 and not caplog.records
 
 
+def test_a_loaded_blob_survives_its_file_being_replaced_or_unlinked(tmp_path):
+    """A load maps the file instead of reading it: what another process does next (rename a
+    newer file over it, evict it) must not change the bytes llama.cpp is about to restore."""
+    t = tier(tmp_path)
+    tokens, size = tuple(range(40)), kv_file.CHUNK + 123
+    path = stored(t, tokens, size)
+    want = bytes(blob_for(tokens, size))
+    (entry,) = t.entries()
+    got = t.load(entry)
+    assert got == want
+    other = tier(tmp_path / "other")
+    newer = other.folder / "newer.kv"
+    newer.write_bytes(os.urandom(path.stat().st_size))
+    os.replace(newer, path)  # the same name, other content: the writers' atomic rename
+    assert got == want
+    path.unlink()  # another process evicted it
+    assert got == want
+
+
 def test_put_returns_before_the_disk_is_written(tmp_path):
     t = tier(tmp_path, queue_bytes=1)
     gate = threading.Event()

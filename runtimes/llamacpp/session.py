@@ -73,7 +73,8 @@ from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
-from localrun.runtimes.llamacpp.tokens import EogScan, SessionTokens
+from localrun.runtimes.llamacpp.token_split import FALLBACK_MARKERS, Splitter
+from localrun.runtimes.llamacpp.tokens import SPLIT_VOCABS, SPM, EogScan, SessionTokens
 from localrun.runtimes.llamacpp.turns import special_piece_reader
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
@@ -144,6 +145,17 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             raw = llama.llama_model_chat_template(model, None)
             template = raw.decode("utf-8", errors="replace") if raw else None
         self.chat_template: str | None = template or None
+        vocab = self._vocab
+        splits = llama.llama_vocab_type(vocab) in SPLIT_VOCABS and not llama.llama_vocab_get_add_eos(vocab)
+        splits = splits and not (hasattr(llama, "llama_vocab_get_add_sep") and llama.llama_vocab_get_add_sep(vocab))
+        # Pieces start at the template's special texts; without one, at the turn markers the
+        # fallback formats write (only those that are this vocabulary's special tokens count).
+        markers = (self.chat_template or "") + "".join((self._bos, self._eos, *FALLBACK_MARKERS))
+        # SPM without a space prefix carries nothing from one raw run to the next: raw text may be
+        # cut after a newline no token merges across (an agent's system prompt has no markers).
+        raw = splits and llama.llama_vocab_type(vocab) == SPM and not self._space_prefix()
+        followers = self._eog.newline_followers if raw else None
+        self._splitter = Splitter(self._eog.specials, markers, plan.n_threads if splits else 1, followers)
         # Without a template: a plain transcript by default. Measured on the base Gemma 3
         # 270M: with Gemma's turn markers it babbles, with the transcript it answers
         # "The capital of France is Paris." Instruction-tuned files carry their template.
@@ -359,6 +371,7 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             self._drafter.close()
         self._features.close()
         self._eog.stop()  # a slice of the vocabulary at most
+        self._splitter.close()
         with self._native:
             self._freed = True
             self._llama.llama_free(self._ctx)

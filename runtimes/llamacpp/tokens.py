@@ -19,6 +19,15 @@ from localrun.types import ChatRequest, Media
 
 #: Tokens the end-token pass looks at between its checks for close() (about 1 ms of them).
 EOG_SLICE = 1024
+#: llama_token_attr bits: the tokens llama.cpp's tokenizer finds by their text (CONTROL,
+#: USER_DEFINED, UNKNOWN), and LSTRIP.
+SPECIAL_ATTRS = (1 << 3) | (1 << 4) | (1 << 0)
+ATTR_LSTRIP = 1 << 7
+#: llama_vocab_type values whose raw runs are tokenized each on its own (token_split.py).
+SPM = 1
+SPLIT_VOCABS = (SPM, 2)  # and BPE
+#: SentencePiece's word boundary, which a space prefix puts before a run's first word.
+SPM_SPACE = "\u2581".encode()
 
 
 class EogScan:
@@ -27,23 +36,52 @@ class EogScan:
     so the pass is over before the first request can ask. ignore_eos and min_tokens need the set;
     looked up on the first such request it cost 0.5 s on Gemma's 262k vocabulary, and a pass
     started later (at the session's end of loading) still ran into a restart's first request.
-    ``stop()`` ends it within a slice and waits: call it before the vocabulary is freed."""
+    The same pass keeps the special tokens' texts and, for SPM, what follows a newline inside a
+    token: where a long text may be cut for tokenizing on threads (token_split.py; 0.09 s of
+    pass on Gemma's vocabulary without them, 0.28 s with). ``stop()`` ends it within a slice and
+    waits: call it before the vocabulary is freed."""
 
     def __init__(self, llama, model, name: str) -> None:
         self._llama, self._vocab, self._name = llama, llama.llama_model_get_vocab(model), name
         self._n = llama.llama_vocab_n_tokens(self._vocab)
         self._stopping = False
         self._found: tuple[int, ...] | None = None
+        self._special: tuple[tuple[bytes, bool], ...] = ()
+        self._followers: frozenset[int] = frozenset()
         self._thread = threading.Thread(target=self._run, name=f"eog-{name}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        is_eog, vocab, n, found = self._llama.llama_vocab_is_eog, self._vocab, self._n, []
+        llama, vocab, n, found, special, followers = self._llama, self._vocab, self._n, [], [], set()
+        is_eog, attr_of, text_of = llama.llama_vocab_is_eog, llama.llama_vocab_get_attr, llama.llama_vocab_get_text
+        spm = llama.llama_vocab_type(vocab) == SPM  # newline followers: only SPM cuts raw text
         for start in range(0, n, EOG_SLICE):
             if self._stopping:
                 return
-            found.extend(t for t in range(start, min(start + EOG_SLICE, n)) if is_eog(vocab, t))
+            for t in range(start, min(start + EOG_SLICE, n)):
+                if is_eog(vocab, t):
+                    found.append(t)
+                attr = attr_of(vocab, t)
+                if not (spm or attr & SPECIAL_ATTRS):
+                    continue
+                text = text_of(vocab, t) or b""
+                if attr & SPECIAL_ATTRS:  # what llama.cpp's tokenizer matches in text (token_split.py)
+                    special.append((text, bool(attr & ATTR_LSTRIP)))
+                at = text.find(b"\n") if spm else -1
+                while 0 <= at < len(text) - 1:  # a byte some token puts after a newline
+                    followers.add(text[at + 1])
+                    at = text.find(b"\n", at + 1)
+        self._special = tuple(special)
+        self._followers = frozenset(followers)
         self._found = tuple(found)
+
+    def specials(self) -> tuple[tuple[bytes, bool], ...] | None:
+        """(text, strips whitespace on its left) of every special token; None until the pass is done."""
+        return self._special if self._found is not None else None
+
+    def newline_followers(self) -> frozenset[int]:
+        """Every byte some token's text holds right after a newline (read after :meth:`specials`)."""
+        return self._followers
 
     def result(self) -> tuple[int, ...]:
         self._thread.join()
@@ -77,17 +115,30 @@ class SessionTokens:
         return is_eog
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        """``text``'s tokens; a long one in pieces on the session's threads (token_split.py)."""
         with self._native:
             self._check_open()
             data = text.encode("utf-8")
-            size = len(data) + 8
+            cuts = self._splitter.cuts(data)
+            if not cuts:
+                return self._tokenize_bytes(data, add_special)
+            return self._splitter.run(self._tokenize_bytes, data, cuts, add_special)
+
+    def _tokenize_bytes(self, data: bytes, add_special: bool) -> list[int]:
+        size = len(data) + 8
+        buf = (self._llama.llama_token * size)()
+        n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
+        if n < 0:
+            size = -n
             buf = (self._llama.llama_token * size)()
             n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-            if n < 0:
-                size = -n
-                buf = (self._llama.llama_token * size)()
-                n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-            return list(buf[:n])
+        return list(buf[:n])
+
+    def _space_prefix(self) -> bool:
+        """Does the tokenizer put a space before a run's first word (SPM's add_space_prefix: the
+        C API does not say; one word's first token shows it)?"""
+        toks = self._tokenize_bytes(b"a", False)
+        return bool(toks) and self._llama.llama_vocab_get_text(self._vocab, toks[0]).startswith(SPM_SPACE)
 
     def _is_single_token(self, text: str) -> bool:
         toks = self.tokenize(text, add_special=False)

@@ -83,7 +83,7 @@ Blob = bytes | bytearray | mmap.mmap
 
 
 def blob_buffer(size: int) -> bytearray | mmap.mmap:
-    """Writable memory for a blob of ``size`` bytes that is read whole and handed to llama.cpp:
+    """Writable memory for a state blob of ``size`` bytes that llama.cpp writes (a save):
     anonymous pages advised onto huge pages where the OS has them (far fewer page faults)."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     if size < CHUNK or advice is None:

@@ -74,7 +74,7 @@ from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.slots import Layout
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
 from localrun.runtimes.llamacpp.token_split import FALLBACK_MARKERS, Splitter
-from localrun.runtimes.llamacpp.tokens import SPLIT_VOCABS, SPM, EogScan, SessionTokens
+from localrun.runtimes.llamacpp.tokens import SessionTokens, VocabScan, split_rules
 from localrun.runtimes.llamacpp.turns import special_piece_reader
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
@@ -130,7 +130,7 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
         self.plan = plan
         self.layout = layout
         self._vocab = llama.llama_model_get_vocab(model)
-        self._eog = eog if eog is not None else EogScan(llama, model, record.name)
+        self._eog = eog if eog is not None else VocabScan(llama, model, record.name)
         self._n_vocab = llama.llama_vocab_n_tokens(self._vocab)
         # Guards the vocabulary against close(): request threads tokenize while it frees.
         self._native = threading.Lock()
@@ -145,15 +145,11 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             raw = llama.llama_model_chat_template(model, None)
             template = raw.decode("utf-8", errors="replace") if raw else None
         self.chat_template: str | None = template or None
-        vocab = self._vocab
-        splits = llama.llama_vocab_type(vocab) in SPLIT_VOCABS and not llama.llama_vocab_get_add_eos(vocab)
-        splits = splits and not (hasattr(llama, "llama_vocab_get_add_sep") and llama.llama_vocab_get_add_sep(vocab))
+        splits, raw = split_rules(llama, self._vocab)
         # Pieces start at the template's special texts; without one, at the turn markers the
         # fallback formats write (only those that are this vocabulary's special tokens count).
+        # Raw text may be cut after a newline too (an agent's system prompt has no markers).
         markers = (self.chat_template or "") + "".join((self._bos, self._eos, *FALLBACK_MARKERS))
-        # SPM without a space prefix carries nothing from one raw run to the next: raw text may be
-        # cut after a newline no token merges across (an agent's system prompt has no markers).
-        raw = splits and llama.llama_vocab_type(vocab) == SPM and not self._space_prefix()
         followers = self._eog.newline_followers if raw else None
         self._splitter = Splitter(self._eog.specials, markers, plan.n_threads if splits else 1, followers)
         # Without a template: a plain transcript by default. Measured on the base Gemma 3
@@ -265,7 +261,7 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
                 f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
                 hint="the file may be corrupt or an architecture this llama.cpp does not know",
             )
-        eog = EogScan(llama, model, record.name)  # runs while the context is created (tokens.py)
+        eog = VocabScan(llama, model, record.name)  # runs while the context is created (tokens.py)
         try:
             projector = open_projector(llama, model, record, plan, cp)  # cp's batches grow to one image
         except BaseException:

@@ -4,7 +4,7 @@ last user message begins, turns.py), and the one pass that finds every end-of-ge
 A mixin of :class:`~.session.LlamaCppSession`, kept apart so the session stays about loading
 and scheduling. It reads the session's ``_llama``, ``_vocab``, ``_n_vocab``, ``_native`` (the
 lock close() takes before it frees the vocabulary), ``_closed``, ``_freed``, ``_features``,
-``_bos``, ``_special_length`` and ``record``. :class:`EogScan` is started by ``open`` itself.
+``_bos``, ``_special_length`` and ``record``. :class:`VocabScan` is started by ``open`` itself.
 """
 
 from __future__ import annotations
@@ -30,7 +30,33 @@ SPLIT_VOCABS = (SPM, 2)  # and BPE
 SPM_SPACE = "\u2581".encode()
 
 
-class EogScan:
+def tokenize_bytes(llama, vocab, data: bytes, add_special: bool) -> list[int]:
+    """One ``llama_tokenize`` call over ``data`` (special tokens parsed)."""
+    size = len(data) + 8
+    buf = (llama.llama_token * size)()
+    n = llama.llama_tokenize(vocab, data, len(data), buf, size, add_special, True)
+    if n < 0:
+        size = -n
+        buf = (llama.llama_token * size)()
+        n = llama.llama_tokenize(vocab, data, len(data), buf, size, add_special, True)
+    return list(buf[:n])
+
+
+def split_rules(llama, vocab) -> tuple[bool, bool]:
+    """(may a long text be tokenized in pieces, may raw text be cut after a newline) for this
+    vocabulary (token_split.py): pieces for SPM and BPE that add no end or separator token; raw
+    cuts for SPM without a space prefix (the C API does not say; one word's first token shows it),
+    which carries nothing from one raw run to the next."""
+    kind = llama.llama_vocab_type(vocab)
+    pieces = kind in SPLIT_VOCABS and not llama.llama_vocab_get_add_eos(vocab)
+    pieces = pieces and not (hasattr(llama, "llama_vocab_get_add_sep") and llama.llama_vocab_get_add_sep(vocab))
+    if not pieces or kind != SPM:
+        return pieces, False
+    first = tokenize_bytes(llama, vocab, b"a", False)[:1]
+    return True, not (first and llama.llama_vocab_get_text(vocab, first[0]).startswith(SPM_SPACE))
+
+
+class VocabScan:
     """Every end-of-generation token of a vocabulary, found by one raw pass on a thread of its own
     from the moment the model is loaded: the context is created meanwhile (in C, the GIL let go),
     so the pass is over before the first request can ask. ignore_eos and min_tokens need the set;
@@ -125,20 +151,7 @@ class SessionTokens:
             return self._splitter.run(self._tokenize_bytes, data, cuts, add_special)
 
     def _tokenize_bytes(self, data: bytes, add_special: bool) -> list[int]:
-        size = len(data) + 8
-        buf = (self._llama.llama_token * size)()
-        n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-        if n < 0:
-            size = -n
-            buf = (self._llama.llama_token * size)()
-            n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, size, add_special, True)
-        return list(buf[:n])
-
-    def _space_prefix(self) -> bool:
-        """Does the tokenizer put a space before a run's first word (SPM's add_space_prefix: the
-        C API does not say; one word's first token shows it)?"""
-        toks = self._tokenize_bytes(b"a", False)
-        return bool(toks) and self._llama.llama_vocab_get_text(self._vocab, toks[0]).startswith(SPM_SPACE)
+        return tokenize_bytes(self._llama, self._vocab, data, add_special)
 
     def _is_single_token(self, text: str) -> bool:
         toks = self.tokenize(text, add_special=False)

@@ -12,7 +12,7 @@ import pytest
 
 from localrun.runtimes.llamacpp import token_split
 from localrun.runtimes.llamacpp.token_split import Specials, cut_points, pieces_of, specials_from
-from localrun.runtimes.llamacpp.tokens import ATTR_LSTRIP, SPECIAL_ATTRS, SPLIT_VOCABS, SPM, SPM_SPACE
+from localrun.runtimes.llamacpp.tokens import VocabScan, split_rules, tokenize_bytes
 from tests.conftest import GEMMA_CACHE, needs_llama
 
 # --- the cut rules ------------------------------------------------------------------------------
@@ -71,7 +71,8 @@ def test_raw_text_is_cut_after_a_newline_no_token_merges_across(monkeypatch):
 
 
 class Vocab:
-    """A vocabulary-only llama.cpp model: its special tokens and one-call tokenize."""
+    """A vocabulary-only llama.cpp model, read by the session's own pass and rules: its special
+    tokens, where it may be cut, and one-call tokenize."""
 
     def __init__(self, path: Path) -> None:
         import llama_cpp as L
@@ -82,25 +83,14 @@ class Vocab:
         self.model = L.llama_model_load_from_file(str(path).encode(), params)
         assert self.model, path
         self.vocab = L.llama_model_get_vocab(self.model)
-        n = L.llama_vocab_n_tokens(self.vocab)
-        self.specials, followers = [], set()
-        for t in range(n):
-            attr, text = L.llama_vocab_get_attr(self.vocab, t), L.llama_vocab_get_text(self.vocab, t) or b""
-            if attr & SPECIAL_ATTRS:
-                self.specials.append((text, bool(attr & ATTR_LSTRIP)))
-            followers.update(text[i + 1] for i in range(len(text) - 1) if text[i] == 10)
-        self.splits = L.llama_vocab_type(self.vocab) in SPLIT_VOCABS and not L.llama_vocab_get_add_eos(self.vocab)
-        first = self.tokenize(b"a", False)[:1]
-        spaced = bool(first) and L.llama_vocab_get_text(self.vocab, first[0]).startswith(SPM_SPACE)
-        raw = L.llama_vocab_type(self.vocab) == SPM and not spaced  # newline cuts, as the session allows
-        self.followers = frozenset(followers) if raw else None
+        scan = VocabScan(L, self.model, path.name)
+        scan.result()
+        self.specials = scan.specials()
+        self.splits, raw = split_rules(L, self.vocab)
+        self.followers = scan.newline_followers() if raw else None  # newline cuts, as the session allows
 
     def tokenize(self, data: bytes, add_special: bool) -> list[int]:
-        size = len(data) + 16
-        buf = (self.L.llama_token * size)()
-        n = self.L.llama_tokenize(self.vocab, data, len(data), buf, size, add_special, True)
-        assert n >= 0
-        return list(buf[:n])
+        return tokenize_bytes(self.L, self.vocab, data, add_special)
 
     def close(self) -> None:
         self.L.llama_model_free(self.model)

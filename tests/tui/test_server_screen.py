@@ -56,7 +56,8 @@ async def test_openai_client_is_served_by_the_tuis_manager_and_logged(make, mana
         await wait_for(pilot, lambda: "/v1/chat/completions" in screen_text(app), what="log row")
         await wait_for(pilot, lambda: " tiny " in screen_text(app) and "fake" in screen_text(app), what="loaded row")
         await wait_for(pilot, lambda: max(app.token_rates) > 0, what="a tokens/s sample", timeout=5)
-        assert "peak" in screen_text(app)
+        # The sample lands before the screen's next refresh draws it: wait for that draw.
+        await wait_for(pilot, lambda: "peak" in screen_text(app), what="the tokens/s peak drawn", timeout=5)
 
         await pilot.press("u")  # unload from the server screen
         await wait_for(pilot, lambda: not manager.is_loaded("tiny"), what="unload")

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localrun.errors import LocalrunError, Overloaded
@@ -441,6 +441,7 @@ class ModelManager:
         from localrun.activity import watched
         from localrun.worker.host import iter_chunks
 
+        req = self._forced(req)
         lm = self._load_admitted(name, keep_alive_s)
         try:
             yield from watched(lm, req, iter_chunks(lm.handle, req, cancel))
@@ -460,7 +461,15 @@ class ModelManager:
         lm = self._remote_model(name) if self._remote is not None and self._remote.warm(name) else None
         if lm is None or not self._admit(lm):
             lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s)
-        return OpenStream(self, lm, req)
+        return OpenStream(self, lm, self._forced(req))
+
+    def _forced(self, req: ChatRequest | CompletionRequest) -> ChatRequest | CompletionRequest:
+        """``req`` at ``runtime.force_temperature`` when that is set (every route, the CLI and a
+        reasoning turn's continuation come through here)."""
+        forced = self.settings.runtime.force_temperature
+        if forced is None or req.sampling.temperature == forced:
+            return req
+        return replace(req, sampling=replace(req.sampling, temperature=forced))
 
     def embed(self, name: str, texts: list[str]) -> list[list[float]]:
         from localrun.worker.host import call_result

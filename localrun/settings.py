@@ -145,6 +145,10 @@ class RuntimeSettings(BaseModel):
     model's folder (a repo's sibling draft, as llama.cpp finds sidecars), if there is one."""
     max_tokens_cap: int = Field(8192, ge=1)
     """Upper bound on max_tokens for any request."""
+    force_temperature: float | None = Field(None, ge=0, le=5)
+    """Every request samples at this temperature, whatever it asks; 0 is greedy, the same answer
+    every time. For reproducible runs (tests, evals) and for clients that hard-code their own
+    (Claude Code sends 1). Unset: each request's own temperature."""
     template_timeout_s: float = Field(2.0, gt=0, le=60)
     """Time budget for rendering one chat template."""
     max_loaded_models: int = Field(3, ge=1, le=64)

@@ -12,8 +12,9 @@ Per agent, two runs; each checks the protocol round trip, not the model's wisdom
   the run and the result's way back.
 
 The one-turn runs keep each agent's prompt short (Claude Code's ``--bare`` and its own
-system prompt, opencode's project config without tools; Codex as launched, ~4.5k tokens)
-and cap answers at a few dozen tokens: their time is prefill on two cores.
+system prompt, opencode's project config without tools; Codex as launched, ~4.5k tokens),
+cap answers at 160 tokens and make them greedy (the server's ``runtime.force_temperature``), so
+a run's answer is the same every time; their time is prefill on two cores.
 """
 
 from __future__ import annotations
@@ -39,9 +40,15 @@ def _check(result, *expected: str) -> str:
 
 
 def _short(env: dict, tokens: int) -> dict:
-    """Answers capped at ``tokens``. Agents sample (Claude Code at temperature 1), and Claude Code
-    gives up after a few answers cut at the cap: 48 tokens failed a CI run four answers running."""
-    return {**env, "LOCALRUN_RUNTIME__MAX_TOKENS_CAP": str(tokens), "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(tokens)}
+    """Answers capped at ``tokens``, and greedy whatever the agent asks (``runtime.force_temperature``):
+    agents sample (Claude Code at temperature 1), and a sampled SmolLM2 now and then rambled past any
+    cap, so Codex stopped on max_output_tokens and Claude Code gave up after answers cut short."""
+    return {
+        **env,
+        "LOCALRUN_RUNTIME__MAX_TOKENS_CAP": str(tokens),
+        "LOCALRUN_RUNTIME__FORCE_TEMPERATURE": "0",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(tokens),
+    }
 
 
 ONE_TURN = {

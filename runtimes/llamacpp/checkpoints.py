@@ -252,34 +252,25 @@ def saved_cuttable(ops) -> bool:
     return bool(getattr(ops, "saved_cuttable", True)) and bool(getattr(ops, "cuttable", True))
 
 
-def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> list[tuple[list[int], bytes]]:
-    """The states a slot leaves with when it is cleared (for host RAM or disk), as (tokens, blob).
+@dataclass(frozen=True)
+class _Leaving:
+    """What a leaving slot leaves (:func:`leaving_states`), worked out without touching it."""
 
-    Its whole content first. Where a saved state restores at any prefix, that is all. Where it
-    restores only whole (:func:`saved_cuttable`), the whole content is the prompt *and* the
-    answer, which the next request rarely repeats token for token: a restart, a retry, the next
-    turn and a new session sharing the system prompt would all find nothing. So the slot is also
-    taken back to chosen positions below its end (:func:`leaving_points`) and saved there: just
-    before the prompt's end (a repeat, the next turn), where its last user message begins (a new
-    session of the same agent, turns.py), or else an earlier mark (a request that parts sooner).
-    Memory that cannot be cut goes back to its checkpoints; a sliding-window model with a
-    full-size cache is cut, at those points and every :data:`DEFAULT_INTERVAL`. The slot is left
-    cut back: only for one that is about to be cleared. The whole content is left out where the
-    first point is only a few tokens below it (:data:`SHORT_ANSWER`). ``skip(tokens)``: that
-    state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
-    seq, tokens = slot.seq, list(slot.tokens)
-    out: list[tuple[list[int], bytes]] = []
+    whole: bool  # its whole content
+    points: list[int]  # and states at these token counts, newest first
+    back: object  # (n) -> the tokens the sequence holds once taken back to ``n``
+    guessed: int | None = None  # the point that is a guess (:func:`leaving_count`)
 
-    def keep(part: list[int]) -> None:
-        if len(part) >= min_tokens and not skip(part):
-            blob = ops.save(seq)
-            if blob is not None:
-                out.append((part, blob))
 
+def _leaving(ops, slot, *, tail: int, min_tokens: int, turn_guess: bool = False) -> _Leaving:
+    tokens = slot.tokens
+    seq = slot.seq
     if saved_cuttable(ops):
-        keep(tokens)
-        return out
-    turn = slot.turn() if getattr(slot, "turn", None) is not None else None
+        return _Leaving(True, [], None)
+    turn = None
+    if getattr(slot, "turn", None) is not None:
+        # the guess: as far below the tail as makes a point of its own (finding it reads every token's text)
+        turn = min(slot.prompt_end, len(tokens)) - max(1, tail) - 4 * TAIL - 1 if turn_guess else slot.turn()
     if getattr(ops, "cuttable", True):
         end = min(slot.prompt_end, len(tokens))
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
@@ -306,10 +297,52 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
         # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
         first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
     points = leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first)
-    if not points or len(tokens) - points[0] > SHORT_ANSWER or not reachable(points[0]):
+    whole = not points or len(tokens) - points[0] > SHORT_ANSWER or not reachable(points[0])
+    return _Leaving(whole, points, back, turn if turn_guess else None)
+
+
+def leaving_count(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> int:
+    """About how many states :func:`leaving_states` would save for ``slot`` now, without touching
+    it, for memory made ready beforehand (state_memory.py). Where the prompt's last user message
+    begins is guessed, not found (that reads every token's text, and most slots never leave): it
+    counts as a point of its own, held when the others are."""
+    plan = _leaving(ops, slot, tail=tail, min_tokens=min_tokens, turn_guess=True)
+    tokens = slot.tokens
+    guess = [n for n in plan.points if n == plan.guessed]
+    parts = ([len(tokens)] if plan.whole else []) + [n for n in plan.points if n != plan.guessed]
+    count = sum(1 for n in parts if n >= min_tokens and not skip(tokens[:n]))
+    return count + len(guess) if count else 0
+
+
+def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> list[tuple[list[int], bytes]]:
+    """The states a slot leaves with when it is cleared (for host RAM or disk), as (tokens, blob).
+
+    Its whole content first. Where a saved state restores at any prefix, that is all. Where it
+    restores only whole (:func:`saved_cuttable`), the whole content is the prompt *and* the
+    answer, which the next request rarely repeats token for token: a restart, a retry, the next
+    turn and a new session sharing the system prompt would all find nothing. So the slot is also
+    taken back to chosen positions below its end (:func:`leaving_points`) and saved there: just
+    before the prompt's end (a repeat, the next turn), where its last user message begins (a new
+    session of the same agent, turns.py), or else an earlier mark (a request that parts sooner).
+    Memory that cannot be cut goes back to its checkpoints; a sliding-window model with a
+    full-size cache is cut, at those points and every :data:`DEFAULT_INTERVAL`. The slot is left
+    cut back: only for one that is about to be cleared. The whole content is left out where the
+    first point is only a few tokens below it (:data:`SHORT_ANSWER`). ``skip(tokens)``: that
+    state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
+    seq, tokens = slot.seq, list(slot.tokens)
+    out: list[tuple[list[int], bytes]] = []
+
+    def keep(part: list[int]) -> None:
+        if len(part) >= min_tokens and not skip(part):
+            blob = ops.save(seq)
+            if blob is not None:
+                out.append((part, blob))
+
+    plan = _leaving(ops, slot, tail=tail, min_tokens=min_tokens)
+    if plan.whole:
         keep(tokens)  # before the cuts: its answer, for the next turn
-    for n in points:
-        if back(n) != n:
+    for n in plan.points:
+        if plan.back(n) != n:
             break
         keep(tokens[:n])
     return out

@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from localrun.runtimes.llamacpp import kv_file, kv_root
 from localrun.runtimes.llamacpp.kv_root import DiskEntry, clear, default_budget, list_entries
+from localrun.runtimes.llamacpp.state_memory import nice_this_thread
 
 __all__ = ["DiskEntry", "DiskTier", "StateKey", "clear", "default_budget", "list_entries"]
 
@@ -47,8 +47,9 @@ MEASURE_MIN_BYTES = 1 << 20
 SMOOTHING = 0.3
 #: Queued (not yet written) blobs held at most, beyond the first (which is always taken).
 DEFAULT_QUEUE_BYTES = 1 << 30
-#: How much nicer than the process the writer thread runs on Linux: decoding threads win the CPU
-#: whenever they want it, and the writer takes what they leave.
+#: How much nicer than the process the writer thread runs on Linux, under ``SCHED_IDLE``
+#: (state_memory.nice_this_thread): decoding threads win the CPU whenever they want it, and the
+#: writer takes what they leave.
 WRITER_NICE = 10
 
 
@@ -283,10 +284,7 @@ class DiskTier:
 
     def _writer(self) -> None:
         self.writer_tid = threading.get_native_id()
-        if sys.platform.startswith("linux"):  # a nice value per thread: Linux only
-            with contextlib.suppress(OSError, AttributeError):
-                base = os.getpriority(os.PRIO_PROCESS, self.writer_tid)  # relative: a niced server stays below
-                os.setpriority(os.PRIO_PROCESS, self.writer_tid, min(19, base + WRITER_NICE))
+        nice_this_thread(WRITER_NICE, idle=True)
         while True:
             with self._lock:
                 while not self._queue and not self._closed:

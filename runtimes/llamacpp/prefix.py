@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localrun.runtimes.llamacpp.checkpoints import leaving_states, saved_cuttable
+from localrun.runtimes.llamacpp.checkpoints import leaving_count, leaving_states, saved_cuttable
 from localrun.runtimes.llamacpp.kv_file import Blob
 from localrun.runtimes.llamacpp.media_prompt import media_safe_cut
 from localrun.runtimes.llamacpp.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
@@ -125,6 +125,7 @@ class PrefixCache:
         host_budget: int = 0,
         reuse: bool = True,
         disk=None,
+        buffers=None,
     ) -> None:
         self.slots = [Slot(seq) for seq in range(n_slots)]
         self._ops = ops
@@ -138,6 +139,8 @@ class PrefixCache:
         self._counts = {"reused_in_place": 0, "copied": 0, "restored": 0, "saved": 0, "relocated": 0}
         whole_only = not saved_cuttable(ops)
         self.disk = DiskSpill(disk, self.index, self._host_ids, whole_only=whole_only) if disk is not None else None
+        #: Memory made ready for what an idle slot would leave with (state_memory.ReadyBuffers), or None.
+        self._buffers = buffers
 
     # --- what the scheduler calls -------------------------------------------------------------
 
@@ -219,9 +222,13 @@ class PrefixCache:
         slot.busy = False
         slot.used_at = next(self._clock)
         self.index.set(slot.seq, slot.tokens)
+        if self._buffers is not None:
+            self._buffers.want(slot.seq, self._leaving_count(slot) if self._keeps(slot) else 0)
 
     def drop(self, slot: Slot) -> None:
         """Forget and clear ``slot`` (its KV is unknown after a failed decode)."""
+        if self._buffers is not None:
+            self._buffers.forget(slot.seq)
         self._ops.clear(slot.seq)
         slot.tokens.clear()
         slot.busy = False
@@ -421,17 +428,21 @@ class PrefixCache:
 
     # --- eviction and the host tier -----------------------------------------------------------
 
+    def _keeps(self, slot: Slot) -> bool:
+        """Whether evicting ``slot`` saves its content (to host RAM or disk)."""
+        return len(slot.tokens) >= HOST_MIN_TOKENS and bool(self._host_budget or self.disk is not None)
+
     def _evict(self, slot: Slot) -> None:
-        if len(slot.tokens) >= HOST_MIN_TOKENS and (self._host_budget or self.disk is not None):
+        if self._keeps(slot):
             self._keep_evicted(slot)
+        if self._buffers is not None:
+            self._buffers.forget(slot.seq)
         self._ops.clear(slot.seq)
         slot.tokens.clear()
         self.index.discard(slot.seq)
 
-    def _keep_evicted(self, slot: Slot) -> None:
-        """Save a slot's content before it is cleared (with its checkpoints' states where its
-        memory cannot be cut, :func:`~.checkpoints.leaving_states`): to host RAM, else (too big,
-        RAM off) to disk."""
+    def _held(self, slot: Slot) -> Callable[[list[int]], bool]:
+        """Whether a state of ``slot``'s leaving would be held already (:func:`leaving_states`' ``skip``)."""
         disk = self.disk if self.disk is not None else ()
         cuttable = saved_cuttable(self._ops)
 
@@ -442,8 +453,17 @@ class PrefixCache:
                 return self._held_elsewhere(slot.seq, tokens, ignore=disk)
             return any(e.tokens == tokens for e in self._host.values())  # only the same tokens do
 
+        return held
+
+    def _leaving_count(self, slot: Slot) -> int:
+        return leaving_count(self._ops, slot, skip=self._held(slot), min_tokens=HOST_MIN_TOKENS, tail=self._min_tail)
+
+    def _keep_evicted(self, slot: Slot) -> None:
+        """Save a slot's content before it is cleared (with its checkpoints' states where its
+        memory cannot be cut, :func:`~.checkpoints.leaving_states`): to host RAM, else (too big,
+        RAM off) to disk."""
         started = time.perf_counter()
-        states = leaving_states(self._ops, slot, skip=held, min_tokens=HOST_MIN_TOKENS, tail=self._min_tail)
+        states = leaving_states(self._ops, slot, skip=self._held(slot), min_tokens=HOST_MIN_TOKENS, tail=self._min_tail)
         log.info(
             "prompt cache: slot %d leaves %d states (%s tokens, %.1f MB) in %.3f s",
             slot.seq,

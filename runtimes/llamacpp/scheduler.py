@@ -70,6 +70,7 @@ from localrun.runtimes.llamacpp.slot_books import acquire_at
 from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
 from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
+from localrun.runtimes.llamacpp.state_memory import ReadyBuffers, default_max_bytes
 from localrun.runtimes.llamacpp.turns import turn_of
 from localrun.types import Chunk
 
@@ -100,7 +101,10 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
-        self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa)
+        self._buffers = None
+        if layout.prefix_cache and (layout.host_cache_bytes or disk is not None):  # evictions save: state_memory.py
+            self._buffers = ReadyBuffers(default_max_bytes(), lambda seq: llama.llama_state_seq_get_size(ctx, seq))
+        self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa, buffers=self._buffers)
         if layout.prefix_cache:  # memory that cannot be cut ("recurrent", "hybrid", "swa"): checkpoints.py
             self._kv = with_checkpoints(
                 self._kv, llama, ctx, memory, limit=layout.checkpoints, min_chunk=layout.min_chunk
@@ -121,6 +125,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             host_budget=layout.host_cache_bytes,
             reuse=layout.prefix_cache,
             disk=disk,  # kv_disk.DiskTier or None (prefix_disk.py)
+            buffers=self._buffers,
         )
         self._inbox: list[Job] = []
         self._calls = ThreadCalls()  # native work of request threads (embeddings), run between steps
@@ -217,6 +222,8 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             self.cache.persist()
         except Exception:  # noqa: BLE001 - a failed write loses a cache, never the unload
             log.warning("writing the prefix cache to disk failed", exc_info=True)
+        if self._buffers is not None:
+            self._buffers.close()
         if self.encoder is not None:
             self.encoder.close()
         if self._batch is not None:

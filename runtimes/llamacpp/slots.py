@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from localrun.errors import ConfigError
 from localrun.runtimes.llamacpp import kv_file
+from localrun.runtimes.llamacpp.state_memory import shrink
 from localrun.settings import default_kv_ram_bytes
 from localrun.types import Plan
 
@@ -141,27 +142,27 @@ def state_source(blob: kv_file.Blob | memoryview):
     return (ctypes.c_uint8 * len(blob)).from_buffer(blob)
 
 
-def read_state(size: int, get) -> kv_file.Blob | None:
+def read_state(size: int, get, buffers=None) -> kv_file.Blob | None:
     """A state of ``size`` bytes that ``get(dst, size)`` (llama.cpp's ``state_seq_get_data``)
-    writes straight into fresh memory, huge pages where the OS has them, and no copy after it.
+    writes straight into memory, with no copy after it: a buffer ``buffers``
+    (state_memory.ReadyBuffers) made ready beforehand, else fresh memory, huge pages where the OS
+    has them.
 
     Eviction saves on the scheduler thread, so this is decoding time: a 57 MB Gemma state put
     in a zeroed ctypes array and copied to bytes took 0.25-0.6 s on a busy 2-core VM, where a
-    page fault costs ~17 us and both buffers fault all 14k of their pages; here ~30 faults."""
+    page fault costs ~17 us and both buffers fault all 14k of their pages; here ~30 faults, and
+    none in a ready buffer."""
     if size <= 0:
         return None
-    buf = kv_file.blob_buffer(size)
+    buf = buffers.take(size) if buffers is not None else None
+    if buf is None:
+        buf = kv_file.blob_buffer(size)
     dst = (ctypes.c_uint8 * size).from_buffer(buf)
     got = get(dst, size)
-    del dst  # the export ends here: a bytearray cannot shrink while one is held
+    del dst  # the export ends here: a buffer cannot shrink while one is held
     if not got:
         return None
-    if got == size:
-        return buf
-    if isinstance(buf, bytearray):
-        del buf[got:]
-        return buf
-    return bytes(memoryview(buf)[:got])  # llama.cpp writes what it sized: not seen
+    return shrink(buf, got)  # llama.cpp writes what it sized; a ready buffer is bigger
 
 
 def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
@@ -176,8 +177,10 @@ def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
 class LlamaKvOps:
     """:class:`~.prefix.KvOps` on llama.cpp's memory and per-sequence state API."""
 
-    def __init__(self, llama, ctx, *, n_swa: int) -> None:
+    def __init__(self, llama, ctx, *, n_swa: int, buffers=None) -> None:
         self._llama, self._ctx, self._n_swa = llama, ctx, n_swa
+        #: Memory made ready for saves (state_memory.ReadyBuffers), or None.
+        self.buffers = buffers
         self._mem = llama.llama_get_memory(ctx)
         # A sliding-window model's saved state holds only the window's cells of those layers,
         # full-size cache or not (llama.cpp writes what the window can see): it restores whole.
@@ -202,9 +205,13 @@ class LlamaKvOps:
         pos_min = self._llama.llama_memory_seq_pos_min(self._mem, seq)
         return 0 <= pos_min <= max(0, keep - self._n_swa)
 
+    def state_size(self, seq: int) -> int:
+        """The bytes :meth:`save` would take now (llama.cpp sizes it without copying)."""
+        return int(self._llama.llama_state_seq_get_size(self._ctx, seq))
+
     def save(self, seq: int) -> kv_file.Blob | None:
-        size = self._llama.llama_state_seq_get_size(self._ctx, seq)
-        return read_state(size, lambda dst, n: self._llama.llama_state_seq_get_data(self._ctx, dst, n, seq))
+        get = self._llama.llama_state_seq_get_data
+        return read_state(self.state_size(seq), lambda dst, n: get(self._ctx, dst, n, seq), self.buffers)
 
     def restore(self, seq: int, blob: kv_file.Blob) -> bool:
         return bool(self._llama.llama_state_seq_set_data(self._ctx, state_source(blob), len(blob), seq))

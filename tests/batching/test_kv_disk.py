@@ -207,6 +207,7 @@ def test_the_writer_thread_runs_at_a_lower_priority(tmp_path):
     stored(t, range(3))
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     assert os.getpriority(os.PRIO_PROCESS, t.writer_tid) == min(19, mine + kv_disk.WRITER_NICE)
+    assert os.sched_getscheduler(t.writer_tid) == os.SCHED_IDLE, "a core only when decoding leaves one"
     assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "only the writer thread, not the process"
 
 

@@ -44,6 +44,8 @@ MIN_REUSE = 16
 HOST_MIN_TOKENS = 64
 #: An idle slot whose content goes this far past the shared prefix is copied from, not cut.
 KEEP_TAIL = 64
+#: Disk entries written this close to the newest one count as one slot's leaving (:meth:`PrefixCache.warm`).
+WARM_BATCH_S = 5.0
 
 
 class KvOps(Protocol):
@@ -73,6 +75,8 @@ class Slot:
     prompt_end: int = 0  # how many of ``tokens`` the last prompt's prefill left (the answer follows)
     #: Where that prompt's last user message begins (turns.TurnPrompt.turn), if it says.
     turn: Callable[[], int | None] | None = None
+    #: The disk owner :meth:`PrefixCache.warm` restored this content from, until a request reuses it.
+    warm_from: int | None = None
 
 
 @dataclass
@@ -155,6 +159,7 @@ class PrefixCache:
         slot, keep = self._place(prompt, keep, owners, idle, spare)
         if self.disk is not None and keep == 0 and len(prompt) >= HOST_MIN_TOKENS:
             self.disk.missed()
+        slot.warm_from = None  # its content is this request's now
         slot.busy = True
         slot.used_at = next(self._clock)
         return slot, keep
@@ -262,6 +267,26 @@ class PrefixCache:
         if self.disk is not None:
             self.disk.observe_prefill(n_tokens, seconds)
 
+    def warm(self) -> int:
+        """At load, restore the disk tier's newest prefix into an empty slot: the first request
+        after a restart, an unload or a swap that shares it then reuses a slot in place, with no
+        read and no restore on its path. Of the entries written within :data:`WARM_BATCH_S` of
+        the newest (what one slot left: its tail's state, its turn's), the longest. Its disk hit
+        is counted when a request reuses it, with the tokens reused. Returns the tokens restored."""
+        if self.disk is None or not self._reuse:
+            return 0
+        owner = self.disk.newest(WARM_BATCH_S)
+        slot = next((s for s in self.slots if not s.tokens and not s.busy), None)
+        if owner is None or slot is None:
+            return 0
+        started = time.perf_counter()
+        keep = self._restore_disk(owner, slot, len(self.disk.tokens(owner)), count=False)
+        if keep:
+            slot.warm_from, slot.used_at, slot.prompt_end = owner, next(self._clock), keep
+            log.info("prompt cache: slot %d starts warm with a %d-token prefix from disk (%.3f s)",
+                     slot.seq, keep, time.perf_counter() - started)  # fmt: skip
+        return keep
+
     def persist(self, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         """Write every slot's prefix and every host entry the disk lacks, wait for the writes
         (at most ``timeout_s``) and close the tier: the model is unloading. Scheduler thread, or
@@ -299,9 +324,9 @@ class PrefixCache:
             slot = by_seq[source]
             empty = self._empty(idle, exclude=slot)
             if len(slot.tokens) - keep < KEEP_TAIL or empty is None or keep < MIN_COPY:
-                return slot, self._cut(slot, keep, reuse_from=slot)
+                return slot, self._warm_hit(slot, self._cut(slot, keep, reuse_from=slot))
             # Worth keeping the idle slot's longer conversation: copy the prefix out.
-            return empty, self._copy(by_seq[source], empty, keep)
+            return empty, self._warm_hit(slot, self._copy(slot, empty, keep))
         target = self._target(idle, spare)
         if source is None or keep < MIN_COPY:
             return target, self._cut(target, 0, reuse_from=None)
@@ -310,6 +335,14 @@ class PrefixCache:
         if source in disk:
             return target, self._restore_disk(source, target, keep)
         return target, self._restore(source, target, keep)
+
+    def _warm_hit(self, src: Slot, kept: int) -> int:
+        """``kept`` tokens of ``src`` were reused: if :meth:`warm` restored them from disk, that
+        is a disk hit of ``kept`` tokens (counted now, as any restore is counted by its reuse)."""
+        owner, src.warm_from = src.warm_from, None
+        if owner is not None and kept and self.disk is not None:
+            self.disk.restored(owner, kept)
+        return kept
 
     def _empty(self, idle: list[Slot], exclude: Slot | None = None) -> Slot | None:
         empty = [s for s in idle if not s.tokens and s is not exclude]
@@ -338,6 +371,7 @@ class PrefixCache:
         self._ops.copy(src.seq, dst.seq)
         dst.tokens[:] = src.tokens
         dst.used_at = src.used_at
+        dst.warm_from, src.warm_from = src.warm_from, None
         self.index.set(dst.seq, dst.tokens)
         self._ops.clear(src.seq)
         src.tokens.clear()
@@ -405,7 +439,7 @@ class PrefixCache:
         self._counts["restored"] += 1
         return keep
 
-    def _restore_disk(self, owner: int, dst: Slot, keep: int) -> int:
+    def _restore_disk(self, owner: int, dst: Slot, keep: int, *, count: bool = True) -> int:
         tokens = self.disk.tokens(owner)
         blob = self.disk.load(owner)  # None: gone or failed its check (the tier deleted it)
         if dst.tokens:
@@ -423,7 +457,8 @@ class PrefixCache:
             return self._cut(dst, 0, reuse_from=None)
         del dst.tokens[keep:]
         self.index.set(dst.seq, dst.tokens)
-        self.disk.restored(owner, keep)
+        if count:
+            self.disk.restored(owner, keep)
         return keep
 
     # --- eviction and the host tier -----------------------------------------------------------
@@ -437,6 +472,7 @@ class PrefixCache:
             self._keep_evicted(slot)
         if self._buffers is not None:
             self._buffers.forget(slot.seq)
+        slot.warm_from = None
         self._ops.clear(slot.seq)
         slot.tokens.clear()
         self.index.discard(slot.seq)
@@ -447,8 +483,8 @@ class PrefixCache:
         cuttable = saved_cuttable(self._ops)
 
         def held(tokens: list[int]) -> bool:
-            if not self._host_budget and self.disk.holds(tokens):
-                return True
+            if self.disk is not None and self.disk.holds(tokens):
+                return True  # a slot restored from disk and left as it was: no copy to host RAM either
             if cuttable:  # any longer entry serves this prefix too
                 return self._held_elsewhere(slot.seq, tokens, ignore=disk)
             return any(e.tokens == tokens for e in self._host.values())  # only the same tokens do

@@ -86,6 +86,18 @@ class DiskSpill:
         self._index.set(owner, tokens)
         return owner
 
+    def newest(self, batch_s: float) -> int | None:
+        """The owner of the longest entry on disk written within ``batch_s`` of the newest one
+        (last use: a load refreshes it); None when there is none."""
+        on_disk = [(o, got) for o, got in self._owned.items() if got.entry is not None]
+        if not on_disk:
+            return None
+        last = max(float(getattr(got.entry, "used_at", 0.0)) for _, got in on_disk)
+        recent = [
+            (len(got.tokens), o) for o, got in on_disk if float(getattr(got.entry, "used_at", 0.0)) >= last - batch_s
+        ]
+        return max(recent)[1]
+
     def holds(self, tokens: Sequence[int]) -> bool:
         """Whether a disk entry has ``tokens`` or a longer sequence starting with them (a restore
         cut back to ``len(tokens)`` gives the same state, so writing them again buys nothing);

@@ -37,10 +37,14 @@ class FakeTier:
         self.budget = budget
         self.queued: list[tuple] | None = None
         self.loads = self.flushes = self.closed = 0
+        self.times: dict[str, float] = {}  # an entry's last use (mtime), 0 unless set
         self._n = itertools.count(len(self.store))
 
     def entries(self):
-        return [Entry(Path(name), tokens, len(blob), 0.0) for name, (tokens, blob) in self.store.items()]
+        return [
+            Entry(Path(name), tokens, len(blob), self.times.get(name, 0.0))
+            for name, (tokens, blob) in self.store.items()
+        ]
 
     def put(self, tokens, blob, *, kind="prefix"):
         if len(blob) > self.budget:
@@ -403,3 +407,49 @@ def test_a_sliding_window_slot_leaves_a_state_where_its_last_user_message_begins
     cache2 = PrefixCache(1, kv2, disk=FakeTier(store))
     _, keep = _prefill(cache2, kv2, system + prompt(3000, 200))
     assert keep == len(system)
+
+
+def _warm_store() -> tuple[dict, FakeTier]:
+    """A disk with an old long entry and a newer slot's leaving: a short state and a long one
+    (FakeKv's blobs: the tokens as JSON)."""
+    entries = {"old": prompt(9000, 400), "short": prompt(1000, 150), "long": prompt(1000, 300)}
+    store = {name: (tuple(tokens), json.dumps(tokens).encode()) for name, tokens in entries.items()}
+    tier = FakeTier(store)
+    tier.times = {"old": 10.0, "short": 100.0, "long": 99.0}
+    return store, tier
+
+
+def test_a_session_starts_warm_with_the_longest_of_the_newest_entries():
+    _, tier = _warm_store()
+    kv = FakeKv(2)
+    cache = PrefixCache(2, kv, host_budget=10**6, disk=tier)
+    assert cache.warm() == 300
+    assert cache.slots[0].tokens == prompt(1000, 300) == kv.kv[0] and tier.loads == 1
+    assert cache.stats().disk_hits == 0, "counted when a request reuses it, not at load"
+    slot, keep = run(cache, kv, prompt(1000, 300) + [5, 6])  # the restart's repeat: the slot, in place
+    assert (slot.seq, keep) == (0, 300) and tier.loads == 1
+    stats = cache.stats()
+    assert (stats.disk_hits, stats.disk_restored_tokens, stats.reused_in_place) == (1, 300, 1)
+    run(cache, kv, prompt(1000, 300) + [7])  # the second use is the slot's own, not the disk's
+    assert cache.stats().disk_hits == 1
+    check(cache, kv)
+
+
+def test_a_warm_slot_nobody_asks_for_is_evicted_without_a_copy_to_host_ram():
+    _, tier = _warm_store()
+    kv = FakeKv(1)
+    cache = PrefixCache(1, kv, host_budget=10**6, disk=tier)
+    cache.warm()
+    run(cache, kv, prompt(4000, 100))  # another prompt takes the only slot
+    assert ("save", 0) not in kv.calls and cache.stats().host_entries == 0, "the disk holds it already"
+    assert cache.stats().disk_hits == 0
+    slot, keep = run(cache, kv, prompt(1000, 300) + [1])  # and it still comes back from there
+    assert keep == 300 and cache.stats().disk_hits == 1
+    check(cache, kv)
+
+
+def test_nothing_warms_without_a_disk_entry_or_with_reuse_off():
+    assert PrefixCache(1, FakeKv(1), disk=FakeTier()).warm() == 0
+    _, tier = _warm_store()
+    assert PrefixCache(1, FakeKv(1), disk=tier, reuse=False).warm() == 0
+    assert PrefixCache(1, FakeKv(1)).warm() == 0

@@ -106,3 +106,33 @@ def test_without_a_sha256_the_key_is_the_files_fingerprint(tiny_gguf, tmp_path, 
         assert touched._sched.cache.stats().disk_hits == 0
     finally:
         touched.close()
+
+
+def test_a_session_starts_warm_and_its_first_request_reads_nothing(tiny_gguf, tmp_path, monkeypatch):
+    """The newest prefix on disk is in a slot once the load returns (prefix.PrefixCache.warm): the
+    restart's first request reuses that slot in place, with no read on its path, and is counted as
+    the disk hit it is, with the cold answer."""
+    _with_sha(monkeypatch)
+    cold = load(tiny_gguf, n_slots=1, slot_ctx=256, prefix_cache=False, **EXACT)
+    try:
+        ref = run(cold, request(LONG + "one", max_tokens=12)).text
+    finally:
+        cold.close()
+    first = _keyed(EXACT, tiny_gguf, tmp_path)
+    try:
+        run(first, request(LONG + "one", max_tokens=12))
+    finally:
+        first.close()
+    second = _keyed(EXACT, tiny_gguf, tmp_path)
+    try:
+        cache = second._sched.cache
+        warm = len(cache.slots[0].tokens)
+        read_before = cache.stats().disk_read_bytes
+        got = run(second, request(LONG + "one", max_tokens=12))
+        stats = cache.stats()
+    finally:
+        second.close()
+    assert warm > 100 and read_before > 0, "the slot was restored while loading"
+    assert stats.disk_read_bytes == read_before, "the request read nothing"
+    assert stats.disk_hits == 1 and stats.disk_restored_tokens == got.usage.cached_tokens > 100
+    assert got.text == ref

@@ -277,8 +277,8 @@ class PrefixCache:
             return 0
         owner = self.disk.newest(WARM_BATCH_S)
         slot = next((s for s in self.slots if not s.tokens and not s.busy), None)
-        if owner is None or slot is None:
-            return 0
+        if owner is None or slot is None or not self.disk.worth(owner, len(self.disk.tokens(owner))):
+            return 0  # (not worth it: a request would prefill rather than read it, and the load would wait)
         started = time.perf_counter()
         keep = self._restore_disk(owner, slot, len(self.disk.tokens(owner)), count=False)
         if keep:

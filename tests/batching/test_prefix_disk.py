@@ -448,8 +448,11 @@ def test_a_warm_slot_nobody_asks_for_is_evicted_without_a_copy_to_host_ram():
     check(cache, kv)
 
 
-def test_nothing_warms_without_a_disk_entry_or_with_reuse_off():
+def test_nothing_warms_without_a_disk_entry_with_reuse_off_or_where_prefilling_is_cheaper():
     assert PrefixCache(1, FakeKv(1), disk=FakeTier()).warm() == 0
     _, tier = _warm_store()
     assert PrefixCache(1, FakeKv(1), disk=tier, reuse=False).warm() == 0
     assert PrefixCache(1, FakeKv(1)).warm() == 0
+    store, _ = _warm_store()
+    slow = FakeTier(store, read_bytes_per_s=1.0)  # reading would cost more than prefilling
+    assert PrefixCache(1, FakeKv(1), disk=slow).warm() == 0 and slow.loads == 0

@@ -386,11 +386,16 @@ def main() -> int:
     parser.add_argument("--stream-ctx", type=int, default=20480, help="context per slot of the four-slot server")
     parser.add_argument("--answer", type=int, default=8, help="tokens each timed request decodes")
     parser.add_argument("--ttl", type=float, default=10.0, help="keep-alive of the unload case, seconds")
-    parser.add_argument("--stream-tokens", type=int, default=400)
+    parser.add_argument("--stream-tokens", type=int, default=600)
     parser.add_argument(
         "--settle", type=float, default=6.0, help="seconds from the streams' first tokens to the newcomer"
     )
-    parser.add_argument("--window", type=float, default=6.0, help="seconds of decoding measured from the newcomer")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=10.0,
+        help="seconds of decoding measured from the newcomer (the write takes longer)",
+    )
     parser.add_argument("--skip", default="", help="comma-separated: restart,anchor,claude,streams,hybrid")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, state files)")
     args = parser.parse_args()

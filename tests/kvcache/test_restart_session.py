@@ -39,8 +39,9 @@ def _with_sha(monkeypatch, sha="ab" * 32):
     monkeypatch.setattr(session_mod.LlamaCppSession, "open", classmethod(open_with_sha))
 
 
-def test_a_closed_sessions_prefix_is_restored_by_the_next_one(tiny_gguf, tmp_path, monkeypatch):
-    _with_sha(monkeypatch)
+def _cold_then_closed(tiny_gguf, tmp_path, first_prompt: str) -> str:
+    """The cold answer to ``LONG + "one"``, after a first keyed session answered ``first_prompt``
+    and closed (which writes its slot's prefix and waits for the file)."""
     cold = load(tiny_gguf, n_slots=1, slot_ctx=256, prefix_cache=False, **EXACT)
     try:
         ref = run(cold, request(LONG + "one", max_tokens=12)).text
@@ -48,10 +49,16 @@ def test_a_closed_sessions_prefix_is_restored_by_the_next_one(tiny_gguf, tmp_pat
         cold.close()
     first = _keyed(EXACT, tiny_gguf, tmp_path)
     try:
-        run(first, request(LONG + "two", max_tokens=12))
+        run(first, request(first_prompt, max_tokens=12))
     finally:
-        first.close()  # writes the slot's prefix and waits for the file
+        first.close()
     assert list(tmp_path.rglob("*.kv"))
+    return ref
+
+
+def test_a_closed_sessions_prefix_is_restored_by_the_next_one(tiny_gguf, tmp_path, monkeypatch):
+    _with_sha(monkeypatch)
+    ref = _cold_then_closed(tiny_gguf, tmp_path, LONG + "two")
     second = _keyed(EXACT, tiny_gguf, tmp_path)
     try:
         got = run(second, request(LONG + "one", max_tokens=12))
@@ -113,16 +120,7 @@ def test_a_session_starts_warm_and_its_first_request_reads_nothing(tiny_gguf, tm
     restart's first request reuses that slot in place, with no read on its path, and is counted as
     the disk hit it is, with the cold answer."""
     _with_sha(monkeypatch)
-    cold = load(tiny_gguf, n_slots=1, slot_ctx=256, prefix_cache=False, **EXACT)
-    try:
-        ref = run(cold, request(LONG + "one", max_tokens=12)).text
-    finally:
-        cold.close()
-    first = _keyed(EXACT, tiny_gguf, tmp_path)
-    try:
-        run(first, request(LONG + "one", max_tokens=12))
-    finally:
-        first.close()
+    ref = _cold_then_closed(tiny_gguf, tmp_path, LONG + "one")
     second = _keyed(EXACT, tiny_gguf, tmp_path)
     try:
         cache = second._sched.cache

@@ -47,6 +47,7 @@ restores without a cut: the prefix cache reuses such an entry only when the prom
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from localrun.runtimes.llamacpp.kv_file import Blob
@@ -258,7 +259,7 @@ class _Leaving:
 
     whole: bool  # its whole content
     points: list[int]  # and states at these token counts, newest first
-    back: object  # (n) -> the tokens the sequence holds once taken back to ``n``
+    back: Callable[[int], int] | None  # (n) -> the tokens the sequence holds once taken back to ``n``
     guessed: int | None = None  # the point that is a guess (:func:`leaving_count`)
 
 
@@ -267,12 +268,12 @@ def _leaving(ops, slot, *, tail: int, min_tokens: int, turn_guess: bool = False)
     seq = slot.seq
     if saved_cuttable(ops):
         return _Leaving(True, [], None)
+    end = min(slot.prompt_end, len(tokens))
     turn = None
     if getattr(slot, "turn", None) is not None:
         # the guess: as far below the tail as makes a point of its own (finding it reads every token's text)
-        turn = min(slot.prompt_end, len(tokens)) - max(1, tail) - 4 * TAIL - 1 if turn_guess else slot.turn()
+        turn = end - max(1, tail) - 4 * TAIL - 1 if turn_guess else slot.turn()
     if getattr(ops, "cuttable", True):
-        end = min(slot.prompt_end, len(tokens))
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
         # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
         # where the prompt's last user message begins (a new session of the same agent, turns.py).
@@ -293,7 +294,7 @@ def _leaving(ops, slot, *, tail: int, min_tokens: int, turn_guess: bool = False)
             return ops.rewind(seq, n)
 
         positions = ops.positions(seq)  # the turn's among them when it was prefilled here
-        below_end = [p for p in positions if p < min(slot.prompt_end, len(tokens))]
+        below_end = [p for p in positions if p < end]
         # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
         first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
     points = leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first)

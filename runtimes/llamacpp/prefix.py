@@ -277,10 +277,11 @@ class PrefixCache:
             return 0
         owner = self.disk.newest(WARM_BATCH_S)
         slot = next((s for s in self.slots if not s.tokens and not s.busy), None)
-        if owner is None or slot is None or not self.disk.worth(owner, len(self.disk.tokens(owner))):
+        n = len(self.disk.tokens(owner)) if owner is not None else 0
+        if slot is None or not n or not self.disk.worth(owner, n):
             return 0  # (not worth it: a request would prefill rather than read it, and the load would wait)
         started = time.perf_counter()
-        keep = self._restore_disk(owner, slot, len(self.disk.tokens(owner)), count=False)
+        keep = self._restore_disk(owner, slot, n, count=False)
         if keep:
             slot.warm_from, slot.used_at, slot.prompt_end = owner, next(self._clock), keep
             log.info("prompt cache: slot %d starts warm with a %d-token prefix from disk (%.3f s)",

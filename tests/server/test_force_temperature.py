@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.fixtures import _test_client
+
 USER = [{"role": "user", "content": "hi"}]
 HOT = 1.5
 
@@ -36,12 +38,7 @@ ROUTES = {
 
 
 def _client(build_stack, **runtime):
-    from fastapi.testclient import TestClient
-
-    from localrun.server.app import create_app
-
-    stack = build_stack(options={"fake_reply_words": 200}, runtime=runtime)
-    return TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost")
+    return _test_client(build_stack(options={"fake_reply_words": 200}, runtime=runtime))
 
 
 def _answer(client, path: str, **changes) -> str:

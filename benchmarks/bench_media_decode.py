@@ -56,8 +56,8 @@ def median_ms(fn, rounds: int) -> tuple[float, float]:
 
 
 def bench_decode(rounds: int) -> None:
-    from localrun.runtimes.llamacpp import media_formats as F
-    from localrun.runtimes.llamacpp.media_decode import MediaDecoder
+    from localrun.runtimes.llamacpp.media import formats as F
+    from localrun.runtimes.llamacpp.media.decoder import MediaDecoder
 
     pixels = photo_like()
     tiny = encoded(np.zeros((1, 1, 3), np.uint8), "PNG")

@@ -16,7 +16,7 @@ fast to show anything), 2 threads, greedy, every request streamed and timed at t
    image (target >= 0.7), and their longest gap between two tokens in that window against
    2 × the median gap + one image's encode time (the encode time: an image request's TTFT minus
    the same text's, on an idle server). localrun encodes on a thread of its own while the
-   scheduler keeps stepping (runtimes/llamacpp/media_prefill.py); llama-server encodes inside its
+   scheduler keeps stepping (runtimes/llamacpp/media/prefill.py); llama-server encodes inside its
    slot loop, so every stream waits for an image there.
 3. Image-request TTFT ÷ llama-server's (``--mmproj``, same image, cache off by a fresh image per
    round, median over ``--rounds``). Target <= 1.05.

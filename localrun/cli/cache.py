@@ -22,8 +22,8 @@ def cache_root(settings) -> Path:
 
 def cache_rows(root: Path) -> list[dict]:
     """One row per state key (a model under one runtime and context shape), newest use first."""
-    from localrun.runtimes.llamacpp.kv_disk import list_entries
-    from localrun.runtimes.llamacpp.kv_root import read_key_file
+    from localrun.runtimes.llamacpp.cache.kv_disk import list_entries
+    from localrun.runtimes.llamacpp.cache.kv_root import read_key_file
 
     by_key = defaultdict(list)
     for entry in list_entries(root):
@@ -81,7 +81,7 @@ def ls_cmd(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def clear_cmd(ctx: click.Context, model: str | None) -> None:
     """Remove cached prefixes: MODEL's (a model name, or a key's first 8+ hex digits), or all."""
-    from localrun.runtimes.llamacpp.kv_disk import clear
+    from localrun.runtimes.llamacpp.cache.kv_disk import clear
 
     root = cache_root(settings_from(ctx))
     known = sorted({r["model"] for r in cache_rows(root) if r["model"]})

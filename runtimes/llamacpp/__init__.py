@@ -6,10 +6,10 @@ Parts, from the outside in:
   turns requests into scheduler jobs.
 * :mod:`.scheduler` — continuous batching: one decode step for every running sequence;
   :mod:`.job` is one request in it, :mod:`.calls` the native work other threads hand it.
-* :mod:`.speculative`, :mod:`.speculative_step`, :mod:`.pass_costs`, :mod:`.draft_model` —
-  speculative decoding: n-gram and draft-model drafts, the policy, verification passes.
-* :mod:`.slots`     — the layout of parallel sequences and the KV operations on them.
-* :mod:`.prefix`, :mod:`.radix` — the prefix cache and the radix index of what each slot holds.
+* :mod:`.speculative` — speculative decoding: n-gram and draft-model drafts, the policy,
+  verification passes.
+* :mod:`.cache`     — the slots, the prefix cache over them, checkpoints and the disk tier.
+* :mod:`.media`     — images and audio: the projector, media prompts, their prefill, decoding files.
 * :mod:`.features`  — tools, JSON schemas, grammars, logprobs and embeddings for a session.
 * :mod:`.grammar`   — GBNF samplers and the logprob reader.
 * :mod:`.embed`     — the embedding context and pooling.

@@ -21,8 +21,8 @@ from typing import Any
 
 from localrun.chat.template import fallback_chat, render_chat
 from localrun.errors import UnsupportedFeature
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
-from localrun.runtimes.llamacpp.media_session import completion_text
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media.session import completion_text
 from localrun.types import AUDIO, VISION, ChatRequest, CompletionRequest, Media
 
 log = logging.getLogger(__name__)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import queue
 
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
-from localrun.runtimes.llamacpp.prefix import Slot
-from localrun.runtimes.llamacpp.speculative import SpecState
+from localrun.runtimes.llamacpp.cache.prefix import Slot
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
+from localrun.runtimes.llamacpp.speculative.drafting import SpecState
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import Cancel, Chunk, Usage
 

@@ -59,18 +59,18 @@ import threading
 import time
 
 from localrun.errors import LocalrunError, RuntimeUnavailable
+from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, with_checkpoints
+from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
+from localrun.runtimes.llamacpp.cache.slot_books import acquire_at
+from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, chunk_size
+from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, default_max_bytes
 from localrun.runtimes.llamacpp.calls import ThreadCalls
-from localrun.runtimes.llamacpp.checkpoints import CheckpointKv, with_checkpoints
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
-from localrun.runtimes.llamacpp.media_prefill import MediaEncoder, MediaPrefill
-from localrun.runtimes.llamacpp.prefix import PrefixCache
-from localrun.runtimes.llamacpp.slot_books import acquire_at
-from localrun.runtimes.llamacpp.slots import Layout, LlamaKvOps, chunk_size
-from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
-from localrun.runtimes.llamacpp.speculative_step import SpeculativeSteps
-from localrun.runtimes.llamacpp.state_memory import ReadyBuffers, default_max_bytes
+from localrun.runtimes.llamacpp.media.prefill import MediaEncoder, MediaPrefill
+from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
+from localrun.runtimes.llamacpp.speculative.step import SpeculativeSteps
 from localrun.runtimes.llamacpp.turns import turn_of
 from localrun.types import Chunk
 

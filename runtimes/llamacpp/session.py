@@ -57,22 +57,22 @@ from localrun.errors import (
 )
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.llamacpp.build_info import load_backends
-from localrun.runtimes.llamacpp.checkpoints import memory_kind
+from localrun.runtimes.llamacpp.cache.checkpoints import memory_kind
+from localrun.runtimes.llamacpp.cache.prefix_disk import open_disk_tier
+from localrun.runtimes.llamacpp.cache.slots import Layout
 from localrun.runtimes.llamacpp.choices import stream_choices
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.job import Job
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
-from localrun.runtimes.llamacpp.media_session import SessionMedia
-from localrun.runtimes.llamacpp.mtmd import open_projector
+from localrun.runtimes.llamacpp.media.mtmd import open_projector
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media.session import SessionMedia
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
-from localrun.runtimes.llamacpp.prefix_disk import open_disk_tier
 from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slot_api import SlotApi
-from localrun.runtimes.llamacpp.slots import Layout
-from localrun.runtimes.llamacpp.speculative import MAX_DRAFT, speculation
+from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, speculation
 from localrun.runtimes.llamacpp.token_split import FALLBACK_MARKERS, Splitter
 from localrun.runtimes.llamacpp.tokens import SessionTokens, VocabScan, split_rules
 from localrun.runtimes.llamacpp.turns import special_piece_reader
@@ -173,7 +173,8 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
         self._media = SessionMedia(projector, record.name)
         self._n_ubatch = llama.llama_n_ubatch(ctx)
         if plan.options.get("draft") and mode in ("auto", "draft") and not (mode == "auto" and layout.exact_prefix):
-            from localrun.runtimes.llamacpp.draft_model import load_drafter  # auto is off under exact_prefix
+            # auto is off under exact_prefix
+            from localrun.runtimes.llamacpp.speculative.draft_model import load_drafter
 
             self._drafter = load_drafter(
                 llama,

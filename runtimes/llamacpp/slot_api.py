@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.errors import Overloaded, SlotError
-from localrun.runtimes.llamacpp.slot_books import adopt
+from localrun.runtimes.llamacpp.cache.slot_books import adopt
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 
 from localrun.errors import RuntimeUnavailable
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.runtimes.llamacpp.turns import TurnPrompt, token_at, turn_bytes
 from localrun.types import ChatRequest, Media
 

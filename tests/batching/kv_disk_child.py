@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from localrun.runtimes.llamacpp import kv_disk, kv_file
+from localrun.runtimes.llamacpp.cache import kv_disk, kv_file
 
 
 def key(model: str) -> kv_disk.StateKey:

@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from localrun.errors import ContextOverflow, RuntimeUnavailable
-from localrun.runtimes.llamacpp.prefix import MIN_REUSE
-from localrun.runtimes.llamacpp.slots import MIN_CHUNK
+from localrun.runtimes.llamacpp.cache.prefix import MIN_REUSE
+from localrun.runtimes.llamacpp.cache.slots import MIN_CHUNK
 from localrun.types import Cancel
 from tests.batching.conftest import assert_idle, load, request, run, together
 from tests.conftest import needs_llama

@@ -1,4 +1,4 @@
-"""The checkpoint policy (runtimes/llamacpp/checkpoints.py) against a stand-in for a recurrent
+"""The checkpoint policy (runtimes/llamacpp/cache/checkpoints.py) against a stand-in for a recurrent
 memory: each sequence has attention KV (a token list, cut anywhere) and a recurrent state (the
 tokens it has read), which ``truncate`` cannot take back, as ``llama_memory_seq_rm`` refuses.
 
@@ -12,14 +12,14 @@ import json
 
 import pytest
 
-from localrun.runtimes.llamacpp.checkpoints import (
+from localrun.runtimes.llamacpp.cache.checkpoints import (
     SHORT_ANSWER,
     TAIL,
     CheckpointKv,
     leaving_points,
     with_checkpoints,
 )
-from localrun.runtimes.llamacpp.prefix import HOST_MIN_TOKENS, PrefixCache
+from localrun.runtimes.llamacpp.cache.prefix import HOST_MIN_TOKENS, PrefixCache
 from localrun.runtimes.llamacpp.turns import TurnPrompt, turn_of
 
 

@@ -1,4 +1,4 @@
-"""The disk tier (runtimes/llamacpp/kv_disk.py) on its own: blobs are bytes, no llama.cpp.
+"""The disk tier (runtimes/llamacpp/cache/kv_disk.py) on its own: blobs are bytes, no llama.cpp.
 
 What it must never do: hand back a blob that is not exactly the one written under the same key
 and tokens, raise at its caller over a bad file, hold the caller while it writes, or let the
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from localrun.runtimes.llamacpp import kv_disk, kv_file, kv_root
-from localrun.runtimes.llamacpp.kv_disk import DiskTier, StateKey
+from localrun.runtimes.llamacpp.cache import kv_disk, kv_file, kv_root
+from localrun.runtimes.llamacpp.cache.kv_disk import DiskTier, StateKey
 from tests.batching.kv_disk_child import blob_for, key
 
 CHILD = Path(__file__).with_name("kv_disk_child.py")

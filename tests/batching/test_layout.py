@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from localrun.errors import ConfigError
-from localrun.runtimes.llamacpp.slots import MIN_CHUNK, Layout
+from localrun.runtimes.llamacpp.cache.slots import MIN_CHUNK, Layout
 from localrun.types import Plan
 
 

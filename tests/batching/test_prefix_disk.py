@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.runtimes.llamacpp.prefix import HOST_MIN_TOKENS, PrefixCache
-from localrun.runtimes.llamacpp.prefix_disk import PRIOR_PREFILL_TOK_S, model_sha256
+from localrun.runtimes.llamacpp.cache.prefix import HOST_MIN_TOKENS, PrefixCache
+from localrun.runtimes.llamacpp.cache.prefix_disk import PRIOR_PREFILL_TOK_S, model_sha256
 from tests.batching.test_prefix import FakeKv, check, run
 
 
@@ -360,7 +360,7 @@ def _prefill(cache, kv, prompt, answer=()):
 
 
 def test_a_sliding_window_slot_leaves_states_a_restart_can_restore_whole():
-    from localrun.runtimes.llamacpp.checkpoints import DEFAULT_INTERVAL
+    from localrun.runtimes.llamacpp.cache.checkpoints import DEFAULT_INTERVAL
 
     store: dict = {}
     kv = WindowKv(1)
@@ -385,7 +385,7 @@ def test_a_sliding_window_slot_leaves_states_a_restart_can_restore_whole():
 
 
 def test_a_sliding_window_slot_leaves_a_state_where_its_last_user_message_begins():
-    from localrun.runtimes.llamacpp.checkpoints import DEFAULT_INTERVAL
+    from localrun.runtimes.llamacpp.cache.checkpoints import DEFAULT_INTERVAL
 
     store: dict = {}
     kv = WindowKv(1)

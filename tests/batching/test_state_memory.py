@@ -1,4 +1,4 @@
-"""Memory made ready for the states an idle slot would leave with (runtimes/llamacpp/state_memory.py):
+"""Memory made ready for the states an idle slot would leave with (runtimes/llamacpp/cache/state_memory.py):
 the pool fills on its own thread, a save takes a buffer and shrinks it to what llama.cpp wrote,
 the budget holds, and the prefix cache asks for as many buffers as its slot would leave states."""
 
@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from localrun.runtimes.llamacpp import kv_file
-from localrun.runtimes.llamacpp.checkpoints import SHORT_ANSWER, CheckpointKv
-from localrun.runtimes.llamacpp.prefix import PrefixCache
-from localrun.runtimes.llamacpp.slots import read_state
-from localrun.runtimes.llamacpp.state_memory import ALIGN, ReadyBuffers, shrink
+from localrun.runtimes.llamacpp.cache import kv_file
+from localrun.runtimes.llamacpp.cache.checkpoints import SHORT_ANSWER, CheckpointKv
+from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
+from localrun.runtimes.llamacpp.cache.slots import read_state
+from localrun.runtimes.llamacpp.cache.state_memory import ALIGN, ReadyBuffers, shrink
 from localrun.runtimes.llamacpp.turns import TurnPrompt
 from tests.batching.test_checkpoints import Partial, RecurrentKv, turn
 

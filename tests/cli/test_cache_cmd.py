@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localrun.runtimes.llamacpp.kv_disk import DiskTier
+from localrun.runtimes.llamacpp.cache.kv_disk import DiskTier
 from tests.batching.kv_disk_child import blob_for, key
 from tests.cli.test_cli_e2e import lr
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from localrun.runtimes.llamacpp.slots import MIN_CHUNK
+from localrun.runtimes.llamacpp.cache.slots import MIN_CHUNK
 from tests.conftest import needs_llama
 from tests.support import servers
 

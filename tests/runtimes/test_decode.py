@@ -4,9 +4,9 @@ the sliding-window rule, whole-sequence copies, cutting a sequence, the sampler 
 
 from __future__ import annotations
 
+from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
+from localrun.runtimes.llamacpp.cache.slots import LlamaKvOps, chunk_size
 from localrun.runtimes.llamacpp.decode import ChainSampler, build_sampler, common_prefix
-from localrun.runtimes.llamacpp.prefix import PrefixCache
-from localrun.runtimes.llamacpp.slots import LlamaKvOps, chunk_size
 from localrun.types import Sampling
 
 

@@ -3,7 +3,7 @@ short convolutions) and Mamba2 (recurrent only) fixtures of tests/support/hybrid
 270M with a window-sized sliding-window cache (``swa_full: False``).
 
 Their memory cannot be cut back to an arbitrary prefix, so without checkpoints
-(runtimes/llamacpp/checkpoints.py) every turn of a conversation prefilled it all again. Here a
+(runtimes/llamacpp/cache/checkpoints.py) every turn of a conversation prefilled it all again. Here a
 10-turn conversation prefills only what the newest checkpoint cannot cover (counted from usage:
 prompt_tokens - cached_tokens), and its greedy answers equal a cache-free run's.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from localrun.runtimes.llamacpp.checkpoints import TAIL
+from localrun.runtimes.llamacpp.cache.checkpoints import TAIL
 from tests.batching.conftest import load, request, run
 from tests.conftest import needs_llama
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from localrun.errors import InvalidMedia
-from localrun.runtimes.llamacpp import media_formats as F
-from localrun.runtimes.llamacpp.media_decode import TEST_ABORT, TEST_HANG, TEST_HOOKS_ENV, MediaDecoder
+from localrun.runtimes.llamacpp.media import formats as F
+from localrun.runtimes.llamacpp.media.decoder import TEST_ABORT, TEST_HANG, TEST_HOOKS_ENV, MediaDecoder
 from tests.support import vision as V
 
 
@@ -336,7 +336,7 @@ def test_a_decoder_that_cannot_start_is_the_servers_fault_not_the_files(monkeypa
     import sys
 
     from localrun.errors import RuntimeUnavailable
-    from localrun.runtimes.llamacpp import media_decode
+    from localrun.runtimes.llamacpp.media import decoder as media_decode
 
     monkeypatch.setattr(media_decode._Child, "command", (sys.executable, "-c", "raise SystemExit(3)"))
     with MediaDecoder() as decoder:

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from localrun.errors import InvalidMedia, UnsupportedFeature
-from localrun.runtimes.llamacpp.media_prompt import (
+from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
+from localrun.runtimes.llamacpp.media.prompt import (
     START_BELOW,
     MediaPrompt,
     MediaSpan,
@@ -18,7 +19,6 @@ from localrun.runtimes.llamacpp.media_prompt import (
     pseudo_ids,
     starts_media,
 )
-from localrun.runtimes.llamacpp.prefix import PrefixCache
 from localrun.types import (
     AUDIO,
     MEDIA_MARKER,

@@ -1,4 +1,4 @@
-"""Draft models (runtimes/llamacpp/draft_model.py): real llama.cpp on tiny GGUF pairs that
+"""Draft models (runtimes/llamacpp/speculative/draft_model.py): real llama.cpp on tiny GGUF pairs that
 share a vocabulary, checked against the draft's own greedy continuation computed one token
 at a time in a plain context of its own; mismatched pairs and non-models refused; and the
 sibling finder's rules on made-up repo listings."""
@@ -13,7 +13,7 @@ import pytest
 from localrun.errors import ConfigError, InvalidModelFile, ModelNotFound
 from localrun.modelstore.refs import HubRef, find_draft_file, find_draft_sibling, quant_bits, select_files
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.draft_model import DraftModel, VocabFacts, vocab_difference
+from localrun.runtimes.llamacpp.speculative.draft_model import DraftModel, VocabFacts, vocab_difference
 from tests.factories import write_tiny_llama_gguf
 
 pytest.importorskip("llama_cpp")
@@ -441,7 +441,7 @@ def test_shared_prefix_agrees_with_the_plain_loop():
     import random
 
     from localrun.runtimes.llamacpp.decode import common_prefix
-    from localrun.runtimes.llamacpp.draft_model import shared_prefix
+    from localrun.runtimes.llamacpp.speculative.draft_model import shared_prefix
 
     rng = random.Random(5)
     for _ in range(300):

@@ -110,7 +110,7 @@ def test_a_draft_with_another_vocabulary_is_refused_at_load(pair):
 
 
 def test_draft_mode_without_a_draft_model_is_a_clear_error():
-    from localrun.runtimes.llamacpp.speculative import speculation
+    from localrun.runtimes.llamacpp.speculative.drafting import speculation
     from localrun.types import Plan
 
     with pytest.raises(ConfigError, match="needs a draft model") as exc:

@@ -181,7 +181,7 @@ def test_auto_drafts_in_every_layout_but_exact_prefix_and_times_its_passes(tiny_
     """A pass rounds like a batched step (the documented trade), so auto runs in any layout;
     exact_prefix promises bit-exact answers, so there it is off. Drafting times its pass
     sizes at load."""
-    from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS
+    from localrun.runtimes.llamacpp.speculative.drafting import CALIBRATED_ROWS
 
     for opts, expected in (
         ({"speculative": "auto"}, "auto"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from localrun.errors import ConfigError
-from localrun.runtimes.llamacpp.speculative import (
+from localrun.runtimes.llamacpp.speculative.drafting import (
     FIRST_K,
     MAX_DRAFT,
     PASS_ROWS,

@@ -2,7 +2,7 @@
 layers) and a pure recurrent one (Mamba2), written with the ``gguf`` package's writer.
 
 Neither state can be cut back to an arbitrary prefix (``llama_memory_seq_rm`` refuses a partial
-range), which is what the prefix cache's checkpoints (runtimes/llamacpp/checkpoints.py) are for.
+range), which is what the prefix cache's checkpoints (runtimes/llamacpp/cache/checkpoints.py) are for.
 Tensor names and shapes follow llama.cpp's loaders (src/models/lfm2.cpp, mamba2.cpp; numpy shapes
 are the reverse of ggml's ``ne``); the vocabulary and chat template are the tiny llama's
 (tests/factories.py), so prompts tokenize and render the same way. Built once into the test cache

@@ -50,8 +50,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localrun.runtimes.llamacpp.kv_file import Blob
-from localrun.runtimes.llamacpp.slots import read_state, state_source
+from localrun.runtimes.llamacpp.cache.kv_file import Blob
+from localrun.runtimes.llamacpp.cache.slots import read_state, state_source
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import logging
 import time
 
 from localrun.runtimes.llamacpp.decode import fill_batch
-from localrun.runtimes.llamacpp.speculative import CALIBRATED_ROWS, MAX_DRAFT, MIN_RUN
+from localrun.runtimes.llamacpp.speculative.drafting import CALIBRATED_ROWS, MAX_DRAFT, MIN_RUN
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.runtimes.llamacpp import kv_file, kv_root
-from localrun.runtimes.llamacpp.kv_root import DiskEntry, clear, default_budget, list_entries
-from localrun.runtimes.llamacpp.state_memory import nice_this_thread
+from localrun.runtimes.llamacpp.cache import kv_file, kv_root
+from localrun.runtimes.llamacpp.cache.kv_root import DiskEntry, clear, default_budget, list_entries
+from localrun.runtimes.llamacpp.cache.state_memory import nice_this_thread
 
 __all__ = ["DiskEntry", "DiskTier", "StateKey", "clear", "default_budget", "list_entries"]
 

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from localrun.errors import InvalidMedia, LocalrunError, RuntimeUnavailable
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt, MediaSpan
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt, MediaSpan
 
 log = logging.getLogger(__name__)
 

@@ -85,7 +85,7 @@ class _StartFailed(Exception):
 class _Child:
     """One decoder process and its two pipes. Used by one thread at a time (the pool sees to it)."""
 
-    command = (sys.executable, "-m", "localrun.runtimes.llamacpp.media_decode")
+    command = (sys.executable, "-m", "localrun.runtimes.llamacpp.media.decoder")
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -267,7 +267,7 @@ def _child_main() -> None:
     hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
     import PIL.Image  # noqa: F401  (imported before "ready": the first decode pays no import)
 
-    from localrun.runtimes.llamacpp import media_formats as F
+    from localrun.runtimes.llamacpp.media import formats as F
 
     def send(header: dict, data: bytes = b"") -> None:
         payload = json.dumps(header).encode()

@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from localrun.runtimes.llamacpp import kv_file
+from localrun.runtimes.llamacpp.cache import kv_file
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Sequence
 
 from localrun.errors import InvalidMedia, InvalidModelFile
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt, MediaSpan, pseudo_ids
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt, MediaSpan, pseudo_ids
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 from localrun.types import MEDIA_MARKER
 

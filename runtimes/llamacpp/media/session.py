@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 
 from localrun.errors import InvalidMedia, UnsupportedFeature
-from localrun.runtimes.llamacpp.media_prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ class SessionMedia:
     def _decoder_now(self):
         with self._lock:
             if self._decoder is None:
-                from localrun.runtimes.llamacpp.media_decode import MediaDecoder
+                from localrun.runtimes.llamacpp.media.decoder import MediaDecoder
 
                 self._decoder = MediaDecoder()
             return self._decoder

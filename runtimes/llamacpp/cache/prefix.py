@@ -27,11 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from localrun.runtimes.llamacpp.checkpoints import leaving_count, leaving_states, saved_cuttable
-from localrun.runtimes.llamacpp.kv_file import Blob
-from localrun.runtimes.llamacpp.media_prompt import media_safe_cut
-from localrun.runtimes.llamacpp.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
-from localrun.runtimes.llamacpp.radix import RadixIndex
+from localrun.runtimes.llamacpp.cache.checkpoints import leaving_count, leaving_states, saved_cuttable
+from localrun.runtimes.llamacpp.cache.kv_file import Blob
+from localrun.runtimes.llamacpp.cache.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
+from localrun.runtimes.llamacpp.cache.radix import RadixIndex
+from localrun.runtimes.llamacpp.media.prompt import media_safe_cut
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.runtimes.llamacpp import kv_file
+from localrun.runtimes.llamacpp.cache import kv_file
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ import logging
 from dataclasses import dataclass
 
 from localrun.errors import ConfigError
-from localrun.runtimes.llamacpp.pass_costs import DecodeCosts
+from localrun.runtimes.llamacpp.speculative.pass_costs import DecodeCosts
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The file formats behind :mod:`media_decode`: image and audio bytes to pixels and samples.
 
-Runs inside the decoder's child process (``python -m localrun.runtimes.llamacpp.media_decode``),
+Runs inside the decoder's child process (``python -m localrun.runtimes.llamacpp.media.decoder``),
 never in the worker: Pillow's and miniaudio's C parsers read whatever a client sends, and a
 crash here must cost one request, not a loaded model. Every refusal is :class:`BadMedia`, whose
 message goes back to the client as an ``InvalidMedia`` 400.

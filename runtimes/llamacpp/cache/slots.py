@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass
 
 from localrun.errors import ConfigError
-from localrun.runtimes.llamacpp import kv_file
-from localrun.runtimes.llamacpp.state_memory import shrink
+from localrun.runtimes.llamacpp.cache import kv_file
+from localrun.runtimes.llamacpp.cache.state_memory import shrink
 from localrun.settings import default_kv_ram_bytes
 from localrun.types import Plan
 

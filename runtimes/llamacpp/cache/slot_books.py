@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localrun.runtimes.llamacpp.prefix import MIN_COPY, PrefixCache, Slot
+from localrun.runtimes.llamacpp.cache.prefix import MIN_COPY, PrefixCache, Slot
 
 # ruff: noqa: SLF001 - these functions are the cache's own books, kept in a file of their own
 

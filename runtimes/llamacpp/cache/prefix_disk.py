@@ -31,8 +31,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.runtimes.llamacpp.pass_costs import ewma
-from localrun.runtimes.llamacpp.radix import RadixIndex
+from localrun.runtimes.llamacpp.cache.radix import RadixIndex
+from localrun.runtimes.llamacpp.speculative.pass_costs import ewma
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def open_disk_tier(llama, model, ctx, cp, record, layout):
         log.info("disk cache off for %s: its files cannot be read for a key", record.name)
         return None
     try:
-        from localrun.runtimes.llamacpp import kv_disk
+        from localrun.runtimes.llamacpp.cache import kv_disk
     except ImportError as exc:  # the tier's module is a separate part; without it the cache stays in memory
         log.warning("disk cache off: %s", exc)
         return None

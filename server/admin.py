@@ -26,8 +26,7 @@ from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
 from localrun.server.metrics import render_cache
-from localrun.server.ollama.schemas import KeepAlive, keep_alive_seconds
-from localrun.server.openai.schemas import Strict
+from localrun.server.schemas import KeepAlive, Strict, keep_alive_seconds
 from localrun.server.openapi import SSE, documented
 from localrun.server.security import AUTHENTICATED_KEY
 

@@ -40,6 +40,9 @@ NDJSON = "application/x-ndjson"
 REF = "#/components/schemas/{model}"
 #: Routes of the framework itself, never documented: the document and its viewer.
 FRAMEWORK_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+#: Whose shapes the shared kit's colliding names are (server/schemas.py: OpenAI's chat message,
+#: which llama-server's ``/apply-template`` takes too), so the names read ``OpenaiChatMessage``.
+KIT_FAMILY = "openai"
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[A-Za-z_]+)?\}")
 
 
@@ -194,7 +197,8 @@ def _short_names(schemas: dict[str, Any], refs: dict[tuple, dict]) -> tuple[dict
     for name in schemas:
         parts = name.split("__")
         if len(parts) >= 3:
-            short = parts[-3].title().replace("_", "") + parts[-1]
+            family = KIT_FAMILY if parts[-3] == "server" else parts[-3]
+            short = family.title().replace("_", "") + parts[-1]
             if short not in schemas and short not in renames.values():
                 renames[name] = short
     if not renames:

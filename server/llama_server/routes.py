@@ -32,6 +32,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server import answers
+from localrun.server.convert import completion_prompt, message_content
+from localrun.server.embeddings import parse_and_embed
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
@@ -54,9 +56,8 @@ from localrun.server.llama_server.schemas import (
     TokenizeBody,
 )
 from localrun.server.media_fetch import reader_for
-from localrun.server.openai.convert import completion_prompt, message_content
-from localrun.server.openai.schemas import MultimodalPrompt
 from localrun.server.openapi import SSE, documented
+from localrun.server.schemas import MultimodalPrompt
 from localrun.server.security import is_loopback_host
 from localrun.server.validate import refuse_empty_prompt
 from localrun.types import AUDIO, MEDIA_MARKER, VISION, CompletionRequest
@@ -357,9 +358,7 @@ async def native_embeddings(request: Request):
     except (ValueError, RecursionError):
         openai_shaped = True  # the OpenAI route's parser names the problem
     if openai_shaped:
-        from localrun.server.openai.routes import embeddings
-
-        return await embeddings(request)
+        return await parse_and_embed(request)
     body: NativeEmbeddingBody = await parse_body(request, NativeEmbeddingBody)
     model = await pick_model(request, body.model)
     inputs = body.inputs()

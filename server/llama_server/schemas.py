@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
-from localrun.server.openai.schemas import (
+from localrun.server.schemas import (
     ChatMessage,
     ModelName,
     MultimodalPrompt,

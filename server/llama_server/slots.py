@@ -34,7 +34,7 @@ from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state, session_call
 from localrun.server.llama_server.routes import pick_model
-from localrun.server.openai.schemas import ModelName, Strict
+from localrun.server.schemas import ModelName, Strict
 from localrun.server.openapi import documented
 
 log = logging.getLogger(__name__)

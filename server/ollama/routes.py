@@ -42,11 +42,11 @@ from localrun.server.ollama.schemas import (
     EmbeddingsBody,
     GenerateBody,
     Options,
-    keep_alive_seconds,
 )
 from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
+from localrun.server.schemas import keep_alive_seconds
 from localrun.types import ChatRequest, CompletionRequest, Message, strip_media_markers
 
 log = logging.getLogger(__name__)

@@ -10,15 +10,11 @@ every ignored key is named in the ``X-Localrun-Ignored-Fields`` header and the l
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar
 
 from pydantic import ConfigDict, Field, StringConstraints
 
-from localrun.server.openai.schemas import Seed, Stop, Strict, ToolDef, ToolName
-
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=512)]
-KeepAlive = Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[str, StringConstraints(max_length=64)] | None
+from localrun.server.schemas import KeepAlive, ModelName, Seed, Stop, Strict, ToolDef, ToolName
 
 
 class Options(Strict):
@@ -266,42 +262,3 @@ class CreateBody(Strict):
     quantize: str | None = None
     modelfile: str | None = None  # the pre-0.5 body: a Modelfile's text
     path: str | None = None  # the pre-0.5 body: a Modelfile's path on the server
-
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def keep_alive_seconds(value: float | str | None) -> float | None:
-    """Ollama's keep_alive: a number of seconds or a Go duration ("5m", "1h30m", "-1").
-
-    Returns None (server default), 0 (unload after the request) or a negative number (keep
-    forever). Raises ValueError on anything else.
-    """
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if value >= 0 else -1.0
-    text = value.strip()
-    if text == "":
-        return None
-    try:
-        number = float(text)
-    except ValueError:
-        number = None
-    if number is not None:  # Ollama accepts a bare number in a string as seconds
-        if number != number or abs(number) == float("inf"):
-            raise ValueError(f"keep_alive {value!r} is not a finite number")
-        return number if number >= 0 else -1.0
-    sign = -1.0 if text.startswith("-") else 1.0
-    body = text[1:] if text[:1] in "+-" else text
-    pos, total = 0, 0.0
-    while pos < len(body):
-        m = _DURATION_PART.match(body, pos)
-        if not m:
-            raise ValueError(f"keep_alive {value!r} is not a duration like 30s, 5m, 1h30m or a number of seconds")
-        total += float(m.group(1)) * _UNIT_S[m.group(2)]
-        pos = m.end()
-    if not body:
-        raise ValueError(f"keep_alive {value!r} is not a duration")
-    return -1.0 if sign < 0 else total

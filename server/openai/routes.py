@@ -8,29 +8,29 @@ One chunk stream, OpenAI's wire format: Server-Sent Events ``data: {…}`` endin
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from localrun.errors import LocalrunError, UnsupportedFeature
+from localrun.errors import LocalrunError
 from localrun.server import answers
+from localrun.server.convert import completion_prompt
+from localrun.server.embeddings import EmbeddingRequestBody, embedding_list
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
     Generation,
     app_state,
-    embed_counted,
     finish_for_wire,
     logprobs_asked,
     make_sampling,
     open_generation,
-    request_stats,
     session_call,
 )
 from localrun.server.media_fetch import reader_for, resolve_remote
@@ -45,8 +45,8 @@ from localrun.server.openai.choices import (
     system_fingerprint,
     usage_dict,
 )
-from localrun.server.openai.convert import completion_prompt, core_messages, core_tools
-from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, EmbeddingRequestBody
+from localrun.server.openai.convert import core_messages, core_tools
+from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.validate import refuse_empty_prompt
@@ -369,33 +369,9 @@ async def _sse_events(
 
 @documented(EmbeddingRequestBody, answers.EmbeddingList)
 @router.post("/embeddings")
-async def embeddings(request: Request):
+async def embeddings(request: Request) -> dict[str, Any]:
     body: EmbeddingRequestBody = await parse_body(request, EmbeddingRequestBody)
-    vectors, n_tokens = await embed_counted(request, body.model, body.inputs(), found=body.unsupported())
-    name = request_stats(request).model or body.model
-    if body.dimensions is not None and vectors and body.dimensions != len(vectors[0]):
-        raise UnsupportedFeature(
-            f"'dimensions' {body.dimensions} differs from the model's {len(vectors[0])}: truncating embeddings is "
-            "not supported",
-            hint="leave 'dimensions' out",
-            param="dimensions",
-        )
-    data = []
-    for i, vec in enumerate(vectors):
-        if body.encoding_format == "base64":
-            import numpy as np
-
-            value = base64.b64encode(np.asarray(vec, dtype="<f4").tobytes()).decode()
-        else:
-            value = vec
-        data.append({"object": "embedding", "index": i, "embedding": value})
-    request_stats(request).prompt_tokens = n_tokens
-    return {
-        "object": "list",
-        "data": data,
-        "model": name,
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-    }
+    return await embedding_list(request, body)
 
 
 def _bare_router() -> APIRouter:

@@ -20,41 +20,26 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
-
-ModelName = Annotated[str, StringConstraints(min_length=1, max_length=512)]
-StopWord = Annotated[str, StringConstraints(min_length=1, max_length=512)]
-Stop = StopWord | Annotated[list[StopWord], Field(max_length=16)] | None
-Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-MaxTokens = Annotated[int, Field(ge=1, le=2**31 - 1)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Loose(BaseModel):
-    """Nested objects we never look into (tool definitions…): any shape, since we reject them whole."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-
-ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
-Text = Annotated[str, StringConstraints(max_length=100_000)]
-
-
-class FunctionDef(Strict):
-    name: ToolName
-    description: Text | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolDef(Strict):
-    type: Literal["function"]
-    function: FunctionDef
+from localrun.server.schemas import (
+    MEDIA_PARTS,
+    ChatMessage,
+    FunctionDef,
+    Loose,
+    MaxTokens,
+    ModelName,
+    MultimodalPrompt,
+    Seed,
+    SlotId,
+    Stop,
+    Strict,
+    Text,
+    TokenIds,
+    ToolDef,
+    ToolName,
+)
 
 
 class FunctionName(Strict):
@@ -64,20 +49,6 @@ class FunctionName(Strict):
 class NamedToolChoice(Strict):
     type: Literal["function"]
     function: FunctionName
-
-
-class CalledFunction(Strict):
-    name: ToolName
-    arguments: Text
-
-
-class ToolCallIn(Strict):
-    """A call in an assistant turn of the history, as the client got it back."""
-
-    id: Annotated[str, StringConstraints(max_length=256)]
-    type: Literal["function"] = "function"
-    function: CalledFunction
-    index: int | None = None
 
 
 class JsonSchemaFormat(Strict):
@@ -103,51 +74,6 @@ class ResponseFormat(Strict):
 class StreamOptions(Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
-
-
-class ImageURL(Strict):
-    """``image_url``'s object form: a ``data:`` URL (or an ``http(s)://`` one, fetched only from allowed hosts)."""
-
-    url: str
-    detail: Annotated[str, StringConstraints(max_length=16)] | None = None  # accepted; a projector has one resolution
-    format: Annotated[str, StringConstraints(max_length=128)] | None = None  # LiteLLM's declared type
-
-
-class InputAudio(Strict):
-    data: str
-    format: Annotated[str, StringConstraints(max_length=16)] | None = None  # wav | mp3 (flac taken too)
-
-
-class ContentPart(Strict):
-    type: Annotated[str, StringConstraints(max_length=64)]
-    text: str | None = None
-    image_url: str | ImageURL | None = None
-    input_audio: InputAudio | None = None
-    file: Any = None
-    refusal: str | None = None
-    cache_control: Any = None
-
-
-#: Content part types that carry an image or audio clip (``input_image`` is the Responses spelling).
-MEDIA_PARTS = ("image_url", "input_image", "input_audio")
-
-
-class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-    name: Annotated[str, StringConstraints(max_length=256)] | None = None
-    tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
-    tool_call_id: Annotated[str, StringConstraints(max_length=256)] | None = None
-    #: Legacy: the one call an assistant turn made (before ``tool_calls``).
-    function_call: CalledFunction | None = None
-    refusal: str | None = None
-    audio: Loose | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-
-
-#: llama-server's ``id_slot``: a slot of the llama.cpp context, or -1 for any (bounded: 256 slots at most).
-SlotId = Annotated[int, Field(ge=-1, le=255)]
 
 
 class Sampled(Strict):
@@ -286,17 +212,6 @@ class ChatCompletionRequest(Sampled):
         return found
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1, max_length=1_000_000)]
-
-
-class MultimodalPrompt(Strict):
-    """llama-server's prompt object: text holding one ``<__media__>`` marker per ``multimodal_data``
-    item (base64 files), the n-th marker taking the n-th item; without markers they follow the text."""
-
-    prompt_string: Annotated[str, StringConstraints(max_length=1_000_000)]
-    multimodal_data: Annotated[list[str], Field(max_length=1000)] | None = None
-
-
 class CompletionRequestBody(Sampled):
     prompt: (
         str
@@ -367,28 +282,3 @@ def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], 
             )
         pairs.append((int(key), float(value)))
     return tuple(pairs)
-
-
-class EmbeddingRequestBody(Strict):
-    model: ModelName
-    input: (
-        str
-        | Annotated[list[str], Field(min_length=1, max_length=2048)]
-        | TokenIds
-        | Annotated[list[TokenIds], Field(min_length=1, max_length=2048)]
-    )
-    encoding_format: Literal["float", "base64"] | None = None
-    dimensions: Annotated[int, Field(ge=1, le=65_536)] | None = None
-    user: Annotated[str, StringConstraints(max_length=512)] | None = None
-
-    def inputs(self) -> list[str | list[int]]:
-        """Each input: a text, or a list of token ids."""
-        x = self.input
-        if isinstance(x, str):
-            return [x]
-        if isinstance(x[0], (str, list)):
-            return list(x)
-        return [list(x)]
-
-    def unsupported(self) -> list[tuple[str, str]]:
-        return [("input", "token_prompts")] if any(not isinstance(i, str) for i in self.inputs()) else []

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from localrun.server.errors import InvalidRequest
-from localrun.server.openai.schemas import MaxTokens, ModelName, Strict
+from localrun.server.schemas import MaxTokens, ModelName, Strict
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:\-]{1,128}$")]
 Id = Annotated[str, StringConstraints(max_length=512)]

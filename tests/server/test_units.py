@@ -8,7 +8,7 @@ from localrun.errors import ConfigError, ContextOverflow, ModelNotFound, Overloa
 from localrun.server.errors import error_body, error_headers, error_response
 from localrun.server.generation import clamp_max_tokens, make_sampling
 from localrun.server.metrics import Metrics, RequestStats
-from localrun.server.ollama.schemas import keep_alive_seconds
+from localrun.server.schemas import keep_alive_seconds
 from localrun.server.security import allowed_host_names, host_allowed, is_loopback_host
 from localrun.server.serve import check_bind_policy, probe_port
 from tests.support.stacks import make_settings

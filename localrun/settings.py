@@ -75,9 +75,9 @@ class ServerSettings(BaseModel):
     max_media_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     """Largest image or audio clip accepted, decoded (inline or fetched). 20 MiB: OpenAI's cap per
     image; it takes a 48-MP phone JPEG or minutes of WAV, and refuses a raw camera dump."""
-    max_media_total_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=46 * 1024 * 1024)
-    """Largest sum of one request's media, decoded. The worker pipe carries them in base64 inside
-    one frame of at most 64 MiB (localrun/worker/protocol.py), hence the ceiling of 46 MiB."""
+    max_media_total_bytes: int = Field(32 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    """Largest sum of one request's media, decoded. The worker pipe carries them raw, as one
+    frame's payloads of at most 64 MiB (localrun/frames.py), hence the ceiling of 64 MiB."""
     max_media_per_request: int = Field(32, ge=0, le=1000)
     """Most images and clips in one request, the conversation's history included (0 refuses any).
     32: an agent's history of screenshots fits, and at ~256 tokens an image it already fills an 8k context."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.errors import LocalrunError, RuntimeUnavailable, WorkerCrashed
+from localrun.frames import FrameWriter, read_frame
 from localrun.types import Cancel, Chunk, ModelRecord, Plan
 from localrun.worker import ops
 from localrun.worker.ops import Call, Embed, Request
@@ -65,8 +66,6 @@ class WorkerHandle:
             start_new_session=True,  # a Ctrl-C in the terminal reaches the parent only
         )
         self.pid = self.proc.pid
-        from localrun.worker.protocol import FrameWriter
-
         self._writer = FrameWriter(self.proc.stdin)
         self._reader = threading.Thread(target=self._read_loop, name=f"worker-{self.pid}", daemon=True)
         self._reader.start()
@@ -85,15 +84,13 @@ class WorkerHandle:
 
     # -- reading -----------------------------------------------------------------------
     def _read_loop(self) -> None:
-        from localrun.worker.protocol import read_frame
-
         stream = self.proc.stdout
         try:
             while True:
-                msg = read_frame(stream)
-                if msg is None:
+                frame = read_frame(stream)
+                if frame is None:
                     break
-                self._dispatch(msg)
+                self._dispatch(frame[0])
         except (OSError, ValueError) as exc:
             log.warning("worker %s pipe broke: %s", self.pid, exc)
         finally:
@@ -155,7 +152,7 @@ class WorkerHandle:
         encoded, a cancellation — takes the entry out again: a leaked entry keeps ``in_flight``
         above zero with nothing running, and the model is then never idle enough to unload.
         """
-        frame = ops.to_frame(request)  # the one place a request is serialised: it crosses a pipe
+        frame, payloads = ops.to_frame(request)  # the one place a request is serialised: it crosses a pipe
         rid = next(self._ids)
         with self._lock:
             if not self.alive:
@@ -163,7 +160,7 @@ class WorkerHandle:
             self._sinks[rid] = sink
         sent = False
         try:
-            self._writer.send({"id": rid, **frame})
+            self._writer.send({"id": rid, **frame}, payloads)
             sent = True
         except OSError as exc:
             raise WorkerCrashed(f"cannot reach the worker running {self.record.name}: {exc}") from exc
@@ -188,6 +185,11 @@ class WorkerHandle:
     @property
     def in_flight(self) -> int:
         return len(self._sinks)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes written to the worker's pipe so far (frames and their payloads)."""
+        return self._writer.bytes_written
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -15,9 +15,9 @@ import threading
 from typing import Any, BinaryIO
 
 from localrun.errors import LocalrunError
+from localrun.frames import Frame, FrameWriter, read_frame
 from localrun.types import Cancel, ModelRecord, Plan
 from localrun.worker import ops
-from localrun.worker.protocol import FrameWriter, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,12 @@ class WorkerServer:
         info = {"pid": os.getpid(), "capabilities": sorted(getattr(self.session, "capabilities", ()))}
         self.writer.send({"ev": "ready", "info": info})
 
-    def run_request(self, msg: dict[str, Any]) -> None:
+    def run_request(self, frame: Frame) -> None:
+        msg, payloads = frame
         rid = msg["id"]
         cancel = self.cancels.setdefault(rid, Cancel())
         try:
-            request = ops.from_frame(msg)
+            request = ops.from_frame(msg, payloads)
             send = self.writer.send
 
             def emit(chunk) -> None:
@@ -82,19 +83,20 @@ class WorkerServer:
 
     def serial_loop(self) -> None:
         while True:
-            msg = self.jobs.get()
-            if msg is None:
+            frame = self.jobs.get()
+            if frame is None:
                 return
-            self.run_request(msg)
+            self.run_request(frame)
 
     def serve(self, stdin: BinaryIO) -> int:
         concurrent = bool(getattr(self.session, "concurrent", False))
         if not concurrent:
             threading.Thread(target=self.serial_loop, name="requests", daemon=True).start()
         while True:
-            msg = read_frame(stdin)
-            if msg is None or msg.get("op") == "shutdown":
+            frame = read_frame(stdin)
+            if frame is None or frame[0].get("op") == "shutdown":
                 break
+            msg = frame[0]
             op = msg.get("op")
             if op == "cancel":
                 cancel = self.cancels.get(msg["id"])
@@ -103,9 +105,9 @@ class WorkerServer:
             elif op in ops.OPS:
                 self.cancels.setdefault(msg["id"], Cancel())
                 if concurrent:
-                    threading.Thread(target=self.run_request, args=(msg,), daemon=True).start()
+                    threading.Thread(target=self.run_request, args=(frame,), daemon=True).start()
                 else:
-                    self.jobs.put(msg)
+                    self.jobs.put(frame)
         for c in list(self.cancels.values()):
             c.set()
         return 0
@@ -117,9 +119,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> int:
     writer = FrameWriter(stdout)
     server = WorkerServer(writer)
     first = read_frame(stdin)
-    if not first or first.get("op") != "load":
+    if not first or first[0].get("op") != "load":
         return 2
-    server.load(first)
+    server.load(first[0])
     code = server.serve(stdin)
     session = server.session
     if session is not None:

@@ -6,16 +6,25 @@ request objects the manager was given. So a request crosses the in-process path 
 frozen :class:`~localrun.types.ChatRequest` / :class:`~localrun.types.CompletionRequest`
 (or :class:`Embed` / :class:`Call`), never as a dict; only the pipe to a worker process
 serialises, through :func:`to_frame` and :func:`from_frame`.
+
+The worker pipe's frames are :mod:`localrun.frames`' (a JSON header, binary payloads raw).
+Parent → worker ops: ``load`` {runtime, record, plan}; ``chat``/``complete`` {id, req};
+``embed`` {id, texts}; ``call`` {id, method, args}; ``cancel`` {id}; ``shutdown``. A request's
+media travel as the frame's payloads, each item in the JSON naming its payload by index
+(``{"kind", "mime", "payload": i}``): one copy of the bytes on the pipe, no base64.
+Worker → parent events: ``ready`` {info}; ``load_error`` {error}; ``chunk`` {id, c};
+``result`` {id, data}; ``end`` {id}; ``error`` {id, error}. Several requests may be open at
+once, keyed by id, so a batching scheduler inside the worker needs no protocol change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from localrun.runtimes.base import call_extra
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media
 
 
 @dataclass(frozen=True)
@@ -87,29 +96,55 @@ def run(session, request: Request, cancel: Cancel, emit: Emit, *, runtime: str) 
     return OPS[op_name(request)][1](session, request, cancel, emit, runtime)
 
 
-def to_frame(request: Request) -> dict[str, Any]:
-    """The pipe's form of a request (see :mod:`.protocol`): ``op`` and its fields, JSON-ready."""
+def to_frame(request: Request) -> tuple[dict[str, Any], list[bytes]]:
+    """The pipe's form of a request: ``op`` and its fields, JSON-ready, and its media's bytes as
+    the frame's payloads (see :mod:`localrun.frames`)."""
     op = op_name(request)
-    if isinstance(request, (ChatRequest, CompletionRequest)):
-        return {"op": op, "req": request.to_dict()}
+    payloads: list[bytes] = []
+    if isinstance(request, ChatRequest):
+        bare = tuple(replace(m, media=()) if m.media else m for m in request.messages)
+        req = replace(request, messages=bare).to_dict()
+        for out, message in zip(req["messages"], request.messages, strict=True):
+            out["media"] = _refs(message.media, payloads)
+        return {"op": op, "req": req}, payloads
+    if isinstance(request, CompletionRequest):
+        req = replace(request, media=()).to_dict()
+        req["media"] = _refs(request.media, payloads)
+        return {"op": op, "req": req}, payloads
     if isinstance(request, Embed):
-        return {"op": op, "texts": list(request.texts)}
-    return {"op": op, "method": request.method, "args": dict(request.args)}
+        return {"op": op, "texts": list(request.texts)}, payloads
+    return {"op": op, "method": request.method, "args": dict(request.args)}, payloads
 
 
-def from_frame(msg: Mapping[str, Any]) -> Request:
+def from_frame(msg: Mapping[str, Any], payloads: Sequence[bytes] = ()) -> Request:
     """The request a frame carries, rebuilt inside the worker process.
 
     Raises:
         KeyError: the frame names no op of :data:`OPS` or lacks a field.
+        IndexError: a media item names a payload the frame does not have.
     """
     op = msg["op"]
     if op == "chat":
-        return ChatRequest.from_dict(msg["req"])
+        req = dict(msg["req"])
+        req["messages"] = [{**m, "media": _media(m.get("media"), payloads)} for m in req["messages"]]
+        return ChatRequest.from_dict(req)
     if op == "complete":
-        return CompletionRequest.from_dict(msg["req"])
+        return CompletionRequest.from_dict({**msg["req"], "media": _media(msg["req"].get("media"), payloads)})
     if op == "embed":
         return Embed(tuple(msg["texts"]))
     if op == "call":
         return Call(msg["method"], dict(msg.get("args") or {}))
     raise KeyError(f"unknown op {op!r}")
+
+
+def _refs(media: tuple[Media, ...], payloads: list[bytes]) -> list[dict[str, Any]]:
+    """Each item's kind and type, its bytes appended to ``payloads`` and named by their index."""
+    refs = []
+    for item in media:
+        refs.append({"kind": item.kind, "mime": item.mime, "payload": len(payloads)})
+        payloads.append(item.data)
+    return refs
+
+
+def _media(refs: Any, payloads: Sequence[bytes]) -> tuple[Media, ...]:
+    return tuple(Media(kind=str(r["kind"]), data=payloads[r["payload"]], mime=r.get("mime")) for r in refs or ())

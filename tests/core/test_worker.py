@@ -133,10 +133,10 @@ def test_worker_server_forgets_finished_requests_even_when_cancelled_late():
     """A cancel that arrives after its request ended must not leave state behind."""
     import io
 
+    from localrun.frames import FrameWriter, read_frame
     from localrun.runtimes.fake import FakeRuntime
     from localrun.worker.main import WorkerServer
     from localrun.worker.ops import to_frame
-    from localrun.worker.protocol import FrameWriter, read_frame
 
     out = io.BytesIO()
     server = WorkerServer(FrameWriter(out))
@@ -146,7 +146,8 @@ def test_worker_server_forgets_finished_requests_even_when_cancelled_late():
     frames = io.BytesIO()
     writer = FrameWriter(frames)
     for rid in range(1, 6):
-        writer.send({"id": rid, **to_frame(_chat(max_tokens=2))})
+        header, payloads = to_frame(_chat(max_tokens=2))
+        writer.send({"id": rid, **header}, payloads)
     for rid in range(1, 6):
         writer.send({"op": "cancel", "id": rid})
     writer.send({"op": "cancel", "id": 999})
@@ -159,7 +160,7 @@ def test_worker_server_forgets_finished_requests_even_when_cancelled_late():
     out.seek(0)
     events = []
     while (frame := read_frame(out)) is not None:
-        events.append(frame)
+        events.append(frame[0])
     assert sum(e["ev"] in ("end", "error") for e in events) == 5
     assert server.cancels == {}
 
@@ -235,7 +236,7 @@ def test_a_request_crosses_the_pipe_and_comes_back_equal():
         Embed(("a", "b")),
         Call("tokenize", {"content": "hi"}),
     ):
-        frame = to_frame(req)
-        assert frame["op"] == op_name(req) and from_frame(frame) == req
+        header, payloads = to_frame(req)
+        assert header["op"] == op_name(req) and from_frame(header, payloads) == req
     with pytest.raises(TypeError):
         op_name({"req": {}})

@@ -23,7 +23,17 @@ PACKAGE_DIRS = {
     "tui": "localrun.tui",
 }
 
-KERNEL = ("localrun.types", "localrun.errors", "localrun.settings", "localrun.proc")
+#: The server's wire families: each a complete kit (routes, schemas, convert, answers, errors) that
+#: imports the shared kit in ``server/`` and never another family.
+SERVER_FAMILIES = ("openai", "ollama", "anthropic", "responses", "llama_server", "mirror")
+KERNEL = (
+    "localrun.types",
+    "localrun.errors",
+    "localrun.settings",
+    "localrun.proc",
+    "localrun.jsonfile",
+    "localrun.frames",
+)
 #: Module prefix -> layer name. The package root itself (``localrun``: the version) is kernel; its
 #: ``__main__`` is the CLI. A module no prefix covers is itself a violation: every module has a layer.
 LAYERS = {
@@ -37,8 +47,11 @@ LAYERS = {
     "localrun.worker": "worker",
     "localrun.manager": "manager",
     "localrun.reload": "manager",  # the manager's reload with a larger context
+    "localrun.residency": "manager",  # the manager's table of loaded models
     "localrun.activity": "manager",  # the manager's request log and overflow hints
-    "localrun.server": "server",
+    "localrun.server": "server",  # the shared kit: schema primitives, errors, the stream tail
+    **{f"localrun.server.{family}": f"server.{family}" for family in SERVER_FAMILIES},
+    "localrun.server.app": "server.app",  # the one place that mounts every family's router
     "localrun.tui": "tui",
     "localrun.cli": "cli",
 }
@@ -72,7 +85,15 @@ RULES: dict[str, Rule] = {
         frozenset({"kernel", "chat", "runtimes", "modelstore", "planning", "upstreams", "worker", "manager"})
     ),
     # L5: the manager only as an object (app.state), so not imported; the store for the mirror and pulls.
-    "server": Rule(frozenset({"kernel", "chat", "modelstore", "server"})),
+    # The shared kit reaches the app only to build it (``localrun.server.create_app``, serve.py).
+    "server": Rule(frozenset({"kernel", "chat", "modelstore", "server"}), ("localrun.server.app",)),
+    **{
+        f"server.{family}": Rule(frozenset({"kernel", "chat", "modelstore", "server", f"server.{family}"}))
+        for family in SERVER_FAMILIES
+    },
+    "server.app": Rule(
+        frozenset({"kernel", "chat", "modelstore", "server", "server.app", *(f"server.{f}" for f in SERVER_FAMILIES)})
+    ),
     "tui": Rule(
         frozenset({"kernel", "chat", "modelstore", "planning", "manager", "tui"}),
         ("localrun.server.app", "localrun.server.serve", "localrun.server"),
@@ -157,10 +178,12 @@ def imports_of(module: str, source: str, known: Iterable[str]) -> list[tuple[str
     return out
 
 
-def violations(sources: Mapping[str, str]) -> list[str]:
-    """One line per import that breaks the table: ``module:line imports target (layer -> layer)``."""
+def violations(sources: Mapping[str, str], only: Iterable[str] | None = None) -> list[str]:
+    """One line per import that breaks the table: ``module:line imports target (layer -> layer)``;
+    of the ``only`` modules when given (a planted import is checked without re-reading the rest)."""
     found = []
-    for module, source in sources.items():
+    for module in sources if only is None else only:
+        source = sources[module]
         src_layer = layer_of(module)
         if src_layer is None:
             found.append(f"{module} has no layer: add its prefix to the layer table")

@@ -50,15 +50,27 @@ def hub_offline(settings=None, offline: bool = False) -> bool:
     return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+def _env_path(value: str) -> Path:
+    return Path(os.path.expandvars(os.path.expanduser(value)))
+
+
+def hf_home() -> Path:
+    """HF_HOME, else XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface.
+
+    huggingface_hub's own rule (its ``constants.py``), read at each call because
+    huggingface_hub freezes it at import. LOCALRUN_HOME does not move it: the HF cache is
+    shared with huggingface_hub and llama.cpp (README, "Models: the hub, other tools, no network")."""
+    if os.environ.get("HF_HOME"):
+        return _env_path(os.environ["HF_HOME"])
+    return _env_path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
+
+
 def hub_cache_dir() -> Path:
-    """HF_HUB_CACHE → HUGGINGFACE_HUB_CACHE → HF_HOME/hub → XDG_CACHE_HOME/huggingface/hub → ~/.cache/…"""
+    """The one HF cache locator: HF_HUB_CACHE → HUGGINGFACE_HUB_CACHE (its old name) → :func:`hf_home`/hub."""
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(var):
-            return Path(os.path.expandvars(os.environ[var])).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.path.expandvars(os.environ["HF_HOME"])).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
+            return _env_path(os.environ[var])
+    return hf_home() / "hub"
 
 
 def hub_token() -> str | None:
@@ -68,11 +80,7 @@ def hub_token() -> str | None:
         if value:
             return value
     path = os.environ.get("HF_TOKEN_PATH")
-    token_file = (
-        Path(path).expanduser()
-        if path
-        else Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface").expanduser() / "token"
-    )
+    token_file = _env_path(path) if path else hf_home() / "token"
     try:
         return token_file.read_text().strip() or None
     except OSError:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localrun.errors import InvalidModelFile
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.types import FileEntry
 
 logger = logging.getLogger(__name__)
@@ -29,8 +30,13 @@ _MAX_JSON_BYTES = 16 << 20
 _MAX_SAFETENSORS_HEADER = 100 << 20
 
 
-def inspect_mlx_folder(folder: Path) -> tuple[tuple[FileEntry, ...], dict[str, Any]]:
+def inspect_mlx_folder(
+    folder: Path, *, trust_remote_code: bool = False
+) -> tuple[tuple[FileEntry, ...], dict[str, Any]]:
     """Validate an MLX model folder; return its files and GGUF-like metadata.
+
+    ``trust_remote_code``: the folder may carry code (a pull the user allowed to fetch it);
+    the weights' headers are checked all the same.
 
     Raises:
         InvalidModelFile: not a model folder, code or pickles inside, or a bad header.
@@ -42,19 +48,9 @@ def inspect_mlx_folder(folder: Path) -> tuple[tuple[FileEntry, ...], dict[str, A
             f"{folder}: not a model folder (an MLX model needs config.json and *.safetensors)",
             hint="point at a .gguf file or an MLX model folder",
         )
-    code = sorted(p.name for p in folder.rglob("*") if p.suffix.lower() in _CODE_SUFFIXES)
-    if code:
-        raise InvalidModelFile(
-            f"{folder}: contains code or pickled weights ({', '.join(code[:3])}), which localrun does not load",
-            hint="use a folder with only config, tokenizer and safetensors files",
-        )
     config = _read_json(config_path)
-    for key in _CODE_CONFIG_KEYS:
-        if key in config:
-            raise InvalidModelFile(
-                f"{config_path}: {key!r} asks to run code shipped with the model; refused",
-                hint="use a model that runs with the stock mlx-lm architectures",
-            )
+    if not trust_remote_code:
+        _refuse_code(folder, config_path, config)
     n_params = sum(_safetensors_params(w) for w in weights)
     entries = tuple(FileEntry(path=str(p), size=p.stat().st_size) for p in sorted(folder.iterdir()) if p.is_file())
     meta = _mlx_metadata(folder, config)
@@ -62,18 +58,26 @@ def inspect_mlx_folder(folder: Path) -> tuple[tuple[FileEntry, ...], dict[str, A
     return entries, meta
 
 
+def _refuse_code(folder: Path, config_path: Path, config: dict[str, Any]) -> None:
+    code = sorted(p.name for p in folder.rglob("*") if p.suffix.lower() in _CODE_SUFFIXES)
+    if code:
+        raise InvalidModelFile(
+            f"{folder}: contains code or pickled weights ({', '.join(code[:3])}), which localrun does not load",
+            hint="use a folder with only config, tokenizer and safetensors files",
+        )
+    for key in _CODE_CONFIG_KEYS:
+        if key in config:
+            raise InvalidModelFile(
+                f"{config_path}: {key!r} asks to run code shipped with the model; refused",
+                hint="use a model that runs with the stock mlx-lm architectures",
+            )
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        if path.stat().st_size > _MAX_JSON_BYTES:
-            raise InvalidModelFile(f"{path}: larger than {_MAX_JSON_BYTES >> 20} MiB", hint="not a model config")
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise InvalidModelFile(
-            f"{path}: not valid JSON ({exc})", hint="the model folder is incomplete or corrupt"
-        ) from None
-    if not isinstance(data, dict):
-        raise InvalidModelFile(f"{path}: expected a JSON object", hint="the model folder is incomplete or corrupt")
-    return data
+        return read_json_object(path, max_bytes=_MAX_JSON_BYTES)
+    except NotAJsonObject as exc:
+        raise InvalidModelFile(str(exc), hint="the model folder is incomplete or corrupt") from None
 
 
 def _safetensors_params(path: Path) -> int:

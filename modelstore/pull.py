@@ -18,14 +18,15 @@ a clip GGUF of the model's width, and recorded as the model's projector.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localrun.errors import InvalidModelFile, ModelNotFound
+from localrun.jsonfile import NotAJsonObject, read_json_object
+from localrun.modelstore.describe import as_download
 from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, fetch_file, hash_file
 from localrun.modelstore.hfcache import CacheLayout, listing_from_cache
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
@@ -187,25 +188,18 @@ def plan_pull(
     )
 
 
-def _read_json(path: Path, what: str) -> dict:
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise InvalidModelFile(
-            f"{what} is larger than {MAX_CONFIG_BYTES} bytes", hint="this is not a normal model config"
-        )
+def _read_config(path: Path, what: str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidModelFile(f"{what} is not valid JSON: {exc}", hint="the repo is broken; try another") from None
-    if not isinstance(data, dict):
-        raise InvalidModelFile(f"{what} is not a JSON object", hint="the repo is broken; try another")
-    return data
+        return read_json_object(path, max_bytes=MAX_CONFIG_BYTES)
+    except NotAJsonObject as exc:
+        raise InvalidModelFile(f"{what}: {exc.why}", hint="the repo is broken; try another") from None
 
 
 def _check_config(plan: PullPlan, path: Path) -> None:
     """Refuse an MLX config that makes the loader import code, before any weight is fetched."""
     if plan.format is not Format.MLX or plan.trust_remote_code:
         return
-    config = _read_json(path, f"{plan.repo}/config.json")
+    config = _read_config(path, f"{plan.repo}/config.json")
     keys = [k for k in ("model_file", "auto_map") if k in config]
     if keys:
         raise InvalidModelFile(
@@ -226,52 +220,6 @@ def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchRes
             hint="delete it and pull again when online",
         )
     return FetchResult(snap, Path(os.path.realpath(snap)), digest.sha256.hexdigest(), size, 0, True)
-
-
-def _gguf_metadata(plan: PullPlan, shards: list[Path]) -> dict:
-    """Every shard's header walked with bounds checks, and the set proven to be one model."""
-    from localrun.modelstore.gguf_meta import read_gguf_metadata
-
-    infos = [read_gguf_metadata(p) for p in shards]
-    for k, info in enumerate(infos):
-        if (info.split_count or 1) != len(shards) or (info.split_no or 0) != k:
-            raise InvalidModelFile(
-                f"{plan.repo}/{plan.files[k].path}: its header says shard {info.split_no} of {info.split_count}, "
-                f"its name says {k} of {len(shards)}",
-                hint="the repo's split files do not belong together",
-            )
-    meta = infos[0].as_dict()
-    meta.update(
-        quant=plan.quant or meta.get("quant"),
-        n_params=sum(i.n_params for i in infos),
-        size_bytes=sum(i.size_bytes for i in infos),
-        tensor_count=sum(i.tensor_count for i in infos),
-        shards=len(infos),
-    )
-    return meta
-
-
-def _metadata(plan: PullPlan, primary: Path, shards: list[Path]) -> dict:
-    hub = {"endpoint": plan.endpoint, "revision": plan.revision, "commit": plan.commit}
-    if plan.format is Format.GGUF:
-        meta = _gguf_metadata(plan, shards)
-    elif plan.format is Format.MLX:
-        config = _read_json(primary / "config.json", f"{plan.repo}/config.json")
-        q = config.get("quantization") if isinstance(config.get("quantization"), dict) else {}
-        meta = {
-            "architecture": config.get("model_type"),
-            "quant": f"{q['bits']}bit" if isinstance(q.get("bits"), int) else None,
-            "context_length": config.get("max_position_embeddings"),
-        }
-    else:
-        config = _read_json(primary / "mlc-chat-config.json", f"{plan.repo}/mlc-chat-config.json")
-        meta = {
-            "architecture": config.get("model_type"),
-            "quant": config.get("quantization"),
-            "context_length": config.get("context_window_size"),
-        }
-    meta["hub"] = hub
-    return meta
 
 
 def pull(
@@ -333,17 +281,16 @@ def pull(
     logger.info("pulled %s: %d files, %d bytes fetched", plan.name, len(results), fetched)
     primary = results[plan.primary].path if plan.primary else layout.snapshot_dir(plan.commit)
     own = [r for p, r in results.items() if p != plan.projector]
-    record = ModelRecord(
-        name=plan.name,
-        format=plan.format,
-        path=str(primary),
-        files=tuple(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in own),
+    described = store.inspect_path(primary, name=plan.name, fmt=plan.format, trust_remote_code=plan.trust_remote_code)
+    record = as_download(
+        described,
+        path=primary,
+        files=(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in own),
         source=Source.HUB,
-        owned=True,
         repo=plan.repo,
         revision=plan.commit,
-        metadata=_metadata(plan, primary, [r.path for r in own]),
-        added_at=time.time(),
+        quant=plan.quant,
+        hub={"endpoint": plan.endpoint, "revision": plan.revision, "commit": plan.commit},
     )
     if plan.projector:
         record = _with_projector(plan, record, results[plan.projector])

@@ -21,34 +21,21 @@ import contextlib
 import dataclasses
 import logging
 import os
-import time
 from pathlib import Path
-from typing import Any
 
 from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound, VerificationFailed
 from localrun.settings import Settings
-from localrun.types import FileEntry, Format, ModelRecord, Source
+from localrun.types import Format, ModelRecord
 
 from . import builtins
-from .gguf_meta import read_gguf_metadata
+from .describe import describe_path
+from .hub import hub_cache_dir
 from .identity import other_latest
 from .index import ModelIndex
-from .mlx_folder import inspect_mlx_folder
-from .names import model_name_from_filename, shard_name, split_shard_name, validate_model_name
 from .projector import foreign_projector
 from .verify import file_path, sha256_of
 
 logger = logging.getLogger(__name__)
-
-
-def _hf_cache_dir() -> Path:
-    """Where the HF hub keeps files; computed here because huggingface_hub freezes it at import."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser() / "huggingface" / "hub"
 
 
 class ModelStore:
@@ -124,85 +111,17 @@ class ModelStore:
                 raise ModelExists(f"the name {record.name} is taken by {holder}", hint=hint) from None
             return self.index.add(record, replace=True)
 
-    def inspect_path(self, path: str | Path, *, name: str | None = None) -> ModelRecord:
-        """Validate what is at ``path`` and describe it as a record, without registering it."""
-        p = Path(path).expanduser()
-        if not p.exists():
-            raise ModelNotFound(f"{p}: no such file or folder", hint="check the path")
-        # Absolute but symlinks kept: an HF snapshot link is named model-00001-of-00002.gguf,
-        # its blob only by a hash, and the name is what finds shards and names the model.
-        p = Path(os.path.abspath(p))
-        if p.is_dir():
-            return self._inspect_mlx(p, name)
-        return self._inspect_gguf(p, name)
-
-    def _inspect_gguf(self, path: Path, name: str | None) -> ModelRecord:
-        split = split_shard_name(path.name)
-        if split:
-            prefix, no, count = split
-            files = [path.with_name(shard_name(prefix, k, count)) for k in range(1, count + 1)]
-            if no != 1:
-                logger.info("%s is shard %d of %d; using the first shard", path.name, no, count)
-            missing = [f.name for f in files if not f.is_file()]
-            if missing:
-                raise InvalidModelFile(
-                    f"{path}: split model is missing {len(missing)} of {count} shards ({', '.join(missing[:3])})",
-                    hint="download every shard into the same folder",
-                )
-        else:
-            files = [path]
-        infos = [read_gguf_metadata(f) for f in files]
-        for k, (f, info) in enumerate(zip(files, infos)):
-            expected_count = len(files) if split else 1
-            if (info.split_count or 1) != expected_count or (info.split_no is not None and info.split_no != k):
-                said = (
-                    f"part {(info.split_no or 0) + 1} of {info.split_count}" if info.split_count else "an unsplit file"
-                )
-                named = f"part {k + 1} of {expected_count}" if split else "an unsplit file"
-                raise InvalidModelFile(
-                    f"{f}: its metadata says {said}, its name says {named}",
-                    hint="keep split files under their original -0000k-of-0000N.gguf names",
-                )
-        first = infos[0]
-        total_tensors = sum(i.tensor_count for i in infos)
-        _refuse_non_model(files[0], first.scalars.get("general.type"), first.architecture, total_tensors)
-        if split and first.split_tensors_count is not None and first.split_tensors_count != total_tensors:
-            raise InvalidModelFile(
-                f"{files[0]}: the shards hold {total_tensors} tensors, the first shard says "
-                f"{first.split_tensors_count}",
-                hint="a shard is from another model or another version; download them together",
-            )
-        meta = first.as_dict()
-        meta.update(
-            n_params=sum(i.n_params for i in infos),
-            size_bytes=sum(i.size_bytes for i in infos),
-            tensor_count=total_tensors,
-            shards=len(files),
-            mtimes=[f.stat().st_mtime_ns for f in files],
-        )
-        return ModelRecord(
-            name=validate_model_name(name) if name else model_name_from_filename(files[0].name),
-            format=Format.GGUF,
-            path=str(files[0]),
-            files=tuple(FileEntry(path=str(f), size=i.size_bytes) for f, i in zip(files, infos)),
-            source=Source.IMPORTED,
-            owned=False,
-            metadata=meta,
-            added_at=time.time(),
-        )
-
-    def _inspect_mlx(self, folder: Path, name: str | None) -> ModelRecord:
-        entries, meta = inspect_mlx_folder(folder)
-        return ModelRecord(
-            name=validate_model_name(name) if name else model_name_from_filename(folder.name),
-            format=Format.MLX,
-            path=str(folder),
-            files=entries,
-            source=Source.IMPORTED,
-            owned=False,
-            metadata=meta,
-            added_at=time.time(),
-        )
+    def inspect_path(
+        self,
+        path: str | Path,
+        *,
+        name: str | None = None,
+        fmt: Format | None = None,
+        trust_remote_code: bool = False,
+    ) -> ModelRecord:
+        """Validate what is at ``path`` and describe it as a record, without registering it
+        (see :func:`.describe.describe_path`, the one door pull and bundle import use too)."""
+        return describe_path(path, name=name, fmt=fmt, trust_remote_code=trust_remote_code)
 
     # --- lookup ------------------------------------------------------------------------
 
@@ -308,7 +227,7 @@ class ModelStore:
         if not rec.owned:
             return rec
         in_use = {os.path.realpath(file_path(o, f.path)) for o in self.index.list() for f in o.files}
-        roots = [self.settings.data_dir.resolve(), _hf_cache_dir().resolve()]
+        roots = [self.settings.data_dir.resolve(), hub_cache_dir().resolve()]
         foreign = foreign_projector(rec)
         for entry in rec.files:
             link = file_path(rec, entry.path)
@@ -334,15 +253,6 @@ class ModelStore:
     def ensure_chat_model(self) -> ModelRecord | None:
         """Register the default chat model (SmolLM2 135M Instruct) when the set-up fetched it."""
         return builtins.ensure_chat_model(self)
-
-
-def _refuse_non_model(path: Path, gguf_type: Any, arch: str | None, n_tensors: int) -> None:
-    """GGUF also carries adapters, projectors and vocabularies; none of them runs alone."""
-    if gguf_type in ("adapter", "mmproj") or arch == "clip":
-        kind = "a LoRA adapter" if gguf_type == "adapter" else "a multimodal projector (mmproj)"
-        raise InvalidModelFile(f"{path}: this is {kind}, not a model", hint="import the base model's .gguf instead")
-    if n_tensors == 0:
-        raise InvalidModelFile(f"{path}: has no tensors (a vocabulary-only file?)", hint="import a full model file")
 
 
 def _unlink_owned(link: Path, real: Path) -> None:

@@ -23,31 +23,31 @@ else is hashed once, while it is copied or linked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
 import logging
 import os
-import shutil
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from localrun.errors import DownloadFailed, LocalrunError, ModelExists
+from localrun.jsonfile import NotAJsonObject, read_json_object
+from localrun.modelstore.bundle.blobcopy import cleaned, copy_hashed, link_or_copy
 from localrun.modelstore.bundle.lock import BundleError, Lock, LockModel
 from localrun.modelstore.bundle.source import DirBundle, Item, TarBundle, hash_stream, open_bundle, stat_key
+from localrun.modelstore.describe import as_download
 from localrun.modelstore.download import check_disk_space
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import hub_cache_dir
 from localrun.modelstore.verify import file_path
-from localrun.types import FileEntry, Format, ModelRecord, Source
+from localrun.types import FileEntry, ModelRecord, Source
 
 logger = logging.getLogger(__name__)
-
-_FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, xfs, bcachefs)
 
 
 @dataclass
@@ -69,9 +69,8 @@ class _Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            data = json.loads(path.read_text())
-            self.entries: dict[str, list] = data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
+            self.entries: dict[str, Any] = read_json_object(path)
+        except NotAJsonObject:
             self.entries = {}
 
     def trusted(self, blob: Path, sha256: str) -> bool:
@@ -189,7 +188,7 @@ class _Importer:
                 yield None, blob
                 return
             tmp = blob.with_name(blob.name + ".bundle-partial")
-            with _cleaned(tmp):
+            with cleaned(tmp):
                 yield tmp, blob
 
     def place_from_path(self, item: Item, m: LockModel) -> None:
@@ -198,12 +197,12 @@ class _Importer:
             if tmp is None:
                 return
             trusted = not self.rehash and self.bundle.sealed(item, source)
-            how, problem = _link_or_copy(source, tmp, trusted), None
+            how, problem = link_or_copy(source, tmp, trusted), None
             if not trusted and how:
                 with open(tmp, "rb") as f:
                     problem = hash_stream(f, item)  # the linked inode or the reflinked copy, read once
             elif not how:
-                how, problem = "copied", _copy_hashed(source, tmp, item)
+                how, problem = "copied", copy_hashed(source, tmp, item)
             self.result.bytes_hashed += 0 if trusted else item.size
             self._commit(tmp, blob, item, problem)
         self._done(item, how)
@@ -245,15 +244,13 @@ class _Importer:
         if not isinstance(self.bundle, DirBundle):
             return
         for m in self.lock.models:
-            if m.format not in (Format.GGUF, Format.MLX):
-                continue
             where = (
                 self.bundle.location / m.snapshot_dir_relpath() / m.primary
                 if m.primary
                 else self.bundle.location / m.snapshot_dir_relpath()
             )
             if os.path.lexists(where):  # links absent (a copy on FAT): validated after placing
-                self.early[m.name] = pool.submit(self.store.inspect_path, where, name=m.name)
+                self.early[m.name] = pool.submit(self.store.inspect_path, where, name=m.name, fmt=m.format)
 
     # --- phase 3 ------------------------------------------------------------------------
 
@@ -274,16 +271,20 @@ class _Importer:
             files.append(FileEntry(str(snap), f.size, f.sha256, os.stat(blob).st_mtime_ns))
         layout.write_ref(m.revision, m.commit)
         primary = layout.snapshot(m.commit, m.primary) if m.primary else layout.snapshot_dir(m.commit)
-        meta: dict = {}
-        if m.format in (Format.GGUF, Format.MLX):
-            early = self.early.get(m.name)
-            inspected = (
-                early.result() if early else self.store.inspect_path(primary, name=m.name)
-            )  # validates the header / folder
-            meta = dict(inspected.metadata)
-            meta.pop("mtimes", None)
-        meta.update(quant=m.quant or meta.get("quant"), architecture=meta.get("architecture") or m.architecture)
-        meta["hub"] = {"endpoint": None if m.synthetic else m.origin, "revision": m.revision, "commit": m.commit}
+        early = self.early.get(m.name)  # validates the header / folder
+        described = early.result() if early else self.store.inspect_path(primary, name=m.name, fmt=m.format)
+        hub = {"endpoint": None if m.synthetic else m.origin, "revision": m.revision, "commit": m.commit}
+        record = as_download(
+            described,
+            path=primary,
+            files=files,
+            source=Source.BUNDLE,
+            repo=m.repo,
+            revision=m.commit,
+            quant=m.quant,
+            hub=hub,
+        )
+        meta = dict(record.metadata, architecture=record.metadata.get("architecture") or m.architecture)
         files, meta = self._projector(m, layout, primary, files, meta)
         meta["bundle"] = {
             "repo_synthetic": m.synthetic,
@@ -292,18 +293,7 @@ class _Importer:
             "created": self.lock.created,
             "localrun": self.lock.localrun,
         }
-        return ModelRecord(
-            name=m.name,
-            format=m.format,
-            path=str(primary),
-            files=tuple(files),
-            source=Source.BUNDLE,
-            owned=True,
-            repo=m.repo,
-            revision=m.commit,
-            metadata=meta,
-            added_at=time.time(),
-        )
+        return dataclasses.replace(record, files=tuple(files), metadata=meta)
 
     def _projector(self, m: LockModel, layout: CacheLayout, primary: Path, files: list, meta: dict):
         """The pair again, at its new place: the projector's header is checked like the model's
@@ -325,51 +315,6 @@ class _Importer:
             with contextlib.suppress(FileNotFoundError):
                 blob.unlink()
         self.journal.drop()
-
-
-@contextlib.contextmanager
-def _cleaned(tmp: Path):
-    """A temporary name that never outlives a failure (a kill -9 leaves it to the next run)."""
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    try:
-        yield
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def _link_or_copy(source: Path, tmp: Path, trusted: bool) -> str:
-    """Hard link, else reflink, else (trusted bytes only) a kernel copy. Returns how, or ""
-    when nothing was made: bytes that must be hashed are copied by the caller, in one pass."""
-    try:
-        os.link(source, tmp)
-        return "linked"
-    except OSError:
-        pass
-    try:
-        import fcntl
-
-        with open(source, "rb") as src, open(tmp, "wb") as dst:
-            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
-        return "reflinked"
-    except (OSError, ImportError):
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    if not trusted:
-        return ""
-    shutil.copyfile(source, tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    return "copied"
-
-
-def _copy_hashed(source: Path, tmp: Path, item: Item) -> str | None:
-    with open(source, "rb") as src, open(tmp, "wb") as dst:
-        problem = hash_stream(src, item, dst)
-        dst.flush()
-        os.fsync(dst.fileno())
-    return problem
 
 
 def import_bundle(

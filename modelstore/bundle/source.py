@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from localrun.errors import InvalidName
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.modelstore.bundle.lock import HUB_DIR, LOCK_NAME, WHEELS_DIR, BundleError, Lock, LockFile, parse_lock
 from localrun.modelstore.download import FileDigest
 from localrun.modelstore.hub import RemoteFile
@@ -159,13 +160,11 @@ class DirBundle(_Bundle):
         self.seal = self._read_seal()
 
     def _read_seal(self) -> dict[str, list[int]]:
-        import json
-
         try:
-            doc = json.loads((self.location / SEAL_NAME).read_bytes())
-        except (OSError, ValueError):
+            doc = read_json_object(self.location / SEAL_NAME)
+        except NotAJsonObject:
             return {}
-        if not isinstance(doc, dict) or doc.get("lock_sha256") != hashlib.sha256(self.lock_bytes).hexdigest():
+        if doc.get("lock_sha256") != hashlib.sha256(self.lock_bytes).hexdigest():
             return {}
         files = doc.get("files")
         return files if isinstance(files, dict) else {}

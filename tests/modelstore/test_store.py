@@ -362,9 +362,9 @@ def test_mlx_folder_refusals(store, tmp_path, problem):
 
 
 def test_remove_owned_hf_cache_entry_deletes_link_and_unshared_blob(store):
-    from localrun.modelstore.store import _hf_cache_dir
+    from localrun.modelstore.hub import hub_cache_dir
 
-    repo = _hf_cache_dir() / "models--org--tiny"
+    repo = hub_cache_dir() / "models--org--tiny"
     blob = write_tiny_llama_gguf(repo / "blobs" / "aaaa")
     shared_blob = write_tiny_llama_gguf(repo / "blobs" / "bbbb", seed=2)
     for rev in ("rev1", "rev2"):

@@ -1,41 +1,67 @@
 """``llama_decode`` as every pass of the scheduler calls it: text prefill chunks, media
-embeddings (:mod:`.media_prefill`), decode steps and verification passes (:mod:`.speculative_step`).
+embeddings (:mod:`.media.prefill`), decode steps and verification passes (:mod:`.speculative.step`).
 
-A mixin of :class:`~.scheduler.Scheduler`: one retry when a unified KV pool ran full and idle
-prefixes can go, and how a failed call ends its jobs (a 503-style ``Overloaded`` when the KV
-has no room, an error naming the code otherwise).
+One object the scheduler holds and hands to the collaborators that decode: one retry when a
+unified KV pool ran full and idle prefixes can go, and how a failed call ends its jobs (a
+503-style ``Overloaded`` when the KV has no room, an error naming the code otherwise).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import LocalrunError, Overloaded
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
+    from localrun.runtimes.llamacpp.cache.slots import Layout
 
 log = logging.getLogger(__name__)
 
 
 class DecodeCalls:
-    """Needs from the scheduler: ``_llama``, ``_ctx``, ``_batch``, ``layout``, ``cache``, ``running``, ``_finish``."""
+    """The scheduler's ``llama_decode`` calls, on its thread.
 
-    def _decode_rc(self, batch=None) -> int:
-        batch = self._batch if batch is None else batch
+    ``finish(job, reason, error=...)`` ends a job (the scheduler's own), ``running()`` counts
+    the requests inside the scheduler (for the error's message)."""
+
+    def __init__(
+        self,
+        llama: Any,
+        ctx: Any,
+        batch: Any,
+        layout: Layout,
+        cache: PrefixCache,
+        *,
+        finish: Callable[..., None],
+        running: Callable[[], int],
+    ) -> None:
+        self._llama, self._ctx, self.batch = llama, ctx, batch
+        self._unified = layout.unified
+        self._cache, self._finish, self._running = cache, finish, running
+
+    def rc(self, batch: Any = None) -> int:
+        """``llama_decode``'s return code for ``batch`` (the scheduler's own by default)."""
+        batch = self.batch if batch is None else batch
         rc = self._llama.llama_decode(self._ctx, batch)
-        if rc == 1 and self.layout.unified and self.cache.evict_idle():
+        if rc == 1 and self._unified and self._cache.evict_idle():
             rc = self._llama.llama_decode(self._ctx, batch)  # the shared pool had idle prefixes in it
         return rc
 
-    def _call_decode(self, jobs: list, batch=None) -> bool:
-        rc = self._decode_rc(batch)
+    def run(self, jobs: list, batch: Any = None) -> bool:
+        """Decode ``batch``; on failure end ``jobs`` with the error and return False."""
+        rc = self.rc(batch)
         if rc == 0:
             return True
-        self._fail(jobs, rc)
+        self.fail(jobs, rc)
         return False
 
-    def _fail(self, jobs: list, rc: int) -> None:
+    def fail(self, jobs: list, rc: int) -> None:
         if rc == 1:
             err: LocalrunError = Overloaded(
-                f"the KV cache has no room for this step ({self.running()} requests running)",
+                f"the KV cache has no room for this step ({self._running()} requests running)",
                 hint="retry in a moment, or load the model with fewer slots or a larger context",
             )
         else:

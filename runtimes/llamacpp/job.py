@@ -4,6 +4,7 @@ sampler, slot, text so far, drafting state and media chunks."""
 from __future__ import annotations
 
 import queue
+from collections.abc import Iterator
 
 from localrun.runtimes.llamacpp.cache.prefix import Slot
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
@@ -35,6 +36,7 @@ class Job:
         "media",
         "encodes",
         "id_slot",
+        "prefill_began",
     )
 
     def __init__(
@@ -73,6 +75,7 @@ class Job:
         self.media = media
         self.encodes: dict = {}
         self.id_slot = id_slot  # the slot asked for (llama-server's id_slot); -1: the cache picks
+        self.prefill_began: tuple[float, int] | None = None  # (time, position) its prefill began: progress logs
 
     def usage(self) -> Usage:
         spec = self.spec
@@ -93,3 +96,30 @@ class Job:
 
     def final(self, reason: str, tail: str = "") -> Chunk:
         return Chunk(text=tail, finish_reason=reason, usage=self.usage(), logprobs=self.take_logprobs())
+
+    def read(self) -> Iterator[Chunk]:
+        """The request thread's side: this job's chunks as the scheduler puts them out, to the
+        last. Closing the generator early abandons the job (the scheduler frees its slot)."""
+        done = False
+        try:
+            while True:
+                self.parked = True
+                item = self.out.get()
+                self.parked = False
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if item.finish_reason is None and self.cancel.is_set():
+                    # Chunks made before the scheduler saw the cancel are dropped: the stream
+                    # ends at once, and the scheduler frees the slot at its next step.
+                    done = True
+                    self.abandoned = True
+                    yield self.final("cancelled")
+                    return
+                done = item.finish_reason is not None
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.abandoned = True

@@ -59,18 +59,17 @@ import threading
 import time
 
 from localrun.errors import LocalrunError, RuntimeUnavailable
-from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, with_checkpoints
+from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, context_kv
 from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
 from localrun.runtimes.llamacpp.cache.slot_books import acquire_at
-from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, chunk_size
-from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, default_max_bytes
+from localrun.runtimes.llamacpp.cache.slots import Layout, chunk_size
 from localrun.runtimes.llamacpp.calls import ThreadCalls
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media.prefill import MediaEncoder, MediaPrefill
 from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
-from localrun.runtimes.llamacpp.speculative.step import SpeculativeSteps
+from localrun.runtimes.llamacpp.speculative.step import SpeculativeStep, speculation_mode
 from localrun.runtimes.llamacpp.turns import turn_of
 from localrun.types import Chunk
 
@@ -79,8 +78,11 @@ log = logging.getLogger(__name__)
 PROGRESS_MIN_TOKENS = 2048
 
 
-class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
-    """Owns one llama.cpp context on its own thread and runs many requests in it."""
+class Scheduler:
+    """Owns one llama.cpp context on its own thread and runs many requests in it.
+
+    It holds its collaborators: the prefix cache (``cache``), the ``llama_decode`` calls
+    (:class:`DecodeCalls`), the media prefill and, when speculation is on, the speculative step."""
 
     def __init__(
         self,
@@ -101,18 +103,12 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         self._llama, self._ctx, self.layout = llama, ctx, layout
         self._piece_of, self._is_eog = piece_of, is_eog
         self._batch = llama.llama_batch_init(max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1), 0, 1)
-        self._buffers = None
-        if layout.prefix_cache and (layout.host_cache_bytes or disk is not None):  # evictions save: state_memory.py
-            self._buffers = ReadyBuffers(default_max_bytes(), lambda seq: llama.llama_state_seq_get_size(ctx, seq))
-        self._kv = LlamaKvOps(llama, ctx, n_swa=n_swa, buffers=self._buffers)
-        if layout.prefix_cache:  # memory that cannot be cut ("recurrent", "hybrid", "swa"): checkpoints.py
-            self._kv = with_checkpoints(
-                self._kv, llama, ctx, memory, limit=layout.checkpoints, min_chunk=layout.min_chunk
-            )
+        # Memory that cannot be cut ("recurrent", "hybrid", "swa") gets checkpoints (checkpoints.py).
+        self._kv, self._buffers = context_kv(llama, ctx, layout, n_swa=n_swa, memory=memory, saves=disk is not None)
         self._ckpt = self._kv if isinstance(self._kv, CheckpointKv) else None
         # Speculation (speculative.py): "off", "auto" (adaptive) or "ngram" (draft_k tokens whenever a match is found).
         self.costs = DecodeCosts()
-        self.speculative = self._speculation(speculative)
+        self.speculative = speculation_mode(speculative, layout)
         self._draft_k = draft_k if speculative in ("ngram", "draft") else None
         #: The draft model (draft_model.DraftModel), when one is loaded: drafts where the n-gram
         #: lookup has none (auto), or every draft (draft mode). Called from this thread only.
@@ -134,56 +130,41 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         self._broken: str | None = None
         self._waiting: collections.deque[Job] = collections.deque()
         self._prefilling: collections.deque[Job] = collections.deque()
-        self._prefill_began: dict[int, tuple[float, int]] = {}  # id(job) -> (time, position) its prefill began
         self._decoding: list[Job] = []  # sorted by slot: consecutive sequences share a micro-batch
         self._calibrated = threading.Event()
+        self._decode = DecodeCalls(
+            llama, ctx, self._batch, layout, self.cache, finish=self._finish, running=self.running
+        )
         self.encoder = MediaEncoder(projector, self._notify) if projector is not None else None
+        self._media = MediaPrefill(llama, ctx, layout.step_tokens, self.encoder, self._decode, self._finish)
+        self._spec = None
+        if self.speculative != "off":
+            self._spec = SpeculativeStep(
+                llama,
+                ctx,
+                layout,
+                self._kv,
+                mode=self.speculative,
+                costs=self.costs,
+                totals=self.spec_totals,
+                drafter=self.drafter,
+                is_eog=is_eog,
+                decode=self._decode,
+                emit=self._emit,
+            )
         self._thread = threading.Thread(target=self._run, name="llama-scheduler", daemon=True)
         self._thread.start()
         self._calibrated.wait(120)  # loading ends once the pass sizes are timed (on that thread)
-
-    def _speculation(self, mode: str) -> str:
-        """``auto`` drafts in any layout but ``exact_prefix``, whose promise is bit-exact
-        answers (a pass rounds like a batched step, see speculative_step.py); ``ngram`` drafts
-        regardless, as asked. Pass costs are timed here first, when drafting is on."""
-        if mode == "auto" and self.layout.exact_prefix:
-            log.info(
-                "speculative decoding off: exact_prefix asks for bit-exact answers, and a verification "
-                "pass rounds like a batched step"
-            )
-            return "off"
-        return mode
 
     # --- request threads --------------------------------------------------------------------
 
     def stream(self, job: Job):
         """Submit ``job`` and yield its chunks. Closing the generator early cancels the job."""
-        self._submit(job)
-        done = False
-        try:
-            while True:
-                job.parked = True
-                item = job.out.get()
-                job.parked = False
-                if isinstance(item, BaseException):
-                    done = True
-                    raise item
-                if item.finish_reason is None and job.cancel.is_set():
-                    # Chunks made before the scheduler saw the cancel are dropped: the stream
-                    # ends at once, and the scheduler frees the slot at its next step.
-                    done = True
-                    job.abandoned = True
-                    yield job.final("cancelled")
-                    return
-                done = item.finish_reason is not None
-                yield item
-                if done:
-                    return
-        finally:
-            if not done:
-                job.abandoned = True
+        self.submit(job)
+        yield from job.read()
 
-    def _submit(self, job: Job) -> None:
+    def submit(self, job: Job) -> None:
+        """Hand ``job`` to the scheduler thread; its chunks come out of ``job.out`` (see :meth:`stream`)."""
         with self._wake:
             self._check_running()
             self._inbox.append(job)
@@ -228,7 +209,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             self.encoder.close()
         if self._batch is not None:
             self._llama.llama_batch_free(self._batch)
-            self._batch = None
+            self._batch = self._decode.batch = None
 
     def running(self) -> int:
         return len(self._waiting) + len(self._decoding) + len(self._prefilling)
@@ -238,8 +219,8 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
     def _run(self) -> None:
         try:
             try:
-                if self.speculative != "off":
-                    self._calibrate()
+                if self._spec is not None:
+                    self._spec.calibrate()
                 self._warm()
             finally:
                 self._calibrated.set()
@@ -250,7 +231,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
                         or self._calls
                         or self._stopping
                         or self._waiting
-                        or self._can_prefill()  # not while every prefill waits for its encode
+                        or self._media.can_prefill(self._prefilling)  # not while every prefill waits for its encode
                         or self._decoding
                     ):
                         self._wake.wait(0.1 if self._prefilling else None)  # 0.1: a cancel ends an encode's wait
@@ -334,15 +315,15 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             if self.speculative != "off":
                 job.spec = SpecState(job.prompt, fixed_k=self._draft_k)
             if job.media is not None:
-                self._media_admitted(job)
+                self._media.admitted(job)
             self._prefilling.append(job)
 
     def _decode_step(self) -> None:
         jobs = list(self._decoding)
         if not jobs:
             return
-        if self.speculative != "off":
-            jobs = self._speculate(jobs)
+        if self._spec is not None:
+            jobs = self._spec.speculate(jobs)
             if not jobs:
                 return
         # Consecutive sequences, near-equal groups of at most decode_rows: one call per group.
@@ -356,7 +337,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             self._batch, [j.pending for j in jobs], [len(j.slot.tokens) for j in jobs], [j.slot.seq for j in jobs], True
         )
         started = time.perf_counter()
-        if not self._call_decode(jobs):
+        if not self._decode.run(jobs):
             return
         self.costs.observe_plain(len(jobs), time.perf_counter() - started)
         ctx = self._ctx
@@ -369,7 +350,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
         for _ in range(len(self._prefilling)):
             job = self._prefilling[0]
             start = len(job.slot.tokens)
-            piece = self._media_next(job, start)  # text up to the next media chunk, or that chunk
+            piece = self._media.next_piece(job, start)  # text up to the next media chunk, or that chunk
             if piece is None:  # its image is being encoded: the others go on meanwhile
                 self._prefilling.rotate(-1)
                 continue
@@ -389,31 +370,25 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
     def _prefill_chunk(self, job: Job, start: int, n: int, span=None) -> None:
         chunk = job.prompt[start : start + n]
         last = start + n == len(job.prompt)
-        began = self._prefill_began.setdefault(id(job), (time.perf_counter(), start))
+        if job.prefill_began is None:
+            job.prefill_began = (time.perf_counter(), start)
         if span is not None:
-            row = self._decode_media(job, span, last)
+            row = self._media.decode(job, span, last)
         else:
             fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
             self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
             timed = time.perf_counter()
-            row = n - 1 if self._call_decode([job]) else None
+            row = n - 1 if self._decode.run([job]) else None
             self.cache.observe_prefill(n, time.perf_counter() - timed)  # what a disk read is weighed against
         if row is None:
-            self._prefill_began.pop(id(job), None)
             return
-        tenth = 10 * (start + n) // len(job.prompt)
-        if len(job.prompt) - began[1] >= PROGRESS_MIN_TOKENS and tenth > 10 * start // len(job.prompt):
+        began_at, began_from = job.prefill_began
+        end, total = start + n, len(job.prompt)
+        if total - began_from >= PROGRESS_MIN_TOKENS and 10 * end // total > 10 * start // total:
             # A long prompt takes minutes on a few cores: say how far it is, every tenth (``launch`` shows this log).
-            done, elapsed = start + n - began[1], time.perf_counter() - began[0]
-            log.info(
-                "prefill %d/%d tokens (%.0f%%), %.0f tok/s",
-                start + n,
-                len(job.prompt),
-                100 * (start + n) / len(job.prompt),
-                done / elapsed if elapsed > 0 else 0.0,
-            )
-        if last:
-            self._prefill_began.pop(id(job), None)
+            elapsed = time.perf_counter() - began_at
+            rate = (end - began_from) / elapsed if elapsed > 0 else 0.0
+            log.info("prefill %d/%d tokens (%.0f%%), %.0f tok/s", end, total, 100 * end / total, rate)
         job.slot.tokens.extend(chunk)
         self.cache.extended(job.slot, getattr(job.prompt, "turn", None))  # turns.TurnPrompt
         if self._ckpt is not None and span is None:
@@ -447,8 +422,7 @@ class Scheduler(SpeculativeSteps, MediaPrefill, DecodeCalls):
             job.pending = token
 
     def _finish(self, job: Job, reason: str | None, tail: str = "", *, error: LocalrunError | None = None) -> None:
-        self._prefill_began.pop(id(job), None)
-        self._media_done(job)
+        self._media.done(job)
         for jobs in (self._waiting, self._prefilling):
             if job in jobs:
                 jobs.remove(job)

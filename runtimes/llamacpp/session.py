@@ -440,4 +440,4 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             media.users = len(jobs)  # the choices share its chunks; the last to end frees them
         if len(jobs) == 1:
             return self._sched.stream(jobs[0])
-        return stream_choices(self._sched._submit, jobs, cancel)  # noqa: SLF001 - the choices share the scheduler's inbox
+        return stream_choices(self._sched.submit, jobs, cancel)  # the choices share the scheduler's inbox

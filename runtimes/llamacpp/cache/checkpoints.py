@@ -51,7 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
-from localrun.runtimes.llamacpp.cache.slots import read_state, state_source
+from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, read_state, state_source
+from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, default_max_bytes
 
 log = logging.getLogger(__name__)
 
@@ -374,3 +375,18 @@ def with_checkpoints(ops, llama, ctx, kind: str | None, *, limit: int, min_chunk
         return ops
     log.info("%s memory: prefix reuse through up to %d state checkpoints per sequence", kind, limit)
     return CheckpointKv(ops, PartialState(llama, ctx), limit=limit, tail=max(TAIL, min_chunk))
+
+
+def context_kv(
+    llama, ctx, layout: Layout, *, n_swa: int, memory: str | None, saves: bool
+) -> tuple[LlamaKvOps | CheckpointKv, ReadyBuffers | None]:
+    """The KV operations a scheduler's prefix cache runs on, and the memory made ready for what an
+    idle slot would leave with (state_memory.py; only when evictions save: host RAM or ``saves``, a
+    disk tier). With prefix reuse, checkpoints wrap them where ``memory`` cannot be cut back."""
+    buffers = None
+    if layout.prefix_cache and (layout.host_cache_bytes or saves):
+        buffers = ReadyBuffers(default_max_bytes(), lambda seq: llama.llama_state_seq_get_size(ctx, seq))
+    kv = LlamaKvOps(llama, ctx, n_swa=n_swa, buffers=buffers)
+    if not layout.prefix_cache:
+        return kv, buffers
+    return with_checkpoints(kv, llama, ctx, memory, limit=layout.checkpoints, min_chunk=layout.min_chunk), buffers

@@ -33,9 +33,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import InvalidMedia, LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt, MediaSpan
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +139,33 @@ class MediaEncoder:
 
 
 class MediaPrefill:
-    """Mixed into the scheduler: needs ``_llama``, ``_ctx``, ``layout``, ``encoder``, ``_prefilling``,
-    ``_finish`` and ``_call_decode``."""
+    """The scheduler's media side, held by it: queues a request's chunks with the encoder, says
+    what its next prefill piece is, and decodes a chunk's embeddings into its sequence.
 
-    def _media_admitted(self, job) -> None:
+    ``decode`` is the scheduler's :class:`~..decode_calls.DecodeCalls`; ``finish`` its way to end a
+    job with an error. ``encoder`` is None for a session without a usable projector (then no job
+    carries media)."""
+
+    def __init__(
+        self,
+        llama: Any,
+        ctx: Any,
+        step_tokens: int,
+        encoder: MediaEncoder | None,
+        decode: DecodeCalls,
+        finish: Callable[..., None],
+    ) -> None:
+        self._llama, self._ctx, self._step_tokens = llama, ctx, step_tokens
+        self.encoder, self._decode, self._finish = encoder, decode, finish
+
+    def admitted(self, job) -> None:
         """``job`` got its slot: queue the chunks the cache did not restore. No speculation for
         it: a draft must never propose a pseudo id (it would reach ``llama_decode`` as a token)."""
         job.spec = None
         job.encodes = self.encoder.submit(job.media, job.media.pending(job.cached))
 
-    def _media_next(self, job, start: int) -> tuple[int, MediaSpan | None] | None:
+    @staticmethod
+    def next_piece(job, start: int) -> tuple[int, MediaSpan | None] | None:
         """(tokens, the media chunk) the job's next prefill piece covers: text up to its next chunk,
         or that whole chunk; None while the chunk's encode is still running."""
         media = job.media
@@ -158,15 +179,15 @@ class MediaPrefill:
             return None
         return span.n_tokens, span
 
-    def _can_prefill(self) -> bool:
-        """Whether a prefilling job can make progress now (or was cancelled): else the scheduler sleeps."""
-        for job in self._prefilling:
+    def can_prefill(self, prefilling) -> bool:
+        """Whether a job of ``prefilling`` can make progress now (or was cancelled): else the scheduler sleeps."""
+        for job in prefilling:
             # Progress first: the cancel is read only for a job that waits (once per step otherwise, in _reap).
-            if self._media_next(job, len(job.slot.tokens)) is not None or job.abandoned or job.cancel.is_set():
+            if self.next_piece(job, len(job.slot.tokens)) is not None or job.abandoned or job.cancel.is_set():
                 return True
         return False
 
-    def _decode_media(self, job, span: MediaSpan, last: bool) -> int | None:
+    def decode(self, job, span: MediaSpan, last: bool) -> int | None:
         """Decode a chunk's embeddings into the job's sequence; the batch row to sample from, or None
         when the job failed (and was finished)."""
         ticket = job.encodes.pop(span.start, None)
@@ -177,7 +198,7 @@ class MediaPrefill:
         llama, n_embd = self._llama, self.encoder.projector.n_embd
         # One call when attention inside the chunk is bidirectional (it must be one ubatch);
         # otherwise pieces of at most a step's budget.
-        piece = span.n_tokens if span.non_causal else max(1, min(span.n_tokens, self.layout.step_tokens))
+        piece = span.n_tokens if span.non_causal else max(1, min(span.n_tokens, self._step_tokens))
         base = ctypes.addressof(ticket.embd)
         seq = (llama.llama_seq_id * 1)(job.slot.seq)
         seq_ptr = ctypes.cast(seq, ctypes.POINTER(llama.llama_seq_id))
@@ -195,7 +216,7 @@ class MediaPrefill:
                 batch.n_tokens = n
                 batch.embd = ctypes.cast(base + off * n_embd * 4, ctypes.POINTER(ctypes.c_float))
                 batch.pos, batch.n_seq_id, batch.seq_id, batch.logits = pos, n_seq, seq_ids, logits
-                if not self._call_decode([job], batch):
+                if not self._decode.run([job], batch):
                     return None
         finally:
             if span.non_causal:
@@ -203,7 +224,8 @@ class MediaPrefill:
         ticket.embd = None
         return n - 1
 
-    def _media_done(self, job) -> None:
+    def done(self, job) -> None:
+        """``job`` ended: its media go back to the encoder (the last user frees them)."""
         if job.media is not None:
             media, job.media = job.media, None
             job.encodes = {}

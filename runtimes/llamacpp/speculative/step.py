@@ -1,7 +1,7 @@
 """The scheduler's speculative steps: draft, verify in one pass, keep the agreeing prefix.
 
-A mixin of :class:`~.scheduler.Scheduler` (its own module only to keep the scheduler
-readable); the drafts and the policy that decides when they pay are :mod:`.speculative`.
+One object the :class:`~..scheduler.Scheduler` holds when speculation is on; the drafts and the
+policy that decides when they pay are :mod:`.drafting`.
 
 Why each verification is its own ``llama_decode`` call: with one KV stream per sequence,
 llama.cpp splits a batch into micro-batches with the same number of rows per sequence, so a
@@ -17,9 +17,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.speculative.drafting import CALIBRATED_ROWS, MAX_DRAFT, MIN_RUN
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.prefix import KvOps
+    from localrun.runtimes.llamacpp.cache.slots import Layout
+    from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
+    from localrun.runtimes.llamacpp.speculative.drafting import SpecTotals
+    from localrun.runtimes.llamacpp.speculative.pass_costs import DecodeCosts
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +37,46 @@ PROBE_CONTEXT = 48
 PROBE_ROWS = 8
 
 
-class SpeculativeSteps:
-    """Needs from the scheduler: ``layout``, ``costs``, ``spec_totals``, ``drafter``, ``speculative``, ``_llama``,
-    ``_batch``, ``_ctx``, ``_kv``, ``_is_eog``, ``_decode_rc``, ``_fail`` and ``_emit``."""
+def speculation_mode(mode: str, layout: Layout) -> str:
+    """The mode a scheduler runs: ``auto`` drafts in any layout but ``exact_prefix``, whose promise
+    is bit-exact answers (a pass rounds like a batched step, see the module docstring); ``ngram``
+    drafts regardless, as asked. Pass costs are timed at load when drafting is on."""
+    if mode == "auto" and layout.exact_prefix:
+        log.info(
+            "speculative decoding off: exact_prefix asks for bit-exact answers, and a verification "
+            "pass rounds like a batched step"
+        )
+        return "off"
+    return mode
 
-    def _speculate(self, jobs: list) -> list:
+
+class SpeculativeStep:
+    """The scheduler's speculation, held by it (mode ``auto``, ``ngram`` or ``draft``): drafts for
+    the sequences whose drafts pay, one verification pass each, and the pass costs timed at load.
+
+    ``costs`` and ``totals`` are the scheduler's (it reports them); ``decode`` its
+    :class:`~..decode_calls.DecodeCalls`; ``emit(job, token)`` hands it each kept token."""
+
+    def __init__(
+        self,
+        llama: Any,
+        ctx: Any,
+        layout: Layout,
+        kv: KvOps,
+        *,
+        mode: str,
+        costs: DecodeCosts,
+        totals: SpecTotals,
+        drafter: Any,
+        is_eog: Callable[[int], bool],
+        decode: DecodeCalls,
+        emit: Callable[[Any, int], None],
+    ) -> None:
+        self._llama, self._ctx, self.layout, self._kv = llama, ctx, layout, kv
+        self.speculative, self.costs, self.spec_totals, self.drafter = mode, costs, totals, drafter
+        self._is_eog, self._decode, self._emit = is_eog, decode, emit
+
+    def speculate(self, jobs: list) -> list:
         """Verify a draft for every sequence whose draft pays, each in its own call (a
         sequence's rows must not share a micro-batch with other sequences', see the module
         docstring); return the jobs left to decode plainly. Drafts come from the n-gram
@@ -69,12 +113,12 @@ class SpeculativeSteps:
                 plain.append(job)
         return plain
 
-    def _calibrate(self) -> None:
+    def calibrate(self) -> None:
         """Time the pass sizes (calibrate, below) on the scheduler's own thread, before
         any request: every decode of this context then runs on one thread. (llama.cpp's OpenMP
         keeps a thread team per calling thread; two teams on two cores slowed every later step
         by ~10 %, measured when the load ran this on the loading thread.)"""
-        calibrate(self._llama, self._ctx, self._batch, self.costs)
+        calibrate(self._llama, self._ctx, self._decode.batch, self.costs)
         log.info(
             "speculative decoding %s: a pass's best logits round by up to %.2g from one-row steps here",
             self.speculative,
@@ -111,13 +155,13 @@ class SpeculativeSteps:
         (the job then decodes plainly)."""
         slot, ctx = job.slot, self._ctx
         base, rows = len(slot.tokens), [job.pending, *draft]
-        fill_batch(self._batch, rows, range(base, base + len(rows)), slot.seq, True)
+        fill_batch(self._decode.batch, rows, range(base, base + len(rows)), slot.seq, True)
         started = time.perf_counter()
-        rc = self._decode_rc()
+        rc = self._decode.rc()
         if rc == 1:
             return False
         if rc != 0:
-            self._fail([job], rc)
+            self._decode.fail([job], rc)
             return True
         self.costs.observe_verify(len(rows), time.perf_counter() - started)
         entries = job.logprobs

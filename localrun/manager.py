@@ -13,56 +13,17 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from localrun.errors import LocalrunError, Overloaded
+from localrun.errors import LocalrunError
+from localrun.residency import LoadedModel, Residency
 from localrun.settings import Settings
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
 
 log = logging.getLogger(__name__)
 
 Planner = Callable[[ModelRecord], Plan]
-
-
-@dataclass
-class LoadedModel:
-    name: str
-    record: ModelRecord
-    plan: Plan
-    handle: Any
-    loaded_at: float = field(default_factory=time.time)
-    last_used: float = field(default_factory=time.monotonic)
-    keep_alive_s: float = 300.0  # negative: never unload on idle
-    pinned: bool = False
-    active: int = 0  # requests admitted (queued or running)
-    queue_limit: int | None = None  # admission bound; None: server.queue_size
-    retired: bool = False  # being replaced (a reload with a larger context): admit nothing more
-
-    def idle_s(self) -> float:
-        return 0.0 if self.active else time.monotonic() - self.last_used
-
-    def ttl_left_s(self) -> float | None:
-        if self.pinned or self.keep_alive_s < 0:
-            return None
-        return max(0.0, self.keep_alive_s - self.idle_s()) if not self.active else self.keep_alive_s
-
-    def info(self) -> dict[str, Any]:
-        mem = self.plan.memory.total if self.plan.memory else None
-        return {
-            "name": self.name,
-            "runtime": self.plan.runtime,
-            "device": self.plan.device,
-            "pid": self.handle.pid,
-            "n_ctx": self.plan.n_ctx,
-            "memory_bytes": mem,
-            "loaded_at": self.loaded_at,
-            "idle_s": round(self.idle_s(), 1),
-            "ttl_left_s": None if self.ttl_left_s() is None else round(self.ttl_left_s(), 1),
-            "pinned": self.pinned,
-            "active": self.active,
-            "in_flight": self.handle.in_flight,
-        }
 
 
 @dataclass(frozen=True)
@@ -79,6 +40,8 @@ class CatalogEntry:
     health: str | None = None  # an upstream model's health ("up", "cooldown", "unknown", "down"); None: local
     upstreams: tuple[str, ...] = ()  # the upstreams serving it; () for a local model
     upstream_model: str | None = None  # the id its upstreams know it by
+    #: What it can do (modelstore/capabilities.py), filled by ``catalog(with_capabilities=True)``.
+    capabilities: tuple[str, ...] = ()
 
 
 def source_label(record: ModelRecord) -> str:
@@ -116,11 +79,9 @@ class ModelManager:
         self._overrides = overrides
         #: One log file for every worker's output (``launch`` shows it); None: logs/worker-NAME.log each.
         self.worker_log = None
-        self._events = events
-        self._models: dict[str, LoadedModel] = {}
-        self._lock = threading.RLock()
-        self._released = threading.Condition(self._lock)  # notified whenever a request ends (reloads wait on it)
-        self._load_locks: dict[str, threading.Lock] = {}
+        #: The table of loaded models (localrun/residency.py): this manager's and the reload's.
+        self.residency = Residency(events)
+        self._remote_lock = threading.Lock()
         self._stop = threading.Event()
         self.worker_restarts = 0
         self._reaper = threading.Thread(target=self._reap_loop, name="keep-alive", daemon=True)
@@ -150,14 +111,8 @@ class ModelManager:
             overrides = dataclasses.replace(overrides or PlanOverrides(), n_ctx=n_ctx, ctx_source=ctx_source)
         return default_plan(record, self.settings, overrides)
 
-    def _emit(self, event: dict) -> None:
-        if self._events:
-            try:
-                self._events(event)
-            except Exception:  # noqa: BLE001 - a listener's bug must not break loading
-                log.exception("event listener failed")
-
-    def _start_handle(self, record: ModelRecord, plan: Plan):
+    def start_handle(self, record: ModelRecord, plan: Plan) -> Any:
+        """A handle on ``record`` loaded on ``plan``: a worker process, or a session on threads."""
         import dataclasses
 
         from localrun.runtimes import get_runtime
@@ -194,31 +149,26 @@ class ModelManager:
     ) -> LoadedModel:
         """Load ``name`` if it is not loaded (or its worker died), planned by ``plan_with`` (default
         :meth:`plan_for`); return it."""
-        remote = self._remote_model(name)
+        remote = self.remote_model(name)
         if remote is not None:
             return remote
         record = self.store.resolve(name)
         key = record.name
-        with self._lock:
-            lock = self._load_locks.setdefault(key, threading.Lock())
-        with lock:
-            with self._lock:
-                lm = self._models.get(key)
-                if lm is not None and not lm.handle.alive:
-                    log.warning("worker for %s died; starting a new one", key)
-                    self._models.pop(key, None)
-                    self.worker_restarts += 1
-                    lm = None
+        with self.residency.load_lock(key):
+            lm = self.residency.get(key)
+            if lm is not None and not lm.handle.alive:
+                log.warning("worker for %s died; starting a new one", key)
+                self.residency.remove(key)
+                self.worker_restarts += 1
+                lm = None
             if lm is None:
                 plan = (plan_with or self.plan_for)(record)
-                self._make_room(plan)
+                self.residency.make_room(plan, self.settings.runtime.max_loaded_models)
                 t0 = time.monotonic()
-                handle = self._start_handle(record, plan)
+                handle = self.start_handle(record, plan)
                 lm = LoadedModel(key, record, plan, handle, keep_alive_s=self.settings.runtime.keep_alive_s)
-                with self._lock:
-                    self._models[key] = lm
                 log.info("loaded %s with %s on %s in %.2f s", key, plan.runtime, plan.device, time.monotonic() - t0)
-                self._emit({"event": "loaded", "model": key})
+                self.residency.put(lm)
             if keep_alive_s is not None:
                 lm.keep_alive_s = keep_alive_s
             if pin is not None:
@@ -226,58 +176,21 @@ class ModelManager:
             lm.last_used = time.monotonic()
             return lm
 
-    def _make_room(self, plan: Plan) -> None:
-        """Evict idle, unpinned models (least recently used first) until the cap and memory allow the new one."""
-        need = plan.memory.total if plan.memory else 0
-        while True:
-            with self._lock:
-                loaded = list(self._models.values())
-            over_cap = len(loaded) >= self.settings.runtime.max_loaded_models
-            short = need and self._available_memory() is not None and need > self._available_memory()
-            if not (over_cap or short):
-                return
-            victims = sorted((m for m in loaded if not m.active and not m.pinned), key=lambda m: m.last_used)
-            if not victims:
-                if over_cap:
-                    raise Overloaded(
-                        f"{len(loaded)} models are loaded and none is idle (cap "
-                        f"{self.settings.runtime.max_loaded_models})",
-                        hint="retry when a request finishes, unload a model, or raise runtime.max_loaded_models",
-                    )
-                return  # memory looks short but nothing can go: let the load try
-            why = "the loaded-model cap" if over_cap else "memory for the new model"
-            log.info("evicting %s (idle %.0f s) to make room: %s", victims[0].name, victims[0].idle_s(), why)
-            self.unload(victims[0].name, reason=f"evicted for {why}")
-
-    @staticmethod
-    def _available_memory() -> int | None:
-        try:
-            import psutil
-        except ImportError:
-            return None
-        return int(psutil.virtual_memory().available)
-
     def unload(self, name: str, *, reason: str = "unloaded") -> bool:
-        with self._lock:
-            lm = self._models.pop(name, None)
-            if lm is None:
-                try:
-                    lm = self._models.pop(self.store.resolve(name).name, None)
-                except LocalrunError:
-                    lm = None
-        if lm is None:
+        """Unload ``name`` (as loaded, or as the store resolves it); False when it is not loaded."""
+        if self.residency.unload(name, reason):
+            return True
+        try:
+            key = self.store.resolve(name).name
+        except LocalrunError:
             return False
-        lm.handle.close()
-        log.info("%s: %s", lm.name, reason)
-        self._emit({"event": "unloaded", "model": lm.name, "reason": reason})
-        return True
+        return self.residency.unload(key, reason)
 
     def set_pin(self, name: str, pinned: bool) -> None:
         self.load(name, pin=pinned)
 
     def loaded(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [m.info() for m in self._models.values()]
+        return [m.info() for m in self.residency.models()]
 
     def cache_stats(self, timeout_s: float = 5.0) -> dict[str, dict[str, Any]]:
         """Each loaded model's prompt-cache numbers (RAM and disk: entries, tokens, bytes, counters),
@@ -288,8 +201,7 @@ class ModelManager:
         from localrun.worker.host import call_result
         from localrun.worker.ops import Call
 
-        with self._lock:
-            loaded = [m for m in self._models.values() if m.handle.alive and "slots" in (m.handle.capabilities or ())]
+        loaded = [m for m in self.residency.models() if m.handle.alive and "slots" in (m.handle.capabilities or ())]
         out: dict[str, dict[str, Any]] = {}
         for lm in loaded:
             try:
@@ -299,19 +211,16 @@ class ModelManager:
         return out
 
     def is_loaded(self, name: str) -> bool:
-        with self._lock:
-            return name in self._models
+        return name in self.residency
 
     def shutdown(self) -> None:
         self._stop.set()
-        with self._lock:
-            names = list(self._models)
-        for name in names:
+        for name in [m.name for m in self.residency.models()]:
             self.unload(name, reason="shutting down")
         if self.upstreams is not None:
             self.upstreams.close()
 
-    def _remote_model(self, name: str) -> LoadedModel | None:
+    def remote_model(self, name: str) -> LoadedModel | None:
         """The upstream model ``name`` routes to; None for a local name or when no upstream has it.
 
         Routing hands back an entry (record, plan, session); the LoadedModel around it is
@@ -327,7 +236,7 @@ class ModelManager:
             return None
         from localrun.worker.host import InProcessHandle
 
-        with self._lock:
+        with self._remote_lock:
             lm = self._remote_loaded.get(name)
             if lm is None or lm.record is not entry.record:
                 handle = InProcessHandle(entry.record, entry.plan, entry.session)
@@ -345,14 +254,22 @@ class ModelManager:
             return lm
 
     # -- listings for the front ends --------------------------------------------------------
-    def catalog(self, records: list[ModelRecord] | None = None, *, probe: bool = False) -> list[CatalogEntry]:
+    def catalog(
+        self, records: list[ModelRecord] | None = None, *, probe: bool = False, with_capabilities: bool = False
+    ) -> list[CatalogEntry]:
         """Every model a client can name: the store's (``records``, read now when None), then the upstreams'.
 
         ``probe`` asks each upstream now instead of trusting the background prober (``localrun ls``
-        has no server running, so nothing probed yet).
+        has no server running, so nothing probed yet). ``with_capabilities`` fills each entry's
+        ``capabilities`` (it may read a projector's header and parse a chat template: off the loop).
         """
+        from localrun.modelstore.capabilities import capabilities
+
+        def able(record: ModelRecord) -> tuple[str, ...]:
+            return tuple(capabilities(record, self.settings)) if with_capabilities else ()
+
         local = list(self.store.list()) if records is None else list(records)
-        out = [CatalogEntry(r.name, r, source_label(r)) for r in local]
+        out = [CatalogEntry(r.name, r, source_label(r), capabilities=able(r)) for r in local]
         if self.upstreams is None:
             return out
         from localrun.upstreams.routing import listed_models
@@ -371,6 +288,7 @@ class ModelManager:
                     item.health,
                     tuple(item.route.upstreams),
                     item.route.model,
+                    able(item.record),
                 )
             )
         return out
@@ -388,9 +306,7 @@ class ModelManager:
 
     def _reap_loop(self) -> None:
         while not self._stop.wait(1.0):
-            with self._lock:
-                expired = [m.name for m in self._models.values() if m.ttl_left_s() == 0.0]
-            for name in expired:
+            for name in self.residency.expired():
                 self.unload(name, reason="keep-alive expired")
 
     # -- requests --------------------------------------------------------------------------
@@ -402,31 +318,11 @@ class ModelManager:
 
         return ensure_context(self, name, n_ctx, source)
 
-    def _admit(self, lm: LoadedModel) -> bool:
-        """Count a request against ``lm``'s queue; False when ``lm`` is being replaced (load it again)."""
-        with self._lock:
-            if lm.retired:
-                return False
-            limit = lm.queue_limit or self.settings.server.queue_size
-            if lm.active >= limit:
-                raise Overloaded(
-                    f"{lm.name} has {lm.active} requests queued (limit {limit})",
-                    hint="retry in a moment",
-                )
-            lm.active += 1
-            return True
-
-    def _release(self, lm: LoadedModel) -> None:
-        with self._lock:
-            lm.active -= 1
-            lm.last_used = time.monotonic()
-            self._released.notify_all()
-
     def _load_admitted(self, name: str, keep_alive_s: float | None = None) -> LoadedModel:
         """Load and admit; a model replaced between the two (a reload) is loaded again, behind the reload."""
         while True:
             lm = self.load(name, keep_alive_s=keep_alive_s)
-            if self._admit(lm):
+            if self.residency.admit(lm, self.settings.server.queue_size):
                 return lm
 
     def stream(
@@ -446,7 +342,7 @@ class ModelManager:
         try:
             yield from watched(lm, req, iter_chunks(lm.handle, req, cancel))
         finally:
-            self._release(lm)
+            self.residency.release(lm)
 
     async def aopen(
         self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None
@@ -458,10 +354,10 @@ class ModelManager:
         import asyncio
 
         # An upstream model already routed once is found without a thread hop (nothing to load).
-        lm = self._remote_model(name) if self._remote is not None and self._remote.warm(name) else None
-        if lm is None or not self._admit(lm):
+        lm = self.remote_model(name) if self._remote is not None and self._remote.warm(name) else None
+        if lm is None or not self.residency.admit(lm, self.settings.server.queue_size):
             lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s)
-        return OpenStream(self, lm, self._forced(req))
+        return OpenStream(self.residency, lm, self._forced(req))
 
     def _forced(self, req: ChatRequest | CompletionRequest) -> ChatRequest | CompletionRequest:
         """``req`` at ``runtime.force_temperature`` when that is set (every route, the CLI and a
@@ -479,7 +375,7 @@ class ModelManager:
         try:
             return call_result(lm.handle, Embed(tuple(texts)))
         finally:
-            self._release(lm)
+            self.residency.release(lm)
 
     def call(self, name: str, method: str, args: dict[str, Any] | None = None) -> Any:
         """One of the session extras (``runtimes.base.EXTRAS``: tokenize, rerank…), admitted like a request."""
@@ -490,10 +386,10 @@ class ModelManager:
         try:
             return call_result(lm.handle, Call(method, dict(args or {})))
         finally:
-            self._release(lm)
+            self.residency.release(lm)
 
     def resolve(self, name: str) -> ModelRecord:
-        remote = self._remote_model(name)
+        remote = self.remote_model(name)
         return remote.record if remote is not None else self.store.resolve(name)
 
 
@@ -509,17 +405,17 @@ def _pool_from(settings: Settings):
 class OpenStream:
     """An admitted request whose chunks have not been read yet (see ``ModelManager.aopen``)."""
 
-    def __init__(self, manager: ModelManager, lm: LoadedModel, req: ChatRequest | CompletionRequest):
+    def __init__(self, residency: Residency, lm: LoadedModel, req: ChatRequest | CompletionRequest) -> None:
         self.record = lm.record
         self.plan = lm.plan
         self.capabilities = lm.handle.capabilities
-        self._manager, self._lm, self._req = manager, lm, req
+        self._residency, self._lm, self._req = residency, lm, req
         self._released = False
 
     def _release(self) -> None:
         if not self._released:
             self._released = True
-            self._manager._release(self._lm)
+            self._residency.release(self._lm)
 
     async def __aiter__(self) -> AsyncIterator[Chunk]:
         from localrun.activity import awatched

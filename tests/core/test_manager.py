@@ -109,7 +109,7 @@ def test_keep_alive_unloads_idle_models_and_negative_pins():
 
 def test_a_dead_worker_fails_its_request_and_the_next_request_starts_a_new_one(monkeypatch):
     m = _manager("a", delay=0.05)
-    monkeypatch.setattr("localrun.manager.ModelManager._start_handle", _force_worker(ModelManager._start_handle))
+    monkeypatch.setattr("localrun.manager.ModelManager.start_handle", _force_worker(ModelManager.start_handle))
     try:
         stream = m.stream("a", _req(1000))
         next(stream)
@@ -139,13 +139,13 @@ def _force_worker(original):
 def test_concurrent_first_use_loads_once():
     m = _manager("a")
     loads = []
-    orig = m._start_handle
+    orig = m.start_handle
 
     def counting(record, plan):
         loads.append(record.name)
         return orig(record, plan)
 
-    m._start_handle = counting
+    m.start_handle = counting
     try:
         threads = [threading.Thread(target=lambda: list(m.stream("a", _req(2)))) for _ in range(2)]
         for t in threads:

@@ -159,9 +159,9 @@ def test_an_overflow_beyond_the_trained_context_says_so(build_stack, live_factor
 def test_a_model_not_loaded_yet_is_loaded_once_with_the_larger_context(served, monkeypatch):
     stack, url = served()
     starts = []
-    real = stack.manager._start_handle
+    real = stack.manager.start_handle
     monkeypatch.setattr(
-        stack.manager, "_start_handle", lambda record, plan: starts.append(plan.n_ctx) or real(record, plan)
+        stack.manager, "start_handle", lambda record, plan: starts.append(plan.n_ctx) or real(record, plan)
     )
     assert chat(url, num_ctx=10_000).status_code == 200
     assert starts == [16_384] and loaded_ctx(stack) == 16_384

@@ -314,7 +314,8 @@ def test_manager_without_upstreams_has_an_empty_status_and_a_local_catalog():
 
 def test_an_upstream_name_routes_to_a_loaded_model_the_manager_builds_itself():
     """Routing hands back an entry; the manager wraps it (pinned, never reaped) and reuses it."""
-    from localrun.manager import LoadedModel, ModelManager
+    from localrun.manager import ModelManager
+    from localrun.residency import LoadedModel
     from localrun.settings import load_settings
     from tests.core.test_manager import DictStore
 

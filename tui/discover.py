@@ -209,7 +209,7 @@ class DiscoverScreen(LocalrunScreen):
         self.run_worker(job, thread=True, group="search", exclusive=True, name=f"search {query!r}", exit_on_error=False)
 
     def _search_cache(self, query: str) -> tuple[list[RepoRow], str]:
-        from localrun.modelstore.discovery import discover_hf_cache
+        from localrun.modelstore.sources.hf_cache import discover_hf_cache
 
         self._cache = cached_repos(discover_hf_cache(read_metadata=False), query)
         rows = [RepoRow(repo, None, None, "on disk") for repo in sorted(self._cache)]

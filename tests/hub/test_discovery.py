@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -10,16 +11,13 @@ from pathlib import Path
 import pytest
 
 from localrun.errors import VerificationFailed
-from localrun.modelstore.discovery import (
-    discover_all,
-    discover_hf_cache,
-    discover_lmstudio,
-    discover_ollama,
-    lmstudio_models_dir,
-)
 from localrun.modelstore.pull import pull
+from localrun.modelstore.sources import SOURCES, discover_all
+from localrun.modelstore.sources.hf_cache import discover_hf_cache
+from localrun.modelstore.sources.lmstudio import discover_lmstudio, lmstudio_models_dir
+from localrun.modelstore.sources.ollama import discover_ollama
 from localrun.modelstore.verify import verify
-from localrun.types import META_PROJECTOR, Format, Source
+from localrun.types import META_PROJECTOR, Format, ModelRecord, Source
 from tests.hub import repos
 from tests.support.projectors import make_projector
 
@@ -232,6 +230,23 @@ def test_discover_all_combines_sources(ollama_root, store, monkeypatch, tmp_path
     _lmstudio_tree(tmp_path / ".lmstudio" / "models")
     sources = {r.source for r in discover_all(store.settings)}
     assert sources == {Source.OLLAMA, Source.LMSTUDIO}
+
+
+def test_discovery_loops_over_the_source_registry(store, monkeypatch, tmp_path):
+    """A store source is one module and one registry entry: discover_all asks every entry, in order."""
+    assert list(SOURCES) == ["hf-cache", "ollama", "lmstudio"]
+    assert [s.source for s in SOURCES.values()] == [Source.HF_CACHE, Source.OLLAMA, Source.LMSTUDIO]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    asked = []
+    found = ModelRecord(name="elsewhere:latest", format=Format.GGUF, path=str(tmp_path / "m.gguf"), files=())
+
+    def discover(location=None, *, read_metadata=True):
+        asked.append(read_metadata)
+        return [found]
+
+    monkeypatch.setitem(SOURCES, "elsewhere", dataclasses.replace(SOURCES["ollama"], discover=discover))
+    assert discover_all(store.settings, read_metadata=False) == [found]
+    assert asked == [False]
 
 
 # --- verify --------------------------------------------------------------------------------

@@ -12,14 +12,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import LocalrunError
 from localrun.residency import LoadedModel, Residency
 from localrun.settings import Settings
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
+
+if TYPE_CHECKING:
+    from localrun.activity import OpenStream, RequestTiming
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,7 @@ class ModelManager:
         #: The table of loaded models (localrun/residency.py): this manager's and the reload's.
         self.residency = Residency(events)
         self._remote_lock = threading.Lock()
+        self._request_observers: list[Callable[[RequestTiming], None]] = []
         self._stop = threading.Event()
         self.worker_restarts = 0
         self._reaper = threading.Thread(target=self._reap_loop, name="keep-alive", daemon=True)
@@ -115,13 +119,14 @@ class ModelManager:
         """A handle on ``record`` loaded on ``plan``: a worker process, or a session on threads."""
         import dataclasses
 
+        from localrun.planning.policies import policy_for
         from localrun.runtimes import get_runtime
         from localrun.worker.host import InProcessHandle, WorkerHandle
 
         runtime = get_runtime(plan.runtime)
         if "log_dir" not in plan.options:
             plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
-        if plan.runtime == "llama.cpp":
+        if policy_for(plan.runtime).takes_cache_options:
             plan = dataclasses.replace(plan, options={**self._cache_options(), **plan.options})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
@@ -334,13 +339,18 @@ class ModelManager:
         keep_alive_s: float | None = None,
     ) -> Iterator[Chunk]:
         """Blocking chunk stream for the CLI and the TUI's workers."""
-        from localrun.activity import watched
+        from localrun.activity import start_timing, watched
         from localrun.worker.host import iter_chunks
 
         req = self._forced(req)
-        lm = self._load_admitted(name, keep_alive_s)
+        timing = start_timing(name, self._request_observers)
         try:
-            yield from watched(lm, req, iter_chunks(lm.handle, req, cancel))
+            lm = self._load_admitted(name, keep_alive_s)
+        except BaseException:
+            timing.end(failed=True, cancelled=cancel is not None and cancel.is_set())
+            raise
+        try:
+            yield from watched(lm, req, iter_chunks(lm.handle, req, cancel), timing, cancel)
         finally:
             self.residency.release(lm)
 
@@ -353,11 +363,25 @@ class ModelManager:
         """
         import asyncio
 
-        # An upstream model already routed once is found without a thread hop (nothing to load).
-        lm = self.remote_model(name) if self._remote is not None and self._remote.warm(name) else None
-        if lm is None or not self.residency.admit(lm, self.settings.server.queue_size):
-            lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s)
-        return OpenStream(self.residency, lm, self._forced(req))
+        from localrun.activity import start_timing
+
+        timing = start_timing(name, self._request_observers)
+        try:
+            # An upstream model already routed once is found without a thread hop (nothing to load).
+            lm = self.remote_model(name) if self._remote is not None and self._remote.warm(name) else None
+            if lm is None or not self.residency.admit(lm, self.settings.server.queue_size):
+                lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s)
+        except BaseException:
+            timing.end(failed=True)
+            raise
+        from localrun.activity import OpenStream
+
+        return OpenStream(self.residency, lm, self._forced(req), timing)
+
+    def observe_requests(self, observer: Callable[[RequestTiming], None]) -> None:
+        """Call ``observer(timing)`` as each stream starts (before its model loads), in the caller's
+        context: the TUI's request log and tokens/s follow every request through its timing."""
+        self._request_observers.append(observer)
 
     def _forced(self, req: ChatRequest | CompletionRequest) -> ChatRequest | CompletionRequest:
         """``req`` at ``runtime.force_temperature`` when that is set (every route, the CLI and a
@@ -400,32 +424,3 @@ def _pool_from(settings: Settings):
     from localrun.upstreams.pool import UpstreamPool
 
     return UpstreamPool(list(settings.upstreams), settings.upstream)
-
-
-class OpenStream:
-    """An admitted request whose chunks have not been read yet (see ``ModelManager.aopen``)."""
-
-    def __init__(self, residency: Residency, lm: LoadedModel, req: ChatRequest | CompletionRequest) -> None:
-        self.record = lm.record
-        self.plan = lm.plan
-        self.capabilities = lm.handle.capabilities
-        self._residency, self._lm, self._req = residency, lm, req
-        self._released = False
-
-    def _release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._residency.release(self._lm)
-
-    async def __aiter__(self) -> AsyncIterator[Chunk]:
-        from localrun.activity import awatched
-        from localrun.worker.host import aiter_chunks
-
-        try:
-            async for chunk in awatched(self._lm, self._req, aiter_chunks(self._lm.handle, self._req)):
-                yield chunk
-        finally:
-            self._release()
-
-    async def aclose(self) -> None:
-        self._release()

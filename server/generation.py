@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -94,6 +93,10 @@ class Generation:
         self.stats = request_stats(request)
         self.stats.model = stream.record.name
         self.metrics = metrics
+        #: The manager's timing of this request (localrun.activity.RequestTiming): the one measure
+        #: of its tokens, which the stats copy and whose gaps feed the ITL histogram.
+        self.timing = stream.timing
+        self.timing.on_gap(metrics.observe_itl)
         self.finish_reason: str | None = None
         self.usage = Usage()
         #: Parsed calls of the answer (from its last chunk); every token's log-probability, for a collected answer.
@@ -115,13 +118,8 @@ class Generation:
         if chunk.reasoning:
             self.reasoning_parts.append(chunk.reasoning)
         if chunk.text or chunk.reasoning:
-            now = time.perf_counter()
-            last = self.stats.last_token_at
-            if last is None:
-                self.stats.first_token_at = now
-            else:
-                self.metrics.observe_itl(now - last)
-            self.stats.last_token_at = now
+            self.stats.first_token_at = self.timing.first_token_at
+            self.stats.last_token_at = self.timing.last_token_at
         if chunk.tool_calls:
             self.tool_calls = chunk.tool_calls
         if chunk.usage is not None:

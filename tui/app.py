@@ -103,7 +103,9 @@ class LocalrunApp(App):
         super().__init__()
         self.settings = settings
         self.meter = RequestMeter(self._on_request_entry)
-        self.manager = self.meter.wrap(manager) if manager is not None else None
+        self.manager = manager
+        if manager is not None:  # the request log and tokens/s follow the manager's request timings
+            manager.observe_requests(self.meter.observe)
         self.store = store
         if backend is None and manager is not None and store is not None:
             backend = LocalBackend(store=store, manager=self.manager)

@@ -1,13 +1,14 @@
-"""The server screen's request log and tokens/s, measured where requests pass.
+"""The server screen's request log and tokens/s, read from the manager's request timings.
 
-Two taps share one context variable. An ASGI middleware opens a record per HTTP request
-(time, method, route, status); a thin proxy around the ModelManager fills in the model,
-the tokens, the time to first token and the decode rate as chunks flow through it. The
-record is finished when the response is sent. The proxy forwards everything else to the
-same manager, so the server and the TUI still share one set of loaded models.
+Nothing here measures a token. An ASGI middleware opens a record per HTTP request (time,
+method, route, status); the manager tells :meth:`RequestMeter.observe` of each stream it
+starts (``ModelManager.observe_requests``), in the request's own context, and the record
+takes that stream's :class:`~localrun.activity.RequestTiming`: the model, the tokens, the time
+to first token and the decode rate, as the activity log and the server's stats read them. The
+record is finished when the response is sent.
 
-Chats typed in the TUI itself go through the same proxy and appear in the log as
-``TUI chat``.
+Chats typed in the TUI itself have no HTTP request around them: their stream's timing makes a
+record of its own, finished when the stream ends, and shown in the log as ``TUI chat``.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
-from localrun.types import Chunk
+if TYPE_CHECKING:
+    from localrun.activity import RequestTiming
 
 log = logging.getLogger(__name__)
 
@@ -50,37 +52,35 @@ class RequestLogEntry:
 
 @dataclass
 class _Pending:
-    """A request in flight; mutated by the middleware and the manager proxy."""
+    """A request in flight: the middleware's record, or a TUI chat's; its numbers come from its timing."""
 
     method: str
     route: str
     at: float
     started: float
     model: str | None = None
+    timing: RequestTiming | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    chunks: int = 0
     first_token: float | None = None
     last_token: float | None = None
     status: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
 
-    def observe(self, chunk: Chunk) -> None:
-        if chunk.text:
-            now = time.perf_counter()
-            if self.first_token is None:
-                self.first_token = now
-            self.last_token = now
-            self.chunks += 1
-        if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.prompt_tokens
-            self.completion_tokens = chunk.usage.completion_tokens
-            self.drafted_tokens = chunk.usage.drafted_tokens
-            self.accepted_tokens = chunk.usage.accepted_tokens
+    def take_timing(self) -> None:
+        """Copy what the request's timing measured (nothing when no stream was started)."""
+        t = self.timing
+        if t is None:
+            return
+        self.model = self.model or t.model
+        self.prompt_tokens, self.completion_tokens = t.prompt_tokens, t.completion_tokens
+        self.first_token, self.last_token = t.first_token_at, t.last_token_at
+        if t.usage is not None:
+            self.drafted_tokens, self.accepted_tokens = t.usage.drafted_tokens, t.usage.accepted_tokens
 
     def entry(self) -> RequestLogEntry:
-        out = self.completion_tokens or self.chunks
+        out = self.completion_tokens
         ttft = self.first_token - self.started if self.first_token is not None else None
         rate = None
         if out > 1 and self.first_token is not None and self.last_token and self.last_token > self.first_token:
@@ -133,17 +133,39 @@ class RequestMeter:
     def __init__(self, on_entry: Callable[[RequestLogEntry], None]) -> None:
         self._on_entry = on_entry
         self._lock = threading.Lock()
-        self._tokens = 0
+        self._ended_tokens = 0
+        self._live: set[RequestTiming] = set()
 
     @property
     def tokens_total(self) -> int:
-        """Text chunks streamed since start: the sparkline samples its differences."""
-        return self._tokens
+        """Tokens streamed since start (ended streams and those still running): the sparkline
+        samples its differences."""
+        with self._lock:
+            return self._ended_tokens + sum(t.tokens for t in self._live)
 
-    def _count(self, chunk: Chunk) -> None:
-        if chunk.text:
-            with self._lock:
-                self._tokens += 1
+    def observe(self, timing: RequestTiming) -> None:
+        """The manager's request listener (``ModelManager.observe_requests``): called as a stream
+        starts, in its caller's context, so an HTTP request's record is found here."""
+        pending = _current.get()
+        own = pending is None
+        if pending is None:  # a chat typed in the TUI: no HTTP request around it
+            pending = _Pending("TUI", "chat", time.time(), time.perf_counter(), model=timing.model, status=200)
+        else:
+            pending.model = timing.model
+        pending.timing = timing
+        with self._lock:
+            self._live.add(timing)
+        timing.on_end(lambda t: self._ended(t, pending if own else None))
+
+    def _ended(self, timing: RequestTiming, own: _Pending | None) -> None:
+        with self._lock:
+            self._live.discard(timing)
+            self._ended_tokens += timing.tokens
+        if own is not None:
+            if timing.failed:
+                own.status = 499 if timing.cancelled else 500
+            own.take_timing()
+            self._finish(own)
 
     def _finish(self, pending: _Pending) -> None:
         try:
@@ -175,70 +197,8 @@ class RequestMeter:
                 raise
             finally:
                 _current.reset(token)
+                pending.take_timing()
                 _merge_server_stats(pending, scope)
                 self._finish(pending)
 
         return metered
-
-    def wrap(self, manager: Any) -> MeteredManager:
-        return MeteredManager(manager, self)
-
-
-class MeteredManager:
-    """The same ModelManager, with its streams observed. Everything else passes through."""
-
-    def __init__(self, manager: Any, meter: RequestMeter) -> None:
-        self._manager = manager
-        self._meter = meter
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._manager, name)
-
-    def _pending_for(self, name: str) -> tuple[_Pending, bool]:
-        """The HTTP request's record, or a new one (owned by us) for a chat typed in the TUI."""
-        pending = _current.get()
-        if pending is None:
-            return _Pending("TUI", "chat", time.time(), time.perf_counter(), model=name, status=200), True
-        pending.model = name
-        return pending, False
-
-    def stream(self, name: str, req, cancel=None, **kw) -> Iterator[Chunk]:
-        pending, own = self._pending_for(name)
-        try:
-            for chunk in self._manager.stream(name, req, cancel, **kw):
-                pending.observe(chunk)
-                self._meter._count(chunk)
-                yield chunk
-        except BaseException:
-            if own:
-                pending.status = 499 if cancel is not None and cancel.is_set() else 500
-            raise
-        finally:
-            if own:
-                self._meter._finish(pending)
-
-    async def aopen(self, name: str, req, **kw) -> _MeteredOpenStream:
-        pending, _ = self._pending_for(name)
-        opened = await self._manager.aopen(name, req, **kw)
-        return _MeteredOpenStream(opened, pending, self._meter)
-
-
-class _MeteredOpenStream:
-    """An ``OpenStream`` whose chunks are observed on their way out."""
-
-    def __init__(self, opened: Any, pending: _Pending, meter: RequestMeter) -> None:
-        self._opened = opened
-        self._pending = pending
-        self._meter = meter
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._opened, name)
-
-    async def __aiter__(self) -> AsyncIterator[Chunk]:
-        async for chunk in self._opened:
-            self._pending.observe(chunk)
-            self._meter._count(chunk)
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._opened.aclose()

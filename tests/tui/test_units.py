@@ -1,5 +1,5 @@
 """Pure pieces of the TUI, tested without an app: formatters, the error mapping, request
-metering (middleware + manager proxy), the attached backend's wire parsing."""
+metering (middleware + the manager's request timings), the attached backend's wire parsing."""
 
 from __future__ import annotations
 
@@ -66,28 +66,19 @@ def test_unexpected_errors_point_at_the_log():
     assert "KeyError" in view.message and "/tmp/tui.log" in view.action
 
 
-class _FakeManager:
-    """Just enough of ModelManager for the proxy: streams with usage on the last chunk."""
+def test_tui_chats_are_logged_from_the_managers_timing_and_counted():
+    """A stream with no HTTP request around it (a chat typed in the TUI) makes its own entry from
+    the timing the manager hands the meter; its tokens count while it runs and after."""
+    from localrun.activity import start_timing
 
-    def __init__(self):
-        self.calls = 0
-
-    def stream(self, name, req, cancel=None, **kw):
-        self.calls += 1
-        yield Chunk("a")
-        yield Chunk(" b")
-        yield Chunk(" c", finish_reason="stop", usage=Usage(prompt_tokens=7, completion_tokens=3))
-
-    def loaded(self):
-        return ["passes through"]
-
-
-def test_manager_proxy_logs_tui_chats_and_counts_tokens():
     entries = []
     meter = RequestMeter(entries.append)
-    proxy = meter.wrap(_FakeManager())
-    assert proxy.loaded() == ["passes through"]  # everything else reaches the real manager
-    assert "".join(c.text for c in proxy.stream("m", None)) == "a b c"
+    timing = start_timing("m", [meter.observe])
+    for chunk in (Chunk("a"), Chunk(" b")):
+        timing.note(chunk)
+    assert meter.tokens_total == 2 and not entries  # still running
+    timing.note(Chunk(" c", finish_reason="stop", usage=Usage(prompt_tokens=7, completion_tokens=3)))
+    timing.end(failed=False)
     assert meter.tokens_total == 3
     (e,) = entries
     assert (e.method, e.route, e.model, e.prompt_tokens, e.completion_tokens, e.status) == (
@@ -99,6 +90,28 @@ def test_manager_proxy_logs_tui_chats_and_counts_tokens():
         200,
     )
     assert e.ttft_s is not None and e.ttft_s >= 0
+    failed = start_timing("m", [meter.observe])
+    failed.end(failed=True, cancelled=True)
+    assert entries[-1].status == 499
+
+
+def test_the_meter_follows_a_real_managers_streams():
+    from localrun.manager import ModelManager
+    from localrun.settings import load_settings
+    from localrun.types import ChatRequest, Message, Plan, Sampling
+    from tests.core.test_manager import DictStore
+
+    entries = []
+    meter = RequestMeter(entries.append)
+    manager = ModelManager(load_settings(), DictStore("a"), planner=lambda r: Plan(runtime="fake", n_ctx=256))
+    manager.observe_requests(meter.observe)
+    try:
+        req = ChatRequest((Message("user", "hi"),), Sampling(max_tokens=5, temperature=0.0))
+        text = "".join(c.text for c in manager.stream("a", req))
+        (e,) = entries
+        assert text and (e.model, e.status) == ("a", 200) and e.completion_tokens == meter.tokens_total > 0
+    finally:
+        manager.shutdown()
 
 
 def test_middleware_records_route_status_and_the_servers_stats():

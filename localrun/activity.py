@@ -25,7 +25,17 @@ from localrun.errors import ContextOverflow, LocalrunError
 from localrun.planning.context import grown_context
 from localrun.planning.placement import ModelShape
 from localrun.residency import LoadedModel, Residency
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Usage
+from localrun.types import (
+    META_PROJECTOR,
+    Cancel,
+    ChatRequest,
+    Chunk,
+    CompletionRequest,
+    Media,
+    ModelRecord,
+    Plan,
+    Usage,
+)
 
 log = logging.getLogger("localrun.activity")
 
@@ -59,6 +69,35 @@ def with_context_hint(exc: ContextOverflow, record: Any, runtime: str = "") -> C
     trained = ModelShape.from_metadata(record.metadata).n_ctx_train
     exc.hint = context_fix(record.name, trained, int(found.group(1)) if found else None)
     return exc
+
+
+#: ``(record, plan, media the runtime takes) -> None``, raising the refusal: see ``ModelManager.aopen``.
+MediaCheck = Callable[[ModelRecord, Plan, frozenset[str]], None]
+
+
+def refuse_media_before_load(
+    record: ModelRecord, plan: Plan, media: tuple[Media, ...], check: MediaCheck | None
+) -> None:
+    """Refuse media before a load (most of a minute for a large model) when the runtime knows
+    without loading that the model cannot take them: a GGUF without a projector. ``check`` (the
+    server's: its words name the request's field) refuses, else the CLI's and the TUI's words do.
+
+    Raises:
+        UnsupportedFeature: the model cannot take the media.
+    """
+    from localrun.runtimes import get_runtime
+
+    known = getattr(get_runtime(plan.runtime), "media_before_load", None)
+    takes = known(record, plan) if known is not None else None
+    if takes is None:  # only the loaded session can say
+        return
+    if check is not None:
+        check(record, plan, takes)
+        return
+    from localrun.chat.attach import require_media_support
+
+    has_projector = bool(record.metadata.get(META_PROJECTOR))
+    require_media_support(media, takes, model=record.name, has_projector=has_projector)
 
 
 class RequestTiming:

@@ -9,6 +9,7 @@ died on the next request.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -16,10 +17,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from localrun.activity import MediaCheck, refuse_media_before_load
 from localrun.errors import LocalrunError
 from localrun.residency import LoadedModel, Residency
 from localrun.settings import Settings
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media, ModelRecord, Plan, Source
 
 if TYPE_CHECKING:
     from localrun.activity import OpenStream, RequestTiming
@@ -97,37 +99,30 @@ class ModelManager:
         if self._planner is not None:
             if n_ctx is None:
                 return self._planner(record)
-            import dataclasses
-            import inspect
-
             if "n_ctx" in inspect.signature(self._planner).parameters:
                 return self._planner(record, n_ctx=n_ctx)
             # a planner passed in (tests, the TUI's) that sizes nothing: take the context as asked
-            return dataclasses.replace(self._planner(record), n_ctx=n_ctx)
+            return replace(self._planner(record), n_ctx=n_ctx)
         from localrun.planning.facts import default_plan
 
         overrides = self._overrides
         if n_ctx is not None:
-            import dataclasses
-
             from localrun.planning.planner import PlanOverrides
 
-            overrides = dataclasses.replace(overrides or PlanOverrides(), n_ctx=n_ctx, ctx_source=ctx_source)
+            overrides = replace(overrides or PlanOverrides(), n_ctx=n_ctx, ctx_source=ctx_source)
         return default_plan(record, self.settings, overrides)
 
     def start_handle(self, record: ModelRecord, plan: Plan) -> Any:
         """A handle on ``record`` loaded on ``plan``: a worker process, or a session on threads."""
-        import dataclasses
-
         from localrun.planning.policies import policy_for
         from localrun.runtimes import get_runtime
         from localrun.worker.host import InProcessHandle, WorkerHandle
 
         runtime = get_runtime(plan.runtime)
         if "log_dir" not in plan.options:
-            plan = dataclasses.replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
+            plan = replace(plan, options={**plan.options, "log_dir": str(self.settings.data_dir / "logs")})
         if policy_for(plan.runtime).takes_cache_options:
-            plan = dataclasses.replace(plan, options={**self._cache_options(), **plan.options})
+            plan = replace(plan, options={**self._cache_options(), **plan.options})
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
             log_path = self.worker_log or self.settings.data_dir / "logs" / f"worker-{safe}.log"
@@ -151,9 +146,12 @@ class ModelManager:
         keep_alive_s: float | None = None,
         pin: bool | None = None,
         plan_with: Planner | None = None,
+        media: tuple[Media, ...] = (),
+        check: MediaCheck | None = None,
     ) -> LoadedModel:
         """Load ``name`` if it is not loaded (or its worker died), planned by ``plan_with`` (default
-        :meth:`plan_for`); return it."""
+        :meth:`plan_for`); return it. A load for a request with ``media`` is refused before it
+        starts when the model cannot take them (see :func:`.activity.refuse_media_before_load`)."""
         remote = self.remote_model(name)
         if remote is not None:
             return remote
@@ -168,6 +166,8 @@ class ModelManager:
                 lm = None
             if lm is None:
                 plan = (plan_with or self.plan_for)(record)
+                if media:
+                    refuse_media_before_load(record, plan, media, check)
                 self.residency.make_room(plan, self.settings.runtime.max_loaded_models)
                 t0 = time.monotonic()
                 handle = self.start_handle(record, plan)
@@ -323,10 +323,16 @@ class ModelManager:
 
         return ensure_context(self, name, n_ctx, source)
 
-    def _load_admitted(self, name: str, keep_alive_s: float | None = None) -> LoadedModel:
+    def _load_admitted(
+        self,
+        name: str,
+        keep_alive_s: float | None = None,
+        media: tuple[Media, ...] = (),
+        check: MediaCheck | None = None,
+    ) -> LoadedModel:
         """Load and admit; a model replaced between the two (a reload) is loaded again, behind the reload."""
         while True:
-            lm = self.load(name, keep_alive_s=keep_alive_s)
+            lm = self.load(name, keep_alive_s=keep_alive_s, media=media, check=check)
             if self.residency.admit(lm, self.settings.server.queue_size):
                 return lm
 
@@ -345,7 +351,7 @@ class ModelManager:
         req = self._forced(req)
         timing = start_timing(name, self._request_observers)
         try:
-            lm = self._load_admitted(name, keep_alive_s)
+            lm = self._load_admitted(name, keep_alive_s, req.media)
         except BaseException:
             timing.end(failed=True, cancelled=cancel is not None and cancel.is_set())
             raise
@@ -355,11 +361,18 @@ class ModelManager:
             self.residency.release(lm)
 
     async def aopen(
-        self, name: str, req: ChatRequest | CompletionRequest, *, keep_alive_s: float | None = None
+        self,
+        name: str,
+        req: ChatRequest | CompletionRequest,
+        *,
+        keep_alive_s: float | None = None,
+        check: MediaCheck | None = None,
     ) -> OpenStream:
         """Load and admit before any byte is sent, so load errors and 503s become proper HTTP errors.
 
-        The returned stream must be iterated or ``aclose``d; either way its slot is released once.
+        ``check(record, plan, media it takes)`` refuses the request's media before a load that
+        could not serve them (the server's words). The returned stream must be iterated or
+        ``aclose``d; either way its slot is released once.
         """
         import asyncio
 
@@ -370,7 +383,7 @@ class ModelManager:
             # An upstream model already routed once is found without a thread hop (nothing to load).
             lm = self.remote_model(name) if self._remote is not None and self._remote.warm(name) else None
             if lm is None or not self.residency.admit(lm, self.settings.server.queue_size):
-                lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s)
+                lm = await asyncio.to_thread(self._load_admitted, name, keep_alive_s, req.media, check)
         except BaseException:
             timing.end(failed=True)
             raise

@@ -104,6 +104,16 @@ class FakeRuntime:
     def load(self, model: ModelRecord, plan: Plan) -> FakeSession:
         return FakeSession(model, plan)
 
+    def media_before_load(self, model: ModelRecord, plan: Plan) -> frozenset[str]:
+        """The media a session would take (the manager refuses others before loading)."""
+        return _capabilities(model, plan) & {VISION, AUDIO}
+
+
+def _capabilities(model: ModelRecord, plan: Plan) -> frozenset[str]:
+    if "fake_capabilities" in plan.options:
+        return frozenset(plan.options["fake_capabilities"] or ())
+    return FakeSession.capabilities | ({VISION} if model.metadata.get(META_PROJECTOR) else set())
+
 
 class FakeSession:
     capabilities: frozenset[str] = frozenset({"embeddings"})
@@ -111,10 +121,7 @@ class FakeSession:
     def __init__(self, model: ModelRecord, plan: Plan) -> None:
         self.model = model
         self.plan = plan
-        if "fake_capabilities" in plan.options:
-            self.capabilities = frozenset(plan.options["fake_capabilities"] or ())
-        elif model.metadata.get(META_PROJECTOR):
-            self.capabilities = self.capabilities | {VISION}
+        self.capabilities = _capabilities(model, plan)
         self._delay = float(plan.options.get("fake_delay_s", 0) or 0)
         self._reply_words = int(plan.options.get("fake_reply_words", 48))
         self._think_words = int(plan.options.get("fake_think_words", 0))

@@ -22,7 +22,7 @@ from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import note_ignored, refuse_unsupported
 from localrun.server.metrics import STATS_KEY, Metrics, RequestStats
-from localrun.types import Chunk, Sampling, Usage
+from localrun.types import AUDIO, VISION, Chunk, Sampling, Usage
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +222,12 @@ async def open_generation(
 ) -> Generation:
     """Load and admit (errors become HTTP errors), then refuse fields the runtime cannot honour."""
     state = app_state(request)
-    stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s)
+    media = [(field, capability) for field, capability in found if capability in (VISION, AUDIO)]
+
+    def check(record, plan, takes: frozenset[str]) -> None:  # media refused before a load that cannot serve them
+        refuse_unsupported(media, model=record.name, runtime=plan.runtime, capabilities=takes)
+
+    stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s, check=check)
     try:
         refuse_unsupported(
             found,

@@ -109,6 +109,13 @@ class LlamaCppRuntime:
     def load(self, model: ModelRecord, plan: Plan) -> LlamaCppSession:
         return LlamaCppSession.open(model, plan)
 
+    def media_before_load(self, model: ModelRecord, plan: Plan) -> frozenset[str] | None:
+        """No media without a projector (the manager refuses them before a load of most of a
+        minute); with one, its header decides, once loaded (None)."""
+        from localrun.types import META_PROJECTOR
+
+        return None if model.metadata.get(META_PROJECTOR) else frozenset()
+
 
 class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.

@@ -3,6 +3,7 @@ the loaded-model cap and pinning — with the fake runtime, in and out of a work
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -10,10 +11,10 @@ import time
 
 import pytest
 
-from localrun.errors import ModelNotFound, Overloaded, WorkerCrashed
+from localrun.errors import ModelNotFound, Overloaded, UnsupportedFeature, WorkerCrashed
 from localrun.manager import ModelManager
 from localrun.settings import load_settings
-from localrun.types import Cancel, ChatRequest, Format, Message, ModelRecord, Plan, Sampling
+from localrun.types import META_PROJECTOR, Cancel, ChatRequest, Format, Media, Message, ModelRecord, Plan, Sampling
 
 
 class DictStore:
@@ -167,5 +168,55 @@ def test_cancel_object_stops_a_blocking_stream():
             if len(got) == 2:
                 cancel.set()
         assert got[-1].finish_reason == "cancelled"
+    finally:
+        m.shutdown()
+
+
+def _image_chat():
+    image = Media("image", b"\x89PNG not really", "image/png")
+    return ChatRequest(messages=(Message("user", "<__media__> what is it?", media=(image,)),), sampling=Sampling())
+
+
+def _counting_starts(m):
+    starts = []
+    real = m.start_handle
+    m.start_handle = lambda record, plan: starts.append(record.name) or real(record, plan)
+    return starts
+
+
+def test_media_for_a_model_without_a_projector_are_refused_before_it_loads():
+    """A text-only model is not loaded (most of a minute for a large one) to refuse an image."""
+    m = _manager("a")
+    starts = _counting_starts(m)
+    try:
+        with pytest.raises(UnsupportedFeature, match="a cannot take image input") as info:
+            list(m.stream("a", _image_chat()))
+        assert "--mmproj" in (info.value.hint or "")
+        seen = []
+
+        def check(record, plan, takes):  # the server's refusal, in its own words
+            seen.append((record.name, plan.runtime, takes))
+            raise UnsupportedFeature("refused by the caller's check")
+
+        with pytest.raises(UnsupportedFeature, match="caller's check"):
+            asyncio.run(m.aopen("a", _image_chat(), check=check))
+        assert seen == [("a", "fake", frozenset())]
+        assert starts == [] and not m.is_loaded("a")
+        list(m.stream("a", _req(2)))  # text still loads it
+        assert starts == ["a"]
+    finally:
+        m.shutdown()
+
+
+def test_media_for_a_model_with_a_projector_load_it():
+    m = _manager("a")
+    record = m.store.records["a"]
+    m.store.records["a"] = ModelRecord(
+        name="a", format=Format.GGUF, path=record.path, metadata={META_PROJECTOR: "/models/mmproj-a.gguf"}
+    )
+    starts = _counting_starts(m)
+    try:
+        text = "".join(c.text for c in m.stream("a", _image_chat()))
+        assert "image/png" in text and starts == ["a"]
     finally:
         m.shutdown()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterator
 
-from localrun.runtimes.llamacpp.cache.prefix import Slot
+from localrun.runtimes.llamacpp.cache.slot import Slot
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.runtimes.llamacpp.speculative.drafting import SpecState
 from localrun.runtimes.llamacpp.text import TextAssembler

@@ -61,7 +61,6 @@ import time
 from localrun.errors import LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, context_kv
 from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
-from localrun.runtimes.llamacpp.cache.slot_books import acquire_at
 from localrun.runtimes.llamacpp.cache.slots import Layout, chunk_size
 from localrun.runtimes.llamacpp.calls import ThreadCalls
 from localrun.runtimes.llamacpp.decode import fill_batch
@@ -214,6 +213,10 @@ class Scheduler:
     def running(self) -> int:
         return len(self._waiting) + len(self._decoding) + len(self._prefilling)
 
+    def jobs_by_slot(self) -> dict[int, Job]:
+        """The requests holding a slot, by its sequence (on the scheduler thread: through :meth:`call`)."""
+        return {j.slot.seq: j for j in (*self._prefilling, *self._decoding) if j.slot is not None}
+
     # --- the scheduler thread -------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -303,7 +306,7 @@ class Scheduler:
                 seq for j in ahead if (seq := j.id_slot if j.id_slot >= 0 else self.cache.wanted(j.prompt)) is not None
             )
             got = (
-                acquire_at(self.cache, job.prompt, job.id_slot)
+                self.cache.acquire_at(job.prompt, job.id_slot)
                 if job.id_slot >= 0
                 else self.cache.acquire(job.prompt, spare=spare)
             )

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from localrun.errors import Overloaded, SlotError
-from localrun.runtimes.llamacpp.cache.slot_books import adopt
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +127,7 @@ class SlotApi:
 
     def _slot_rows(self) -> list[dict[str, Any]]:
         sched = self._sched
-        running = [*sched._prefilling, *sched._decoding]  # noqa: SLF001 - read on the scheduler's own thread
-        jobs = {j.slot.seq: j for j in running if j.slot is not None}
+        jobs = sched.jobs_by_slot()
         rows = []
         for slot in sched.cache.slots:
             row: dict[str, Any] = {
@@ -278,16 +276,14 @@ class SlotApi:
                 param="id_slot",
                 hint="erase it, or save a slot that holds text only",
             )
-        state = self._sched._kv.save(slot.seq)  # noqa: SLF001 - the scheduler's KvOps, on its thread
+        state = self._sched.cache.save_state(slot)
         if state is None:
             raise SlotError(f"llama.cpp could not copy slot {slot.seq}'s state", param="id_slot")
         return tokens, file_state(state)
 
     def _restore_now(self, slot, tokens: list[int], state: bytes, name: str) -> None:
-        cache, kv = self._sched.cache, self._sched._kv  # noqa: SLF001 - the scheduler's KvOps, on its thread
-        cache.drop(slot)
-        if not kv.restore(slot.seq, buffer_state(state, slot.seq)):
-            cache.drop(slot)
+        cache = self._sched.cache
+        if not cache.restore_state(slot, buffer_state(state, slot.seq)):
             raise SlotError(
                 f"llama.cpp refused the state in {name!r}: it was saved from another model or context layout",
                 param="filename",
@@ -301,7 +297,7 @@ class SlotApi:
                 param="filename",
                 hint="the file is damaged: save the slot again",
             )
-        adopt(cache, slot, tokens)
+        cache.adopt(slot, tokens)
 
 
 def _read_file(path: Path, name: str) -> bytes:

@@ -246,7 +246,7 @@ def test_a_leaving_slot_leaves_states_at_its_checkpoints_so_a_repeat_and_the_nex
     # Evicting it leaves the tail and 1024 (the end is 4 tokens from the tail); not the whole slot:
     # its answer is 3 tokens past the tail, which the next turn prefills again.
     turn(cache, ops, kv, [5] * 80)
-    entries = sorted(len(e.tokens) for e in cache._host.values())
+    entries = sorted(len(e.tokens) for e in cache.host.entries.values())
     assert entries == [1024, len(prompt) - TAIL]
     # The next turn, the answer rendered differently: the tail's state, TAIL tokens more to prefill.
     _, keep = turn(cache, ops, kv, prompt + [70, 80, 1, 2])
@@ -278,7 +278,7 @@ def test_a_hybrid_slot_checkpoints_where_its_last_user_message_begins_and_leaves
     slot, _ = turn(cache, ops, kv, prompt, answer=[7, 8, 9])
     assert len(system) in ops.positions(slot.seq)
     turn(cache, ops, kv, [5] * 80)  # evicts it: the tail and the turn (the 3-token answer is not worth a state)
-    entries = sorted(len(e.tokens) for e in cache._host.values())
+    entries = sorted(len(e.tokens) for e in cache.host.entries.values())
     assert entries == [len(system), len(prompt) - TAIL]
     # The agent's next session: the same system prompt, another question.
     _, keep = turn(cache, ops, kv, system + list(range(6000, 6100)))
@@ -292,7 +292,7 @@ def test_a_leaving_slot_with_a_longer_answer_leaves_its_whole_content_too():
     answer = list(range(100, 100 + SHORT_ANSWER + 1))
     turn(cache, ops, kv, prompt, answer=answer)
     turn(cache, ops, kv, [5] * 80)
-    entries = sorted(len(e.tokens) for e in cache._host.values())
+    entries = sorted(len(e.tokens) for e in cache.host.entries.values())
     assert entries == [1024, len(prompt) - TAIL, len(prompt) + len(answer)]
     _, keep = turn(cache, ops, kv, prompt + answer + [1, 2])  # the next turn, the answer as it was
     assert keep == len(prompt) + len(answer)

@@ -285,7 +285,7 @@ def test_host_ram_keeps_to_its_budget_least_recently_used_first():
         run(cache, kv, p)
     run(cache, kv, [1] * 10)
     assert cache.stats().host_entries == 2
-    assert cache.host_bytes <= int(one * 2.5)
+    assert cache.host.bytes <= int(one * 2.5)
     assert cache.index.longest(prompts[0])[0] == 0  # the oldest went
     assert cache.index.longest(prompts[3])[0] == HOST_MIN_TOKENS
 
@@ -331,4 +331,4 @@ def test_random_workload_keeps_the_books_straight(seed):
             kv.kv[slot.seq] = list(slot.tokens)
             running.append(slot)
         check(cache, kv)
-        assert cache.host_bytes <= 1 << 16
+        assert cache.host.bytes <= 1 << 16

@@ -144,7 +144,7 @@ def test_the_cache_wants_as_many_buffers_as_its_slot_then_leaves_states(prompt, 
     slot, _ = turn(cache, ops, kv, prompt, answer=answer)
     wanted = rec.wants[slot.seq]
     turn(cache, ops, kv, [5] * 40)  # evicts it
-    assert wanted == len(cache._host) > 0
+    assert wanted == len(cache.host.entries) > 0
     assert rec.forgot == [slot.seq], "the evicted slot's buffers go with it"
     assert rec.wants[slot.seq] == 0, "40 tokens in the slot now: under a state worth keeping"
 
@@ -166,7 +166,7 @@ def test_a_plain_attention_slot_wants_one_and_none_once_its_prefix_is_held():
     run(cache, kv, [9] * 40)  # the other slot: too short for a state
     assert rec.wants[1] == 0
     run(cache, kv, [8] * 100)  # evicts slot 0, the least recently used: its state goes to host RAM
-    assert len(cache._host) == 1 and rec.wants[0] == 1 and rec.forgot == [0]
+    assert len(cache.host.entries) == 1 and rec.wants[0] == 1 and rec.forgot == [0]
     run(cache, kv, prompt[:200])  # restored from host RAM into slot 1, no answer: nothing new to keep
     assert [len(s.tokens) for s in cache.slots] == [100, 200] and cache.stats().restored == 1
     assert rec.wants[1] == 0, "host RAM holds a longer state that serves these 200 tokens"

@@ -47,12 +47,18 @@ restores without a cut: the prefix cache reuses such an entry only when the prom
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
 from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, read_state, state_source
 from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, default_max_bytes
+from localrun.runtimes.llamacpp.media.prompt import media_safe_cut
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.radix import RadixIndex
+    from localrun.runtimes.llamacpp.cache.slot import Slot
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +258,40 @@ def saved_cuttable(ops) -> bool:
     """Whether a state ``ops`` saved restores at any prefix (else only whole): not for memory that
     cannot be cut, nor for a sliding-window model's, whose saved state keeps only the window."""
     return bool(getattr(ops, "saved_cuttable", True)) and bool(getattr(ops, "cuttable", True))
+
+
+def uncut_reuse(
+    prompt: Sequence[int],
+    keep: int,
+    owners: frozenset[int],
+    limit: int,
+    ops,
+    index: RadixIndex,
+    slots: dict[int, Slot],
+    saved_length: Callable[[int], int | None],
+) -> tuple[int, frozenset[int]]:
+    """What the prefix cache may reuse of ``prompt`` when saved states restore only whole: one
+    serves only if the prompt covers it whole; a slot (of ``slots``, by sequence) as far as it cuts
+    (memory that cannot be cut: its newest checkpoint at or below ``keep``, or whole). The longer of
+    the slots' reach and the longest saved state covered, and its owners in ``index``."""
+    held = frozenset(o for o in owners if o in slots)
+    exact = frozenset(o for o in owners if o not in slots and saved_length(o) == keep)
+    if exact:
+        return keep, exact | held
+    if not held:
+        reach = 0
+    elif getattr(ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
+        reach = keep if any(ops.window_ok(o, keep) for o in held) else 0
+    else:
+        positions = ops.positions
+        reach = max(
+            keep if len(slots[o].tokens) == keep else max((p for p in positions(o) if p <= keep), default=0)
+            for o in held
+        )
+    whole, enders = index.whole(prompt, limit)
+    if whole > reach and media_safe_cut(prompt, whole) == whole:
+        return whole, enders
+    return (keep, held) if held else (0, frozenset())
 
 
 @dataclass(frozen=True)

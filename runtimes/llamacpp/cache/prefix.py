@@ -24,13 +24,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from localrun.runtimes.llamacpp.cache.checkpoints import leaving_count, leaving_states, saved_cuttable
+from localrun.runtimes.llamacpp.cache.checkpoints import leaving_states, saved_cuttable, uncut_reuse
+from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS, HostTier
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
 from localrun.runtimes.llamacpp.cache.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
+from localrun.runtimes.llamacpp.cache.slot import CacheStats, KvOps, Slot
 from localrun.runtimes.llamacpp.media.prompt import media_safe_cut
 
 log = logging.getLogger(__name__)
@@ -40,74 +40,10 @@ MIN_COPY = 32
 #: Shorter shared prefixes are not reused at all: they save a few milliseconds of prefill but
 #: pin the request to a slot that may split the decode batch (see ``_victim``).
 MIN_REUSE = 16
-#: Sequences shorter than this are not worth a host-RAM entry.
-HOST_MIN_TOKENS = 64
 #: An idle slot whose content goes this far past the shared prefix is copied from, not cut.
 KEEP_TAIL = 64
 #: Disk entries written this close to the newest one count as one slot's leaving (:meth:`PrefixCache.warm`).
 WARM_BATCH_S = 5.0
-
-
-class KvOps(Protocol):
-    """The KV operations the cache asks of the context (llama.cpp's memory and state API)."""
-
-    def clear(self, seq: int) -> None: ...
-
-    def truncate(self, seq: int, keep: int) -> bool: ...
-
-    def copy(self, src: int, dst: int) -> None: ...
-
-    def window_ok(self, seq: int, keep: int) -> bool: ...
-
-    def save(self, seq: int) -> Blob | None: ...
-
-    def restore(self, seq: int, blob: Blob) -> bool: ...
-
-
-@dataclass
-class Slot:
-    """One sequence of the context. ``tokens`` lists exactly the tokens whose KV it holds."""
-
-    seq: int
-    tokens: list[int] = field(default_factory=list)
-    busy: bool = False
-    used_at: int = 0
-    prompt_end: int = 0  # how many of ``tokens`` the last prompt's prefill left (the answer follows)
-    #: Where that prompt's last user message begins (turns.TurnPrompt.turn), if it says.
-    turn: Callable[[], int | None] | None = None
-    #: The disk owner :meth:`PrefixCache.warm` restored this content from, until a request reuses it.
-    warm_from: int | None = None
-
-
-@dataclass
-class _HostEntry:
-    tokens: list[int]
-    blob: bytes
-    used_at: int
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    reused_in_place: int = 0
-    copied: int = 0
-    restored: int = 0
-    saved: int = 0
-    relocated: int = 0
-    host_bytes: int = 0
-    host_entries: int = 0
-    host_tokens: int = 0
-    # The disk tier (kv_disk.py): what it holds for this model's key, and its counters.
-    disk_entries: int = 0
-    disk_bytes: int = 0
-    disk_tokens: int = 0
-    disk_hits: int = 0  # prefixes restored from disk
-    disk_misses: int = 0  # lookups that found nothing usable there (or a file that failed its check)
-    disk_read_bytes: int = 0
-    disk_written_bytes: int = 0
-    disk_restored_tokens: int = 0
-    # State checkpoints (hybrid, recurrent and sliding-window models: checkpoints.py).
-    checkpoints: int = 0
-    checkpoint_restores: int = 0
 
 
 class PrefixCache:
@@ -135,14 +71,16 @@ class PrefixCache:
         self._ops = ops
         self._min_tail = max(1, min_tail)
         self._reuse = reuse
-        self._host_budget = max(0, int(host_budget))
-        self._host: dict[int, _HostEntry] = {}
-        self._host_ids = itertools.count(n_slots)  # owner ids: slots are 0..n-1, host entries after
+        owner_ids = itertools.count(n_slots)  # owner ids: slots are 0..n-1, saved states after
         self._clock = itertools.count(1)
         self.index = RadixIndex()
-        self._counts = {"reused_in_place": 0, "copied": 0, "restored": 0, "saved": 0, "relocated": 0}
+        self._counts = {"reused_in_place": 0, "copied": 0, "restored": 0, "relocated": 0}
+        #: What evicted slots leave in host RAM (host_tier.py).
+        self.host = HostTier(
+            ops, self.index, budget=host_budget, owner_ids=owner_ids, clock=self._clock, min_tail=self._min_tail
+        )
         whole_only = not saved_cuttable(ops)
-        self.disk = DiskSpill(disk, self.index, self._host_ids, whole_only=whole_only) if disk is not None else None
+        self.disk = DiskSpill(disk, self.index, owner_ids, whole_only=whole_only) if disk is not None else None
         #: Memory made ready for what an idle slot would leave with (state_memory.ReadyBuffers), or None.
         self._buffers = buffers
 
@@ -176,41 +114,16 @@ class PrefixCache:
         found, owners = self.index.longest(prompt)
         keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media_prompt.py)
         if not saved_cuttable(self._ops):  # a saved state restores only whole (checkpoints.py)
-            keep, owners = self._uncut_reuse(prompt, keep, owners, limit)
+            by_seq = {s.seq: s for s in self.slots}
+            keep, owners = uncut_reuse(prompt, keep, owners, limit, self._ops, self.index, by_seq, self._saved_length)
         if keep < max(MIN_REUSE, self._min_tail) or not owners:  # a few tokens are not worth it
             return 0, frozenset()
         return keep, owners
 
-    def _uncut_reuse(
-        self, prompt: Sequence[int], keep: int, owners: frozenset[int], limit: int
-    ) -> tuple[int, frozenset[int]]:
-        """Saved states that restore only whole: one serves only if the prompt covers it whole; a
-        slot as far as it cuts (memory that cannot be cut: its newest checkpoint at or below
-        ``keep``, or whole). The longer of the slots' reach and the longest saved state covered."""
-        by_seq = {s.seq: s for s in self.slots}
-        slots = frozenset(o for o in owners if o in by_seq)
-        exact = frozenset(o for o in owners if o not in by_seq and self._saved_length(o) == keep)
-        if exact:
-            return keep, exact | slots
-        if not slots:
-            reach = 0
-        elif getattr(self._ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
-            reach = keep if any(self._ops.window_ok(o, keep) for o in slots) else 0
-        else:
-            positions = self._ops.positions
-            reach = max(
-                keep if len(by_seq[o].tokens) == keep else max((p for p in positions(o) if p <= keep), default=0)
-                for o in slots
-            )
-        whole, enders = self.index.whole(prompt, limit)
-        if whole > reach and media_safe_cut(prompt, whole) == whole:
-            return whole, enders
-        return (keep, slots) if slots else (0, frozenset())
-
     def _saved_length(self, owner: int) -> int | None:
         """How many tokens a saved state (host RAM or disk) holds; None for a slot."""
-        if owner in self._host:
-            return len(self._host[owner].tokens)
+        if owner in self.host.entries:
+            return len(self.host.entries[owner].tokens)
         if self.disk is not None and owner in self.disk:
             return len(self.disk.tokens(owner))
         return None
@@ -228,7 +141,9 @@ class PrefixCache:
         slot.used_at = next(self._clock)
         self.index.set(slot.seq, slot.tokens)
         if self._buffers is not None:
-            self._buffers.want(slot.seq, self._leaving_count(slot) if self._keeps(slot) else 0)
+            self._buffers.want(
+                slot.seq, self.host.leaving_count(slot, self.disk) if self.host.keeps(slot, self.disk) else 0
+            )
 
     def drop(self, slot: Slot) -> None:
         """Forget and clear ``slot`` (its KV is unknown after a failed decode)."""
@@ -248,15 +163,68 @@ class PrefixCache:
                 n += 1
         return n
 
+    # --- llama-server's slot API: a request pinned to a slot, a slot file restored ---------------
+
+    def acquire_at(self, prompt: Sequence[int], seq: int) -> tuple[Slot, int] | None:
+        """Slot ``seq`` for ``prompt`` (a request's ``id_slot``), holding the longest reusable prefix
+        found anywhere: cut in place when that slot has it, else copied from the slot that does,
+        else restored from host RAM. None while ``seq`` is busy.
+
+        What ``seq`` held goes as an eviction does (to host RAM first when the tier is on), so
+        pinning a request never loses more than placing it would."""
+        slot = self.slots[seq]
+        if slot.busy:
+            return None
+        keep, owners = self._reusable(prompt)
+        if keep and seq in owners:
+            kept = self._cut(slot, keep, reuse_from=slot)
+        else:
+            if slot.tokens:
+                self._evict(slot)  # first: an eviction may reshuffle host RAM, so look again after it
+                keep, owners = self._reusable(prompt)
+            by_seq = {s.seq: s for s in self.slots}
+            sources = sorted(owners, key=lambda o: (o not in by_seq, o))
+            if not sources or keep < MIN_COPY:
+                kept = self._cut(slot, 0, reuse_from=None)
+            elif sources[0] in by_seq:
+                kept = self._copy(by_seq[sources[0]], slot, keep)
+            else:
+                kept = self._restore(sources[0], slot, keep)
+        slot.busy = True
+        slot.used_at = next(self._clock)
+        return slot, kept
+
+    def save_state(self, slot: Slot) -> Blob | None:
+        """A copy of ``slot``'s KV state (llama.cpp's sequence state), or None when it cannot be copied."""
+        return self._ops.save(slot.seq)
+
+    def restore_state(self, slot: Slot, state: Blob) -> bool:
+        """Replace ``slot``'s KV with ``state``, emptied first; its books say it holds nothing until
+        :meth:`adopt` names its tokens. False when llama.cpp refuses the state (then it is empty)."""
+        self.drop(slot)
+        if self._ops.restore(slot.seq, state):
+            return True
+        self.drop(slot)
+        return False
+
+    def adopt(self, slot: Slot, tokens: Sequence[int]) -> None:
+        """``slot``'s KV was replaced outside the cache (a slot file was restored into it): it holds
+        exactly ``tokens`` now, and any request sharing their prefix may reuse them."""
+        slot.tokens[:] = tokens
+        slot.used_at = next(self._clock)
+        if slot.tokens:
+            self.index.set(slot.seq, slot.tokens)
+        else:
+            self.index.discard(slot.seq)
+
     def free_slots(self) -> int:
         return sum(not s.busy for s in self.slots)
 
     def stats(self) -> CacheStats:
         return CacheStats(
             **self._counts,
-            host_bytes=self.host_bytes,
-            host_entries=len(self._host),
-            host_tokens=sum(len(e.tokens) for e in self._host.values()),
+            saved=self.host.saved,
+            **self.host.stats(),
             **(self.disk.stats() if self.disk is not None else {}),
             checkpoints=getattr(self._ops, "held", int)(),
             checkpoint_restores=getattr(self._ops, "restores", 0),
@@ -301,14 +269,10 @@ class PrefixCache:
                     self._ops, slot, skip=disk.holds, min_tokens=HOST_MIN_TOKENS, tail=self._min_tail
                 ):
                     disk.spill(tokens, blob)
-            for entry in sorted(self._host.values(), key=lambda e: -e.used_at):
+            for entry in sorted(self.host.entries.values(), key=lambda e: -e.used_at):
                 disk.spill(entry.tokens, entry.blob)
         finally:
             disk.close(timeout_s)
-
-    @property
-    def host_bytes(self) -> int:
-        return sum(len(e.blob) for e in self._host.values())
 
     # --- placement ------------------------------------------------------------------------
 
@@ -421,7 +385,7 @@ class PrefixCache:
         return rewind(seq, keep) if rewind is not None else 0
 
     def _restore(self, owner: int, dst: Slot, keep: int) -> int:
-        entry = self._host.get(owner)
+        entry = self.host.entries.get(owner)
         if dst.tokens:
             self._ops.clear(dst.seq)
             dst.tokens.clear()
@@ -429,7 +393,7 @@ class PrefixCache:
             return self._cut(dst, 0, reuse_from=None)
         if not self._ops.restore(dst.seq, entry.blob):
             log.warning("restoring a saved prefix of %d tokens failed; prefilling instead", len(entry.tokens))
-            self._drop_host(owner)
+            self.host.drop(owner)
             return self._cut(dst, 0, reuse_from=None)
         entry.used_at = next(self._clock)
         dst.tokens[:] = entry.tokens
@@ -464,73 +428,12 @@ class PrefixCache:
 
     # --- eviction and the host tier -----------------------------------------------------------
 
-    def _keeps(self, slot: Slot) -> bool:
-        """Whether evicting ``slot`` saves its content (to host RAM or disk)."""
-        return len(slot.tokens) >= HOST_MIN_TOKENS and bool(self._host_budget or self.disk is not None)
-
     def _evict(self, slot: Slot) -> None:
-        if self._keeps(slot):
-            self._keep_evicted(slot)
+        if self.host.keeps(slot, self.disk):
+            self.host.save(slot, self.disk)
         if self._buffers is not None:
             self._buffers.forget(slot.seq)
         slot.warm_from = None
         self._ops.clear(slot.seq)
         slot.tokens.clear()
         self.index.discard(slot.seq)
-
-    def _held(self, slot: Slot) -> Callable[[list[int]], bool]:
-        """Whether a state of ``slot``'s leaving would be held already (:func:`leaving_states`' ``skip``)."""
-        disk = self.disk if self.disk is not None else ()
-        cuttable = saved_cuttable(self._ops)
-
-        def held(tokens: list[int]) -> bool:
-            if self.disk is not None and self.disk.holds(tokens):
-                return True  # a slot restored from disk and left as it was: no copy to host RAM either
-            if cuttable:  # any longer entry serves this prefix too
-                return self._held_elsewhere(slot.seq, tokens, ignore=disk)
-            return any(e.tokens == tokens for e in self._host.values())  # only the same tokens do
-
-        return held
-
-    def _leaving_count(self, slot: Slot) -> int:
-        return leaving_count(self._ops, slot, skip=self._held(slot), min_tokens=HOST_MIN_TOKENS, tail=self._min_tail)
-
-    def _keep_evicted(self, slot: Slot) -> None:
-        """Save a slot's content before it is cleared (with its checkpoints' states where its
-        memory cannot be cut, :func:`~.checkpoints.leaving_states`): to host RAM, else (too big,
-        RAM off) to disk."""
-        started = time.perf_counter()
-        states = leaving_states(self._ops, slot, skip=self._held(slot), min_tokens=HOST_MIN_TOKENS, tail=self._min_tail)
-        log.info(
-            "prompt cache: slot %d leaves %d states (%s tokens, %.1f MB) in %.3f s",
-            slot.seq,
-            len(states),
-            "/".join(str(len(t)) for t, _ in states),
-            sum(len(b) for _, b in states) / 1e6,
-            time.perf_counter() - started,
-        )
-        for tokens, blob in states:
-            if len(blob) <= self._host_budget:
-                self._make_host_room(len(blob))
-                owner = next(self._host_ids)
-                self._host[owner] = _HostEntry(tokens, blob, next(self._clock))
-                self.index.set(owner, tokens)
-                self._counts["saved"] += 1
-            elif self.disk is not None:
-                self.disk.spill(tokens, blob)
-
-    def _held_elsewhere(self, seq: int, tokens: Sequence[int], ignore=()) -> bool:
-        """Another slot or host entry than ``seq`` holds all of ``tokens`` (owners in ``ignore`` do not count)."""
-        found, owners = self.index.longest(tokens)
-        return found == len(tokens) and any(o != seq and o not in ignore for o in owners)
-
-    def _make_host_room(self, need: int) -> None:
-        while self._host and self.host_bytes + need > self._host_budget:
-            owner = min(self._host, key=lambda o: self._host[o].used_at)
-            if self.disk is not None:  # host RAM's least recently used goes down a tier
-                self.disk.spill(self._host[owner].tokens, self._host[owner].blob)
-            self._drop_host(owner)
-
-    def _drop_host(self, owner: int) -> None:
-        self._host.pop(owner, None)
-        self.index.discard(owner)

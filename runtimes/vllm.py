@@ -13,7 +13,7 @@ completions, JSON schemas, log-probabilities and streamed usage all work.
 
 The store registers a config + safetensors folder as format ``mlx`` (the same layout);
 vLLM runs the unquantised ones. The planner picks vLLM only where a CUDA GPU can hold the
-model (:mod:`localrun.planning.vllm_fit` sizes tensor parallelism, context and memory share), or when
+model (:mod:`localrun.planning.policies.vllm` sizes tensor parallelism, context and memory share), or when
 asked (``--runtime vllm``); ``LOCALRUN_VLLM_DEVICE=cpu`` admits a CPU build for tests.
 """
 

@@ -31,28 +31,29 @@ def hw_backend(hw: HardwareProfile) -> str:
     return "cuda" if "nvidia" in vendors else "hip" if "amd" in vendors else "vulkan" if vendors else "cpu"
 
 
-def _runtime_backend(runtime: str, status: RuntimeStatus, hw: HardwareProfile) -> str:
-    if runtime == "llama.cpp":
-        backend = status.details.get("backend") or next((d for d in status.devices if d != "cpu"), "cpu")
-        return "metal" if backend == "gpu" and hw.apple else backend
-    if runtime == "mlx":
-        return "metal" if "metal" in status.devices else "cuda" if "cuda" in status.devices else "cpu"
-    if runtime in ("ollama", "mlc"):
-        return hw_backend(hw)
-    return "cpu"
-
-
 def memory_budget(
-    runtime: str, status: RuntimeStatus, hw: HardwareProfile, asked_device: str | None, n_gpu_layers: int | None
+    runtime: str,
+    backend: str,
+    status: RuntimeStatus,
+    hw: HardwareProfile,
+    asked_device: str | None,
+    n_gpu_layers: int | None,
 ) -> tuple[Budget, str | None]:
-    """The memory this plan may use, and why it runs on the CPU when it does."""
+    """The memory this plan may use, and why it runs on the CPU when it does.
+
+    ``backend`` is the GPU backend ``runtime`` would use here, as its placement policy says
+    (:meth:`localrun.planning.policies.PlacementPolicy.backend`); "cpu" for none.
+
+    Raises:
+        ConfigError: an unknown device name.
+        RuntimeUnavailable: a GPU asked for that the runtime cannot use here.
+    """
     device = (asked_device or "auto").lower().replace("rocm", "hip")
     if device not in DEVICES:
         raise ConfigError(f"unknown device {asked_device!r}", hint="use one of: " + ", ".join(DEVICES), param="device")
     cpu = Budget("cpu", hw.ram_available)
     if device == "cpu" or n_gpu_layers == 0:
         return cpu, "CPU requested"
-    backend = _runtime_backend(runtime, status, hw)
     wants_gpu = device != "auto" or (n_gpu_layers or 0) != 0
     if backend == "cpu":
         if wants_gpu:

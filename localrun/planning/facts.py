@@ -39,7 +39,7 @@ def probe_runtimes(hw: HardwareProfile, *, runtimes: Mapping[str, Any] | None = 
     return statuses
 
 
-_FACTS: dict[str, Any] = {}
+_FACTS: dict[str, tuple[HardwareProfile, dict[str, RuntimeStatus]]] = {}
 _FACTS_LOCK = threading.Lock()
 
 

@@ -54,10 +54,11 @@ def detect_nvidia(nvml: Any, env: Mapping[str, str]) -> tuple[GpuInfo, ...]:
     No driver or no nvidia-ml-py is the normal answer on most machines: no GPUs."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError:
             log.debug("nvidia-ml-py is not installed: NVIDIA GPUs are not detected")
             return ()
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:  # no driver, no device: the normal answer on most machines

@@ -21,9 +21,12 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.planning.gpus import GIB, GpuInfo, detect_amd, detect_nvidia, read_int
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +285,7 @@ def fmt_bytes(n: int | float) -> str:
     return f"{n / MIB:.0f} MiB"
 
 
-def render_hardware(profile: HardwareProfile):
+def render_hardware(profile: HardwareProfile) -> Text:
     """A rich ``Text`` for ``localrun hw`` (plain text: no markup is read from GPU names)."""
     from rich.text import Text
 

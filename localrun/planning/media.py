@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from localrun.modelstore.projector_facts import ProjectorFacts, projector_facts
 from localrun.planning.hardware import fmt_bytes
@@ -140,7 +141,7 @@ def with_media(plan: Plan, record: ModelRecord) -> Plan:
 _VERDICTS = ("fits", "tight", "wont-fit")
 
 
-def _ratio_with(placed: dict, extra: int, *, on_gpu: bool) -> float | None:
+def _ratio_with(placed: dict[str, Any], extra: int, *, on_gpu: bool) -> float | None:
     """The placement's memory pressure with ``extra`` bytes where the encoder runs: beside the
     model's first layers, so on the GPU when any are there. The GPU's share of the pressure grows
     in proportion to its bytes (exact within its budget, close past it); None without a placement."""
@@ -149,7 +150,7 @@ def _ratio_with(placed: dict, extra: int, *, on_gpu: bool) -> float | None:
         return None
     if on_gpu:
         placed["gpu_bytes"] = placed["gpu_bytes"] + extra
-        return ratio * placed["gpu_bytes"] / max(placed["gpu_bytes"] - extra, 1)
+        return float(ratio * placed["gpu_bytes"] / max(placed["gpu_bytes"] - extra, 1))
     host, budget = placed.get("host_bytes") or 0, placed.get("host_budget") or 0
     if not budget:
         return None

@@ -1,14 +1,7 @@
-"""The GPU half of a llama.cpp plan: which devices, how the layers and MoE experts split over them,
-and the KV cache type that lets an asked-for context fit. The planner (:mod:`.planner`) calls these;
-the memory model they read is :mod:`.placement`'s.
-
-What goes to llama.cpp, as plan options its session reads at load time:
-
-- ``tensor_overrides``: ``[pattern, buffer type]`` pairs (llama.cpp's ``-ot``), e.g. the routed
-  experts of the first N layers to ``"CPU"`` (``--n-cpu-moe N``, or ``--cpu-moe`` for all);
-- ``tensor_split`` (one share per GPU, by free memory) and ``main_gpu`` (the largest) when
-  there are several GPUs;
-- ``n_cpu_moe``, for the plan's words and ``--json``.
+"""The GPUs a plan may fill and the KV cache type that lets an asked-for context fit. The budget
+(:mod:`.budget`) and the planner (:mod:`.planner`) call these; the memory model they read is
+:mod:`.placement`'s. How llama.cpp splits its layers and MoE experts over the GPUs is its
+policy's (:mod:`.policies.llamacpp`).
 """
 
 from __future__ import annotations
@@ -18,8 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from localrun.planning.hardware import fmt_bytes
-from localrun.planning.placement import FLASH_BACKENDS, TIGHT_RATIO, Budget, ModelShape, Placement, tensor_overrides
-from localrun.settings import default_kv_ram_bytes
+from localrun.planning.placement import TIGHT_RATIO, Placement
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +20,9 @@ log = logging.getLogger(__name__)
 QUANT_KV = "q8_0"
 
 
-def gpu_devices(status_devices: Sequence[dict] | None, gpus: Sequence[Any], margin: int) -> list[tuple[str, int]]:
+def gpu_devices(
+    status_devices: Sequence[dict[str, Any]] | None, gpus: Sequence[Any], margin: int
+) -> list[tuple[str, int]]:
     """(name, usable bytes) of each GPU llama.cpp will use, in llama.cpp's own order.
 
     llama.cpp's device list (the probe's ``details["devices"]``) is what the loader numbers
@@ -38,60 +32,6 @@ def gpu_devices(status_devices: Sequence[dict] | None, gpus: Sequence[Any], marg
     if listed:
         return [(str(d.get("description") or d.get("name")), max(0, int(d["free"]) - margin)) for d in listed]
     return [(g.name, max(0, g.vram_free - margin)) for g in gpus]
-
-
-def split_options(budget: Budget, placement: Placement) -> tuple[dict[str, Any], list[str]]:
-    """``tensor_split`` and ``main_gpu`` for several GPUs: shares by usable memory, the largest as main."""
-    free = budget.gpu_free
-    if len(free) < 2 or not placement.n_gpu_layers or not sum(free):
-        return {}, []
-    total = sum(free)
-    shares = [round(f / total, 4) for f in free]
-    main = max(range(len(free)), key=lambda i: free[i])
-    words = " / ".join(f"{s:.0%}" for s in shares)
-    return {"tensor_split": shares, "main_gpu": main}, [
-        f"layers split over {len(free)} GPUs by free memory: {words} (tensor_split; "
-        f"{' + '.join(fmt_bytes(f) for f in free)} usable), main GPU {main}, the largest"
-    ]
-
-
-def moe_options(
-    shape: ModelShape, budget: Budget, placement: Placement, asked: int | None
-) -> tuple[dict[str, Any], list[str]]:
-    """The tensor overrides that keep experts in RAM, and the line that says why."""
-    m, n_layer = placement.n_cpu_moe, shape.n_layer or 0
-    if not shape.is_moe or not placement.n_gpu_layers:
-        if asked is None:
-            return {}, []
-        why = "the model has no routed experts" if not shape.is_moe else "no layer runs on a GPU"
-        return {}, [f"--cpu-moe / --n-cpu-moe change nothing here: {why}"]
-    expert_bytes = shape.expert_share * placement.weights
-    if not m:
-        return {"n_cpu_moe": 0}, [
-            f"MoE with {shape.n_expert} experts: all of them on {budget.label} ({fmt_bytes(expert_bytes)} of experts)"
-        ]
-    on_cpu = expert_bytes * min(m, n_layer) / n_layer
-    what = (
-        ("all layers' experts" if m >= n_layer else f"the experts of the first {m} of {n_layer} layers")
-        + f" ({fmt_bytes(on_cpu)}) stay "
-        + ("with the CPU, outside Metal's working set" if budget.unified else "in RAM")
-    )
-    flag = "--cpu-moe" if m >= n_layer else f"--n-cpu-moe {m}"
-    why = "as asked" if asked is not None else f"so attention, shared weights and the KV cache fit in {budget.label}"
-    return {"n_cpu_moe": m, "tensor_overrides": tensor_overrides(m, n_layer)}, [
-        f"MoE with {shape.n_expert} experts: {what} ({flag}, a tensor override to the CPU buffer type) {why}"
-    ]
-
-
-def flash_reason(budget: Budget, placement: Placement, kv_type: str) -> str | None:
-    if not placement.n_gpu_layers or budget.backend not in FLASH_BACKENDS:
-        return None
-    if kv_type not in ("f16", "f32", "bf16"):
-        return f"flash attention on: the {kv_type} KV cache needs it, and {budget.label} has it"
-    return (
-        f"flash attention: llama.cpp's auto, on where {budget.label} has the kernels "
-        "(so no attention-score buffer is counted)"
-    )
 
 
 def choose_kv(
@@ -127,17 +67,3 @@ def choose_kv(
         f"{fmt_bytes(p8.kv)} as {QUANT_KV}, which {verdict} with {kept} (--kv-type f16 keeps f16)"
     )
     return QUANT_KV, p8, extra8, why
-
-
-def prompt_cache_ram(settings: Any, budget: Budget, placement: Placement) -> tuple[int, str]:
-    """(bytes, reason) of host RAM for the llama.cpp prompt cache's RAM tier: ``cache.kv_ram_bytes``
-    where set, else :func:`default_kv_ram_bytes` of the RAM the placement leaves free. It is empty at
-    load and fills as slots are evicted, so it goes in the plan's memory but not in its fit ratio."""
-    configured = getattr(getattr(settings, "cache", None), "kv_ram_bytes", None)
-    if configured is not None:
-        size, source = int(configured), "cache.kv_ram_bytes"
-    else:
-        size, source = default_kv_ram_bytes(budget.host - placement.host), "a tenth of the RAM left free, at most 4 GiB"
-    if not size:
-        return 0, "prompt cache in RAM off (cache.kv_ram_bytes = 0): evicted prefixes go to disk or are lost"
-    return size, f"prompt cache in RAM up to {fmt_bytes(size)} ({source}), filled by prefixes evicted from the slots"

@@ -64,7 +64,7 @@ def read_chat_template(path: str | Path) -> str:
     return text
 
 
-def model_overrides(record: ModelRecord, settings) -> tuple[dict[str, Any], list[str]]:
+def model_overrides(record: ModelRecord, settings: Any) -> tuple[dict[str, Any], list[str]]:
     """(plan options, reason lines) for ``record``'s overrides."""
     meta = record.metadata
     pooling, template, source = meta.get(META_POOLING), meta.get(META_TEMPLATE), meta.get(META_TEMPLATE_FILE)
@@ -88,7 +88,7 @@ def model_overrides(record: ModelRecord, settings) -> tuple[dict[str, Any], list
     return options, reasons
 
 
-def with_overrides(plan: Plan, record: ModelRecord, settings) -> Plan:
+def with_overrides(plan: Plan, record: ModelRecord, settings: Any) -> Plan:
     options, reasons = model_overrides(record, settings)
     if not options:
         return plan

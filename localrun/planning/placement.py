@@ -126,7 +126,8 @@ def _expert_share(meta: Mapping[str, Any], n_layer: int | None, n_embd: int | No
     measured = _int(meta.get("expert_bytes"))
     if measured and size:
         return min(0.99, measured / size)
-    scalars = meta.get("scalars") if isinstance(meta.get("scalars"), Mapping) else {}
+    found = meta.get("scalars")
+    scalars: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     arch = meta.get("architecture")
     eff = _int(scalars.get(f"{arch}.expert_feed_forward_length")) or _int(meta.get("moe_intermediate_size"))
     eff = eff or _int(meta.get("feed_forward_length"))
@@ -149,7 +150,7 @@ def kv_cache_bytes(shape: ModelShape, n_ctx: int, kv_type: str = "f16", layers: 
         return 0
     per_elem = KV_BYTES[kv_type]
     heads = shape.n_head_kv if layers is None else [shape.n_head_kv[i] for i in layers]
-    return int(sum(heads) * n_ctx * (shape.k_len + shape.v_len) * per_elem)
+    return int(sum(heads) * n_ctx * ((shape.k_len or 0) + (shape.v_len or 0)) * per_elem)
 
 
 def compute_bytes(shape: ModelShape, n_ctx: int, *, on_gpu: bool, flash: bool = False, attention: bool = True) -> int:

@@ -12,18 +12,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import ConfigError, RuntimeUnavailable, UnknownRuntime
-from localrun.planning.budget import DEVICE_LABELS, VRAM_MARGIN, hw_backend, memory_budget
+from localrun.planning.budget import DEVICE_LABELS, VRAM_MARGIN, memory_budget
 from localrun.planning.context import fit_context, initial_context
 from localrun.planning.hardware import HardwareProfile, fmt_bytes
-from localrun.planning.media import with_media
-from localrun.planning.offload import choose_kv, flash_reason, moe_options, prompt_cache_ram, split_options
+from localrun.planning.offload import choose_kv
 from localrun.planning.placement import (
     KV_BYTES,
     N_UBATCH,
-    TIGHT_RATIO,
     Budget,
     ModelShape,
     Placement,
@@ -31,16 +29,16 @@ from localrun.planning.placement import (
     verdict_for,
     weights_bytes,
 )
-from localrun.planning.speculation import draft_plan, speculation_plan
-from localrun.planning.vllm_fit import plan_for_vllm
+from localrun.planning.policies import Fit, PlacementPolicy, PlanJob, Slots, Tuning, policy_for
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Format, MemoryEstimate, ModelRecord, Plan
+
+if TYPE_CHECKING:
+    from localrun.settings import RuntimeSettings
 
 log = logging.getLogger(__name__)
 __all__ = ["DEVICE_LABELS", "VRAM_MARGIN", "PlanOverrides", "plan_placement", "require_fit"]
 
-#: Parallel llama.cpp slots the planner tries, most first, when the settings do not say.
-AUTO_SLOTS = (4, 3, 2)
 #: The order the planner tries the runtimes that can run a model's format (each runtime's own
 #: ``formats`` says which can); a listed runtime not named here comes after them.
 PREFERENCE = ("llama.cpp", "ollama", "vllm", "mlx", "mlc")
@@ -135,7 +133,8 @@ def plan_placement(
     """Decide runtime, device, GPU layers, context and threads for ``record`` on ``hw``.
 
     Returns a plan even when the model does not fit (verdict ``wont-fit``, reasons say why);
-    loading it is the caller's call (see :func:`require_fit`).
+    loading it is the caller's call (see :func:`require_fit`). What differs between runtimes
+    is asked of the runtime's placement policy (:mod:`localrun.planning.policies`).
 
     Raises:
         UnknownRuntime: ``overrides.runtime`` names no runtime.
@@ -151,66 +150,80 @@ def plan_placement(
             f"unknown KV cache type {ov.kv_type!r}", hint="use one of: " + ", ".join(KV_BYTES), param="kv_type"
         )
     runtime, reasons = choose_runtime(record, statuses, ov.runtime)
-    status = _status(runtime, statuses)
-    budget, cpu_why = memory_budget(runtime, status, hw, ov.device, ov.n_gpu_layers)
-    shape = ModelShape.from_metadata(record.metadata)
-    weights = weights_bytes(record)
-    choice = initial_context(record.name, shape, settings, rt, budget, hw, ov.n_ctx, ov.ctx_source)
-    n_ctx, ctx_reasons = choice.n_ctx, list(choice.reasons)
-    layers = ov.n_gpu_layers
-    if runtime in ("mlx", "mlc") and budget.backend != "cpu":
-        layers = -1  # these runtimes place the whole model on their device
-    asked = ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None)
-    moe_asked = ov.n_cpu_moe if runtime == "llama.cpp" else None
+    policy = policy_for(runtime)
+    job = _job(record, hw, runtime, _status(runtime, statuses), policy, ov, settings, rt)
+    fit = _fit(job, policy, kv_asked)
+    plan = _assemble(runtime, job, fit, policy.tune(job, fit), reasons)
+    return policy.finish(plan, job)
 
-    def place_at(kv: str) -> tuple[Placement, tuple[int, list[str]]]:
+
+def _job(
+    record: ModelRecord,
+    hw: HardwareProfile,
+    runtime: str,
+    status: RuntimeStatus,
+    policy: PlacementPolicy,
+    ov: PlanOverrides,
+    settings: Any,
+    rt: Any,
+) -> PlanJob:
+    """The budget, the model's shape and the context to start from, with what the user asked for
+    (``ov``, else the runtime settings ``rt``)."""
+    backend = policy.backend(status, hw)
+    budget, cpu_why = memory_budget(runtime, backend, status, hw, ov.device, ov.n_gpu_layers)
+    shape = ModelShape.from_metadata(record.metadata)
+    return PlanJob(
+        record=record,
+        hw=hw,
+        status=status,
+        settings=settings,
+        budget=budget,
+        cpu_why=cpu_why,
+        shape=shape,
+        weights=weights_bytes(record),
+        choice=initial_context(record.name, shape, settings, rt, budget, hw, ov.n_ctx, ov.ctx_source),
+        threads=ov.threads or rt.threads or hw.physical_cores or 1,
+        n_gpu_layers=ov.n_gpu_layers,
+        n_cpu_moe=ov.n_cpu_moe,
+        parallel=ov.parallel if ov.parallel is not None else getattr(rt, "parallel", None),
+        speculative=ov.speculative or getattr(rt, "speculative", None),
+        draft=ov.draft or getattr(rt, "draft", None),
+        device=ov.device,
+    )
+
+
+def _fit(job: PlanJob, policy: PlacementPolicy, kv_asked: str | None) -> Fit:
+    """The placement at the KV cache type chosen: the context shrunk to fit where it may be, then
+    the runtime's slots."""
+    layers, moe = policy.gpu_layers(job), policy.cpu_moe(job)
+    choice = job.choice
+
+    def place_at(kv: str) -> tuple[Placement, Slots]:
         single = fit_context(
-            lambda ctx: place(shape, weights, budget, ctx, n_gpu_layers=layers, kv_type=kv, n_cpu_moe=moe_asked),
-            n_ctx,
+            lambda ctx: place(job.shape, job.weights, job.budget, ctx, n_gpu_layers=layers, kv_type=kv, n_cpu_moe=moe),
+            choice.n_ctx,
             choice.adjustable,
         )
-        if runtime != "llama.cpp":
-            return single, (1, [])
-        placed, n, why = _choose_slots(shape, weights, budget, single, asked, kv)
-        return placed, (n, why)
+        return policy.slots(job, single, kv)
 
-    wants = runtime == "llama.cpp" and (not choice.adjustable or asked is not None)
-    kv_type, placement, (slots, slot_reasons), kv_why = choose_kv(place_at, kv_asked, wants, n_ctx, shape.n_layer or 0)
-    threads = ov.threads or rt.threads or hw.physical_cores or 1
-    draft, speculate = None, None
-    if runtime == "llama.cpp":
-        speculate = speculation_plan(ov.speculative or getattr(rt, "speculative", None), slots)
-        draft = draft_plan(
-            record,
-            speculate[0],
-            ov.draft or getattr(rt, "draft", None),
-            settings,
-            n_ctx=slots * placement.n_ctx,
-            kv_type=kv_type,
-        )
-        if draft is not None:
-            placement = draft.beside(placement, budget)
-    reasons += _device_reasons(placement, budget, cpu_why, shape, threads)
-    gpu_opts: dict[str, Any] = {}
-    if runtime == "llama.cpp":
-        for opts, why in (moe_options(shape, budget, placement, moe_asked), split_options(budget, placement)):
-            gpu_opts.update(opts)
-            reasons += why
-        reasons += [w for w in (flash_reason(budget, placement, kv_type), kv_why) if w]
-        cache_ram, cache_why = prompt_cache_ram(settings, budget, placement)
-        reasons.append(cache_why)
-    else:
-        cache_ram = 0
-    reasons += ctx_reasons
-    if placement.n_ctx < n_ctx:
-        reasons.append(f"context reduced from {n_ctx:,} to {placement.n_ctx:,} to fit in memory")
+    wants = policy.wants_quant_kv(job)
+    kv_type, placement, slots, kv_why = choose_kv(place_at, kv_asked, wants, choice.n_ctx, job.shape.n_layer or 0)
+    return Fit(kv_type, placement, slots, kv_why)
+
+
+def _assemble(runtime: str, job: PlanJob, fit: Fit, tuned: Tuning, reasons: list[str]) -> Plan:
+    """The plan from the fit and the policy's part of it, with every reason in order."""
+    placement, budget, shape, choice = tuned.placement, job.budget, job.shape, job.choice
+    reasons = [*reasons, *_device_reasons(placement, budget, job.cpu_why, shape, job.threads), *tuned.reasons]
+    reasons += choice.reasons
+    if placement.n_ctx < choice.n_ctx:
+        reasons.append(f"context reduced from {choice.n_ctx:,} to {placement.n_ctx:,} to fit in memory")
     if not shape.knows_kv:
         reasons.append("the metadata lacks layer and head counts: the KV cache is not counted")
-    reasons += slot_reasons
+    reasons += fit.slots.reasons
     verdict = verdict_for(placement.ratio)
     reasons += _verdict_reasons(placement, budget, verdict, shape)
-    if runtime == "ollama":
-        reasons.append("Ollama makes the final placement itself; these numbers are localrun's estimate")
+    reasons += tuned.closing
     options: dict[str, Any] = {
         "ctx_source": choice.source,
         "placement": {
@@ -223,91 +236,34 @@ def plan_placement(
             "backend": budget.backend,
             "unified": budget.unified,
         },
+        **tuned.options,
     }
-    if runtime == "ollama":
-        options.update(num_ctx=placement.n_ctx, num_gpu=placement.n_gpu_layers, num_thread=threads)
-    if runtime == "llama.cpp":
-        options.update(n_slots=slots, slot_ctx=placement.n_ctx, **gpu_opts)
-        if status.details.get("backend"):  # the build next to what the machine could use, for `plan`'s words
-            options.update(llama_backend=status.details["backend"], machine_backend=hw_backend(hw))
-        options["speculative"] = speculate[0]
-        options["kv_ram_bytes"] = cache_ram
-        if settings is not None:  # state checkpoints per sequence where memory cannot be cut (checkpoints.py)
-            options["checkpoints"] = settings.cache.checkpoints
-        reasons.append(speculate[1])
-        if draft is not None:
-            options["draft"] = draft.path
-            reasons.append(draft.why)
-    plan = Plan(
+    return Plan(
         runtime=runtime,
         device=budget.backend if placement.n_gpu_layers else "cpu",
         n_gpu_layers=placement.n_gpu_layers,
         n_ctx=placement.n_ctx,
-        n_threads=threads,
+        n_threads=job.threads,
         n_batch=min(N_UBATCH, placement.n_ctx),
-        kv_type=kv_type,
+        kv_type=fit.kv_type,
         memory=MemoryEstimate(
-            weights=placement.weights, kv_cache=placement.kv, overhead=placement.overhead, prompt_cache=cache_ram
+            weights=placement.weights,
+            kv_cache=placement.kv,
+            overhead=placement.overhead,
+            prompt_cache=tuned.prompt_cache,
         ),
         verdict=verdict,
         reasons=tuple(reasons),
         options=options,
     )
-    plan = with_media(plan, record) if runtime == "llama.cpp" else plan  # the projector's encoder, per image
-    if runtime == "vllm":  # vLLM places the whole model on CUDA GPUs itself: size it the vLLM way
-        plan = plan_for_vllm(plan, hw, status, asked_device=ov.device)
-    return plan
 
 
-def _choose_slots(
-    shape: ModelShape, weights: int, budget: Budget, single: Placement, asked: int | None, kv_type: str
-) -> tuple[Placement, int, list[str]]:
-    """How many requests llama.cpp decodes at once, each with the plan's whole context.
-
-    Asked for: that many, whatever the verdict says of it. Otherwise the most of
-    AUTO_SLOTS whose extra KV cache keeps the plan comfortably within memory ("fits"),
-    with the GPU layers of the single-request plan (offload speeds every request; slots
-    only help when several arrive together); one when the model is tight already."""
-
-    def at(n: int) -> Placement:
-        return place(
-            shape,
-            weights,
-            budget,
-            single.n_ctx,
-            n_gpu_layers=single.n_gpu_layers,
-            kv_type=kv_type,
-            n_seq=n,
-            n_cpu_moe=single.n_cpu_moe if shape.is_moe else None,
-        )
-
-    if asked is not None:
-        if asked < 1:
-            raise ConfigError(f"parallel must be at least 1, not {asked}", param="parallel")
-        return (
-            at(asked),
-            asked,
-            [f"parallel {asked}, as asked: that many requests at once, each with the whole context"],
-        )
-    for n in AUTO_SLOTS:
-        candidate = at(n)
-        if candidate.ratio <= TIGHT_RATIO:
-            extra = candidate.kv - single.kv
-            return (
-                candidate,
-                n,
-                [
-                    f"{n} requests run at once, each with the whole context "
-                    f"(+{fmt_bytes(extra)} of KV cache; --parallel or runtime.parallel to change)"
-                ],
-            )
-    return single, 1, ["one request at a time: more parallel slots would not fit comfortably"]
-
-
-def _default_runtime_settings() -> Any:
+def _default_runtime_settings() -> RuntimeSettings:
+    """The runtime settings' defaults, for a plan made without settings (``model_validate``: the
+    type checker cannot see pydantic's positional ``Field`` defaults in ``RuntimeSettings()``)."""
     from localrun.settings import RuntimeSettings
 
-    return RuntimeSettings()
+    return RuntimeSettings.model_validate({})
 
 
 def _device_reasons(p: Placement, budget: Budget, cpu_why: str | None, shape: ModelShape, threads: int) -> list[str]:

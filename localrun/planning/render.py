@@ -4,12 +4,11 @@ after them. Kept apart from :mod:`.planner`, which decides; this only reads the 
 
 from __future__ import annotations
 
-import os
-
 from localrun.planning.hardware import fmt_bytes
 from localrun.planning.media import media_lines
 from localrun.planning.placement import ModelShape
 from localrun.planning.planner import DEVICE_LABELS
+from localrun.planning.policies import policy_for
 from localrun.types import ModelRecord, Plan
 
 
@@ -46,24 +45,7 @@ def render_plan(plan: Plan, record: ModelRecord) -> list[str]:
         lines.append(
             "build     " + build_words(plan.options["llama_backend"], plan.options.get("machine_backend") or "cpu")
         )
-    if plan.runtime == "llama.cpp" and "n_slots" in plan.options:
-        n = plan.options["n_slots"]
-        lines.append(
-            f"parallel  {n} requests at once, each with the whole context"
-            if n > 1
-            else "parallel  one request at a time"
-        )
-    if plan.runtime == "vllm":
-        o = plan.options
-        share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
-        lines.append(
-            f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
-            f"{o.get('max_model_len', plan.n_ctx):,}{share}"
-        )
-    if plan.runtime == "llama.cpp" and "speculative" in plan.options:
-        draft = plan.options.get("draft")
-        with_draft = f", draft model {os.path.basename(draft)}" if draft else ""
-        lines.append(f"speculate {plan.options['speculative']}{with_draft} (see why)")
+    lines += policy_for(plan.runtime).plan_lines(plan)  # the runtime's own options: slots, speculation…
     if plan.memory:
         m = plan.memory
         lines.append(

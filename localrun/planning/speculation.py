@@ -10,10 +10,11 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from localrun.errors import ConfigError
 from localrun.planning.hardware import fmt_bytes
-from localrun.planning.placement import ModelShape, kv_cache_bytes, weights_bytes
+from localrun.planning.placement import Budget, ModelShape, Placement, kv_cache_bytes, weights_bytes
 from localrun.types import Format, ModelRecord
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class DraftChoice:
     bytes: int
     why: str
 
-    def beside(self, placement, budget):
+    def beside(self, placement: Placement, budget: Budget) -> Placement:
         """``placement`` with the draft's weights and KV cache on the model's side (the GPU
         when the model is offloaded, else the host), its fill ratio recomputed."""
         on_gpu = placement.n_gpu_layers > 0 and placement.gpu > 0
@@ -68,7 +69,7 @@ NO_DRAFT = ("none", "off", "no", "")
 
 
 def draft_plan(
-    record: ModelRecord, mode: str | None, asked: str | None, settings, *, n_ctx: int, kv_type: str = "f16"
+    record: ModelRecord, mode: str | None, asked: str | None, settings: Any, *, n_ctx: int, kv_type: str = "f16"
 ) -> DraftChoice | None:
     """The draft model for ``record`` under speculative ``mode``: the one asked for (a model
     in the store or a .gguf path), else a sibling GGUF whose name says "draft" in the model's

@@ -40,7 +40,7 @@ def test_metrics_count_drafts_per_model():
 
 def test_plan_says_what_drafting_will_do_and_rejects_unknown_modes():
     from localrun.errors import ConfigError
-    from localrun.planning.planner import speculation_plan
+    from localrun.planning.speculation import speculation_plan
 
     mode, why = speculation_plan(None, 1)
     assert mode == "auto" and "auto (the default)" in why

@@ -140,7 +140,7 @@ def test_names_local_wins_and_upstream_copy_gets_a_prefix():
 
 
 def test_vllm_placement_sizes_tensor_parallelism_and_context():
-    from localrun.planning.vllm_fit import vllm_placement
+    from localrun.planning.policies.vllm import vllm_placement
 
     one = vllm_placement(16 * GIB, 128 * 1024, 8192, [24 * GIB])
     assert one["fits"] and one["tensor_parallel_size"] == 1 and one["max_model_len"] == 8192

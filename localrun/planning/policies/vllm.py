@@ -1,10 +1,10 @@
-"""vLLM's placement: tensor parallelism, context and memory share on the CUDA GPUs there are.
+"""vLLM's placement rules: tensor parallelism, context and memory share on the CUDA GPUs there are.
 
 vLLM places a whole model on its GPUs itself (no partial offload, no CPU spill), so the
-llama.cpp memory model of :mod:`.placement` does not apply: the planner's estimate is kept
-for the weights and the KV cache per token, and this module finds how many GPUs hold them.
-It is planning knowledge, so it lives here rather than in the runtime; the runtime only
-turns the plan's options into vLLM's command line.
+llama.cpp memory model of :mod:`localrun.planning.placement` does not apply: the planner's
+estimate is kept for the weights and the KV cache per token, and this module finds how many
+GPUs hold them. It is planning knowledge, so it lives here rather than in the runtime; the
+runtime only turns the plan's options into vLLM's command line.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from localrun.planning.hardware import HardwareProfile
+from localrun.planning.policies.base import DefaultPolicy, PlanJob
 from localrun.runtimes.base import RuntimeStatus
 from localrun.types import Plan
 
@@ -49,7 +51,7 @@ def vllm_placement(weights: int, kv_per_token: int, n_ctx: int, gpu_vram: Sequen
     return {"fits": False, "why": f"{weights / 2**30:.1f} GiB of weights do not fit {len(gpus)} GPU(s)"}
 
 
-def plan_for_vllm(plan: Plan, hw, status: RuntimeStatus, *, asked_device: str | None = None) -> Plan:
+def plan_for_vllm(plan: Plan, hw: HardwareProfile, status: RuntimeStatus, *, asked_device: str | None = None) -> Plan:
     """The planner's plan made vLLM's: CUDA placement (tensor parallel size, context, memory share).
 
     On a machine without a CUDA GPU, or where the probe admitted a CPU build (its only device
@@ -87,3 +89,18 @@ def plan_for_vllm(plan: Plan, hw, status: RuntimeStatus, *, asked_device: str | 
         options=options,
         reasons=(*plan.reasons, why),
     )
+
+
+class VllmPolicy(DefaultPolicy):
+    """vLLM sizes the plan its own way once the planner has estimated the weights and KV cache."""
+
+    def finish(self, plan: Plan, job: PlanJob) -> Plan:
+        return plan_for_vllm(plan, job.hw, job.status, asked_device=job.device)
+
+    def plan_lines(self, plan: Plan) -> list[str]:
+        o = plan.options
+        share = f", GPU memory utilisation {o['gpu_memory_utilization']:.2f}" if "gpu_memory_utilization" in o else ""
+        return [
+            f"vllm      tensor parallel {o.get('tensor_parallel_size', 1)}, max model length "
+            f"{o.get('max_model_len', plan.n_ctx):,}{share}"
+        ]

@@ -20,7 +20,10 @@ sends. In the worker a segfault on one hostile PNG would kill the loaded model a
 on it. The child is long-lived (one start, ~0.3 s, not one per image) and single-minded: one file
 at a time, so a crash names its culprit. ``processes`` children decode in parallel; a caller past
 them waits its turn. The per-decode timeout kills a child stuck in a parser, and that request alone
-fails. What crosses the pipe: a JSON header and the raw bytes, each way (framing below).
+fails. What crosses the pipe: a JSON header and the raw bytes, each way, in the frames of
+:mod:`localrun.frames` (the worker pipe's own framing), each frame's lengths bounded before a
+byte is read: the file by what the parent sent (``max_bytes``), the answer by the caps it asked
+for (``max_pixels`` × 3 bytes of RGB, ``max_audio_s`` of float32 samples).
 
 Test hooks: with ``LOCALRUN_MEDIA_TEST_HOOKS=1`` in the child's environment a payload starting
 with ``TEST_ABORT`` makes the child ``os.abort()`` and one starting with ``TEST_HANG`` makes it
@@ -29,7 +32,6 @@ sleep, so tests can prove crash isolation and the timeout on the real process.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -39,9 +41,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from localrun.errors import InvalidMedia, RuntimeUnavailable
+from localrun.frames import FrameWriter, read_frame
 from localrun.proc import describe_exit
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,16 @@ TEST_HOOKS_ENV = "LOCALRUN_MEDIA_TEST_HOOKS"
 TEST_ABORT = b"\x00LOCALRUN-TEST-ABORT"
 TEST_HANG = b"\x00LOCALRUN-TEST-HANG"
 
-_HEAD = struct.Struct("<IQ")  # frame: json length, data length; then the json, then the data
+#: The most bytes of a file the child reads in one frame: the parent sends none over ``max_bytes``
+#: (a setting, so not known here), and a frame claiming more than this is not the parent's.
+_MAX_FILE_BYTES = 1 << 31
+
+
+def _answer_bytes(header: dict) -> int:
+    """The largest answer the caps in ``header`` allow: a longer frame is a protocol error."""
+    if header["op"] == "image":
+        return int(header["max_pixels"]) * 3
+    return (int(float(header["max_audio_s"]) * int(header["rate"])) + int(header["rate"])) * 4
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,16 @@ class _ChildDied(Exception):
 
 class _StartFailed(Exception):
     """The child never said it was ready: this machine's problem, not the client's file."""
+
+
+class _Deadline:
+    """The child's stdout as :func:`read_frame` reads it: every read against one deadline."""
+
+    def __init__(self, read: Callable[[int, float], bytes], deadline: float) -> None:
+        self._read, self._deadline = read, deadline
+
+    def read(self, n: int) -> bytes:
+        return self._read(n, self._deadline)
 
 
 class _Child:
@@ -111,10 +134,12 @@ class _Child:
             n -= len(chunk)
         return b"".join(parts)
 
-    def _frame(self, deadline: float) -> tuple[dict, bytes]:
-        jlen, dlen = _HEAD.unpack(self._read(_HEAD.size, deadline))
-        header = json.loads(self._read(jlen, deadline))
-        return header, self._read(dlen, deadline) if dlen else b""
+    def _frame(self, deadline: float, bound: int = 0) -> tuple[dict, bytes]:
+        frame = read_frame(_Deadline(self._read, deadline), max_payload_bytes=bound)
+        if frame is None:  # not reached: _read raises at the end of the stream
+            raise _ChildDied("its pipe ended")
+        header, payloads = frame
+        return header, payloads[0] if payloads else b""
 
     def call(self, header: dict, data: bytes, timeout_s: float) -> tuple[dict, bytes]:
         if not self.ready:
@@ -127,14 +152,11 @@ class _Child:
             if not hello.get("ready"):
                 raise _StartFailed(f"unexpected greeting {hello!r}")
             self.ready = True
-        payload = json.dumps(header).encode()
         try:
-            self.proc.stdin.write(_HEAD.pack(len(payload), len(data)) + payload)
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+            FrameWriter(self.proc.stdin, max_payload_bytes=_MAX_FILE_BYTES).send(header, [data])
         except (BrokenPipeError, OSError):
             raise _ChildDied(describe_exit(self.proc.wait(timeout=5))) from None
-        return self._frame(time.monotonic() + timeout_s)
+        return self._frame(time.monotonic() + timeout_s, _answer_bytes(header))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -269,20 +291,18 @@ def _child_main() -> None:
 
     from localrun.runtimes.llamacpp.media import formats as F
 
+    writer = FrameWriter(out, max_payload_bytes=sys.maxsize)  # the parent bounds what it reads back
+
     def send(header: dict, data: bytes = b"") -> None:
-        payload = json.dumps(header).encode()
-        out.write(_HEAD.pack(len(payload), len(data)) + payload)
-        out.write(data)
-        out.flush()
+        writer.send(header, [data] if data else [])
 
     send({"ready": True})
     while True:
-        head = inp.read(_HEAD.size)
-        if len(head) < _HEAD.size:
+        frame = read_frame(inp, max_payload_bytes=_MAX_FILE_BYTES)
+        if frame is None:
             return
-        jlen, dlen = _HEAD.unpack(head)
-        req = json.loads(inp.read(jlen))
-        data = inp.read(dlen)
+        req, payloads = frame
+        data = payloads[0] if payloads else b""
         if hooks and data.startswith(TEST_ABORT):
             os.abort()
         if hooks and data.startswith(TEST_HANG):

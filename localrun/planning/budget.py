@@ -8,6 +8,7 @@ llama.cpp numbers them in (see :func:`localrun.planning.offload.gpu_devices`).
 from __future__ import annotations
 
 from localrun.errors import ConfigError, RuntimeUnavailable
+from localrun.planning.gpus import GpuInfo
 from localrun.planning.hardware import MIB, HardwareProfile
 from localrun.planning.offload import gpu_devices
 from localrun.planning.placement import Budget
@@ -56,18 +57,7 @@ def memory_budget(
         return cpu, "CPU requested"
     wants_gpu = device != "auto" or (n_gpu_layers or 0) != 0
     if backend == "cpu":
-        if wants_gpu:
-            raise RuntimeUnavailable(
-                f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
-                hint=status.fix,
-                param="device",
-            )
-        if hw.gpus or hw.apple:
-            gpu = hw.apple.chip if hw.apple else hw.gpus[0].name
-            return cpu, f"{runtime} is built without GPU offload, so the {gpu} goes unused" + (
-                f" (to use it: {status.fix})" if status.fix else ""
-            )
-        return cpu, "no GPU on this machine"
+        return cpu, _why_cpu_only(runtime, status, hw, wants_gpu)
     if device not in ("auto", "gpu") and device != backend:
         raise RuntimeUnavailable(
             f"{runtime} here uses {backend.upper()}, not {device.upper()}", hint=status.fix, param="device"
@@ -83,6 +73,27 @@ def memory_budget(
         if wants_gpu:
             raise RuntimeUnavailable(f"{runtime} uses {backend.upper()} but no GPU for it was found", param="device")
         return cpu, f"{runtime} is built with {backend.upper()} but no GPU for it was found"
+    return _gpus_budget(backend, status, hw, gpus), None
+
+
+def _why_cpu_only(runtime: str, status: RuntimeStatus, hw: HardwareProfile, wants_gpu: bool) -> str:
+    """Why a runtime whose build drives no GPU runs on the CPU (an error when a GPU was asked for)."""
+    if wants_gpu:
+        raise RuntimeUnavailable(
+            f"{runtime} here cannot use a GPU: {status.reason or 'it is built for the CPU only'}",
+            hint=status.fix,
+            param="device",
+        )
+    if hw.gpus or hw.apple:
+        gpu = hw.apple.chip if hw.apple else hw.gpus[0].name
+        return f"{runtime} is built without GPU offload, so the {gpu} goes unused" + (
+            f" (to use it: {status.fix})" if status.fix else ""
+        )
+    return "no GPU on this machine"
+
+
+def _gpus_budget(backend: str, status: RuntimeStatus, hw: HardwareProfile, gpus: list[GpuInfo]) -> Budget:
+    """The budget of the discrete GPUs ``backend`` drives, in llama.cpp's order, each less the margin."""
     devices = gpu_devices(status.details.get("devices"), gpus, VRAM_MARGIN)
     usable = sum(free for _, free in devices)
     distinct = list(dict.fromkeys(name for name, _ in devices))
@@ -94,7 +105,7 @@ def memory_budget(
         gpu_margin=VRAM_MARGIN * len(devices),
         label=f"{DEVICE_LABELS.get(backend, backend)} ({names})",
         gpu_free=tuple(free for _, free in devices) if len(devices) > 1 else (),
-    ), None
+    )
 
 
 def build_words(has: str, could: str) -> str:

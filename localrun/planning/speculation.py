@@ -94,6 +94,31 @@ def draft_plan(
         if asked:
             log.info("draft model %s not loaded: speculative decoding is %s", asked, mode or "off")
         return None
+    found = _find_draft(record, mode, asked, settings)
+    if found is None:
+        return None
+    draft, how = found
+    kv = kv_cache_bytes(ModelShape.from_metadata(draft.metadata), n_ctx, kv_type)
+    size = weights_bytes(draft) + kv
+    use = "every draft" if mode == "draft" else "drafts where the prompt has nothing to copy, while they pay"
+    why = (
+        f"draft model {os.path.basename(draft.path)} ({how}; {fmt_bytes(size)} with its KV cache): {use}; "
+        "its vocabulary is checked against the model's at load"
+    )
+    return DraftChoice(path=str(draft.path), bytes=size, why=why)
+
+
+def _find_draft(
+    record: ModelRecord, mode: str | None, asked: str | None, settings: Any
+) -> tuple[ModelRecord, str] | None:
+    """The draft asked for, else the one beside the model (none: ``None``), checked to be a GGUF
+    other than the model itself, and how it was found, in words.
+
+    Raises:
+        ConfigError: ``draft`` mode and no draft beside the model; a draft that is not a GGUF model
+            or is the model itself.
+        ModelNotFound: a draft asked for by a name the store lacks and no such file.
+    """
     from localrun.settings import Settings
 
     settings = settings or Settings()
@@ -128,11 +153,4 @@ def draft_plan(
             param="draft",
             hint="a draft model is a smaller model of the same family",
         )
-    kv = kv_cache_bytes(ModelShape.from_metadata(draft.metadata), n_ctx, kv_type)
-    size = weights_bytes(draft) + kv
-    use = "every draft" if mode == "draft" else "drafts where the prompt has nothing to copy, while they pay"
-    why = (
-        f"draft model {os.path.basename(draft.path)} ({how}; {fmt_bytes(size)} with its KV cache): {use}; "
-        "its vocabulary is checked against the model's at load"
-    )
-    return DraftChoice(path=str(draft.path), bytes=size, why=why)
+    return draft, how

@@ -1,13 +1,17 @@
 """The ``localrun`` command line.
 
-Subcommands live in small modules grouped by area; this module holds the group, the
-shared options and the one place where a ``LocalrunError`` becomes a message and an exit
-code. Heavy imports happen inside each command so ``localrun --help`` stays fast.
+Each command lives in the module of its name (``run.py`` is ``localrun run``, ``upstream.py`` the
+``localrun upstream`` group); this module holds the group, finds the commands by looping over its
+modules, and is the one place where a ``LocalrunError`` becomes a message and an exit code.
+Heavy imports happen inside each command so ``localrun --help`` stays fast.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import sys
+from typing import Any
 
 import click
 
@@ -18,7 +22,7 @@ from localrun.errors import LocalrunError
 class LocalrunGroup(click.Group):
     """Turns every LocalrunError into one readable message and its exit code."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except LocalrunError as exc:
@@ -43,17 +47,13 @@ def main(ctx: click.Context, log_level: str | None) -> None:
 
 
 def _register() -> None:
-    from localrun.cli import bundle as bundle_cmd
-    from localrun.cli import cache as cache_cmd
-    from localrun.cli import hub as hubcmds
-    from localrun.cli import launch, machine, models
-    from localrun.cli import mirror as mirror_cmd
-    from localrun.cli import run as running
-    from localrun.cli import tui as tui_cmd
-    from localrun.cli import upstream as upstreamcmds
-
-    for module in (models, hubcmds, running, machine, tui_cmd, launch, bundle_cmd, mirror_cmd, upstreamcmds, cache_cmd):
-        for command in module.COMMANDS:
+    """One rule, the file is the command: every module here that defines ``COMMAND`` is the command of
+    its name (``import_.py`` is ``import``: a keyword); the others (output, common) are what they share."""
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "COMMAND"):
+            main.add_command(module.COMMAND)
+        for command in getattr(module, "COMMANDS", ()):
             main.add_command(command)
 
 

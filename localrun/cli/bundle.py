@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from localrun.cli.models import open_store
+from localrun.cli.common import open_store
 from localrun.cli.output import console, err_console, human_bytes, settings_from
 
 
@@ -107,4 +107,4 @@ def import_cmd(ctx, path, rehash, replace):
     )
 
 
-COMMANDS = [bundle_cmd]
+COMMAND = bundle_cmd

@@ -98,4 +98,4 @@ def clear_cmd(ctx: click.Context, model: str | None) -> None:
     console().print(f"removed {files} {noun}{whose} ({human_bytes(nbytes)}) from {root}", highlight=False)
 
 
-COMMANDS = [cache_group]
+COMMAND = cache_group

@@ -283,7 +283,7 @@ def agent_overrides(settings, record, agent: Agent, ctx_len: int | None):
 
 
 def _model_and_plan(settings, store, name: str | None, agent: Agent, ctx_len: int | None = None):
-    from localrun.cli.run import resolve_or_builtin
+    from localrun.cli.common import resolve_or_builtin
     from localrun.planning.facts import default_plan
 
     record = resolve_or_builtin(store, name or _default_model_name(store))
@@ -358,7 +358,7 @@ def launch_cmd(ctx, agent_name, args, model_name, ctx_len, max_tokens, print_onl
     """Run a coding agent (claude, codex, opencode) against localrun. ARGS after -- go to the agent."""
     agent = agent_named(agent_name)
     settings = settings_from(ctx)
-    from localrun.cli.models import open_store
+    from localrun.cli.common import open_store
     from localrun.server.serve import server_url
 
     store = open_store(ctx)
@@ -376,7 +376,7 @@ def launch_cmd(ctx, agent_name, args, model_name, ctx_len, max_tokens, print_onl
     background = None
     log_path = settings.data_dir / "logs" / f"launch-{agent.name}.log"
     if running_server(url, key) is None:
-        from localrun.cli.run import make_manager
+        from localrun.cli.common import make_manager
 
         cap = min(max_tokens or LAUNCH_MAX_TOKENS, settings.runtime.max_tokens_cap)
         settings = settings.model_copy(update={"runtime": settings.runtime.model_copy(update={"max_tokens_cap": cap})})
@@ -420,4 +420,4 @@ def _run_agent(agent: Agent, exe: str, endpoint: Endpoint, args: tuple[str, ...]
             return 130
 
 
-COMMANDS = [launch_cmd]
+COMMAND = launch_cmd

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from localrun.cli.models import open_store
+from localrun.cli.common import open_store
 from localrun.cli.output import err_console, settings_from
 
 
@@ -67,4 +67,4 @@ def mirror_cmd(ctx, host, port, key, upstream, allowed_hosts):
     uvicorn_server(app, settings.server.host, settings.server.port, ready_callback=ready).run()
 
 
-COMMANDS = [mirror_cmd]
+COMMAND = mirror_cmd

@@ -56,4 +56,4 @@ def tui_cmd(ctx, port, no_serve, runtime, no_default_model):
         close_app(app)
 
 
-COMMANDS = [tui_cmd]
+COMMAND = tui_cmd

@@ -253,4 +253,4 @@ def _print_check(r: dict) -> None:
         console().print(f"  [yellow]![/] {p}", highlight=False)
 
 
-COMMANDS = [upstream_group]
+COMMAND = upstream_group

@@ -32,11 +32,12 @@ def test_kv_type_reaches_the_plan_and_a_bad_one_is_refused(tmp_path, tiny_model)
 
 
 def test_moe_flags_become_plan_overrides(monkeypatch):
-    from localrun.cli import run as cli_run
+    from localrun.cli import common as cli_common
 
     seen = []
-    monkeypatch.setattr(cli_run, "placement_overrides", lambda: seen.append(1) or {"n_cpu_moe": -1, "kv_type": "q8_0"})
-    ov = cli_run.overrides_from(None, None, None, None, None)
+    placed = {"n_cpu_moe": -1, "kv_type": "q8_0"}
+    monkeypatch.setattr(cli_common, "placement_overrides", lambda: seen.append(1) or placed)
+    ov = cli_common.overrides_from(None, None, None, None, None)
     assert ov.n_cpu_moe == -1 and ov.kv_type == "q8_0" and seen
 
 

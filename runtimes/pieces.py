@@ -66,27 +66,22 @@ def shape_stream(
             pending.extend(piece.logprobs)
             calls.extend(piece.tool_calls)
             text, hit = scanner.push(piece.text)
-            if hit:
-                finish = "stop"
-                if text:
-                    yield chunk(text)
-                break
-            if piece.finish_reason is not None:
-                finish = piece.finish_reason
-                text += scanner.flush()
-                if text:
-                    yield chunk(text)
-                break
+            ended = hit or piece.finish_reason is not None
+            if ended:
+                # A stop string ends the answer where it starts; the backend's own end flushes what was held.
+                finish = "stop" if hit else str(piece.finish_reason)  # not None: `ended` without a hit
+                text += "" if hit else scanner.flush()
             if text:
                 yield chunk(text)
+            if ended:
+                break
         else:
             # The source ended without a finish reason: a cancel that closed it, or a
             # backend that just stops sending.
             finish = "cancelled" if cancel.is_set() else "stop"
-            if finish != "cancelled":
-                rest = scanner.flush()
-                if rest:
-                    yield chunk(rest)
+            rest = "" if finish == "cancelled" else scanner.flush()
+            if rest:
+                yield chunk(rest)
     finally:
         close = getattr(pieces, "close", None)
         if close is not None:

@@ -34,7 +34,7 @@ from localrun.chat.attach import place, read_media, require_media_support
 from localrun.chat.reasoning import detect_format, split_chunks, template_of
 from localrun.errors import ConfigError, LocalrunError
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
-from localrun.modelstore.projector import capabilities as media_capabilities
+from localrun.modelstore.capabilities import media as media_capabilities
 from localrun.modelstore.projector import projector_path
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes
@@ -198,7 +198,7 @@ class ChatScreen(LocalrunScreen):
     def select_model(self, name: str) -> None:
         """Used by the command palette ("Chat with …"); applied when the list arrives if it has not yet."""
         self._wanted = name
-        if any(value == name for _label, value in self.model_select._options):
+        if name in self._records:  # the select's options are these names (_set_models)
             self.model_select.value = name
         self.prompt.focus()
 

@@ -16,7 +16,8 @@ from localrun.runtimes.llamacpp.probe import llama_backend
 from localrun.runtimes.llamacpp.session import LlamaCppRuntime
 from localrun.runtimes.mlc import MlcRuntime
 from localrun.runtimes.mlx import MlxRuntime
-from localrun.runtimes.ollama import OllamaRuntime, ollama_base_url
+from localrun.runtimes.ollama import OllamaRuntime
+from localrun.runtimes.ollama_client import ollama_base_url
 from localrun.runtimes.vllm import VllmRuntime
 from tests.conftest import needs_llama
 from tests.hardware.helpers import profile

@@ -23,7 +23,8 @@ from localrun.errors import (
     UnsupportedFeature,
     WorkerCrashed,
 )
-from localrun.runtimes.ollama import OllamaRuntime, PullProgress, ollama_base_url, ollama_options
+from localrun.runtimes.ollama import OllamaRuntime, ollama_options
+from localrun.runtimes.ollama_client import PullProgress, ollama_base_url
 from localrun.types import Cancel, ChatRequest, CompletionRequest, Format, Message, ModelRecord, Plan, Sampling, fold
 from localrun.worker.host import InProcessHandle, iter_chunks
 from tests.support.servers import free_port

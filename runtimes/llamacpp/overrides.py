@@ -8,7 +8,7 @@ array llama.cpp walks (``src/llama-model-loader.cpp``: the first pattern ``std::
 finds in a tensor's name picks its buffer type), and keeps the array and its pattern strings
 alive for the model's life in a :class:`LoadParams` the session holds.
 
-Plan options read here (see :mod:`localrun.planning.offload`): ``tensor_overrides``
+Plan options read here (see :mod:`localrun.planning.policies.llamacpp`): ``tensor_overrides``
 (``[[pattern, "CPU" | a device name such as "CUDA0"], …]``), ``tensor_split`` (a share per
 GPU) and ``main_gpu``.
 """

@@ -1,6 +1,6 @@
 """What a model's projector (its ``mmproj*.gguf``) says about itself, read from the header alone.
 
-Whether a paired model sees or hears is :func:`localrun.modelstore.projector.capabilities` (one
+Whether a paired model sees or hears is :func:`localrun.modelstore.capabilities.media` (one
 answer for ``localrun ls``, the TUI, ``/api/show`` and ``/v1/models``, from the facts the store
 cached when it paired the file). This module reads the rest of the header for the questions asked
 without loading the model: how large are the encoder's weights and how many tokens does an image

@@ -26,8 +26,8 @@ from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
 from localrun.server.metrics import render_cache
-from localrun.server.schemas import KeepAlive, Strict, keep_alive_seconds
 from localrun.server.openapi import SSE, documented
+from localrun.server.schemas import KeepAlive, Strict, keep_alive_seconds
 from localrun.server.security import AUTHENTICATED_KEY
 
 log = logging.getLogger(__name__)

@@ -17,14 +17,26 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 
 from localrun import __version__
 from localrun.errors import LocalrunError
 from localrun.server import admin, anthropic, llama_server, ollama, openai, openapi, responses
-from localrun.server.errors import InvalidRequest, MethodNotAllowed, RouteNotFound, error_response
+from localrun.server.anthropic.errors import ANTHROPIC
+from localrun.server.anthropic.errors import owns as anthropic_owns
+from localrun.server.errors import (
+    SHAPES_KEY,
+    ErrorShapes,
+    InvalidRequest,
+    MethodNotAllowed,
+    RouteNotFound,
+    error_response,
+    shapes_of,
+)
 from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
+from localrun.server.ollama.errors import OLLAMA
+from localrun.server.ollama.errors import owns as ollama_owns
 from localrun.server.security import CORS_HEADERS, LOCAL_ORIGINS, HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
 
@@ -51,6 +63,12 @@ def create_app(settings: Settings, manager) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.upstream_metrics = attach_upstream_metrics(manager)
     app.state.started_at = time.monotonic()
+    # Which error shape a path gets before a route runs (the guards, a 404): its family's.
+    setattr(
+        app.state,
+        SHAPES_KEY,
+        ErrorShapes(families=((anthropic_owns, ANTHROPIC), (ollama_owns, OLLAMA))),
+    )
     openapi.install(app, settings)  # /openapi.json (and /docs with server.docs), built from the routes' marks
 
     # Each wire family is a package exposing ``router``; the order is the order paths are matched in,
@@ -82,21 +100,23 @@ def create_app(settings: Settings, manager) -> FastAPI:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    async def on_localrun_error(request: Request, exc: LocalrunError):
+    def answer(exc: BaseException, path: str) -> Response:
+        return error_response(exc, shapes_of(app).shape_for(path), path=path)
+
+    async def on_localrun_error(request: Request, exc: LocalrunError) -> Response:
         if exc.http_status >= 500:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
-        return error_response(exc, path=request.url.path)
+        return answer(exc, request.url.path)
 
-    async def on_validation_error(request: Request, exc: RequestValidationError):
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
         errors = exc.errors()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()))
-        return error_response(
-            InvalidRequest(f"invalid {loc or 'request'}: {first.get('msg', '')}", param=loc or None),
-            path=request.url.path,
+        return answer(
+            InvalidRequest(f"invalid {loc or 'request'}: {first.get('msg', '')}", param=loc or None), request.url.path
         )
 
-    async def on_http_error(request: Request, exc: StarletteHTTPException):
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
         path = request.url.path
         if exc.status_code == 404:
             err: LocalrunError = RouteNotFound(
@@ -107,10 +127,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         else:
             err = LocalrunError(str(exc.detail))
             err.http_status = exc.status_code
-        return error_response(err, path=path)
+        return answer(err, path)
 
-    async def on_unexpected(request: Request, exc: Exception):
-        return error_response(exc, path=request.url.path)
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        return answer(exc, request.url.path)
 
     app.add_exception_handler(LocalrunError, on_localrun_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

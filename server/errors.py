@@ -1,27 +1,32 @@
-"""The one place where an error becomes an HTTP response.
+"""The one place where an error becomes an HTTP response: the server's errors and its mapper.
 
 Every failure the server reports — a LocalrunError from the core, a request that fails
-its schema, a Host the allowlist refuses — goes through :func:`error_response`. Routes
-under ``/api/`` answer in Ollama's shape (``{"error": "…"}``, what the ``ollama`` client
-reads); ``/v1/messages`` in Anthropic's; everything else in OpenAI's
-(``{"error": {"message", "type", "param", "code"}}``).
+its schema, a Host the allowlist refuses, a stream that fails after it started — goes
+through :func:`error_response` (or :func:`stream_error_line`): an unexpected exception
+becomes an internal error (logged here), the status is kept to 4xx/5xx, and the
+:class:`ErrorShape` of the route's family writes the body. A family whose wire has its own
+shape keeps it in its folder (``ollama/errors.py``, ``anthropic/errors.py``,
+``mirror/errors.py``) and hands it here; the app's :class:`ErrorShapes` table says which
+shape a path gets, for the errors raised before any route runs (the guards, a 404).
 
-Anthropic's shape is ``{"type": "error", "error": {"type": "invalid_request_error", "message": "…"}}``
-with the status its clients map to their exception types: a full queue is 529
-``overloaded_error`` (the SDK's ``OverloadedError``, which it retries), other 503s stay 503.
-A prompt over the context is reworded to Anthropic's own text, ``prompt is too long: N
-tokens > M maximum``: Claude Code compacts the conversation only on an error that reads so.
+The default is OpenAI's object, ``{"error": {"message", "type", "param", "code"}}``: the
+OpenAI, Responses, llama-server and admin routes all answer in it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from pydantic import BaseModel
 from starlette.responses import Response
+from starlette.types import Scope
 
-from localrun.errors import ContextOverflow, LocalrunError, Overloaded
+from localrun.errors import LocalrunError, Overloaded
+from localrun.server.answers import OpenAIError
 
 log = logging.getLogger(__name__)
 
@@ -90,71 +95,12 @@ _OPENAI_TYPES = {
     429: "rate_limit_error",
 }
 
-#: Anthropic's error ``type`` by HTTP status.
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    405: "invalid_request_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    415: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
-}
-
-_PROMPT_TOKENS = re.compile(r"(\d+) tokens")
-_CONTEXT = re.compile(r"holds (\d+)|(\d+)-token context")
-
 RETRY_AFTER_S = 1
 
 
-def is_ollama_path(path: str) -> bool:
-    return path == "/api" or path.startswith("/api/")
-
-
-def is_anthropic_path(path: str) -> bool:
-    return path == "/v1/messages" or path.startswith("/v1/messages/")
-
-
-def anthropic_status(exc: LocalrunError, status: int) -> int:
-    return 529 if isinstance(exc, Overloaded) else status
-
-
-def too_long_message(exc: LocalrunError) -> str | None:
-    """``prompt is too long: N tokens > M maximum`` when the runtime's message names both numbers."""
-    if not isinstance(exc, ContextOverflow):
-        return None
-    tokens, context = _PROMPT_TOKENS.search(exc.message), _CONTEXT.search(exc.message)
-    if tokens is None or context is None:
-        return None
-    limit = int(context.group(1) or context.group(2))
-    hint = f" ({exc.hint})" if exc.hint else ""  # the option that fixes it (localrun/activity.py)
-    return f"prompt is too long: {tokens.group(1)} tokens > {limit - 1} maximum{hint}"
-
-
-def anthropic_error_body(exc: LocalrunError) -> dict:
-    status = anthropic_status(exc, exc.http_status if 400 <= exc.http_status <= 599 else 500)
-    kind = _ANTHROPIC_TYPES.get(status, "api_error")
-    message = too_long_message(exc)
-    if message is None:
-        message = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
-    return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def error_body(exc: LocalrunError, *, ollama: bool, anthropic: bool = False) -> dict:
-    """The JSON an error becomes: Ollama's plain string, Anthropic's or OpenAI's object."""
-    if anthropic:
-        return anthropic_error_body(exc)
-    message = f"{exc.message} ({exc.hint})" if exc.hint else exc.message
-    if ollama:
-        return {"error": message}
-    status = exc.http_status
-    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": exc.param, "code": exc.code}}
+def message_of(exc: LocalrunError) -> str:
+    """The message a person reads: the error, and the hint that fixes it in brackets."""
+    return f"{exc.message} ({exc.hint})" if exc.hint else exc.message
 
 
 def error_headers(exc: LocalrunError) -> dict[str, str]:
@@ -166,23 +112,83 @@ def error_headers(exc: LocalrunError) -> dict[str, str]:
     return headers
 
 
-def error_response(exc: BaseException, *, path: str) -> Response:
-    """Turn any exception into the JSON error response for ``path``'s API flavour."""
-    if not isinstance(exc, LocalrunError):
-        log.error("unexpected error on %s", path, exc_info=exc)
-        exc = LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
-    status = exc.http_status if 400 <= exc.http_status <= 599 else 500
-    if is_anthropic_path(path):
-        status = anthropic_status(exc, status)
-    body = json.dumps(
-        error_body(exc, ollama=is_ollama_path(path), anthropic=is_anthropic_path(path)), ensure_ascii=False
-    ).encode()
-    return Response(body, status_code=status, media_type="application/json", headers=error_headers(exc))
+@dataclass(frozen=True)
+class ErrorShape:
+    """How a family writes an error: OpenAI's object here, the default; a family with its own
+    wire subclasses it in its folder. ``model`` describes the body in the OpenAPI document."""
+
+    model: type[BaseModel] = OpenAIError
+
+    def status(self, exc: LocalrunError, status: int) -> int:
+        """The HTTP status for ``exc`` (already kept to 4xx/5xx)."""
+        return status
+
+    def body(self, exc: LocalrunError) -> dict[str, Any]:
+        status = exc.http_status
+        kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+        return {"error": {"message": message_of(exc), "type": kind, "param": exc.param, "code": exc.code}}
+
+    def response(self, exc: LocalrunError, status: int) -> Response:
+        body = json.dumps(self.body(exc), ensure_ascii=False).encode()
+        return Response(body, status_code=status, media_type="application/json", headers=error_headers(exc))
 
 
-def stream_error_line(exc: BaseException, *, ollama: bool, anthropic: bool = False) -> dict:
+@dataclass(frozen=True)
+class PlainMessage(ErrorShape):
+    """``{"error": "…"}``: a plain message, as Ollama writes it (and the hub mirror's listing routes)."""
+
+    def body(self, exc: LocalrunError) -> dict[str, Any]:
+        return {"error": message_of(exc)}
+
+
+DEFAULT = ErrorShape()
+
+
+@dataclass(frozen=True)
+class ErrorShapes:
+    """Which shape a path's errors take: the first family whose routes hold the path, else the default."""
+
+    default: ErrorShape = DEFAULT
+    families: tuple[tuple[Callable[[str], bool], ErrorShape], ...] = ()
+
+    def shape_for(self, path: str) -> ErrorShape:
+        return next((shape for owns, shape in self.families if owns(path)), self.default)
+
+    def with_family(self, owns: Callable[[str], bool], shape: ErrorShape) -> ErrorShapes:
+        return ErrorShapes(self.default, (*self.families, (owns, shape)))
+
+
+#: Where an app keeps its :class:`ErrorShapes` (``app.state``).
+SHAPES_KEY = "error_shapes"
+
+
+def shapes_of(app: Any) -> ErrorShapes:
+    """The app's table; an app that set none (a bare Starlette app in a test) answers in the default."""
+    found = getattr(getattr(app, "state", None), SHAPES_KEY, None)
+    return found if isinstance(found, ErrorShapes) else ErrorShapes()
+
+
+def as_localrun(exc: BaseException, where: str) -> LocalrunError:
+    """``exc`` itself, or an internal error that names its type (the traceback goes to the log)."""
+    if isinstance(exc, LocalrunError):
+        return exc
+    log.error("unexpected error %s", where, exc_info=exc)
+    return LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
+
+
+def error_response(exc: BaseException, shape: ErrorShape = DEFAULT, *, path: str = "") -> Response:
+    """Turn any exception into the JSON error response of ``shape``'s family (``path`` for the log)."""
+    err = as_localrun(exc, f"on {path}")
+    status = err.http_status if 400 <= err.http_status <= 599 else 500
+    return shape.response(err, shape.status(err, status))
+
+
+def scope_error_response(exc: BaseException, scope: Scope) -> Response:
+    """:func:`error_response` for a request no route has taken yet: the shape its path's family uses."""
+    path = scope.get("path", "")
+    return error_response(exc, shapes_of(scope.get("app")).shape_for(path), path=path)
+
+
+def stream_error_line(exc: BaseException, shape: ErrorShape = DEFAULT) -> dict[str, Any]:
     """The error object sent inside a stream that has already started (status 200 is gone)."""
-    if not isinstance(exc, LocalrunError):
-        log.error("unexpected error during a stream", exc_info=exc)
-        exc = LocalrunError(f"internal error: {type(exc).__name__}", hint="see the server log")
-    return error_body(exc, ollama=ollama, anthropic=anthropic)
+    return shape.body(as_localrun(exc, "during a stream"))

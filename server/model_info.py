@@ -10,8 +10,8 @@ import datetime as dt
 import time
 from typing import Any
 
+from localrun.modelstore.capabilities import media
 from localrun.modelstore.identity import registration_digest, tagged
-from localrun.modelstore.projector import capabilities as media_capabilities
 from localrun.types import ModelRecord
 
 #: A time far away for "never unloads", as Ollama reports pinned models.
@@ -71,8 +71,8 @@ def digest(record: ModelRecord, settings=None) -> str:
 
 def modalities(record: ModelRecord) -> dict[str, bool]:
     """What the model takes besides text, in llama-server's ``/props`` shape (its projector's header)."""
-    media = media_capabilities(record)
-    return {"vision": "vision" in media, "audio": "audio" in media}
+    takes = media(record)
+    return {"vision": "vision" in takes, "audio": "audio" in takes}
 
 
 def openai_model(record: ModelRecord, loaded: dict | None, capabilities: list[str] | None = None) -> dict[str, Any]:

@@ -28,8 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from localrun.server import answers
-from localrun.server.errors import is_anthropic_path, is_ollama_path
+from localrun.server.errors import ErrorShapes, shapes_of
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +134,8 @@ def operation_id(method: str, path: str) -> str:
 def build(app, *, strict_fields: bool = False, title: str = "localrun", version: str = "") -> dict[str, Any]:
     """The whole OpenAPI 3.1 document of ``app``."""
     ops = operations(app)
-    components, refs = _components(ops, strict_fields=strict_fields)
+    shapes = shapes_of(app)
+    components, refs = _components(ops, shapes, strict_fields=strict_fields)
     paths: dict[str, dict[str, Any]] = {}
     ids: set[str] = set()
     for op in ops:
@@ -144,7 +144,7 @@ def build(app, *, strict_fields: bool = False, title: str = "localrun", version:
         while oid in ids:  # '/a-b' and '/a_b' slug alike: keep ids unique anyway
             oid, n = f"{operation_id(op.method, op.path)}_{n}", n + 1
         ids.add(oid)
-        paths.setdefault(op.path, {})[op.method] = _operation(op, oid, refs)
+        paths.setdefault(op.path, {})[op.method] = _operation(op, oid, refs, shapes)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -168,13 +168,17 @@ def build(app, *, strict_fields: bool = False, title: str = "localrun", version:
     }
 
 
-def _components(ops: list[Operation], *, strict_fields: bool) -> tuple[dict[str, Any], dict[tuple, dict]]:
+def _components(
+    ops: list[Operation], shapes: ErrorShapes, *, strict_fields: bool
+) -> tuple[dict[str, Any], dict[tuple, dict]]:
     """The schemas of every declared model, and the ``$ref`` of each (model, mode) pair.
 
     Pydantic names the components (a longer name only where two models share one).
     """
     bodies = {op.doc.body for op in ops if op.doc and op.doc.body}
-    answers = {op.doc.answer for op in ops if op.doc and op.doc.answer} | {_error_model(op.path) for op in ops}
+    answers = {op.doc.answer for op in ops if op.doc and op.doc.answer} | {
+        shapes.shape_for(op.path).model for op in ops
+    }
     pairs = [(m, "validation") for m in sorted(bodies, key=_key)]
     pairs += [(m, "serialization") for m in sorted(answers, key=_key)]
     if not pairs:
@@ -215,7 +219,7 @@ def _key(model: type) -> str:
     return f"{model.__module__}.{model.__qualname__}"
 
 
-def _operation(op: Operation, oid: str, refs: dict[tuple, dict]) -> dict[str, Any]:
+def _operation(op: Operation, oid: str, refs: dict[tuple, dict], shapes: ErrorShapes) -> dict[str, Any]:
     doc = op.doc or Doc()
     out: dict[str, Any] = {"operationId": oid, "tags": [doc.tag or _tag(op.path)]}
     if doc.summary or op.endpoint is not None:
@@ -237,21 +241,10 @@ def _operation(op: Operation, oid: str, refs: dict[tuple, dict]) -> dict[str, An
         return out
     error = {
         "description": "an error, in the API family's shape",
-        "content": {"application/json": {"schema": dict(refs[(_error_model(op.path), "serialization")])}},
+        "content": {"application/json": {"schema": dict(refs[(shapes.shape_for(op.path).model, "serialization")])}},
     }
     out["responses"] = {"200": _success(doc, refs), "default": error}
     return out
-
-
-def _error_model(path: str) -> type[BaseModel]:
-    """The error shape server/errors.py gives ``path`` (the mirror's file route answers either)."""
-    if is_anthropic_path(path):
-        return answers.AnthropicError
-    if is_ollama_path(path):
-        return answers.OllamaError
-    if "/resolve/" in path:
-        return answers.HubError
-    return answers.OpenAIError
 
 
 def _success(doc: Doc, refs: dict[tuple, dict]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import re
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import LocalrunError
-from localrun.server.errors import BodyTooLarge, HostNotAllowed, NotJson, Unauthorized, error_response
+from localrun.server.errors import BodyTooLarge, HostNotAllowed, NotJson, Unauthorized, scope_error_response
 from localrun.server.metrics import STATS_KEY, access_log
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,7 @@ class HostGuard:
                 f"Host {(host or '')[:100]!r} is not allowed",
                 hint="use localhost or 127.0.0.1, or add the name to server.allowed_hosts",
             )
-            await error_response(exc, path=scope.get("path", ""))(scope, receive, send)
+            await scope_error_response(exc, scope)(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
@@ -202,7 +202,7 @@ class RequestGuard:
             problem = None
         problem = problem or self._check_body_headers(scope)
         if problem is not None:
-            await error_response(problem, path=path)(scope, receive, send)
+            await scope_error_response(problem, scope)(scope, receive, send)
             return
         if (
             scope["method"] in _BODY_METHODS
@@ -220,7 +220,7 @@ class RequestGuard:
                     f"the request body did not arrive within {self.body_timeout_s:g} s",
                     hint="send the whole body at once, or raise server.body_timeout_s",
                 )
-                response = error_response(exc, path=path)
+                response = scope_error_response(exc, scope)
                 response.headers["connection"] = "close"  # the rest of the body is never read
                 await response(scope, receive, send)
                 return
@@ -231,7 +231,7 @@ class RequestGuard:
                     f"the request body is larger than {self.max_body_bytes} bytes",
                     hint="send a smaller request or raise server.max_body_bytes",
                 )
-                await error_response(exc, path=path)(scope, receive, send)
+                await scope_error_response(exc, scope)(scope, receive, send)
                 return
             receive = _replay(body, receive)
             if access_log.isEnabledFor(logging.DEBUG):

@@ -153,7 +153,7 @@ class LocalBackend:
 
     def catalog(self) -> list[CatalogEntry]:
         local = sorted(self.store.list(), key=lambda r: r.name)
-        return self.manager.catalog(local)
+        return self.manager.catalog(local, with_capabilities=True)
 
     def upstreams(self) -> list[dict[str, Any]]:
         return self.manager.upstream_status()

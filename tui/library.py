@@ -19,7 +19,6 @@ from textual.widgets import DataTable, Input, Static
 from textual.worker import Worker, WorkerState
 
 from localrun.errors import LocalrunError
-from localrun.modelstore.projector import capabilities as media_capabilities
 from localrun.tui.backend import LoadedInfo, ModelDetails
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes, human_duration, verdict_badge
@@ -41,8 +40,8 @@ class LibraryRow:
     plan_error: str | None = None
     #: What the Source column shows: the store's source, or ``upstream NAME (health)`` (the catalog's label).
     source: str = ""
-    #: What the model takes besides text ("vision", "audio"), read from its projector's header.
-    media: tuple[str, ...] = ()
+    #: What the model can do ("completion", "vision", "tools"…): the catalog's answer, as ``ls`` and /api/show give it.
+    capabilities: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -62,8 +61,8 @@ class LibraryRow:
 
     @property
     def format_text(self) -> str:
-        """The format and what the model takes besides text (``gguf · vision``), from its projector."""
-        return " · ".join((self.record.format.value, *self.media))
+        """The format and what the model can do beyond plain completion (``gguf · vision · tools``)."""
+        return " · ".join((self.record.format.value, *(c for c in self.capabilities if c != "completion")))
 
     def matches(self, needle: str) -> bool:
         hay = " ".join((self.name, self.format_text, self.quant, self.runtime, self.source)).lower()
@@ -86,11 +85,11 @@ def read_rows(backend) -> list[LibraryRow]:
     """Every model with its plan; a model the planner refuses keeps its row, with the reason."""
     rows = []
     for entry in backend.catalog():
-        media = media_capabilities(entry.record)  # the projector's header, read here off the UI thread
+        caps = entry.capabilities  # worked out by the catalog, off the UI thread
         try:
-            rows.append(LibraryRow(entry.record, backend.plan(entry.record), source=entry.source, media=media))
+            rows.append(LibraryRow(entry.record, backend.plan(entry.record), source=entry.source, capabilities=caps))
         except LocalrunError as exc:
-            rows.append(LibraryRow(entry.record, None, str(exc), source=entry.source, media=media))
+            rows.append(LibraryRow(entry.record, None, str(exc), source=entry.source, capabilities=caps))
     return rows
 
 

@@ -78,9 +78,9 @@ def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, no_mm
             trust_remote_code=trust_remote_code,
             allow_native=allow_native,
         )
-    from localrun.modelstore.projector import capabilities
+    from localrun.modelstore.capabilities import media
 
-    caps = capabilities(record)
+    caps = media(record)
     sees = f" · {' + '.join(caps)} (projector {plan.projector})" if caps else ""
     console().print(f"pulled [bold]{record.name}[/] · {human_bytes(record.size)} · verified{sees}", highlight=False)
 

@@ -42,8 +42,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.chat.stops import StopMatcher
 from localrun.errors import LocalrunError
-from localrun.server import answers
+from localrun.server.anthropic import answers
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
+from localrun.server.anthropic.errors import ANTHROPIC
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
 from localrun.server.errors import stream_error_line
 from localrun.server.fields import parse_body
@@ -320,7 +321,7 @@ class Answer:
                     break
         except LocalrunError as exc:  # started already: the error travels in the stream
             log.warning("stream of %s ended with an error: %s", self.gen.record.name, exc)
-            yield sse("error", stream_error_line(exc, ollama=False, anthropic=True))
+            yield sse("error", stream_error_line(exc, ANTHROPIC))
             return
         finally:
             if waiting is not None and not waiting.done():

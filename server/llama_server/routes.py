@@ -31,7 +31,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import answers
 from localrun.server.convert import completion_prompt, message_content
 from localrun.server.embeddings import parse_and_embed
 from localrun.server.errors import InvalidRequest, stream_error_line
@@ -45,6 +44,7 @@ from localrun.server.generation import (
     request_stats,
     session_call,
 )
+from localrun.server.llama_server import answers
 from localrun.server.llama_server.schemas import (
     ApplyTemplateBody,
     DetokenizeBody,
@@ -316,7 +316,7 @@ async def _native_events(
                 yield line
     except LocalrunError as exc:
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield event(stream_error_line(exc, ollama=False))
+        yield event(stream_error_line(exc))
         return
     yield event(_final(gen, body, started, "", []))
 

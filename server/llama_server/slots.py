@@ -34,8 +34,8 @@ from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state, session_call
 from localrun.server.llama_server.routes import pick_model
-from localrun.server.schemas import ModelName, Strict
 from localrun.server.openapi import documented
+from localrun.server.schemas import ModelName, Strict
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
+from typing import Any
 
+from pydantic import BaseModel
 from starlette.responses import JSONResponse, Response
+
+from localrun.errors import LocalrunError
+from localrun.server.answers import OllamaError
+from localrun.server.errors import ErrorShape, PlainMessage, message_of
+from localrun.server.mirror.answers import HubError
 
 #: An absolute POSIX path not inside a URL or a longer word, or a Windows drive path.
 _POSIX_PATH = re.compile(r"(?<![\w.~:/%-])/[^\s'\"<>()\[\],;|]+")
@@ -24,7 +32,7 @@ def _short(path: str) -> str:
     return f".../{tail}" if tail else "..."  # ASCII: it also goes into a header
 
 
-def _host_path(match: re.Match) -> str:
+def _host_path(match: re.Match[str]) -> str:
     """A path whose first folder exists here is this host's (``/api/…`` or a repo path is not)."""
     path = match[0]
     first = path.lstrip("/").split("/", 1)[0]
@@ -48,3 +56,31 @@ def hub_error(status: int, message: str, *, code: str | None = None, commit: str
     if commit:
         headers["X-Repo-Commit"] = commit
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+@dataclass(frozen=True)
+class HubShape(ErrorShape):
+    """The mirror's own routes: :func:`hub_error` for a LocalrunError (the status server/errors.py keeps)."""
+
+    model: type[BaseModel] = HubError
+
+    def body(self, exc: LocalrunError) -> dict[str, Any]:
+        return {"error": redact_paths(message_of(exc))}
+
+    def response(self, exc: LocalrunError, status: int) -> Response:
+        return hub_error(status, message_of(exc))
+
+
+HUB = HubShape()
+#: What the guards answer before a mirror route runs: the listing routes' plain message, and on
+#: a file route OpenAI's object (the document names both: :class:`HubError`).
+LISTING = PlainMessage(model=OllamaError)
+RESOLVING = ErrorShape(model=HubError)
+
+
+def owns_listing(path: str) -> bool:
+    return path == "/api/models" or path.startswith("/api/models/")
+
+
+def owns_file(path: str) -> bool:
+    return "/resolve/" in path

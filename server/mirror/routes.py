@@ -43,8 +43,9 @@ from localrun.modelstore.hub_catalog import (
     valid_repo_part,
 )
 from localrun.modelstore.names import safe_relpath
-from localrun.server import answers
-from localrun.server.mirror.errors import hub_error
+from localrun.server.errors import SHAPES_KEY, error_response, shapes_of
+from localrun.server.mirror import answers
+from localrun.server.mirror.errors import HUB, LISTING, RESOLVING, hub_error, owns_file, owns_listing
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 from localrun.server.openapi import documented
 
@@ -318,13 +319,7 @@ async def api_models(request: Request) -> Response:
             return JSONResponse(entries, headers=_warning(found[0]))
         return hub_error(404, "no such route on this mirror")
     except LocalrunError as exc:
-        return _from_error(exc)
-
-
-def _from_error(exc: LocalrunError) -> Response:
-    message = exc.message + (f" ({exc.hint})" if exc.hint else "")
-    status = exc.http_status if 400 <= exc.http_status < 600 else 500
-    return hub_error(status, message)
+        return error_response(exc, HUB)
 
 
 def _warning(repo: MirrorRepo) -> dict[str, str]:
@@ -407,9 +402,9 @@ async def resolve(request: Request) -> Response:
         )
     except VerificationFailed as exc:
         logger.warning("mirror: refusing %s: %s", request.url.path[:200], exc.message)
-        return _from_error(exc)
+        return error_response(exc, HUB)
     except LocalrunError as exc:
-        return _from_error(exc)
+        return error_response(exc, HUB)
     except OSError as exc:  # the store's disk, not the request: say so rather than a bare 500
         logger.warning("mirror: cannot read for %s: %s", request.url.path[:200], exc)
         return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or type(exc).__name__})")
@@ -440,6 +435,8 @@ def install_mirror(app, mirror: Mirror) -> None:
     from starlette.routing import Route
 
     app.state.mirror = mirror
+    shapes = shapes_of(app).with_family(owns_listing, LISTING).with_family(owns_file, RESOLVING)
+    setattr(app.state, SHAPES_KEY, shapes)
     app.router.routes.extend(
         [
             Route("/api/models", api_models, methods=["GET"]),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from localrun.chat.media import MediaReader, ollama_placement
 from localrun.chat.tool_calls import arguments_object, openai_calls
-from localrun.server.ollama.schemas import ChatBody
 from localrun.server.convert import inline_media
+from localrun.server.ollama.schemas import ChatBody
 from localrun.types import Media, Message, strip_media_markers
 
 

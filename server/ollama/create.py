@@ -26,14 +26,15 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
 from localrun.errors import ModelExists, TemplateError
+from localrun.modelstore.capabilities import META_TEMPLATE
 from localrun.modelstore.identity import without_latest
 from localrun.modelstore.names import validate_model_name
-from localrun.server import answers
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body, validation_error
 from localrun.server.generation import app_state
+from localrun.server.ollama import answers
 from localrun.server.ollama.schemas import CopyBody, CreateBody, Options
-from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM, META_TEMPLATE
+from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.openapi import NDJSON, documented
 from localrun.types import Format, ModelRecord
 

@@ -14,11 +14,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun import __version__
 from localrun.errors import LocalrunError
-from localrun.server import answers
 from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
 from localrun.server.model_info import ollama_ps_entry, ollama_tag, ollama_upstream_tag, upstream_listing
+from localrun.server.ollama import answers
+from localrun.server.ollama.errors import OLLAMA
 from localrun.server.ollama.schemas import ModelBody, PullBody
 from localrun.server.ollama.show import ollama_show
 from localrun.server.openapi import NDJSON, documented
@@ -186,7 +187,7 @@ async def _pull_lines(queue: asyncio.Queue, task) -> AsyncIterator[bytes]:
         if kind == "progress":
             yield json.dumps(data).encode() + b"\n"
         elif kind == "error":
-            yield json.dumps(stream_error_line(data, ollama=True)).encode() + b"\n"
+            yield json.dumps(stream_error_line(data, OLLAMA)).encode() + b"\n"
             break
         else:
             yield b'{"status":"writing manifest"}\n{"status":"success"}\n'

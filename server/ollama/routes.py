@@ -18,7 +18,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
-from localrun.server import answers
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import note_ignored, parse_body, refuse_unsupported, strict_fields
 from localrun.server.generation import (
@@ -33,9 +32,11 @@ from localrun.server.generation import (
 )
 from localrun.server.media_fetch import reader_for
 from localrun.server.model_info import iso
+from localrun.server.ollama import answers
 from localrun.server.ollama.context import CAPABILITY as CONTEXT_CAPABILITY
 from localrun.server.ollama.context import answer_context, with_context
 from localrun.server.ollama.convert import core_messages, ollama_tool_calls, with_images
+from localrun.server.ollama.errors import OLLAMA
 from localrun.server.ollama.schemas import (
     ChatBody,
     EmbedBody,
@@ -322,7 +323,7 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -
                 yield out
     except LocalrunError as exc:
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield json.dumps(stream_error_line(exc, ollama=True)).encode() + b"\n"
+        yield json.dumps(stream_error_line(exc, OLLAMA)).encode() + b"\n"
         return
     last = _final(gen, timing, chat=chat)
     if context is not None and (ids := await context("".join(answer))) is not None:

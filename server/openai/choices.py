@@ -178,7 +178,7 @@ async def sse_choices(
                 yield line
     except LocalrunError as exc:  # started already: the error travels in the stream
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield b"data: " + json.dumps(stream_error_line(exc, ollama=False)).encode() + b"\n\n"
+        yield b"data: " + json.dumps(stream_error_line(exc)).encode() + b"\n\n"
         return
     if include_usage:
         yield b"data: " + json.dumps({**base, "choices": [], "usage": usage_dict(gen.usage)}).encode() + b"\n\n"

@@ -19,7 +19,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
-from localrun.server import answers
+from localrun.modelstore.capabilities import capabilities
+from localrun.server.answers import EmbeddingList
 from localrun.server.convert import completion_prompt
 from localrun.server.embeddings import EmbeddingRequestBody, embedding_list
 from localrun.server.errors import InvalidRequest, stream_error_line
@@ -34,8 +35,8 @@ from localrun.server.generation import (
     session_call,
 )
 from localrun.server.media_fetch import reader_for, resolve_remote
-from localrun.server.model_info import openai_model, openai_upstream_model, upstream_listing
-from localrun.server.ollama.show import capabilities
+from localrun.server.model_info import openai_model, openai_upstream_model
+from localrun.server.openai import answers
 from localrun.server.openai.choices import (
     chat_logprobs,
     check_best_of,
@@ -62,14 +63,13 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @documented(answer=answers.ModelList)
 @router.get("/models")
 async def list_models(request: Request):
-    state = app_state(request)
-    manager = state.manager
+    manager = app_state(request).manager
     records = await asyncio.to_thread(manager.store.list)
     loaded = {m["name"]: m for m in manager.loaded()}
-    remote = [openai_upstream_model(u) for u in upstream_listing(manager, records)]
-    local = await asyncio.to_thread(  # capabilities read each projector's header (cached): off the loop
-        lambda: [openai_model(r, loaded.get(r.name), capabilities(r, state.settings)) for r in records]
-    )
+    # capabilities read each projector's header (cached) and parse each template: off the loop
+    entries = await asyncio.to_thread(manager.catalog, records, with_capabilities=True)
+    local = [openai_model(e.record, loaded.get(e.name), list(e.capabilities)) for e in entries if not e.upstreams]
+    remote = [openai_upstream_model(e) for e in entries if e.upstreams]
     return {"object": "list", "data": local + remote}
 
 
@@ -359,7 +359,7 @@ async def _sse_events(
                 yield line
     except LocalrunError as exc:  # started already: the error travels in the stream
         log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield b"data: " + json.dumps(stream_error_line(exc, ollama=False)).encode() + b"\n\n"
+        yield b"data: " + json.dumps(stream_error_line(exc)).encode() + b"\n\n"
         return
     yield (closing + dumps(_finish(gen, legacy)) + "}]}\n\n").encode()
     if include_usage:
@@ -367,7 +367,7 @@ async def _sse_events(
     yield b"data: [DONE]\n\n"
 
 
-@documented(EmbeddingRequestBody, answers.EmbeddingList)
+@documented(EmbeddingRequestBody, EmbeddingList)
 @router.post("/embeddings")
 async def embeddings(request: Request) -> dict[str, Any]:
     body: EmbeddingRequestBody = await parse_body(request, EmbeddingRequestBody)

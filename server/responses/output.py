@@ -295,7 +295,7 @@ class EventWriter:
 
     def fail(self, exc: BaseException) -> tuple[bytes, dict[str, Any]]:
         """``response.failed`` for an error after the stream started; the items so far stay in its output."""
-        err = stream_error_line(exc, ollama=False)["error"]
+        err = stream_error_line(exc)["error"]
         error = {"code": err.get("code") or "server_error", "message": err["message"]}
         done = [i for i in self.output if i]
         response = self.draft.envelope(status="failed", output=done, error=error)

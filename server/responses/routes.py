@@ -21,12 +21,12 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from localrun.errors import LocalrunError
-from localrun.server import answers
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation
 from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning
+from localrun.server.responses import answers
 from localrun.server.responses.convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set
 from localrun.server.responses.output import Draft, EventWriter, new_id, output_items, status_of, usage_object
 from localrun.server.responses.schemas import ResponsesRequest

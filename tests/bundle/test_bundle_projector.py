@@ -12,7 +12,8 @@ from localrun.errors import InvalidModelFile
 from localrun.modelstore.bundle.export import export_bundle
 from localrun.modelstore.bundle.importer import import_bundle, verify_bundle
 from localrun.modelstore.bundle.lock import LOCK_NAME, BundleError, parse_lock
-from localrun.modelstore.projector import PROJECTOR_INFO, capabilities
+from localrun.modelstore.capabilities import media as capabilities
+from localrun.modelstore.projector import PROJECTOR_INFO
 from localrun.types import AUDIO, META_PROJECTOR, VISION
 from tests.hub import repos
 from tests.support.projectors import make_projector

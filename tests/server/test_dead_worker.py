@@ -75,8 +75,9 @@ def test_requests_queued_behind_a_killed_worker_get_503_with_retry_after(server)
 
 def test_the_anthropic_shape_of_a_dead_worker_is_retryable_too():
     from localrun.errors import WorkerCrashed
+    from localrun.server.anthropic.errors import ANTHROPIC
     from localrun.server.errors import error_response
 
-    r = error_response(WorkerCrashed("the worker stopped", hint="retry"), path="/v1/messages")
+    r = error_response(WorkerCrashed("the worker stopped", hint="retry"), ANTHROPIC)
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert b'"overloaded_error"' in r.body  # what the Anthropic SDK retries

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from localrun.errors import ConfigError, ContextOverflow, ModelNotFound, Overloaded, WorkerCrashed
-from localrun.server.errors import error_body, error_headers, error_response
+from localrun.server.errors import DEFAULT, error_headers, error_response
 from localrun.server.generation import clamp_max_tokens, make_sampling
 from localrun.server.metrics import Metrics, RequestStats
+from localrun.server.ollama.errors import OLLAMA
 from localrun.server.schemas import keep_alive_seconds
 from localrun.server.security import allowed_host_names, host_allowed, is_loopback_host
 from localrun.server.serve import check_bind_policy, probe_port
@@ -90,19 +91,19 @@ def test_probe_port_names_the_busy_port():
 
 def test_error_shapes():
     err = ModelNotFound("no model named 'x'", hint="import it")
-    body = error_body(err, ollama=False)["error"]
+    body = DEFAULT.body(err)["error"]
     assert body == {
         "message": "no model named 'x' (import it)",
         "type": "invalid_request_error",
         "param": None,
         "code": "model_not_found",
     }
-    assert error_body(err, ollama=True) == {"error": "no model named 'x' (import it)"}
-    assert error_body(WorkerCrashed("gone"), ollama=False)["error"]["type"] == "server_error"
+    assert OLLAMA.body(err) == {"error": "no model named 'x' (import it)"}
+    assert DEFAULT.body(WorkerCrashed("gone"))["error"]["type"] == "server_error"
     assert error_headers(Overloaded("full")) == {"Retry-After": "1"}
-    r = error_response(ContextOverflow("too long", param="messages"), path="/v1/chat/completions")
+    r = error_response(ContextOverflow("too long", param="messages"))
     assert r.status_code == 400 and b'"param": "messages"' in r.body
-    r = error_response(RuntimeError("boom"), path="/api/chat")
+    r = error_response(RuntimeError("boom"), OLLAMA)
     assert r.status_code == 500 and b"RuntimeError" in r.body and b"boom" not in r.body  # no internals leak
 
 

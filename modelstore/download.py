@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from localrun.errors import AccessDenied, DownloadFailed, ModelNotFound
 from localrun.modelstore.download_sink import Sink
@@ -34,6 +34,9 @@ from localrun.modelstore.gitids import git_blob_hasher
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import RemoteFile
 from localrun.modelstore.hub_http import Deadlines, after_headers, timeout_error
+
+if TYPE_CHECKING:
+    import httpx
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +79,7 @@ class FileDigest:
         self.sha256 = hashlib.sha256()
         self.sha1 = None if rf.sha256 else git_blob_hasher(rf.size)
 
-    def update(self, data) -> None:
+    def update(self, data: bytes) -> None:
         self.sha256.update(data)
         if self.sha1 is not None:
             self.sha1.update(data)
@@ -92,7 +95,7 @@ class FileDigest:
         return None  # nothing to compare but the size, which the caller checked
 
 
-def _write(f: BinaryIO, data) -> None:
+def _write(f: BinaryIO, data: bytes) -> None:
     """The one place bytes hit the disk (tests inject ENOSPC here)."""
     f.write(data)
 
@@ -131,9 +134,9 @@ class _Transfer:
 
     def __init__(
         self,
-        client,
+        client: httpx.Client,
         url: str,
-        headers: dict,
+        headers: dict[str, str],
         rf: RemoteFile,
         partial: Path,
         repo: str,
@@ -190,7 +193,7 @@ class _Transfer:
                 )
                 time.sleep(min(0.2 * 2 ** (attempt - 1), 5.0))
 
-    def _accept(self, resp) -> bool:
+    def _accept(self, resp: httpx.Response) -> bool:
         """Decide what a response means for the bytes we hold; False: nothing to read from it."""
         code = resp.status_code
         if code in (401, 403):
@@ -230,7 +233,7 @@ class _Transfer:
             self.restart()
         return True
 
-    def _receive(self, resp, began: float, began_at: int) -> None:
+    def _receive(self, resp: httpx.Response, began: float, began_at: int) -> None:
         last_report, size, received = 0.0, self.rf.size, self.offset
         try:
             with open(self.partial, "r+b" if self.partial.exists() else "wb") as f:
@@ -292,8 +295,8 @@ def fetch_file(
     rf: RemoteFile,
     url: str,
     *,
-    client,
-    headers: dict | None = None,
+    client: httpx.Client,
+    headers: dict[str, str] | None = None,
     progress: ProgressCallback | None = None,
     chunk_size: int | None = None,
     retries: int = RETRIES,
@@ -346,8 +349,8 @@ def _download(
     url: str,
     blob: Path,
     partial: Path,
-    client,
-    headers: dict,
+    client: httpx.Client,
+    headers: dict[str, str],
     progress: ProgressCallback | None,
     chunk_size: int | None,
     retries: int,

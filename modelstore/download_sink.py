@@ -10,9 +10,23 @@ import os
 import queue
 import threading
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 _SYNC_EVERY = 32 * 1024 * 1024
+
+
+class _Digest(Protocol):
+    def update(self, data: bytes) -> None: ...
+
+
+class Transfer(Protocol):
+    """What the sink advances as bytes land: the running digest and the byte counts."""
+
+    @property
+    def digest(self) -> _Digest: ...
+
+    offset: int
+    fetched: int
 
 
 class Sink:
@@ -26,22 +40,23 @@ class Sink:
     always describe the partial file exactly.
     """
 
-    def __init__(self, transfer, f: BinaryIO, write: Callable[[BinaryIO, bytes], None]) -> None:
-        self.transfer, self.f, self.write, self.error = transfer, f, write, None
-        self.queue: queue.Queue = queue.Queue(maxsize=16)
+    def __init__(self, transfer: Transfer, f: BinaryIO, write: Callable[[BinaryIO, bytes], None]) -> None:
+        self.transfer, self.f, self.write = transfer, f, write
+        self.error: OSError | None = None
+        self.queue: queue.Queue[list[bytes] | None] = queue.Queue(maxsize=16)
         self.dirty, self.stopping = threading.Event(), False
         self.writer = threading.Thread(target=self._write_loop, name="localrun-download-writer", daemon=True)
         self.syncer = threading.Thread(target=self._sync_loop, name="localrun-download-sync", daemon=True)
         self.writer.start()
         self.syncer.start()
 
-    def put(self, batch: list) -> None:
+    def put(self, batch: list[bytes]) -> None:
         if self.error is not None:
             raise self.error
         if batch:
             self.queue.put(batch)
 
-    def close(self, last: list) -> None:
+    def close(self, last: list[bytes]) -> None:
         if last and self.error is None:
             self.queue.put(last)
         self.queue.put(None)

@@ -26,7 +26,7 @@ import re
 import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from localrun.errors import InvalidModelFile
 
@@ -40,6 +40,9 @@ from .gguf_walk import (
     type_name,
     walk,
 )
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
 
 logger = logging.getLogger(__name__)
 
@@ -117,22 +120,22 @@ def _open_regular(path: Path) -> tuple[BinaryIO, int]:
     return os.fdopen(fd, "rb", buffering=0), st.st_size
 
 
-def _int_field(values: dict, types: dict, key: str) -> int | None:
+def _int_field(values: dict[str, Any], types: dict[str, int], key: str) -> int | None:
     if key not in values:
         return None
     if types[key] not in INT_TYPES:
         raise GGUFFormatError(f"metadata {key!r} has type {type_name(types[key])}, expected an integer")
     if values[key] < 0:
         raise GGUFFormatError(f"metadata {key!r} is negative ({values[key]})")
-    return values[key]
+    return int(values[key])
 
 
-def _str_field(values: dict, types: dict, key: str) -> str | None:
+def _str_field(values: dict[str, Any], types: dict[str, int], key: str) -> str | None:
     if key not in values:
         return None
     if types[key] != STRING:
         raise GGUFFormatError(f"metadata {key!r} has type {type_name(types[key])}, expected a string")
-    return values[key]
+    return str(values[key])
 
 
 def quant_label(file_type: int | None, tensors: tuple[TensorInfo, ...] = ()) -> str | None:
@@ -276,7 +279,7 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> GGUFInfo:
         raise InvalidModelFile(f"{path}: internal error while validating: {exc!r}", hint=_HINT) from exc
 
 
-def open_gguf_reader(path: str | os.PathLike[str]):
+def open_gguf_reader(path: str | os.PathLike[str]) -> GGUFReader:
     """A ``gguf.GGUFReader`` for a file that first passed :func:`read_gguf_metadata`."""
     read_gguf_metadata(path)
     from gguf import GGUFReader

@@ -97,7 +97,7 @@ class _Walker:
         self.e = "<"
         self.strings_seen = 0
 
-    def _fill(self, n: int, what: str) -> int:
+    def fill(self, n: int, what: str) -> int:
         """Make bytes [pos, pos+n) available in ``buf``; return their offset in it."""
         if self.pos + n > self.size:
             raise GGUFFormatError(f"truncated: {what} at offset {self.pos} needs {n} bytes, file has {self.size}")
@@ -113,21 +113,21 @@ class _Walker:
 
     def scalar(self, vtype: int, what: str) -> Any:
         code, width = _SCALARS[vtype]
-        off = self._fill(width, what)
+        off = self.fill(width, what)
         self.pos += width
         return struct.unpack_from(self.e + code, self.buf, off)[0]
 
     def u32(self, what: str) -> int:
-        return self.scalar(4, what)
+        return int(self.scalar(4, what))
 
     def u64(self, what: str) -> int:
-        return self.scalar(10, what)
+        return int(self.scalar(10, what))
 
     def raw_string(self, what: str, limit: int = MAX_STRING_BYTES) -> bytes:
         n = self.u64(f"length of {what}")
         if n > limit:
             raise GGUFFormatError(f"{what} claims {n} bytes (limit {limit})")
-        off = self._fill(n, what)
+        off = self.fill(n, what)
         self.pos += n
         return self.buf[off : off + n]
 
@@ -144,7 +144,7 @@ class _Walker:
         unpack = struct.Struct(self.e + "Q").unpack_from
         left = count
         while left:
-            off = self._fill(8, what)
+            off = self.fill(8, what)
             buf, base, p, end = self.buf, self.buf_pos, off, len(self.buf) - 8
             while left and p <= end:
                 p += 8 + unpack(buf, p)[0]
@@ -178,7 +178,7 @@ class _Walker:
         if nbytes > self.size - self.pos:
             raise GGUFFormatError(f"metadata {key!r} claims {count} elements, more than the file can hold")
         if count <= _SMALL_ARRAY:
-            off = self._fill(nbytes, repr(key))
+            off = self.fill(nbytes, repr(key))
             values = list(struct.unpack_from(f"{self.e}{count}{code}", self.buf, off))
             self.pos += nbytes
             return sub, values
@@ -189,7 +189,7 @@ class _Walker:
 def _header(w: _Walker) -> tuple[int, int, int]:
     if w.size == 0:
         raise GGUFFormatError("not a GGUF file (it is empty)")
-    off = w._fill(min(w.size, 24), "header")
+    off = w.fill(min(w.size, 24), "header")
     magic = w.buf[off : off + 4]
     if magic != b"GGUF"[: len(magic)] or not magic:
         raise GGUFFormatError(f"not a GGUF file (bad magic {magic!r})")
@@ -283,7 +283,9 @@ def _tensor_infos(w: _Walker, n_tensors: int) -> list[tuple[str, tuple[int, ...]
     return out
 
 
-def _check_layout(w: _Walker, infos: list, alignment: int) -> tuple[int, tuple[TensorInfo, ...]]:
+def _check_layout(
+    w: _Walker, infos: list[tuple[str, tuple[int, ...], int, int, int, int]], alignment: int
+) -> tuple[int, tuple[TensorInfo, ...]]:
     data_offset = -(-w.pos // alignment) * alignment
     if infos and data_offset > w.size:
         raise GGUFFormatError(

@@ -23,10 +23,17 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import AccessDenied, DownloadFailed, InvalidName, ModelNotFound
 from localrun.modelstore.names import safe_relpath
 from localrun.types import Format
+
+if TYPE_CHECKING:
+    import httpx
+
+    from localrun.modelstore.hub_http import Params
+    from localrun.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +45,13 @@ _TRUE = {"1", "on", "yes", "true"}
 FORMAT_TAGS = {Format.GGUF: "gguf", Format.MLX: "mlx", Format.MLC: "mlc-llm"}
 
 
-def hub_endpoint(settings=None) -> str:
+def hub_endpoint(settings: Settings | None = None) -> str:
     """settings.hub.endpoint, else HF_ENDPOINT, else huggingface.co (no trailing slash)."""
     configured = getattr(getattr(settings, "hub", None), "endpoint", None)
     return (configured or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def hub_offline(settings=None, offline: bool = False) -> bool:
+def hub_offline(settings: Settings | None = None, offline: bool = False) -> bool:
     if offline or getattr(getattr(settings, "hub", None), "offline", False):
         return True
     return any(os.environ.get(v, "").strip().lower() in _TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
@@ -103,7 +110,7 @@ def _probe(host: str, port: int, timeout: float) -> str | None:
     runs on a daemon thread that is simply not waited for past the deadline.
     """
     deadline = time.monotonic() + timeout
-    box: dict = {}
+    box: dict[str, Any] = {}
 
     def resolve() -> None:
         try:
@@ -187,8 +194,12 @@ class RepoListing:
     def paths(self) -> tuple[str, ...]:
         return tuple(f.path for f in self.files)
 
-    def get(self, path: str) -> RemoteFile | None:
-        return next((f for f in self.files if f.path == path), None)
+    def file(self, path: str) -> RemoteFile:
+        """The listed file at ``path``; ModelNotFound when the listing has none."""
+        found = next((f for f in self.files if f.path == path), None)
+        if found is None:
+            raise ModelNotFound(f"{self.repo}@{self.commit[:10]} lists no {path!r}", hint="list the repo again")
+        return found
 
 
 @dataclass(frozen=True)
@@ -292,7 +303,9 @@ def _count(value: object) -> int:
 class HubClient:
     """Listing and search against one endpoint with one token, every request under deadlines."""
 
-    def __init__(self, *, endpoint: str | None = None, token: str | None = None, settings=None) -> None:
+    def __init__(
+        self, *, endpoint: str | None = None, token: str | None = None, settings: Settings | None = None
+    ) -> None:
         from localrun.modelstore.hub_http import Deadlines
 
         self.endpoint = (endpoint or hub_endpoint(settings)).rstrip("/")
@@ -307,21 +320,31 @@ class HubClient:
 
         return f"{self.endpoint}/{repo}/resolve/{commit}/{quote(path)}"
 
-    def _get(self, client, path: str, params=None, *, pages: bool = False, limit: int | None = None):
+    def _get(
+        self,
+        client: httpx.Client,
+        path: str,
+        params: Params | None = None,
+        *,
+        pages: bool = False,
+        limit: int | None = None,
+    ) -> Any:
         from localrun.modelstore import hub_http
 
-        fn = hub_http.get_pages if pages else hub_http.get_json
-        kwargs = {"limit": limit} if pages else {}
-        out = fn(
-            client,
-            f"{self.endpoint}{path}",
-            endpoint=self.endpoint,
-            deadlines=self.deadlines,
-            params=params,
-            headers=self.auth_headers(),
-            **kwargs,
-        )
-        return out if pages else out[0]
+        url, headers = f"{self.endpoint}{path}", self.auth_headers()
+        if pages:
+            return hub_http.get_pages(
+                client,
+                url,
+                endpoint=self.endpoint,
+                deadlines=self.deadlines,
+                params=params,
+                headers=headers,
+                limit=limit,
+            )
+        return hub_http.get_json(
+            client, url, endpoint=self.endpoint, deadlines=self.deadlines, params=params, headers=headers
+        )[0]
 
     def list_repo(self, repo: str, revision: str | None = None) -> RepoListing:
         """Resolve ``revision`` to a commit and list every file at it, with sizes and LFS sha256."""
@@ -364,7 +387,7 @@ class HubClient:
         params += [("expand", k) for k in ("downloads", "likes", "lastModified", "tags", "gated")]
         try:
             with self.deadlines.client() as http:
-                hits = self._get(http, "/api/models", params, pages=True, limit=limit)
+                hits = self._get(http, "/api/models", tuple(params), pages=True, limit=limit)
             return [
                 RepoSummary(
                     name=str(m["id"]),
@@ -385,7 +408,9 @@ class HubClient:
             raise translated from exc
 
 
-def search(query: str, *, format: Format | str | None = None, limit: int = 20, settings=None) -> list[RepoSummary]:
+def search(
+    query: str, *, format: Format | str | None = None, limit: int = 20, settings: Settings | None = None
+) -> list[RepoSummary]:
     """Repos on the hub matching ``query``, most downloaded first; ``format`` narrows by tag."""
     if hub_offline(settings):
         raise DownloadFailed(

@@ -27,6 +27,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localrun.errors import LocalrunError, VerificationFailed
 from localrun.modelstore.download import hash_file
@@ -35,9 +36,15 @@ from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import FORMAT_TAGS, RemoteFile
 from localrun.modelstore.names import safe_relpath
 from localrun.modelstore.verify import file_path
-from localrun.types import ModelRecord
+from localrun.types import FileEntry, ModelRecord
+
+if TYPE_CHECKING:
+    from localrun.modelstore.store import ModelStore
 
 logger = logging.getLogger(__name__)
+
+#: A file's identity on disk (device, inode, size, mtime, ctime): unchanged means unchanged bytes.
+StatKey = tuple[int, int, int, int, int]
 
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
@@ -115,7 +122,7 @@ def _repo_relpath(record: ModelRecord, disk: Path, cache_dir: Path) -> str:
     return disk.name
 
 
-def _mirror_file(record: ModelRecord, entry, cache_dir: Path) -> MirrorFile | None:
+def _mirror_file(record: ModelRecord, entry: FileEntry, cache_dir: Path) -> MirrorFile | None:
     disk = file_path(record, entry.path)
     try:
         rel = str(safe_relpath(_repo_relpath(record, disk, cache_dir)))
@@ -160,8 +167,8 @@ def build_catalog(records: list[ModelRecord], cache_dir: Path) -> dict[str, Mirr
             )
             continue
         files = {mf.path: mf for mf in (_mirror_file(record, fe, cache_dir) for fe in record.files) if mf is not None}
-        has_commit = bool(record.repo and record.revision and is_sha1(record.revision))
-        commit = record.revision if has_commit else _local_commit(record, files)
+        revision = record.revision if record.repo else None
+        commit = revision if revision and is_sha1(revision) else _local_commit(record, files)
         repo = repos.setdefault(repo_id, MirrorRepo(repo_id))
         entry = repo.commits.setdefault(commit, MirrorCommit(commit))
         entry.updated = max(entry.updated, record.added_at)
@@ -190,15 +197,15 @@ class StoreCatalog:
     """One store's catalog, rebuilt only when its index changed (the index file's and its WAL's
     stat, so a HEAD costs two stats, not a read of every record)."""
 
-    def __init__(self, store, cache_dir: Path) -> None:
+    def __init__(self, store: ModelStore, cache_dir: Path) -> None:
         self.store = store
         self.cache_dir = cache_dir
         self._repos: dict[str, MirrorRepo] = {}
-        self._signature: tuple | None = None
+        self._signature: tuple[tuple[int, int] | None, ...] | None = None
 
-    def _index_signature(self) -> tuple:
+    def _index_signature(self) -> tuple[tuple[int, int] | None, ...]:
         path = self.store.index.path
-        out = []
+        out: list[tuple[int, int] | None] = []
         for p in (path, path.with_name(path.name + "-wal")):
             try:
                 st = os.stat(p)
@@ -220,12 +227,12 @@ def _local_commit(record: ModelRecord, files: dict[str, MirrorFile]) -> str:
     """A stable commit for a model without one: a bundle's when every sha256 is recorded
     (the same commit on both sides of a bundle), else one that changes only with the record."""
     if files and all(f.sha256 for f in files.values()):
-        return synthetic_commit(local_repo_id(record.name), [(f.path, f.sha256) for f in files.values()])
+        return synthetic_commit(local_repo_id(record.name), [(f.path, f.sha256 or "") for f in files.values()])
     parts = [record.name, record.format.value, repr(record.added_at)] + [f"{f.path}\0{f.size}" for f in record.files]
     return hashlib.sha1("\0".join(parts).encode()).hexdigest()
 
 
-def _stat_key(st: os.stat_result) -> tuple:
+def _stat_key(st: os.stat_result) -> StatKey:
     """The inode unchanged since it was hashed: ctime too, which (unlike mtime) nothing puts back."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -234,7 +241,7 @@ class Verifier:
     """Which disk files are known good right now, and their hashes; hashing happens once."""
 
     def __init__(self) -> None:
-        self._good: dict[str, tuple[tuple, str]] = {}  # disk -> (stat key, sha256)
+        self._good: dict[str, tuple[StatKey, str]] = {}  # disk -> (stat key, sha256)
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
@@ -243,7 +250,7 @@ class Verifier:
         known = self._good.get(f.disk)
         return f.sha256 or (known[1] if known else None)
 
-    def good_key(self, f: MirrorFile) -> tuple | None:
+    def good_key(self, f: MirrorFile) -> StatKey | None:
         """The stat key at which ``f`` is known to match, if its current stat is that one."""
         try:
             st = os.stat(f.disk)
@@ -268,7 +275,7 @@ class Verifier:
     def forget(self, f: MirrorFile) -> None:
         self._good.pop(f.disk, None)
 
-    def verify(self, f: MirrorFile) -> tuple:
+    def verify(self, f: MirrorFile) -> StatKey:
         """Hash ``f`` (blocking) unless it is already known good; return its good stat key.
 
         Raises VerificationFailed naming the file when it is missing, has the wrong size or
@@ -282,7 +289,7 @@ class Verifier:
                 return key
             return self._hash(f)
 
-    def _hash(self, f: MirrorFile) -> tuple:
+    def _hash(self, f: MirrorFile) -> StatKey:
         """Hash with the downloader's digest (sha256, and the git sha1 where that is the check).
 
         The errors name the file by its repo path only: they go to the mirror's clients,

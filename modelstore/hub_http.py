@@ -26,9 +26,15 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from localrun.errors import DownloadFailed
+
+if TYPE_CHECKING:
+    import httpx
+
+    from localrun.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +42,8 @@ USER_AGENT = "localrun/0.1; hf_hub-compatible"
 #: The most a listing or search page may weigh: a hostile hub cannot fill memory.
 MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_PAGES = 1000
+#: A request's query: a dict, or pairs where a key repeats (``expand`` in a search).
+Params = dict[str, str] | tuple[tuple[str, str], ...]
 _STATUS_RETRIES = 2  # 429/5xx on a metadata call: the hub's own back-off, kept short
 
 
@@ -46,7 +54,7 @@ class Deadlines:
     stall_s: float = 60.0
 
     @classmethod
-    def from_settings(cls, settings=None) -> Deadlines:
+    def from_settings(cls, settings: Settings | None = None) -> Deadlines:
         hub = getattr(settings, "hub", None)
         default = cls()
         return cls(
@@ -55,14 +63,14 @@ class Deadlines:
             float(getattr(hub, "stall_timeout_s", default.stall_s)),
         )
 
-    def timeout(self):
+    def timeout(self) -> httpx.Timeout:
         import httpx
 
         return httpx.Timeout(
             connect=self.connect_s, read=self.first_byte_s, write=self.first_byte_s, pool=self.connect_s
         )
 
-    def client(self, **kwargs):
+    def client(self, **kwargs: Any) -> httpx.Client:
         """An httpx client whose every request carries these deadlines."""
         import httpx
 
@@ -70,7 +78,7 @@ class Deadlines:
         return httpx.Client(follow_redirects=True, timeout=self.timeout(), headers=headers, **kwargs)
 
 
-def after_headers(resp, deadlines: Deadlines) -> None:
+def after_headers(resp: httpx.Response, deadlines: Deadlines) -> None:
     """The headers are in: from here on the read timeout bounds the gaps in the body."""
     timeouts = resp.request.extensions.get("timeout") if resp.request is not None else None
     if isinstance(timeouts, dict):
@@ -118,7 +126,15 @@ def _same_origin(url: str, endpoint: str) -> bool:
     return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
 
 
-def get_json(client, url: str, *, endpoint: str, deadlines: Deadlines, params=None, headers=None):
+def get_json(
+    client: httpx.Client,
+    url: str,
+    *,
+    endpoint: str,
+    deadlines: Deadlines,
+    params: Params | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[Any, httpx.Response]:
     """GET one JSON document; returns (value, response). Raises HubStatus or DownloadFailed.
 
     A timeout fails at once (never retried: retrying a silent endpoint only multiplies the
@@ -169,9 +185,18 @@ def get_json(client, url: str, *, endpoint: str, deadlines: Deadlines, params=No
             ) from exc
 
 
-def get_pages(client, url: str, *, endpoint: str, deadlines: Deadlines, params=None, headers=None, limit=None):
+def get_pages(
+    client: httpx.Client,
+    url: str,
+    *,
+    endpoint: str,
+    deadlines: Deadlines,
+    params: Params | None = None,
+    headers: dict[str, str] | None = None,
+    limit: int | None = None,
+) -> list[Any]:
     """Every item of a paginated JSON list (the hub's ``Link: rel="next"``), up to ``limit``."""
-    items: list = []
+    items: list[Any] = []
     for _ in range(MAX_PAGES):
         page, resp = get_json(client, url, endpoint=endpoint, deadlines=deadlines, params=params, headers=headers)
         if not isinstance(page, list):
@@ -191,7 +216,7 @@ def get_pages(client, url: str, *, endpoint: str, deadlines: Deadlines, params=N
     raise DownloadFailed(f"the hub at {endpoint} sent more than {MAX_PAGES} pages", hint=_HINT)
 
 
-def _head(resp, limit: int = 64 * 1024) -> bytes:
+def _head(resp: httpx.Response, limit: int = 64 * 1024) -> bytes:
     """The start of an error body (enough for the hub's ``{"error": …}``), never more."""
     out = b""
     for chunk in resp.iter_bytes():
@@ -201,7 +226,7 @@ def _head(resp, limit: int = 64 * 1024) -> bytes:
     return out[:limit]
 
 
-def _error_field(headers, body: bytes) -> str | None:
+def _error_field(headers: httpx.Headers, body: bytes) -> str | None:
     if "json" not in headers.get("Content-Type", ""):
         return None
     try:

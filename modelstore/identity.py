@@ -34,7 +34,7 @@ def registration_digest(record: ModelRecord, extra: dict[str, Any] | None = None
     has recorded it. ``extra`` adds overrides that live outside the record (config.toml's
     ``[models."NAME"]``).
     """
-    files = []
+    files: list[list[Any]] = []
     for entry in record.files:
         if entry.sha256:
             files.append(["sha256", entry.sha256.lower()])

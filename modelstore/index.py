@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from localrun.errors import ConfigError, InvalidName, ModelExists, ModelNotFound
 from localrun.types import ModelRecord
@@ -160,7 +161,7 @@ class ModelIndex:
             conn.close()
 
     @staticmethod
-    def _to_row(rec: ModelRecord) -> tuple:
+    def _to_row(rec: ModelRecord) -> tuple[Any, ...]:
         d = rec.to_dict()
         return (
             d["name"],
@@ -175,7 +176,7 @@ class ModelIndex:
             float(rec.added_at),
         )
 
-    def _from_row(self, row: tuple) -> ModelRecord:
+    def _from_row(self, row: tuple[Any, ...]) -> ModelRecord:
         name, fmt, path, source, owned, repo, revision, files, metadata, added_at = row
         try:
             return ModelRecord.from_dict(

@@ -122,7 +122,8 @@ def _safetensors_params(path: Path) -> int:
 
 def _mlx_metadata(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     """The GGUF-like facts the planner needs, from an HF/MLX config.json."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
 
     def num(key: str) -> int | None:
         v = text.get(key, config.get(key))

@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import InvalidModelFile, ModelNotFound
 from localrun.jsonfile import NotAJsonObject, read_json_object
@@ -32,6 +32,10 @@ from localrun.modelstore.hfcache import CacheLayout, listing_from_cache
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir, hub_offline
 from localrun.modelstore.refs import HubRef, Selection, model_name_for, parse_ref, select_files
 from localrun.types import FileEntry, Format, ModelRecord, Source
+
+if TYPE_CHECKING:
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +122,7 @@ def _refuse_code(ref: HubRef, sel: Selection, trust_remote_code: bool, allow_nat
 def plan_pull(
     ref: str | HubRef,
     *,
-    settings=None,
+    settings: Settings | None = None,
     revision: str | None = None,
     offline: bool = False,
     trust_remote_code: bool = False,
@@ -156,7 +160,7 @@ def plan_pull(
     wanted = sel.files + ((projector,) if projector else ())
     planned = []
     for path in sorted(wanted, key=lambda p: (p not in CONFIG_FILES, p == projector, p)):
-        rf = listing.get(path)
+        rf = listing.file(path)
         blob = layout.blob(rf.etag) if rf.etag else None
         partial = blob.with_name(blob.name + ".incomplete") if blob else None
         planned.append(
@@ -223,7 +227,7 @@ def _fetch_offline(layout: CacheLayout, commit: str, rf: RemoteFile) -> FetchRes
 
 
 def pull(
-    store,
+    store: ModelStore,
     ref: str | HubRef | PullPlan,
     *,
     revision: str | None = None,
@@ -261,7 +265,7 @@ def pull(
     results: dict[str, FetchResult] = {}
     with client.deadlines.client() as http:
         for pf in plan.files:
-            rf = listing.get(pf.path)
+            rf = listing.file(pf.path)
             if plan.offline:
                 results[pf.path] = _fetch_offline(layout, plan.commit, rf)
             else:

@@ -19,9 +19,10 @@ import fnmatch
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from localrun.errors import ConfigError, InvalidName, ModelNotFound
 from localrun.modelstore.names import (
@@ -355,7 +356,7 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
         want_bits = quant_bits(primary)
     mark = f"-{tag.upper()}." if tag else None
 
-    def rank(path: str, stem: str) -> tuple:
+    def rank(path: str, stem: str) -> tuple[bool, int]:
         exact = mark is not None and mark in stem.upper() + "."
         return exact, -abs(quant_bits(path) - want_bits)
 
@@ -364,7 +365,12 @@ def find_draft_sibling(paths: Iterable[str], primary: str, tag: str | None = Non
     )
 
 
-def best_sibling(paths: Iterable[str], primary: str, accept, rank) -> str | None:
+def best_sibling(
+    paths: Iterable[str],
+    primary: str,
+    accept: Callable[[str], bool],
+    rank: Callable[[str, str], tuple[Any, ...]],
+) -> str | None:
     """llama.cpp's ``find_best_sibling`` walk (common/download.cpp), shared by the draft and the
     projector pick: among ``paths``, the ``.gguf`` files ``accept`` takes, never a split file's
     non-first part, in ``primary``'s folder or one above it; the deepest folder wins, then

@@ -188,7 +188,7 @@ class ModelStore:
             path = file_path(rec, entry.path)
             mtime = os.stat(path).st_mtime_ns
             digest = sha256_of(path)
-            if digest != entry.sha256.lower():
+            if digest != (entry.sha256 or "").lower():
                 raise VerificationFailed(
                     f"model {rec.name!r}: {entry.path} was modified and no longer matches its sha256",
                     hint=f"pull or import it again, or `localrun rm {rec.name}`",

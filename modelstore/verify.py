@@ -7,6 +7,7 @@ made now. Every file is hashed (no early stop) so the error names all the bad on
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -68,7 +69,7 @@ def verify(record: ModelRecord, *, progress: Callable[[str, int, int], None] | N
         if not entry.sha256:
             unverifiable.append(entry.path)
             continue
-        actual = sha256_of(path, (lambda done, p=entry.path, n=entry.size: progress(p, done, n)) if progress else None)
+        actual = sha256_of(path, functools.partial(_report, progress, entry.path, entry.size) if progress else None)
         hashed += size
         if actual != entry.sha256:
             problems.append(f"{entry.path}: sha256 {actual}, expected {entry.sha256}")
@@ -84,3 +85,7 @@ def verify(record: ModelRecord, *, progress: Callable[[str, int, int], None] | N
             "%s: %d file(s) have no recorded sha256: %s", record.name, len(unverifiable), ", ".join(unverifiable)
         )
     return VerifyReport(record.name, tuple(checked), tuple(unverifiable), hashed)
+
+
+def _report(progress: Callable[[str, int, int], None], path: str, size: int, done: int) -> None:
+    progress(path, done, size)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import json
 import logging
 import os
 import shlex
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.runtimes.openai_compat.wire import refuse_media, sampling_to_openai
@@ -122,11 +122,9 @@ def check_model_folder(folder: Path, *, allow_native: bool = False) -> dict[str,
     if not folder.is_dir() or not config_path.is_file():
         raise InvalidModelFile(f"{folder} is not an MLC model folder (no mlc-chat-config.json)")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidModelFile(f"{config_path} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise InvalidModelFile(f"{config_path} does not hold a JSON object")
+        config = read_json_object(config_path)
+    except NotAJsonObject as exc:
+        raise InvalidModelFile(str(exc)) from exc
     if not ((folder / "tensor-cache.json").is_file() or (folder / "ndarray-cache.json").is_file()):
         raise InvalidModelFile(f"{folder} has no tensor-cache.json: the weights are missing")
     if not allow_native:

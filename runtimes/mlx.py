@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from localrun.errors import (
     RuntimeUnavailable,
     UnsupportedFeature,
 )
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.runtimes import mlx_features
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_compat.wire import refuse_media
@@ -81,15 +81,10 @@ def _dist_version(dist: str) -> str | None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise InvalidModelFile(f"{path} is {path.stat().st_size} bytes, too large for a config file")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidModelFile(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidModelFile(f"{path} does not hold a JSON object")
-    return data
+        return read_json_object(path, max_bytes=MAX_CONFIG_BYTES)
+    except NotAJsonObject as exc:
+        raise InvalidModelFile(str(exc)) from exc
 
 
 def check_model_folder(folder: Path, *, trust_remote_code: bool = False) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_compat.kinds import KINDS
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
@@ -178,14 +179,10 @@ def folder_media(record: ModelRecord) -> frozenset[str]:
     """``vision`` / ``audio`` for a Hugging Face folder whose config.json has a ``vision_config`` /
     ``audio_config`` (Gemma 3, Qwen2.5-VL, Qwen2-Audio…): the models vLLM serves with
     ``image_url`` / ``input_audio`` parts. A config that cannot be read declares nothing."""
-    import json
-
     try:
-        config = json.loads((Path(record.path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        config = read_json_object(Path(record.path) / "config.json")
+    except NotAJsonObject as exc:
         log.debug("no config.json to read media support from for %s: %s", record.name, exc)
-        return frozenset()
-    if not isinstance(config, dict):
         return frozenset()
     return frozenset(c for c, key in ((VISION, "vision_config"), (AUDIO, "audio_config")) if config.get(key))
 

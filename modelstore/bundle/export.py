@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from localrun import __version__
 from localrun.errors import LocalrunError, VerificationFailed
@@ -51,6 +51,14 @@ from localrun.modelstore.gitids import (
 )
 from localrun.modelstore.verify import file_path
 from localrun.types import META_PROJECTOR, ModelRecord
+
+if TYPE_CHECKING:
+    from localrun.modelstore.store import ModelStore
+
+#: Fills a folder with wheels and returns the lock's ``python`` section.
+Wheelhouse = Callable[[Path], dict[str, Any]]
+#: Called with each file's bundle path and size as it is written.
+Progress = Callable[[str, int], None]
 
 logger = logging.getLogger(__name__)
 
@@ -90,8 +98,8 @@ def _known_sha256(rec: ModelRecord, local: Path) -> str | None:
     return None
 
 
-def _hub_layout(rec: ModelRecord) -> tuple[str, list[tuple[Path, str, str]]] | None:
-    """(commit, [(file, repo path, blob name)]) when the record's files sit in an HF snapshot."""
+def _hub_layout(rec: ModelRecord) -> tuple[str, str, list[tuple[Path, str, str]]] | None:
+    """(repo, commit, [(file, repo path, blob name)]) when the record's files sit in an HF snapshot."""
     if not rec.repo:
         return None
     commit, out = None, []
@@ -107,18 +115,19 @@ def _hub_layout(rec: ModelRecord) -> tuple[str, list[tuple[Path, str, str]]] | N
             return None
         commit = parts[k + 1]
         out.append((p, "/".join(parts[k + 2 :]), os.path.basename(os.path.realpath(p))))
-    return (commit, out) if commit else None
+    return (rec.repo, commit, out) if commit else None
 
 
 def _plan_model(rec: ModelRecord, endpoint_default: str) -> tuple[LockModel, list[_Source]]:
     meta = rec.metadata or {}
-    hub_meta = meta.get("hub") if isinstance(meta.get("hub"), dict) else {}
+    raw_hub = meta.get("hub")
+    hub_meta: dict[str, Any] = raw_hub if isinstance(raw_hub, dict) else {}
     hub = _hub_layout(rec)
     sources: list[_Source] = []
     if hub:
-        commit, files = hub
+        repo, commit, files = hub
         endpoint = str(hub_meta.get("endpoint") or endpoint_default)
-        repo, synthetic, revision = rec.repo, False, str(hub_meta.get("revision") or commit)
+        synthetic, revision = False, str(hub_meta.get("revision") or commit)
         for local, rel, blob in files:
             lfs = bool(is_sha256(blob)) or (not is_sha1(blob) and is_lfs_path(rel, os.stat(local).st_size))
             sources.append(
@@ -180,15 +189,17 @@ def _describe(rec: ModelRecord, local: Path, rel: str, lfs: bool, origin: str, g
     sha256 = _known_sha256(rec, local)
     if sha256 is None or (not lfs and git_oid is None):
         sha256, git_oid = _hashes(local, lfs)
-    oid = lfs_git_oid(sha256, size) if lfs else git_oid
+    oid = lfs_git_oid(sha256, size) if lfs else git_oid or ""
     return _Source(local, LockFile(path=rel, size=size, sha256=sha256, git_oid=oid, lfs=lfs, origin=origin))
 
 
-def plan_export(store, names: list[str]) -> tuple[Lock, dict[str, _Source]]:
+def plan_export(store: ModelStore, names: list[str]) -> tuple[Lock, dict[str, _Source]]:
     """The lock for ``names`` and, per bundle blob path, the local file that fills it."""
     from localrun.modelstore.hub import hub_endpoint
 
-    models, sources, seen = [], {}, set()
+    models: list[LockModel] = []
+    sources: dict[str, _Source] = {}
+    seen: set[str] = set()
     for name in names:
         rec = store.resolve(name)  # also proves every file is there, at its registered size
         if rec.name in seen:
@@ -211,11 +222,11 @@ def _refuse_existing(out: Path) -> None:
 
 
 def export_bundle(
-    store,
+    store: ModelStore,
     names: list[str],
     out: str | Path,
     *,
-    wheelhouse: Callable[[Path], dict] | None = None,
+    wheelhouse: Wheelhouse | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> ExportResult:
     """Write the bundle for ``names`` to ``out`` (a ``.tar`` path: one tar; else a folder).
@@ -279,7 +290,9 @@ def _fail(rel: str, s: _Source, problem: str) -> VerificationFailed:
     )
 
 
-def _write_dir(root: Path, lock: Lock, sources: dict[str, _Source], wheelhouse, progress) -> Lock:
+def _write_dir(
+    root: Path, lock: Lock, sources: dict[str, _Source], wheelhouse: Wheelhouse | None, progress: Progress | None
+) -> Lock:
     seal: dict[str, list[int]] = {}
     if wheelhouse is not None:  # first: the step most likely to refuse (a native wheel, no index)
         lock = _add_wheels(lock, root / WHEELS_DIR, wheelhouse, seal)
@@ -309,7 +322,7 @@ def _write_dir(root: Path, lock: Lock, sources: dict[str, _Source], wheelhouse, 
     return lock
 
 
-def _add_wheels(lock: Lock, folder: Path, wheelhouse, seal: dict | None) -> Lock:
+def _add_wheels(lock: Lock, folder: Path, wheelhouse: Wheelhouse, seal: dict[str, list[int]] | None) -> Lock:
     import dataclasses
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -338,7 +351,9 @@ class _HashingReader:
         return data
 
 
-def _write_tar(partial: Path, lock: Lock, sources: dict[str, _Source], wheelhouse, progress) -> tuple[int, Lock]:
+def _write_tar(
+    partial: Path, lock: Lock, sources: dict[str, _Source], wheelhouse: Wheelhouse | None, progress: Progress | None
+) -> tuple[int, Lock]:
     import tempfile
 
     with contextlib.ExitStack() as stack:

@@ -29,23 +29,34 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import DownloadFailed, LocalrunError, ModelExists
 from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.modelstore.bundle.blobcopy import cleaned, copy_hashed, link_or_copy
 from localrun.modelstore.bundle.lock import BundleError, Lock, LockModel
-from localrun.modelstore.bundle.source import DirBundle, Item, TarBundle, hash_stream, open_bundle, stat_key
+from localrun.modelstore.bundle.source import (
+    DirBundle,
+    Item,
+    Readable,
+    TarBundle,
+    hash_stream,
+    open_bundle,
+    stat_key,
+)
 from localrun.modelstore.describe import as_download
 from localrun.modelstore.download import check_disk_space
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import hub_cache_dir
 from localrun.modelstore.verify import file_path
 from localrun.types import FileEntry, ModelRecord, Source
+
+if TYPE_CHECKING:
+    from localrun.modelstore.store import ModelStore
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +103,7 @@ class _Journal:
 class _Importer:
     def __init__(
         self,
-        store,
+        store: ModelStore,
         bundle: DirBundle | TarBundle,
         *,
         rehash: bool,
@@ -100,6 +111,7 @@ class _Importer:
         progress: Callable[[str, int, str], None] | None,
     ) -> None:
         self.store, self.bundle, self.lock = store, bundle, bundle.lock
+        self.folder = bundle if isinstance(bundle, DirBundle) else None  # a folder's blobs can be linked
         self.rehash, self.replace, self.progress = rehash, replace, progress
         self.cache = hub_cache_dir()
         self.cache.mkdir(parents=True, exist_ok=True)
@@ -109,7 +121,7 @@ class _Importer:
         self.created: list[Path] = []
         self.linked: list[Path] = []
         self.result = ImportResult()
-        self.early: dict[str, Future] = {}
+        self.early: dict[str, Future[ModelRecord]] = {}
 
     def _index_hashes(self) -> dict[str, tuple[str, int | None]]:
         out = {}
@@ -161,7 +173,8 @@ class _Importer:
         if not self.rehash and st.st_size == item.size:
             if known and known == (item.sha256, st.st_mtime_ns) or self.journal.trusted(blob, item.sha256):
                 return True
-            if source is not None and os.path.samefile(source, blob) and self.bundle.sealed(item, source):
+            sealed = source is not None and self.folder is not None and self.folder.sealed(item, source)
+            if sealed and source is not None and os.path.samefile(source, blob):
                 return True
         with open(blob, "rb") as f:
             problem = hash_stream(f, item)
@@ -174,11 +187,12 @@ class _Importer:
         return False
 
     @contextlib.contextmanager
-    def _slot(self, m: LockModel, item: Item, source: Path | None):
+    def _slot(self, m: LockModel, item: Item, source: Path | None) -> Iterator[tuple[Path | None, Path]]:
         """Hold the blob's lock; yield (its temporary name, the blob), the name None when a
         good blob is already in place. The lock is huggingface_hub's and pull's too."""
         from filelock import FileLock
 
+        assert item.file is not None  # only a model's files are placed (wheels are not)
         blob = self._blob(m, item.file.etag)
         lock = CacheLayout(self.cache, m.repo).lock(item.file.etag)
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -191,12 +205,12 @@ class _Importer:
             with cleaned(tmp):
                 yield tmp, blob
 
-    def place_from_path(self, item: Item, m: LockModel) -> None:
-        source = self.bundle.path_of(item)
+    def place_from_path(self, item: Item, m: LockModel, folder: DirBundle) -> None:
+        source = folder.path_of(item)
         with self._slot(m, item, source) as (tmp, blob):
             if tmp is None:
                 return
-            trusted = not self.rehash and self.bundle.sealed(item, source)
+            trusted = not self.rehash and folder.sealed(item, source)
             how, problem = link_or_copy(source, tmp, trusted), None
             if not trusted and how:
                 with open(tmp, "rb") as f:
@@ -207,7 +221,7 @@ class _Importer:
             self._commit(tmp, blob, item, problem)
         self._done(item, how)
 
-    def place_from_stream(self, item: Item, m: LockModel, stream: BinaryIO) -> None:
+    def place_from_stream(self, item: Item, m: LockModel, stream: Readable) -> None:
         with self._slot(m, item, None) as (tmp, blob):
             if tmp is None:
                 return
@@ -241,14 +255,11 @@ class _Importer:
         The walk is Python (it holds the GIL) and copying is the kernel's (it does not), so
         the two overlap. The bytes walked are the ones placed: both are checked against the
         lock, and a failure there stops the import before anything is registered."""
-        if not isinstance(self.bundle, DirBundle):
+        if self.folder is None:
             return
         for m in self.lock.models:
-            where = (
-                self.bundle.location / m.snapshot_dir_relpath() / m.primary
-                if m.primary
-                else self.bundle.location / m.snapshot_dir_relpath()
-            )
+            where = self.folder.location / m.snapshot_dir_relpath()
+            where = where / m.primary if m.primary else where
             if os.path.lexists(where):  # links absent (a copy on FAT): validated after placing
                 self.early[m.name] = pool.submit(self.store.inspect_path, where, name=m.name, fmt=m.format)
 
@@ -295,7 +306,9 @@ class _Importer:
         }
         return dataclasses.replace(record, files=tuple(files), metadata=meta)
 
-    def _projector(self, m: LockModel, layout: CacheLayout, primary: Path, files: list, meta: dict):
+    def _projector(
+        self, m: LockModel, layout: CacheLayout, primary: Path, files: list[FileEntry], meta: dict[str, Any]
+    ) -> tuple[list[FileEntry], dict[str, Any]]:
         """The pair again, at its new place: the projector's header is checked like the model's
         (and its width against the model's), then recorded under its path in this cache."""
         if not m.projector:
@@ -318,7 +331,7 @@ class _Importer:
 
 
 def import_bundle(
-    store,
+    store: ModelStore,
     path: str | Path,
     *,
     rehash: bool = False,
@@ -369,7 +382,7 @@ def _place_all(imp: _Importer, bundle: DirBundle | TarBundle) -> None:
     if isinstance(bundle, DirBundle):
         for item in bundle.expected.values():
             if item.file is not None:
-                imp.place_from_path(item, owners[item.relpath][0])
+                imp.place_from_path(item, owners[item.relpath][0], bundle)
         return
     for item, stream in bundle.items():
         if item.file is not None:
@@ -382,24 +395,28 @@ def verify_bundle(path: str | Path, *, progress: Callable[[str, int], None] | No
     try:
         if isinstance(bundle, DirBundle):
             bundle.check()
-            pairs = ((item, None) for item in bundle.expected.values())
+            for item in bundle.expected.values():
+                with open(bundle.path_of(item), "rb") as src:
+                    _verified(bundle, item, hash_stream(src, item), progress)
         else:
-            pairs = bundle.items()
-        for item, stream in pairs:
-            with contextlib.ExitStack() as stack:
-                src = stream or stack.enter_context(open(bundle.path_of(item), "rb"))
-                problem = hash_stream(src, item)
-            if problem:
-                raise bundle.error(
-                    item.relpath,
-                    f"does not match the lock: {problem}",
-                    hint="the bundle was altered or damaged after export; export or copy it again",
-                )
-            if progress:
-                progress(item.relpath, item.size)
+            for item, stream in bundle.items():
+                _verified(bundle, item, hash_stream(stream, item), progress)
         return bundle.lock
     finally:
         bundle.close()
+
+
+def _verified(
+    bundle: DirBundle | TarBundle, item: Item, problem: str | None, progress: Callable[[str, int], None] | None
+) -> None:
+    if problem:
+        raise bundle.error(
+            item.relpath,
+            f"does not match the lock: {problem}",
+            hint="the bundle was altered or damaged after export; export or copy it again",
+        )
+    if progress:
+        progress(item.relpath, item.size)
 
 
 __all__ = ["ImportResult", "import_bundle", "verify_bundle", "BundleError"]

@@ -14,9 +14,10 @@ never had a repo) are :mod:`localrun.modelstore.gitids`'s, shared with the mirro
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 from localrun.errors import InvalidModelFile, InvalidName
 from localrun.modelstore.gitids import is_sha1, is_sha256, lfs_git_oid
@@ -24,6 +25,8 @@ from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.names import safe_relpath, validate_model_name
 from localrun.modelstore.refs import validate_repo_id, validate_revision
 from localrun.types import Format
+
+_T = TypeVar("_T")
 
 LOCK_NAME = "localrun.lock.json"
 SCHEMA_VERSION = 1
@@ -141,7 +144,7 @@ class Lock:
         return (json.dumps(doc, indent=2, sort_keys=False) + "\n").encode()
 
 
-def _model_dict(m: LockModel) -> dict:
+def _model_dict(m: LockModel) -> dict[str, Any]:
     return {
         "name": m.name,
         "format": m.format.value,
@@ -203,13 +206,13 @@ def parse_lock(data: bytes, *, where: str = LOCK_NAME) -> Lock:
     )
 
 
-def _list(value: Any, where: str) -> list:
+def _list(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise BundleError(f"{where}: must be a list", hint="the lock is damaged; export it again")
     return value
 
 
-def _field(d: dict, key: str, kind: type, where: str, *, optional: bool = False) -> Any:
+def _field(d: dict[str, Any], key: str, kind: type, where: str, *, optional: bool = False) -> Any:
     value = d.get(key)
     if value is None and optional:
         return None
@@ -221,7 +224,7 @@ def _field(d: dict, key: str, kind: type, where: str, *, optional: bool = False)
     return value
 
 
-def _named(check, value: Any, where: str):
+def _named(check: Callable[[Any], _T], value: Any, where: str) -> _T:
     try:
         return check(value)
     except InvalidName as exc:
@@ -298,7 +301,7 @@ def _parse_model(d: Any, where: str) -> LockModel:
     )
 
 
-def _opt_str(d: dict, key: str, where: str) -> str | None:
+def _opt_str(d: dict[str, Any], key: str, where: str) -> str | None:
     value = _field(d, key, str, where, optional=True)
     return value[:200] if value else None
 

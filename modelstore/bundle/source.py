@@ -29,7 +29,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO, Protocol, cast
 
 from localrun.errors import InvalidName
 from localrun.jsonfile import NotAJsonObject, read_json_object
@@ -79,7 +79,13 @@ def expected_items(lock: Lock) -> dict[str, Item]:
     return items
 
 
-def hash_stream(stream: BinaryIO, item: Item, sink: BinaryIO | None = None) -> str | None:
+class Readable(Protocol):
+    """What a bundle entry's bytes are read through: a file, a tar member, a pread window."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def hash_stream(stream: Readable, item: Item, sink: BinaryIO | None = None) -> str | None:
     """Read ``stream`` to its end (writing it to ``sink``); the mismatch with the lock, if any."""
     digest, done = item.digest(), 0
     while block := stream.read(BLOCK):
@@ -136,7 +142,7 @@ class _Bundle:
                 raw[:120], f"an unsafe entry name ({exc.message})", hint="do not import this bundle"
             ) from None
 
-    def _missing(self, seen: set[str], also: tuple = ()) -> None:
+    def _missing(self, seen: set[str], also: tuple[str, ...] = ()) -> None:
         missing = [rel for rel in (*self.expected, *also) if rel not in seen]
         if missing:
             raise self.error(
@@ -215,7 +221,7 @@ class DirBundle(_Bundle):
 class _TarStream:
     """A member's bytes; a tar that ends early becomes a BundleError naming the member."""
 
-    def __init__(self, raw: BinaryIO, bundle: TarBundle, rel: str) -> None:
+    def __init__(self, raw: IO[bytes], bundle: TarBundle, rel: str) -> None:
         self.raw, self.bundle, self.rel = raw, bundle, rel
 
     def read(self, n: int = -1) -> bytes:
@@ -259,7 +265,7 @@ class TarBundle(_Bundle):
             # Random-access mode, read forward once: members are read straight from the file
             # (stream mode would copy them through a 10 KiB buffer).
             self.tar = tarfile.open(location, "r:")
-            self.fd = self.tar.fileobj.fileno()
+            self.fd = cast(BinaryIO, self.tar.fileobj).fileno()
             first = self.tar.next()
         except (tarfile.TarError, EOFError, OSError) as exc:
             raise BundleError(
@@ -278,7 +284,7 @@ class TarBundle(_Bundle):
             raise self.error(LOCK_NAME, "the tar is truncated inside the lock", hint="copy the tar again")
         self._load_lock(data)
 
-    def items(self) -> Iterator[tuple[Item, BinaryIO]]:
+    def items(self) -> Iterator[tuple[Item, Readable]]:
         """Each expected content file once, with a stream of its bytes; everything else checked and skipped."""
         seen: set[str] = set()
         names: set[str] = set()
@@ -312,11 +318,15 @@ class TarBundle(_Bundle):
         # (tarfile treats a tar that ends between entries as complete).
         self._missing(seen, (*self.links, *self.refs))
 
-    def _member(self, rel: str, member: tarfile.TarInfo, seen: set[str]) -> Iterator[tuple[Item, BinaryIO]]:
+    def _member(self, rel: str, member: tarfile.TarInfo, seen: set[str]) -> Iterator[tuple[Item, Readable]]:
+        stream: Readable
         if member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.sparse:
             stream = _RawMember(self.fd, member.offset_data, member.size, self, rel)
         else:
-            stream = _TarStream(self.tar.extractfile(member), self, rel)
+            raw = self.tar.extractfile(member)
+            if raw is None:
+                raise self.error(rel, "a file entry tarfile cannot read", hint="do not import this bundle")
+            stream = _TarStream(raw, self, rel)
         if rel in self.refs:
             self._check_ref(rel, stream.read(200))
             seen.add(rel)

@@ -33,6 +33,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localrun.errors import LocalrunError
 
@@ -191,7 +192,7 @@ def cached_llama_wheels(version: str) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def _pip(args: list[str], what: str, env: dict | None = None, timeout: int = 3600) -> None:
+def _pip(args: list[str], what: str, env: dict[str, str] | None = None, timeout: int = 3600) -> None:
     cmd = [sys.executable, "-m", "pip", *args]
     logger.info("%s: %s", what, " ".join(cmd))
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
@@ -205,12 +206,12 @@ def _pip(args: list[str], what: str, env: dict | None = None, timeout: int = 360
 
 def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]:
     """(the wheel, whether it is native). Refuses a native one unless allowed."""
-    version = _installed_llama_version() if opts.llama_wheel is None else None
     if opts.llama_wheel is not None:
         wheel = Path(opts.llama_wheel)
     elif opts.build_portable:
-        wheel = build_portable_wheel(version, work)
+        wheel = build_portable_wheel(_installed_llama_version(), work)
     else:
+        version = _installed_llama_version()
         found = cached_llama_wheels(version)
         portable = [w for w in found if wheel_is_native(w) is False]
         portable.sort(key=lambda w: not portable_variants(w))  # the run-time-dispatch build first
@@ -265,7 +266,7 @@ def write_requirements(folder: Path) -> Path:
     return path
 
 
-def platform_info(llama: Path, native: bool) -> dict:
+def platform_info(llama: Path, native: bool) -> dict[str, Any]:
     from packaging import tags
 
     variants = portable_variants(llama)
@@ -296,7 +297,7 @@ def platform_info(llama: Path, native: bool) -> dict:
     }
 
 
-def build_wheelhouse(folder: Path, opts: WheelhouseOptions = WheelhouseOptions()) -> dict:
+def build_wheelhouse(folder: Path, opts: WheelhouseOptions = WheelhouseOptions()) -> dict[str, Any]:
     """Fill ``folder`` with wheels of localrun[llama] and its dependencies; return the lock's ``python``."""
     folder.mkdir(parents=True, exist_ok=True)
     root = project_root(opts)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,12 @@ Locate = Callable[[str], tuple[Path, "str | None"]]
 
 
 class Discover(Protocol):
-    def __call__(self, location: Any = None, *, read_metadata: bool = True) -> list[ModelRecord]: ...
+    """A source's scan: its tool's default location, or ``location``; ``read_metadata=False``
+    skips reading headers (a quick listing)."""
+
+    def __call__(
+        self, location: str | os.PathLike[str] | None = None, /, *, read_metadata: bool = True
+    ) -> list[ModelRecord]: ...
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.runtimes.llamacpp.cache import kv_file
 
 log = logging.getLogger(__name__)
@@ -205,10 +206,9 @@ def write_key_file(folder: Path, info: dict) -> None:
 def read_key_file(folder: Path) -> dict:
     """A folder's ``key.json`` ({} when missing or unreadable: display only)."""
     try:
-        info = json.loads((folder / KEY_FILE).read_text())
-    except (OSError, ValueError):
+        return read_json_object(folder / KEY_FILE)
+    except NotAJsonObject:
         return {}
-    return info if isinstance(info, dict) else {}
 
 
 def cache_bytes(root: Path) -> int:

@@ -51,16 +51,17 @@ def read_json_object(
         fd = os.open(path, flags)
     except OSError as exc:
         raise NotAJsonObject(path, f"cannot be read ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as f:
-        try:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise NotAJsonObject(path, "is not a regular file")
-            if st.st_size > max_bytes:
-                raise NotAJsonObject(path, f"is {st.st_size} bytes, larger than the {max_bytes} a JSON file may be")
-            raw = f.read(max_bytes + 1)
-        except OSError as exc:
-            raise NotAJsonObject(path, f"cannot be read ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAJsonObject(path, "is not a regular file")
+        if st.st_size > max_bytes:
+            raise NotAJsonObject(path, f"is {st.st_size} bytes, larger than the {max_bytes} bytes a JSON file may be")
+        raw = _read_at_most(fd, max_bytes + 1)
+    except OSError as exc:
+        raise NotAJsonObject(path, f"cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
     if len(raw) > max_bytes:  # it grew while being read
         raise NotAJsonObject(path, f"is larger than the {max_bytes} bytes a JSON file may be")
     try:
@@ -70,3 +71,11 @@ def read_json_object(
     if not isinstance(data, dict):
         raise NotAJsonObject(path, f"holds a JSON {type(data).__name__}, not an object")
     return data
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    parts, left = [], limit
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        parts.append(chunk)
+        left -= len(chunk)
+    return b"".join(parts)

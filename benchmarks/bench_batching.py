@@ -225,9 +225,9 @@ class Engine:
     sequence, llama.cpp's defaults otherwise (flash attention auto, weight repacking)."""
 
     def __init__(self, model: Path, threads: int) -> None:
-        from localrun.runtimes.llamacpp.session import _llama
+        from localrun.runtimes.llamacpp.context import llama_lib
 
-        self.llama = L = _llama()
+        self.llama = L = llama_lib()
         mp = L.llama_model_default_params()
         self.model = L.llama_model_load_from_file(str(model).encode(), mp)
         self.vocab = L.llama_model_get_vocab(self.model)

@@ -205,9 +205,9 @@ class Native:
     """Plain greedy decoding on the low-level API: the engine alone, on the same prompts."""
 
     def __init__(self, model: Path, threads: int) -> None:
-        from localrun.runtimes.llamacpp.session import _llama
+        from localrun.runtimes.llamacpp.context import llama_lib
 
-        llama = self.llama = _llama()
+        llama = self.llama = llama_lib()
         self.model = llama.llama_model_load_from_file(str(model).encode(), llama.llama_model_default_params())
         cp = llama.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = SLOT_CTX, 512, 512

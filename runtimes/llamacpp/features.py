@@ -73,6 +73,7 @@ class SessionFeatures:
         *,
         name: str,
         tokenize: Callable[[str], list[int]],
+        check_tokens: Callable[[Sequence[int], str], None],
         is_eog: Callable[[int], bool],
         scan_eog: Callable[[], tuple[int, ...]],
         vocab,
@@ -83,6 +84,7 @@ class SessionFeatures:
         self._llama, self._model, self._ctx, self._plan = llama, model, ctx, plan
         self._call = call  # runs native compute on the scheduler thread (calls.py)
         self._name, self._tokenize, self._is_eog, self._scan_eog = name, tokenize, is_eog, scan_eog
+        self._check_tokens = check_tokens  # ids in the vocabulary (prompting.Prompting.check_tokens)
         self._vocab, self._n_vocab, self._piece_of = vocab, n_vocab, piece_of
         self.piece = piece_of  # token -> bytes, cached (the extras' /tokenize pieces, /detokenize)
         embeds = embeddings_wanted(llama, model, plan)
@@ -121,7 +123,7 @@ class SessionFeatures:
                 logit bias names a token the vocabulary lacks, or ``ignore_eos`` meets a grammar.
         """
         llama, vocab, n_vocab = self._llama, self._vocab, self._n_vocab
-        self.check_tokens([t for t, _ in sampling.logit_bias], "logit_bias")
+        self._check_tokens([t for t, _ in sampling.logit_bias], "logit_bias")
         if gbnf:
             if sampling.ignore_eos:
                 raise UnsupportedFeature(
@@ -146,16 +148,6 @@ class SessionFeatures:
             return sampler if reader is None else LogprobSampler(sampler, reader, top_n, entries, is_eog)
 
         return build, entries
-
-    def check_tokens(self, tokens: Sequence[int], param: str) -> None:
-        """A 400 for a token id outside the vocabulary (llama.cpp would read past its tables)."""
-        bad = next((t for t in tokens if not 0 <= int(t) < self._n_vocab), None)
-        if bad is not None:
-            raise UnsupportedFeature(
-                f"{param!r} has token id {bad}, outside {self._name}'s vocabulary of {self._n_vocab}",
-                param=param,
-                hint=f"use token ids from 0 to {self._n_vocab - 1} (see /tokenize)",
-            )
 
     def eog_tokens(self) -> tuple[int, ...]:
         """Every end-of-generation token of the vocabulary, found once (one pass over it; the

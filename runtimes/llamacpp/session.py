@@ -39,28 +39,23 @@ unset = a default from free RAM), ``kv_dir`` and ``kv_disk_bytes`` (the disk tie
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
-import os
 import threading
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from localrun.chat import tools
 from localrun.errors import (
     ContextOverflow,
-    InvalidModelFile,
     LocalrunError,
     RuntimeUnavailable,
-    UnsupportedFeature,
-    WontFit,
 )
 from localrun.runtimes.base import RuntimeStatus
-from localrun.runtimes.llamacpp.build_info import load_backends
 from localrun.runtimes.llamacpp.cache.checkpoints import memory_kind
 from localrun.runtimes.llamacpp.cache.prefix_disk import open_disk_tier
 from localrun.runtimes.llamacpp.cache.slots import Layout
 from localrun.runtimes.llamacpp.choices import stream_choices
+from localrun.runtimes.llamacpp.context import context_params, load_model, new_context
 from localrun.runtimes.llamacpp.decode import token_piece_reader
 from localrun.runtimes.llamacpp.extras import ServerExtras
 from localrun.runtimes.llamacpp.features import SessionFeatures
@@ -68,33 +63,15 @@ from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media.mtmd import open_projector
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.runtimes.llamacpp.media.session import SessionMedia
-from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
-from localrun.runtimes.llamacpp.probe import INSTALL_FIX, probe_llamacpp
+from localrun.runtimes.llamacpp.probe import probe_llamacpp
+from localrun.runtimes.llamacpp.prompting import Prompting
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slot_api import SlotApi
-from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, speculation
-from localrun.runtimes.llamacpp.token_split import FALLBACK_MARKERS, Splitter
-from localrun.runtimes.llamacpp.tokens import SessionTokens, VocabScan, split_rules
-from localrun.runtimes.llamacpp.turns import special_piece_reader
+from localrun.runtimes.llamacpp.speculative.drafting import speculation
+from localrun.runtimes.llamacpp.tokens import VocabScan, eog_reader
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
 
 log = logging.getLogger(__name__)
-
-#: ggml type ids for ``Plan.kv_type`` (ggml.h ``enum ggml_type``).
-KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
-
-
-@functools.lru_cache(maxsize=1)
-def _llama():
-    """Import llama_cpp, init its backend and quiet its logging, once per process."""
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise RuntimeUnavailable(f"llama-cpp-python is not installed ({exc})", hint=INSTALL_FIX) from exc
-    NATIVE_LOG.install(llama_cpp)  # after the import (it installs its own printer), before any work
-    load_backends(llama_cpp)  # a portable (GGML_BACKEND_DL) build's CPU variants live in its lib/
-    llama_cpp.llama_backend_init()
-    return llama_cpp
 
 
 class LlamaCppRuntime:
@@ -117,11 +94,16 @@ class LlamaCppRuntime:
         return None if model.metadata.get(META_PROJECTOR) else frozenset()
 
 
-class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
+class LlamaCppSession:
     """One loaded model, one context, several sequences (slots) run by a scheduler thread.
 
     ``concurrent``: requests may call ``chat``/``complete`` from many threads at once; more
     requests than slots wait for a slot in arrival order.
+
+    Composed of the parts it holds: its prompts (:class:`Prompting`: tokens, chat text, media
+    prompts), the scheduler, the optional features (:mod:`.features`), the media side
+    (:class:`SessionMedia`), llama-server's utility calls (:class:`ServerExtras`) and slot API
+    (:class:`SlotApi`); the ``serve_*`` calls hand over to the last two.
     """
 
     capabilities: frozenset[str] = frozenset()
@@ -130,12 +112,8 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
     def __init__(
         self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout, projector=None, eog=None
     ) -> None:
-        self._llama = llama
-        self._model = model
-        self._ctx = ctx
-        self.record = record
-        self.plan = plan
-        self.layout = layout
+        self._llama, self._model, self._ctx = llama, model, ctx
+        self.record, self.plan, self.layout = record, plan, layout
         self._vocab = llama.llama_model_get_vocab(model)
         self._eog = eog if eog is not None else VocabScan(llama, model, record.name)
         self._n_vocab = llama.llama_vocab_n_tokens(self._vocab)
@@ -145,54 +123,30 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
         self._freed = False
         per_seq = llama.llama_n_ctx_seq(ctx) if hasattr(llama, "llama_n_ctx_seq") else llama.llama_n_ctx(ctx)
         self.n_ctx = min(layout.slot_ctx, per_seq)  # what one request may use
-        self._bos = self._token_text(llama.llama_vocab_bos(self._vocab))
-        self._eos = self._token_text(llama.llama_vocab_eos(self._vocab))
-        template = plan.options.get("chat_template")
-        if template is None:
-            raw = llama.llama_model_chat_template(model, None)
-            template = raw.decode("utf-8", errors="replace") if raw else None
-        self.chat_template: str | None = template or None
-        splits, raw = split_rules(llama, self._vocab)
-        # Pieces start at the template's special texts; without one, at the turn markers the
-        # fallback formats write (only those that are this vocabulary's special tokens count).
-        # Raw text may be cut after a newline too (an agent's system prompt has no markers).
-        markers = (self.chat_template or "") + "".join((self._bos, self._eos, *FALLBACK_MARKERS))
-        followers = self._eog.newline_followers if raw else None
-        self._splitter = Splitter(self._eog.specials, markers, plan.n_threads if splits else 1, followers)
-        # Without a template: a plain transcript by default. Measured on the base Gemma 3
-        # 270M: with Gemma's turn markers it babbles, with the transcript it answers
-        # "The capital of France is Paris." Instruction-tuned files carry their template.
-        self._gemma_turns = plan.options.get("fallback_format") == "gemma" and self._is_single_token("<start_of_turn>")
-        self._template_timeout_s = float(plan.options.get("template_timeout_s", 2.0))
-        is_eog = self._eog_reader()
+        # Images and audio (media/session.py): the projector, its decoder, "vision" / "audio".
+        self._media = SessionMedia(projector, record.name)
+        self.prompting = Prompting(
+            llama,
+            model,
+            record=record,
+            plan=plan,
+            eog=self._eog,
+            media=self._media,
+            max_chunk=llama.llama_n_ubatch(ctx),
+            native=self._native,
+            check_open=self._check_open,
+            is_freed=lambda: self._freed,
+        )
+        self.chat_template = self.prompting.chat_template
+        is_eog = eog_reader(llama, self._vocab)
         piece_of = token_piece_reader(llama, self._vocab)  # one cache of pieces: the scheduler and logprobs
-        self._special_length = special_piece_reader(llama, self._vocab)  # where a prompt's last turn begins
         n_swa = llama.llama_model_n_swa(model)
-        mode, draft_k = speculation(plan, n_swa)
         #: "recurrent", "hybrid", "swa" (without swa_full): a memory that cannot be cut back (checkpoints.py).
         self.memory = memory_kind(llama, model, swa_full=bool(plan.options.get("swa_full", True)))
-        if self.memory in ("recurrent", "hybrid") and mode != "off":
-            # A rejected draft's tokens cannot be taken back out of a recurrent state.
-            log.info("speculative decoding off: %s memory cannot be cut back after a rejected draft", self.memory)
-            mode = "off"
-        self._drafter = None
-        # Images and audio (media_session.py): the projector, its decoder, "vision" / "audio".
-        self._media = SessionMedia(projector, record.name)
-        self._n_ubatch = llama.llama_n_ubatch(ctx)
-        if plan.options.get("draft") and mode in ("auto", "draft") and not (mode == "auto" and layout.exact_prefix):
-            # auto is off under exact_prefix
-            from localrun.runtimes.llamacpp.speculative.draft_model import load_drafter
-
-            self._drafter = load_drafter(
-                llama,
-                model,
-                plan,
-                layout,
-                record.path,
-                flash_attn_type=self._context_params(llama, plan, layout).flash_attn_type,
-            )
+        mode, draft_k = speculation(plan, n_swa, self.memory)
+        self._drafter = self._load_drafter(mode) if plan.options.get("draft") else None
         # The disk tier under the prefix cache (prefix_disk.py): keyed by the model's sha256 and the context.
-        disk = open_disk_tier(llama, model, ctx, self._context_params(llama, plan, layout), record, layout)
+        disk = open_disk_tier(llama, model, ctx, context_params(llama, plan, layout), record, layout)
         try:
             self._sched = Scheduler(
                 llama,
@@ -224,51 +178,38 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             name=record.name,
             is_eog=is_eog,
             scan_eog=self._eog.result,
-            tokenize=lambda text: self.tokenize(text, add_special=True),
+            tokenize=lambda text: self.prompting.tokenize(text, add_special=True),
+            check_tokens=self.prompting.check_tokens,
             vocab=self._vocab,
             n_vocab=self._n_vocab,
             piece_of=piece_of,
             call=self._sched.call,
         )
+        facts = {"n_ctx": self.n_ctx, "total_slots": layout.n_slots, "n_vocab": self._n_vocab}
+        self._extras = ServerExtras(llama, self._vocab, self.prompting, self._features, facts=facts)
+        self._slot_api = SlotApi(self._sched, llama, ctx, name=record.name, n_ctx=self.n_ctx, n_vocab=self._n_vocab)
         # "reasoning_budget": a turn continues from a prefix (ChatRequest.prefix), so the server can force the end of
         # thinking.
         self.capabilities = (
             self._features.capabilities
-            | self.extra_capabilities()
+            | self.prompting.capabilities
             | self._media.capabilities
             | {"reasoning_budget", "slots"}  # slots: llama-server's id_slot and /slots (slot_api.py)
         )
 
+    def _load_drafter(self, mode: str):
+        """The draft model the plan names, for ``auto`` (but not under exact_prefix) and ``draft``."""
+        layout, plan = self.layout, self.plan
+        if mode not in ("auto", "draft") or (mode == "auto" and layout.exact_prefix):
+            return None
+        from localrun.runtimes.llamacpp.speculative.draft_model import load_drafter
+
+        flash = context_params(self._llama, plan, layout).flash_attn_type
+        return load_drafter(self._llama, self._model, plan, layout, self.record.path, flash_attn_type=flash)
+
     @classmethod
     def open(cls, record: ModelRecord, plan: Plan) -> LlamaCppSession:
-        if record.format is not Format.GGUF:
-            raise UnsupportedFeature(
-                f"llama.cpp runs GGUF files, not {record.format.value}",
-                param="format",
-                hint="pick a runtime that runs this format",
-            )
-        if not os.path.isfile(record.path):
-            raise InvalidModelFile(f"model file not found: {record.path}", hint="re-import or pull the model")
-        llama = _llama()
-        layout = Layout.from_plan(plan)
-        cp = cls._context_params(llama, plan, layout)  # bad options fail before anything is allocated
-        mp = llama.llama_model_default_params()
-        mp.n_gpu_layers = int(plan.n_gpu_layers)
-        if layout.exact and hasattr(mp, "use_extra_bufts"):
-            # Repacked weights (AVX2 Q4_K 8x8, …) change a row's arithmetic with the rows
-            # decoded beside it; measured here they bought no speed on Gemma 3 270M.
-            mp.use_extra_bufts = bool(plan.options.get("repack", False))
-        from localrun.runtimes.llamacpp import overrides  # MoE experts to RAM, several GPUs (see overrides.py)
-
-        load_params = overrides.apply(llama, mp, plan.options)  # held until the model is freed
-        NATIVE_LOG.take_recent()
-        model = llama.llama_model_load_from_file(os.fsencode(record.path), mp)
-        if not model:
-            why = NATIVE_LOG.take_recent()
-            raise InvalidModelFile(
-                f"llama.cpp could not load {record.path}" + (f": {why}" if why else ""),
-                hint="the file may be corrupt or an architecture this llama.cpp does not know",
-            )
+        llama, model, layout, cp, load_params = load_model(record, plan)
         eog = VocabScan(llama, model, record.name)  # runs while the context is created (tokens.py)
         try:
             projector = open_projector(llama, model, record, plan, cp)  # cp's batches grow to one image
@@ -276,18 +217,14 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             eog.stop()
             llama.llama_model_free(model)
             raise
-        ctx = llama.llama_init_from_model(model, cp)
-        if not ctx:
+        try:
+            ctx = new_context(llama, model, cp, layout, record.name)
+        except BaseException:
             if projector is not None:
                 projector.close()
             eog.stop()
             llama.llama_model_free(model)
-            why = NATIVE_LOG.take_recent()
-            raise WontFit(
-                f"llama.cpp could not create a {layout.n_ctx}-token context ({layout.n_slots} slots) for "
-                f"{record.name}" + (f": {why}" if why else ""),
-                hint="lower the context length, the slots or the GPU layers",
-            )
+            raise
         log.debug(
             "loaded %s: %s threads=%d gpu_layers=%d %s",
             record.path,
@@ -308,45 +245,6 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             llama.llama_model_free(model)
             raise
 
-    @staticmethod
-    def _context_params(llama, plan: Plan, layout: Layout):
-        cp = llama.llama_context_default_params()
-        cp.n_ctx = int(layout.n_ctx)
-        cp.n_batch = max(layout.step_tokens, layout.n_slots, MAX_DRAFT + 1)  # a verification pass is one call
-        cp.n_ubatch = min(cp.n_batch, 512)
-        cp.n_seq_max = layout.n_slots
-        cp.kv_unified = layout.unified
-        # Both, explicitly: a default n_threads_batch of cpu_count/2 made prefill 50x slower
-        # in llama-cpp-python's server on a 2-core box.
-        cp.n_threads = cp.n_threads_batch = max(1, int(plan.n_threads))
-        kv = KV_TYPES.get(plan.kv_type)
-        if kv is None:
-            raise UnsupportedFeature(
-                f"unknown KV cache type {plan.kv_type!r}", param="kv_type", hint="use one of: " + ", ".join(KV_TYPES)
-            )
-        cp.type_k = cp.type_v = kv
-        if layout.exact_prefix:
-            # Flash attention on the CPU makes a prefill's result depend on its chunking
-            # (see llamacpp/scheduler.py), so a cached prefix would differ from a cold one in the last bits.
-            cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        if kv not in (0, 1):  # a quantized V cache needs flash attention
-            cp.flash_attn_type = llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if "swa_full" in plan.options:
-            # Sliding-window layers (Gemma 3) get a full-size cache by llama.cpp's default, so
-            # any cached prefix can be reused. False keeps only the window (less memory); the
-            # prefix cache then refuses a prefix whose window was already overwritten.
-            cp.swa_full = bool(plan.options["swa_full"])
-        if "flash_attn" in plan.options:
-            flag = plan.options["flash_attn"]
-            cp.flash_attn_type = (
-                llama.LLAMA_FLASH_ATTN_TYPE_AUTO
-                if flag is None
-                else llama.LLAMA_FLASH_ATTN_TYPE_ENABLED
-                if flag
-                else llama.LLAMA_FLASH_ATTN_TYPE_DISABLED
-            )
-        return cp
-
     # --- the protocol ---------------------------------------------------------------------
 
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
@@ -357,7 +255,7 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         gbnf = self._features.completion_grammar(req.sampling)
-        return self._start(self.completion_tokens(req), req.sampling, cancel, (), gbnf)
+        return self._start(self.prompting.completion_tokens(req), req.sampling, cancel, (), gbnf)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self._check_open()
@@ -375,7 +273,7 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
             self._drafter.close()
         self._features.close()
         self._eog.stop()  # a slice of the vocabulary at most
-        self._splitter.close()
+        self.prompting.close()
         with self._native:
             self._freed = True
             self._llama.llama_free(self._ctx)
@@ -385,6 +283,75 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
         # The vocab and context are freed native memory after close: touching them aborts.
         if self._closed:
             raise RuntimeUnavailable(f"the llama.cpp session for {self.record.name} is closed", hint="load it again")
+
+    # --- prompts ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        return self.prompting.tokenize(text, add_special=add_special)
+
+    def chat_prompt(
+        self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True
+    ) -> tuple[list[int] | MediaPrompt, tuple[str, ...]]:
+        """The conversation's tokens and the stop strings its format adds (:meth:`Prompting.chat_prompt`)."""
+        return self.prompting.chat_prompt(messages, variables, add_generation_prompt=add_generation_prompt)
+
+    def chat_tokens(self, req: ChatRequest) -> tuple[list[int] | MediaPrompt, tuple[str, ...], str | None]:
+        """(prompt tokens, stop strings, grammar) of a chat request: what ``chat`` runs and
+        ``serve_count_prompt`` counts, so the two cannot disagree."""
+        messages, variables, gbnf = self._features.chat_inputs(req, self.prompting.chat_template)
+        tokens, stops = self.prompting.chat_prompt(
+            messages,
+            {**req.template_kwargs, **variables},
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final=req.continue_final_message,
+            prefix=req.prefix,
+            media=req.media,
+        )
+        return tokens, stops, gbnf
+
+    # --- llama-server's calls (runtimes.base.EXTRAS): extras.py and slot_api.py -------------------
+
+    def serve_tokenize(self, content: str, add_special: bool = False, with_pieces: bool = False) -> dict[str, Any]:
+        return self._extras.tokenize(content, add_special, with_pieces)
+
+    def serve_detokenize(self, tokens: Sequence[int]) -> dict[str, Any]:
+        return self._extras.detokenize(tokens)
+
+    def serve_apply_template(
+        self, messages: list[dict], template_kwargs: dict | None = None, add_generation_prompt: bool = True
+    ) -> dict[str, Any]:
+        return self._extras.apply_template(messages, template_kwargs, add_generation_prompt)
+
+    def serve_count_prompt(self, request: dict[str, Any]) -> dict[str, Any]:
+        """How many tokens a chat request (a ``ChatRequest`` as a dict) renders to, without running
+        it: Anthropic's ``message_start`` carries the prompt's size before the prefill starts."""
+        self._check_open()
+        tokens, _, _ = self.chat_tokens(ChatRequest.from_dict(request))
+        if isinstance(tokens, MediaPrompt):  # media counted too (the image's tokens), then freed
+            tokens.close()
+            return {"prompt_tokens": len(tokens.tokens)}
+        return {"prompt_tokens": len(tokens)}
+
+    def serve_props(self) -> dict[str, Any]:
+        return self._extras.props(self.capabilities)
+
+    def serve_embed_usage(self, inputs: Sequence[str | Sequence[int]]) -> dict[str, Any]:
+        return self._extras.embed_usage(inputs)
+
+    def serve_embed_tokens(self, inputs: Sequence[str | Sequence[int]]) -> dict[str, Any]:
+        return self._extras.embed_tokens(inputs)
+
+    def serve_rerank(self, query: str, documents: Sequence[str]) -> dict[str, Any]:
+        return self._extras.rerank(query, documents)
+
+    def serve_slots(self) -> list[dict[str, Any]]:
+        return self._slot_api.slots()
+
+    def serve_slot_action(self, id_slot: int, action: str, folder: str = "", filename: str = "") -> dict[str, Any]:
+        return self._slot_api.action(id_slot, action, folder, filename)
+
+    def serve_cache_stats(self) -> dict[str, Any]:
+        return self._slot_api.cache_stats()
 
     # --- generation -------------------------------------------------------------------------
 
@@ -440,7 +407,7 @@ class LlamaCppSession(SessionTokens, ServerExtras, SlotApi):
                         build_sampler=build,
                         logprobs=logprobs,
                         media=media,
-                        id_slot=self._pinned_slot(sampling) if i == 0 else -1,  # slot_api.py
+                        id_slot=self._slot_api.pinned_slot(sampling) if i == 0 else -1,
                     )
                 )
         if media is not None:

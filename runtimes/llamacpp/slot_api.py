@@ -30,9 +30,12 @@ import os
 import struct
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import Overloaded, SlotError
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +120,17 @@ def _plain_tokens(packed: list[int], name: str) -> list[int]:
 
 
 class SlotApi:
-    """Mixed into LlamaCppSession; uses its ``_sched``, ``n_ctx``, ``_n_vocab``, ``layout`` and ``record``."""
+    """llama-server's slot API on one session's scheduler, held by the session (its ``serve_slots``,
+    ``serve_slot_action``, ``serve_cache_stats`` and a request's ``id_slot``). Everything that
+    touches a slot runs on the scheduler thread, through :meth:`~.scheduler.Scheduler.call`."""
+
+    def __init__(self, sched: Scheduler, llama: Any, ctx: Any, *, name: str, n_ctx: int, n_vocab: int) -> None:
+        self._sched, self._llama, self._ctx = sched, llama, ctx
+        self._name, self._n_ctx, self._n_vocab = name, n_ctx, n_vocab
 
     # --- reads (run on the scheduler thread, between two steps: one consistent picture) ---------
 
-    def serve_slots(self) -> list[dict[str, Any]]:
+    def slots(self) -> list[dict[str, Any]]:
         """Each slot as llama-server's ``GET /slots`` lists it (without prompt text, as its default)."""
         return self._sched.call(self._slot_rows)
 
@@ -132,7 +141,7 @@ class SlotApi:
         for slot in sched.cache.slots:
             row: dict[str, Any] = {
                 "id": slot.seq,
-                "n_ctx": self.n_ctx,
+                "n_ctx": self._n_ctx,
                 "speculative": sched.speculative != "off",
                 "is_processing": slot.busy,
                 "n_prompt_tokens": len(slot.tokens),  # what the slot holds (llama-server: its cache's size)
@@ -152,7 +161,7 @@ class SlotApi:
             rows.append(row)
         return rows
 
-    def serve_cache_stats(self) -> dict[str, Any]:
+    def cache_stats(self) -> dict[str, Any]:
         """The prefix cache's counters and holdings (RAM and disk), and what the slots hold."""
 
         def read() -> dict[str, Any]:
@@ -162,14 +171,14 @@ class SlotApi:
             out["slot_tokens"] = sum(len(s.tokens) for s in cache.slots)
             out["slots_busy"] = sum(s.busy for s in cache.slots)
             out["slots_held"] = sum(bool(s.tokens) for s in cache.slots)
-            out["n_ctx"] = self.n_ctx
+            out["n_ctx"] = self._n_ctx
             return out
 
         return self._sched.call(read)
 
     # --- llama-server's POST /slots/{id} ----------------------------------------------------------
 
-    def serve_slot_action(self, id_slot: int, action: str, folder: str = "", filename: str = "") -> dict[str, Any]:
+    def action(self, id_slot: int, action: str, folder: str = "", filename: str = "") -> dict[str, Any]:
         """Save slot ``id_slot`` to ``folder/filename``, restore it from there, or erase it."""
         if action not in ACTIONS:
             raise SlotError(
@@ -184,9 +193,7 @@ class SlotApi:
         if action == "save":
             tokens, state = self._when_idle(id_slot, self._snapshot_now)
             n_written = _write_atomic(path, pack(tokens, state))
-            log.info(
-                "%s: slot %d saved to %s (%d tokens, %d bytes)", self.record.name, id_slot, path, len(tokens), n_written
-            )
+            log.info("%s: slot %d saved to %s (%d tokens, %d bytes)", self._name, id_slot, path, len(tokens), n_written)
             return {
                 "id_slot": id_slot,
                 "filename": filename,
@@ -198,7 +205,7 @@ class SlotApi:
         tokens, state = unpack(data, filename)
         self._check_fits(tokens, filename)
         self._when_idle(id_slot, lambda slot: self._restore_now(slot, tokens, state, filename))
-        log.info("%s: slot %d restored from %s (%d tokens)", self.record.name, id_slot, path, len(tokens))
+        log.info("%s: slot %d restored from %s (%d tokens)", self._name, id_slot, path, len(tokens))
         return {
             "id_slot": id_slot,
             "filename": filename,
@@ -207,7 +214,7 @@ class SlotApi:
             "timings": {"restore_ms": round((time.perf_counter() - started) * 1e3, 3)},
         }
 
-    def _pinned_slot(self, sampling) -> int:
+    def pinned_slot(self, sampling: Any) -> int:
         """A request's ``id_slot`` checked against this context: -1 (any) or a slot that exists."""
         want = int(getattr(sampling, "id_slot", -1))
         if want < 0:
@@ -216,25 +223,25 @@ class SlotApi:
         return want
 
     def _check_slot(self, id_slot: int) -> None:
-        n = self.layout.n_slots
+        n = self._sched.layout.n_slots
         if not 0 <= id_slot < n:
             raise SlotError(
-                f"slot {id_slot} does not exist: {self.record.name} has {n} slot{'s' if n > 1 else ''} (0..{n - 1})",
+                f"slot {id_slot} does not exist: {self._name} has {n} slot{'s' if n > 1 else ''} (0..{n - 1})",
                 param="id_slot",
                 hint="GET /slots lists them",
             )
 
     def _check_fits(self, tokens: list[int], name: str) -> None:
-        if len(tokens) > self.n_ctx:
+        if len(tokens) > self._n_ctx:
             raise SlotError(
-                f"{name!r} holds {len(tokens)} tokens, more than a slot's context of {self.n_ctx}",
+                f"{name!r} holds {len(tokens)} tokens, more than a slot's context of {self._n_ctx}",
                 param="filename",
                 hint="load the model with a larger context, or restore a file saved from this one",
             )
         bad = next((t for t in tokens if not 0 <= t < self._n_vocab), None)
         if bad is not None:
             raise SlotError(
-                f"{name!r} holds token {bad}, outside {self.record.name}'s vocabulary of {self._n_vocab}",
+                f"{name!r} holds token {bad}, outside {self._name}'s vocabulary of {self._n_vocab}",
                 param="filename",
                 hint="restore a file saved from this model",
             )
@@ -255,7 +262,7 @@ class SlotApi:
                 return got
             if time.monotonic() >= deadline:
                 raise Overloaded(
-                    f"slot {id_slot} of {self.record.name} stayed busy for {WAIT_IDLE_S:.0f} s",
+                    f"slot {id_slot} of {self._name} stayed busy for {WAIT_IDLE_S:.0f} s",
                     hint="retry when its request ends",
                     param="id_slot",
                 )

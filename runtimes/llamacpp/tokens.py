@@ -1,21 +1,15 @@
-"""The llama.cpp session's vocabulary side: tokenizing, the chat prompt's tokens (and where its
-last user message begins, turns.py), and the one pass that finds every end-of-generation token.
-
-A mixin of :class:`~.session.LlamaCppSession`, kept apart so the session stays about loading
-and scheduling. It reads the session's ``_llama``, ``_vocab``, ``_n_vocab``, ``_native`` (the
-lock close() takes before it frees the vocabulary), ``_closed``, ``_freed``, ``_features``,
-``_bos``, ``_special_length`` and ``record``. :class:`VocabScan` is started by ``open`` itself.
+"""A llama.cpp vocabulary's tokens: one ``llama_tokenize`` call, the rules for tokenizing a long
+text in pieces (token_split.py), the end-of-generation test, and the one pass that finds every
+end-of-generation token (:class:`VocabScan`, started by the session's ``open`` itself). The
+session's prompts built on these are :mod:`.prompting`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from localrun.errors import RuntimeUnavailable
-from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
-from localrun.runtimes.llamacpp.turns import TurnPrompt, token_at, turn_bytes
-from localrun.types import ChatRequest, Media
 
 #: Tokens the end-token pass looks at between its checks for close() (about 1 ms of them).
 EOG_SLICE = 1024
@@ -120,83 +114,14 @@ class VocabScan:
         self._thread.join()
 
 
-class SessionTokens:
-    """Tokens in and out of one loaded model's vocabulary."""
+def eog_reader(llama, vocab) -> Callable[[int], bool]:
+    """``is_eog(token)`` for the scheduler: llama.cpp's answer, cached per token."""
+    known: dict[int, bool] = {}
 
-    def _token_text(self, token: int) -> str:
-        if token is None or token < 0:
-            return ""
-        raw = self._llama.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
+    def is_eog(token: int) -> bool:
+        hit = known.get(token)
+        if hit is None:
+            hit = known[token] = bool(llama.llama_vocab_is_eog(vocab, token))
+        return hit
 
-    def _eog_reader(self):
-        llama, vocab, known = self._llama, self._vocab, {}
-
-        def is_eog(token: int) -> bool:
-            hit = known.get(token)
-            if hit is None:
-                hit = known[token] = bool(llama.llama_vocab_is_eog(vocab, token))
-            return hit
-
-        return is_eog
-
-    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
-        """``text``'s tokens; a long one in pieces on the session's threads (token_split.py)."""
-        with self._native:
-            self._check_open()
-            data = text.encode("utf-8")
-            cuts = self._splitter.cuts(data)
-            if not cuts:
-                return self._tokenize_bytes(data, add_special)
-            return self._splitter.run(self._tokenize_bytes, data, cuts, add_special)
-
-    def _tokenize_bytes(self, data: bytes, add_special: bool) -> list[int]:
-        return tokenize_bytes(self._llama, self._vocab, data, add_special)
-
-    def _is_single_token(self, text: str) -> bool:
-        toks = self.tokenize(text, add_special=False)
-        return len(toks) == 1 and self._token_text(toks[0]) == text
-
-    def chat_prompt(
-        self,
-        messages: Sequence,
-        variables: dict | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final: bool = False,
-        prefix: str = "",
-        media: Sequence[Media] = (),
-    ) -> tuple[list[int] | MediaPrompt, tuple[str, ...]]:
-        """Tokens of the rendered conversation (and the answer's ``prefix``), and stop strings the
-        prompt format adds; with ``media``, a :class:`MediaPrompt` (its tokens and media chunks)."""
-        text, stops = self.chat_text(
-            messages, variables, add_generation_prompt=add_generation_prompt, continue_final=continue_final
-        )
-        add_bos = not (self._bos and text.startswith(self._bos))
-        if media:
-            return self.media_prompt(text + prefix, media, add_special=add_bos), stops
-        tokens = self.tokenize(text + prefix, add_special=add_bos)
-        at = turn_bytes(text, messages)
-        if at is None:
-            return tokens, stops
-        return TurnPrompt(tokens, lambda toks: self._turn_at(toks, at, add_bos)), stops
-
-    def _turn_at(self, tokens: Sequence[int], at: int, add_bos: bool) -> int | None:
-        # The scheduler thread asks, when a slot leaves (close() frees the vocabulary after it stops).
-        if self._freed:
-            return None
-        return token_at(tokens, at, self._special_length, skip_first=add_bos)
-
-    def chat_tokens(self, req: ChatRequest) -> tuple[list[int] | MediaPrompt, tuple[str, ...], str | None]:
-        """(prompt tokens, stop strings, grammar) of a chat request: what ``chat`` runs and
-        ``serve_count_prompt`` counts, so the two cannot disagree."""
-        messages, variables, gbnf = self._features.chat_inputs(req, self.chat_template)
-        tokens, stops = self.chat_prompt(
-            messages,
-            {**req.template_kwargs, **variables},
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final=req.continue_final_message,
-            prefix=req.prefix,
-            media=req.media,
-        )
-        return tokens, stops, gbnf
+    return is_eog

@@ -167,9 +167,9 @@ def test_a_session_tokenizes_a_long_chat_prompt_in_pieces_to_the_same_tokens(gem
         turns = "".join(turn.format(i=i, words="lorem ipsum " * 90) for i in range(40))
         data = turns.encode()
         s._eog.result()  # the vocabulary pass is done: the split has its special tokens
-        cuts = s._splitter.cuts(data)
+        cuts = s.prompting.splitter.cuts(data)
         assert len(cuts) == 1 and data.startswith(b"<start_of_turn>", cuts[0])  # 2 threads, 2 pieces
-        whole = s._tokenize_bytes(data, True)
+        whole = s.prompting.tokenize_bytes(data, True)
         assert s.tokenize(turns, add_special=True) == whole and len(whole) > 7000
     finally:
         s.close()

@@ -45,10 +45,10 @@ class Model:
     """One model and one context, driven the simplest way: a prompt, then one token a step."""
 
     def __init__(self, path, n_ctx: int = 512):
+        from localrun.runtimes.llamacpp.context import llama_lib
         from localrun.runtimes.llamacpp.grammar import LogprobReader
-        from localrun.runtimes.llamacpp.session import _llama
 
-        self.llama = llama = _llama()
+        self.llama = llama = llama_lib()
         self.model = llama.llama_model_load_from_file(str(path).encode(), llama.llama_model_default_params())
         self.vocab = llama.llama_model_get_vocab(self.model)
         self.n_vocab = llama.llama_vocab_n_tokens(self.vocab)

@@ -24,9 +24,9 @@ PROMPTS = [[1, 300, 301, 302, 280], [1, 400, 290, 17], [1, 5, 6, 7, 8, 9, 10, 11
 
 @pytest.fixture(scope="module")
 def llama():
-    from localrun.runtimes.llamacpp.session import _llama
+    from localrun.runtimes.llamacpp.context import llama_lib
 
-    return _llama()
+    return llama_lib()
 
 
 @pytest.fixture(scope="module")

@@ -93,10 +93,10 @@ def test_grammar_constrained_answers_with_drafts(tiny_gguf):
 def test_grammar_cuts_a_draft_before_verification(tiny_gguf):
     s = load(tiny_gguf, n_slots=1, slot_ctx=256, speculative="ngram")
     try:
+        from localrun.runtimes.llamacpp.context import llama_lib
         from localrun.runtimes.llamacpp.grammar import ConstrainedSampler
-        from localrun.runtimes.llamacpp.session import _llama
 
-        llama = _llama()
+        llama = llama_lib()
         chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
         sampler = ConstrainedSampler(llama, s._vocab, 'root ::= " hello world"', chain, s._n_vocab, need=1)
@@ -104,7 +104,7 @@ def test_grammar_cuts_a_draft_before_verification(tiny_gguf):
             good = s.tokenize("hello world", add_special=False)  # SPM: "▁hello▁world", the text " hello world"
             bad = s.tokenize("hello zebra", add_special=False)
             assert sampler.valid_prefix(good) == len(good)
-            assert [s._token_text(t) for t in bad[:3]] == ["\u2581hello", "\u2581", "z"]
+            assert [s.prompting.token_text(t) for t in bad[:3]] == ["\u2581hello", "\u2581", "z"]
             assert sampler.valid_prefix(bad) == 2  # " hello", " " may start " world"; "z" may not
             assert sampler.valid_prefix(good) == len(good)  # checked on a clone: the grammar did not move
         finally:

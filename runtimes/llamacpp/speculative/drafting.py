@@ -330,8 +330,9 @@ class SpecTotals:
         self.accepted += accepted
 
 
-def speculation(plan, n_swa: int) -> tuple[str, int | None]:
-    """(mode the scheduler runs, tokens per draft in ``ngram`` mode) from ``plan.options``.
+def speculation(plan, n_swa: int, memory: str | None = None) -> tuple[str, int | None]:
+    """(mode the scheduler runs, tokens per draft in ``ngram`` mode) from ``plan.options``; off for a
+    ``memory`` that cannot be cut back (checkpoints.memory_kind: "recurrent", "hybrid").
 
     Raises:
         ConfigError: an unknown mode, a bad ``draft_k``, or ``draft`` with no draft model
@@ -359,5 +360,9 @@ def speculation(plan, n_swa: int) -> tuple[str, int | None]:
         # Without a full-size cache a sliding-window layer may already have overwritten what a
         # rejected draft's removal would need back.
         log.info("speculative decoding off: the sliding-window cache is not full-size (swa_full=false)")
+        mode = "off"
+    if memory in ("recurrent", "hybrid") and mode != "off":
+        # A rejected draft's tokens cannot be taken back out of a recurrent state.
+        log.info("speculative decoding off: %s memory cannot be cut back after a rejected draft", memory)
         mode = "off"
     return mode, k

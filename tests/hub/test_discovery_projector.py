@@ -9,8 +9,11 @@ import json
 import os
 from pathlib import Path
 
-from localrun.modelstore.discovery import discover_hf_cache, discover_lmstudio, discover_ollama
-from localrun.modelstore.projector import PROJECTOR_INFO, capabilities
+from localrun.modelstore.capabilities import media as capabilities
+from localrun.modelstore.projector import PROJECTOR_INFO
+from localrun.modelstore.sources.hf_cache import discover_hf_cache
+from localrun.modelstore.sources.lmstudio import discover_lmstudio
+from localrun.modelstore.sources.ollama import discover_ollama
 from localrun.modelstore.verify import verify
 from localrun.types import AUDIO, META_PROJECTOR, VISION
 from tests.hub import repos

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,7 +255,7 @@ class ChunkSplitter:
         return dataclasses.replace(out, usage=usage)
 
 
-def split_chunks(chunks: Iterable[Chunk], fmt: ReasoningFormat | None) -> Iterator[Chunk]:
+def split_chunks(chunks: Iterable[Chunk], fmt: ReasoningFormat | None) -> Generator[Chunk, None, None]:
     """``chunks`` with the reasoning in ``Chunk.reasoning`` (unchanged for a model without a format):
     the blocking form, for the CLI and the TUI's workers. Closing it closes ``chunks``."""
     if fmt is None:

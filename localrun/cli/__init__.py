@@ -53,8 +53,6 @@ def _register() -> None:
         module = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(module, "COMMAND"):
             main.add_command(module.COMMAND)
-        for command in getattr(module, "COMMANDS", ()):
-            main.add_command(command)
 
 
 _register()

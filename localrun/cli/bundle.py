@@ -43,7 +43,15 @@ def bundle_cmd() -> None:
     "--allow-native-llama", is_flag=True, help="With --with-wheels: accept a llama-cpp-python built for this CPU only."
 )
 @click.pass_context
-def export_cmd(ctx, names, output, with_wheels, llama_wheel, build_portable_llama, allow_native_llama):
+def export_cmd(
+    ctx: click.Context,
+    names: tuple[str, ...],
+    output: Path,
+    with_wheels: bool,
+    llama_wheel: Path | None,
+    build_portable_llama: bool,
+    allow_native_llama: bool,
+) -> None:
     """Write NAMES (registered models) to a bundle at -o PATH, with a lock of every sha256."""
     from localrun.modelstore.bundle.export import export_bundle
 
@@ -74,7 +82,7 @@ def export_cmd(ctx, names, output, with_wheels, llama_wheel, build_portable_llam
 
 @bundle_cmd.command("verify")
 @click.argument("path", type=click.Path(path_type=Path))
-def verify_cmd(path):
+def verify_cmd(path: Path) -> None:
     """Check every entry, size and sha256 of a bundle without importing it."""
     from localrun.modelstore.bundle.importer import verify_bundle
 
@@ -88,7 +96,7 @@ def verify_cmd(path):
 @click.option("--rehash", is_flag=True, help="Hash every byte, even those this machine verified at export.")
 @click.option("--replace", is_flag=True, help="Replace models registered under the same names.")
 @click.pass_context
-def import_cmd(ctx, path, rehash, replace):
+def import_cmd(ctx: click.Context, path: Path, rehash: bool, replace: bool) -> None:
     """Verify and register a bundle's models (into the HF cache); safe to run again after an interruption."""
     from localrun.modelstore.bundle.importer import import_bundle
 

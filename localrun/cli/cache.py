@@ -9,18 +9,22 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from localrun.cli.output import Column, console, err_console, human_bytes, print_rows, settings_from
 
+if TYPE_CHECKING:
+    from localrun.settings import Settings
 
-def cache_root(settings) -> Path:
+
+def cache_root(settings: Settings) -> Path:
     """Where the disk tier lives: ``cache.kv_dir``, else ``<cache_dir>/kv``."""
     return settings.cache.kv_dir or settings.cache_dir / "kv"
 
 
-def cache_rows(root: Path) -> list[dict]:
+def cache_rows(root: Path) -> list[dict[str, Any]]:
     """One row per state key (a model under one runtime and context shape), newest use first."""
     from localrun.runtimes.llamacpp.cache.kv_disk import list_entries
     from localrun.runtimes.llamacpp.cache.kv_root import read_key_file

@@ -3,12 +3,11 @@ embedded defaults assembled on first use), the manager, and the planner's option
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
-from localrun.cli.output import ctx_option, placement_options, placement_overrides, settings_from
+from localrun.cli.output import F, ctx_option, placement_options, placement_overrides, settings_from
 
 if TYPE_CHECKING:
     from localrun.manager import ModelManager
@@ -16,8 +15,6 @@ if TYPE_CHECKING:
     from localrun.planning.planner import PlanOverrides
     from localrun.settings import Settings
     from localrun.types import ModelRecord
-
-F = TypeVar("F", bound=Callable[..., object])
 
 
 def open_store(ctx: click.Context) -> ModelStore:
@@ -39,7 +36,7 @@ def plan_options(f: F) -> F:
         help="Requests a llama.cpp model decodes at once, each with the whole context.",
     )(f)
     f = speculative_option(f)
-    return placement_options()(f)  # type: ignore[no-any-return]
+    return placement_options()(f)
 
 
 def speculative_option(f: F) -> F:

@@ -19,6 +19,7 @@ themselves.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -29,11 +30,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from localrun.cli.output import ctx_option, err_console, settings_from
 from localrun.errors import LocalrunError
+
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
+    from localrun.planning.planner import PlanOverrides
+    from localrun.settings import Settings
+    from localrun.types import ModelRecord, Plan
 
 TELEMETRY_OFF = {"DO_NOT_TRACK": "1"}
 #: The longest answer a server that ``launch`` starts writes (``--max-tokens``): agents ask for 32k.
@@ -97,7 +106,7 @@ CODEX_PROVIDER = "localrun"
 CODEX_KEY_ENV = "LOCALRUN_CODEX_API_KEY"
 
 
-def codex_catalog(e: Endpoint) -> dict:
+def codex_catalog(e: Endpoint) -> dict[str, Any]:
     """A Codex model catalog entry: the loaded context, text only, no reasoning levels, and no base
     instructions — Codex's ~20 KB default prompt is written for OpenAI's models and would take most of a
     small local model's context (its developer messages, AGENTS.md and tools still go)."""
@@ -147,7 +156,7 @@ def _codex(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
     return {CODEX_KEY_ENV: e.key}, args + ["-m", e.model]
 
 
-def opencode_config(e: Endpoint) -> dict:
+def opencode_config(e: Endpoint) -> dict[str, Any]:
     return {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -212,7 +221,7 @@ def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def running_server(url: str, key: str) -> dict | None:
+def running_server(url: str, key: str) -> dict[str, Any] | None:
     """The /health answer of a localrun server at ``url``, or None when none answers."""
     import httpx
 
@@ -227,7 +236,7 @@ def running_server(url: str, key: str) -> dict | None:
 class Background:
     """A localrun server on a thread of this process, for as long as the agent runs."""
 
-    def __init__(self, settings, manager):
+    def __init__(self, settings: Settings, manager: ModelManager) -> None:
         from localrun.server.serve import build_server
 
         self.url = ""
@@ -251,7 +260,7 @@ class Background:
         self.manager.shutdown()
 
 
-def context_notes(agent: Agent, record, plan) -> list[str]:
+def context_notes(agent: Agent, record: ModelRecord, plan: Plan) -> list[str]:
     """Plain words when the model's context cannot hold what the agent sends."""
     if plan.n_ctx >= agent.first_request:
         return []
@@ -268,7 +277,7 @@ def context_notes(agent: Agent, record, plan) -> list[str]:
     ]
 
 
-def agent_overrides(settings, record, agent: Agent, ctx_len: int | None):
+def agent_overrides(settings: Settings, record: ModelRecord, agent: Agent, ctx_len: int | None) -> PlanOverrides | None:
     """The planner overrides of ``launch``: --ctx, else the user's own ctx setting for the model
     (``[models."NAME"] ctx``, ``runtime.ctx``), else the context the agent needs."""
     from localrun.planning.context import user_context
@@ -282,7 +291,9 @@ def agent_overrides(settings, record, agent: Agent, ctx_len: int | None):
     return PlanOverrides(n_ctx=agent.context, ctx_source=why)
 
 
-def _model_and_plan(settings, store, name: str | None, agent: Agent, ctx_len: int | None = None):
+def _model_and_plan(
+    settings: Settings, store: ModelStore, name: str | None, agent: Agent, ctx_len: int | None = None
+) -> tuple[ModelRecord, Plan, PlanOverrides | None]:
     from localrun.cli.common import resolve_or_builtin
     from localrun.planning.facts import default_plan
 
@@ -291,12 +302,10 @@ def _model_and_plan(settings, store, name: str | None, agent: Agent, ctx_len: in
     return record, default_plan(record, settings, overrides), overrides
 
 
-def activity_log(path: Path):
+def activity_log(path: Path) -> logging.Handler:
     """Send the server's activity (one line per request, refusals, reloads) and the workers' prefill
     progress to ``path``. A file, not the terminal: the agent's full-screen interface owns the terminal
     and repaints it, so lines written there would garble it and then be wiped. ``tail -f`` it elsewhere."""
-    import logging
-
     path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
@@ -308,7 +317,7 @@ def activity_log(path: Path):
     return handler
 
 
-def _default_model_name(store) -> str:
+def _default_model_name(store: ModelStore) -> str:
     """The default chat model (SmolLM2, when the set-up fetched it), else the embedded default (Gemma)."""
     from localrun.modelstore.builtins import DEFAULT_MODEL_NAME
 
@@ -354,7 +363,15 @@ def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...]) -> None:
     "--print", "print_only", is_flag=True, help="Print the environment and command instead of running the agent."
 )
 @click.pass_context
-def launch_cmd(ctx, agent_name, args, model_name, ctx_len, max_tokens, print_only):
+def launch_cmd(
+    ctx: click.Context,
+    agent_name: str,
+    args: tuple[str, ...],
+    model_name: str | None,
+    ctx_len: int | None,
+    max_tokens: int | None,
+    print_only: bool,
+) -> None:
     """Run a coding agent (claude, codex, opencode) against localrun. ARGS after -- go to the agent."""
     agent = agent_named(agent_name)
     settings = settings_from(ctx)
@@ -373,7 +390,7 @@ def launch_cmd(ctx, agent_name, args, model_name, ctx_len, max_tokens, print_onl
         _print_settings(agent, Endpoint(url, key, record.name, plan.n_ctx), args)
         return
     exe = find_executable(agent)
-    background = None
+    background: Background | None = None
     log_path = settings.data_dir / "logs" / f"launch-{agent.name}.log"
     if running_server(url, key) is None:
         from localrun.cli.common import make_manager

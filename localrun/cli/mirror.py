@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from localrun.cli.common import open_store
@@ -30,7 +32,14 @@ from localrun.cli.output import err_console, settings_from
     help="Extra Host header names to accept (a DNS name of this machine).",
 )
 @click.pass_context
-def mirror_cmd(ctx, host, port, key, upstream, allowed_hosts):
+def mirror_cmd(
+    ctx: click.Context,
+    host: str | None,
+    port: int | None,
+    key: str | None,
+    upstream: str | None,
+    allowed_hosts: tuple[str, ...],
+) -> None:
     """Serve the model store as a Hugging Face hub endpoint, read-only.
 
     On another machine: HF_ENDPOINT=http://HOST:PORT (and HF_TOKEN=KEY off loopback) makes
@@ -39,7 +48,7 @@ def mirror_cmd(ctx, host, port, key, upstream, allowed_hosts):
     from localrun.server.mirror.routes import DEFAULT_MIRROR_PORT, create_mirror_app
     from localrun.server.serve import check_bind_policy, probe_port, uvicorn_server
 
-    server = {"host": host or "127.0.0.1", "port": DEFAULT_MIRROR_PORT if port is None else port}
+    server: dict[str, Any] = {"host": host or "127.0.0.1", "port": DEFAULT_MIRROR_PORT if port is None else port}
     if key:
         server["api_key"] = key
     if allowed_hosts:

@@ -9,20 +9,28 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from localrun.settings import Settings
+
+#: A command function, as the option decorators hand it back.
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 @functools.cache
-def console():
+def console() -> Console:
     from rich.console import Console
 
     return Console()
 
 
 @functools.cache
-def err_console():
+def err_console() -> Console:
     from rich.console import Console
 
     return Console(stderr=True)
@@ -39,7 +47,7 @@ def human_bytes(n: int | None) -> str:
     return f"{size:.1f} TB"
 
 
-def settings_from(ctx: click.Context, **overrides):
+def settings_from(ctx: click.Context, **overrides: Any) -> Settings:
     """Load settings once per invocation and set up logging to stderr."""
     obj = ctx.find_root().obj
     if "settings" not in obj:
@@ -49,7 +57,8 @@ def settings_from(ctx: click.Context, **overrides):
         level = (obj.get("log_level") or s.log_level).upper()
         logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         obj["settings"] = s
-    return obj["settings"]
+    settings: Settings = obj["settings"]
+    return settings
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,7 @@ def print_rows(
     console().print(table)
 
 
-def ctx_option(help: str) -> Callable:
+def ctx_option(help: str) -> Callable[[F], F]:
     """``--ctx N`` with one name, destination (``ctx_len``) and bound on every command that loads a model;
     only the help, which says what the command does with it, differs."""
     return click.option("--ctx", "ctx_len", type=click.IntRange(64, None), default=None, help=help)
@@ -94,7 +103,7 @@ PLACEMENT = "localrun.placement"
 KV_CHOICES = ("f16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 
-def placement_options(*, gpu_layers: bool = False) -> Callable:
+def placement_options(*, gpu_layers: bool = False) -> Callable[[F], F]:
     """``--kv-type``, ``--cpu-moe`` and ``--n-cpu-moe N`` (and ``--gpu-layers`` where ``gpu_layers``) for
     every command that plans a load. They are not parameters of the command: each lands in the
     context's meta and :func:`placement_overrides` hands them to the planner, so adding one touches
@@ -105,7 +114,7 @@ def placement_options(*, gpu_layers: bool = False) -> Callable:
             ctx.meta.setdefault(PLACEMENT, {})[param.name] = value
         return value
 
-    def decorate(f: Callable) -> Callable:
+    def decorate(f: F) -> F:
         f = click.option(
             "--kv-type",
             type=click.Choice(KV_CHOICES, case_sensitive=False),

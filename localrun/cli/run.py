@@ -175,7 +175,7 @@ def run_cmd(
     manager = make_manager(
         settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)
     )
-    sampling = {
+    sampling: dict[str, Any] = {
         k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None
     }
     if raw is None:
@@ -188,12 +188,12 @@ def run_cmd(
         if prompt:
             text = place(" ".join(prompt), media)
             if raw:
-                req = CompletionRequest(prompt=text, sampling=Sampling(**sampling), media=media)
-                _stream_answer(manager, record.name, req)
+                completion = CompletionRequest(prompt=text, sampling=Sampling(**sampling), media=media)
+                _stream_answer(manager, record.name, completion)
             else:
                 msgs = ([Message("system", system)] if system else []) + [Message("user", text, media=media)]
-                req = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
-                _stream_answer(manager, record.name, req, fmt, show_thinking=show)
+                chat = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
+                _stream_answer(manager, record.name, chat, fmt, show_thinking=show)
             return
         _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show, media=media)
     finally:
@@ -218,7 +218,7 @@ def _interactive(
     fmt: ReasoningFormat | None = None,
     *,
     show_thinking: bool = True,
-    media: Sequence[Media] = (),
+    media: tuple[Media, ...] = (),
 ) -> None:
     from localrun.chat.attach import place
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
@@ -243,8 +243,8 @@ def _interactive(
             continue
         line, turn_media, media = place(line, media), media, ()  # files given on the command line: the first turn
         if raw:
-            req = CompletionRequest(prompt=line, sampling=Sampling(**sampling), media=turn_media)
-            _stream_answer(manager, record.name, req)
+            completion = CompletionRequest(prompt=line, sampling=Sampling(**sampling), media=turn_media)
+            _stream_answer(manager, record.name, completion)
             continue
         history.append(Message("user", line, media=turn_media))
         req = ChatRequest(messages=tuple(history), sampling=Sampling(**sampling))

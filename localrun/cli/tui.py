@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
+if TYPE_CHECKING:
+    from localrun.settings import Settings
 
-def _log_to_file(settings, level: str):
+
+def _log_to_file(settings: Settings, level: str) -> Path:
     """The screen belongs to the TUI: logs go to a file, never to the terminal."""
     path = settings.data_dir / "logs" / "tui.log"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -29,7 +34,7 @@ def _log_to_file(settings, level: str):
 @click.option("--runtime", default=None, help="Force one runtime for every model (e.g. fake for a demo).")
 @click.option("--no-default-model", is_flag=True, help="Do not register the embedded default model.")
 @click.pass_context
-def tui_cmd(ctx, port, no_serve, runtime, no_default_model):
+def tui_cmd(ctx: click.Context, port: int | None, no_serve: bool, runtime: str | None, no_default_model: bool) -> None:
     """Open the terminal UI: library, discover and pull, hardware, server and chat.
 
     It serves the models it loads on localhost (like `localrun serve`); if another
@@ -37,7 +42,7 @@ def tui_cmd(ctx, port, no_serve, runtime, no_default_model):
     """
     from localrun.settings import load_settings
 
-    overrides: dict = {}
+    overrides: dict[str, Any] = {}
     if port is not None:
         overrides["server"] = {"port": port}
     if runtime:

@@ -10,20 +10,25 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from localrun.cli.output import Column, console, err_console, print_rows, settings_from
 from localrun.settings import UPSTREAM_KINDS
 
+if TYPE_CHECKING:
+    from localrun.settings import UpstreamConfig
 
-def _config_path():
+
+def _config_path() -> Path:
     from localrun.settings import default_config_file
 
     return default_config_file()
 
 
-def _configured():
+def _configured() -> tuple[Path, list[UpstreamConfig]]:
     from localrun.errors import ConfigError
     from localrun.upstreams.config_file import read_upstreams
 
@@ -66,15 +71,15 @@ def add_cmd(
     name: str,
     url: str,
     kind: str,
-    key_env,
-    key,
-    models,
-    max_concurrency,
-    weight,
-    connect_timeout,
-    first_byte_timeout,
-    chunk_timeout,
-    ca_bundle,
+    key_env: str | None,
+    key: str | None,
+    models: tuple[str, ...],
+    max_concurrency: int | None,
+    weight: float | None,
+    connect_timeout: float | None,
+    first_byte_timeout: float | None,
+    chunk_timeout: float | None,
+    ca_bundle: str | None,
     replace: bool,
     no_check: bool,
 ) -> None:
@@ -199,7 +204,7 @@ def check_cmd(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None
         ctx.exit(11)
 
 
-def _check(up) -> dict:
+def _check(up: UpstreamConfig) -> dict[str, Any]:
     """What the server would find: probe, models, version, and the problems in words."""
     from localrun.errors import LocalrunError
     from localrun.settings import UpstreamSettings
@@ -242,7 +247,7 @@ def _check(up) -> dict:
     }
 
 
-def _print_check(r: dict) -> None:
+def _print_check(r: dict[str, Any]) -> None:
     mark = "[green]ok[/]" if r["ok"] else "[red]problem[/]"
     version = f" · version {r['version']}" if r["version"] else ""
     console().print(

@@ -1,23 +1,28 @@
-"""Hub commands: pull (verified, resumable), search, verify."""
+"""``localrun pull``: download a model from the hub (or a mirror), verified and resumable."""
 
 from __future__ import annotations
 
-import dataclasses
+from typing import TYPE_CHECKING
 
 import click
 
-from localrun.cli.models import open_store
-from localrun.cli.output import Column, console, err_console, human_bytes, print_rows, settings_from
+from localrun.cli.common import open_store
+from localrun.cli.output import console, err_console, human_bytes, settings_from
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from localrun.modelstore.download import Progress as FileProgress
 
 
 class _Bars:
     """Per-file rich progress bars with speed and ETA, fed by the downloader's callback."""
 
-    def __init__(self, progress):
+    def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.tasks: dict[str, int] = {}
+        self.tasks: dict[str, TaskID] = {}
 
-    def __call__(self, p) -> None:
+    def __call__(self, p: FileProgress) -> None:
         task = self.tasks.get(p.file)
         if task is None:
             task = self.tasks[p.file] = self.progress.add_task(p.file, total=p.total or None)
@@ -38,7 +43,16 @@ class _Bars:
 )
 @click.option("--yes", "-y", is_flag=True, help="Do not print the plan before downloading (scripts).")
 @click.pass_context
-def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, no_mmproj, yes):
+def pull_cmd(
+    ctx: click.Context,
+    ref: str,
+    revision: str | None,
+    offline: bool,
+    trust_remote_code: bool,
+    allow_native: bool,
+    no_mmproj: bool,
+    yes: bool,
+) -> None:
     """Download a model from the Hugging Face hub (or HF_ENDPOINT's mirror), verified.
 
     REF: org/repo, org/repo:Q5_K_M, hf.co/org/repo:QUANT or org/repo/path/file.gguf.
@@ -85,48 +99,4 @@ def pull_cmd(ctx, ref, revision, offline, trust_remote_code, allow_native, no_mm
     console().print(f"pulled [bold]{record.name}[/] · {human_bytes(record.size)} · verified{sees}", highlight=False)
 
 
-@click.command("search")
-@click.argument("query")
-@click.option("--format", "fmt", type=click.Choice(["gguf", "mlx", "mlc"]), help="Only repos in this format.")
-@click.option("--limit", type=click.IntRange(1, 200), default=20)
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def search_cmd(ctx, query, fmt, limit, as_json):
-    """Search the hub for models."""
-    from localrun.modelstore.hub import search
-
-    results = search(query, format=fmt, limit=limit, settings=settings_from(ctx))
-    columns = [
-        Column("Repo", lambda r: r.name + (" [dim](gated)[/]" if r.gated else "")),
-        Column("Downloads", lambda r: f"{r.downloads or 0:,}", right=True),
-        Column("Likes", lambda r: f"{r.likes or 0:,}", right=True),
-        Column("Updated", lambda r: str(r.updated or "—")[:10]),
-    ]
-    json_rows = [dataclasses.asdict(r) for r in results] if as_json else None
-    print_rows(results, columns, as_json=as_json, empty=f"no repos match {query!r}", json_rows=json_rows)
-
-
-@click.command("verify")
-@click.argument("names", nargs=-1)
-@click.pass_context
-def verify_cmd(ctx, names):
-    """Re-hash model files and name any that no longer match (all models by default)."""
-    from localrun.errors import VerificationFailed
-
-    store = open_store(ctx)
-    records = [store.index.get(n) for n in names] if names else store.list()
-    bad = 0
-    for record in records:
-        try:
-            store.verify(record.name)
-            console().print(f"[green]ok[/]  {record.name}", highlight=False)
-        except VerificationFailed as exc:
-            bad += 1
-            console().print(f"[red]bad[/] {record.name}: {exc.message}", highlight=False)
-    if bad:
-        raise VerificationFailed(
-            f"{bad} of {len(records)} models failed verification", hint="pull them again, or `localrun rm` them"
-        )
-
-
-COMMANDS = [pull_cmd, search_cmd, verify_cmd]
+COMMAND = pull_cmd

@@ -1,0 +1,90 @@
+"""``localrun ls``: the registered models, the upstreams' and (``--all``) those other tools keep on disk."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from localrun.cli.common import open_store
+from localrun.cli.output import Column, err_console, human_bytes, print_rows
+
+if TYPE_CHECKING:
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
+    from localrun.types import ModelRecord
+
+
+def _row(record: ModelRecord, settings: Settings | None = None) -> dict[str, Any]:
+    from localrun.modelstore.capabilities import capabilities
+    from localrun.modelstore.projector import projector_path
+
+    meta = record.metadata
+    return {
+        "name": record.name,
+        "format": record.format.value,
+        "architecture": meta.get("architecture"),
+        "quant": meta.get("quant"),
+        "size": record.size,
+        "context_length": meta.get("context_length"),
+        "capabilities": capabilities(record, settings),
+        "projector": projector_path(record),
+        "source": record.source.value,
+        "owned": record.owned,
+        "path": record.path,
+    }
+
+
+@click.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--all", "show_all", is_flag=True, help="Also list models other tools keep on disk (HF cache, Ollama, LM Studio)."
+)
+@click.pass_context
+def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List registered models."""
+    store = open_store(ctx)
+    records = list(store.list())
+    extra = []
+    if show_all:
+        from localrun.modelstore.sources import discover_all
+
+        known = {r.path for r in records}
+        extra = [r for r in discover_all(store.settings) if r.path not in known]
+    rows = [_row(r, store.settings) for r in records] + [dict(_row(r, store.settings), registered=False) for r in extra]
+    rows += upstream_rows(store, records)
+    ctx_cell = Column("Context", lambda r: f"{r['context_length']:,}" if r.get("context_length") else "—", right=True)
+    columns = [
+        Column("Name", lambda r: r["name"] if r.get("registered", True) else f"[dim]{r['name']}[/]"),
+        Column("Format", lambda r: r["format"]),
+        Column("Arch", lambda r: r["architecture"] or "—"),
+        Column("Quant", lambda r: r["quant"] or "—"),
+        Column("Size", lambda r: human_bytes(r["size"]), right=True),
+        ctx_cell,
+        Column("Capabilities", lambda r: ", ".join(r.get("capabilities") or ()) or "—"),
+        Column("Source", lambda r: r["source"]),
+    ]
+    print_rows(
+        rows, columns, as_json=as_json, empty="no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`"
+    )
+    if as_json or not rows:
+        return
+    total = sum(r["size"] for r in rows if r.get("registered", True) and r["owned"])
+    err_console().print(f"{len(records)} registered · {human_bytes(total)} downloaded by localrun", highlight=False)
+
+
+def upstream_rows(store: ModelStore, records: list[ModelRecord]) -> list[dict[str, Any]]:
+    """The upstreams' models as ls rows, from the manager's catalog, probed now (no server probed them)."""
+    if not store.settings.upstreams:
+        return []
+    from localrun.manager import ModelManager
+
+    manager = ModelManager(store.settings, store)
+    try:
+        listed = [e for e in manager.catalog(records, probe=True) if e.upstreams]
+    finally:
+        manager.shutdown()
+    return [dict(_row(e.record, store.settings), source=e.source, health=e.health, size=0) for e in listed]
+
+
+COMMAND = ls_cmd

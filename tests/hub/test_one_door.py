@@ -8,8 +8,13 @@ with no KV estimate at all.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from localrun.modelstore.hub import hf_home, hub_cache_dir
 from localrun.modelstore.pull import pull
 from localrun.planning.planner import plan_placement
 from localrun.types import Format
@@ -50,3 +55,30 @@ def test_pulled_gguf_is_described_like_the_same_file_imported(fake_hub, store):
     assert set(pulled.metadata) - PROVENANCE == set(imported.metadata) - PROVENANCE
     same = ("n_params", "size_bytes", "tensor_count", "shards", "architecture", "block_count")
     assert {k: pulled.metadata[k] for k in same} == {k: imported.metadata[k] for k in same}
+
+
+HF_VARS = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HF_TOKEN_PATH")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"XDG_CACHE_HOME": "{tmp}/xdg"},
+        {"XDG_CACHE_HOME": "{tmp}/xdg", "HF_HOME": "{tmp}/hf"},
+        {"HF_HOME": "{tmp}/hf", "HUGGINGFACE_HUB_CACHE": "{tmp}/old"},
+        {"HF_HOME": "{tmp}/hf", "HUGGINGFACE_HUB_CACHE": "{tmp}/old", "HF_HUB_CACHE": "{tmp}/new"},
+    ],
+)
+def test_one_hf_cache_locator_agrees_with_huggingface_hub(env, tmp_path, monkeypatch):
+    """Where pull writes, rm deletes, discovery scans and the mirror serves is where huggingface_hub
+    itself looks; LOCALRUN_HOME (set by the suite) never moves it."""
+    env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
+    for var in HF_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    code = "from huggingface_hub import constants as c; print(c.HF_HUB_CACHE); print(c.HF_TOKEN_PATH)"
+    theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert [str(hub_cache_dir()), str(hf_home() / "token")] == theirs

@@ -70,8 +70,8 @@ class Job:
         # go out with the next chunk, so a token whose text is held back is not lost.
         self.logprobs = logprobs
         self.spec: SpecState | None = None  # drafting state, when speculation is on (speculative.py)
-        # The prompt's media chunks (``prompt`` holds their pseudo ids, media_prompt.py) and their
-        # queued encodes by chunk start (media_prefill.py); shared by the choices of one request.
+        # The prompt's media chunks (``prompt`` holds their pseudo ids, media/prompt.py) and their
+        # queued encodes by chunk start (media/prefill.py); shared by the choices of one request.
         self.media = media
         self.encodes: dict = {}
         self.id_slot = id_slot  # the slot asked for (llama-server's id_slot); -1: the cache picks

@@ -3,19 +3,19 @@
 One scheduler thread owns the context. Each step it
 
 1. ends what was cancelled (per request) and gives free slots to waiting requests, each
-   with the longest cached prefix of its prompt already in its slot (:mod:`.prefix`);
+   with the longest cached prefix of its prompt already in its slot (:mod:`.cache.prefix`);
 2. prefills prompt chunks of the requests still reading their prompt, up to ``step_tokens``
    tokens per step, round robin: a long prompt delays the others by one chunk per step at
    most, and a short one is not stuck behind it;
 3. decodes the next token of every running sequence (one ``llama_decode`` per group of up to
    7) and samples each with the request's own C sampler chain (temperature, top-p, seed, …);
-   a sequence whose drafted continuation pays (speculative decoding, :mod:`.speculative`;
-   drafts from the n-gram lookup or a draft model, :mod:`.draft_model`)
+   a sequence whose drafted continuation pays (speculative decoding, :mod:`.speculative.drafting`;
+   drafts from the n-gram lookup or a draft model, :mod:`.speculative.draft_model`)
    verifies it in a call of its own instead and may gain several tokens in the step
-   (:mod:`.speculative_step`).
+   (:mod:`.speculative.step`).
 
 Images and audio: a media chunk is prefilled in its request's turn, its encode running on a
-thread of its own meanwhile (:mod:`.media_prefill` says how the two interleave).
+thread of its own meanwhile (:mod:`.media.prefill` says how the two interleave).
 
 Request threads never touch llama.cpp: they submit a :class:`Job` and read its chunks from
 a queue. New requests join at the next step; finished ones leave and keep their KV. Other

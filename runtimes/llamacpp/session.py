@@ -16,8 +16,8 @@ What a session does per request:
   (``cached_tokens``), a C sampler chain per request, cancel checked every step.
 
 Images and audio: a model whose record names a projector (``metadata[META_PROJECTOR]``)
-declares "vision" / "audio"; :mod:`.media_session` turns a request's media into the prompt's
-media chunks, :mod:`.media_prefill` runs them inside the batching.
+declares "vision" / "audio"; :mod:`.media.session` turns a request's media into the prompt's
+media chunks, :mod:`.media.prefill` runs them inside the batching.
 
 Tools, ``json_schema`` / grammars, logprobs and embeddings are wired in by
 :mod:`.features` (capabilities "tools", "json_schema", "logprobs", and
@@ -26,13 +26,13 @@ Tools, ``json_schema`` / grammars, logprobs and embeddings are wired in by
 Sessions are ``concurrent``: the worker calls ``chat``/``complete`` from one thread per
 request, and each generator reads its chunks from the scheduler.
 
-``plan.options`` this runtime reads for batching (defaults in :mod:`.slots`):
+``plan.options`` this runtime reads for batching (defaults in :mod:`.cache.slots`):
 ``n_slots`` (sequences run at once), ``slot_ctx`` (tokens per request; by default the slots
 share ``plan.n_ctx``), ``kv_unified`` (one KV pool for all slots), ``step_tokens`` (prefill
 tokens per step), ``host_cache_mib`` or ``kv_ram_bytes`` (host RAM for evicted prefixes, 0 = off,
-unset = a default from free RAM), ``kv_dir`` and ``kv_disk_bytes`` (the disk tier, :mod:`.prefix_disk`),
+unset = a default from free RAM), ``kv_dir`` and ``kv_disk_bytes`` (the disk tier, :mod:`.cache.prefix_disk`),
 ``prefix_cache``, ``batch_invariant`` and ``exact_prefix`` (see :mod:`.scheduler`),
-``speculative`` and ``draft_k`` (see :mod:`.speculative`), and the context switches
+``speculative`` and ``draft_k`` (see :mod:`.speculative.drafting`), and the context switches
 ``flash_attn``, ``swa_full``, ``repack``.
 """
 
@@ -145,7 +145,7 @@ class LlamaCppSession:
         self.memory = memory_kind(llama, model, swa_full=bool(plan.options.get("swa_full", True)))
         mode, draft_k = speculation(plan, n_swa, self.memory)
         self._drafter = self._load_drafter(mode) if plan.options.get("draft") else None
-        # The disk tier under the prefix cache (prefix_disk.py): keyed by the model's sha256 and the context.
+        # The disk tier under the prefix cache (cache/prefix_disk.py): keyed by the model's sha256 and the context.
         disk = open_disk_tier(llama, model, ctx, context_params(llama, plan, layout), record, layout)
         try:
             self._sched = Scheduler(

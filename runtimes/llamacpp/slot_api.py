@@ -1,7 +1,7 @@
 """llama-server's slot API on a llama.cpp session: ``GET /slots``, ``POST /slots/{id}?action=
 save|restore|erase``, ``id_slot`` on a request, and the cache's numbers for ``ps`` and ``/metrics``.
 
-A slot is one sequence of the session's context (:class:`~.prefix.Slot`). What llama-server
+A slot is one sequence of the session's context (:class:`~.cache.slot.Slot`). What llama-server
 does, and what localrun does the same:
 
 * A slot file is llama.cpp's sequence-state file, byte for byte what

@@ -36,7 +36,7 @@ removing a checkpoint between gaps ``g1`` and ``g2`` adds ``g1 * g2`` to the exp
 prefilled again, so the smallest product goes (the tail checkpoint beside an end one first,
 then the closer of two interval ones); the newest end checkpoint is never dropped.
 
-Checkpoints belong to a sequence's content: this class wraps the context's :class:`~.prefix.KvOps`
+Checkpoints belong to a sequence's content: this class wraps the context's :class:`~.slot.KvOps`
 and keeps them in step with every operation (a cut drops those past it, a copy copies them, a clear
 or a whole-state restore drops them), so the prefix cache's bookkeeping needs no second copy.
 What leaves a slot for host RAM (and disk) is a full state of exactly the slot's tokens, which
@@ -114,7 +114,7 @@ def _drop_order(points: list[Checkpoint], length: int) -> int | None:
 
 
 class CheckpointKv:
-    """:class:`~.prefix.KvOps` for a model that cannot cut its memory, with checkpoints per sequence."""
+    """:class:`~.slot.KvOps` for a model that cannot cut its memory, with checkpoints per sequence."""
 
     #: Read by the prefix cache: a saved state restores only at its own length.
     cuttable = False

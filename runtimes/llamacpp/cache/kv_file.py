@@ -19,7 +19,7 @@ Gemma 3 270M) costs 6 ms instead of 36, on the path of a restart's first request
 against torn writes and bit rot, not an adversary: the cache folder is the user's own. A blob is
 checked and restored from the file mapped copy-on-write, the page cache's own pages, with no
 copy before llama.cpp's (:func:`read_blob`, slots.state_source).
-Token ids are signed 32-bit: media chunks sit in prompts as negative pseudo-ids (media_prompt.py).
+Token ids are signed 32-bit: media chunks sit in prompts as negative pseudo-ids (media/prompt.py).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class PrefixCache:
         if limit < max(MIN_REUSE, self._min_tail) or not self._reuse:
             return 0, frozenset()
         found, owners = self.index.longest(prompt)
-        keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media_prompt.py)
+        keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media/prompt.py)
         if not saved_cuttable(self._ops):  # a saved state restores only whole (checkpoints.py)
             by_seq = {s.seq: s for s in self.slots}
             keep, owners = uncut_reuse(prompt, keep, owners, limit, self._ops, self.index, by_seq, self._saved_length)

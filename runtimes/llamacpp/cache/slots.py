@@ -175,7 +175,7 @@ def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
 
 
 class LlamaKvOps:
-    """:class:`~.prefix.KvOps` on llama.cpp's memory and per-sequence state API."""
+    """:class:`~.slot.KvOps` on llama.cpp's memory and per-sequence state API."""
 
     def __init__(self, llama, ctx, *, n_swa: int, buffers=None) -> None:
         self._llama, self._ctx, self._n_swa = llama, ctx, n_swa

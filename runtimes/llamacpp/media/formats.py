@@ -1,4 +1,4 @@
-"""The file formats behind :mod:`media_decode`: image and audio bytes to pixels and samples.
+"""The file formats behind :mod:`.decoder`: image and audio bytes to pixels and samples.
 
 Runs inside the decoder's child process (``python -m localrun.runtimes.llamacpp.media.decoder``),
 never in the worker: Pillow's and miniaudio's C parsers read whatever a client sends, and a

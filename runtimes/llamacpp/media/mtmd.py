@@ -5,14 +5,14 @@
   plan says, localrun's :data:`~localrun.types.MEDIA_MARKER` as its marker and no warmup pass
   (a warmup encodes a dummy image at load: seconds on a CPU, for nothing a request needs);
 * bitmaps from decoded pixels / PCM (the bytes a client sent are decoded elsewhere, in a
-  sacrificial process: :mod:`.media_decode`), each with its content digest as its id;
-* ``mtmd_tokenize`` of a rendered prompt into a :class:`~.media_prompt.MediaPrompt` (text ids
+  sacrificial process: :mod:`.decoder`), each with its content digest as its id;
+* ``mtmd_tokenize`` of a rendered prompt into a :class:`~.prompt.MediaPrompt` (text ids
   and pseudo ids for the media chunks);
 * encode one media chunk into embeddings (``mtmd_encode_chunk``), copied out of the context.
 
 Threads: ``mtmd_tokenize`` is documented thread-safe on a shared context (llama-server calls it
 from its HTTP threads too), so request threads tokenize; encoding is only ever called from the
-encoder thread (:mod:`.media_prefill`). Every native object (bitmaps, chunk lists) is freed on
+encoder thread (:mod:`.prefill`). Every native object (bitmaps, chunk lists) is freed on
 every path: bitmaps right after tokenizing (the chunks hold their own preprocessed copy), a
 chunk list when its last job ends, or by its finalizer if a request never reached the scheduler.
 """

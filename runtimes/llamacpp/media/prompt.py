@@ -1,9 +1,9 @@
 """A prompt with images and audio in it, as the scheduler and the prefix cache see it.
 
 Pure Python, no llama.cpp: :mod:`.mtmd` builds a :class:`MediaPrompt` from ``mtmd_tokenize``'s
-chunks, :mod:`.media_prefill` feeds it to the context, :mod:`.prefix` keeps it whole.
+chunks, :mod:`.prefill` feeds it to the context, :mod:`..cache.prefix` keeps it whole.
 
-A prompt stays one list of ints, one per KV position, so the radix index (:mod:`.radix`), the
+A prompt stays one list of ints, one per KV position, so the radix index (:mod:`..cache.radix`), the
 slots and ``Usage`` need no second representation. A media chunk occupies its ``n_tokens``
 positions with *pseudo-token ids*: negative numbers (real token ids are >= 0, and requests
 with negative ids are refused before they get here) derived from the chunk's content digest

@@ -2,10 +2,10 @@
 
 * The projector (:mod:`.mtmd`) is loaded with the model, from ``record.metadata[META_PROJECTOR]``
   (or a plan's ``mmproj`` option); it adds "vision" / "audio" to the session's capabilities.
-* A request's media bytes are decoded in a sacrificial process (:mod:`.media_decode`: a file
+* A request's media bytes are decoded in a sacrificial process (:mod:`.decoder`: a file
   that crashes the native decoder fails that request alone), made into bitmaps named by their
   content digest, and tokenized with the rendered prompt into a
-  :class:`~.media_prompt.MediaPrompt`: the scheduler's prompt, pseudo ids where the media go.
+  :class:`~.prompt.MediaPrompt`: the scheduler's prompt, pseudo ids where the media go.
 * Refusals are 400s that say what to do: media to a model without a projector
   (``UnsupportedFeature``, naming ``--mmproj``), a kind the projector does not take, a bad file or
   an image too large for one batch (``InvalidMedia``).

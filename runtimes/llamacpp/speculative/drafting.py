@@ -20,7 +20,7 @@ Hence three parts:
   The draft length grows by doubling while whole drafts are accepted and falls back to what
   was accepted after a miss, so one lucky match does not buy a 32-row pass.
 * :class:`~.pass_costs.DecodeCosts` — what a pass of m rows costs against a plain step, measured on this
-  machine: timed at load (:func:`.speculative_step.calibrate`) and refined as the scheduler runs.
+  machine: timed at load (:func:`.step.calibrate`) and refined as the scheduler runs.
 
 The policy drafts k tokens only when the expected tokens per pass (1 + p + p^2 + ... + p^k)
 divided by the pass's cost in plain steps beats plain decoding by a margin; otherwise the

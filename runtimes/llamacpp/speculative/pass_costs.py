@@ -1,6 +1,6 @@
 """What decode calls cost on this machine: plain steps by rows, verification passes by
 rows, a draft model's steps; measured as the scheduler runs and timed at load
-(:func:`.speculative_step.calibrate`). The drafting policy (:mod:`.speculative`) reads them."""
+(:func:`.step.calibrate`). The drafting policy (:mod:`.drafting`) reads them."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ import json
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Any, BinaryIO, Protocol
+from typing import IO, Any, Protocol
 
 __all__ = ["MAX_HEADER_BYTES", "MAX_PAYLOAD_BYTES", "Frame", "FrameWriter", "read_frame"]
 
@@ -60,7 +60,7 @@ class FrameWriter:
     ``bytes_written`` counts every byte it has written: what crossed the pipe.
     """
 
-    def __init__(self, stream: BinaryIO, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
+    def __init__(self, stream: IO[bytes], *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> None:
         self._stream = stream
         self._lock = threading.Lock()
         self._max_payload = max_payload_bytes

@@ -24,7 +24,10 @@ from localrun.settings import Settings
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media, ModelRecord, Plan, Source
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from localrun.activity import OpenStream, RequestTiming
+    from localrun.upstreams.pool import UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class CatalogEntry:
 def source_label(record: ModelRecord) -> str:
     """``upstream NAME (health)`` for an upstream model, the plain source otherwise."""
     if record.source is not Source.UPSTREAM:
-        return record.source.value
+        return str(record.source.value)
     names = ",".join(record.metadata.get("upstreams", ()))
     health = record.metadata.get("upstream_health")
     return f"upstream {names}" + (f" ({health})" if health else "")
@@ -62,13 +65,13 @@ class ModelManager:
     def __init__(
         self,
         settings: Settings,
-        store,
+        store: Any,
         *,
         planner: Planner | None = None,
         overrides: Any = None,
-        events: Callable[[dict], None] | None = None,
-        upstreams=None,
-    ):
+        events: Callable[[dict[str, Any]], None] | None = None,
+        upstreams: Any = None,
+    ) -> None:
         self.settings = settings
         self.store = store
         #: The upstream pool (localrun.upstreams.pool), built from settings.upstreams unless one is passed in.
@@ -83,7 +86,7 @@ class ModelManager:
         #: The CLI's planner overrides (--ctx, --gpu-layers…) for the default planner; see plan_for.
         self._overrides = overrides
         #: One log file for every worker's output (``launch`` shows it); None: logs/worker-NAME.log each.
-        self.worker_log = None
+        self.worker_log: Path | None = None
         #: The table of loaded models (localrun/residency.py): this manager's and the reload's.
         self.residency = Residency(events)
         self._remote_lock = threading.Lock()
@@ -100,7 +103,8 @@ class ModelManager:
             if n_ctx is None:
                 return self._planner(record)
             if "n_ctx" in inspect.signature(self._planner).parameters:
-                return self._planner(record, n_ctx=n_ctx)
+                sized: Callable[..., Plan] = self._planner
+                return sized(record, n_ctx=n_ctx)
             # a planner passed in (tests, the TUI's) that sizes nothing: take the context as asked
             return replace(self._planner(record), n_ctx=n_ctx)
         from localrun.planning.facts import default_plan
@@ -129,9 +133,9 @@ class ModelManager:
             return WorkerHandle(record, plan, log_path=log_path)
         return InProcessHandle(record, plan, runtime.load(record, plan))
 
-    def _cache_options(self) -> dict:
+    def _cache_options(self) -> dict[str, Any]:
         """The prompt cache's settings as plan options (a plan's own options win): the llama.cpp
-        runtime's host-RAM and disk tiers read them (runtimes/llamacpp/prefix_disk.py)."""
+        runtime's host-RAM and disk tiers read them (runtimes/llamacpp/cache/prefix_disk.py)."""
         cache = self.settings.cache
         return {
             "kv_dir": str(cache.kv_dir or self.settings.cache_dir / "kv"),
@@ -410,7 +414,8 @@ class ModelManager:
 
         lm = self._load_admitted(name)
         try:
-            return call_result(lm.handle, Embed(tuple(texts)))
+            vectors: list[list[float]] = call_result(lm.handle, Embed(tuple(texts)))
+            return vectors
         finally:
             self.residency.release(lm)
 
@@ -430,7 +435,7 @@ class ModelManager:
         return remote.record if remote is not None else self.store.resolve(name)
 
 
-def _pool_from(settings: Settings):
+def _pool_from(settings: Settings) -> UpstreamPool | None:
     """An upstream pool when config.toml lists upstreams; None (nothing started) otherwise."""
     if not settings.upstreams:
         return None

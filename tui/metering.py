@@ -17,9 +17,9 @@ import contextvars
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from localrun.activity import RequestTiming
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 #: Routes that are polled, not used: logging them would bury the requests that matter.
 #: Where the server's Observe middleware leaves its per-request stats in the ASGI scope.
 SERVER_STATS_KEY = "localrun.stats"
+#: An ASGI app: ``await app(scope, receive, send)``.
+Asgi = Callable[[dict[str, Any], Callable[..., Any], Callable[..., Any]], Awaitable[None]]
 QUIET_ROUTES = frozenset({"/health", "/metrics", "/api/ps", "/api/version"})
 
 
@@ -106,7 +108,7 @@ def _printable(text: str, limit: int = 80) -> str:
     return "".join(ch for ch in text if ch.isprintable())[:limit]
 
 
-def _merge_server_stats(pending: _Pending, scope: dict) -> None:
+def _merge_server_stats(pending: _Pending, scope: dict[str, Any]) -> None:
     """Prefer what the server's own metrics learned (exact token counts, its route template)."""
     route = getattr(scope.get("route"), "path", None)
     if route:
@@ -173,10 +175,10 @@ class RequestMeter:
         except Exception:  # noqa: BLE001 - a display hook must never fail a request
             log.exception("request log listener failed")
 
-    def middleware(self, app: Callable) -> Callable:
+    def middleware(self, app: Asgi) -> Asgi:
         """Wrap an ASGI app so each HTTP request becomes a log entry."""
 
-        async def metered(scope: dict, receive: Callable, send: Callable) -> None:
+        async def metered(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
             if scope.get("type") != "http" or scope.get("path") in QUIET_ROUTES:
                 await app(scope, receive, send)
                 return
@@ -185,7 +187,7 @@ class RequestMeter:
             )
             token = _current.set(pending)
 
-            async def send_and_note(message: dict) -> None:
+            async def send_and_note(message: dict[str, Any]) -> None:
                 if message.get("type") == "http.response.start":
                     pending.status = int(message.get("status", 0))
                 await send(message)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import BinaryIO
 
 
-def _protocol_streams():
+def _protocol_streams() -> tuple[BinaryIO, BinaryIO]:
     proto_out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # native stdout noise goes to stderr from here on
     sys.stdout = sys.stderr

@@ -23,10 +23,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from localrun.errors import LocalrunError, RuntimeUnavailable, WorkerCrashed
 from localrun.frames import FrameWriter, read_frame
+from localrun.runtimes.base import Session
 from localrun.types import Cancel, Chunk, ModelRecord, Plan
 from localrun.worker import ops
 from localrun.worker.ops import Call, Embed, Request
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 _SECRET_ENV = frozenset({"LOCALRUN_API_KEY", "LOCALRUN_SERVER__API_KEY"})
 
 Sink = Callable[[str, Any], None]  # (event, data): "chunk" Chunk | "result" Any | "end" None | "error" LocalrunError
+Event = tuple[str, Any]
 
 
 class WorkerHandle:
@@ -66,7 +68,9 @@ class WorkerHandle:
             start_new_session=True,  # a Ctrl-C in the terminal reaches the parent only
         )
         self.pid = self.proc.pid
-        self._writer = FrameWriter(self.proc.stdin)
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
+        self._writer = FrameWriter(self._stdin)
         self._reader = threading.Thread(target=self._read_loop, name=f"worker-{self.pid}", daemon=True)
         self._reader.start()
         self._writer.send({"op": "load", "runtime": plan.runtime, "record": record.to_dict(), "plan": plan.to_dict()})
@@ -84,7 +88,7 @@ class WorkerHandle:
 
     # -- reading -----------------------------------------------------------------------
     def _read_loop(self) -> None:
-        stream = self.proc.stdout
+        stream = self._stdout
         try:
             while True:
                 frame = read_frame(stream)
@@ -199,11 +203,11 @@ class WorkerHandle:
     def close(self, timeout_s: float = 30.0) -> None:
         """Ask the worker to stop (cancelling what runs), then make sure it has. The wait is long
         enough for a llama.cpp session to write its prefix cache to disk (it waits 20 s at most,
-        runtimes/llamacpp/prefix_disk.py); a worker with nothing to write exits at once."""
+        runtimes/llamacpp/cache/prefix_disk.py); a worker with nothing to write exits at once."""
         if self.proc.poll() is None:
             try:
                 self._writer.send({"op": "shutdown"})
-                self.proc.stdin.close()
+                self._stdin.close()
             except OSError:
                 pass
             try:
@@ -217,7 +221,7 @@ class WorkerHandle:
 class InProcessHandle:
     """A session run on threads in this process, for runtimes with nothing native to isolate."""
 
-    def __init__(self, record: ModelRecord, plan: Plan, session):
+    def __init__(self, record: ModelRecord, plan: Plan, session: Session) -> None:
         self.record = record
         self.plan = plan
         self.session = session
@@ -278,26 +282,35 @@ class InProcessHandle:
 
 
 class _NullLock:
-    def __enter__(self):
+    def __enter__(self) -> _NullLock:
         return self
 
-    def __exit__(self, *exc):
-        return False
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class Handle(Protocol):
+    """What the adaptors below need of a handle (``WorkerHandle``, ``InProcessHandle``)."""
+
+    def submit(self, request: Request, sink: Sink) -> int: ...
+
+    def cancel(self, rid: int) -> None: ...
 
 
 def _chunk_or_end(ev: str, data: Any) -> Chunk | None:
     """One stream event: a chunk to yield, ``None`` at the end, or the request's error raised."""
     if ev == "chunk":
-        return data
+        chunk: Chunk = data
+        return chunk
     if ev == "error":
         raise data
     return None
 
 
-def iter_chunks(handle, request: Request, cancel: Cancel | None = None) -> Iterator[Chunk]:
+def iter_chunks(handle: Handle, request: Request, cancel: Cancel | None = None) -> Iterator[Chunk]:
     """Blocking chunk stream of a chat or completion request. Closing the generator early (or
     ``cancel``) cancels the request."""
-    q: queue.SimpleQueue = queue.SimpleQueue()
+    q: queue.SimpleQueue[Event] = queue.SimpleQueue()
     rid = handle.submit(request, lambda ev, data: q.put((ev, data)))
     done = False
     try:
@@ -319,10 +332,10 @@ def iter_chunks(handle, request: Request, cancel: Cancel | None = None) -> Itera
             handle.cancel(rid)
 
 
-async def aiter_chunks(handle, request: Request) -> AsyncIterator[Chunk]:
+async def aiter_chunks(handle: Handle, request: Request) -> AsyncIterator[Chunk]:
     """Asyncio chunk stream. Leaving the loop early (a client gone) cancels the request."""
     loop = asyncio.get_running_loop()
-    q: asyncio.Queue = asyncio.Queue()
+    q: asyncio.Queue[Event] = asyncio.Queue()
 
     def sink(ev: str, data: Any) -> None:
         try:
@@ -345,9 +358,9 @@ async def aiter_chunks(handle, request: Request) -> AsyncIterator[Chunk]:
             handle.cancel(rid)
 
 
-def call_result(handle, request: Embed | Call, timeout_s: float = 600.0) -> Any:
+def call_result(handle: Handle, request: Embed | Call, timeout_s: float = 600.0) -> Any:
     """Run a non-streaming request (embed, call) and return its result."""
-    q: queue.SimpleQueue = queue.SimpleQueue()
+    q: queue.SimpleQueue[Event] = queue.SimpleQueue()
     handle.submit(request, lambda ev, data: q.put((ev, data)))
     result = None
     while True:

@@ -16,7 +16,8 @@ from typing import Any, BinaryIO
 
 from localrun.errors import LocalrunError
 from localrun.frames import Frame, FrameWriter, read_frame
-from localrun.types import Cancel, ModelRecord, Plan
+from localrun.runtimes.base import Session
+from localrun.types import Cancel, Chunk, ModelRecord, Plan
 from localrun.worker import ops
 
 log = logging.getLogger(__name__)
@@ -39,12 +40,12 @@ def _encodable(text: str) -> str:
 
 
 class WorkerServer:
-    def __init__(self, writer: FrameWriter):
+    def __init__(self, writer: FrameWriter) -> None:
         self.writer = writer
-        self.session = None
+        self.session: Session | None = None
         self.runtime = "this"  # the runtime's name, once loaded: errors of a missing extra name it
         self.cancels: dict[int, Cancel] = {}
-        self.jobs: queue.Queue = queue.Queue()
+        self.jobs: queue.Queue[Frame | None] = queue.Queue()
 
     def load(self, msg: dict[str, Any]) -> None:
         from localrun.runtimes import get_runtime
@@ -67,8 +68,10 @@ class WorkerServer:
         try:
             request = ops.from_frame(msg, payloads)
             send = self.writer.send
+            if self.session is None:
+                raise RuntimeError("no model is loaded")
 
-            def emit(chunk) -> None:
+            def emit(chunk: Chunk) -> None:
                 send({"ev": "chunk", "id": rid, "c": chunk.to_dict()})
 
             result = ops.run(self.session, request, cancel, emit, runtime=self.runtime)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from localrun.runtimes.base import call_extra
+from localrun.runtimes.base import Session, call_extra
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media
 
 
@@ -46,21 +46,21 @@ Request = ChatRequest | CompletionRequest | Embed | Call
 Emit = Callable[[Chunk], None]
 
 
-def _chat(session, req: ChatRequest, cancel: Cancel, emit: Emit, runtime: str) -> None:
+def _chat(session: Session, req: ChatRequest, cancel: Cancel, emit: Emit, runtime: str) -> None:
     for chunk in session.chat(req, cancel):
         emit(chunk)
 
 
-def _complete(session, req: CompletionRequest, cancel: Cancel, emit: Emit, runtime: str) -> None:
+def _complete(session: Session, req: CompletionRequest, cancel: Cancel, emit: Emit, runtime: str) -> None:
     for chunk in session.complete(req, cancel):
         emit(chunk)
 
 
-def _embed(session, req: Embed, cancel: Cancel, emit: Emit, runtime: str) -> list[list[float]]:
+def _embed(session: Session, req: Embed, cancel: Cancel, emit: Emit, runtime: str) -> list[list[float]]:
     return session.embed(list(req.texts))
 
 
-def _call(session, req: Call, cancel: Cancel, emit: Emit, runtime: str) -> Any:
+def _call(session: Session, req: Call, cancel: Cancel, emit: Emit, runtime: str) -> Any:
     return call_extra(session, runtime, req.method, dict(req.args))
 
 
@@ -87,7 +87,7 @@ def streams(request: Request) -> bool:
     return OPS[op_name(request)][2]
 
 
-def run(session, request: Request, cancel: Cancel, emit: Emit, *, runtime: str) -> Any:
+def run(session: Session, request: Request, cancel: Cancel, emit: Emit, *, runtime: str) -> Any:
     """Run ``request`` on ``session``: a stream's chunks go to ``emit``; embed's and call's result is returned.
 
     ``runtime`` names the session's runtime in the error a missing extra gets. The session's own

@@ -86,7 +86,8 @@ def create_app(settings: Settings, manager) -> FastAPI:
         app.include_router(router)
 
     if settings.server.mirror:  # the store as a hub endpoint, behind the same guards (serve --mirror)
-        from localrun.server.mirror.routes import Mirror, install_mirror
+        from localrun.server.mirror.listing import Mirror
+        from localrun.server.mirror.routes import install_mirror
 
         install_mirror(app, Mirror(manager.store))
 

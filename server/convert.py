@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from localrun.chat.media import AUDIO, IMAGE, MediaReader, prompt_with_media
+from localrun.chat.media import MediaReader, prompt_with_media
+from localrun.chat.media_formats import AUDIO, IMAGE
 from localrun.server.errors import InvalidRequest
 from localrun.server.schemas import ContentPart, MultimodalPrompt
 from localrun.types import MEDIA_MARKER, Media, strip_media_markers

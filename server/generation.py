@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.requests import Request
@@ -183,7 +183,7 @@ class Generation:
             await self.aclose()
             raise
 
-    async def rest(self) -> AsyncIterator[Chunk]:
+    async def rest(self) -> AsyncGenerator[Chunk, None]:
         """The chunks after the first. Leaving early (or being cancelled) stops the worker."""
         try:
             async for chunk in self._iter:

@@ -45,7 +45,13 @@ import re
 from typing import Any
 
 from localrun.chat.media import IMAGE, MediaReader
-from localrun.server.anthropic.schemas import CountTokensRequest, ImageBlock, MessageParam, ToolResultBlock
+from localrun.server.anthropic.schemas import (
+    CountTokensRequest,
+    ImageBlock,
+    MessageParam,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from localrun.server.errors import InvalidRequest
 from localrun.types import MEDIA_MARKER, Media, Message, strip_media_markers
 
@@ -100,6 +106,27 @@ def _tool_result(block: ToolResultBlock, where: str, reader: MediaReader) -> tup
     return (f"Error: {text}" if block.is_error else text), media
 
 
+def _tool_call(where: str, role: str, block: ToolUseBlock, names: dict[str, str]) -> dict[str, Any]:
+    """A ``tool_use`` block as an OpenAI-shaped call (its id remembered with its name, for the result)."""
+    if role != "assistant":
+        raise InvalidRequest(
+            f"{where} is a tool_use block in a {role} turn: only the assistant calls tools", param=where
+        )
+    names[block.id] = block.name
+    arguments = json.dumps(block.input, ensure_ascii=False)
+    return {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+
+
+def _result_turn(where: str, role: str, block: ToolResultBlock, names: dict[str, str], reader: MediaReader) -> Message:
+    """A ``tool_result`` block as a tool turn, named after the call it answers."""
+    if role != "user":
+        raise InvalidRequest(
+            f"{where} is a tool_result block in a {role} turn: results come back in a user turn", param=where
+        )
+    text, shown = _tool_result(block, where, reader)
+    return Message("tool", text, tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id), media=shown)
+
+
 def _turns(i: int, m: MessageParam, names: dict[str, str], reader: MediaReader) -> list[Message]:
     """The core messages of one Anthropic turn (tool results first, then the text)."""
     if isinstance(m.content, str):
@@ -117,26 +144,9 @@ def _turns(i: int, m: MessageParam, names: dict[str, str], reader: MediaReader) 
             media.append(image_media(block, f"messages[{i}].content[{j}]", reader))
             texts.append(MEDIA_MARKER)
         elif kind in ("tool_use", "server_tool_use"):
-            if m.role != "assistant":
-                raise InvalidRequest(
-                    f"messages[{i}].content[{j}] is a tool_use block in a {m.role} turn: only the "
-                    "assistant calls tools",
-                    param=f"messages[{i}].content[{j}]",
-                )
-            names[block.id] = block.name
-            arguments = json.dumps(block.input, ensure_ascii=False)
-            calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
+            calls.append(_tool_call(f"messages[{i}].content[{j}]", m.role, block, names))
         elif kind == "tool_result":
-            if m.role != "user":
-                raise InvalidRequest(
-                    f"messages[{i}].content[{j}] is a tool_result block in a {m.role} turn: results "
-                    "come back in a user turn",
-                    param=f"messages[{i}].content[{j}]",
-                )
-            text, shown = _tool_result(block, f"messages[{i}].content[{j}]", reader)
-            results.append(
-                Message("tool", text, tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id), media=shown)
-            )
+            results.append(_result_turn(f"messages[{i}].content[{j}]", m.role, block, names, reader))
         elif kind == "thinking":
             if m.role == "assistant" and block.thinking:
                 thoughts.append(block.thinking)

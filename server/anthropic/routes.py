@@ -52,6 +52,7 @@ from localrun.server.generation import Generation, app_state, make_sampling, ope
 from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import ReasoningAsk, effort_budget, enable_reasoning
+from localrun.server.streams import stream_tail
 from localrun.types import ChatRequest, Chunk, Sampling, Usage
 
 log = logging.getLogger(__name__)
@@ -302,45 +303,47 @@ class Answer:
             return StreamingResponse(self._events(first, None), media_type="text/event-stream", headers=SSE_HEADERS)
         return StreamingResponse(self._events(None, waiting), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def _events(self, first: Chunk | None, waiting: asyncio.Future | None) -> AsyncIterator[bytes]:
+    async def _events(self, first: Chunk | None, waiting: asyncio.Future[Chunk | None] | None) -> AsyncIterator[bytes]:
         blocks = BlockWriter()
-        chunks = None
-        try:
-            start = anthropic_usage(Usage(prompt_tokens=self.prompt_tokens))
-            yield sse("message_start", {"type": "message_start", "message": self._message([], None, start)})
-            if waiting is not None:
+        start = anthropic_usage(Usage(prompt_tokens=self.prompt_tokens))
+        yield sse("message_start", {"type": "message_start", "message": self._message([], None, start)})
+        if waiting is not None:
+            try:
                 yield PING
                 while not (await asyncio.wait({waiting}, timeout=PING_EVERY_S))[0]:
                     yield PING
                 first = waiting.result()
-            chunks = self._chunks(first)
-            async for chunk in chunks:
-                for line in blocks.thinking(chunk.reasoning) + blocks.text(self._text(chunk)):
-                    yield line
-                if self.matched is not None:
-                    break
-        except LocalrunError as exc:  # started already: the error travels in the stream
-            log.warning("stream of %s ended with an error: %s", self.gen.record.name, exc)
-            yield sse("error", stream_error_line(exc, ANTHROPIC))
-            return
-        finally:
-            if waiting is not None and not waiting.done():
-                waiting.cancel()  # the client left during the prefill: first() stops the worker
-            if chunks is not None:
-                await chunks.aclose()
-        calls = _calls(self.gen, self.body) if self.matched is None else []
-        for line in blocks.finish(calls):
-            yield line
-        reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
-        yield sse(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": reason, "stop_sequence": self.matched},
-                "usage": self.usage(),
-            },
-        )
-        yield sse("message_stop", {"type": "message_stop"})
+            except LocalrunError as exc:  # started already: the error travels in the stream
+                log.warning("stream of %s ended with an error: %s", self.gen.record.name, exc)
+                yield _error_event(exc)
+                return
+            finally:
+                if not waiting.done():
+                    waiting.cancel()  # the client left during the prefill: first() stops the worker
+
+        def lines(chunk: Chunk) -> list[bytes]:
+            return blocks.thinking(chunk.reasoning) + blocks.text(self._text(chunk))
+
+        async def finish() -> AsyncIterator[bytes]:
+            calls = _calls(self.gen, self.body) if self.matched is None else []
+            for line in blocks.finish(calls):
+                yield line
+            reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
+            delta = {"stop_reason": reason, "stop_sequence": self.matched}
+            yield sse("message_delta", {"type": "message_delta", "delta": delta, "usage": self.usage()})
+            yield sse("message_stop", {"type": "message_stop"})
+
+        def stopped() -> bool:  # a stop sequence ends the stream
+            return self.matched is not None
+
+        opening = [first] if first is not None else []
+        async for out in stream_tail(self.gen, opening, lines, failed=_error_event, finish=finish, until=stopped):
+            yield out
+
+
+def _error_event(exc: LocalrunError) -> bytes:
+    """The ``error`` event of a stream that started, in Anthropic's shape."""
+    return sse("error", stream_error_line(exc, ANTHROPIC))
 
 
 def sse(event: str, data: dict) -> bytes:

@@ -59,6 +59,7 @@ from localrun.server.media_fetch import reader_for
 from localrun.server.openapi import SSE, documented
 from localrun.server.schemas import MultimodalPrompt
 from localrun.server.security import is_loopback_host
+from localrun.server.streams import stream_tail
 from localrun.server.validate import refuse_empty_prompt
 from localrun.types import AUDIO, MEDIA_MARKER, VISION, CompletionRequest
 
@@ -306,19 +307,17 @@ async def _native_events(
             out["completion_probabilities"] = list(chunk.logprobs)
         return event(out)
 
-    try:
-        if lead:
-            yield event({"content": lead, "stop": False})
-        if first is not None and (line := piece(first)):
-            yield line
-        async for chunk in gen.rest():
-            if line := piece(chunk):
-                yield line
-    except LocalrunError as exc:
-        log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield event(stream_error_line(exc))
-        return
-    yield event(_final(gen, body, started, "", []))
+    def failed(exc: LocalrunError) -> bytes:
+        return event(stream_error_line(exc))
+
+    async def finish() -> AsyncIterator[bytes]:
+        yield event(_final(gen, body, started, "", []))
+
+    if lead:
+        yield event({"content": lead, "stop": False})
+    opening = [first] if first is not None else []
+    async for out in stream_tail(gen, opening, lambda chunk: (piece(chunk),), failed=failed, finish=finish):
+        yield out
 
 
 @documented(RerankBody, answers.Reranked)

@@ -22,24 +22,17 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
 from urllib.parse import quote, unquote
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from localrun.errors import InvalidName, LocalrunError, VerificationFailed
-from localrun.modelstore.gitids import lfs_pointer
-from localrun.modelstore.hub import FORMAT_TAGS, hub_cache_dir
 from localrun.modelstore.hub_catalog import (
     MirrorCommit,
     MirrorFile,
     MirrorRepo,
-    StoreCatalog,
-    Verifier,
     etag_of,
-    tree_oid,
     valid_repo_part,
 )
 from localrun.modelstore.names import safe_relpath
@@ -47,56 +40,12 @@ from localrun.server.errors import SHAPES_KEY, error_response, shapes_of
 from localrun.server.mirror import answers
 from localrun.server.mirror.errors import HUB, LISTING, RESOLVING, hub_error, owns_file, owns_listing
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
+from localrun.server.mirror.listing import Mirror, info, list_models, refs, tree, with_upstream_hits
 from localrun.server.openapi import documented
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MIRROR_PORT = 8740
-_MAX_LIST = 1000
-
-
-def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts or 0, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-
-
-class Mirror:
-    """The catalog (rebuilt when the index changes), the verifier and the optional upstream."""
-
-    def __init__(self, store, *, upstream=None) -> None:
-        self.store = store
-        self.catalog = StoreCatalog(store, hub_cache_dir())
-        self.verifier = Verifier()
-        self.upstream = upstream
-
-    def repos(self) -> dict[str, MirrorRepo]:
-        return self.catalog.repos()
-
-    async def lookup(self, repo_id: str, revision: str) -> tuple[MirrorRepo | None, MirrorCommit | None]:
-        """The local repo and commit; through the upstream when the store lacks them."""
-        repo = self.repos().get(repo_id)
-        commit = repo.resolve(revision) if repo else None
-        if commit is None and self.upstream is not None:
-            found = await self.upstream.lookup(repo_id, revision)
-            if found is not None:
-                return found
-        return repo, commit
-
-    async def sha256(self, f: MirrorFile) -> str:
-        """The file's sha256, hashing it (once, in a thread) when nothing recorded it."""
-        known = self.verifier.sha256(f)
-        if known:
-            return known
-        await self.verified(f)
-        return self.verifier.sha256(f) or ""
-
-    async def verified(self, f: MirrorFile) -> tuple:
-        """The stat key at which ``f`` is good now; hashes first if it changed. Raises VerificationFailed."""
-        if self.upstream is not None:
-            await self.upstream.ensure_local(f, self.verifier)
-        key = self.verifier.good_key(f)
-        if key is None:
-            key = await anyio.to_thread.run_sync(self.verifier.verify, f)
-        return key
 
 
 def _segments(request: Request) -> list[str]:
@@ -133,151 +82,6 @@ async def _resolved(mirror: Mirror, repo_id: str, revision: str) -> tuple[Mirror
     return repo, commit
 
 
-async def _info(mirror: Mirror, repo: MirrorRepo, commit: MirrorCommit, blobs: bool) -> dict:
-    siblings = []
-    for f in sorted(commit.files.values(), key=lambda f: f.path):
-        item: dict = {"rfilename": f.path}
-        if blobs:
-            sha = await mirror.sha256(f) if f.lfs else None
-            item.update(size=f.size, blobId=tree_oid(f, sha))
-            if f.lfs:
-                item["lfs"] = {"size": f.size, "sha256": sha, "pointerSize": len(lfs_pointer(sha, f.size))}
-        siblings.append(item)
-    ns = repo.repo.split("/")[0]
-    return {
-        "_id": commit.commit[:24],
-        "id": repo.repo,
-        "modelId": repo.repo,
-        "author": ns,
-        "sha": commit.commit,
-        "lastModified": _iso(commit.updated),
-        "createdAt": _iso(commit.updated),
-        "private": False,
-        "gated": False,
-        "disabled": False,
-        "downloads": 0,
-        "likes": 0,
-        "tags": sorted(repo.tags),
-        "library_name": next(iter(sorted(repo.tags)), None),
-        "siblings": siblings,
-    }
-
-
-async def _tree(mirror: Mirror, commit: MirrorCommit, prefix: str, recursive: bool) -> list[dict] | None:
-    """Entries below ``prefix`` (a folder); None when no such folder exists."""
-    import hashlib
-
-    base = prefix + "/" if prefix else ""
-    files, folders = [], set()
-    for f in sorted(commit.files.values(), key=lambda f: f.path):
-        if not f.path.startswith(base):
-            continue
-        rest = f.path[len(base) :]
-        parts = rest.split("/")
-        for k in range(1, len(parts) if recursive else min(len(parts), 2)):
-            folders.add(base + "/".join(parts[:k]))
-        if recursive or len(parts) == 1:
-            files.append(f)
-    if prefix and not files and not folders:
-        return None
-    out = [
-        {"type": "directory", "oid": hashlib.sha1(f"{commit.commit}\0{d}".encode()).hexdigest(), "size": 0, "path": d}
-        for d in sorted(folders)
-    ]
-    for f in files:
-        sha = await mirror.sha256(f) if f.lfs else None
-        entry = {"type": "file", "oid": tree_oid(f, sha), "size": f.size, "path": f.path}
-        if f.lfs:
-            entry["lfs"] = {"oid": sha, "size": f.size, "pointerSize": len(lfs_pointer(sha, f.size))}
-        out.append(entry)
-    return out
-
-
-def _refs(repo: MirrorRepo, include_prs: bool) -> dict:
-    branches = [
-        {"name": b, "ref": f"refs/heads/{b}", "targetCommit": c}
-        for b, c in sorted(repo.branches.items())
-        if not b.startswith("refs/")
-    ]
-    out = {"branches": branches, "tags": [], "converts": []}
-    if include_prs:
-        out["pullRequests"] = [
-            {"name": b.rsplit("/", 1)[-1], "ref": b, "targetCommit": c}
-            for b, c in sorted(repo.branches.items())
-            if b.startswith("refs/pr/")
-        ]
-    return out
-
-
-def _list_models(mirror: Mirror, request: Request) -> list[dict]:
-    q = request.query_params
-    search = (q.get("search") or "").lower()
-    author = q.get("author")
-    wanted = {t.lower() for t in q.getlist("filter") for t in t.split(",") if t}
-    try:
-        limit = max(0, min(int(q.get("limit") or _MAX_LIST), _MAX_LIST))
-    except ValueError:
-        limit = _MAX_LIST
-    hits = []
-    for repo in sorted(mirror.repos().values(), key=lambda r: (-r.updated, r.repo)):
-        if search and search not in repo.repo.lower():
-            continue
-        if author and repo.repo.split("/")[0] != author:
-            continue
-        if wanted and not wanted <= repo.tags:
-            continue
-        main = repo.resolve("main") or next(iter(repo.commits.values()))
-        hits.append(
-            {
-                "_id": main.commit[:24],
-                "id": repo.repo,
-                "modelId": repo.repo,
-                "sha": main.commit,
-                "downloads": 0,
-                "likes": 0,
-                "lastModified": _iso(repo.updated),
-                "createdAt": _iso(repo.updated),
-                "tags": sorted(repo.tags),
-                "gated": False,
-                "private": False,
-                "library_name": next(iter(sorted(repo.tags)), None),
-            }
-        )
-    return hits[:limit]
-
-
-async def _with_upstream_hits(mirror: Mirror, request: Request, hits: list[dict]) -> list[dict]:
-    """Local repos first, then the upstream's (pull-through serves those too); upstream
-    trouble leaves the local answer alone."""
-    q = request.query_params
-    tags = [t for t in q.getlist("filter") if t]
-    fmt = next((f for f, tag in FORMAT_TAGS.items() if tag in tags), None)
-    try:
-        limit = max(1, min(int(q.get("limit") or 20), 100))
-        found = await anyio.to_thread.run_sync(
-            lambda: mirror.upstream.client.search(q.get("search") or "", format=fmt, limit=limit)
-        )
-    except (LocalrunError, ValueError) as exc:
-        logger.warning("mirror: upstream search failed: %s", getattr(exc, "message", exc))
-        return hits
-    seen = {h["id"] for h in hits}
-    extra = [
-        {
-            "id": r.name,
-            "modelId": r.name,
-            "downloads": r.downloads,
-            "likes": r.likes,
-            "tags": list(r.tags),
-            "gated": r.gated,
-            "private": False,
-            "lastModified": _iso(r.updated.timestamp() if r.updated else 0),
-        }
-        for r in found
-        if r.name not in seen
-    ]
-    return (hits + extra)[: limit if q.get("limit") else None]
-
-
 def _flag(request: Request, name: str) -> bool:
     return (request.query_params.get(name) or "").lower() in ("1", "true", "yes")
 
@@ -289,9 +93,9 @@ async def api_models(request: Request) -> Response:
     try:
         segs = _segments(request)[2:]
         if not segs or segs == [""]:
-            hits = _list_models(mirror, request)
+            hits = list_models(mirror, request)
             if mirror.upstream is not None:
-                hits = await _with_upstream_hits(mirror, request, hits)
+                hits = await with_upstream_hits(mirror.upstream, request, hits)
             return JSONResponse(hits)
         if len(segs) < 2:
             return hub_error(404, "no such route on this mirror")
@@ -300,18 +104,18 @@ async def api_models(request: Request) -> Response:
             repo, _ = await mirror.lookup(repo_id, "main")
             if repo is None:
                 return hub_error(404, f"Repository {repo_id} not found on this mirror", code="RepoNotFound")
-            return JSONResponse(_refs(repo, _flag(request, "include_prs")))
+            return JSONResponse(refs(repo, _flag(request, "include_prs")))
         if not rest or (len(rest) == 2 and rest[0] == "revision"):
             found = await _resolved(mirror, repo_id, rest[1] if rest else "main")
             if isinstance(found, Response):
                 return found
-            return JSONResponse(await _info(mirror, *found, blobs=_flag(request, "blobs")), headers=_warning(found[0]))
+            return JSONResponse(await info(mirror, *found, blobs=_flag(request, "blobs")), headers=_warning(found[0]))
         if len(rest) >= 2 and rest[0] == "tree":
             found = await _resolved(mirror, repo_id, rest[1])
             if isinstance(found, Response):
                 return found
             prefix = _relpath(rest[2:])
-            entries = await _tree(mirror, found[1], prefix, _flag(request, "recursive"))
+            entries = await tree(mirror, found[1], prefix, _flag(request, "recursive"))
             if entries is None:
                 return hub_error(
                     404, f"{prefix!r} is not a folder of {repo_id}", code="EntryNotFound", commit=found[1].commit

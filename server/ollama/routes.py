@@ -48,6 +48,7 @@ from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
 from localrun.server.schemas import keep_alive_seconds
+from localrun.server.streams import stream_tail
 from localrun.types import ChatRequest, CompletionRequest, Message, strip_media_markers
 
 log = logging.getLogger(__name__)
@@ -315,20 +316,20 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -
             return None
         return (head + iso() + mid + dumps(chunk.text, ensure_ascii=False)).encode() + tail
 
-    try:
-        if first is not None and (out := line(first)):
-            yield out
-        async for chunk in gen.rest():
-            if out := line(chunk):
-                yield out
-    except LocalrunError as exc:
-        log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield json.dumps(stream_error_line(exc, OLLAMA)).encode() + b"\n"
-        return
-    last = _final(gen, timing, chat=chat)
-    if context is not None and (ids := await context("".join(answer))) is not None:
-        last["context"] = ids
-    yield json.dumps(last).encode() + b"\n"
+    async def finish() -> AsyncIterator[bytes]:
+        last = _final(gen, timing, chat=chat)
+        if context is not None and (ids := await context("".join(answer))) is not None:
+            last["context"] = ids
+        yield json.dumps(last).encode() + b"\n"
+
+    opening = [first] if first is not None else []
+    async for out in stream_tail(gen, opening, lambda chunk: (line(chunk),), failed=ndjson_error, finish=finish):
+        yield out
+
+
+def ndjson_error(exc: LocalrunError) -> bytes:
+    """The error line of a stream that started: Ollama's ``{"error": …}`` as one NDJSON line."""
+    return json.dumps(stream_error_line(exc, OLLAMA)).encode() + b"\n"
 
 
 @documented(EmbedBody, answers.OllamaEmbed)

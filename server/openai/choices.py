@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from localrun import __version__
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.generation import Generation, finish_for_wire
+from localrun.server.streams import stream_tail
 from localrun.types import Chunk, Usage
 
 log = logging.getLogger(__name__)
@@ -161,25 +162,24 @@ async def sse_choices(
             choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
         return b"data: " + json.dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
 
-    def lines(chunk: Chunk):
+    def lines(chunk: Chunk) -> Iterator[bytes]:
         if chunk.text or chunk.logprobs:
             yield event(chunk.index, chunk.text, logprobs=chunk.logprobs)
         if chunk.finish_reason:
             yield event(chunk.index, "", finish=finish_for_wire(chunk.finish_reason))
 
-    try:
-        for i in range(body.n):
-            yield event(i, echo or "", role=True) if chat or echo else event(i, "")
-        if first is not None:
-            for line in lines(first):
-                yield line
-        async for chunk in gen.rest():
-            for line in lines(chunk):
-                yield line
-    except LocalrunError as exc:  # started already: the error travels in the stream
-        log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield b"data: " + json.dumps(stream_error_line(exc)).encode() + b"\n\n"
-        return
-    if include_usage:
-        yield b"data: " + json.dumps({**base, "choices": [], "usage": usage_dict(gen.usage)}).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
+    async def finish() -> AsyncIterator[bytes]:
+        if include_usage:
+            yield b"data: " + json.dumps({**base, "choices": [], "usage": usage_dict(gen.usage)}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    for i in range(body.n):
+        yield event(i, echo or "", role=True) if chat or echo else event(i, "")
+    opening = [first] if first is not None else []
+    async for out in stream_tail(gen, opening, lines, failed=sse_error, finish=finish):
+        yield out
+
+
+def sse_error(exc: LocalrunError) -> bytes:
+    """The error event of a stream that started: OpenAI's error object as one ``data:`` event."""
+    return b"data: " + json.dumps(stream_error_line(exc)).encode() + b"\n\n"

@@ -8,11 +8,9 @@ One chunk stream, OpenAI's wire format: Server-Sent Events ``data: {…}`` endin
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,12 +21,11 @@ from localrun.modelstore.capabilities import capabilities
 from localrun.server.answers import EmbeddingList
 from localrun.server.convert import completion_prompt
 from localrun.server.embeddings import EmbeddingRequestBody, embedding_list
-from localrun.server.errors import InvalidRequest, stream_error_line
+from localrun.server.errors import InvalidRequest
 from localrun.server.fields import parse_body
 from localrun.server.generation import (
     Generation,
     app_state,
-    finish_for_wire,
     logprobs_asked,
     make_sampling,
     open_generation,
@@ -47,11 +44,12 @@ from localrun.server.openai.choices import (
     usage_dict,
 )
 from localrun.server.openai.convert import core_messages, core_tools
+from localrun.server.openai.events import finish_of, function_call, is_legacy, sse_events, tool_calls
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.validate import refuse_empty_prompt
-from localrun.types import ChatRequest, Chunk, CompletionRequest
+from localrun.types import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -191,39 +189,6 @@ async def completions(request: Request):
     return await _respond(request, gen, body, chat=False, echo=echo)
 
 
-def _tool_calls(gen: Generation, body) -> list[dict]:
-    calls = list(gen.tool_calls)
-    if getattr(body, "parallel_tool_calls", None) is False:
-        calls = calls[:1]
-    return calls
-
-
-def _legacy(body, chat: bool) -> bool:
-    """Whether the answer takes the legacy shape: the request offered ``functions``, not ``tools``."""
-    return chat and bool(getattr(body, "functions", None))
-
-
-def _function_call(gen: Generation) -> dict | None:
-    """The legacy ``function_call`` of the answer: its first call, the only one that shape can carry."""
-    if not gen.tool_calls:
-        return None
-    if len(gen.tool_calls) > 1:
-        log.info(
-            "%s made %d calls but a 'functions' request's answer carries one: kept %r, dropped %s",
-            gen.record.name,
-            len(gen.tool_calls),
-            gen.tool_calls[0]["function"]["name"],
-            [c["function"]["name"] for c in gen.tool_calls[1:]],
-        )
-    fn = gen.tool_calls[0]["function"]
-    return {"name": fn["name"], "arguments": fn["arguments"]}
-
-
-def _finish(gen: Generation, legacy: bool) -> str:
-    finish = finish_for_wire(gen.finish_reason)
-    return "function_call" if legacy and finish == "tool_calls" else finish
-
-
 async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo: str | None = None) -> Response:
     ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     created = int(time.time())
@@ -241,7 +206,9 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
                 if asked_logprobs
                 else None
             )
-            choices = [{"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": _finish(gen, False)}]
+            choices = [
+                {"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": finish_of(gen, False)}
+            ]
         return JSONResponse(
             {
                 "id": ident,
@@ -265,106 +232,22 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
     if (body.n or 1) > 1:
         events = sse_choices(gen, first, body, echo=echo, **meta)
     else:
-        events = _sse_events(gen, first, body, echo=echo, settings=app_state(request).settings, **meta)
+        events = sse_events(gen, first, body, echo=echo, settings=app_state(request).settings, **meta)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool, settings) -> dict:
-    legacy = _legacy(body, True)
+    legacy = is_legacy(body, True)
     message: dict = {"role": "assistant", "content": text}
     if legacy:
-        call = _function_call(gen)
+        call = function_call(gen)
         if call:
             message = {"role": "assistant", "content": text or None, "function_call": call}
-    elif calls := _tool_calls(gen, body):
+    elif calls := tool_calls(gen, body):
         message = {"role": "assistant", "content": text or None, "tool_calls": calls}
     message.update(reasoning_fields(gen.reasoning, settings))
     lp = chat_logprobs(gen.logprobs) if asked_logprobs else None
-    return {"index": 0, "message": message, "logprobs": lp, "finish_reason": _finish(gen, legacy)}
-
-
-async def _sse_events(
-    gen: Generation,
-    first,
-    body,
-    *,
-    ident: str,
-    created: int,
-    chat: bool,
-    include_usage: bool,
-    fingerprint: str,
-    echo: str | None = None,
-    settings=None,
-) -> AsyncIterator[bytes]:
-    """Plain text chunks take the prebuilt-prefix fast path; chunks with log-probabilities
-    or tool calls are built as whole objects (they are rarer, and larger anyway)."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {
-        "id": ident,
-        "object": kind,
-        "created": created,
-        "model": gen.record.name,
-        "system_fingerprint": fingerprint,
-    }
-    head = "data: " + json.dumps(base)[:-1]
-    if chat:
-        opening = (head + ',"choices":[{"index":0,"delta":{"role":"assistant","content":').encode()
-        before = (head + ',"choices":[{"index":0,"delta":{"content":').encode()
-        after = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-        closing = head + ',"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":'
-    else:
-        before = opening = (head + ',"choices":[{"index":0,"text":').encode()
-        after = b',"logprobs":null,"finish_reason":null}]}\n\n'
-        closing = head + ',"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":'
-    dumps = json.dumps
-    legacy = _legacy(body, chat)
-    offset = [0 if chat else len(echo) if echo is not None else len(body.prompt_text())]  # the logprobs' text_offset
-
-    def full(chunk, *, role: bool) -> bytes:
-        """One event for a chunk that carries more than text."""
-        if chat:
-            delta: dict = {"role": "assistant"} if role else {}
-            delta.update(reasoning_fields(chunk.reasoning, settings))
-            if chunk.text or not (chunk.tool_calls or chunk.reasoning):
-                delta["content"] = chunk.text
-            if chunk.tool_calls and legacy:
-                delta["function_call"] = _function_call(gen)  # name and the whole arguments string in one delta
-            elif chunk.tool_calls:
-                calls = _tool_calls(gen, body)
-                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
-            choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(chunk.logprobs) if chunk.logprobs else None}
-        else:
-            lp = legacy_logprobs(chunk.logprobs, offset[0])
-            offset[0] += len(chunk.text)
-            choice = {"index": 0, "text": chunk.text, "logprobs": lp}
-        choice["finish_reason"] = None
-        return b"data: " + dumps({**base, "choices": [choice]}, ensure_ascii=False).encode() + b"\n\n"
-
-    def event(chunk, *, role: bool) -> bytes | None:
-        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:
-            return full(chunk, role=role)
-        if not chunk.text and not role:
-            return None
-        if not chat:
-            offset[0] += len(chunk.text)
-        return (opening if role else before) + dumps(chunk.text, ensure_ascii=False).encode() + after
-
-    try:
-        if echo:
-            yield event(Chunk(text=echo), role=True) or b""
-        yield event(first if first is not None else Chunk(), role=not echo) or b""
-        async for chunk in gen.rest():
-            line = event(chunk, role=False)
-            if line:
-                yield line
-    except LocalrunError as exc:  # started already: the error travels in the stream
-        log.warning("stream of %s ended with an error: %s", gen.record.name, exc)
-        yield b"data: " + json.dumps(stream_error_line(exc)).encode() + b"\n\n"
-        return
-    yield (closing + dumps(_finish(gen, legacy)) + "}]}\n\n").encode()
-    if include_usage:
-        yield (head + ',"choices":[],"usage":' + dumps(usage_dict(gen.usage)) + "}\n\n").encode()
-    yield b"data: [DONE]\n\n"
+    return {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish_of(gen, legacy)}
 
 
 @documented(EmbeddingRequestBody, EmbeddingList)

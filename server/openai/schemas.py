@@ -175,41 +175,59 @@ class ChatCompletionRequest(Sampled):
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, capability) for every field set that needs a capability; the route
         refuses those whose capability the loaded runtime does not declare."""
-        found: list[tuple[str, str]] = []
-        if self.tools:
-            found.append(("tools", "tools"))
-        if self.tool_choice not in (None, "none", "auto"):
-            found.append(("tool_choice", "tools"))
-        if self.functions or self.function_call not in (None, "none", "auto"):
-            found.append(("functions" if self.functions else "function_call", "tools"))
-        if self.response_format is not None and self.response_format.type != "text":
-            found.append(("response_format", "json_schema"))
-        if self.logprobs or self.top_logprobs:
-            found.append(("logprobs" if self.logprobs else "top_logprobs", "logprobs"))
-        if self.modalities and set(self.modalities) - {"text"} or self.audio is not None:
-            found.append(("modalities" if self.audio is None else "audio", "audio_output"))
+        found = [(field, need) for field, need, asked in self._asks() if asked]
         for i, m in enumerate(self.messages):
-            if m.role in ("tool", "function") or m.tool_calls or m.function_call:
-                found.append((f"messages[{i}]", "tools"))
-            if isinstance(m.content, list):  # media parts need what they hold: the converter's MediaReader says
-                for j, part in enumerate(m.content):
-                    if part.type not in ("text", "input_text", *MEDIA_PARTS):
-                        found.append((f"messages[{i}].content[{j}]", part.type))
-            if m.audio is not None:
-                found.append((f"messages[{i}].audio", "audio_output"))
+            found.extend(_message_needs(i, m))
         found.extend(_common_unsupported(self))
         for name in ("prediction", "web_search_options", "verbosity"):  # reasoning_effort: a budget (server.reasoning)
             if getattr(self, name) is not None:
                 found.append((name, name))
-        if self.store:
-            found.append(("store", "store"))
-        if self.chat_template_kwargs:
-            found.append(("chat_template_kwargs", "chat_template_kwargs"))
-        if self.add_generation_prompt is False:
-            found.append(("add_generation_prompt", "add_generation_prompt"))
-        if self.continue_final_message:
-            found.append(("continue_final_message", "continue_final_message"))
+        found.extend((field, field) for field, asked in self._extensions() if asked)
         return found
+
+    def _asks(self) -> tuple[tuple[str, str, bool], ...]:
+        """(field, capability, whether it is asked) for the top-level fields that need one."""
+        fmt = self.response_format
+        return (
+            ("tools", "tools", bool(self.tools)),
+            ("tool_choice", "tools", self.tool_choice not in (None, "none", "auto")),
+            (
+                "functions" if self.functions else "function_call",
+                "tools",
+                bool(self.functions) or self.function_call not in (None, "none", "auto"),
+            ),
+            ("response_format", "json_schema", fmt is not None and fmt.type != "text"),
+            ("logprobs" if self.logprobs else "top_logprobs", "logprobs", bool(self.logprobs or self.top_logprobs)),
+            (
+                "modalities" if self.audio is None else "audio",
+                "audio_output",
+                bool(self.modalities and set(self.modalities) - {"text"}) or self.audio is not None,
+            ),
+        )
+
+    def _extensions(self) -> tuple[tuple[str, bool], ...]:
+        """The extensions that are their own capability, and whether each is asked."""
+        return (
+            ("store", bool(self.store)),
+            ("chat_template_kwargs", bool(self.chat_template_kwargs)),
+            ("add_generation_prompt", self.add_generation_prompt is False),
+            ("continue_final_message", bool(self.continue_final_message)),
+        )
+
+
+def _message_needs(i: int, m: ChatMessage) -> list[tuple[str, str]]:
+    """What a history message needs: tools for a call or a result, audio output for an audio
+    turn, and an unknown content part's own type (media parts: the converter's MediaReader says)."""
+    found: list[tuple[str, str]] = []
+    if m.role in ("tool", "function") or m.tool_calls or m.function_call:
+        found.append((f"messages[{i}]", "tools"))
+    if isinstance(m.content, list):
+        for j, part in enumerate(m.content):
+            if part.type not in ("text", "input_text", *MEDIA_PARTS):
+                found.append((f"messages[{i}].content[{j}]", part.type))
+    if m.audio is not None:
+        found.append((f"messages[{i}].audio", "audio_output"))
+    return found
 
 
 class CompletionRequestBody(Sampled):

@@ -31,6 +31,7 @@ from localrun.server.responses.convert import ToolSet, conversation, needs, pars
 from localrun.server.responses.output import Draft, EventWriter, new_id, output_items, status_of, usage_object
 from localrun.server.responses.schemas import ResponsesRequest
 from localrun.server.responses.store import ResponseStore
+from localrun.server.streams import stream_tail
 from localrun.types import ChatRequest
 
 log = logging.getLogger(__name__)
@@ -180,27 +181,19 @@ async def _keep(store: ResponseStore | None, rid: str, body: ResponsesRequest, r
 
 
 async def _events(gen: Generation, first, writer: EventWriter, body: ResponsesRequest, keep) -> AsyncIterator[bytes]:
-    yield writer.start()
-    try:
-        chunks = [first] if first is not None else []
-        for chunk in chunks:
-            piece = _piece(writer, chunk)
-            if piece:
-                yield piece
-        async for chunk in gen.rest():
-            piece = _piece(writer, chunk)
-            if piece:
-                yield piece
-    except LocalrunError as exc:  # started already: the failure travels in the stream
-        log.warning("responses stream of %s ended with an error: %s", gen.record.name, exc)
-        data, _ = writer.fail(exc)
+    async def finish() -> AsyncIterator[bytes]:
+        data, response = writer.finish(
+            _calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts)
+        )
+        await _keep(keep, writer.draft.rid, body, response)  # before the last event: a client may continue at once
         yield data
-        return
-    data, response = writer.finish(
-        _calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts)
-    )
-    await _keep(keep, writer.draft.rid, body, response)  # before the last event: a client may continue at once
-    yield data
+
+    yield writer.start()
+    opening = [first] if first is not None else []
+    async for out in stream_tail(
+        gen, opening, lambda chunk: (_piece(writer, chunk),), failed=lambda exc: writer.fail(exc)[0], finish=finish
+    ):
+        yield out
 
 
 def _piece(writer: EventWriter, chunk) -> bytes:

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from localrun.server.metrics import Metrics, RequestStats
-from localrun.server.openai.routes import usage_dict
+from localrun.server.openai.choices import usage_dict
 from localrun.types import Usage
 from tests.conftest import needs_llama
 from tests.support.servers import free_port

@@ -308,7 +308,7 @@ def test_a_runtime_without_tools_refuses_legacy_functions_naming_the_field(serve
 
 def test_several_calls_answer_the_first_and_log_the_rest_as_dropped(caplog):
     """The legacy shape carries one call; a model that made more has the rest dropped, said at info."""
-    from localrun.server.openai import routes as openai_api
+    from localrun.server.openai import events as openai_api
 
     calls = tuple(
         {"id": f"call_{n}", "type": "function", "function": {"name": n, "arguments": f'{{"n": "{n}"}}'}}
@@ -316,18 +316,18 @@ def test_several_calls_answer_the_first_and_log_the_rest_as_dropped(caplog):
     )
     gen = types.SimpleNamespace(tool_calls=calls, record=types.SimpleNamespace(name="tiny"), finish_reason="tool_calls")
     with caplog.at_level(logging.INFO, logger=openai_api.log.name):
-        assert openai_api._function_call(gen) == {"name": "get_weather", "arguments": '{"n": "get_weather"}'}
+        assert openai_api.function_call(gen) == {"name": "get_weather", "arguments": '{"n": "get_weather"}'}
     (record,) = [r for r in caplog.records if r.name == openai_api.log.name]
     assert record.levelno == logging.INFO and "dropped" in record.getMessage()
     assert "get_time" in record.getMessage() and "add" in record.getMessage()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=openai_api.log.name):
         assert (
-            openai_api._function_call(types.SimpleNamespace(**{**vars(gen), "tool_calls": calls[:1]}))["name"]
+            openai_api.function_call(types.SimpleNamespace(**{**vars(gen), "tool_calls": calls[:1]}))["name"]
             == "get_weather"
         )
     assert not caplog.records
-    assert openai_api._finish(gen, True) == "function_call" and openai_api._finish(gen, False) == "tool_calls"
+    assert openai_api.finish_of(gen, True) == "function_call" and openai_api.finish_of(gen, False) == "tool_calls"
 
 
 # --- llama.cpp: a forced function_call is a valid call by grammar -------------------------------------

@@ -30,6 +30,8 @@ and :attr:`LocalrunError.exit_code`, the TUI to a notification.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class LocalrunError(Exception):
     """Base of every error localrun raises on purpose."""
@@ -47,12 +49,12 @@ class LocalrunError(Exception):
     def __str__(self) -> str:
         return f"{self.message} — {self.hint}" if self.hint else self.message
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A plain form that crosses the worker pipe and rebuilds the same class."""
         return {"kind": type(self).__name__, "message": self.message, "hint": self.hint, "param": self.param}
 
     @staticmethod
-    def from_dict(data: dict) -> LocalrunError:
+    def from_dict(data: dict[str, Any]) -> LocalrunError:
         cls = ERRORS_BY_NAME.get(data.get("kind", ""), LocalrunError)
         return cls(data.get("message", "unknown error"), hint=data.get("hint"), param=data.get("param"))
 
@@ -177,6 +179,5 @@ class AccessDenied(LocalrunError):
     exit_code = 10
 
 
-ERRORS_BY_NAME: dict[str, type[LocalrunError]] = {
-    cls.__name__: cls for cls in [LocalrunError, *LocalrunError.__subclasses__()]
-}
+_ERROR_CLASSES: list[type[LocalrunError]] = [LocalrunError, *LocalrunError.__subclasses__()]
+ERRORS_BY_NAME: dict[str, type[LocalrunError]] = {cls.__name__: cls for cls in _ERROR_CLASSES}

@@ -12,17 +12,20 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+if TYPE_CHECKING:
+    from platformdirs import PlatformDirs
 
 APP_NAME = "localrun"
 #: Not 11434 (Ollama), 1234 (LM Studio), 8080 (llama-server, mlx_lm, llamafile) or 8000 (mlc, llama_cpp.server).
 DEFAULT_PORT = 8739
 
 
-def _dirs():
+def _dirs() -> PlatformDirs:
     from platformdirs import PlatformDirs
 
     return PlatformDirs(APP_NAME, appauthor=False)

@@ -12,6 +12,7 @@ import binascii
 import dataclasses
 import enum
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,7 +406,7 @@ class Cancel:
         return self._event.is_set()
 
 
-def fold(chunks) -> tuple[str, str | None, Usage]:
+def fold(chunks: Iterable[Chunk]) -> tuple[str, str | None, Usage]:
     """Join a chunk stream into (text, finish_reason, usage): the non-streaming answer."""
     parts: list[str] = []
     finish, usage = None, Usage()

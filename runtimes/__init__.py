@@ -9,8 +9,12 @@ Its order is the order ``localrun hw`` lists the runtimes.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from localrun.errors import UnknownRuntime
+
+if TYPE_CHECKING:
+    from localrun.runtimes.base import Runtime
 
 REGISTRY: dict[str, str] = {
     "llama.cpp": "localrun.runtimes.llamacpp.session:LlamaCppRuntime",
@@ -26,7 +30,7 @@ def runtime_names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def runtime_class(name: str):
+def runtime_class(name: str) -> type[Runtime]:
     """The class of a runtime, for its class attributes (``formats``, ``listed``…) without an instance.
 
     Raises:
@@ -37,10 +41,11 @@ def runtime_class(name: str):
     except KeyError:
         raise UnknownRuntime(f"no runtime named {name!r}", hint="try one of: " + ", ".join(runtime_names())) from None
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    found: type[Runtime] = getattr(importlib.import_module(module), cls)
+    return found
 
 
-def get_runtime(name: str):
+def get_runtime(name: str) -> Runtime:
     """Instantiate a runtime by name; a wrong name lists the right ones."""
     return runtime_class(name)()
 

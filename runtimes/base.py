@@ -9,10 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from localrun.errors import UnsupportedFeature
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+from localrun.types import (
+    Cancel,
+    ChatRequest,
+    Chunk,
+    CompletionRequest,
+    Format,
+    ModelRecord,
+    Plan,
+)
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile  # plain data; the planner's, typed only
 
 #: Optional session methods (``serve_<name>``) the server reaches through the worker's one
 #: ``call`` op, with why each exists. A session that lacks one answers a 400 naming it; a name
@@ -41,7 +52,7 @@ class RuntimeStatus:
     devices: tuple[str, ...] = ()
     reason: str | None = None  # why not available, or a caveat
     fix: str | None = None  # the command that would make it available
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -64,7 +75,7 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-def call_extra(session, runtime: str, method: str, args: dict) -> object:
+def call_extra(session: Any, runtime: str, method: str, args: dict[str, Any]) -> object:
     """Run one of :data:`EXTRAS` on ``session``.
 
     Raises:
@@ -91,7 +102,7 @@ class Runtime(Protocol):
     #: the fake, which runs only when asked for by name.
     listed: ClassVar[bool] = True
 
-    def probe(self, hw=None) -> RuntimeStatus:
+    def probe(self, hw: HardwareProfile | None = None) -> RuntimeStatus:
         """Whether it can run here, and if not why and what would fix it; ``hw`` is a
         HardwareProfile or None. May raise on a bug: the caller turns that into a status.
         Implementations add keyword-only hooks (an importer, an environment) for tests."""

@@ -45,7 +45,7 @@ import random
 import re
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localrun import __version__
 from localrun.chat import tools as toolcalls
@@ -76,6 +76,9 @@ _FILLER = (
     "the quick brown fox jumps over a lazy dog while seven small llamas count tokens "
     "under a quiet sky and nobody minds the weather"
 ).split()
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
 _TOKEN = re.compile(r"\s*\S+")
 EMBED_DIM = 16
 
@@ -92,7 +95,7 @@ class FakeRuntime:
     #: Not probed, never chosen for a model by the planner: only ``--runtime fake`` runs it.
     listed: ClassVar[bool] = False
 
-    def probe(self, hw=None) -> RuntimeStatus:
+    def probe(self, hw: HardwareProfile | None = None) -> RuntimeStatus:
         return RuntimeStatus(
             name=self.name,
             available=True,
@@ -255,10 +258,10 @@ class FakeSession:
             return fake_tokenize(head)
         if sampling.temperature and sampling.temperature > 0:
             rng = random.Random(sampling.seed)
-            filler = [rng.choice(_FILLER) for _ in range(self._reply_words)]
+            words = [rng.choice(_FILLER) for _ in range(self._reply_words)]
         else:
-            filler = [_FILLER[i % len(_FILLER)] for i in range(self._reply_words)]
-        return fake_tokenize(head + " " + " ".join(filler))
+            words = [_FILLER[i % len(_FILLER)] for i in range(self._reply_words)]
+        return fake_tokenize(head + " " + " ".join(words))
 
     def _generate(
         self,
@@ -285,7 +288,15 @@ class FakeSession:
             return self._choices(tokens, head, sampling, cancel, extra_stops, filler)
         return self._stream(tokens, self._answer_tokens(head, sampling, filler), sampling, cancel, extra_stops)
 
-    def _choices(self, tokens, head, sampling, cancel, extra_stops, filler) -> Iterator[Chunk]:
+    def _choices(
+        self,
+        tokens: list[str],
+        head: str,
+        sampling: Sampling,
+        cancel: Cancel,
+        extra_stops: tuple[str, ...],
+        filler: bool,
+    ) -> Iterator[Chunk]:
         produced = 0
         for i in range(sampling.n):
             own = dataclasses.replace(sampling, n=1, seed=None if sampling.seed is None else sampling.seed + i)

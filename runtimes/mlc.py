@@ -22,9 +22,9 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable
 from localrun.jsonfile import NotAJsonObject, read_json_object
@@ -32,6 +32,9 @@ from localrun.runtimes.base import RuntimeStatus
 from localrun.runtimes.openai_compat.supervisor import SupervisedServer, SupervisedSession
 from localrun.runtimes.openai_compat.wire import refuse_media, sampling_to_openai
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +55,14 @@ def _dist_version() -> str | None:
     return None
 
 
-def mlc_command(plan: Plan | None = None, *, env: dict[str, str] | None = None) -> list[str]:
+def mlc_command(plan: Plan | None = None, *, env: Mapping[str, str] | None = None) -> list[str]:
     """The command that runs MLC's CLI: the plan's ``mlc_command``, ``$LOCALRUN_MLC_COMMAND``,
     ``mlc_llm`` on PATH, or ``python -m mlc_llm`` when only the package is installed.
 
     Raises:
         RuntimeUnavailable: MLC is not installed.
     """
-    env = os.environ if env is None else env
+    env = os.environ if env is None else env  # a Mapping either way
     configured = (plan.options.get("mlc_command") if plan else None) or env.get(COMMAND_ENV)
     if configured:
         return list(configured) if isinstance(configured, (list, tuple)) else shlex.split(str(configured))
@@ -153,7 +156,14 @@ class MlcRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.MLC})
     in_worker: ClassVar[bool] = False
 
-    def probe(self, hw=None, *, env=None, find_spec=None, which=None) -> RuntimeStatus:
+    def probe(
+        self,
+        hw: HardwareProfile | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        find_spec: Callable[[str], Any] | None = None,
+        which: Callable[[str], str | None] | None = None,
+    ) -> RuntimeStatus:
         """Installed is enough: importing mlc_llm loads TVM, slow and sometimes toolchain-bound.
 
         Looks where :func:`mlc_command` looks, in its order (the configured command, ``mlc_llm``

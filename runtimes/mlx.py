@@ -27,9 +27,9 @@ import importlib
 import importlib.metadata
 import importlib.util
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localrun.chat import tools
 from localrun.errors import (
@@ -56,6 +56,9 @@ from localrun.types import (
     Sampling,
     Usage,
 )
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +129,7 @@ class _PrefillCancelled(Exception):
     """Raised from mlx-lm's prefill progress callback to stop between prefill chunks."""
 
 
-def _device_kind(mx, device, hw) -> str:
+def _device_kind(mx: Any, device: Any, hw: HardwareProfile | None) -> str:
     """``metal``, ``cuda`` or ``cpu`` for MLX's default device: the hardware profile says which GPU
     when there is one; without it, MLX's own Metal check (``gpu`` when neither tells)."""
     if "gpu" not in str(device):  # "Device(gpu, 0)" / "Device(cpu, 0)"
@@ -142,7 +145,13 @@ class MlxRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.MLX})
     in_worker: ClassVar[bool] = True
 
-    def probe(self, hw=None, *, import_module=None, find_spec=None) -> RuntimeStatus:
+    def probe(
+        self,
+        hw: HardwareProfile | None = None,
+        *,
+        import_module: Callable[[str], Any] | None = None,
+        find_spec: Callable[[str], Any] | None = None,
+    ) -> RuntimeStatus:
         """mlx.core is imported for its device; mlx-lm is only looked up (importing it pulls in
         transformers, about a second). ``import_module``/``find_spec`` replay a machine in tests."""
         import_module = import_module or importlib.import_module
@@ -350,7 +359,7 @@ class MlxSession:
                     usage = Usage(
                         prompt_tokens=len(prompt), completion_tokens=r.generation_tokens, cached_tokens=reused
                     )
-                logprobs: tuple = ()
+                logprobs: tuple[dict[str, Any], ...] = ()
                 if track is not None and track.entries:
                     logprobs = tuple(track.entries)
                     track.entries.clear()

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
@@ -58,6 +58,9 @@ from localrun.runtimes.ollama_wire import (
     shape_ollama_stream,
 )
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +108,7 @@ class OllamaRuntime:
     def _client(self, host: str | None = None, **kw: Any) -> OllamaClient:
         return OllamaClient(ollama_base_url(host or self._host), transport=self._transport, **kw)
 
-    def probe(self, hw=None, *, env: Mapping[str, str] | None = None) -> RuntimeStatus:
+    def probe(self, hw: HardwareProfile | None = None, *, env: Mapping[str, str] | None = None) -> RuntimeStatus:
         """An Ollama server reachable, its version and models. The host is this runtime's, else
         ``OLLAMA_HOST`` from ``env`` (default: the process environment); the transport is the
         runtime's, so tests replay every answer. Waits at most PROBE_TIMEOUT_S per request."""
@@ -275,9 +278,10 @@ class OllamaSession:
         )
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        return self.serve_embed_usage(texts)["embeddings"]
+        vectors: list[list[float]] = self.serve_embed_usage(texts)["embeddings"]
+        return vectors
 
-    def serve_embed_usage(self, inputs: Sequence[str]) -> dict:
+    def serve_embed_usage(self, inputs: Sequence[str]) -> dict[str, Any]:
         """Vectors and Ollama's own count of the tokens they took (``prompt_eval_count``)."""
         data = self._client.request(
             "POST",

@@ -24,9 +24,9 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localrun.errors import InvalidModelFile, ModelNotFound, RuntimeUnavailable, UnsupportedFeature
 from localrun.jsonfile import NotAJsonObject, read_json_object
@@ -36,6 +36,9 @@ from localrun.runtimes.openai_compat.supervisor import SupervisedServer, Supervi
 from localrun.runtimes.openai_compat.wire import chat_body, completion_body
 from localrun.runtimes.pieces import shape_stream
 from localrun.types import AUDIO, VISION, Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ DEFAULT_START_TIMEOUT_S = 900.0  # first start compiles CUDA graphs / warms the 
 GPU_MEMORY_UTILISATION = 0.90  # vLLM's own default share of each GPU
 
 
-def vllm_python(plan: Plan | None = None, *, env: dict[str, str] | None = None) -> str:
+def vllm_python(plan: Plan | None = None, *, env: Mapping[str, str] | None = None) -> str:
     """The interpreter that has vLLM.
 
     Raises:
@@ -125,7 +128,7 @@ class VllmRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.MLX})
     in_worker: ClassVar[bool] = False
 
-    def probe(self, hw=None, *, env=None) -> RuntimeStatus:
+    def probe(self, hw: HardwareProfile | None = None, *, env: Mapping[str, str] | None = None) -> RuntimeStatus:
         """Installed, and a CUDA GPU to run on (or ``LOCALRUN_VLLM_DEVICE=cpu`` for a CPU build).
 
         ``env`` (default: the process environment) replays a machine in tests.

@@ -68,7 +68,9 @@ def place(text: str, media: Sequence[Media]) -> str:
     return MEDIA_MARKER * len(media) + "\n" + strip_media_markers(text)
 
 
-def require_media_support(media: Sequence[Media], capabilities: Iterable[str], *, model: str, has_projector: bool):
+def require_media_support(
+    media: Sequence[Media], capabilities: Iterable[str], *, model: str, has_projector: bool
+) -> None:
     """Refuse media the loaded model cannot take, before the request is sent.
 
     Raises:

@@ -13,6 +13,7 @@ import contextvars
 import functools
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,42 +80,44 @@ def check_binop(op: str, left: Any, right: Any) -> None:
         raise TemplateError("the chat template uses a %-format with a huge or variable width")
 
 
-def checked_filter(check, original):
+def checked_filter(check: Callable[..., None], original: Callable[..., Any]) -> Callable[..., Any]:
     # Filters marked pass_environment / pass_eval_context get that object first.
     skip = 1 if getattr(original, "jinja_pass_arg", None) is not None else 0
 
     @functools.wraps(original)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         check(*args[skip:], **kwargs)
         return original(*args, **kwargs)
 
     return wrapper
 
 
-def _check_center(value="", width=80, *_a, **_k):
+def _check_center(value: Any = "", width: Any = 80, *_a: Any, **_k: Any) -> None:
     current_budget().check_size(int(width) if isinstance(width, int) else 0, "a centred string")
 
 
-def _check_indent(s="", width=4, *_a, **_k):
+def _check_indent(s: Any = "", width: Any = 4, *_a: Any, **_k: Any) -> None:
     pad = width if isinstance(width, int) else size_of(width)
     current_budget().check_size(size_of(s) + str(s).count("\n") * max(pad, 0) + pad, "an indented string")
 
 
-def _check_wordwrap(s="", width=79, break_long_words=True, wrapstring=None, *_a, **_k):
+def _check_wordwrap(
+    s: Any = "", width: Any = 79, break_long_words: Any = True, wrapstring: Any = None, *_a: Any, **_k: Any
+) -> None:
     current_budget().check_size(size_of(s) * (1 + size_of(wrapstring or "\n")), "a wrapped string")
 
 
-def _check_count_arg(value=None, n=1, *_a, **_k):
+def _check_count_arg(value: Any = None, n: Any = 1, *_a: Any, **_k: Any) -> None:
     if isinstance(n, int) and n > MAX_RANGE:
         raise TemplateError(f"the chat template asks for {n} groups, over the {MAX_RANGE} limit")
 
 
-def check_format(value="", *_a, **_k):
+def check_format(value: Any = "", *_a: Any, **_k: Any) -> None:
     if isinstance(value, str) and WIDE_FORMAT.search(value):
         raise TemplateError("the chat template uses a format with a huge or variable width")
 
 
-def _check_replace(*args, **kwargs):
+def _check_replace(*args: Any, **kwargs: Any) -> None:
     s, old, new = (list(args) + [kwargs.get("old", ""), kwargs.get("new", "")])[:3]
     _check_replace_sizes(str(s), str(old), str(new))
 
@@ -125,7 +128,7 @@ def _check_replace_sizes(s: str, old: str, new: str) -> None:
         current_budget().check_size(len(s) + hits * (len(new) - len(old)), "a replaced string")
 
 
-def _check_join(*args, **kwargs):
+def _check_join(*args: Any, **kwargs: Any) -> None:
     items, sep = (list(args) + [None, kwargs.get("d", "")])[:2]
     if isinstance(items, (list, tuple)):
         total = sum(size_of(x) for x in items) + size_of(sep) * len(items)
@@ -146,7 +149,7 @@ FILTER_CHECKS = {
 STR_WIDTH_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "to_bytes"})
 
 
-def check_method_call(obj: Any, args: tuple, kwargs: dict) -> None:
+def check_method_call(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Bound methods of str/bytes/int that allocate by an argument (``'a'.ljust(10**9)``,
     ``(1).to_bytes(10**9)``, ``s.replace('', big)``) are checked before they run."""
     owner = getattr(obj, "__self__", None)

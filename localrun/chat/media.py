@@ -161,7 +161,8 @@ class MediaReader:
             raise self._over(where, len(data), self.limits.max_bytes, "server.max_media_bytes")
         name = normal_mime(declared)
         if name is not None and name not in TYPES:
-            raise self._bad(where, f"declares type {declared[:64]!r}: not an image or audio type localrun reads")
+            what = f"declares type {(declared or '')[:64]!r}"
+            raise self._bad(where, f"{what}: not an image or audio type localrun reads")
         mime = sniff(data)
         if mime is None:
             raise self._bad(
@@ -223,7 +224,9 @@ class MediaReader:
         )
 
     @staticmethod
-    def _over(where: str, size: int, cap: int, setting: str, *, about: bool = False, whole: bool = False):
+    def _over(
+        where: str, size: int, cap: int, setting: str, *, about: bool = False, whole: bool = False
+    ) -> InvalidMedia:
         what = "the request's media come to" if whole else "is"
         approx = "about " if about else ""
         return InvalidMedia(

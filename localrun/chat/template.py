@@ -32,10 +32,10 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from localrun.chat.budget import (
     CURRENT_BUDGET,
@@ -50,6 +50,11 @@ from localrun.chat.budget import (
     current_budget,
 )
 from localrun.errors import TemplateError
+
+if TYPE_CHECKING:
+    from jinja2 import Environment, Template, nodes
+    from jinja2.parser import Parser
+    from jinja2.runtime import Context
 
 log = logging.getLogger(__name__)
 
@@ -70,33 +75,33 @@ class _GuardedIterable:
         self._inner = inner
 
     def __len__(self) -> int:
-        return len(self._inner)  # TypeError for iterators: LoopContext handles that
+        return len(self._inner)  # type: ignore[arg-type]  # TypeError for iterators: LoopContext handles that
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         budget = current_budget()
         for item in self._inner:
             budget.check_time()
             yield item
 
 
-def _pass_context(f):
+def _pass_context(f: Callable[..., Any]) -> Callable[..., Any]:
     # A context-taking filter is never folded at compile time, so the guard stays.
     from jinja2 import pass_context
 
     return pass_context(f)
 
 
-def _guard_iter_filter(_context, value):
+def _guard_iter_filter(_context: Any, value: Iterable[Any]) -> _GuardedIterable:
     return _GuardedIterable(value)
 
 
-def _guard_concat_filter(_context, parts):
+def _guard_concat_filter(_context: Any, parts: Iterable[Any]) -> str:
     strings = [str(p) for p in parts]
     current_budget().check_size(sum(map(len, strings)), "a string")
     return "".join(strings)
 
 
-def _rewrite(node):
+def _rewrite(node: nodes.Node) -> nodes.Node:
     """Wrap every for-loop iterable and replace every ``~`` concatenation with a guard."""
     from jinja2 import nodes
 
@@ -138,7 +143,7 @@ def _safe_range(*args: int) -> range:
 
 
 def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: Any = None, separators=None, sort_keys: bool = False
+    value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
     """``tojson`` as Hugging Face templates expect it: plain json.dumps, no HTML escaping."""
     if isinstance(indent, int) and indent > 32 or isinstance(indent, str) and len(indent) > 32:
@@ -147,7 +152,7 @@ def _tojson(
 
 
 @functools.lru_cache(maxsize=1)
-def _environment():
+def _environment() -> Environment:
     from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -158,7 +163,7 @@ def _environment():
 
         tags = {"generation"}
 
-        def parse(self, parser):
+        def parse(self, parser: Parser) -> nodes.Node:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.Scope(body, lineno=lineno)
@@ -166,27 +171,27 @@ def _environment():
     class BudgetedSandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"*", "**", "+", "%"})
 
-        def call_binop(self, context, operator, left, right):
+        def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
             check_binop(operator, left, right)
             return super().call_binop(context, operator, left, right)
 
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
+        def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's
             current_budget().check_time()
             check_method_call(__obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
-        def wrap_str_format(self, value):
+        def wrap_str_format(self, value: Any) -> Any:
             # str.format is handed out at attribute time, so its width check is here too.
             owner = getattr(value, "__self__", None)
             if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
                 check_format(owner)
             return super().wrap_str_format(value)
 
-        def getattr(self, obj, attribute):
+        def getattr(self, obj: Any, attribute: str) -> Any:
             current_budget().check_time()
             return super().getattr(obj, attribute)
 
-        def getitem(self, obj, argument):
+        def getitem(self, obj: Any, argument: Any) -> Any:
             current_budget().check_time()
             return super().getitem(obj, argument)
 
@@ -202,13 +207,13 @@ def _environment():
 
 
 @functools.lru_cache(maxsize=64)
-def _compile(source: str):
+def _compile(source: str) -> Template:
     """Parse, rewrite and compile once per distinct template string."""
     from jinja2 import TemplateSyntaxError
 
     env = _environment()
     try:
-        tree = _rewrite(env.parse(source))
+        tree = cast("nodes.Template", _rewrite(env.parse(source)))  # a Template stays one
         return env.template_class.from_code(env, env.compile(tree), env.make_globals(None), None)
     except TemplateSyntaxError as exc:
         raise TemplateError(f"the chat template does not parse: {exc.message} (line {exc.lineno})") from exc

@@ -107,7 +107,7 @@ def template_uses_tools(template: str | None) -> bool:
 
 def tool_style(template: str | None) -> ToolStyle:
     """The call format this template's model was trained on (Hermes for the fallback)."""
-    if not template_uses_tools(template):
+    if template is None or not template_uses_tools(template):
         return HERMES
     if "[TOOL_CALLS]" in template:
         return MISTRAL

@@ -27,10 +27,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import Overloaded
 from localrun.settings import UpstreamConfig, UpstreamSettings
+
+if TYPE_CHECKING:
+    from localrun.runtimes.openai_compat.client import OpenAIClient
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +46,7 @@ class UpstreamState:
 
     config: UpstreamConfig
     client: Any  # localrun.runtimes.openai_compat.client.OpenAIClient (or a test stand-in)
-    models: dict[str, dict] = field(default_factory=dict)  # model id -> its /v1/models entry
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # model id -> its /v1/models entry
     discovered: bool = False
     discovery_tried: bool = False
     discovery_error: str = ""
@@ -260,7 +263,7 @@ class UpstreamPool:
             self._cond.notify_all()
 
     # -- health --------------------------------------------------------------------------
-    def mark_failure(self, st: UpstreamState, model: str, error) -> None:
+    def mark_failure(self, st: UpstreamState, model: str, error: BaseException) -> None:
         """A request failed on ``st``: cool it down (connect, timeout, 5xx, stream, key) and probe it soon."""
         kind = getattr(error, "error_kind", "error")
         self.observe(st.name, model, "error", error_kind=kind)
@@ -328,7 +331,7 @@ class UpstreamPool:
             st.client.close()
 
 
-def make_client(cfg: UpstreamConfig, settings: UpstreamSettings):
+def make_client(cfg: UpstreamConfig, settings: UpstreamSettings) -> OpenAIClient:
     """The HTTP client of one upstream: its kind, key, timeouts and TLS trust."""
     from localrun.runtimes.openai_compat.client import OpenAIClient
     from localrun.runtimes.openai_compat.kinds import get_kind

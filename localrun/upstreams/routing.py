@@ -19,22 +19,27 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from localrun.types import Format, ModelRecord, Plan, Source
 from localrun.upstreams.pool import Route, UpstreamPool
 from localrun.upstreams.session import UpstreamSession, route_media
 
+if TYPE_CHECKING:
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
+
 log = logging.getLogger(__name__)
 
 
 def remote_record(pool: UpstreamPool, route: Route) -> ModelRecord:
-    entry: dict = {}
+    entry: dict[str, Any] = {}
     for name in route.upstreams:
         st = pool.get(name)
         if st is not None and route.model in st.models:
             entry = st.models[route.model]
             break
-    meta: dict = {"upstreams": list(route.upstreams), "upstream_model": route.model}
+    meta: dict[str, Any] = {"upstreams": list(route.upstreams), "upstream_model": route.model}
     ctx = entry.get("max_model_len") or entry.get("context_length")
     if isinstance(ctx, int) and ctx > 0:
         meta["context_length"] = ctx
@@ -67,7 +72,7 @@ class RemoteEntry:
     queue_limit: int  # every upstream's slots plus the server's queue
 
 
-def remote_entry(pool: UpstreamPool, route: Route, settings) -> RemoteEntry:
+def remote_entry(pool: UpstreamPool, route: Route, settings: Settings) -> RemoteEntry:
     """The entry for ``route``: room for every upstream's slots plus the queue."""
     record = remote_record(pool, route)
     plan = Plan(
@@ -126,7 +131,7 @@ LOCAL_CHECK_S = 2.0
 class RemoteModels:
     """The manager's upstream models: which name routes where, each a cached :class:`RemoteEntry`."""
 
-    def __init__(self, pool: UpstreamPool, store, settings):
+    def __init__(self, pool: UpstreamPool, store: ModelStore, settings: Settings) -> None:
         self.pool, self.store, self.settings = pool, store, settings
         self._entries: dict[str, RemoteEntry] = {}
         self._local_seen: dict[str, tuple[float, bool]] = {}

@@ -98,7 +98,7 @@ class UpstreamSession:
             yield from self._rest(st, first, pieces, started)
             return
 
-    def _rest(self, st: UpstreamState, first, pieces: Iterator[Any], started: float) -> Iterator[Any]:
+    def _rest(self, st: UpstreamState, first: Any, pieces: Iterator[Any], started: float) -> Iterator[Any]:
         outcome = "ok"
         try:
             if first is not None:
@@ -113,7 +113,13 @@ class UpstreamSession:
             self.pool.release(st)
             self.pool.observe(st.name, self.route.model, "done", seconds=time.perf_counter() - started, outcome=outcome)
 
-    def _stream(self, path: str, req, body, cancel: Cancel) -> Iterator[Chunk]:
+    def _stream(
+        self,
+        path: str,
+        req: ChatRequest | CompletionRequest,
+        body: Callable[[UpstreamState, str], dict[str, Any]],
+        cancel: Cancel,
+    ) -> Iterator[Chunk]:
         from localrun.runtimes.pieces import shape_stream
 
         key = affinity_key(_prompt_text(req), self.pool.settings.affinity_prefix_chars)
@@ -133,12 +139,12 @@ class UpstreamSession:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         return self._embed(texts)[0]
 
-    def serve_embed_usage(self, inputs: Sequence) -> dict:
+    def serve_embed_usage(self, inputs: Sequence[str]) -> dict[str, Any]:
         """Vectors with the upstream's own count of the tokens they took (the embeddings routes' usage)."""
         vectors, tokens = self._embed(inputs)
         return {"embeddings": vectors, "prompt_tokens": tokens}
 
-    def _embed(self, texts: Sequence) -> tuple[list[list[float]], int]:
+    def _embed(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
         from localrun.errors import UnsupportedFeature
 
         if "embeddings" not in self.capabilities:

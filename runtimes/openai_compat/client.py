@@ -112,7 +112,7 @@ def _usage(data: Any) -> Usage | None:
     )
 
 
-def _field(data: dict, outer: str, inner: str) -> Any:
+def _field(data: dict[str, Any], outer: str, inner: str) -> Any:
     part = data.get(outer)
     return part.get(inner) if isinstance(part, dict) else None
 
@@ -285,7 +285,7 @@ class OpenAIClient:
         value = data.get("localrun") or data.get("version") if isinstance(data, dict) else None
         return str(value) if value else None
 
-    def embeddings(self, texts: Sequence, *, model: str) -> tuple[list[list[float]], int]:
+    def embeddings(self, texts: Sequence[str], *, model: str) -> tuple[list[list[float]], int]:
         """The vectors, and the prompt tokens the server reports for them (0 when it reports none)."""
         try:
             response = self._http.post("/v1/embeddings", json={"model": model, "input": list(texts)})

@@ -40,7 +40,8 @@ MAX_RESTARTS = 3
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class SupervisedServer:
@@ -54,7 +55,7 @@ class SupervisedServer:
         self.record = record
         self.plan = plan
         self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.client: OpenAIClient | None = None
         self.model_id = str(record.path)
         self.port: int | None = None

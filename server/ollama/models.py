@@ -17,11 +17,11 @@ from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, NotAvailable, stream_error_line
 from localrun.server.fields import parse_body
 from localrun.server.generation import app_state
-from localrun.server.model_info import ollama_ps_entry, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.ollama import answers
 from localrun.server.ollama.errors import OLLAMA
 from localrun.server.ollama.schemas import ModelBody, PullBody
 from localrun.server.ollama.show import ollama_show
+from localrun.server.ollama.tags import ollama_ps_entry, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.openapi import NDJSON, documented
 
 log = logging.getLogger(__name__)

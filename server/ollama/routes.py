@@ -31,7 +31,6 @@ from localrun.server.generation import (
     request_stats,
 )
 from localrun.server.media_fetch import reader_for
-from localrun.server.model_info import iso
 from localrun.server.ollama import answers
 from localrun.server.ollama.context import CAPABILITY as CONTEXT_CAPABILITY
 from localrun.server.ollama.context import answer_context, with_context
@@ -45,6 +44,7 @@ from localrun.server.ollama.schemas import (
     Options,
 )
 from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
+from localrun.server.ollama.tags import iso
 from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
 from localrun.server.schemas import keep_alive_seconds

@@ -12,7 +12,7 @@ from typing import Any
 
 from localrun.modelstore.capabilities import capabilities, chat_template, scalars
 from localrun.modelstore.projector_facts import projector_facts
-from localrun.server.model_info import details, digest, iso
+from localrun.server.ollama.tags import details, digest, iso
 from localrun.types import ModelRecord
 
 #: Keys ``localrun import`` / ``/api/create`` record beside the pooling and template ones.

@@ -32,7 +32,6 @@ from localrun.server.generation import (
     session_call,
 )
 from localrun.server.media_fetch import reader_for, resolve_remote
-from localrun.server.model_info import openai_model, openai_upstream_model
 from localrun.server.openai import answers
 from localrun.server.openai.choices import (
     chat_logprobs,
@@ -45,6 +44,7 @@ from localrun.server.openai.choices import (
 )
 from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.events import finish_of, function_call, is_legacy, sse_events, tool_calls
+from localrun.server.openai.models import openai_model, openai_upstream_model
 from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields

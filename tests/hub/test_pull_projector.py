@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from localrun.cli import main
 from localrun.errors import InvalidModelFile, ModelNotFound, VerificationFailed
-from localrun.modelstore.projector import PROJECTOR_INFO, capabilities
+from localrun.modelstore.capabilities import media as capabilities
+from localrun.modelstore.projector import PROJECTOR_INFO
 from localrun.modelstore.pull import plan_pull, pull
 from localrun.types import META_PROJECTOR, VISION
 from tests.hub import repos
@@ -139,14 +140,14 @@ def test_cli_pull_ls_and_no_mmproj(vision_hub):
     assert "vision (projector mmproj-Seeing-Q8_0.gguf)" in " ".join(result.output.split())  # rich wraps at 80
     rows = json.loads(runner.invoke(main, ["ls", "--json"]).output)
     (row,) = rows
-    assert row["capabilities"] == ["vision"] and Path(row["projector"]).name == "mmproj-Seeing-Q8_0.gguf"
+    assert row["capabilities"] == ["completion", "vision"] and Path(row["projector"]).name == "mmproj-Seeing-Q8_0.gguf"
     table = runner.invoke(main, ["ls"], env={"COLUMNS": "200"}).output
-    assert "Media" in table and "vision" in table
+    assert "Capabilities" in table and "vision" in table
     result = runner.invoke(main, ["pull", "-y", "--no-mmproj", f"{VISION_REPO}:F16"])
     assert result.exit_code == 0 and "projector" not in result.output
     rows = {r["name"]: r for r in json.loads(runner.invoke(main, ["ls", "--json"]).output)}
     f16 = rows["visionorg/seeing-gguf:f16"]
-    assert f16["capabilities"] == [] and f16["projector"] is None
+    assert f16["capabilities"] == ["completion"] and f16["projector"] is None
 
 
 def test_rm_never_deletes_a_projector_paired_by_hand(vision_hub, store, hf_cache):

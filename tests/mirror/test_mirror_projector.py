@@ -71,7 +71,8 @@ def test_mirror_serves_both_files_and_a_pull_through_it_gets_the_pair(tmp_path):
         mp.stop()
     rows = {r["name"]: r for r in json.loads(_localrun(b, "ls", "--json"))}
     pulled = rows["visionorg/mirrored-gguf:q4_k_m"]
-    assert pulled["capabilities"] == ["vision"] and pulled["projector"].endswith("mmproj-Mirrored-Q8_0.gguf")
+    assert pulled["capabilities"] == ["completion", "vision"]
+    assert pulled["projector"].endswith("mmproj-Mirrored-Q8_0.gguf")
     omni = rows["local/omni:q8_0"]
-    assert omni["capabilities"] == ["vision", "audio"] and omni["projector"].endswith("mmproj-omni.gguf")
+    assert omni["capabilities"] == ["completion", "vision", "audio"] and omni["projector"].endswith("mmproj-omni.gguf")
     assert "ok" in _localrun(b, "verify")

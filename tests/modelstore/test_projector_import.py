@@ -45,7 +45,7 @@ def test_import_with_mmproj_pairs_in_place(files):
     assert rec.metadata[META_PROJECTOR] == str(proj) and [e.path for e in rec.files] == [str(model), str(proj)]
     assert rec.metadata[PROJECTOR_INFO]["owned"] is False and not rec.owned
     (row,) = json.loads(_invoke("ls", "--json").output)
-    assert row["capabilities"] == ["vision", "audio"] and row["projector"] == str(proj)
+    assert row["capabilities"] == ["completion", "vision", "audio"] and row["projector"] == str(proj)
     # importing the same pair again is a no-op; verify hashes both files (trust on first verify)
     assert _invoke("import", str(model), "--mmproj", str(proj), "--name", "seeing").exit_code == 0
     assert _invoke("verify", "seeing").exit_code == 0

@@ -108,3 +108,44 @@ def test_the_official_clients_read_them_from_a_live_server(paired, live_factory)
     extra = {m.id: m.model_extra for m in models}
     assert extra["tiny-vision"]["modalities"] == {"vision": True, "audio": False}
     assert "multimodal" in extra["tiny-vision"]["capabilities"] and "multimodal" not in extra["tiny"]["capabilities"]
+
+
+#: A template that reads ``tools`` and writes reasoning markers: a model that calls tools and thinks.
+THINKING_TOOLS_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
+    "{% if tools %}<|tools|>{{ tools | tojson }}{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|><think>{% endif %}"
+)
+
+
+def test_every_front_end_reports_the_same_capabilities(paired, client, tmp_path):
+    """``localrun ls``, the TUI's library, /v1/models and /api/show all ask modelstore/capabilities.py
+    (issue 32): a model with a projector and one whose template calls tools and thinks."""
+    import json
+
+    from click.testing import CliRunner
+
+    from localrun.cli import main
+    from localrun.tui.backend import LocalBackend
+    from localrun.tui.library import read_rows
+    from tests.factories import write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "thinker.gguf", chat_template=THINKING_TOOLS_TEMPLATE)
+    paired.store.import_path(path, name="thinker")
+    expected = {
+        "tiny-omni": ["completion", "vision", "audio"],
+        "thinker": ["completion", "tools", "thinking"],
+    }
+    shown = {name: _show(client, name)["capabilities"] for name in expected}
+    listed = {m["id"]: m["capabilities"] for m in client.get("/v1/models").json()["data"]}
+    rows = json.loads(CliRunner().invoke(main, ["ls", "--json"], env={"COLUMNS": "200"}).output)
+    in_ls = {r["name"]: r["capabilities"] for r in rows}
+    library = {
+        r.name: list(r.capabilities) for r in read_rows(LocalBackend(store=paired.store, manager=paired.manager))
+    }
+    for name, caps in expected.items():
+        assert shown[name] == caps
+        # /v1/models adds llama-server's "multimodal" for a model with a projector, which its clients look for
+        assert [c for c in listed[name] if c != "multimodal"] == caps
+        assert in_ls[name] == caps
+        assert library[name] == caps

@@ -1,18 +1,18 @@
-"""How a stored or loaded model is described on the wire (OpenAI and Ollama shapes).
-
-Plain functions over ``ModelRecord`` and the manager's ``loaded()`` dicts, so the two
-APIs and the admin routes say the same thing about a model.
-"""
+"""How a model is listed on Ollama's wire: ``/api/tags`` and ``/api/ps`` entries, and the
+details, digest and times ``/api/show`` shares with them."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localrun.modelstore.capabilities import media
 from localrun.modelstore.identity import registration_digest, tagged
 from localrun.types import ModelRecord
+
+if TYPE_CHECKING:
+    from localrun.manager import CatalogEntry, ModelManager
+    from localrun.settings import Settings
 
 #: A time far away for "never unloads", as Ollama reports pinned models.
 _FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.UTC)
@@ -22,13 +22,6 @@ def iso(ts: float | None = None) -> str:
     """RFC 3339 in UTC with a Z, as Go's time.Time marshals it."""
     when = dt.datetime.fromtimestamp(time.time() if ts is None else ts, tz=dt.UTC)
     return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def context_length(record: ModelRecord) -> int | None:
-    """The context the model was trained for, where its metadata says."""
-    meta = record.metadata or {}
-    value = meta.get("context_length")
-    return value if isinstance(value, int) and value > 0 else None
 
 
 def _parameter_size(n: Any) -> str:
@@ -53,7 +46,7 @@ def details(record: ModelRecord) -> dict[str, Any]:
     }
 
 
-def config_overrides(settings, name: str) -> dict[str, Any]:
+def config_overrides(settings: Settings | None, name: str) -> dict[str, Any]:
     """What config.toml's ``[models."*"]`` and ``[models."NAME"]`` override for ``name`` (None: nothing)."""
     configured = getattr(settings, "models", None) or {}
     out: dict[str, Any] = {}
@@ -64,38 +57,12 @@ def config_overrides(settings, name: str) -> dict[str, Any]:
     return out
 
 
-def digest(record: ModelRecord, settings=None) -> str:
+def digest(record: ModelRecord, settings: Settings | None = None) -> str:
     """The registration's digest (see :func:`localrun.modelstore.identity.registration_digest`)."""
     return registration_digest(record, config_overrides(settings, record.name))
 
 
-def modalities(record: ModelRecord) -> dict[str, bool]:
-    """What the model takes besides text, in llama-server's ``/props`` shape (its projector's header)."""
-    takes = media(record)
-    return {"vision": "vision" in takes, "audio": "audio" in takes}
-
-
-def openai_model(record: ModelRecord, loaded: dict | None, capabilities: list[str] | None = None) -> dict[str, Any]:
-    """One /v1/models entry. ``capabilities`` (Ollama's names, as /api/show has them) gain
-    llama-server's ``multimodal`` for a model with a projector, which its clients look for."""
-    entry: dict[str, Any] = {
-        "id": record.name,
-        "object": "model",
-        "created": int(record.added_at or 0),
-        "owned_by": "localrun",
-        "context_length": context_length(record),
-        "loaded": loaded is not None,
-    }
-    if loaded is not None:
-        entry["loaded_context_length"] = loaded.get("n_ctx")
-    if capabilities is not None:
-        media = modalities(record)
-        entry["capabilities"] = [*capabilities, *(["multimodal"] if any(media.values()) else [])]
-        entry["modalities"] = media
-    return entry
-
-
-def ollama_tag(record: ModelRecord, settings=None) -> dict[str, Any]:
+def ollama_tag(record: ModelRecord, settings: Settings | None = None) -> dict[str, Any]:
     """One model as /api/tags lists it: named ``NAME:latest`` when untagged, as Ollama's are (its
     clients send that name back, and it resolves); localrun's own name under "localrun"."""
     return {
@@ -109,7 +76,9 @@ def ollama_tag(record: ModelRecord, settings=None) -> dict[str, Any]:
     }
 
 
-def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any], settings=None) -> dict[str, Any]:
+def ollama_ps_entry(
+    record: ModelRecord | None, info: dict[str, Any], settings: Settings | None = None
+) -> dict[str, Any]:
     """One loaded model as /api/ps shows it, with localrun's own view under "localrun"."""
     memory = info.get("memory_bytes") or (record.size if record else 0)
     on_gpu = str(info.get("device", "cpu")).lower() not in ("cpu", "")
@@ -130,20 +99,12 @@ def ollama_ps_entry(record: ModelRecord | None, info: dict[str, Any], settings=N
     }
 
 
-def upstream_listing(manager, records) -> list:
+def upstream_listing(manager: ModelManager, records: list[ModelRecord]) -> list[CatalogEntry]:
     """The upstream entries of the manager's catalog, listed beside ``records`` (the local store's)."""
     return [e for e in manager.catalog(records) if e.upstreams]
 
 
-def openai_upstream_model(entry) -> dict[str, Any]:
-    """An upstream model (a catalog entry) in /v1/models: owned by ``upstream:NAME``, with its health."""
-    model = openai_model(entry.record, None)
-    model["owned_by"] = "upstream:" + ",".join(entry.upstreams)
-    model["upstream"] = {"names": list(entry.upstreams), "model": entry.upstream_model, "health": entry.health}
-    return model
-
-
-def ollama_upstream_tag(entry) -> dict[str, Any]:
+def ollama_upstream_tag(entry: CatalogEntry) -> dict[str, Any]:
     tag = ollama_tag(entry.record)
     tag["localrun"] = {
         "name": entry.record.name,

@@ -20,6 +20,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from localrun.errors import InvalidModelFile
 from localrun.modelstore.names import shard_name, split_shard_name
@@ -53,7 +54,7 @@ class ProjectorInfo:
     def capabilities(self) -> tuple[str, ...]:
         return tuple(c for c, on in ((VISION, self.vision), (AUDIO, self.audio)) if on)
 
-    def as_meta(self, *, owned: bool) -> dict:
+    def as_meta(self, *, owned: bool) -> dict[str, Any]:
         """The record's cached copy. ``owned`` False: a file paired by hand that `rm` must leave."""
         d = dataclasses.asdict(self)
         d.pop("path")
@@ -98,7 +99,7 @@ def find_projector_sibling(paths: Iterable[str], primary: str) -> str | None:
     )
 
 
-def _positive(value) -> int | None:
+def _positive(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -203,26 +204,9 @@ def foreign_projector(record: ModelRecord) -> str | None:
     return None
 
 
-def capabilities(record: ModelRecord) -> tuple[str, ...]:
-    """("vision",), ("audio",), both or (): from the cached header facts, else the header itself.
-
-    A projector the record names but whose header cannot be read still says vision: the pairing
-    is the store's claim, ``verify`` and loading say what is wrong with the file, and a model
-    that silently stopped listing vision would only hide it."""
-    path = projector_path(record)
-    if path is None:
-        return ()
-    info = record.metadata.get(PROJECTOR_INFO)
-    if isinstance(info, dict) and ("vision" in info or "audio" in info):
-        return tuple(c for c in (VISION, AUDIO) if info.get(c) is True)
-    try:
-        return read_projector(path).capabilities
-    except (InvalidModelFile, OSError) as exc:
-        logger.info("%s: projector unreadable (still listed as vision): %s", record.name, exc)
-        return (VISION,)
-
-
-def pair_found(record: ModelRecord, projector: str | os.PathLike[str], *, sha256: str | None, where: str):
+def pair_found(
+    record: ModelRecord, projector: str | os.PathLike[str], *, sha256: str | None, where: str
+) -> ModelRecord:
     """Discovery's pairing: another tool's projector beside its model, never owned; a file that
     is not a projector for this model is logged and left out (the model is still listed)."""
     try:

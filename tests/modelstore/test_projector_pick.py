@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from localrun.errors import InvalidModelFile, ModelNotFound
+from localrun.modelstore.capabilities import media as capabilities
 from localrun.modelstore.projector import (
     PROJECTOR_INFO,
-    capabilities,
     check_fits,
     find_projector_sibling,
     pair,

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fastapi import Request
 
 from localrun.chat.reasoning import ChunkSplitter, ReasoningFormat, asplit_chunks, detect_format, template_of
 from localrun.errors import UnsupportedFeature
 from localrun.server.errors import InvalidRequest
 from localrun.server.generation import Generation, app_state
 from localrun.types import ChatRequest
+
+if TYPE_CHECKING:
+    from localrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ def effort_ask(effort: str | None, field: str) -> ReasoningAsk:
         raise InvalidRequest(str(exc), param=field) from None
 
 
-def think_reasoning(request, gen: Generation, req: ChatRequest, think) -> None:
+def think_reasoning(request: Request, gen: Generation, req: ChatRequest, think: bool | str | None) -> None:
     """Ollama's ``think``: true (no bound), false (no reasoning), or a level word (a budget).
     Asking a model without a reasoning channel to think is a 400, as Ollama answers."""
     if think is None:
@@ -85,7 +91,7 @@ def think_reasoning(request, gen: Generation, req: ChatRequest, think) -> None:
         )
 
 
-def reasoning_fields(reasoning: str, settings) -> dict:
+def reasoning_fields(reasoning: str, settings: Settings | None) -> dict[str, str]:
     """The OpenAI message/delta fields for reasoning text: ``reasoning_content``, ``reasoning`` or both
     (``server.reasoning_field``), nothing when there is none."""
     if not reasoning:
@@ -95,7 +101,7 @@ def reasoning_fields(reasoning: str, settings) -> dict:
     return {name: reasoning for name in names}
 
 
-def enable_reasoning(request, gen: Generation, req: ChatRequest, ask: ReasoningAsk) -> ReasoningFormat | None:
+def enable_reasoning(request: Request, gen: Generation, req: ChatRequest, ask: ReasoningAsk) -> ReasoningFormat | None:
     """Split the reasoning off ``gen``'s chunks (and bound it); None when the model has no reasoning channel."""
     fmt = detect_format(template_of(gen.record, gen.plan))
     if fmt is None:

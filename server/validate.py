@@ -39,7 +39,7 @@ def refuse_lone_surrogates(raw: bytes, data: Any) -> None:
     )
 
 
-def _find(value: Any, path: tuple) -> tuple | None:
+def _find(value: Any, path: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """The location of the first lone surrogate under ``value``, or None (iterative: bodies nest deep)."""
     stack = [(value, path)]
     while stack:

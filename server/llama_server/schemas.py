@@ -149,8 +149,10 @@ class NativeEmbeddingBody(Strict):
     #: 2 (Euclidean, llama-server's default) is what localrun does to pooled vectors; other norms are a 400.
     embd_normalize: Literal[2] | None = None
 
-    def inputs(self) -> list:
+    def inputs(self) -> list[str | list[int]]:
         c = self.content
-        if isinstance(c, str) or (c and isinstance(c[0], int)):
+        if isinstance(c, str):
             return [c]
-        return list(c)
+        if c and isinstance(c[0], int):  # one prompt of token ids
+            return [[i for i in c if isinstance(i, int)]]
+        return [i for i in c if not isinstance(i, int)]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import Any
 
 from starlette.requests import Request
 
 from localrun.errors import LocalrunError
-from localrun.server.generation import app_state
+from localrun.server.generation import Generation, app_state
 from localrun.types import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ log = logging.getLogger(__name__)
 CAPABILITY = "token_prompts"
 
 
-def _call(request: Request, model: str, method: str, args: dict):
+def _call(request: Request, model: str, method: str, args: dict[str, Any]) -> Awaitable[dict[str, Any]]:
     return asyncio.to_thread(app_state(request).manager.call, model, method, args)
 
 
@@ -52,7 +54,9 @@ async def with_context(
     return CompletionRequest(prompt=text, sampling=req.sampling, prompt_tokens=(*context, *ids))
 
 
-async def answer_context(request: Request, gen, req: ChatRequest | CompletionRequest, answer: str) -> list[int] | None:
+async def answer_context(
+    request: Request, gen: Generation, req: ChatRequest | CompletionRequest, answer: str
+) -> list[int] | None:
     """Prompt ids + answer ids for the last chunk; None where the runtime cannot tokenize."""
     if CAPABILITY not in (gen.stream.capabilities or ()):
         return None

@@ -3,6 +3,9 @@ objects, often without an id), the core's OpenAI-shaped calls out."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from localrun.chat.media import MediaReader, ollama_placement
 from localrun.chat.tool_calls import arguments_object, openai_calls
 from localrun.server.convert import inline_media
@@ -32,7 +35,7 @@ def with_images(
     return ollama_placement(strip_media_markers(content), media)
 
 
-def ollama_tool_calls(calls) -> list[dict]:
+def ollama_tool_calls(calls: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI-shaped calls as Ollama writes them: arguments as an object."""
     out = []
     for i, c in enumerate(calls):

@@ -8,12 +8,15 @@ carries the GGUF keys with their architecture prefix (``llama.context_length``,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.modelstore.capabilities import capabilities, chat_template, scalars
 from localrun.modelstore.projector_facts import projector_facts
 from localrun.server.ollama.tags import details, digest, iso
 from localrun.types import ModelRecord
+
+if TYPE_CHECKING:
+    from localrun.settings import Settings
 
 #: Keys ``localrun import`` / ``/api/create`` record beside the pooling and template ones.
 META_SYSTEM = "localrun.system"
@@ -65,10 +68,13 @@ def parameters_text(params: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def ollama_show(record: ModelRecord, loaded: dict | None, *, verbose: bool, settings=None) -> dict[str, Any]:
+def ollama_show(
+    record: ModelRecord, loaded: dict[str, Any] | None, *, verbose: bool, settings: Settings | None = None
+) -> dict[str, Any]:
     meta = record.metadata or {}
     system = meta.get(META_SYSTEM) or ""
-    params = meta.get(META_PARAMETERS) if isinstance(meta.get(META_PARAMETERS), dict) else {}
+    found = meta.get(META_PARAMETERS)
+    params: dict[str, Any] = found if isinstance(found, dict) else {}
     modelfile = f"# localrun model {record.name}\nFROM {record.path}\n"
     if system:
         modelfile += f'SYSTEM """{system}"""\n'

@@ -263,7 +263,10 @@ class CompletionRequestBody(Sampled):
         p = self.multimodal_prompt() or self.prompt
         if isinstance(p, (str, MultimodalPrompt)) or isinstance(p[0], str):
             return None
-        return list(p[0]) if isinstance(p[0], list) else list(p)
+        first = p[0]
+        if isinstance(first, list):
+            return list(first)
+        return [i for i in p if isinstance(i, int)]
 
     def prompt_text(self) -> str:
         """The prompt's text as the client sent it (a multimodal prompt's ``prompt_string``, markers and all)."""

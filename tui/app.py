@@ -14,7 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -49,6 +49,11 @@ from localrun.tui.metering import RequestLogEntry, RequestMeter
 from localrun.tui.modals import PortModal
 from localrun.tui.server_view import ServerScreen
 
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
+
 log = logging.getLogger(__name__)
 
 LOG_KEEP = 500
@@ -57,7 +62,7 @@ RATE_KEEP = 120
 ERROR_REPEAT_S = 30.0
 
 
-class LocalrunApp(App):
+class LocalrunApp(App[None]):
     """Library, Discover, Hardware, Server and Chat over one store and one ModelManager."""
 
     CSS_PATH = "localrun.tcss"
@@ -81,20 +86,20 @@ class LocalrunApp(App):
     ]
 
     server_state: reactive[ServerState] = reactive(ServerState, init=False)
-    loaded: reactive[tuple] = reactive(tuple, init=False)
+    loaded: reactive[tuple[Any, ...]] = reactive(tuple, init=False)
     facts: reactive[Any] = reactive(None, init=False)
-    downloads: reactive[tuple] = reactive(tuple, init=False)
+    downloads: reactive[tuple[Any, ...]] = reactive(tuple, init=False)
     models_version: reactive[int] = reactive(0, init=False)
 
     def __init__(
         self,
         *,
-        settings,
-        manager=None,
-        store=None,
+        settings: Settings,
+        manager: ModelManager | None = None,
+        store: ModelStore | None = None,
         backend: Backend | None = None,
         serve: bool = True,
-        facts: tuple[Any, dict] | None = None,
+        facts: tuple[Any, dict[str, Any]] | None = None,
         backend_error: str | None = None,
         log_path: str | None = None,
         poll_s: float = 1.0,
@@ -117,7 +122,7 @@ class LocalrunApp(App):
         self.poll_s = poll_s
         self.default_model = default_model
         #: What the upstreams served at the last poll (name, health, models); only the poll worker touches it.
-        self._upstreams_seen: tuple = ()
+        self._upstreams_seen: tuple[Any, ...] = ()
         self.owned_manager = None
         self.embedded: EmbeddedServer | None = None
         self.request_log: deque[RequestLogEntry] = deque(maxlen=LOG_KEEP)
@@ -310,7 +315,7 @@ class LocalrunApp(App):
             self.show_error(event.worker.error, doing=event.worker.name)
 
     # -- command palette ---------------------------------------------------------------------
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for number, (mode, label) in enumerate(TABS, 1):
             yield SystemCommand(

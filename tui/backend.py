@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from localrun.errors import LocalrunError, UnsupportedFeature
 from localrun.manager import CatalogEntry
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
+
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +148,7 @@ class LocalBackend:
     mode: ClassVar[str] = "embedded"
     can_plan: ClassVar[bool] = True
 
-    def __init__(self, *, store, manager) -> None:
+    def __init__(self, *, store: ModelStore, manager: ModelManager) -> None:
         self.store = store
         self.manager = manager
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class LocalrunScreen(Screen):
+class LocalrunScreen(Screen[Any]):
     """A tab of the app: header on top, footer with its bindings below."""
 
     TAB: ClassVar[str] = ""
@@ -70,7 +70,7 @@ class LocalrunScreen(Screen):
         group: str = "ops",
         exclusive: bool = False,
         **kwargs: Any,
-    ) -> Worker:
+    ) -> Worker[Any]:
         """Run ``fn`` in a thread; on return post a Notice (``done``) and ModelsChanged if asked."""
         app = self.app
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from textual import getters, on
 from textual.app import ComposeResult
@@ -41,6 +43,9 @@ from localrun.tui.format import human_bytes
 from localrun.types import Cancel, ChatRequest, Media, ModelRecord, Sampling
 from localrun.types import Message as ChatMessage
 
+if TYPE_CHECKING:
+    from localrun.chat.reasoning import ReasoningFormat
+
 log = logging.getLogger(__name__)
 
 #: How often the worker hands tokens to the UI at most.
@@ -57,7 +62,7 @@ class ChatSettings:
 def parse_sampling(temperature: str, top_p: str, max_tokens: str) -> Sampling:
     """The three inputs as Sampling; ConfigError names the field that is wrong."""
 
-    def number(text: str, what: str, lo: float, hi: float, cast=float):
+    def number(text: str, what: str, lo: float, hi: float, cast: Callable[[str], float] = float) -> float:
         try:
             value = cast(text.strip())
         except ValueError:
@@ -71,7 +76,7 @@ def parse_sampling(temperature: str, top_p: str, max_tokens: str) -> Sampling:
     return Sampling(
         temperature=number(temperature, "temperature", 0.0, 2.0),
         top_p=number(top_p, "top_p", 0.0, 1.0),
-        max_tokens=number(max_tokens, "max tokens", 1, 1_000_000, int),
+        max_tokens=int(number(max_tokens, "max tokens", 1, 1_000_000, int)),
     )
 
 
@@ -275,7 +280,7 @@ class ChatScreen(LocalrunScreen):
         await self.transcript.mount_all([label, body])
         return body
 
-    def _reasoning_format(self, model: str):
+    def _reasoning_format(self, model: str) -> ReasoningFormat | None:
         """The model's reasoning format, once per request (from its plan's template when the backend plans)."""
         record = self._records.get(model)
         if record is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from functools import partial
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -24,10 +25,10 @@ class ModelCommands(Provider):
         records = await asyncio.to_thread(backend.list_models)
         self._names = [r.name for r in records]
 
-    def _commands(self) -> list[tuple[str, object, str]]:
+    def _commands(self) -> list[tuple[str, Callable[[], None], str]]:
         app = self.app
         loaded = {m.name for m in getattr(app, "loaded", ())}
-        out = []
+        out: list[tuple[str, Callable[[], None], str]] = []
         for name in self._names:
             if name in loaded:
                 out.append((f"Unload {name}", partial(self._run, "unload", name), "free its memory now"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import getters, on
@@ -31,13 +32,18 @@ from localrun.tui.messages import DownloadState
 from localrun.tui.offers import Offer, cached_repos, offers_from_cache, offers_from_files
 from localrun.tui.tables import fit_columns
 
+if TYPE_CHECKING:
+    from textual import events
+
+    from localrun.tui.backend import Backend
+
 log = logging.getLogger(__name__)
 
 
 class SearchBox(Input):
     """The search input; while it is empty, the digits 1–5 still switch screens."""
 
-    async def _on_key(self, event) -> None:
+    async def _on_key(self, event: events.Key) -> None:
         from localrun.tui.header import TABS
 
         if (
@@ -96,7 +102,7 @@ class DiscoverScreen(LocalrunScreen):
     def __init__(self) -> None:
         super().__init__()
         self._offers: dict[str, Offer] = {}
-        self._cache: dict[str, list] = {}
+        self._cache: dict[str, list[Any]] = {}
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="search-row"):
@@ -334,7 +340,7 @@ class DiscoverScreen(LocalrunScreen):
         fit_columns(table)
 
 
-def _fit(backend, offer: Offer) -> tuple[str | None, str | None]:
+def _fit(backend: Backend, offer: Offer) -> tuple[str | None, str | None]:
     """The planner's verdict for a file not downloaded yet, from its size and quant."""
     if backend is None or not getattr(backend, "can_plan", False):
         return None, None

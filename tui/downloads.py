@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import Cancelled, LocalrunError
 from localrun.tui.messages import DownloadState, DownloadUpdated, ModelsChanged, Notice
@@ -20,6 +20,9 @@ from localrun.types import Cancel
 
 if TYPE_CHECKING:
     from textual.app import App
+
+    from localrun.modelstore.download import Progress as FileProgress
+    from localrun.modelstore.store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ KEEP_FINISHED = 8
 class Downloads:
     """The app's pulls: start, cancel, and the states the header and Discover show."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: App[Any]) -> None:
         self._app = app
         self._cancels: dict[str, Cancel] = {}
         self._states: dict[str, DownloadState] = {}
@@ -42,7 +45,7 @@ class Downloads:
     def active_refs(self) -> list[str]:
         return [ref for ref, c in self._cancels.items() if not c.is_set()]
 
-    def start(self, ref: str, *, store) -> bool:
+    def start(self, ref: str, *, store: ModelStore) -> bool:
         """Pull ``ref`` into ``store`` in the background; False if it is already being pulled."""
         if ref in self._cancels:
             self._app.notify(f"{ref} is already being pulled", timeout=3)
@@ -61,13 +64,13 @@ class Downloads:
         app.run_worker(job, thread=True, group="pull", name=f"pull {ref}", exit_on_error=False)
         return True
 
-    def _pull(self, ref: str, store, cancel: Cancel) -> None:
+    def _pull(self, ref: str, store: ModelStore, cancel: Cancel) -> None:
         from localrun.modelstore.pull import pull
 
         app = self._app
         rows: dict[str, DownloadState] = {"": DownloadState(f"{ref}|", ref, "")}
 
-        def progress(p) -> None:
+        def progress(p: FileProgress) -> None:
             if cancel.is_set():
                 raise Cancelled(f"pull of {ref} cancelled", hint="pull again to resume from the bytes already on disk")
             note = {"checking": "checking the cached copy…", "waiting": "waiting for another pull of this file…"}.get(

@@ -14,9 +14,15 @@ import errno
 import logging
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import RuntimeUnavailable
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from localrun.manager import ModelManager
+    from localrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +121,16 @@ def find_free_port(host: str, start: int, *, tries: int = 50) -> int | None:
 class EmbeddedServer:
     """The FastAPI app from ``create_app`` served by uvicorn as a task of the running loop."""
 
-    def __init__(self, settings, manager, *, host: str, port: int, middleware=None) -> None:
+    def __init__(
+        self, settings: Settings, manager: ModelManager, *, host: str, port: int, middleware: Any = None
+    ) -> None:
         self.settings = settings
         self.manager = manager
         self.host = host
         self.port = port
         self._middleware = middleware
         self._server = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self.exit_error: str | None = None
 
     @property
@@ -133,7 +141,7 @@ class EmbeddedServer:
     def running(self) -> bool:
         return self._task is not None and not self._task.done() and bool(self._server and self._server.started)
 
-    def build_app(self):
+    def build_app(self) -> FastAPI:
         try:
             from localrun.server.app import create_app
         except ImportError as exc:

@@ -8,25 +8,31 @@ it starts with the reason on screen (the Hardware screen still works).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import LocalrunError
+
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import Settings
+    from localrun.tui.app import LocalrunApp
 
 log = logging.getLogger(__name__)
 
 
 def make_app(
-    settings=None,
+    settings: Settings | None = None,
     *,
-    manager=None,
-    store=None,
+    manager: ModelManager | None = None,
+    store: ModelStore | None = None,
     serve: bool = True,
-    facts: tuple[Any, dict] | None = None,
-    planner=None,
+    facts: tuple[Any, dict[str, Any]] | None = None,
+    planner: Any = None,
     log_path: str | None = None,
     poll_s: float = 1.0,
     default_model: bool = False,
-):
+) -> LocalrunApp:
     """A ready-to-run ``LocalrunApp``; ``app.owned_manager`` is the manager made here (the
     caller shuts it down after the app exits, see :func:`close_app`)."""
     from localrun.settings import load_settings
@@ -62,7 +68,7 @@ def make_app(
     return app
 
 
-def close_app(app) -> None:
+def close_app(app: LocalrunApp) -> None:
     """Stop what ``make_app`` started: the manager's workers (the server stops with the app)."""
     backend = getattr(app, "backend", None)
     if backend is not None and getattr(backend, "mode", "") == "attached":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from rich.text import Text
 
@@ -34,7 +35,7 @@ def human_bytes(n: int | float | None) -> str:
     return f"{size:.1f} TB"  # pragma: no cover - the loop always returns
 
 
-def cache_cell(cache: dict | None, tier: str) -> str:
+def cache_cell(cache: dict[str, Any] | None, tier: str) -> str:
     """One tier of a model's prompt cache as ``ps`` shows it: prefixes, tokens, bytes ("-": no cache).
 
     RAM counts the slots that hold a prefix and the host-RAM entries; its bytes are the host

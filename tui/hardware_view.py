@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import getters, on
@@ -13,10 +15,13 @@ from textual.widgets import DataTable, Static
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.tables import fit_columns
 
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
+
 log = logging.getLogger(__name__)
 
 
-def profile_lines(hw, statuses=None) -> list[str]:
+def profile_lines(hw: HardwareProfile, statuses: Mapping[str, Any] | None = None) -> list[str]:
     """The hardware module's own lines, and the llama.cpp build's backend, so the CLI and the TUI say the same."""
     from localrun.planning.facts import backend_lines
     from localrun.planning.hardware import hardware_lines
@@ -43,7 +48,7 @@ class HardwareScreen(LocalrunScreen):
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self._show(self.lapp.facts))
         self.runtimes.focus()
 
-    def _show(self, facts) -> None:
+    def _show(self, facts: Any) -> None:
         if facts is None:
             return
         hw, statuses = facts

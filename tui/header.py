@@ -8,6 +8,7 @@ mouse and keyboard both reach every screen.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
@@ -46,7 +47,7 @@ class AppHeader(Widget):
     AppHeader #header-pulls { width: auto; padding: 0 1; color: $accent; }
     """
 
-    def __init__(self, active: str, **kwargs) -> None:
+    def __init__(self, active: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.active = active
 
@@ -100,7 +101,7 @@ class AppHeader(Widget):
     def on_resize(self) -> None:
         self._refresh_status()
 
-    def _refresh_status(self, *_args) -> None:
+    def _refresh_status(self, *_args: object) -> None:
         self.query_one("#header-status", Static).update(self.status_text(self.size.width or 200))
         pulling = {d.ref for d in (getattr(self.app, "downloads", ()) or ()) if d.active}
         pulls = self.query_one("#header-pulls", Static)

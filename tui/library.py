@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import getters, on
@@ -25,6 +25,9 @@ from localrun.tui.format import human_bytes, human_duration, verdict_badge
 from localrun.tui.modals import ConfirmModal
 from localrun.tui.tables import fit_columns
 from localrun.types import ModelRecord, Plan
+
+if TYPE_CHECKING:
+    from localrun.tui.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ SORT_KEYS: dict[str, Callable[[LibraryRow], Any]] = {
 }
 
 
-def read_rows(backend) -> list[LibraryRow]:
+def read_rows(backend: Backend) -> list[LibraryRow]:
     """Every model with its plan; a model the planner refuses keeps its row, with the reason."""
     rows = []
     for entry in backend.catalog():
@@ -289,7 +292,9 @@ class LibraryScreen(LocalrunScreen):
             self.notify("No model selected", severity="warning", timeout=3)
         return name
 
-    def _start(self, name: str, busy: str, description: str, fn, *args, **kwargs) -> Worker:
+    def _start(
+        self, name: str, busy: str, description: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Worker[Any]:
         self._busy[name] = busy
         self._render_rows()
         return self.run_blocking(description, fn, *args, changes_models=True, group=f"model:{name}", **kwargs)

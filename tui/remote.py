@@ -64,7 +64,7 @@ class RemoteBackend:
         self.url = url.rstrip("/")
         self._client = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout_s, connect=3.0))
 
-    def _call(self, method: str, path: str, **kw) -> Any:
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
         import httpx
 
         try:
@@ -86,7 +86,7 @@ class RemoteBackend:
         models = self._call("GET", "/api/tags").get("models", [])
         return sorted((_entry_from_tag(m) for m in models), key=lambda e: e.name)
 
-    def upstreams(self) -> list[dict]:
+    def upstreams(self) -> list[dict[str, Any]]:
         return list(self._call("GET", "/admin/status").get("upstreams", []))
 
     def plan(self, record: ModelRecord) -> Plan | None:

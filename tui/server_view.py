@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import getters
@@ -20,12 +21,15 @@ from localrun.tui.format import cache_cell, clock, human_bytes, human_duration, 
 from localrun.tui.metering import RequestLogEntry
 from localrun.tui.tables import fit_columns
 
+if TYPE_CHECKING:
+    from localrun.settings import Settings
+
 log = logging.getLogger(__name__)
 
 SPARK_POINTS = 60
 
 
-def mirror_line(state, settings) -> str:
+def mirror_line(state: Any, settings: Settings) -> str:
     """What the hub mirror (``server.mirror``) offers other machines, or how to turn it on."""
     if settings.server.mirror:
         return (
@@ -38,7 +42,7 @@ def mirror_line(state, settings) -> str:
     )
 
 
-def address_line(state, settings) -> str:
+def address_line(state: Any, settings: Settings) -> str:
     server = settings.server
     cors = " + ".join((["local pages"] if server.cors_local_origins else []) + list(server.cors_origins)[:3]) or "off"
     if state.mode == "embedded":
@@ -66,7 +70,7 @@ def speculation_note(drafted: int, accepted: int) -> str:
     return f" · drafts {100 * accepted / drafted:.0f} % kept, {accepted:,} tokens saved"
 
 
-def log_cells(e: RequestLogEntry) -> tuple:
+def log_cells(e: RequestLogEntry) -> tuple[str | Text, ...]:
     ttft = f"{e.ttft_s * 1000:.0f} ms" if e.ttft_s is not None else "—"
     rate = f"{e.tok_s:.1f}" if e.tok_s else "—"
     return (
@@ -86,7 +90,7 @@ UPSTREAM_POLL_S = 2.0
 _HEALTH_STYLE = {"up": "green", "cooldown": "yellow", "down": "bold red", "unknown": "dim"}
 
 
-def upstream_cells(u: dict) -> tuple:
+def upstream_cells(u: dict[str, Any]) -> tuple[str | Text, ...]:
     """One upstream as the Server screen's table shows it (from the pool's status dicts)."""
     latency = f"{u['latency_ms']:.0f} ms" if u.get("latency_ms") is not None else "—"
     health = u["health"] + (f" {u['cooldown_left_s']:.0f}s" if u["health"] == "cooldown" else "")
@@ -156,10 +160,10 @@ class ServerScreen(LocalrunScreen):
         self.lapp.request_signal.unsubscribe(self)
         self.lapp.rate_signal.unsubscribe(self)
 
-    def _show_address(self, state) -> None:
+    def _show_address(self, state: Any) -> None:
         self.address.update(address_line(state, self.lapp.settings))
 
-    def _show_loaded(self, loaded) -> None:
+    def _show_loaded(self, loaded: Any) -> None:
         table = self.models
         keep = self._selected()
         table.clear()
@@ -198,7 +202,7 @@ class ServerScreen(LocalrunScreen):
 
         self.run_worker(job, thread=True, group="upstreams", exclusive=True, name="read upstreams", exit_on_error=False)
 
-    def _show_upstreams(self, rows: list[dict]) -> None:
+    def _show_upstreams(self, rows: list[dict[str, Any]]) -> None:
         table = self.upstream_table
         table.display = bool(rows)
         table.clear()

@@ -11,14 +11,18 @@ agrees with it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from rich.measure import Measurement
 from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def _width(console, cell: object) -> int:
+
+def _width(console: Console, cell: object) -> int:
     renderable = Text(cell) if isinstance(cell, str) else cell
     if not hasattr(renderable, "__rich_measure__") and not hasattr(renderable, "__rich_console__"):
         renderable = Text(str(renderable))
@@ -26,7 +30,7 @@ def _width(console, cell: object) -> int:
 
 
 def fit_columns(
-    table: DataTable, rows: Iterable[RowKey | str] | None = None, columns: Iterable[str] | None = None
+    table: DataTable[Any], rows: Iterable[RowKey | str] | None = None, columns: Iterable[str] | None = None
 ) -> None:
     """Size the auto-width columns to their widest cell and header.
 

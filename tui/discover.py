@@ -340,7 +340,7 @@ class DiscoverScreen(LocalrunScreen):
         fit_columns(table)
 
 
-def _fit(backend: Backend, offer: Offer) -> tuple[str | None, str | None]:
+def _fit(backend: Backend | None, offer: Offer) -> tuple[str | None, str | None]:
     """The planner's verdict for a file not downloaded yet, from its size and quant."""
     if backend is None or not getattr(backend, "can_plan", False):
         return None, None

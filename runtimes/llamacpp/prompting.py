@@ -153,8 +153,8 @@ class Prompting:
 
     def chat_text(
         self,
-        messages: Sequence,
-        variables: dict | None = None,
+        messages: Sequence[Any],
+        variables: dict[str, Any] | None = None,
         *,
         add_generation_prompt: bool = True,
         continue_final: bool = False,
@@ -193,8 +193,8 @@ class Prompting:
 
     def chat_prompt(
         self,
-        messages: Sequence,
-        variables: dict | None = None,
+        messages: Sequence[Any],
+        variables: dict[str, Any] | None = None,
         *,
         add_generation_prompt: bool = True,
         continue_final: bool = False,

@@ -197,7 +197,7 @@ class LlamaCppSession:
             | {"reasoning_budget", "slots"}  # slots: llama-server's id_slot and /slots (slot_api.py)
         )
 
-    def _load_drafter(self, mode: str):
+    def _load_drafter(self, mode: str) -> Any:
         """The draft model the plan names, for ``auto`` (but not under exact_prefix) and ``draft``."""
         layout, plan = self.layout, self.plan
         if mode not in ("auto", "draft") or (mode == "auto" and layout.exact_prefix):
@@ -290,7 +290,7 @@ class LlamaCppSession:
         return self.prompting.tokenize(text, add_special=add_special)
 
     def chat_prompt(
-        self, messages: Sequence, variables: dict | None = None, *, add_generation_prompt: bool = True
+        self, messages: Sequence[Any], variables: dict[str, Any] | None = None, *, add_generation_prompt: bool = True
     ) -> tuple[list[int] | MediaPrompt, tuple[str, ...]]:
         """The conversation's tokens and the stop strings its format adds (:meth:`Prompting.chat_prompt`)."""
         return self.prompting.chat_prompt(messages, variables, add_generation_prompt=add_generation_prompt)

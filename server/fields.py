@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -133,12 +133,12 @@ def _is_union_tag(part: Any) -> bool:
     return part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper() or "[" in part or "-" in part
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     """NaN and Infinity are not JSON (Python's parser accepts them; clients' never send them)."""
     raise ValueError(f"{name} is not a JSON value")
 
 
-def drop_unknown(request: Request, data: dict, schema: type[BaseModel]) -> dict:
+def drop_unknown(request: Request, data: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:
     """``data`` without the top-level names ``schema`` does not know; they are noted for the
     header and the log, or a 400 in strict mode."""
     known = known_fields(schema)
@@ -207,10 +207,11 @@ def note_ignored(request: Request, names: list[str]) -> None:
 SAMPLING_CAPABILITIES = ("frequency_penalty", "presence_penalty", "logit_bias", "grammar", "ignore_eos", "min_tokens")
 
 
-def sampling_unsupported(req) -> list[tuple[str, str]]:
+def sampling_unsupported(req: BaseModel) -> list[tuple[str, str]]:
     """(field, capability) for the sampling extensions ``req`` sets (any schema that has them)."""
     found = [(name, name) for name in SAMPLING_CAPABILITIES if getattr(req, name, None)]
-    if getattr(req, "typical_p", None) is not None and req.typical_p < 1:
+    typical = getattr(req, "typical_p", None)
+    if typical is not None and typical < 1:
         found.append(("typical_p", "typical_p"))
     if getattr(req, "json_schema", None) is not None:
         found.append(("json_schema", "json_schema"))

@@ -27,10 +27,12 @@ import logging
 from urllib.parse import urljoin, urlsplit
 
 import httpx
+from starlette.requests import Request
 
 from localrun import __version__
 from localrun.chat.media import MediaLimits, MediaReader, RemoteMedia, shown
 from localrun.errors import InvalidMedia
+from localrun.settings import ServerSettings
 from localrun.types import Media, Message
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 MAX_REDIRECTS = 5
 
 
-def reader_for(request) -> MediaReader:
+def reader_for(request: Request) -> MediaReader:
     """A reader for one request's media under the app's caps (``server.max_media_*``)."""
     return MediaReader(MediaLimits.of(request.app.state.settings.server))
 
@@ -76,7 +78,9 @@ def refuse_unallowed(item: RemoteMedia, patterns: list[str]) -> None:
     )
 
 
-async def resolve_remote(reader: MediaReader, messages: tuple[Message, ...], server) -> tuple[Message, ...]:
+async def resolve_remote(
+    reader: MediaReader, messages: tuple[Message, ...], server: ServerSettings
+) -> tuple[Message, ...]:
     """``messages`` with every :class:`RemoteMedia` placeholder replaced by its fetched, checked file.
 
     Every URL's host is checked before anything is fetched; the fetches run concurrently.

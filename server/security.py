@@ -87,7 +87,13 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 _PORT = re.compile(r"[0-9]{1,5}")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _DUPLICATE = "\x00duplicate"  # a header sent twice: never a valid value
-_GONE = object()
+
+
+class _Gone:
+    """What the body reader returns when the client left before sending the whole body."""
+
+
+_GONE = _Gone()
 
 
 def is_loopback_host(host: str) -> bool:
@@ -195,7 +201,7 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        problem = self._check_key(scope)
+        problem: LocalrunError | None = self._check_key(scope)
         if problem is not None and path == LIVENESS_PATH and scope["method"] in ("GET", "HEAD"):
             # Probes carry no key: they get liveness only (the route reads this flag), never a 401.
             scope[AUTHENTICATED_KEY] = False
@@ -224,21 +230,21 @@ class RequestGuard:
                 response.headers["connection"] = "close"  # the rest of the body is never read
                 await response(scope, receive, send)
                 return
-            if body is _GONE:
+            if isinstance(body, _Gone):
                 return  # the client left before sending the whole body: nothing to answer
             if body is None:
-                exc = BodyTooLarge(
+                too_large = BodyTooLarge(
                     f"the request body is larger than {self.max_body_bytes} bytes",
                     hint="send a smaller request or raise server.max_body_bytes",
                 )
-                await scope_error_response(exc, scope)(scope, receive, send)
+                await scope_error_response(too_large, scope)(scope, receive, send)
                 return
             receive = _replay(body, receive)
             if access_log.isEnabledFor(logging.DEBUG):
                 _note_requested_model(scope, body)
         await self.app(scope, receive, send)
 
-    def _check_key(self, scope: Scope):
+    def _check_key(self, scope: Scope) -> Unauthorized | None:
         if self.api_key is None:
             return None
         auth = _header(scope, b"authorization") or ""
@@ -256,7 +262,7 @@ class RequestGuard:
             hint="send the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>') with the server's API key",
         )
 
-    def _check_body_headers(self, scope: Scope):
+    def _check_body_headers(self, scope: Scope) -> LocalrunError | None:
         method = scope["method"]
         length = _header(scope, b"content-length")
         if length is not None:
@@ -279,7 +285,7 @@ class RequestGuard:
                 )
         return None
 
-    async def _read_body(self, receive: Receive):
+    async def _read_body(self, receive: Receive) -> bytes | _Gone | None:
         """The whole body; None when it outgrows the limit; _GONE when the client left."""
         parts: list[bytes] = []
         size = 0

@@ -36,6 +36,7 @@ from localrun.server.generation import app_state, session_call
 from localrun.server.llama_server.routes import pick_model
 from localrun.server.openapi import documented
 from localrun.server.schemas import ModelName, Strict
+from localrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class SlotList(RootModel[list[SlotRow]]):
     pass
 
 
-def slot_folder(settings) -> Path:
+def slot_folder(settings: Settings) -> Path:
     """The slot folder, made (owner-only) if it is not there yet."""
     folder = Path(settings.server.slot_save_path or Path(settings.cache_dir) / "slots").expanduser()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -136,7 +137,7 @@ def _slot_id(raw: str) -> int:
 
 @documented(answer=SlotList, query=("model", "fail_on_no_slot"))
 @router.get("/slots")
-async def get_slots(request: Request):
+async def get_slots(request: Request) -> Any:
     """Each slot of the model (``?model=``), as llama-server lists them; ``?fail_on_no_slot=1``
     answers 503 when none is idle."""
     model = await pick_model(request, request.query_params.get("model"))
@@ -148,7 +149,7 @@ async def get_slots(request: Request):
 
 @documented(SlotFileBody, SlotActionAnswer, query=("action", "model"))
 @router.post("/slots/{id_slot}")
-async def post_slot(request: Request, id_slot: str):
+async def post_slot(request: Request, id_slot: str) -> Any:
     """Save, restore or erase slot ``id_slot`` (``?action=``); save and restore name a file."""
     raw = await request.body()  # the body first, as on every route: what is wrong in it is named
     body = await parse_body(request, SlotFileBody) if raw.strip() else SlotFileBody()

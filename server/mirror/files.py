@@ -10,12 +10,18 @@ Nothing here compresses: ``Content-Encoding`` other than identity breaks every h
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
+from collections.abc import Callable
 
 import anyio
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from localrun.modelstore.hub import RemoteFile
+from localrun.modelstore.hub_catalog import StatKey
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +58,7 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     return start, end
 
 
-def stat_key(st: os.stat_result) -> tuple:
+def stat_key(st: os.stat_result) -> StatKey:
     """Must equal :func:`localrun.modelstore.hub_catalog._stat_key`: the good key is compared."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -73,9 +79,9 @@ class FileSlice:
         *,
         status: int,
         headers: dict[str, str],
-        good_key: tuple,
-        on_changed,
-        refuse,
+        good_key: StatKey,
+        on_changed: Callable[[], None],
+        refuse: Callable[[], Response],
     ) -> None:
         self.disk, self.start, self.end, self.status = disk, start, end, status
         self.headers, self.good_key, self.on_changed, self.refuse = headers, good_key, on_changed, refuse
@@ -137,7 +143,9 @@ class GrowingFile:
     body stops short, so a client never holds a complete-looking wrong file.
     """
 
-    def __init__(self, partial: str, size: int, *, headers: dict[str, str], done, expect) -> None:
+    def __init__(
+        self, partial: str, size: int, *, headers: dict[str, str], done: asyncio.Future[str], expect: RemoteFile
+    ) -> None:
         self.partial, self.size, self.headers, self.done, self.expect = partial, size, headers, done, expect
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -26,7 +26,8 @@ import anyio
 from localrun.errors import DownloadFailed, LocalrunError, ModelNotFound
 from localrun.modelstore.hfcache import CacheLayout, listing_from_cache
 from localrun.modelstore.hub import HubClient, RemoteFile, RepoListing, hub_cache_dir
-from localrun.modelstore.hub_catalog import MirrorCommit, MirrorFile, MirrorRepo
+from localrun.modelstore.hub_catalog import MirrorCommit, MirrorFile, MirrorRepo, Verifier
+from localrun.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +37,14 @@ LISTING_TTL_S = 300.0
 class Upstream:
     """Pull-through from one hub endpoint into this machine's HF cache."""
 
-    def __init__(self, url: str, *, settings=None, token: str | None = None) -> None:
+    def __init__(self, url: str, *, settings: Settings | None = None, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.client = HubClient(endpoint=self.url, token=token, settings=settings)
         self.cache_dir = hub_cache_dir()
         self._listings: dict[tuple[str, str], tuple[float, MirrorRepo, MirrorCommit]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._remote: dict[str, tuple[str, str, RemoteFile]] = {}  # blob path -> (repo, commit, listing entry)
-        self._fetching: dict[str, asyncio.Future] = {}
+        self._fetching: dict[str, asyncio.Future[str]] = {}
         self.fetches = 0  # files downloaded from the upstream (tests count them)
 
     async def lookup(self, repo_id: str, revision: str) -> tuple[MirrorRepo, MirrorCommit] | None:
@@ -110,7 +111,7 @@ class Upstream:
         """True for an upstream file not yet in this machine's cache."""
         return f.disk in self._remote and not os.path.exists(f.disk)
 
-    def start_fetch(self, f: MirrorFile) -> asyncio.Future:
+    def start_fetch(self, f: MirrorFile) -> asyncio.Future[str]:
         """The one download of ``f`` (started now unless it is running); resolves to its sha256."""
         fut = self._fetching.get(f.disk)
         if fut is None:
@@ -122,7 +123,7 @@ class Upstream:
     def expected(self, f: MirrorFile) -> RemoteFile:
         return self._remote[f.disk][2]
 
-    async def ensure_local(self, f: MirrorFile, verifier) -> None:
+    async def ensure_local(self, f: MirrorFile, verifier: Verifier) -> None:
         """Download ``f`` from the upstream if it is one of its files and not here yet (once)."""
         if not self.pending(f):
             return

@@ -180,7 +180,7 @@ class Prompting:
             text, stops = fallback.text, fallback.stop
         if continue_final and messages:
             last = messages[-1]
-            content = last.get("content") if isinstance(last, dict) else getattr(last, "content", "")
+            content = (last.get("content") if isinstance(last, dict) else getattr(last, "content", "")) or ""
             cut = text.rfind(content) if content else -1
             if cut < 0:
                 raise UnsupportedFeature(

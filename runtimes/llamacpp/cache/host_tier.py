@@ -107,7 +107,7 @@ class HostTier:
 
     def _held(self, slot: Slot, disk: DiskSpill | None) -> Callable[[list[int]], bool]:
         """Whether a state of ``slot``'s leaving would be held already (:func:`leaving_states`' ``skip``)."""
-        ignore = disk if disk is not None else ()
+        ignore: DiskSpill | frozenset[int] = disk if disk is not None else frozenset()
         cuttable = saved_cuttable(self._ops)
 
         def held(tokens: list[int]) -> bool:
@@ -119,7 +119,9 @@ class HostTier:
 
         return held
 
-    def _held_elsewhere(self, seq: int, tokens: Sequence[int], ignore=()) -> bool:
+    def _held_elsewhere(
+        self, seq: int, tokens: Sequence[int], ignore: DiskSpill | frozenset[int] = frozenset()
+    ) -> bool:
         """Another slot or host entry than ``seq`` holds all of ``tokens`` (owners in ``ignore`` do not count)."""
         found, owners = self._index.longest(tokens)
         return found == len(tokens) and any(o != seq and o not in ignore for o in owners)

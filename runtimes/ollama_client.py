@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -150,7 +150,9 @@ class OllamaClient:
             log.warning("Ollama at %s did not tell its version (HTTP %s)", self.base_url, response.status_code)
         return version
 
-    def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Iterator[dict[str, Any]]:
+    def stream(
+        self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str
+    ) -> Generator[dict[str, Any], None, None]:
         """POST ``body`` and yield the NDJSON objects of the answer; ``cancel`` closes it."""
         try:
             with self._http.stream("POST", path, json=body) as response:

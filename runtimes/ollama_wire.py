@@ -45,7 +45,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import Any
 
 from localrun.chat import tools as toolcalls
@@ -267,7 +267,7 @@ def logprob_entries(raw: Any) -> list[dict[str, Any]]:
     return [_logprob(e, top=True) for e in raw or () if isinstance(e, dict)]
 
 
-def _pieces(events: Iterator[dict[str, Any]], kind: str, seen: dict[str, bool]) -> Iterator[Piece]:
+def _pieces(events: Generator[dict[str, Any], None, None], kind: str, seen: dict[str, bool]) -> Iterator[Piece]:
     """Ollama NDJSON objects as pieces; the ``done`` object carries the counts. ``seen``
     notes whether any text and any logprobs came (an old Ollama sends none)."""
     try:
@@ -292,7 +292,7 @@ def _pieces(events: Iterator[dict[str, Any]], kind: str, seen: dict[str, bool]) 
 
 
 def shape_ollama_stream(
-    events: Iterator[dict[str, Any]], kind: str, *, sampling: Sampling, cancel: Cancel, server: str
+    events: Generator[dict[str, Any], None, None], kind: str, *, sampling: Sampling, cancel: Cancel, server: str
 ) -> Iterator[Chunk]:
     """Chunks for Ollama's NDJSON ``events`` (``kind``: "chat" or "generate")."""
     seen = {"text": False, "logprobs": False}

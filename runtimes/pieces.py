@@ -11,7 +11,7 @@ speaks no HTTP (MLX) need not import one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ class Piece:
 
 def shape_stream(
     pieces: Iterator[Piece], *, stops: Sequence[str], cancel: Cancel, prompt_tokens: int = 0
-) -> Iterator[Chunk]:
+) -> Generator[Chunk, None, None]:
     """Turn backend pieces into chunks: stop strings, cancel and a final chunk with usage.
 
     A piece's logprob entries ride the next chunk sent, so a token whose text is held back

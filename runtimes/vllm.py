@@ -207,7 +207,7 @@ class VllmSession(SupervisedSession):
 
     def _run(self, path: str, body: dict[str, Any], cancel: Cancel) -> Iterator[Chunk]:
         """vLLM applies the stop strings itself (they are in the body); the supervisor's client streams."""
-        client = self._server.client
+        client = self._server.started()[1]
         pieces = self._guard(client.stream(path, body, cancel, model=self._server.record.name))
         return shape_stream(pieces, stops=(), cancel=cancel)
 

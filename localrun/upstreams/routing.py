@@ -44,7 +44,7 @@ def remote_record(pool: UpstreamPool, route: Route) -> ModelRecord:
     if isinstance(ctx, int) and ctx > 0:
         meta["context_length"] = ctx
     meta["upstream_media"] = sorted(route_media(pool, route))  # /api/show and /v1/models say it
-    urls = ", ".join(pool.get(n).config.url for n in route.upstreams if pool.get(n) is not None)
+    urls = ", ".join(st.config.url for n in route.upstreams if (st := pool.get(n)) is not None)
     return ModelRecord(
         name=route.name,
         format=Format.REMOTE,
@@ -81,7 +81,7 @@ def remote_entry(pool: UpstreamPool, route: Route, settings: Settings) -> Remote
         n_ctx=record.metadata.get("context_length") or 0,
         reasons=(f"served by upstream {', '.join(route.upstreams)}",),
     )
-    slots = sum(pool.get(n).config.max_concurrency for n in route.upstreams if pool.get(n) is not None)
+    slots = sum(st.config.max_concurrency for n in route.upstreams if (st := pool.get(n)) is not None)
     return RemoteEntry(
         route.name, route, record, plan, UpstreamSession(pool, route), slots + settings.server.queue_size
     )
@@ -99,7 +99,7 @@ class Listed:
 
 def _health(pool: UpstreamPool, names: Iterable[str]) -> str:
     order = ("up", "cooldown", "unknown", "down")
-    states = [pool.get(n).status()["health"] for n in names if pool.get(n) is not None]
+    states = [str(st.status()["health"]) for n in names if (st := pool.get(n)) is not None]
     return min(states, key=order.index) if states else "unknown"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from localrun.errors import LocalrunError
@@ -98,7 +98,7 @@ class UpstreamSession:
             yield from self._rest(st, first, pieces, started)
             return
 
-    def _rest(self, st: UpstreamState, first: Any, pieces: Iterator[Any], started: float) -> Iterator[Any]:
+    def _rest(self, st: UpstreamState, first: Any, pieces: Generator[Any, None, None], started: float) -> Iterator[Any]:
         outcome = "ok"
         try:
             if first is not None:
@@ -160,7 +160,8 @@ class UpstreamSession:
                 raise last
             tried.add(st.name)
             try:
-                return st.client.embeddings(texts, model=self._model_id(st))
+                answer: tuple[list[list[float]], int] = st.client.embeddings(texts, model=self._model_id(st))
+                return answer
             except LocalrunError as exc:
                 self.pool.mark_failure(st, self.route.model, exc)
                 last = exc

@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,7 +302,7 @@ class OpenAIClient:
             raise self._stream_error(f"sent embeddings localrun cannot read: {exc}", retryable=False) from None
 
     # -- streams -------------------------------------------------------------------------
-    def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Iterator[Piece]:
+    def stream(self, path: str, body: dict[str, Any], cancel: Cancel, *, model: str) -> Generator[Piece, None, None]:
         """POST a streaming request; yield a piece per event that carries text, and one at the end.
 
         Raises:
@@ -382,7 +382,7 @@ class OpenAIClient:
                 _drain(lines)
                 yield Piece(
                     text,
-                    finish_reason=self._finish(finish),
+                    finish_reason=self._finish(str(finish)),
                     usage=usage,
                     tokens=1 if text else 0,
                     logprobs=lp,

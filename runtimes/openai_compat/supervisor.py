@@ -20,7 +20,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -111,18 +111,25 @@ class SupervisedServer:
                 cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=self.spawn_env(), **kwargs
             )
 
+    def started(self) -> tuple[subprocess.Popen[bytes], OpenAIClient]:
+        """The process and its client; a session talks only to a server :meth:`start` started."""
+        if self.proc is None or self.client is None:
+            raise RuntimeUnavailable(f"{self.label} for {self.record.name} was never started")
+        return self.proc, self.client
+
     def _wait_ready(self, timeout_s: float) -> None:
+        proc, client = self.started()
         deadline = time.monotonic() + timeout_s
         delay = 0.05
         while True:
-            code = self.proc.poll()
+            code = proc.poll()
             if code is not None:
                 raise RuntimeUnavailable(
                     f"{self.label} exited ({code}) before it was ready for {self.record.name}:\n{self.log_tail()}",
                     hint=f"full log: {self.log_path}",
                 )
             try:
-                ids = [m["id"] for m in self.client.models(timeout_s=2.0)]
+                ids = [m["id"] for m in client.models(timeout_s=2.0)]
             except LocalrunError:
                 ids = None
             if ids is not None:
@@ -219,13 +226,13 @@ class SupervisedSession:
             self._server.stop()
             self._server.start()
 
-    def _guard(self, pieces: Iterator[Piece]) -> Iterator[Piece]:
+    def _guard(self, pieces: Generator[Piece, None, None]) -> Iterator[Piece]:
         """A stream that breaks because the server died becomes WorkerCrashed with its log."""
         try:
             yield from pieces
         except self.lost as exc:
             try:
-                self._server.proc.wait(timeout=1.0)
+                self._server.started()[0].wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
             status = self._server.exit_text()
@@ -242,7 +249,7 @@ class SupervisedSession:
     def _stream(self, path: str, body: dict[str, Any], stops: Sequence[str], cancel: Cancel) -> Iterator[Chunk]:
         """POST ``body`` (the model id added) and shape the answer; the server is started again if it died."""
         self._ensure_running()
-        client, model = self._server.client, self._server.model_id
+        client, model = self._server.started()[1], self._server.model_id
         pieces = self._guard(client.stream(path, {"model": model, **body}, cancel, model=self._server.record.name))
         return shape_stream(pieces, stops=stops, cancel=cancel)
 

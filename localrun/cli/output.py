@@ -99,7 +99,7 @@ def ctx_option(help: str) -> Callable[[F], F]:
 
 #: Where :func:`placement_options` keeps what was given, in the click context's ``meta``.
 PLACEMENT = "localrun.placement"
-#: The KV cache types the llama.cpp session takes (runtimes/llamacpp/session.py KV_TYPES).
+#: The KV cache types the llama.cpp session takes (runtimes/llamacpp/context.py KV_TYPES).
 KV_CHOICES = ("f16", "f32", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 

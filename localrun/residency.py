@@ -196,10 +196,10 @@ class Residency:
             old.handle.close()
             self.emit({"event": "unloaded", "model": key, "reason": f"reloading with context {plan.n_ctx}"})
             handle = start(old.record, plan)
+            now = time.monotonic()
             lm = dataclasses.replace(
-                old, plan=plan, handle=handle, loaded_at=time.time(), last_used=time.monotonic(), active=0
+                old, plan=plan, handle=handle, loaded_at=time.time(), last_used=now, active=0, retired=False
             )
-            lm.retired = False
             self.put(lm)
             return lm
 

@@ -220,3 +220,40 @@ def test_media_for_a_model_with_a_projector_load_it():
         assert "image/png" in text and starts == ["a"]
     finally:
         m.shutdown()
+
+
+def test_the_table_swaps_a_model_only_once_its_requests_are_done():
+    """Residency.replace (a reload with a larger context): nothing more is admitted to the old
+    row, the swap waits for its request, and the new row takes its place."""
+    from localrun.residency import LoadedModel, Residency
+
+    class Handle:
+        pid, in_flight, alive = 1, 0, True
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    events = []
+    table = Residency(events.append)
+    record = ModelRecord(name="a", format=Format.GGUF, path="/a.gguf")
+    old = LoadedModel("a", record, Plan(runtime="fake", n_ctx=256), Handle())
+    table.put(old)
+    assert table.admit(old, limit=4)
+    swapped = []
+    thread = threading.Thread(
+        target=lambda: swapped.append(table.replace(old, Plan(runtime="fake", n_ctx=1024), lambda r, p: Handle()))
+    )
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not old.retired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert old.retired and not table.admit(old, limit=4)  # admit nothing more: load it again
+    time.sleep(0.1)
+    assert not swapped and not old.handle.closed  # its request is still running
+    table.release(old)
+    thread.join(5)
+    (new,) = swapped
+    assert table.get("a") is new and new.plan.n_ctx == 1024 and not new.retired and new.active == 0
+    assert old.handle.closed
+    assert [e["event"] for e in events] == ["loaded", "unloaded", "loaded"]

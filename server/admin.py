@@ -75,7 +75,7 @@ def status(request: Request) -> dict[str, Any]:
 
 @documented(answer=answers.Health)
 @router.get("/health")
-async def health(request: Request):
+async def health(request: Request) -> dict[str, Any]:
     """Liveness for anyone (load balancers and container probes carry no key); the detailed
     view — models, PIDs, queues — only with the key when one is set."""
     if request.scope.get(AUTHENTICATED_KEY) is False:
@@ -89,7 +89,7 @@ router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=Fals
 
 @documented(media="text/plain")
 @router.get("/metrics")
-async def metrics(request: Request):
+async def metrics(request: Request) -> PlainTextResponse:
     state = app_state(request)
     text = state.metrics.render(loaded=state.manager.loaded(), worker_restarts=state.manager.worker_restarts)
     text += render_cache(await asyncio.to_thread(state.manager.cache_stats))
@@ -100,7 +100,7 @@ async def metrics(request: Request):
 
 @documented(answer=answers.AdminStatus)
 @router.get("/admin/status")
-async def admin_status(request: Request):
+async def admin_status(request: Request) -> dict[str, Any]:
     data = status(request)
     manager = app_state(request).manager
     records = await asyncio.to_thread(manager.store.list)
@@ -114,7 +114,7 @@ async def admin_status(request: Request):
 
 @documented(LoadBody, answers.Loaded, strict=True)
 @router.post("/admin/load")
-async def admin_load(request: Request):
+async def admin_load(request: Request) -> dict[str, Any]:
     body: LoadBody = await parse_body(request, LoadBody, lenient=False)
     try:
         keep_alive_s = keep_alive_seconds(body.keep_alive)
@@ -127,7 +127,7 @@ async def admin_load(request: Request):
 
 @documented(ModelOnly, answers.Unloaded, strict=True)
 @router.post("/admin/unload")
-async def admin_unload(request: Request):
+async def admin_unload(request: Request) -> dict[str, Any]:
     body: ModelOnly = await parse_body(request, ModelOnly, lenient=False)
     manager = app_state(request).manager
     record = await asyncio.to_thread(manager.resolve, body.model)
@@ -136,7 +136,7 @@ async def admin_unload(request: Request):
 
 @documented(PinBody, answers.Loaded, strict=True)
 @router.post("/admin/pin")
-async def admin_pin(request: Request):
+async def admin_pin(request: Request) -> dict[str, Any]:
     body: PinBody = await parse_body(request, PinBody, lenient=False)
     manager = app_state(request).manager
     lm = await asyncio.to_thread(manager.load, body.model, pin=body.pinned)
@@ -145,14 +145,14 @@ async def admin_pin(request: Request):
 
 @documented(stream=SSE)
 @router.get("/admin/events")
-async def admin_events(request: Request):
+async def admin_events(request: Request) -> StreamingResponse:
     """SSE: a ``status`` event now and whenever the loaded models change (polled, cheap)."""
     return StreamingResponse(
         _status_events(request, EVENT_INTERVAL_S), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
 
 
-def _fingerprint(data: dict) -> str:
+def _fingerprint(data: dict[str, Any]) -> str:
     """What counts as a change: models, their activity and pins — not idle clocks."""
     keys = ("name", "active", "in_flight", "pinned", "pid", "runtime")
     ups = [[u["name"], u["health"], u["in_flight"]] for u in data.get("upstreams", ())]

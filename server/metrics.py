@@ -17,9 +17,14 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger("localrun.server.access")
@@ -142,7 +147,7 @@ class Metrics:
     def observe_itl(self, seconds: float) -> None:
         self.itl.observe(seconds)  # one bisect: cheap enough to run per token
 
-    def render(self, *, loaded: list[dict], worker_restarts: int) -> str:
+    def render(self, *, loaded: list[dict[str, Any]], worker_restarts: int) -> str:
         out: list[str] = []
 
         def header(name: str, kind: str, text: str) -> None:
@@ -181,7 +186,7 @@ class Metrics:
         out.append(f"localrun_worker_restarts_total {worker_restarts}")
         return "\n".join(out) + "\n"
 
-    def _render_speculative(self, out: list[str], header) -> None:
+    def _render_speculative(self, out: list[str], header: Callable[[str, str, str], None]) -> None:
         """Speculative decoding per model: drafted, accepted (= decode passes saved) and the rate."""
         header(
             "localrun_speculative_drafted_tokens_total",
@@ -207,7 +212,7 @@ class Metrics:
             )
 
 
-def render_cache(stats: dict[str, dict]) -> str:
+def render_cache(stats: dict[str, dict[str, Any]]) -> str:
     """The prompt cache of each loaded model (``ModelManager.cache_stats``): what it holds per tier
     (gauges) and the disk tier's traffic (counters, from the worker's start)."""
     out: list[str] = []
@@ -327,7 +332,7 @@ class UpstreamMetrics:
         self.ttft: dict[tuple[str, str], Histogram] = {}
         self.durations: dict[tuple[str, str], Histogram] = {}
 
-    def observe(self, upstream: str, model: str, event: str, **values) -> None:
+    def observe(self, upstream: str, model: str, event: str, **values: Any) -> None:
         with self._lock:
             if event == "first_byte":
                 self.ttft.setdefault((upstream, model), Histogram(LATENCY_BUCKETS)).observe(values["seconds"])
@@ -339,7 +344,7 @@ class UpstreamMetrics:
             elif event == "cooldown":
                 self.cooldowns[upstream] += 1
 
-    def render(self, status: list[dict]) -> str:
+    def render(self, status: list[dict[str, Any]]) -> str:
         out: list[str] = []
 
         def header(name: str, kind: str, text: str) -> None:
@@ -391,7 +396,7 @@ class UpstreamMetrics:
         return "\n".join(out) + "\n"
 
 
-def attach_upstream_metrics(manager) -> UpstreamMetrics | None:
+def attach_upstream_metrics(manager: ModelManager) -> UpstreamMetrics | None:
     """Subscribe upstream metrics to the manager's upstreams; None when there are none."""
     metrics = UpstreamMetrics()
     return metrics if manager.observe_upstreams(metrics.observe) else None

@@ -27,7 +27,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from localrun.chat.media import AUDIO, IMAGE, MediaReader
+from localrun.chat.media import MediaReader
+from localrun.chat.media_formats import AUDIO, IMAGE
 from localrun.server.errors import InvalidRequest
 from localrun.server.responses.schemas import (
     DROPPED_ITEMS,

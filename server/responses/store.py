@@ -100,11 +100,12 @@ class ResponseStore:
                 (self.max_stored,),
             )
 
-    def _row(self, conn: sqlite3.Connection, rid: str) -> tuple | None:
-        return conn.execute(
+    def _row(self, conn: sqlite3.Connection, rid: str) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = conn.execute(
             "SELECT previous_id, input, response FROM responses WHERE id = ? AND created_at >= ?",
             (rid, time.time() - self.max_age_s),
         ).fetchone()
+        return row
 
     def get(self, rid: str) -> dict[str, Any]:
         with self._connect() as conn:
@@ -114,14 +115,16 @@ class ResponseStore:
                 f"no stored response with id {rid[:200]!r}",
                 hint="responses are kept only when created with store true, and for a limited time",
             )
-        return json.loads(row[2])
+        response: dict[str, Any] = json.loads(row[2])
+        return response
 
     def input_items(self, rid: str) -> list[Any]:
         with self._connect() as conn:
             row = self._row(conn, rid)
         if row is None:
             raise ResponseNotFound(f"no stored response with id {rid[:200]!r}")
-        return json.loads(row[1])
+        items: list[Any] = json.loads(row[1])
+        return items
 
     def delete(self, rid: str) -> bool:
         with self._lock, self._connect() as conn:
@@ -129,7 +132,7 @@ class ResponseStore:
 
     def history(self, rid: str) -> list[Any]:
         """The items a request continuing ``rid`` starts from: each link's input then output, oldest first."""
-        links: list[tuple[list, list]] = []
+        links: list[tuple[list[Any], list[Any]]] = []
         seen: set[str] = set()
         current: str | None = rid
         with self._connect() as conn:

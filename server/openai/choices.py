@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from typing import Any
 
 from localrun import __version__
 from localrun.errors import LocalrunError, UnsupportedFeature
@@ -25,7 +26,7 @@ from localrun.types import Chunk, Usage
 log = logging.getLogger(__name__)
 
 
-def usage_dict(u: Usage) -> dict:
+def usage_dict(u: Usage) -> dict[str, Any]:
     out = {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
@@ -51,13 +52,14 @@ def system_fingerprint(gen: Generation) -> str:
     return "fp_" + hashlib.sha256(basis.encode()).hexdigest()[:12]
 
 
-def chat_logprobs(entries) -> dict:
+def chat_logprobs(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"content": list(entries), "refusal": None}
 
 
-def legacy_logprobs(entries, offset: int) -> dict:
+def legacy_logprobs(entries: Sequence[dict[str, Any]], offset: int) -> dict[str, Any]:
     """The completions API's older shape: parallel lists, top alternatives as {token: logprob}."""
-    tokens, offsets = [], []
+    tokens: list[str] = []
+    offsets: list[int] = []
     for e in entries:
         offsets.append(offset)
         offset += len(e["token"])
@@ -70,7 +72,7 @@ def legacy_logprobs(entries, offset: int) -> dict:
     }
 
 
-def check_best_of(body, n: int, best_of: int) -> None:
+def check_best_of(body: Any, n: int, best_of: int) -> None:
     """OpenAI's rules for ``best_of`` and ``echo``, before anything is loaded."""
     if best_of > 1:
         if best_of < n:
@@ -91,11 +93,13 @@ def check_best_of(body, n: int, best_of: int) -> None:
         raise InvalidRequest("'echo' cannot be combined with 'suffix'", param="echo")
 
 
-def _mean_logprob(entries) -> float:
+def _mean_logprob(entries: Sequence[dict[str, Any]]) -> float:
     return sum(e["logprob"] for e in entries) / len(entries) if entries else 0.0
 
 
-def many_choices(gen: Generation, body, *, chat: bool, asked_logprobs: bool, echo: str | None) -> list[dict]:
+def many_choices(
+    gen: Generation, body: Any, *, chat: bool, asked_logprobs: bool, echo: str | None
+) -> list[dict[str, Any]]:
     """The collected choices of a request with ``n`` or ``best_of`` above 1."""
     order = sorted(gen.texts)
     n, best_of = body.n or 1, getattr(body, "best_of", None) or 1
@@ -125,7 +129,7 @@ def many_choices(gen: Generation, body, *, chat: bool, asked_logprobs: bool, ech
 async def sse_choices(
     gen: Generation,
     first: Chunk | None,
-    body,
+    body: Any,
     *,
     ident: str,
     created: int,
@@ -144,11 +148,18 @@ async def sse_choices(
         "system_fingerprint": fingerprint,
     }
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
-    offsets = {}
+    offsets: dict[int, int] = {}
 
-    def event(index: int, text: str, *, role: bool = False, finish: str | None = None, logprobs=()) -> bytes:
+    def event(
+        index: int,
+        text: str,
+        *,
+        role: bool = False,
+        finish: str | None = None,
+        logprobs: Sequence[dict[str, Any]] = (),
+    ) -> bytes:
         if chat:
-            delta: dict = (
+            delta: dict[str, Any] = (
                 {"role": "assistant", "content": text}
                 if role
                 else ({"content": text} if text or finish is None else {})

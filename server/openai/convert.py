@@ -4,10 +4,13 @@ before any model loads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from localrun.chat.media import MediaReader
 from localrun.server.convert import message_content
 from localrun.server.errors import InvalidRequest
 from localrun.server.openai.schemas import ChatCompletionRequest
+from localrun.server.schemas import CalledFunction
 from localrun.types import Message
 
 _ROLES = {"developer": "system"}
@@ -27,12 +30,12 @@ def core_messages(body: ChatCompletionRequest, reader: MediaReader | None = None
     pending: list[tuple[str, str]] = []  # (id, name) of calls not answered yet, oldest first
     out = []
     for i, m in enumerate(body.messages):
-        calls = tuple(
+        calls: tuple[dict[str, Any], ...] = tuple(
             {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in m.tool_calls or ()
         )
         if m.function_call is not None:
-            calls = _legacy_history_call(i, m, calls)
+            calls = _legacy_history_call(i, m.role, m.function_call, calls)
         called.update((c["id"], c["function"]["name"]) for c in calls)
         pending.extend((c["id"], c["function"]["name"]) for c in calls)
         role, call_id = _ROLES.get(m.role, m.role), m.tool_call_id
@@ -57,11 +60,13 @@ def core_messages(body: ChatCompletionRequest, reader: MediaReader | None = None
     return tuple(out)
 
 
-def _legacy_history_call(i: int, m, calls: tuple[dict, ...]) -> tuple[dict, ...]:
+def _legacy_history_call(
+    i: int, role: str, fn: CalledFunction, calls: tuple[dict[str, Any], ...]
+) -> tuple[dict[str, Any], ...]:
     """The one tool call of an assistant turn that carries a legacy ``function_call``."""
-    if m.role != "assistant":
+    if role != "assistant":
         raise InvalidRequest(
-            f"messages[{i}] has a 'function_call' but role {m.role!r}: only an assistant turn calls functions",
+            f"messages[{i}] has a 'function_call' but role {role!r}: only an assistant turn calls functions",
             param=f"messages[{i}].function_call",
         )
     if calls:
@@ -69,11 +74,10 @@ def _legacy_history_call(i: int, m, calls: tuple[dict, ...]) -> tuple[dict, ...]
             f"messages[{i}] has both 'tool_calls' and 'function_call': send one of them",
             param=f"messages[{i}].function_call",
         )
-    fn = m.function_call
     return ({"id": f"call_{i}", "type": "function", "function": {"name": fn.name, "arguments": fn.arguments}},)
 
 
-def core_tools(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
+def core_tools(body: ChatCompletionRequest) -> tuple[tuple[dict[str, Any], ...], object]:
     """(tools, tool_choice) for ChatRequest; a choice that cannot be met is a 400 before any load."""
     legacy = [f for f in ("functions", "function_call") if getattr(body, f) is not None]
     if legacy:
@@ -86,13 +90,13 @@ def core_tools(body: ChatCompletionRequest) -> tuple[tuple[dict, ...], object]:
             raise InvalidRequest(
                 f"tool_choice names {choice.function.name!r}, which is not among 'tools'", param="tool_choice"
             )
-        choice = choice.model_dump()
-    elif choice == "required" and not tools:
+        return tools, choice.model_dump()
+    if choice == "required" and not tools:
         raise InvalidRequest("tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice")
     return tools, choice
 
 
-def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple[tuple[dict, ...], object]:
+def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple[tuple[dict[str, Any], ...], object]:
     """``functions`` / ``function_call`` as (tools, tool_choice); mixed with ``tools`` / ``tool_choice`` it is a 400."""
     modern = [f for f in ("tools", "tool_choice") if getattr(body, f) is not None]
     if modern:
@@ -101,12 +105,14 @@ def _legacy_tool_fields(body: ChatCompletionRequest, legacy: list[str]) -> tuple
             "'function_call' (legacy) or 'tools' and 'tool_choice'",
             param=legacy[0],
         )
-    tools = tuple({"type": "function", "function": f.model_dump(exclude_none=True)} for f in body.functions or ())
+    tools: tuple[dict[str, Any], ...] = tuple(
+        {"type": "function", "function": f.model_dump(exclude_none=True)} for f in body.functions or ()
+    )
     choice = body.function_call
     if choice is not None and not isinstance(choice, str):
         if choice.name not in {t["function"]["name"] for t in tools}:
             raise InvalidRequest(
                 f"function_call names {choice.name!r}, which is not among 'functions'", param="function_call"
             )
-        choice = {"type": "function", "function": {"name": choice.name}}
+        return tools, {"type": "function", "function": {"name": choice.name}}
     return tools, choice

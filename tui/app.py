@@ -113,7 +113,7 @@ class LocalrunApp(App[None]):
             manager.observe_requests(self.meter.observe)
         self.store = store
         if backend is None and manager is not None and store is not None:
-            backend = LocalBackend(store=store, manager=self.manager)
+            backend = LocalBackend(store=store, manager=manager)
         self.backend: Backend | None = backend
         self.backend_error = backend_error
         self.serve = serve
@@ -123,7 +123,7 @@ class LocalrunApp(App[None]):
         self.default_model = default_model
         #: What the upstreams served at the last poll (name, health, models); only the poll worker touches it.
         self._upstreams_seen: tuple[Any, ...] = ()
-        self.owned_manager = None
+        self.owned_manager: ModelManager | None = None  # set by make_app when it made the manager
         self.embedded: EmbeddedServer | None = None
         self.request_log: deque[RequestLogEntry] = deque(maxlen=LOG_KEEP)
         self.token_rates: deque[float] = deque([0.0] * RATE_KEEP, maxlen=RATE_KEEP)
@@ -152,7 +152,10 @@ class LocalrunApp(App[None]):
     def register_default_model(self) -> None:
         """The embedded Gemma is assembled on first use (seconds): after the first paint, never
         before; the default chat model (SmolLM2, fetched by the set-up) is registered beside it."""
-        for record in (self.store.ensure_default_model(), self.store.ensure_chat_model()):
+        store = self.store
+        if store is None:  # started only with a store (on_mount)
+            return
+        for record in (store.ensure_default_model(), store.ensure_chat_model()):
             if record is not None:
                 self.post_message(ModelsChanged(f"default model {record.name}"))
 
@@ -173,7 +176,7 @@ class LocalrunApp(App[None]):
         key = self.settings.server.api_key
         check = await asyncio.to_thread(check_port, host, port, api_key=key.get_secret_value() if key else None)
         if check.state == "localrun":
-            self._attach(check.url)
+            self._attach_server(check.url)
             return
         if check.state == "other":
             free = await asyncio.to_thread(find_free_port, host, port)
@@ -197,7 +200,7 @@ class LocalrunApp(App[None]):
             raise
         self.post_message(ServerChanged(ServerState("embedded", url, key=bool(self.settings.server.api_key))))
 
-    def _attach(self, url: str) -> None:
+    def _attach_server(self, url: str) -> None:
         from localrun.tui.remote import RemoteBackend
 
         key = self.settings.server.api_key

@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import Worker, WorkerState
 
+from localrun.errors import RuntimeUnavailable
 from localrun.tui.header import AppHeader
 from localrun.tui.messages import ModelsChanged, Notice
 
@@ -40,6 +41,13 @@ class LocalrunScreen(Screen[Any]):
     @property
     def backend(self) -> Backend | None:
         return self.lapp.backend
+
+    def need_backend(self) -> Backend:
+        """The backend, for an action a screen offers only with one (:meth:`unavailable_text` says why not)."""
+        backend = self.backend
+        if backend is None:
+            raise RuntimeUnavailable(self.unavailable_text() or "The model store is not available.")
+        return backend
 
     def compose(self) -> ComposeResult:
         yield AppHeader(self.TAB)

@@ -34,7 +34,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from localrun.chat.attach import place, read_media, require_media_support
 from localrun.chat.reasoning import detect_format, split_chunks, template_of
-from localrun.errors import ConfigError, LocalrunError
+from localrun.errors import ConfigError, LocalrunError, RuntimeUnavailable
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
 from localrun.modelstore.capabilities import media as media_capabilities
 from localrun.modelstore.projector import projector_path
@@ -45,6 +45,7 @@ from localrun.types import Message as ChatMessage
 
 if TYPE_CHECKING:
     from localrun.chat.reasoning import ReasoningFormat
+    from localrun.tui.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -280,21 +281,22 @@ class ChatScreen(LocalrunScreen):
         await self.transcript.mount_all([label, body])
         return body
 
-    def _reasoning_format(self, model: str) -> ReasoningFormat | None:
+    def _reasoning_format(self, model: str, backend: Backend) -> ReasoningFormat | None:
         """The model's reasoning format, once per request (from its plan's template when the backend plans)."""
         record = self._records.get(model)
         if record is None:
             return None
         plan = None
-        if self.backend.can_plan:
+        if backend.can_plan:
             try:
-                plan = self.backend.plan(record)
+                plan = backend.plan(record)
             except LocalrunError as exc:  # the load will say it better; split by the GGUF's own template
                 log.debug("no plan for %s to read its chat template from: %s", model, exc)
         return detect_format(template_of(record, plan))
 
     def _generate(self, model: str, req: ChatRequest, cancel: Cancel) -> None:
         backend = self.backend
+        why = self.unavailable_text()
 
         def job() -> None:
             started = time.perf_counter()
@@ -316,7 +318,9 @@ class ChatScreen(LocalrunScreen):
                 thought.clear()
 
             try:
-                for chunk in split_chunks(backend.stream(model, req, cancel), self._reasoning_format(model)):
+                if backend is None:
+                    raise RuntimeUnavailable(why or "The model store is not available.")
+                for chunk in split_chunks(backend.stream(model, req, cancel), self._reasoning_format(model, backend)):
                     if chunk.text or chunk.reasoning:
                         last = time.perf_counter()
                         first = first or last

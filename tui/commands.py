@@ -6,10 +6,14 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from localrun.tui.messages import ModelsChanged, Notice
+
+if TYPE_CHECKING:
+    from localrun.tui.app import LocalrunApp
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +54,10 @@ class ModelCommands(Provider):
                 yield Hit(score, matcher.highlight(text), callback, help=help_text)
 
     def _run(self, what: str, name: str) -> None:
-        app = self.app
+        app = cast("LocalrunApp", self.app)
         backend = app.backend
+        if backend is None:  # the palette lists models only when a backend listed them
+            return
         calls = {
             "load": (partial(backend.load, name), f"Loaded {name}"),
             "unload": (partial(backend.unload, name), f"Unloaded {name}"),

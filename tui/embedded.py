@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from localrun.errors import RuntimeUnavailable
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastapi import FastAPI
 
     from localrun.manager import ModelManager
@@ -129,7 +130,7 @@ class EmbeddedServer:
         self.host = host
         self.port = port
         self._middleware = middleware
-        self._server = None
+        self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.exit_error: str | None = None
 
@@ -176,8 +177,11 @@ class EmbeddedServer:
         return self.url
 
     async def _serve(self) -> None:
+        server = self._server
+        if server is None:  # the task is made only after the server (start)
+            return
         try:
-            await self._server.serve()
+            await server.serve()
         except SystemExit as exc:  # uvicorn exits on bind and lifespan failures; the TUI must not
             self.exit_error = f"uvicorn stopped (exit {exc.code}); the port may be taken"
             log.error("embedded server stopped: %s", self.exit_error)

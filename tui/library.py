@@ -151,10 +151,10 @@ class LibraryScreen(LocalrunScreen):
     # -- reading -------------------------------------------------------------------------
     def action_reload(self) -> None:
         why = self.unavailable_text()
-        if why:
-            self.details_pane.update(why)
-            return
         backend = self.backend
+        if why or backend is None:
+            self.details_pane.update(why or "")
+            return
 
         def job() -> None:
             self.post_message(LibraryScreen.RowsRead(read_rows(backend)))
@@ -301,7 +301,7 @@ class LibraryScreen(LocalrunScreen):
 
     def action_load(self) -> None:
         if name := self._target():
-            self._start(name, "loading…", f"load {name}", self.backend.load, name, done=f"Loaded {name}")
+            self._start(name, "loading…", f"load {name}", self.need_backend().load, name, done=f"Loaded {name}")
 
     def action_unload(self) -> None:
         if name := self._target():
@@ -309,7 +309,7 @@ class LibraryScreen(LocalrunScreen):
                 name,
                 "unloading…",
                 f"unload {name}",
-                self.backend.unload,
+                self.need_backend().unload,
                 name,
                 done=lambda ok: f"Unloaded {name}" if ok else f"{name} was not loaded",
             )
@@ -323,7 +323,7 @@ class LibraryScreen(LocalrunScreen):
             name,
             "pinning…" if pinned else "unpinning…",
             f"pin {name}",
-            self.backend.set_pin,
+            self.need_backend().set_pin,
             name,
             pinned,
             done=f"Pinned {name}: it stays loaded" if pinned else f"Unpinned {name}: it unloads when idle",
@@ -342,13 +342,15 @@ class LibraryScreen(LocalrunScreen):
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._start(name, "deleting…", f"delete {name}", self.backend.delete, name, done=f"Deleted {name}")
+                delete = self.need_backend().delete
+                self._start(name, "deleting…", f"delete {name}", delete, name, done=f"Deleted {name}")
 
         self.app.push_screen(ConfirmModal(f"Delete {name}?", what), answered)
 
     def action_verify(self) -> None:
         if name := self._target():
-            self._start(name, "verifying…", f"verify {name}", self.backend.verify, name, done=lambda r: r.message)
+            verify = self.need_backend().verify
+            self._start(name, "verifying…", f"verify {name}", verify, name, done=lambda r: r.message)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """Clear a row's busy mark when its job ends; the app's handler shows any error."""

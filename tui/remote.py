@@ -123,9 +123,11 @@ class RemoteBackend:
 
     def stream(self, name: str, req: ChatRequest | CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         s = req.sampling
-        options = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
+        options: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
         if s.max_tokens:
             options["num_predict"] = s.max_tokens
+        path: str
+        body: dict[str, Any]
         if isinstance(req, ChatRequest):
             path, body = (
                 "/api/chat",

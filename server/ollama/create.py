@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
@@ -38,6 +38,9 @@ from localrun.server.ollama.show import META_PARAMETERS, META_SYSTEM
 from localrun.server.openapi import NDJSON, documented
 from localrun.types import Format, ModelRecord
 
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
+
 log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/api")
@@ -50,7 +53,7 @@ def store_name(name: str) -> str:
     return validate_model_name(without_latest(name) or name)
 
 
-def _local(manager, name: str) -> ModelRecord:
+def _local(manager: ModelManager, name: str) -> ModelRecord:
     """A model in the store (an upstream's model has no files here to register again)."""
     record = manager.resolve(name)
     if record.format is Format.REMOTE:
@@ -61,7 +64,7 @@ def _local(manager, name: str) -> ModelRecord:
     return record
 
 
-def _register(manager, record: ModelRecord) -> ModelRecord:
+def _register(manager: ModelManager, record: ModelRecord) -> ModelRecord:
     """Write ``record`` under its name. A name that holds the same files is replaced, as Ollama's
     copy and create replace a manifest (creating ``mario`` again with a new system prompt); a name
     that holds other files is refused, since replacing it would orphan files localrun may own. A
@@ -73,12 +76,13 @@ def _register(manager, record: ModelRecord) -> ModelRecord:
             hint=f"delete it first (DELETE /api/delete, or `localrun rm {record.name}`), or choose another name",
         )
     manager.unload(record.name)
-    return manager.store.register(record, replace=True)
+    registered: ModelRecord = manager.store.register(record, replace=True)
+    return registered
 
 
 @documented(CopyBody)
 @router.post("/copy")
-async def copy(request: Request):
+async def copy(request: Request) -> Response:
     body: CopyBody = await parse_body(request, CopyBody)
     manager = app_state(request).manager
     source = await asyncio.to_thread(_local, manager, body.source)
@@ -112,10 +116,11 @@ def _refuse_unsupported(body: CreateBody) -> None:
         raise InvalidRequest("missing 'from' (an existing model) or 'files' (sha256 digests)", param="from")
 
 
-def _by_digest(manager, files: dict[str, str]) -> ModelRecord:
+def _by_digest(manager: ModelManager, files: dict[str, str]) -> ModelRecord:
     """The store's model whose files are exactly these digests (each file once, any names)."""
     wanted = {ref.split(":", 1)[-1].split("-", 1)[-1].lower() for ref in files.values()}
-    for record in manager.store.list():
+    records: list[ModelRecord] = list(manager.store.list())
+    for record in records:
         have = {(f.sha256 or "").lower() for f in record.files}
         if have == wanted:
             return record
@@ -157,7 +162,7 @@ def _checked_parameters(params: dict[str, Any]) -> dict[str, Any]:
     return options.model_dump(exclude_unset=True)
 
 
-def _created(manager, body: CreateBody, name: str) -> ModelRecord:
+def _created(manager: ModelManager, body: CreateBody, name: str) -> ModelRecord:
     base = _local(manager, body.from_) if body.from_ else _by_digest(manager, body.files or {})
     meta = dict(base.metadata or {})
     if body.system is not None:
@@ -174,7 +179,7 @@ def _created(manager, body: CreateBody, name: str) -> ModelRecord:
 
 @documented(CreateBody, answers.OllamaStatus, stream=NDJSON)
 @router.post("/create")
-async def create(request: Request):
+async def create(request: Request) -> Response:
     body: CreateBody = await parse_body(request, CreateBody)
     if not (body.model or body.name):
         raise InvalidRequest("missing required field 'model'", param="model")
@@ -191,7 +196,7 @@ async def create(request: Request):
 
 @documented()
 @router.head("/blobs/{ref}")
-async def blob_exists(request: Request, ref: str):
+async def blob_exists(request: Request, ref: str) -> Response:
     """Ollama's client asks before it uploads; a file the store has (by sha256) answers 200, so a
     create with ``files`` needs no upload. Nothing else is found: localrun takes no uploads."""
     wanted = ref.split(":", 1)[-1].split("-", 1)[-1].lower()

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -23,6 +23,10 @@ from localrun.server.ollama.schemas import ModelBody, PullBody
 from localrun.server.ollama.show import ollama_show
 from localrun.server.ollama.tags import ollama_ps_entry, ollama_tag, ollama_upstream_tag, upstream_listing
 from localrun.server.openapi import NDJSON, documented
+from localrun.types import ModelRecord
+
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +38,13 @@ OLLAMA_COMPAT_VERSION = "0.12.0"
 
 @documented(answer=answers.OllamaVersion)
 @router.api_route("/version", methods=["GET", "HEAD"])
-async def version():
+async def version() -> dict[str, str]:
     return {"version": OLLAMA_COMPAT_VERSION, "localrun": __version__}
 
 
 @documented(answer=answers.OllamaTags)
 @router.get("/tags")
-async def tags(request: Request):
+async def tags(request: Request) -> dict[str, Any]:
     state = app_state(request)
     records = await asyncio.to_thread(state.manager.store.list)
     remote = [ollama_upstream_tag(u) for u in upstream_listing(state.manager, records)]
@@ -56,7 +60,7 @@ def _name(body: ModelBody) -> str:
 
 @documented(ModelBody, answers.OllamaShow)
 @router.post("/show")
-async def show(request: Request):
+async def show(request: Request) -> dict[str, Any]:
     body: ModelBody = await parse_body(request, ModelBody)
     state = app_state(request)
     record = await asyncio.to_thread(state.manager.resolve, _name(body))
@@ -66,7 +70,7 @@ async def show(request: Request):
 
 @documented(answer=answers.OllamaTags)
 @router.get("/ps")
-async def ps(request: Request):
+async def ps(request: Request) -> dict[str, Any]:
     state = app_state(request)
     manager = state.manager
     entries = []
@@ -84,7 +88,7 @@ async def ps(request: Request):
 
 @documented(ModelBody)
 @router.delete("/delete")
-async def delete(request: Request):
+async def delete(request: Request) -> Response:
     body: ModelBody = await parse_body(request, ModelBody)
     manager = app_state(request).manager
     record = await asyncio.to_thread(manager.resolve, _name(body))
@@ -94,7 +98,7 @@ async def delete(request: Request):
     return Response(status_code=200)
 
 
-def _pull_function():
+def _pull_function() -> Callable[..., ModelRecord]:
     try:
         from localrun.modelstore.pull import pull
     except ImportError as exc:
@@ -105,7 +109,7 @@ def _pull_function():
     return pull
 
 
-def _progress_line(p: Any) -> dict:
+def _progress_line(p: Any) -> dict[str, Any]:
     """A store Progress (file, done, total, phase) as Ollama's pull status line."""
     file = getattr(p, "file", "")
     phase = getattr(p, "phase", "downloading")
@@ -120,7 +124,7 @@ def _progress_line(p: Any) -> dict:
 
 @documented(PullBody, answers.OllamaStatus, stream=NDJSON)
 @router.post("/pull")
-async def pull(request: Request):
+async def pull(request: Request) -> Response:
     body: PullBody = await parse_body(request, PullBody)
     ref = body.model or body.name
     if not ref:
@@ -133,7 +137,7 @@ async def pull(request: Request):
         return _already_pulled(body.stream is not False)
     pull_fn = _pull_function()
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
     def progress(p: Any) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, ("progress", _progress_line(p)))
@@ -163,7 +167,7 @@ async def pull(request: Request):
     return StreamingResponse(_pull_lines(queue, task), media_type="application/x-ndjson")
 
 
-async def _registered(manager, ref: str) -> bool:
+async def _registered(manager: ModelManager, ref: str) -> bool:
     """Whether ``ref`` names a model already in the store with its files in place: Ollama answers
     success for a model it has, so a client's pull box works for any model the list shows."""
     try:
@@ -180,7 +184,7 @@ def _already_pulled(stream: bool) -> Response:
     return Response(lines, media_type="application/x-ndjson")
 
 
-async def _pull_lines(queue: asyncio.Queue, task) -> AsyncIterator[bytes]:
+async def _pull_lines(queue: asyncio.Queue[tuple[str, Any]], task: asyncio.Future[None]) -> AsyncIterator[bytes]:
     yield b'{"status":"pulling manifest"}\n'
     while True:
         kind, data = await queue.get()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 from starlette.requests import Request
@@ -42,6 +43,13 @@ from localrun.server.mirror.errors import HUB, LISTING, RESOLVING, hub_error, ow
 from localrun.server.mirror.files import FileSlice, GrowingFile, RangeNotSatisfiable, parse_range
 from localrun.server.mirror.listing import Mirror, info, list_models, refs, tree, with_upstream_hits
 from localrun.server.openapi import documented
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from localrun.modelstore.store import ModelStore
+    from localrun.server.mirror.pull_through import Upstream
+    from localrun.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +139,7 @@ def _warning(repo: MirrorRepo) -> dict[str, str]:
     return {"X-HF-Warning": f"localrun-mirror; {repo.warning}"} if repo.warning else {}
 
 
-def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
+def _file_headers(f: MirrorFile, commit: str, etag: str | None) -> dict[str, str]:
     return {
         "X-Repo-Commit": commit,
         "ETag": f'"{etag}"',
@@ -144,7 +152,7 @@ def _file_headers(f: MirrorFile, commit: str, etag: str) -> dict[str, str]:
 
 
 @documented(media="application/octet-stream", tag="mirror")
-async def resolve(request: Request) -> Response:
+async def resolve(request: Request) -> Response | FileSlice | GrowingFile:
     """HEAD/GET ``/{ns}/{name}/resolve/{rev}/{path}``: a verified file, whole or a Range of it."""
     mirror: Mirror = request.app.state.mirror
     try:
@@ -170,7 +178,7 @@ async def resolve(request: Request) -> Response:
             and mirror.upstream.pending(f)
             and (request.method == "HEAD" or "range" not in request.headers)
         ):
-            return _not_fetched_yet(mirror, request, repo, commit, f)
+            return _not_fetched_yet(mirror, mirror.upstream, request, (repo, commit, f))
         key = await mirror.verified(f)
         etag = etag_of(f, mirror.verifier.sha256(f))
         headers = {**_file_headers(f, commit.commit, etag), **_warning(repo)}
@@ -214,19 +222,22 @@ async def resolve(request: Request) -> Response:
         return hub_error(503, f"the mirror cannot read this file right now ({exc.strerror or type(exc).__name__})")
 
 
-def _not_fetched_yet(mirror: Mirror, request: Request, repo: MirrorRepo, commit: MirrorCommit, f: MirrorFile):
+def _not_fetched_yet(
+    mirror: Mirror, upstream: Upstream, request: Request, found: tuple[MirrorRepo, MirrorCommit, MirrorFile]
+) -> Response | GrowingFile:
     """An upstream file not here yet: HEAD from the listing; GET streams while it is fetched."""
+    repo, commit, f = found
     headers = {**_file_headers(f, commit.commit, etag_of(f, f.sha256)), "Content-Length": str(f.size), **_warning(repo)}
     if request.method == "HEAD":
         return Response(b"", headers=headers)
-    done = mirror.upstream.start_fetch(f)
+    done = upstream.start_fetch(f)
     done.add_done_callback(
         lambda fut: None if fut.cancelled() or fut.exception() else mirror.verifier.trust(f, fut.result())
     )
-    return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=mirror.upstream.expected(f))
+    return GrowingFile(f.disk + ".incomplete", f.size, headers=headers, done=done, expect=upstream.expected(f))
 
 
-async def not_found(request: Request, exc=None) -> Response:
+async def not_found(request: Request, exc: Exception | None = None) -> Response:
     return hub_error(404, f"no route {request.method} {request.url.path[:200]} on this mirror")
 
 
@@ -234,7 +245,7 @@ async def root(request: Request) -> Response:
     return Response("localrun mirror: set HF_ENDPOINT to this URL\n", media_type="text/plain")
 
 
-def install_mirror(app, mirror: Mirror) -> None:
+def install_mirror(app: Starlette, mirror: Mirror) -> None:
     """Add the mirror's routes to ``app`` (a Starlette or FastAPI app): its own, or the server's."""
     from starlette.routing import Route
 
@@ -250,7 +261,7 @@ def install_mirror(app, mirror: Mirror) -> None:
     )
 
 
-def create_mirror_app(settings, store, *, upstream=None):
+def create_mirror_app(settings: Settings, store: ModelStore, *, upstream: Upstream | None = None) -> Starlette:
     """The standalone mirror: its routes behind the server's Host and key guards."""
     from starlette.applications import Starlette
     from starlette.routing import Route

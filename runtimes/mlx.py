@@ -189,7 +189,8 @@ class MlxRuntime:
         if plan.device == "cpu":
             mx.set_default_device(mx.cpu)
         try:
-            mlx_model, tokenizer = mlx_lm.load(str(folder), trust_remote_code=trust)
+            # Two values without return_config=True; mlx-lm's annotation names both shapes.
+            mlx_model, tokenizer = mlx_lm.load(str(folder), trust_remote_code=trust)  # type: ignore[misc]
         except (FileNotFoundError, ValueError, KeyError, TypeError, OSError, RuntimeError) as exc:
             raise InvalidModelFile(f"{model.name}: mlx-lm cannot load {folder}: {exc}") from exc
         log.info("loaded %s with mlx-lm on %s", model.name, mx.default_device())
@@ -387,8 +388,11 @@ class MlxSession:
                     break
                 common += 1
             common = min(common, len(prompt) - 1)  # at least one token must be fed
-            if common > 0 and trim_prompt_cache(cache, len(cached) - common) == len(cached) - common:
-                return cache, common
+            if common > 0:
+                # mlx-lm annotates a list; it returns the count of tokens trimmed.
+                trimmed: int = trim_prompt_cache(cache, len(cached) - common)  # type: ignore[assignment]
+                if trimmed == len(cached) - common:
+                    return cache, common
         return make_prompt_cache(self._model), 0
 
     def _keep_cache(self, cache: list[Any], tokens: list[int] | None) -> None:
@@ -396,6 +400,6 @@ class MlxSession:
         if tokens is None or len(offsets) != 1 or None in offsets:
             return  # an error mid-step may leave layers at different positions: start fresh next time
         offset = offsets.pop()
-        if offset > len(tokens):
+        if offset is None or offset > len(tokens):
             return
         self._cache, self._cached_tokens = cache, tokens[:offset]

@@ -126,7 +126,7 @@ class TokenCursor:
             if not self._started and self._text.trim_space and raw.startswith(b" "):
                 raw = raw[1:]
             return raw
-        decoded = self._text.decode([*self._context, token])
+        decoded: str = self._text.decode([*self._context, token])
         prev = self._context_text
         if not decoded.startswith(prev):  # a character completed or respaced: keep what differs
             common = 0
@@ -173,7 +173,9 @@ class LogprobTrack:
             order = mx.argsort(-values)
             best, values = best[order], values[order]
             mx.eval(chosen, best, values)
-            alts = [(int(t), float(v)) for t, v in zip(best.tolist(), values.tolist())]
+            ids: list[int] = best.tolist()  # type: ignore[assignment]  # a 1-D array's list
+            scores: list[float] = values.tolist()
+            alts = [(int(t), float(v)) for t, v in zip(ids, scores)]
         else:
             alts = []
         cursor = self._cursor

@@ -125,7 +125,8 @@ def _pillow_size(data: bytes, mime: str) -> tuple[int, int]:
         # Pillow warns above 89 MP; the caller's own pixel cap decides, with a message that names it.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            with Image.open(io.BytesIO(data), formats=[name]) as im:
+            # Every type here has Pillow's name but WebP, which webp_size reads instead.
+            with Image.open(io.BytesIO(data), formats=[name] if name is not None else None) as im:
                 size = im.size
                 if name == "PNG":
                     im.verify()

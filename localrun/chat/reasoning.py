@@ -271,6 +271,14 @@ def split_chunks(chunks: Iterable[Chunk], fmt: ReasoningFormat | None) -> Genera
             close()
 
 
+async def _aclose(stream: AsyncIterator[Chunk]) -> None:
+    """Close an async stream the way :func:`split_chunks` closes a sync one (the worker's streams and
+    async generators have ``aclose``)."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
+
+
 async def asplit_chunks(
     source: AsyncIterator[Chunk],
     splitter: ChunkSplitter,
@@ -291,14 +299,14 @@ async def asplit_chunks(
                 yield out
             else:
                 return
-        await source.aclose()
+        await _aclose(source)
         log.debug("reasoning budget of %s reached; closing the reasoning", splitter.budget)
         second = await reopen(splitter.continuation(req))
         rest = second.__aiter__()
         async for chunk in rest:
             yield splitter.split_continued(chunk)
     finally:
-        await source.aclose()
+        await _aclose(source)
         if rest is not None:
             await rest.aclose()  # a client gone mid-answer stops the continuation in the worker too
         if second is not None:

@@ -207,15 +207,17 @@ def check_cmd(ctx: click.Context, names: tuple[str, ...], as_json: bool) -> None
 def _check(up: UpstreamConfig) -> dict[str, Any]:
     """What the server would find: probe, models, version, and the problems in words."""
     from localrun.errors import LocalrunError
+    from localrun.runtimes.openai_compat.kinds import get_kind
     from localrun.settings import UpstreamSettings
     from localrun.upstreams.pool import make_client
 
     client = make_client(up, UpstreamSettings())
+    kind = get_kind(up.kind)  # the client's own kind (make_client)
     problems: list[str] = []
     try:
         probe = client.probe(timeout_s=up.connect_timeout_s + 5)
         if not probe.ok:
-            problems.append(f"health check {client.kind.health_path} failed: {probe.detail}")
+            problems.append(f"health check {kind.health_path} failed: {probe.detail}")
         models: list[str] = []
         t0 = time.monotonic()
         try:
@@ -227,7 +229,7 @@ def _check(up: UpstreamConfig) -> dict[str, Any]:
         missing = [m for m in up.models if models and m not in models]
         if missing:
             problems.append(f"configured models it does not list: {', '.join(missing)}")
-        if client.kind.single_model and len(models) > 1:
+        if kind.single_model and len(models) > 1:
             problems.append(f"a {up.kind} server serves one model, but it lists {len(models)}")
         if up.key_env and up.api_key() is None:
             problems.append(f"environment variable {up.key_env} is not set: no key will be sent")

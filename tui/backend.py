@@ -178,7 +178,7 @@ class LocalBackend:
                 metadata_lines(record),
             )
         try:
-            plan = self.plan(record)
+            plan = self.manager.plan_for(record)  # what self.plan gives a model that is not an upstream's
         except LocalrunError as exc:
             # A model the planner refuses still has metadata worth reading; say why there is no plan.
             return ModelDetails(record, None, (f"No plan: {exc}",), metadata_lines(record))

@@ -58,7 +58,7 @@ class ModelCommands(Provider):
         backend = app.backend
         if backend is None:  # the palette lists models only when a backend listed them
             return
-        calls = {
+        calls: dict[str, tuple[Callable[[], object], str]] = {
             "load": (partial(backend.load, name), f"Loaded {name}"),
             "unload": (partial(backend.unload, name), f"Unloaded {name}"),
             "pin": (partial(backend.set_pin, name, True), f"Pinned {name}"),

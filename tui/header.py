@@ -76,16 +76,16 @@ class AppHeader(Widget):
         app = self.app
         state = getattr(app, "server_state", None)
         serving = state is not None and state.mode in ("embedded", "attached")
-        loaded = getattr(app, "loaded", ()) or ()
+        loaded = getattr(app, "loaded", None) or ()
         mem = sum(m.memory_bytes or 0 for m in loaded)
         facts = getattr(app, "facts", None)
         hw = facts[0] if facts is not None else None
         gpu = ""
-        if hw is not None and getattr(hw, "gpus", ()):
+        if hw is not None and getattr(hw, "gpus", None):
             gpu = f" · {hw.gpus[0].name}"
         elif hw is not None and getattr(hw, "apple", None):
             gpu = f" · {hw.apple.chip}"
-        key = ("on" if state.key else "off") if serving else None
+        key = ("on" if state.key else "off") if serving and state is not None else None
         full = ["localrun", state.label if state else "…"]
         full += [f"key: {key}"] if key else []
         full.append(f"{len(loaded)} loaded" + (f" · {human_bytes(mem)}" if mem else ""))

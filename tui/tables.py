@@ -11,7 +11,7 @@ agrees with it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.measure import Measurement
 from rich.text import Text
@@ -19,14 +19,14 @@ from textual.widgets import DataTable
 from textual.widgets.data_table import RowKey
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    from rich.console import Console, RenderableType
 
 
 def _width(console: Console, cell: object) -> int:
     renderable = Text(cell) if isinstance(cell, str) else cell
     if not hasattr(renderable, "__rich_measure__") and not hasattr(renderable, "__rich_console__"):
         renderable = Text(str(renderable))
-    return Measurement.get(console, console.options, renderable).maximum
+    return Measurement.get(console, console.options, cast("RenderableType", renderable)).maximum
 
 
 def fit_columns(

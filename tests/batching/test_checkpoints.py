@@ -19,7 +19,8 @@ from localrun.runtimes.llamacpp.cache.checkpoints import (
     leaving_points,
     with_checkpoints,
 )
-from localrun.runtimes.llamacpp.cache.prefix import HOST_MIN_TOKENS, PrefixCache
+from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS
+from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
 from localrun.runtimes.llamacpp.turns import TurnPrompt, turn_of
 
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localrun.runtimes.llamacpp.cache.prefix import HOST_MIN_TOKENS, KEEP_TAIL, MIN_COPY, PrefixCache
+from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS
+from localrun.runtimes.llamacpp.cache.prefix import KEEP_TAIL, MIN_COPY, PrefixCache
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 
 

@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from localrun.runtimes.llamacpp.cache.prefix import HOST_MIN_TOKENS, PrefixCache
+from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS
+from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
 from localrun.runtimes.llamacpp.cache.prefix_disk import PRIOR_PREFILL_TOK_S, model_sha256
 from tests.batching.test_prefix import FakeKv, check, run
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,14 +42,17 @@ from localrun.server.ollama.errors import owns as ollama_owns
 from localrun.server.security import CORS_HEADERS, LOCAL_ORIGINS, HostGuard, RequestGuard, allowed_host_names
 from localrun.settings import Settings
 
+if TYPE_CHECKING:
+    from localrun.manager import ModelManager
+
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, manager) -> FastAPI:
+def create_app(settings: Settings, manager: ModelManager) -> FastAPI:
     """Build the server for ``manager``. The caller owns the manager and shuts it down."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.started_at = time.monotonic()
         log.info(
             "server ready: %d routes, API key %s", len(app.routes), "required" if settings.server.api_key else "off"
@@ -92,7 +97,7 @@ def create_app(settings: Settings, manager) -> FastAPI:
         install_mirror(app, Mirror(manager.store))
 
     @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root():
+    async def root() -> PlainTextResponse:
         return PlainTextResponse("localrun is running")
 
     _install_error_handlers(app)
@@ -104,21 +109,24 @@ def _install_error_handlers(app: FastAPI) -> None:
     def answer(exc: BaseException, path: str) -> Response:
         return error_response(exc, shapes_of(app).shape_for(path), path=path)
 
-    async def on_localrun_error(request: Request, exc: LocalrunError) -> Response:
-        if exc.http_status >= 500:
+    # Each handler is registered for one exception type; Starlette types them all as taking any.
+    async def on_localrun_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, LocalrunError) and exc.http_status >= 500:
             log.warning("%s %s: %s", request.method, request.url.path, exc)
         return answer(exc, request.url.path)
 
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else ()
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()))
         return answer(
             InvalidRequest(f"invalid {loc or 'request'}: {first.get('msg', '')}", param=loc or None), request.url.path
         )
 
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    async def on_http_error(request: Request, exc: Exception) -> Response:
         path = request.url.path
+        if not isinstance(exc, StarletteHTTPException):
+            return answer(exc, path)
         if exc.status_code == 404:
             err: LocalrunError = RouteNotFound(
                 f"no route {request.method} {path[:200]}", hint="see /v1 (OpenAI) and /api (Ollama) routes"

@@ -356,11 +356,12 @@ def test_no_branch_on_a_runtime_name_outside_the_placement_policies():
 
 def test_a_planted_runtime_branch_is_found():
     names = _runtime_names()
-    for source in (
-        'if plan.runtime == "llama.cpp":\n    pass\n',
-        'if runtime in ("mlx", "mlc"):\n    pass\n',
-        'if kind != "ollama":\n    pass\n',
-        'match name:\n    case "vllm":\n        pass\n',
+    for source, line in (
+        ('if plan.runtime == "llama.cpp":\n    pass\n', 1),
+        ('if runtime in ("mlx", "mlc"):\n    pass\n', 1),
+        ('if kind != "ollama":\n    pass\n', 1),
+        ('if self.runtime == "whatever":\n    pass\n', 1),
+        ('match name:\n    case "vllm":\n        pass\n', 2),
     ):
-        assert _runtime_branches(source, names) == [1] or _runtime_branches(source, names) == [2], source
+        assert _runtime_branches(source, names) == [line], source
     assert not _runtime_branches("if runtime in REGISTRY and plan.runtime == other:\n    pass\n", names)

@@ -112,10 +112,13 @@ class FakeRuntime:
         return _capabilities(model, plan) & {VISION, AUDIO}
 
 
-def _capabilities(model: ModelRecord, plan: Plan) -> frozenset[str]:
+def _capabilities(model: ModelRecord, plan: Plan, declared: frozenset[str] | None = None) -> frozenset[str]:
+    """What a session declares: the plan's ``fake_capabilities`` when listed, else its class's
+    own (``declared``, a subclass's included) plus vision for a record with a projector."""
     if "fake_capabilities" in plan.options:
         return frozenset(plan.options["fake_capabilities"] or ())
-    return FakeSession.capabilities | ({VISION} if model.metadata.get(META_PROJECTOR) else set())
+    base = FakeSession.capabilities if declared is None else declared
+    return base | ({VISION} if model.metadata.get(META_PROJECTOR) else set())
 
 
 class FakeSession:
@@ -124,7 +127,7 @@ class FakeSession:
     def __init__(self, model: ModelRecord, plan: Plan) -> None:
         self.model = model
         self.plan = plan
-        self.capabilities = _capabilities(model, plan)
+        self.capabilities = _capabilities(model, plan, type(self).capabilities)
         self._delay = float(plan.options.get("fake_delay_s", 0) or 0)
         self._reply_words = int(plan.options.get("fake_reply_words", 48))
         self._think_words = int(plan.options.get("fake_think_words", 0))

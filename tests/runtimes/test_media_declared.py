@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from localrun.errors import UnsupportedFeature
+from localrun.runtimes.fake import FakeRuntime
 from localrun.runtimes.mlc import MlcSession
 from localrun.runtimes.openai_compat.wire import refuse_media
 from localrun.runtimes.vllm import VllmSession, folder_media
@@ -24,6 +25,7 @@ from localrun.types import (
     Media,
     Message,
     ModelRecord,
+    Plan,
 )
 
 IMAGE = Media("image", b"\x89PNG\r\n\x1a\n")
@@ -69,3 +71,14 @@ def test_refuse_media_names_the_field_and_passes_text():
     with pytest.raises(UnsupportedFeature) as info:
         refuse_media(CompletionRequest("x", media=(Media("audio", b"RIFF"),)), runtime="mlx", model="m", why="w")
     assert info.value.param == "audio" and "mlx" in info.value.message and info.value.hint
+
+
+def test_a_fake_session_subclass_keeps_the_capabilities_it_declares(tmp_path):
+    """The agents' scripted runtime declares tools on its session class; the fake's
+    constructor must not replace them with the fake's own (the agents' tool step broke so)."""
+    from tests.agents.scripted import ScriptedRuntime
+
+    record = ModelRecord(name="tiny", path=str(tmp_path), format=Format.GGUF)
+    plan = Plan(runtime="scripted", n_ctx=512)
+    assert {"tools", "json_schema"} <= ScriptedRuntime().load(record, plan).capabilities
+    assert "tools" not in FakeRuntime().load(record, plan).capabilities

@@ -25,7 +25,7 @@ import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from localrun.chat.media import MediaReader
 from localrun.chat.media_formats import AUDIO, IMAGE
@@ -113,9 +113,9 @@ def tool_set(body: ResponsesRequest) -> ToolSet:
                     member, {"function": FunctionTool, "custom": CustomTool}, HOSTED_TOOLS, f"tools[{i}].tools[{j}]"
                 )
                 if inner is not None:
-                    out.add(inner, tool.name, f"tools[{i}].tools[{j}]")
+                    out.add(cast("FunctionTool | CustomTool", inner), tool.name, f"tools[{i}].tools[{j}]")
         else:
-            out.add(tool, None, f"tools[{i}]")
+            out.add(cast("FunctionTool | CustomTool", tool), None, f"tools[{i}]")
     if out.dropped:
         log.info("responses: dropped hosted tools localrun does not run: %s", ", ".join(out.dropped))
     return out

@@ -41,12 +41,12 @@ def usage_object(u: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     }
 
 
-def text_part(text: str, logprobs: list | None = None) -> dict[str, Any]:
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def message_item(
-    item_id: str, text: str | None, *, status: str = "completed", logprobs: list | None = None
+    item_id: str, text: str | None, *, status: str = "completed", logprobs: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
     """An assistant message; ``text`` None while it is being opened (no content part yet)."""
     content = [] if text is None else [text_part(text, logprobs)]
@@ -106,9 +106,9 @@ class Draft:
         self,
         *,
         status: str,
-        output: list,
-        usage: dict | None = None,
-        error: dict | None = None,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
         incomplete: str | None = None,
     ) -> dict[str, Any]:
         return {
@@ -132,7 +132,13 @@ def status_of(finish: str | None) -> tuple[str, str | None]:
 
 
 def output_items(
-    text: str, reasoning: str, calls: list[dict], tools: ToolSet, *, encrypted: bool, logprobs: list | None = None
+    text: str,
+    reasoning: str,
+    calls: list[dict[str, Any]],
+    tools: ToolSet,
+    *,
+    encrypted: bool,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """The whole output of a collected answer: reasoning, the message (if any text, or nothing else), calls."""
     items = []
@@ -153,7 +159,7 @@ class EventWriter:
         self.output: list[dict[str, Any]] = []
         self._msg: tuple[str, int] | None = None  # (item id, output index) of the open message
         self._text: list[str] = []
-        self._logprobs: list[dict] = []
+        self._logprobs: list[dict[str, Any]] = []
         self._rs: tuple[str, int] | None = None
         self._rs_text: list[str] = []
         self._delta_head = b""
@@ -172,13 +178,14 @@ class EventWriter:
 
     # --- deltas ---
 
-    def text(self, delta: str, logprobs: tuple = ()) -> bytes:
+    def text(self, delta: str, logprobs: tuple[dict[str, Any], ...] = ()) -> bytes:
         out = self._close_reasoning() if self._rs else b""
         if self._msg is None:
             out += self._open_message()
         self._text.append(delta)
         if logprobs:
             self._logprobs.extend(logprobs)
+            assert self._msg is not None  # opened above
             item_id, index = self._msg
             return out + self.event(
                 "response.output_text.delta",
@@ -230,6 +237,7 @@ class EventWriter:
         )
 
     def _close_reasoning(self) -> bytes:
+        assert self._rs is not None  # called only while one is open
         item_id, index = self._rs
         text = "".join(self._rs_text)
         item = reasoning_item(item_id, text, encrypted=self.encrypted)
@@ -241,6 +249,7 @@ class EventWriter:
         ) + self.event("response.output_item.done", {"output_index": index, "item": item})
 
     def _close_message(self) -> bytes:
+        assert self._msg is not None  # called only while one is open
         item_id, index = self._msg
         text = "".join(self._text)
         part = text_part(text, self._logprobs)
@@ -257,7 +266,7 @@ class EventWriter:
     # --- the end ---
 
     def finish(
-        self, calls: list[dict], finish: str | None, usage: Usage, *, reasoning_tokens: int = 0
+        self, calls: list[dict[str, Any]], finish: str | None, usage: Usage, *, reasoning_tokens: int = 0
     ) -> tuple[bytes, dict[str, Any]]:
         """The closing events and the final response object (for the store)."""
         out = self._close_reasoning() if self._rs else b""
@@ -274,7 +283,7 @@ class EventWriter:
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self.event(kind, {"response": response}), response
 
-    def _call_events(self, call: dict) -> bytes:
+    def _call_events(self, call: dict[str, Any]) -> bytes:
         item = call_item(call, self.tools)
         index = len(self.output)
         self.output.append(item)

@@ -97,13 +97,10 @@ def build_vllm_command(record: ModelRecord, plan: Plan, port: int, *, python: st
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
-    import json
-
     try:
-        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InvalidModelFile(f"{folder / 'config.json'} is not readable JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
+        return read_json_object(folder / "config.json")
+    except NotAJsonObject as exc:
+        raise InvalidModelFile(f"{exc}", hint="the model's folder is broken: pull or copy it again") from None
 
 
 class VllmServer(SupervisedServer):

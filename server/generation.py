@@ -60,7 +60,7 @@ def logprobs_asked(logprobs: bool | None, top: int | None) -> int | None:
 
 
 def make_sampling(
-    *, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: float | int | None
+    *, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: Any
 ) -> Sampling:
     """Sampling from request fields; unset knobs keep the runtime defaults in ``Sampling``."""
     fields: dict[str, Any] = {k: v for k, v in knobs.items() if v is not None}

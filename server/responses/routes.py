@@ -15,10 +15,11 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
 from localrun.server.fields import parse_body
@@ -29,10 +30,10 @@ from localrun.server.reasoning import effort_ask, enable_reasoning
 from localrun.server.responses import answers
 from localrun.server.responses.convert import ToolSet, conversation, needs, parse_items, tool_choice, tool_set
 from localrun.server.responses.output import Draft, EventWriter, new_id, output_items, status_of, usage_object
-from localrun.server.responses.schemas import ResponsesRequest
+from localrun.server.responses.schemas import NamedChoice, ResponsesRequest
 from localrun.server.responses.store import ResponseStore
 from localrun.server.streams import stream_tail
-from localrun.types import ChatRequest
+from localrun.types import ChatRequest, Chunk, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def _raw_input(body: ResponsesRequest) -> list[Any]:
     return list(body.input)
 
 
-def _echo(body: ResponsesRequest, sampling, choice: Any) -> dict[str, Any]:
+def _echo(body: ResponsesRequest, sampling: Sampling, choice: Any) -> dict[str, Any]:
     """The request's settings as every response object repeats them (what actually ran)."""
     fmt = body.text.format if body.text and body.text.format else None
     return {
@@ -88,7 +89,7 @@ def _echo(body: ResponsesRequest, sampling, choice: Any) -> dict[str, Any]:
     }
 
 
-def _found(body: ResponsesRequest, items, tools: ToolSet, choice: Any) -> list[tuple[str, str]]:
+def _found(body: ResponsesRequest, items: list[tuple[str, Any]], tools: ToolSet, choice: Any) -> list[tuple[str, str]]:
     found = body.unsupported() + needs(items)
     if tools.tools and choice != "none":
         found.append(("tools", "tools"))
@@ -97,7 +98,7 @@ def _found(body: ResponsesRequest, items, tools: ToolSet, choice: Any) -> list[t
     return found
 
 
-def _sampling(request: Request, body: ResponsesRequest):
+def _sampling(request: Request, body: ResponsesRequest) -> Sampling:
     fmt = body.text.format if body.text else None
     schema = None
     if fmt is not None and fmt.type != "text":
@@ -113,7 +114,7 @@ def _sampling(request: Request, body: ResponsesRequest):
     )
 
 
-def _calls(gen: Generation, body: ResponsesRequest) -> list[dict]:
+def _calls(gen: Generation, body: ResponsesRequest) -> list[dict[str, Any]]:
     calls = list(gen.tool_calls)
     if body.parallel_tool_calls is False:
         calls = calls[:1]
@@ -124,7 +125,7 @@ def _calls(gen: Generation, body: ResponsesRequest) -> list[dict]:
 
 @documented(ResponsesRequest, answers.ResponseObject, stream=SSE)
 @router.post("/responses")
-async def create_response(request: Request):
+async def create_response(request: Request) -> Response:
     body: ResponsesRequest = await parse_body(request, ResponsesRequest)
     body.check_include()
     store = response_store(request)
@@ -150,7 +151,7 @@ async def create_response(request: Request):
     echo = _echo(
         body,
         sampling,
-        body.tool_choice.model_dump(exclude_none=True) if hasattr(body.tool_choice, "model_dump") else choice,
+        body.tool_choice.model_dump(exclude_none=True) if isinstance(body.tool_choice, NamedChoice) else choice,
     )
     draft = Draft(new_id("resp"), gen.record.name, echo)
     keep = store if body.store is not False else None
@@ -171,7 +172,7 @@ async def create_response(request: Request):
     )
 
 
-async def _keep(store: ResponseStore | None, rid: str, body: ResponsesRequest, response: dict) -> None:
+async def _keep(store: ResponseStore | None, rid: str, body: ResponsesRequest, response: dict[str, Any]) -> None:
     if store is None:
         return
     try:
@@ -180,7 +181,9 @@ async def _keep(store: ResponseStore | None, rid: str, body: ResponsesRequest, r
         log.warning("could not store response %s in %s: %s", rid, store.path, exc)
 
 
-async def _events(gen: Generation, first, writer: EventWriter, body: ResponsesRequest, keep) -> AsyncIterator[bytes]:
+async def _events(
+    gen: Generation, first: Chunk | None, writer: EventWriter, body: ResponsesRequest, keep: ResponseStore | None
+) -> AsyncIterator[bytes]:
     async def finish() -> AsyncIterator[bytes]:
         data, response = writer.finish(
             _calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts)
@@ -196,7 +199,7 @@ async def _events(gen: Generation, first, writer: EventWriter, body: ResponsesRe
         yield out
 
 
-def _piece(writer: EventWriter, chunk) -> bytes:
+def _piece(writer: EventWriter, chunk: Chunk) -> bytes:
     out = writer.reasoning(chunk.reasoning) if chunk.reasoning else b""
     if chunk.text:
         out += writer.text(chunk.text, chunk.logprobs)
@@ -205,13 +208,13 @@ def _piece(writer: EventWriter, chunk) -> bytes:
 
 @documented(answer=answers.ResponseObject)
 @router.get("/responses/{rid}")
-async def get_response(request: Request, rid: str):
+async def get_response(request: Request, rid: str) -> dict[str, Any]:
     return await asyncio.to_thread(response_store(request).get, rid)
 
 
 @documented(answer=answers.Deleted)
 @router.delete("/responses/{rid}")
-async def delete_response(request: Request, rid: str):
+async def delete_response(request: Request, rid: str) -> dict[str, Any]:
     from localrun.server.responses.store import ResponseNotFound
 
     if not await asyncio.to_thread(response_store(request).delete, rid):
@@ -223,9 +226,9 @@ def _bare_router() -> APIRouter:
     """The same routes without ``/v1`` (``POST /responses``…), like OpenAI's other bare aliases: a client
     whose base URL lacks ``/v1`` (llama.cpp's own server tests among them) got a 404 here alone."""
     bare = APIRouter()
-    for route in router.routes:
+    for route in cast("list[APIRoute]", router.routes):  # the routes above, every one an APIRoute
         bare.add_api_route(
-            route.path.removeprefix("/v1"), route.endpoint, methods=list(route.methods), include_in_schema=False
+            route.path.removeprefix("/v1"), route.endpoint, methods=list(route.methods or ()), include_in_schema=False
         )
     return bare
 

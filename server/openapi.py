@@ -23,12 +23,19 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import JsonSchemaMode, JsonSchemaValue, models_json_schema
+from starlette.responses import HTMLResponse, JSONResponse
 
 from localrun.server.errors import ErrorShapes, shapes_of
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from starlette.applications import Starlette
+
+    from localrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,9 @@ FRAMEWORK_PATHS = frozenset({"/openapi.json", "/docs", "/docs/oauth2-redirect", 
 #: Whose shapes the shared kit's colliding names are (server/schemas.py: OpenAI's chat message,
 #: which llama-server's ``/apply-template`` takes too), so the names read ``OpenaiChatMessage``.
 KIT_FAMILY = "openai"
+#: The ``$ref`` of each declared (model, mode) pair, as pydantic's ``models_json_schema`` keys them.
+Refs = dict[tuple[type[Any], JsonSchemaMode], JsonSchemaValue]
+F = TypeVar("F", bound=Callable[..., Any])
 _PARAM = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)(?::[A-Za-z_]+)?\}")
 
 
@@ -69,19 +79,19 @@ def documented(
     summary: str = "",
     tag: str = "",
     query: tuple[str, ...] = (),
-) -> Callable:
+) -> Callable[[F], F]:
     """Mark a route function with its OpenAPI facts; the function itself is returned unchanged,
     so the decorator sits above or below ``@router.post(...)`` alike."""
     doc = Doc(body, answer, stream, media, strict, summary, tag, query)
 
-    def mark(fn: Callable) -> Callable:
+    def mark(fn: F) -> F:
         setattr(fn, MARK, doc)
         return fn
 
     return mark
 
 
-def doc_of(endpoint: Callable | None) -> Doc | None:
+def doc_of(endpoint: Callable[..., Any] | None) -> Doc | None:
     return getattr(endpoint, MARK, None) if endpoint is not None else None
 
 
@@ -91,11 +101,11 @@ class Operation:
 
     path: str  # OpenAPI form: ``{model}``, never ``{model:path}``
     method: str  # lower case
-    endpoint: Callable | None
+    endpoint: Callable[..., Any] | None
     doc: Doc | None
 
 
-def operations(app) -> list[Operation]:
+def operations(app: Starlette) -> list[Operation]:
     """Every (path, method) the app answers, in matching order, the framework's own routes left out.
 
     A route is in when its endpoint is marked, or when FastAPI itself would have documented it
@@ -131,7 +141,7 @@ def operation_id(method: str, path: str) -> str:
     return f"{method}_{slug}"
 
 
-def build(app, *, strict_fields: bool = False, title: str = "localrun", version: str = "") -> dict[str, Any]:
+def build(app: FastAPI, *, strict_fields: bool = False, title: str = "localrun", version: str = "") -> dict[str, Any]:
     """The whole OpenAPI 3.1 document of ``app``."""
     ops = operations(app)
     shapes = shapes_of(app)
@@ -168,9 +178,7 @@ def build(app, *, strict_fields: bool = False, title: str = "localrun", version:
     }
 
 
-def _components(
-    ops: list[Operation], shapes: ErrorShapes, *, strict_fields: bool
-) -> tuple[dict[str, Any], dict[tuple, dict]]:
+def _components(ops: list[Operation], shapes: ErrorShapes, *, strict_fields: bool) -> tuple[dict[str, Any], Refs]:
     """The schemas of every declared model, and the ``$ref`` of each (model, mode) pair.
 
     Pydantic names the components (a longer name only where two models share one).
@@ -179,7 +187,7 @@ def _components(
     answers = {op.doc.answer for op in ops if op.doc and op.doc.answer} | {
         shapes.shape_for(op.path).model for op in ops
     }
-    pairs = [(m, "validation") for m in sorted(bodies, key=_key)]
+    pairs: list[tuple[type[BaseModel], JsonSchemaMode]] = [(m, "validation") for m in sorted(bodies, key=_key)]
     pairs += [(m, "serialization") for m in sorted(answers, key=_key)]
     if not pairs:
         return {}, {}
@@ -194,10 +202,10 @@ def _components(
     return _short_names(schemas, refs)
 
 
-def _short_names(schemas: dict[str, Any], refs: dict[tuple, dict]) -> tuple[dict[str, Any], dict[tuple, dict]]:
+def _short_names(schemas: dict[str, Any], refs: Refs) -> tuple[dict[str, Any], Refs]:
     """Pydantic spells a shared name with its whole module path (``localrun__server__ollama__schemas__ChatMessage``);
     the family and the name (``OllamaChatMessage``) read better in a generated client."""
-    renames = {}
+    renames: dict[str, str] = {}
     for name in schemas:
         parts = name.split("__")
         if len(parts) >= 3:
@@ -219,7 +227,7 @@ def _key(model: type) -> str:
     return f"{model.__module__}.{model.__qualname__}"
 
 
-def _operation(op: Operation, oid: str, refs: dict[tuple, dict], shapes: ErrorShapes) -> dict[str, Any]:
+def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict[str, Any]:
     doc = op.doc or Doc()
     out: dict[str, Any] = {"operationId": oid, "tags": [doc.tag or _tag(op.path)]}
     if doc.summary or op.endpoint is not None:
@@ -247,7 +255,7 @@ def _operation(op: Operation, oid: str, refs: dict[tuple, dict], shapes: ErrorSh
     return out
 
 
-def _success(doc: Doc, refs: dict[tuple, dict]) -> dict[str, Any]:
+def _success(doc: Doc, refs: Refs) -> dict[str, Any]:
     content: dict[str, Any] = {}
     if doc.answer is not None:
         content["application/json"] = {"schema": dict(refs[(doc.answer, "serialization")])}
@@ -255,7 +263,9 @@ def _success(doc: Doc, refs: dict[tuple, dict]) -> dict[str, Any]:
         content[doc.stream] = {"schema": {"type": "string"}}
     if doc.media:
         content[doc.media] = {"schema": {"type": "string"}}
-    answer = {"description": "success" + (" (streamed when asked)" if doc.stream and doc.answer else "")}
+    answer: dict[str, Any] = {
+        "description": "success" + (" (streamed when asked)" if doc.stream and doc.answer else "")
+    }
     if content:
         answer["content"] = content
     else:
@@ -277,19 +287,17 @@ def _tag(path: str) -> str:
     return "openai"
 
 
-def _first_line(fn: Callable | None) -> str:
+def _first_line(fn: Callable[..., Any] | None) -> str:
     text = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     return text[0] if text else getattr(fn, "__name__", "").replace("_", " ")
 
 
-def install(app, settings) -> None:
+def install(app: FastAPI, settings: Settings) -> None:
     """Serve the document (and, with ``server.docs``, the Swagger UI at ``/docs``).
 
     The routes sit behind the same middleware as the rest, so with an API key set the
     document needs the key too. It is built once, on first request, when every route exists.
     """
-    from starlette.responses import JSONResponse
-
     cache: dict[str, Any] = {}
 
     def document() -> dict[str, Any]:
@@ -297,16 +305,17 @@ def install(app, settings) -> None:
             cache["doc"] = build(app, strict_fields=settings.server.strict_fields, version=app.version)
         return copy.deepcopy(cache["doc"])
 
-    app.openapi = document  # FastAPI's own docs page reads it here
+    # FastAPI's own docs page reads it here; replacing the method is FastAPI's documented way, its types say no
+    app.openapi = document  # type: ignore[method-assign]
 
-    async def openapi_json():
+    async def openapi_json() -> JSONResponse:
         return JSONResponse(document())
 
     app.add_api_route("/openapi.json", openapi_json, methods=["GET"], include_in_schema=False)
     if settings.server.docs:
         from fastapi.openapi.docs import get_swagger_ui_html
 
-        async def swagger():
+        async def swagger() -> HTMLResponse:
             return get_swagger_ui_html(openapi_url="/openapi.json", title="localrun API")
 
         app.add_api_route("/docs", swagger, methods=["GET"], include_in_schema=False)

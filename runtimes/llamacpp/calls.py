@@ -22,22 +22,22 @@ class ThreadCalls:
     them under its own condition, so a call is never added after the thread has stopped."""
 
     def __init__(self) -> None:
-        self._pending: list[tuple[Callable[[], Any], Future]] = []
+        self._pending: list[tuple[Callable[[], Any], Future[Any]]] = []
 
     def __bool__(self) -> bool:
         return bool(self._pending)
 
-    def add(self, fn: Callable[[], Any]) -> Future:
-        future: Future = Future()
+    def add(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
         self._pending.append((fn, future))
         return future
 
-    def take(self) -> list[tuple[Callable[[], Any], Future]]:
+    def take(self) -> list[tuple[Callable[[], Any], Future[Any]]]:
         taken, self._pending = self._pending, []
         return taken
 
     @staticmethod
-    def run(calls: list[tuple[Callable[[], Any], Future]]) -> None:
+    def run(calls: list[tuple[Callable[[], Any], Future[Any]]]) -> None:
         """Run each call, its result or its error going back to the thread that waits."""
         for fn, future in calls:
             if not future.set_running_or_notify_cancel():
@@ -48,7 +48,7 @@ class ThreadCalls:
                 future.set_exception(exc)
 
     @staticmethod
-    def fail(calls: list[tuple[Callable[[], Any], Future]], error: BaseException) -> None:
+    def fail(calls: list[tuple[Callable[[], Any], Future[Any]]], error: BaseException) -> None:
         for _, future in calls:
             if future.set_running_or_notify_cancel():
                 future.set_exception(error)

@@ -19,10 +19,17 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from localrun.runtimes.llamacpp.job import Job
 from localrun.types import Cancel, Chunk, Usage
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.decode import Sampler
+
+#: The queue every choice's chunks go to, each under its index.
+Merged = queue.SimpleQueue[tuple[int, Chunk | BaseException]]
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +39,10 @@ class _Tagged:
 
     __slots__ = ("_shared", "_index")
 
-    def __init__(self, shared: queue.SimpleQueue, index: int) -> None:
+    def __init__(self, shared: Merged, index: int) -> None:
         self._shared, self._index = shared, index
 
-    def put(self, item) -> None:
+    def put(self, item: Chunk | BaseException) -> None:
         self._shared.put((self._index, item))
 
 
@@ -43,11 +50,12 @@ class _OnFirstSample:
     """Wraps the first choice's sampler: its first draw means the prompt is in the KV cache."""
 
     __slots__ = ("_inner", "_then")
+    _then: Callable[[], None] | None  # None once called
 
-    def __init__(self, inner, then) -> None:
+    def __init__(self, inner: Sampler, then: Callable[[], None]) -> None:
         self._inner, self._then = inner, then
 
-    def sample(self, ctx, index: int) -> int:
+    def sample(self, ctx: Any, index: int) -> int:
         token = self._inner.sample(ctx, index)
         if self._then is not None:
             then, self._then = self._then, None
@@ -58,13 +66,13 @@ class _OnFirstSample:
         self._inner.free()
 
 
-def stream_choices(submit, jobs: list[Job], cancel: Cancel) -> Iterator[Chunk]:
+def stream_choices(submit: Callable[[Job], None], jobs: list[Job], cancel: Cancel) -> Iterator[Chunk]:
     """Run ``jobs`` (one per choice, same prompt) and yield their chunks merged, by index.
 
     ``submit`` hands a job to the scheduler (from any thread); nothing is submitted before the
     first chunk is asked for. Closing the generator early, or ``cancel``, abandons every choice.
     """
-    shared: queue.SimpleQueue = queue.SimpleQueue()
+    shared: Merged = queue.SimpleQueue()
     for i, job in enumerate(jobs):
         job.out = _Tagged(shared, i)
     lock, sent = threading.Lock(), [False]
@@ -83,7 +91,7 @@ def stream_choices(submit, jobs: list[Job], cancel: Cancel) -> Iterator[Chunk]:
     yield from _merge(shared, jobs, cancel, release_rest)
 
 
-def _merge(shared: queue.SimpleQueue, jobs: list[Job], cancel: Cancel, release_rest) -> Iterator[Chunk]:
+def _merge(shared: Merged, jobs: list[Job], cancel: Cancel, release_rest: Callable[[], None]) -> Iterator[Chunk]:
     open_ = set(range(len(jobs)))
     total = Usage()
     try:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, cast
 
 from localrun.types import Sampling
 
@@ -20,7 +21,16 @@ log = logging.getLogger(__name__)
 PENALTY_LAST_N = 64
 
 
-def build_sampler(llama, sampling: Sampling, n_vocab: int):
+class Sampler(Protocol):
+    """What drives one sequence: ``sample`` picks the token at a batch row (and accepts it), ``free``
+    releases the native samplers. :class:`ChainSampler`, the grammar's and logprobs' wrappers."""
+
+    def sample(self, ctx: Any, index: int) -> int: ...
+
+    def free(self) -> None: ...
+
+
+def build_sampler(llama: Any, sampling: Sampling, n_vocab: int) -> Any:
     """A C sampler chain for one request; the caller frees it with ``llama_sampler_free``.
 
     Logit biases first (so +100 forces a token even under greedy), then the penalties
@@ -56,7 +66,7 @@ def build_sampler(llama, sampling: Sampling, n_vocab: int):
     return chain
 
 
-def logit_bias_sampler(llama, n_vocab: int, biases):
+def logit_bias_sampler(llama: Any, n_vocab: int, biases: Sequence[tuple[int, float]]) -> Any:
     """llama.cpp's logit-bias stage. OpenAI's ±100 means "ban" / "force": the bias is added to
     the raw logit, and 100 already outweighs any logit a model produces."""
     arr = (llama.llama_logit_bias * len(biases))()
@@ -73,12 +83,13 @@ class EogGuard:
     consistent distribution; the inner chain's state is never rebuilt mid-answer."""
 
     __slots__ = ("_inner", "_get_logits", "_eog", "_left")
+    _get_logits: Callable[[Any, int], Any]  # llama_get_logits_ith: a float pointer into the context's logits
 
-    def __init__(self, llama, inner, eog_tokens, until: int | None) -> None:
+    def __init__(self, llama: Any, inner: Sampler, eog_tokens: Sequence[int], until: int | None) -> None:
         self._inner, self._get_logits, self._eog = inner, llama.llama_get_logits_ith, tuple(eog_tokens)
         self._left = until  # None: for the whole answer
 
-    def sample(self, ctx, index: int) -> int:
+    def sample(self, ctx: Any, index: int) -> int:
         if self._left is None or self._left > 0:
             logits = self._get_logits(ctx, index)
             for token in self._eog:
@@ -97,11 +108,13 @@ class ChainSampler:
     methods can drive a sequence (a grammar-constrained sampler, say)."""
 
     __slots__ = ("_sample", "_free", "chain")
+    _sample: Callable[[Any, Any, int], int]  # llama_sampler_sample(chain, ctx, index)
+    _free: Callable[[Any], None]
 
-    def __init__(self, llama, chain) -> None:
+    def __init__(self, llama: Any, chain: Any) -> None:
         self._sample, self._free, self.chain = llama.llama_sampler_sample, llama.llama_sampler_free, chain
 
-    def sample(self, ctx, index: int) -> int:
+    def sample(self, ctx: Any, index: int) -> int:
         return self._sample(self.chain, ctx, index)
 
     def free(self) -> None:
@@ -118,7 +131,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def token_piece_reader(llama, vocab):
+def token_piece_reader(llama: Any, vocab: Any) -> Callable[[int], bytes]:
     """``token -> bytes`` with a reused buffer and a per-token cache: a vocabulary's pieces
     never change, and a dict lookup is cheaper than a ctypes call."""
     buf = ctypes.create_string_buffer(256)
@@ -141,7 +154,11 @@ def token_piece_reader(llama, vocab):
 
 
 def fill_batch(
-    batch, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int] | int, logits: Sequence[bool] | bool
+    batch: Any,
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    seqs: Sequence[int] | int,
+    logits: Sequence[bool] | bool,
 ) -> None:
     """Write rows into a ``llama_batch`` (one sequence id per row) and set its length.
 
@@ -152,10 +169,11 @@ def fill_batch(
     token, pos, n_seq_id, seq_id, out = batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits
     one_seq = isinstance(seqs, int)
     all_logits = isinstance(logits, bool)
+    row_seqs, row_logits = cast("Sequence[int]", seqs), cast("Sequence[bool]", logits)  # read only when per row
     for i, tok in enumerate(tokens):
         token[i] = tok
         pos[i] = positions[i]
         n_seq_id[i] = 1
-        seq_id[i][0] = seqs if one_seq else seqs[i]
-        out[i] = logits if all_logits else logits[i]
+        seq_id[i][0] = seqs if one_seq else row_seqs[i]
+        out[i] = logits if all_logits else row_logits[i]
     batch.n_tokens = len(tokens)

@@ -17,6 +17,7 @@ from localrun.errors import LocalrunError, Overloaded
 if TYPE_CHECKING:
     from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
     from localrun.runtimes.llamacpp.cache.slots import Layout
+    from localrun.runtimes.llamacpp.job import Job
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,12 @@ class DecodeCalls:
     def rc(self, batch: Any = None) -> int:
         """``llama_decode``'s return code for ``batch`` (the scheduler's own by default)."""
         batch = self.batch if batch is None else batch
-        rc = self._llama.llama_decode(self._ctx, batch)
+        rc: int = self._llama.llama_decode(self._ctx, batch)
         if rc == 1 and self._unified and self._cache.evict_idle():
             rc = self._llama.llama_decode(self._ctx, batch)  # the shared pool had idle prefixes in it
         return rc
 
-    def run(self, jobs: list, batch: Any = None) -> bool:
+    def run(self, jobs: list[Job], batch: Any = None) -> bool:
         """Decode ``batch``; on failure end ``jobs`` with the error and return False."""
         rc = self.rc(batch)
         if rc == 0:
@@ -58,7 +59,7 @@ class DecodeCalls:
         self.fail(jobs, rc)
         return False
 
-    def fail(self, jobs: list, rc: int) -> None:
+    def fail(self, jobs: list[Job], rc: int) -> None:
         if rc == 1:
             err: LocalrunError = Overloaded(
                 f"the KV cache has no room for this step ({self._running()} requests running)",

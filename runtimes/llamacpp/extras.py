@@ -56,7 +56,10 @@ class ServerExtras:
         return {"content": raw.decode("utf-8", errors="replace")}
 
     def apply_template(
-        self, messages: list[dict], template_kwargs: dict | None = None, add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> dict[str, Any]:
         text, _ = self._prompting.chat_text(
             messages, dict(template_kwargs or {}), add_generation_prompt=add_generation_prompt

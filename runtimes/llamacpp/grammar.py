@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from localrun.chat.tools import ForcedCall
 from localrun.errors import UnsupportedFeature
 from localrun.types import Sampling, logprob_entry
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.decode import ChainSampler, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +45,15 @@ def gbnf_literal(text: str) -> str:
     return '"' + "".join(_ESCAPES.get(ch, ch) for ch in text) + '"'
 
 
-def _converter(prop_order: tuple[str, ...] = ()):
+def _converter(prop_order: tuple[str, ...] = ()) -> Any:  # llama_cpp's SchemaConverter: its methods are unannotated
     from llama_cpp.llama_grammar import SchemaConverter
 
-    return SchemaConverter(
+    return SchemaConverter(  # type: ignore[no-untyped-call]  # llama_cpp leaves its __init__ unannotated
         prop_order={k: i for i, k in enumerate(prop_order)}, allow_fetch=False, dotall=False, raw_pattern=False
     )
 
 
-def _compile(schema: dict[str, Any], rule: str, prop_order: tuple[str, ...], param: str):
+def _compile(schema: dict[str, Any], rule: str, prop_order: tuple[str, ...], param: str) -> Any:
     if not isinstance(schema, dict):
         raise UnsupportedFeature(
             f"the JSON schema in {param!r} must be an object, not {type(schema).__name__}",
@@ -73,7 +76,8 @@ def _compile(schema: dict[str, Any], rule: str, prop_order: tuple[str, ...], par
 
 def json_schema_gbnf(schema: dict[str, Any], *, param: str = "response_format") -> str:
     """A GBNF grammar for JSON text valid against ``schema``; ``{}`` means any JSON object."""
-    return _compile(schema or {"type": "object"}, "", (), param).format_grammar()
+    gbnf: str = _compile(schema or {"type": "object"}, "", (), param).format_grammar()
+    return gbnf
 
 
 def forced_call_gbnf(call: ForcedCall) -> str:
@@ -116,7 +120,7 @@ def request_grammar(sampling: Sampling, forced: ForcedCall | None) -> str | None
     return sampling.grammar
 
 
-def grammar_sampler(llama, vocab, gbnf: str, *, root: str = "root"):
+def grammar_sampler(llama: Any, vocab: Any, gbnf: str, *, root: str = "root") -> Any:
     """llama.cpp's grammar sampler for ``gbnf``; the caller adds it first to a chain (which then owns it).
 
     Raises:
@@ -152,7 +156,7 @@ class ConstrainedSampler:
         UnsupportedFeature: llama.cpp cannot parse the grammar (the chain is freed).
     """
 
-    def __init__(self, llama, vocab, gbnf: str, chain, n_vocab: int, *, need: int | None = None) -> None:
+    def __init__(self, llama: Any, vocab: Any, gbnf: str, chain: Any, n_vocab: int, *, need: int | None = None) -> None:
         import ctypes
 
         import numpy as np
@@ -175,17 +179,17 @@ class ConstrainedSampler:
         self._one = llama.llama_token_data_array(self._one_cell, 1, -1, False)
         self._byref = ctypes.byref
 
-    def _logits(self, ctx, index: int):
+    def _logits(self, ctx: Any, index: int) -> Any:
         return self._np.ctypeslib.as_array(self._llama.llama_get_logits_ith(ctx, index), shape=(self._n,))
 
-    def _fill(self, ctx, index: int) -> None:
+    def _fill(self, ctx: Any, index: int) -> None:
         cells = self._cells
         cells["id"] = self._ids  # samplers sort and truncate the array in place
         cells["logit"] = self._logits(ctx, index)
         cells["p"] = 0.0
         self._all.size, self._all.selected, self._all.sorted = self._n, -1, False
 
-    def _fill_shortlist(self, ctx, index: int) -> bool:
+    def _fill_shortlist(self, ctx: Any, index: int) -> bool:
         """The ``shortlist`` best tokens, masked; True when at least ``need`` stay valid."""
         np, k = self._np, self._shortlist
         logits = self._logits(ctx, index)
@@ -197,12 +201,12 @@ class ConstrainedSampler:
         self._all.size, self._all.selected, self._all.sorted = k, -1, False
         self._llama.llama_sampler_apply(self.grammar, self._byref(self._all))
         size = self._all.size
-        return int(np.count_nonzero(np.isfinite(cells["logit"][:size]))) >= self._need
+        return int(np.count_nonzero(np.isfinite(cells["logit"][:size]))) >= cast(int, self._need)  # a shortlist has one
 
     def _pick(self) -> int:
         return int(self._all.data[self._all.selected].id)
 
-    def sample(self, ctx, index: int) -> int:
+    def sample(self, ctx: Any, index: int) -> int:
         llama, byref = self._llama, self._byref
         self._fill(ctx, index)
         llama.llama_sampler_apply(self.chain, byref(self._all))
@@ -222,7 +226,7 @@ class ConstrainedSampler:
         llama.llama_sampler_accept(self.chain, token)
         return token
 
-    def valid_prefix(self, tokens) -> int:
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar allows from its current state (a drafted
         token it forbids is cut before verification). Checked on a clone: the grammar itself
         only ever accepts what ``sample`` returns."""
@@ -248,7 +252,9 @@ class ConstrainedSampler:
             self.chain = self.grammar = None
 
 
-def sequence_sampler(llama, vocab, chain, gbnf: str | None, sampling: Sampling, n_vocab: int):
+def sequence_sampler(
+    llama: Any, vocab: Any, chain: Any, gbnf: str | None, sampling: Sampling, n_vocab: int
+) -> ChainSampler | ConstrainedSampler:
     """:class:`ConstrainedSampler` when there is a grammar, else a plain
     :class:`~localrun.runtimes.llamacpp.decode.ChainSampler`; owns ``chain``.
 
@@ -282,17 +288,24 @@ class LogprobSampler:
 
     __slots__ = ("inner", "_reader", "_top_n", "entries", "_is_eog")
 
-    def __init__(self, inner, reader: LogprobReader, top_n: int, entries: list, is_eog: Callable[[int], bool]) -> None:
+    def __init__(
+        self,
+        inner: Sampler,
+        reader: LogprobReader,
+        top_n: int,
+        entries: list[dict[str, Any]],
+        is_eog: Callable[[int], bool],
+    ) -> None:
         self.inner, self._reader, self._top_n, self.entries, self._is_eog = inner, reader, top_n, entries, is_eog
 
-    def sample(self, ctx, index: int) -> int:
+    def sample(self, ctx: Any, index: int) -> int:
         token = self.inner.sample(ctx, index)
         if not self._is_eog(token):
             self.entries.append(self._reader.read(index, token, self._top_n))
         return token
 
-    def valid_prefix(self, tokens) -> int:
-        check = getattr(self.inner, "valid_prefix", None)
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        check: Callable[[Sequence[int]], int] | None = getattr(self.inner, "valid_prefix", None)
         return len(tokens) if check is None else check(tokens)
 
     def free(self) -> None:
@@ -307,7 +320,7 @@ class LogprobReader:
     batch (``-1``: the last row). Call it after sampling and before the next decode.
     """
 
-    def __init__(self, llama, ctx, n_vocab: int, piece_of: Callable[[int], bytes]) -> None:
+    def __init__(self, llama: Any, ctx: Any, n_vocab: int, piece_of: Callable[[int], bytes]) -> None:
         import numpy as np
 
         self._np = np
@@ -316,7 +329,7 @@ class LogprobReader:
     def _entry(self, token: int, logprob: float) -> dict[str, Any]:
         return logprob_entry(self._piece(token), logprob)
 
-    def _logits(self, index: int):
+    def _logits(self, index: int) -> Any:
         """The position's logits, a view of llama.cpp's buffer (no copy)."""
         ptr = self._llama.llama_get_logits_ith(self._ctx, index)
         if not ptr:
@@ -325,13 +338,13 @@ class LogprobReader:
             )
         return self._np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
 
-    def _log_normaliser(self, logits) -> float:
+    def _log_normaliser(self, logits: Any) -> float:
         """log(sum(exp(logits))), shifted by the maximum so nothing overflows; summed in float64."""
         np = self._np
         top = float(logits.max())
         return top + math.log(float(np.exp(logits - top, dtype=np.float64).sum()))
 
-    def log_softmax(self, index: int):
+    def log_softmax(self, index: int) -> Any:
         """The whole vector (for checks; ``read`` takes only the entries it needs)."""
         logits = self._logits(index)
         return logits.astype(self._np.float64) - self._log_normaliser(logits)

@@ -4,13 +4,25 @@ sampler, slot, text so far, drafting state and media chunks."""
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from localrun.runtimes.llamacpp.cache.slot import Slot
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.runtimes.llamacpp.speculative.drafting import SpecState
 from localrun.runtimes.llamacpp.text import TextAssembler
 from localrun.types import Cancel, Chunk, Usage
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.decode import Sampler
+    from localrun.runtimes.llamacpp.media.prefill import Ticket
+
+
+class Outbox(Protocol):
+    """Where the scheduler puts a job's chunks (and the error that ends it): the job's own queue,
+    or a choice's tagged view of a shared one (choices.py)."""
+
+    def put(self, item: Chunk | BaseException) -> None: ...
 
 
 class Job:
@@ -46,8 +58,8 @@ class Job:
         limit: int,
         stops: tuple[str, ...],
         cancel: Cancel,
-        build_sampler,
-        logprobs: list | None = None,
+        build_sampler: Callable[[], Sampler],
+        logprobs: list[dict[str, Any]] | None = None,
         media: MediaPrompt | None = None,
         id_slot: int = -1,
     ) -> None:
@@ -57,9 +69,9 @@ class Job:
         # Called on the scheduler thread: returns an object with ``sample(ctx, index)`` and
         # ``free()`` (a ChainSampler, or a grammar-constrained one); freed there too.
         self.build_sampler = build_sampler
-        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.out: Outbox = queue.SimpleQueue()
         self.slot: Slot | None = None
-        self.sampler = None
+        self.sampler: Sampler | None = None
         self.text = TextAssembler(stops)
         self.produced = 0
         self.cached = 0
@@ -73,7 +85,7 @@ class Job:
         # The prompt's media chunks (``prompt`` holds their pseudo ids, media/prompt.py) and their
         # queued encodes by chunk start (media/prefill.py); shared by the choices of one request.
         self.media = media
-        self.encodes: dict = {}
+        self.encodes: dict[int, Ticket] = {}
         self.id_slot = id_slot  # the slot asked for (llama-server's id_slot); -1: the cache picks
         self.prefill_began: tuple[float, int] | None = None  # (time, position) its prefill began: progress logs
 
@@ -87,7 +99,7 @@ class Job:
             accepted_tokens=spec.accepted if spec else 0,
         )
 
-    def take_logprobs(self) -> tuple:
+    def take_logprobs(self) -> tuple[dict[str, Any], ...]:
         if not self.logprobs:
             return ()
         out = tuple(self.logprobs)
@@ -101,10 +113,11 @@ class Job:
         """The request thread's side: this job's chunks as the scheduler puts them out, to the
         last. Closing the generator early abandons the job (the scheduler frees its slot)."""
         done = False
+        out = cast("queue.SimpleQueue[Chunk | BaseException]", self.out)  # its own: a choice is read in choices.py
         try:
             while True:
                 self.parked = True
-                item = self.out.get()
+                item = out.get()
                 self.parked = False
                 if isinstance(item, BaseException):
                     done = True

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import logging
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -20,12 +21,12 @@ class NativeLog:
 
     def __init__(self) -> None:
         self.recent: collections.deque[str] = collections.deque(maxlen=6)
-        self.callback = None
+        self.callback: Any = None
 
-    def install(self, llama) -> None:
+    def install(self, llama: Any) -> None:
         last_level = [0]
 
-        def on_log(level: int, text: bytes, _user_data) -> None:
+        def on_log(level: int, text: bytes, _user_data: Any) -> None:
             # ggml.h: NONE 0, DEBUG 1, INFO 2, WARN 3, ERROR 4, CONT 5 (continues the last line)
             if level == 5:
                 level = last_level[0]

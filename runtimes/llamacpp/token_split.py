@@ -98,7 +98,9 @@ def _cut_near(data: bytes, specials: Specials, target: int, lo: int, hi: int) ->
     return best
 
 
-def _newline_cut_near(data: bytes, specials: Specials, followers: frozenset[int], target: int, lo: int, hi: int):
+def _newline_cut_near(
+    data: bytes, specials: Specials, followers: frozenset[int], target: int, lo: int, hi: int
+) -> int | None:
     """The cut right after a newline in ``[lo, hi]`` nearest ``target`` that no token can merge
     across (no token holds that newline and the byte after it) and no special text spans."""
     best = None
@@ -133,9 +135,9 @@ def cut_points(
         found = [_cut_near(data, specials, target, lo, hi)]
         if followers is not None:
             found.append(_newline_cut_near(data, specials, followers, target, lo, hi))
-        found = [at for at in found if at is not None]
-        if found:
-            cuts.append(min(found, key=lambda at: abs(at - target)))
+        near = [at for at in found if at is not None]
+        if near:
+            cuts.append(min(near, key=lambda at: abs(at - target)))
     return cuts
 
 
@@ -170,10 +172,11 @@ class Splitter:
             found = self._source()
             if found is None:
                 return []
-            raw = self._followers_of is not None  # newline cuts need no marker
+            followers_of = self._followers_of
+            raw = followers_of is not None  # newline cuts need no marker
             specials = specials_from(found, self._template, need_markers=not raw)
-            if raw:
-                self._followers = self._followers_of()
+            if followers_of is not None:
+                self._followers = followers_of()
             self._specials, self._ready = specials, True
         return cut_points(data, self._specials, self._threads, self._followers)
 

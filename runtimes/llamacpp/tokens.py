@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from localrun.errors import RuntimeUnavailable
 
@@ -24,7 +25,7 @@ SPLIT_VOCABS = (SPM, 2)  # and BPE
 SPM_SPACE = "\u2581".encode()
 
 
-def tokenize_bytes(llama, vocab, data: bytes, add_special: bool) -> list[int]:
+def tokenize_bytes(llama: Any, vocab: Any, data: bytes, add_special: bool) -> list[int]:
     """One ``llama_tokenize`` call over ``data`` (special tokens parsed)."""
     size = len(data) + 8
     buf = (llama.llama_token * size)()
@@ -36,7 +37,7 @@ def tokenize_bytes(llama, vocab, data: bytes, add_special: bool) -> list[int]:
     return list(buf[:n])
 
 
-def split_rules(llama, vocab) -> tuple[bool, bool]:
+def split_rules(llama: Any, vocab: Any) -> tuple[bool, bool]:
     """(may a long text be tokenized in pieces, may raw text be cut after a newline) for this
     vocabulary (token_split.py): pieces for SPM and BPE that add no end or separator token; raw
     cuts for SPM without a space prefix (the C API does not say; one word's first token shows it),
@@ -61,7 +62,7 @@ class VocabScan:
     pass on Gemma's vocabulary without them, 0.28 s with). ``stop()`` ends it within a slice and
     waits: call it before the vocabulary is freed."""
 
-    def __init__(self, llama, model, name: str) -> None:
+    def __init__(self, llama: Any, model: Any, name: str) -> None:
         self._llama, self._vocab, self._name = llama, llama.llama_model_get_vocab(model), name
         self._n = llama.llama_vocab_n_tokens(self._vocab)
         self._stopping = False
@@ -114,7 +115,7 @@ class VocabScan:
         self._thread.join()
 
 
-def eog_reader(llama, vocab) -> Callable[[int], bool]:
+def eog_reader(llama: Any, vocab: Any) -> Callable[[int], bool]:
     """``is_eog(token)`` for the scheduler: llama.cpp's answer, cached per token."""
     known: dict[int, bool] = {}
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Sequence
+from typing import Any
 
 #: Characters of the last user message searched for in the rendered text: enough to be unique.
 NEEDLE = 200
@@ -27,11 +28,12 @@ NEEDLE = 200
 MARGIN = 4
 
 
-class TurnPrompt(list):
+class TurnPrompt(list[int]):
     """Prompt tokens that know where their last user message begins (``turn()``, computed on
     first use: only a slot that leaves needs it)."""
 
     __slots__ = ("_find", "_at")
+    _at: int | None  # -1: not computed yet
 
     def __init__(self, tokens: Sequence[int], find: Callable[[Sequence[int]], int | None]) -> None:
         super().__init__(tokens)
@@ -43,12 +45,12 @@ class TurnPrompt(list):
         return self._at
 
 
-def turn_of(prompt) -> int | None:
+def turn_of(prompt: Sequence[int]) -> int | None:
     """Where ``prompt``'s last user message begins, if it is a :class:`TurnPrompt` that says."""
     return prompt.turn() if isinstance(prompt, TurnPrompt) else None
 
 
-def turn_bytes(text: str, messages: Sequence) -> int | None:
+def turn_bytes(text: str, messages: Sequence[Any]) -> int | None:
     """The UTF-8 offset in ``text`` where the last user message's content begins, or None (no
     user message, no text, or the template changed the text)."""
     for m in reversed(messages):
@@ -63,7 +65,7 @@ def turn_bytes(text: str, messages: Sequence) -> int | None:
     return None
 
 
-def special_piece_reader(llama, vocab) -> Callable[[int], int]:
+def special_piece_reader(llama: Any, vocab: Any) -> Callable[[int], int]:
     """``token -> byte length`` of its piece as a template writes it (special tokens as text)."""
     buf = ctypes.create_string_buffer(256)
     cache: dict[int, int] = {}

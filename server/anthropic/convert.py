@@ -44,11 +44,15 @@ import json
 import re
 from typing import Any
 
-from localrun.chat.media import IMAGE, MediaReader
+from localrun.chat.media import MediaReader
+from localrun.chat.media_formats import IMAGE
 from localrun.server.anthropic.schemas import (
     CountTokensRequest,
     ImageBlock,
     MessageParam,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
@@ -92,6 +96,7 @@ def image_media(block: ImageBlock, where: str, reader: MediaReader) -> Media:
 def _tool_result(block: ToolResultBlock, where: str, reader: MediaReader) -> tuple[str, tuple[Media, ...]]:
     """A result's text (``Error:`` first for an error) and images, each a marker where it stood."""
     content = block.content
+    media: tuple[Media, ...]
     if content is None or isinstance(content, str):
         text, media = _blocks_text(content), ()
     else:
@@ -138,19 +143,19 @@ def _turns(i: int, m: MessageParam, names: dict[str, str], reader: MediaReader) 
     results: list[Message] = []
     for j, block in enumerate(m.content):
         kind = block.type
-        if kind == "text":
+        if isinstance(block, TextBlock):
             texts.append(strip_media_markers(block.text))
-        elif kind == "image":
+        elif isinstance(block, ImageBlock):
             media.append(image_media(block, f"messages[{i}].content[{j}]", reader))
             texts.append(MEDIA_MARKER)
-        elif kind in ("tool_use", "server_tool_use"):
+        elif isinstance(block, ToolUseBlock):  # tool_use, server_tool_use
             calls.append(_tool_call(f"messages[{i}].content[{j}]", m.role, block, names))
-        elif kind == "tool_result":
+        elif isinstance(block, ToolResultBlock):
             results.append(_result_turn(f"messages[{i}].content[{j}]", m.role, block, names, reader))
-        elif kind == "thinking":
+        elif isinstance(block, ThinkingBlock):
             if m.role == "assistant" and block.thinking:
                 thoughts.append(block.thinking)
-        elif kind == "redacted_thinking":
+        elif isinstance(block, RedactedThinkingBlock):
             continue  # encrypted reasoning: accepted, not rendered (see the module doc)
         elif kind != "document":  # refused by capability (no runtime declares "documents")
             raise InvalidRequest(
@@ -219,7 +224,7 @@ def core_messages(body: CountTokensRequest, reader: MediaReader | None = None) -
 
 def core_tools(body: CountTokensRequest) -> tuple[dict[str, Any], ...]:
     """Client tools as OpenAI-shaped definitions, sorted by name; Anthropic's own tools are refused."""
-    tools = []
+    tools: list[dict[str, Any]] = []
     for i, t in enumerate(body.tools or ()):
         if t.type not in (None, "custom"):
             raise InvalidRequest(

@@ -13,22 +13,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from starlette.datastructures import State
 from starlette.requests import Request
 
 from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import note_ignored, refuse_unsupported
 from localrun.server.metrics import STATS_KEY, Metrics, RequestStats
-from localrun.types import AUDIO, VISION, Chunk, Sampling, Usage
+from localrun.types import AUDIO, VISION, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Sampling, Usage
+
+if TYPE_CHECKING:
+    from localrun.activity import OpenStream
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
-def app_state(request: Request):
-    return request.app.state
+def app_state(request: Request) -> State:
+    state: State = request.app.state
+    return state
 
 
 def request_stats(request: Request) -> RequestStats:
@@ -60,7 +67,12 @@ def logprobs_asked(logprobs: bool | None, top: int | None) -> int | None:
 
 
 def make_sampling(
-    *, cap: int, max_tokens: int | None = None, seed: int | None = None, stop=None, **knobs: Any
+    *,
+    cap: int,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+    stop: str | list[str] | None = None,
+    **knobs: Any,
 ) -> Sampling:
     """Sampling from request fields; unset knobs keep the runtime defaults in ``Sampling``."""
     fields: dict[str, Any] = {k: v for k, v in knobs.items() if v is not None}
@@ -85,7 +97,7 @@ class ClientGone(Cancelled):
 class Generation:
     """An admitted request being answered. Feeds per-request stats and the ITL histogram."""
 
-    def __init__(self, request: Request, stream, *, metrics: Metrics):
+    def __init__(self, request: Request, stream: OpenStream, *, metrics: Metrics) -> None:
         self.request = request
         self.stream = stream
         self.record = stream.record
@@ -108,7 +120,8 @@ class Generation:
         self.choice_logprobs: dict[int, list[dict[str, Any]]] = {0: self.logprobs}
         #: The reasoning channel's text so far (localrun.chat.reasoning): empty for other models.
         self.reasoning_parts: list[str] = []
-        self._iter = stream.__aiter__()
+        # OpenStream.__aiter__ is an async generator function (declared to return an AsyncIterator): closable.
+        self._iter = cast("AsyncGenerator[Chunk, None]", stream.__aiter__())
 
     @property
     def reasoning(self) -> str:
@@ -139,7 +152,7 @@ class Generation:
             if chunk.index == 0:
                 self.finish_reason = chunk.finish_reason
 
-    async def _race(self, work):
+    async def _race(self, work: Awaitable[T]) -> T:
         """Await ``work`` unless the client disconnects first; then cancel it and raise ClientGone."""
         task = asyncio.ensure_future(work)
         watcher = asyncio.ensure_future(_wait_disconnect(self.request))
@@ -157,12 +170,12 @@ class Generation:
             raise ClientGone(f"the client left before {self.record.name} answered")
         return task.result()
 
-    def pipe(self, transform) -> None:
+    def pipe(self, transform: Callable[[AsyncGenerator[Chunk, None]], AsyncIterator[Chunk]]) -> None:
         """Put ``transform`` (an async generator over chunks) between the runtime and every reader:
         how the reasoning channel is split off (``server.reasoning``). Before the first read only."""
-        self._iter = transform(self._iter)
+        self._iter = cast("AsyncGenerator[Chunk, None]", transform(self._iter))  # an async generator's, closable
 
-    async def guarded(self, work):
+    async def guarded(self, work: Awaitable[T]) -> T:
         """Await ``work`` (a coroutine that reads this generation) unless the client leaves first."""
         return await self._race(work)
 
@@ -218,13 +231,19 @@ class Generation:
 
 
 async def open_generation(
-    request: Request, model: str, req, *, keep_alive_s: float | None, found: list[tuple[str, str]]
+    request: Request,
+    model: str,
+    req: ChatRequest | CompletionRequest,
+    *,
+    keep_alive_s: float | None,
+    found: list[tuple[str, str]],
 ) -> Generation:
     """Load and admit (errors become HTTP errors), then refuse fields the runtime cannot honour."""
     state = app_state(request)
     media = [(field, capability) for field, capability in found if capability in (VISION, AUDIO)]
 
-    def check(record, plan, takes: frozenset[str]) -> None:  # media refused before a load that cannot serve them
+    # Media refused before a load that cannot serve them.
+    def check(record: ModelRecord, plan: Plan, takes: frozenset[str]) -> None:
         refuse_unsupported(media, model=record.name, runtime=plan.runtime, capabilities=takes)
 
     stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s, check=check)
@@ -249,7 +268,12 @@ def finish_for_wire(reason: str | None) -> str:
 
 
 async def session_call(
-    request: Request, model: str, method: str, args: dict[str, Any] | None = None, *, found: list[tuple[str, str]] = ()
+    request: Request,
+    model: str,
+    method: str,
+    args: dict[str, Any] | None = None,
+    *,
+    found: Sequence[tuple[str, str]] = (),
 ) -> Any:
     """One session extra (``runtimes.base.EXTRAS``) on ``model``, after refusing fields its runtime cannot honour."""
     manager = app_state(request).manager
@@ -262,8 +286,8 @@ async def session_call(
 
 
 async def embed_counted(
-    request: Request, model: str, inputs: list, *, found: list[tuple[str, str]] = ()
-) -> tuple[list, int]:
+    request: Request, model: str, inputs: Sequence[str | list[int]], *, found: Sequence[tuple[str, str]] = ()
+) -> tuple[list[Any], int]:
     """(vectors, tokens evaluated) for ``inputs`` (texts or token-id lists): the usage both APIs report."""
     if not inputs:
         return [], 0
@@ -271,7 +295,7 @@ async def embed_counted(
     return out["embeddings"], int(out["prompt_tokens"])
 
 
-async def prompt_size(request: Request, model: str, req) -> int:
+async def prompt_size(request: Request, model: str, req: ChatRequest) -> int:
     """How many tokens the chat request ``req`` renders to, counted by the runtime (render and
     tokenize, no prefill) before its generation starts: Anthropic's ``message_start`` carries it.
     0 where the runtime cannot count; the final usage is the runtime's own either way."""

@@ -25,6 +25,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -61,7 +62,7 @@ from localrun.server.schemas import MultimodalPrompt
 from localrun.server.security import is_loopback_host
 from localrun.server.streams import stream_tail
 from localrun.server.validate import refuse_empty_prompt
-from localrun.types import AUDIO, MEDIA_MARKER, VISION, CompletionRequest
+from localrun.types import AUDIO, MEDIA_MARKER, VISION, Chunk, CompletionRequest, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,11 @@ async def pick_model(request: Request, name: str | None) -> str:
     if name:
         return name
     manager = app_state(request).manager
-    loaded = [m["name"] for m in manager.loaded()]
+    loaded: list[str] = [m["name"] for m in manager.loaded()]
     if len(loaded) == 1:
         return loaded[0]
     records = await asyncio.to_thread(manager.store.list)
-    names = [r.name for r in records]
+    names: list[str] = [r.name for r in records]
     if len(names) == 1:
         return names[0]
     from localrun.modelstore.builtins import DEFAULT_MODEL_NAME
@@ -96,32 +97,34 @@ async def pick_model(request: Request, name: str | None) -> str:
 
 
 @documented(TokenizeBody, answers.Tokens)
-@router.post("/tokenize")
-async def tokenize(request: Request):
+@router.post("/tokenize", response_model=None)
+async def tokenize(request: Request) -> dict[str, Any]:
     body: TokenizeBody = await parse_body(request, TokenizeBody)
     model = await pick_model(request, body.model)
-    return await session_call(
+    out: dict[str, Any] = await session_call(
         request,
         model,
         "tokenize",
         {"content": body.content, "add_special": body.add_special, "with_pieces": body.with_pieces},
         found=[("content", "token_prompts")],
     )
+    return out
 
 
 @documented(DetokenizeBody, answers.Detokenized)
-@router.post("/detokenize")
-async def detokenize(request: Request):
+@router.post("/detokenize", response_model=None)
+async def detokenize(request: Request) -> dict[str, Any]:
     body: DetokenizeBody = await parse_body(request, DetokenizeBody)
     model = await pick_model(request, body.model)
-    return await session_call(
+    out: dict[str, Any] = await session_call(
         request, model, "detokenize", {"tokens": body.tokens}, found=[("tokens", "token_prompts")]
     )
+    return out
 
 
 @documented(ApplyTemplateBody, answers.Templated)
-@router.post("/apply-template")
-async def apply_template(request: Request):
+@router.post("/apply-template", response_model=None)
+async def apply_template(request: Request) -> dict[str, Any]:
     body: ApplyTemplateBody = await parse_body(request, ApplyTemplateBody)
     model = await pick_model(request, body.model)
     # Each image or audio part becomes the media marker where it stood, as llama-server's prompt
@@ -133,7 +136,7 @@ async def apply_template(request: Request):
     ]
     found = [("chat_template_kwargs", "chat_template_kwargs")] if body.chat_template_kwargs else []
     found += reader.needs()  # media to a model that takes none: the same 400 as chat
-    return await session_call(
+    out: dict[str, Any] = await session_call(
         request,
         model,
         "apply_template",
@@ -144,16 +147,17 @@ async def apply_template(request: Request):
         },
         found=found,
     )
+    return out
 
 
 @documented(answer=answers.Props)
-@router.get("/props")
-async def props(request: Request):
+@router.get("/props", response_model=None)
+async def props(request: Request) -> dict[str, Any]:
     state = app_state(request)
     model = await pick_model(request, request.query_params.get("model"))
     facts = await session_call(request, model, "props")
-    lm = next((m for m in state.manager.loaded() if m["name"] == model), {})
-    out = {
+    lm: dict[str, Any] = next((m for m in state.manager.loaded() if m["name"] == model), {})
+    out: dict[str, Any] = {
         "default_generation_settings": {
             "n_ctx": facts["n_ctx"],
             "params": {"n_predict": -1, "max_tokens_cap": state.settings.runtime.max_tokens_cap},
@@ -179,7 +183,7 @@ async def props(request: Request):
     return out
 
 
-def _native_sampling(request: Request, body: NativeSampling):
+def _native_sampling(request: Request, body: NativeSampling) -> Sampling:
     cap = app_state(request).settings.runtime.max_tokens_cap
     limit = body.max_tokens if body.max_tokens is not None else None if body.n_predict in (None, -1) else body.n_predict
     if body.json_schema is not None and body.grammar:
@@ -208,13 +212,13 @@ def _native_sampling(request: Request, body: NativeSampling):
 
 @documented(NativeCompletion, answers.CompletionAnswer, stream=SSE)
 @router.post("/completion")
-async def completion(request: Request):
+async def completion(request: Request) -> Response:
     body: NativeCompletion = await parse_body(request, NativeCompletion)
     model = await pick_model(request, body.model)
     multimodal = body.prompt if isinstance(body.prompt, MultimodalPrompt) else None
-    ids = None if isinstance(body.prompt, str) or multimodal else list(body.prompt)
+    ids = None if isinstance(body.prompt, (str, MultimodalPrompt)) else list(body.prompt)
     reader = reader_for(request)
-    text = multimodal.prompt_string if multimodal else body.prompt if ids is None else ""
+    text = multimodal.prompt_string if multimodal else body.prompt if isinstance(body.prompt, str) else ""
     prompt, media = completion_prompt(text, multimodal, reader)
     refuse_empty_prompt(prompt, ids)
     req = CompletionRequest(
@@ -227,7 +231,7 @@ async def completion(request: Request):
 
 @documented(InfillBody, answers.CompletionAnswer, stream=SSE)
 @router.post("/infill")
-async def infill(request: Request):
+async def infill(request: Request) -> Response:
     """Fill in the middle: ``input_extra`` chunks (other files) come first, then ``input_prefix``;
     ``prompt`` is the start of the middle, which the model continues."""
     body: InfillBody = await parse_body(request, InfillBody)
@@ -245,7 +249,7 @@ async def infill(request: Request):
     return await _native_answer(gen, body, lead=body.prompt)
 
 
-def _timings(gen: Generation, started: float) -> dict:
+def _timings(gen: Generation, started: float) -> dict[str, Any]:
     stats, usage = gen.stats, gen.usage
     first = stats.first_token_at or time.perf_counter()
     last = stats.last_token_at or first
@@ -264,8 +268,10 @@ def _timings(gen: Generation, started: float) -> dict:
     }
 
 
-def _final(gen: Generation, body: NativeSampling, started: float, content: str, probs: list) -> dict:
-    out = {
+def _final(
+    gen: Generation, body: NativeSampling, started: float, content: str, probs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
         "content": content,
         "model": gen.record.name,
         "stop": True,
@@ -294,15 +300,15 @@ async def _native_answer(gen: Generation, body: NativeSampling, *, lead: str = "
 
 
 async def _native_events(
-    gen: Generation, first, body: NativeSampling, started: float, lead: str
+    gen: Generation, first: Chunk | None, body: NativeSampling, started: float, lead: str
 ) -> AsyncIterator[bytes]:
-    def event(obj: dict) -> bytes:
+    def event(obj: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
-    def piece(chunk) -> bytes | None:
+    def piece(chunk: Chunk) -> bytes | None:
         if not chunk.text and not chunk.logprobs:
             return None
-        out = {"content": chunk.text, "stop": False}
+        out: dict[str, Any] = {"content": chunk.text, "stop": False}
         if body.n_probs:
             out["completion_probabilities"] = list(chunk.logprobs)
         return event(out)
@@ -321,9 +327,9 @@ async def _native_events(
 
 
 @documented(RerankBody, answers.Reranked)
-@router.post("/rerank")
-@router.post("/v1/rerank")
-async def rerank(request: Request):
+@router.post("/rerank", response_model=None)
+@router.post("/v1/rerank", response_model=None)
+async def rerank(request: Request) -> dict[str, Any]:
     body: RerankBody = await parse_body(request, RerankBody)
     docs = body.docs()
     model = await pick_model(request, body.model)
@@ -331,9 +337,9 @@ async def rerank(request: Request):
         request, model, "rerank", {"query": body.query, "documents": docs}, found=[("query", "rerank")]
     )
     order = sorted(range(len(docs)), key=lambda i: -out["scores"][i])[: body.top_n or len(docs)]
-    results = []
+    results: list[dict[str, Any]] = []
     for i in order:
-        item = {"index": i, "relevance_score": out["scores"][i]}
+        item: dict[str, Any] = {"index": i, "relevance_score": out["scores"][i]}
         if body.return_documents:
             item["document"] = {"text": docs[i]}
         results.append(item)
@@ -348,8 +354,8 @@ async def rerank(request: Request):
 
 
 @documented(NativeEmbeddingBody, answers.NativeEmbeddings)
-@router.post("/embeddings")
-async def native_embeddings(request: Request):
+@router.post("/embeddings", response_model=None)
+async def native_embeddings(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
     """llama-server's shape for ``content``; OpenAI's route for an ``input`` body."""
     raw = await request.body()
     try:

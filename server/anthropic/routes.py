@@ -35,7 +35,8 @@ import asyncio
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -97,7 +98,7 @@ async def chat_request(
     return req, body.unsupported() + reader.needs()
 
 
-def anthropic_usage(u: Usage, *, output: int | None = None) -> dict:
+def anthropic_usage(u: Usage, *, output: int | None = None) -> dict[str, Any]:
     return {
         "input_tokens": max(0, u.prompt_tokens - u.cached_tokens),
         "cache_creation_input_tokens": 0,
@@ -106,14 +107,14 @@ def anthropic_usage(u: Usage, *, output: int | None = None) -> dict:
     }
 
 
-def _calls(gen: Generation, body: MessagesRequest) -> list[dict]:
+def _calls(gen: Generation, body: MessagesRequest) -> list[dict[str, Any]]:
     calls = list(gen.tool_calls)
     if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use:
         calls = calls[:1]
     return calls
 
 
-def _tool_use_block(call: dict) -> dict:
+def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
     from localrun.chat.tool_calls import arguments_object
 
     fn = call["function"]
@@ -130,7 +131,7 @@ def _tool_id(call_id: str) -> str:
     return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
-def _stop_reason(finish: str | None, calls: list[dict], matched: str | None) -> str:
+def _stop_reason(finish: str | None, calls: list[dict[str, Any]], matched: str | None) -> str:
     if matched is not None:
         return "stop_sequence"
     if calls:
@@ -140,7 +141,7 @@ def _stop_reason(finish: str | None, calls: list[dict], matched: str | None) -> 
 
 @documented(MessagesRequest, answers.AnthropicMessage, stream=SSE)
 @router.post("/messages")
-async def create_message(request: Request):
+async def create_message(request: Request) -> Response:
     body: MessagesRequest = await parse_body(request, MessagesRequest)
     note_ignored(body)
     cap = app_state(request).settings.runtime.max_tokens_cap
@@ -189,14 +190,14 @@ def reasoning_ask(body: MessagesRequest) -> ReasoningAsk:
     return ReasoningAsk(budget, field)
 
 
-def _json_schema(body: CountTokensRequest) -> dict | None:
+def _json_schema(body: CountTokensRequest) -> dict[str, Any] | None:
     fmt = body.output_config.format if body.output_config else None
     return None if fmt is None else (fmt.schema_ or {})
 
 
 @documented(CountTokensRequest, answers.TokenCount)
-@router.post("/messages/count_tokens")
-async def count_tokens(request: Request):
+@router.post("/messages/count_tokens", response_model=None)
+async def count_tokens(request: Request) -> dict[str, Any]:
     """The prompt's length, by running the request with no tokens to generate: the count is the
     rendering and tokenization the request itself would get, on every runtime, and the prefill
     leaves the prompt in the prefix cache for the request that usually follows."""
@@ -238,12 +239,12 @@ class Answer:
             text += self.stops.flush()
         return text
 
-    def usage(self) -> dict:
+    def usage(self) -> dict[str, Any]:
         if self.matched is not None:
             return anthropic_usage(self.gen.usage, output=max(self.pieces, self.gen.usage.completion_tokens))
         return anthropic_usage(self.gen.usage)
 
-    def _message(self, content: list, stop_reason, usage: dict) -> dict:
+    def _message(self, content: list[dict[str, Any]], stop_reason: str | None, usage: dict[str, Any]) -> dict[str, Any]:
         return {
             "id": self.ident,
             "type": "message",
@@ -285,7 +286,7 @@ class Answer:
         reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
         return JSONResponse(self._message(content, reason, self.usage()))
 
-    async def _chunks(self, first: Chunk | None) -> AsyncIterator[Chunk]:
+    async def _chunks(self, first: Chunk | None) -> AsyncGenerator[Chunk, None]:
         if first is not None:
             yield first
         rest = self.gen.rest()
@@ -346,7 +347,7 @@ def _error_event(exc: LocalrunError) -> bytes:
     return sse("error", stream_error_line(exc, ANTHROPIC))
 
 
-def sse(event: str, data: dict) -> bytes:
+def sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
@@ -361,7 +362,7 @@ class BlockWriter:
         self.open: str | None = None
         self._text_head = b""
 
-    def _start(self, kind: str, block: dict) -> bytes:
+    def _start(self, kind: str, block: dict[str, Any]) -> bytes:
         self.index += 1
         self.open = kind
         return sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
@@ -376,7 +377,7 @@ class BlockWriter:
         out.append(sse("content_block_stop", {"type": "content_block_stop", "index": self.index}))
         return out
 
-    def _delta(self, delta: dict) -> bytes:
+    def _delta(self, delta: dict[str, Any]) -> bytes:
         return sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def text(self, text: str) -> list[bytes]:
@@ -404,7 +405,7 @@ class BlockWriter:
         out.append(self._delta({"type": "thinking_delta", "thinking": text}))
         return out
 
-    def finish(self, calls: list[dict]) -> list[bytes]:
+    def finish(self, calls: list[dict[str, Any]]) -> list[bytes]:
         """Close the open block, then one tool_use block per call (arguments in one input_json_delta)."""
         out = []
         if self.index < 0 and not calls:  # an empty answer is still one (empty) text block

@@ -207,13 +207,13 @@ def _piece(writer: EventWriter, chunk: Chunk) -> bytes:
 
 
 @documented(answer=answers.ResponseObject)
-@router.get("/responses/{rid}")
+@router.get("/responses/{rid}", response_model=None)
 async def get_response(request: Request, rid: str) -> dict[str, Any]:
     return await asyncio.to_thread(response_store(request).get, rid)
 
 
 @documented(answer=answers.Deleted)
-@router.delete("/responses/{rid}")
+@router.delete("/responses/{rid}", response_model=None)
 async def delete_response(request: Request, rid: str) -> dict[str, Any]:
     from localrun.server.responses.store import ResponseNotFound
 
@@ -228,7 +228,11 @@ def _bare_router() -> APIRouter:
     bare = APIRouter()
     for route in cast("list[APIRoute]", router.routes):  # the routes above, every one an APIRoute
         bare.add_api_route(
-            route.path.removeprefix("/v1"), route.endpoint, methods=list(route.methods or ()), include_in_schema=False
+            route.path.removeprefix("/v1"),
+            route.endpoint,
+            methods=list(route.methods or ()),
+            include_in_schema=False,
+            response_model=None,  # as on the /v1 routes: a return annotation is no response model
         )
     return bare
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
 from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, read_state, state_source
@@ -58,7 +58,7 @@ from localrun.runtimes.llamacpp.media.prompt import media_safe_cut
 
 if TYPE_CHECKING:
     from localrun.runtimes.llamacpp.cache.radix import RadixIndex
-    from localrun.runtimes.llamacpp.cache.slot import Slot
+    from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,18 @@ LEAVING_GAP = 256
 #: (a 16k-token Gemma state is 57 MB that eviction copies on the scheduler thread).
 SHORT_ANSWER = 4 * TAIL
 
+_Ops = TypeVar("_Ops", bound="KvOps")
 
-def memory_kind(llama, model, *, swa_full: bool) -> str | None:
+
+class SeqState(Protocol):
+    """Save and restore one sequence's state (:class:`PartialState`: the part that cannot be cut)."""
+
+    def save(self, seq: int) -> Blob | None: ...
+
+    def restore(self, seq: int, blob: Blob) -> bool: ...
+
+
+def memory_kind(llama: Any, model: Any, *, swa_full: bool) -> str | None:
     """The kind of memory, "recurrent", "hybrid" or "swa", for a model that cannot cut it back to any prefix
     (sliding window only without a full-size cache), None for one that can."""
     if llama.llama_model_is_recurrent(model):
@@ -93,7 +103,7 @@ def memory_kind(llama, model, *, swa_full: bool) -> str | None:
 @dataclass(frozen=True)
 class Checkpoint:
     n_tokens: int  # the sequence held exactly this many tokens when the state was saved
-    blob: bytes
+    blob: Blob
     end: bool = False  # taken at the end of a prompt's prefill
 
 
@@ -120,7 +130,13 @@ class CheckpointKv:
     cuttable = False
 
     def __init__(
-        self, ops, partial, *, limit: int = DEFAULT_LIMIT, interval: int = DEFAULT_INTERVAL, tail: int = TAIL
+        self,
+        ops: KvOps,
+        partial: SeqState,
+        *,
+        limit: int = DEFAULT_LIMIT,
+        interval: int = DEFAULT_INTERVAL,
+        tail: int = TAIL,
     ) -> None:
         self._ops = ops  # the context's KvOps (clear, truncate, copy, window_ok, save, restore)
         self._partial = partial  # save(seq) -> bytes | None and restore(seq, blob) -> bool, partial state
@@ -229,7 +245,7 @@ class CheckpointKv:
             self._points[seq] = [c for c in points if c.n_tokens <= keep]
 
 
-def leaving_points(positions, length: int, *, min_tokens: int, first=()) -> list[int]:
+def leaving_points(positions: Sequence[int], length: int, *, min_tokens: int, first: Sequence[int] = ()) -> list[int]:
     """Which checkpoints (token counts, newest first) a slot of ``length`` tokens leaves states at:
     at most :data:`LEAVING_POINTS`, :data:`LEAVING_GAP` apart, below ``length``. Of two within a
     few tokens of each other (a prompt's end and its tail) the older: it serves a repeat of the
@@ -254,7 +270,7 @@ def leaving_points(positions, length: int, *, min_tokens: int, first=()) -> list
     return sorted(taken, reverse=True)
 
 
-def saved_cuttable(ops) -> bool:
+def saved_cuttable(ops: KvOps) -> bool:
     """Whether a state ``ops`` saved restores at any prefix (else only whole): not for memory that
     cannot be cut, nor for a sliding-window model's, whose saved state keeps only the window."""
     return bool(getattr(ops, "saved_cuttable", True)) and bool(getattr(ops, "cuttable", True))
@@ -265,7 +281,7 @@ def uncut_reuse(
     keep: int,
     owners: frozenset[int],
     limit: int,
-    ops,
+    ops: KvOps,
     index: RadixIndex,
     slots: dict[int, Slot],
     saved_length: Callable[[int], int | None],
@@ -283,7 +299,7 @@ def uncut_reuse(
     elif getattr(ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
         reach = keep if any(ops.window_ok(o, keep) for o in held) else 0
     else:
-        positions = ops.positions
+        positions = cast(CheckpointKv, ops).positions  # memory that cannot be cut: checkpoints
         reach = max(
             keep if len(slots[o].tokens) == keep else max((p for p in positions(o) if p <= keep), default=0)
             for o in held
@@ -304,16 +320,16 @@ class _Leaving:
     guessed: int | None = None  # the point that is a guess (:func:`leaving_count`)
 
 
-def _leaving(ops, slot, *, tail: int, min_tokens: int, turn_guess: bool = False) -> _Leaving:
+def _leaving(ops: KvOps, slot: Slot, *, tail: int, min_tokens: int, turn_guess: bool = False) -> _Leaving:
     tokens = slot.tokens
     seq = slot.seq
     if saved_cuttable(ops):
         return _Leaving(True, [], None)
     end = min(slot.prompt_end, len(tokens))
-    turn = None
+    turn: int | None = None
     if getattr(slot, "turn", None) is not None:
         # the guess: as far below the tail as makes a point of its own (finding it reads every token's text)
-        turn = end - max(1, tail) - 4 * TAIL - 1 if turn_guess else slot.turn()
+        turn = end - max(1, tail) - 4 * TAIL - 1 if turn_guess else cast("Callable[[], int | None]", slot.turn)()
     if getattr(ops, "cuttable", True):
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
         # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
@@ -331,10 +347,12 @@ def _leaving(ops, slot, *, tail: int, min_tokens: int, turn_guess: bool = False)
         def reachable(n: int) -> bool:
             return True  # a checkpoint of its own; rewinding to one fails only if llama.cpp refuses it
 
-        def back(n: int) -> int:
-            return ops.rewind(seq, n)
+        ckpt = cast(CheckpointKv, ops)  # not cuttable: checkpoints
 
-        positions = ops.positions(seq)  # the turn's among them when it was prefilled here
+        def back(n: int) -> int:
+            return ckpt.rewind(seq, n)
+
+        positions = ckpt.positions(seq)  # the turn's among them when it was prefilled here
         below_end = [p for p in positions if p < end]
         # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
         first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
@@ -343,7 +361,9 @@ def _leaving(ops, slot, *, tail: int, min_tokens: int, turn_guess: bool = False)
     return _Leaving(whole, points, back, turn if turn_guess else None)
 
 
-def leaving_count(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> int:
+def leaving_count(
+    ops: KvOps, slot: Slot, *, skip: Callable[[list[int]], bool], min_tokens: int, tail: int = TAIL
+) -> int:
     """About how many states :func:`leaving_states` would save for ``slot`` now, without touching
     it, for memory made ready beforehand (state_memory.py). Where the prompt's last user message
     begins is guessed, not found (that reads every token's text, and most slots never leave): it
@@ -356,7 +376,9 @@ def leaving_count(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> int:
     return count + len(guess) if count else 0
 
 
-def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> list[tuple[list[int], bytes]]:
+def leaving_states(
+    ops: KvOps, slot: Slot, *, skip: Callable[[list[int]], bool], min_tokens: int, tail: int = TAIL
+) -> list[tuple[list[int], Blob]]:
     """The states a slot leaves with when it is cleared (for host RAM or disk), as (tokens, blob).
 
     Its whole content first. Where a saved state restores at any prefix, that is all. Where it
@@ -372,7 +394,7 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
     first point is only a few tokens below it (:data:`SHORT_ANSWER`). ``skip(tokens)``: that
     state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
     seq, tokens = slot.seq, list(slot.tokens)
-    out: list[tuple[list[int], bytes]] = []
+    out: list[tuple[list[int], Blob]] = []
 
     def keep(part: list[int]) -> None:
         if len(part) >= min_tokens and not skip(part):
@@ -381,10 +403,11 @@ def leaving_states(ops, slot, *, skip, min_tokens: int, tail: int = TAIL) -> lis
                 out.append((part, blob))
 
     plan = _leaving(ops, slot, tail=tail, min_tokens=min_tokens)
+    back = cast("Callable[[int], int]", plan.back)  # None only where there are no points
     if plan.whole:
         keep(tokens)  # before the cuts: its answer, for the next turn
     for n in plan.points:
-        if plan.back(n) != n:
+        if back(n) != n:
             break
         keep(tokens[:n])
     return out
@@ -394,12 +417,12 @@ class PartialState:
     """The per-sequence state API with ``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``: only the memory
     that cannot be cut (the recurrent state; the sliding-window cache), not the attention KV."""
 
-    def __init__(self, llama, ctx) -> None:
+    def __init__(self, llama: Any, ctx: Any) -> None:
         self._llama, self._ctx = llama, ctx
         self._flags = llama.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
 
     def save(self, seq: int) -> Blob | None:
-        size = self._llama.llama_state_seq_get_size_ext(self._ctx, seq, self._flags)
+        size: int = self._llama.llama_state_seq_get_size_ext(self._ctx, seq, self._flags)
         get = self._llama.llama_state_seq_get_data_ext
         return read_state(size, lambda dst, n: get(self._ctx, dst, n, seq, self._flags))
 
@@ -408,7 +431,9 @@ class PartialState:
         return bool(self._llama.llama_state_seq_set_data_ext(self._ctx, src, len(blob), seq, self._flags))
 
 
-def with_checkpoints(ops, llama, ctx, kind: str | None, *, limit: int, min_chunk: int = 1):
+def with_checkpoints(
+    ops: _Ops, llama: Any, ctx: Any, kind: str | None, *, limit: int, min_chunk: int = 1
+) -> _Ops | CheckpointKv:
     """The KvOps the prefix cache gets: ``ops`` itself for a model that can cut its memory,
     checkpoints around it for one that cannot."""
     if kind is None:
@@ -418,7 +443,7 @@ def with_checkpoints(ops, llama, ctx, kind: str | None, *, limit: int, min_chunk
 
 
 def context_kv(
-    llama, ctx, layout: Layout, *, n_swa: int, memory: str | None, saves: bool
+    llama: Any, ctx: Any, layout: Layout, *, n_swa: int, memory: str | None, saves: bool
 ) -> tuple[LlamaKvOps | CheckpointKv, ReadyBuffers | None]:
     """The KV operations a scheduler's prefix cache runs on, and the memory made ready for what an
     idle slot would leave with (state_memory.py; only when evictions save: host RAM or ``saves``, a

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localrun.runtimes.llamacpp.cache.checkpoints import leaving_count, leaving_states, saved_cuttable
+from localrun.runtimes.llamacpp.cache.kv_file import Blob
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
 
@@ -31,7 +32,7 @@ HOST_MIN_TOKENS = 64
 @dataclass
 class HostEntry:
     tokens: list[int]
-    blob: bytes
+    blob: Blob
     used_at: int
 
 

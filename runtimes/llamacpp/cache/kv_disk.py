@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
 import os
 import threading
 import time
@@ -28,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localrun.runtimes.llamacpp.cache import kv_file, kv_root
 from localrun.runtimes.llamacpp.cache.kv_root import DiskEntry, clear, default_budget, list_entries
@@ -72,7 +74,7 @@ class StateKey:
         ident = {"model_sha256": self.model_sha256, "runtime": self.runtime, "params": sorted(self.params)}
         return hashlib.sha256(json.dumps(ident, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """What ``key.json`` says about the folder, for people and ``localrun cache ls``."""
         return {
             "digest": self.digest(),
@@ -88,7 +90,7 @@ class StateKey:
 class _Job:
     name: str
     tokens: tuple[int, ...]
-    blob: bytes
+    blob: bytes | bytearray | mmap.mmap  # never a view: put copies one
     kind: str
     size: int
 
@@ -171,7 +173,7 @@ class DiskTier:
             }
         return out
 
-    def load(self, entry: DiskEntry) -> bytes | None:
+    def load(self, entry: DiskEntry) -> memoryview | None:
         """The entry's blob, every check passed; None (and the file deleted if bad) otherwise.
         A load refreshes the entry's place in the LRU order."""
         if not self.enabled:

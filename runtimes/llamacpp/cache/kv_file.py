@@ -78,8 +78,9 @@ def blob_crc(blob: bytes | bytearray | memoryview | mmap.mmap) -> int:
     return h.intdigest()
 
 
-#: A state blob as the cache holds it: bytes read back, or the memory llama.cpp wrote it into.
-Blob = bytes | bytearray | mmap.mmap
+#: A state blob as the cache holds it: bytes or a view of a file read back (:func:`read_blob`), or
+#: the memory llama.cpp wrote it into.
+Blob = bytes | bytearray | memoryview | mmap.mmap
 
 
 def blob_buffer(size: int) -> bytearray | mmap.mmap:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.runtimes.llamacpp.cache import kv_file
@@ -189,7 +190,7 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_key_file(folder: Path, info: dict) -> None:
+def write_key_file(folder: Path, info: dict[str, Any]) -> None:
     """Write ``key.json`` atomically unless it already says the same."""
     path = folder / KEY_FILE
     try:
@@ -203,7 +204,7 @@ def write_key_file(folder: Path, info: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_key_file(folder: Path) -> dict:
+def read_key_file(folder: Path) -> dict[str, Any]:
     """A folder's ``key.json`` ({} when missing or unreadable: display only)."""
     try:
         return read_json_object(folder / KEY_FILE)

@@ -24,6 +24,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from localrun.runtimes.llamacpp.cache.checkpoints import leaving_states, saved_cuttable, uncut_reuse
 from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS, HostTier
@@ -32,6 +33,10 @@ from localrun.runtimes.llamacpp.cache.prefix_disk import FLUSH_TIMEOUT_S, DiskSp
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.cache.slot import CacheStats, KvOps, Slot
 from localrun.runtimes.llamacpp.media.prompt import media_safe_cut
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.kv_disk import DiskTier
+    from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +69,8 @@ class PrefixCache:
         min_tail: int = 1,
         host_budget: int = 0,
         reuse: bool = True,
-        disk=None,
-        buffers=None,
+        disk: DiskTier | None = None,
+        buffers: ReadyBuffers | None = None,
     ) -> None:
         self.slots = [Slot(seq) for seq in range(n_slots)]
         self._ops = ops
@@ -246,7 +251,7 @@ class PrefixCache:
         owner = self.disk.newest(WARM_BATCH_S)
         slot = next((s for s in self.slots if not s.tokens and not s.busy), None)
         n = len(self.disk.tokens(owner)) if owner is not None else 0
-        if slot is None or not n or not self.disk.worth(owner, n):
+        if slot is None or owner is None or not n or not self.disk.worth(owner, n):
             return 0  # (not worth it: a request would prefill rather than read it, and the load would wait)
         started = time.perf_counter()
         keep = self._restore_disk(owner, slot, n, count=False)
@@ -283,7 +288,7 @@ class PrefixCache:
         disk = self.disk if self.disk is not None else ()
         sources = sorted(owners, key=lambda o: (o not in by_seq or by_seq[o].busy, o not in by_seq, o in disk, o))
         source = sources[0] if keep > 0 and sources else None
-        if source in disk and not (keep >= MIN_COPY and self.disk.worth(source, keep)):
+        if source in disk and not (keep >= MIN_COPY and cast(DiskSpill, self.disk).worth(cast(int, source), keep)):
             source = None  # prefilling the prefix is cheaper than reading it
         if source is not None and source in by_seq and not by_seq[source].busy:
             slot = by_seq[source]
@@ -405,8 +410,9 @@ class PrefixCache:
         return keep
 
     def _restore_disk(self, owner: int, dst: Slot, keep: int, *, count: bool = True) -> int:
-        tokens = self.disk.tokens(owner)
-        blob = self.disk.load(owner)  # None: gone or failed its check (the tier deleted it)
+        disk = cast(DiskSpill, self.disk)  # a disk owner: the tier is open
+        tokens = disk.tokens(owner)
+        blob = disk.load(owner)  # None: gone or failed its check (the tier deleted it)
         if dst.tokens:
             self._ops.clear(dst.seq)
             dst.tokens.clear()
@@ -414,7 +420,7 @@ class PrefixCache:
             return self._cut(dst, 0, reuse_from=None)
         if not self._ops.restore(dst.seq, blob):
             log.warning("llama.cpp refused a %d-token prefix from disk; deleted, prefilling instead", len(tokens))
-            self.disk.refused(owner)
+            disk.refused(owner)
             self._ops.clear(dst.seq)
             return self._cut(dst, 0, reuse_from=None)
         dst.tokens[:] = tokens
@@ -423,7 +429,7 @@ class PrefixCache:
         del dst.tokens[keep:]
         self.index.set(dst.seq, dst.tokens)
         if count:
-            self.disk.restored(owner, keep)
+            disk.restored(owner, keep)
         return keep
 
     # --- eviction and the host tier -----------------------------------------------------------

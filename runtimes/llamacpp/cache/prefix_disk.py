@@ -30,9 +30,17 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.speculative.pass_costs import ewma
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.kv_disk import DiskTier
+    from localrun.runtimes.llamacpp.cache.kv_file import Blob
+    from localrun.runtimes.llamacpp.cache.kv_root import DiskEntry
+    from localrun.runtimes.llamacpp.cache.slots import Layout
+    from localrun.types import ModelRecord
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +58,13 @@ FLUSH_TIMEOUT_S = 20.0
 class _Owned:
     tokens: tuple[int, ...]
     nbytes: int
-    entry: object | None  # the DiskEntry; None until its queued write is found on disk
+    entry: DiskEntry | None  # the DiskEntry; None until its queued write is found on disk
 
 
 class DiskSpill:
     """Which prefixes the disk tier holds (as owners in ``index``), and when one is worth reading."""
 
-    def __init__(self, tier, index: RadixIndex, ids: Iterator[int], *, whole_only: bool = False) -> None:
+    def __init__(self, tier: DiskTier, index: RadixIndex, ids: Iterator[int], *, whole_only: bool = False) -> None:
         self.tier = tier
         #: The model's saved states restore only whole (checkpoints.saved_cuttable): a longer entry
         #: does not hold a prefix of it.
@@ -74,13 +82,13 @@ class DiskSpill:
         if self._owned:
             log.info("disk cache: %d prefixes on disk for this model", len(self._owned))
 
-    def __contains__(self, owner: int) -> bool:
+    def __contains__(self, owner: object) -> bool:
         return owner in self._owned
 
     def tokens(self, owner: int) -> tuple[int, ...]:
         return self._owned[owner].tokens
 
-    def _add(self, tokens: tuple[int, ...], nbytes: int, entry) -> int:
+    def _add(self, tokens: tuple[int, ...], nbytes: int, entry: DiskEntry | None) -> int:
         owner = next(self._ids)
         self._owned[owner] = _Owned(tokens, nbytes, entry)
         self._index.set(owner, tokens)
@@ -108,7 +116,7 @@ class DiskSpill:
             found, owners = self._index.longest(tokens)
         return found == len(tokens) and any(o in self._owned for o in owners)
 
-    def spill(self, tokens: Sequence[int], blob: bytes) -> bool:
+    def spill(self, tokens: Sequence[int], blob: Blob) -> bool:
         """Queue ``blob`` (the state of exactly ``tokens``) for the disk; False when it is not kept."""
         if not tokens or self.holds(tokens):
             return False
@@ -136,7 +144,7 @@ class DiskSpill:
             return False
         return self._owned[owner].nbytes / rate < keep / self.prefill_tok_s
 
-    def load(self, owner: int) -> bytes | None:
+    def load(self, owner: int) -> memoryview | None:
         """``owner``'s blob, checked; None (and the owner forgotten) when it is gone or bad."""
         got = self._owned.get(owner)
         entry = got.entry if got is not None else None
@@ -149,13 +157,14 @@ class DiskSpill:
         started = time.perf_counter()
         blob = self.tier.load(entry)
         if blob is None:  # failed its check: the tier deleted the file
-            log.warning("disk cache: a saved %d-token prefix failed its check; prefilling", len(got.tokens))
+            tokens = cast(_Owned, got).tokens  # an entry: the owner is known
+            log.warning("disk cache: a saved %d-token prefix failed its check; prefilling", len(tokens))
             self.forget(owner)
             return None
         log.debug("disk cache: read %d bytes in %.3f s", len(blob), time.perf_counter() - started)
         return blob
 
-    def _find(self, tokens: tuple[int, ...]):
+    def _find(self, tokens: tuple[int, ...]) -> DiskEntry | None:
         return next((e for e in self.tier.entries() if tuple(e.tokens) == tokens), None)
 
     def restored(self, owner: int, keep: int) -> None:
@@ -249,7 +258,7 @@ class DiskSpill:
 FINGERPRINT_BYTES = 1 << 20
 
 
-def model_sha256(record) -> str:
+def model_sha256(record: ModelRecord) -> str:
     """The identity of every file the model loads (the projector is one of ``record.files``): its
     sha256 from the store where the record has one, else a fingerprint of the file as it is now
     (path, size, mtime and its first and last MiB: ``localrun import`` and discovery record no
@@ -283,7 +292,7 @@ def _fingerprint(path: str) -> str:
     return "fp-" + h.hexdigest()
 
 
-def runtime_id(llama) -> str:
+def runtime_id(llama: Any) -> str:
     """llama-cpp-python's version, the backends of its llama.cpp build, and the CPU kernels it
     compiled (a different build computes the same prefix to other bits)."""
     from localrun.runtimes.llamacpp.build_info import build_backends
@@ -295,7 +304,7 @@ def runtime_id(llama) -> str:
     return f"llama-cpp-python {version}; backends {','.join(build_backends(llama)) or '?'}; kernels {digest}"
 
 
-def state_params(llama, model, ctx, cp, layout) -> tuple[tuple[str, str], ...]:
+def state_params(llama: Any, model: Any, ctx: Any, cp: Any, layout: Layout) -> tuple[tuple[str, str], ...]:
     """Every context parameter that shapes a sequence's state blob (or its arithmetic)."""
     n_ctx_seq = llama.llama_n_ctx_seq(ctx) if hasattr(llama, "llama_n_ctx_seq") else llama.llama_n_ctx(ctx)
     got = {
@@ -317,7 +326,7 @@ def state_params(llama, model, ctx, cp, layout) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in got.items()))
 
 
-def open_disk_tier(llama, model, ctx, cp, record, layout):
+def open_disk_tier(llama: Any, model: Any, ctx: Any, cp: Any, record: ModelRecord, layout: Layout) -> DiskTier | None:
     """The disk tier for this session, or None (off, no sha256 in the record, no store module)."""
     if not layout.kv_dir or layout.kv_disk_bytes == 0:
         return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import cast
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +68,13 @@ class RadixIndex:
         self._end[owner] = node
         while node is not self._root:
             node.owners.add(owner)
-            node = node.parent
+            node = cast(_Node, node.parent)  # only the root has none
 
     def discard(self, owner: int) -> None:
         node = self._end.pop(owner, None)
         while node is not None and node is not self._root:
             node.owners.discard(owner)
-            parent = node.parent
+            parent = cast(_Node, node.parent)  # only the root has none
             if not node.owners:  # nobody passes here: the whole subtree is unowned
                 del parent.children[node.edge[0]]
             elif len(node.children) == 1:
@@ -82,6 +83,7 @@ class RadixIndex:
 
     def longest(self, tokens: Sequence[int]) -> tuple[int, frozenset[int]]:
         """(length of the longest held prefix of ``tokens``, the owners holding it)."""
+        owners: frozenset[int]
         node, i, owners = self._root, 0, frozenset()
         while i < len(tokens):
             child = node.children.get(tokens[i])
@@ -97,6 +99,7 @@ class RadixIndex:
     def whole(self, tokens: Sequence[int], limit: int) -> tuple[int, frozenset[int]]:
         """(length, owners) of the longest held sequences that are themselves a prefix of
         ``tokens``, at most ``limit`` long: for saved states that restore only whole."""
+        best: tuple[int, frozenset[int]]
         node, i, best = self._root, 0, (0, frozenset())
         while i < len(tokens):
             child = node.children.get(tokens[i])
@@ -121,9 +124,10 @@ class RadixIndex:
 
     @staticmethod
     def _split(child: _Node, k: int) -> _Node:
-        upper = _Node(child.edge[:k], child.parent)
+        parent = cast(_Node, child.parent)  # a child: never the root
+        upper = _Node(child.edge[:k], parent)
         upper.owners = set(child.owners)
-        child.parent.children[child.edge[0]] = upper
+        parent.children[child.edge[0]] = upper
         child.edge, child.parent = child.edge[k:], upper
         upper.children[child.edge[0]] = child
         return upper

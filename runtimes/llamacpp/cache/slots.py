@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from localrun.errors import ConfigError
 from localrun.runtimes.llamacpp.cache import kv_file
-from localrun.runtimes.llamacpp.cache.state_memory import shrink
+from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, shrink
 from localrun.settings import default_kv_ram_bytes
 from localrun.types import Plan
 
@@ -110,7 +112,7 @@ class Layout:
         )
 
 
-def host_ram_bytes(opts: dict) -> int:
+def host_ram_bytes(opts: dict[str, Any]) -> int:
     """The host-RAM tier's bytes: ``host_cache_mib`` where given, else ``kv_ram_bytes`` (settings'
     ``cache.kv_ram_bytes``; the planner puts its choice there and counts it in the plan's memory),
     else :func:`localrun.settings.default_kv_ram_bytes` of the RAM available now."""
@@ -127,12 +129,12 @@ def host_ram_bytes(opts: dict) -> int:
         return 0
 
 
-def _given(opts: dict, key: str, default):
+def _given(opts: dict[str, Any], key: str, default: Any) -> Any:
     value = opts.get(key)
     return default if value is None else value
 
 
-def state_source(blob: kv_file.Blob | memoryview):
+def state_source(blob: kv_file.Blob) -> ctypes._Pointer[ctypes.c_uint8] | ctypes.Array[ctypes.c_uint8]:
     """The blob as the ``const uint8_t *`` llama.cpp restores a state from, without a copy: for a
     16k-token Gemma state (57 MB) a copy cost ~55 ms of a restart's first request."""
     if isinstance(blob, bytes):  # c_char_p points into the bytes object itself
@@ -142,7 +144,9 @@ def state_source(blob: kv_file.Blob | memoryview):
     return (ctypes.c_uint8 * len(blob)).from_buffer(blob)
 
 
-def read_state(size: int, get, buffers=None) -> kv_file.Blob | None:
+def read_state(
+    size: int, get: Callable[[ctypes.Array[ctypes.c_uint8], int], int], buffers: ReadyBuffers | None = None
+) -> kv_file.Blob | None:
     """A state of ``size`` bytes that ``get(dst, size)`` (llama.cpp's ``state_seq_get_data``)
     writes straight into memory, with no copy after it: a buffer ``buffers``
     (state_memory.ReadyBuffers) made ready beforehand, else fresh memory, huge pages where the OS
@@ -177,7 +181,7 @@ def chunk_size(remaining: int, step: int, min_chunk: int) -> int:
 class LlamaKvOps:
     """:class:`~.slot.KvOps` on llama.cpp's memory and per-sequence state API."""
 
-    def __init__(self, llama, ctx, *, n_swa: int, buffers=None) -> None:
+    def __init__(self, llama: Any, ctx: Any, *, n_swa: int, buffers: ReadyBuffers | None = None) -> None:
         self._llama, self._ctx, self._n_swa = llama, ctx, n_swa
         #: Memory made ready for saves (state_memory.ReadyBuffers), or None.
         self.buffers = buffers
@@ -202,7 +206,7 @@ class LlamaKvOps:
         window before ``keep`` is all there (llama-server's rule)."""
         if self._n_swa <= 0:
             return True
-        pos_min = self._llama.llama_memory_seq_pos_min(self._mem, seq)
+        pos_min: int = self._llama.llama_memory_seq_pos_min(self._mem, seq)
         return 0 <= pos_min <= max(0, keep - self._n_swa)
 
     def state_size(self, seq: int) -> int:

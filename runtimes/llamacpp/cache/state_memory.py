@@ -27,6 +27,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import cast
 
 from localrun.runtimes.llamacpp.cache import kv_file
 
@@ -86,7 +87,7 @@ def shrink(buf: kv_file.Blob, size: int) -> kv_file.Blob:
     return bytes(memoryview(buf)[:size])
 
 
-def _touch(buf: mmap.mmap) -> None:
+def _touch(buf: bytearray | mmap.mmap) -> None:
     """Write every page of ``buf`` (a memset, outside the GIL), so a later write faults none."""
     view = (ctypes.c_char * len(buf)).from_buffer(buf)
     try:
@@ -106,7 +107,7 @@ class ReadyBuffers:
         self._size_of = size_of
         self._lock = threading.Condition()
         self._wanted: dict[int, tuple[int, int, int]] = {}  # seq -> (count, state bytes, buffer bytes)
-        self._ready: dict[int, list[mmap.mmap]] = {}
+        self._ready: dict[int, list[bytearray | mmap.mmap]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
         self.filled = self.taken = 0
@@ -144,7 +145,7 @@ class ReadyBuffers:
             self._ready.pop(seq, None)
             self._lock.notify_all()
 
-    def take(self, size: int) -> mmap.mmap | None:
+    def take(self, size: int) -> bytearray | mmap.mmap | None:
         """The smallest ready buffer of at least ``size`` bytes (it leaves the pool), or None."""
         with self._lock:
             best: tuple[int, int] | None = None
@@ -181,12 +182,12 @@ class ReadyBuffers:
         nice_this_thread(FILL_NICE)
         while True:
             with self._lock:
-                job = None
+                job: tuple[int, int, int] | None = None
                 while not self._closed and (job := self._next()) is None:
                     self._lock.wait()
                 if self._closed:
                     return
-            seq, size, each = job
+            seq, size, each = cast(tuple[int, int, int], job)  # not closed: the loop left with a job
             buf = kv_file.blob_buffer(each)
             _touch(buf)
             with self._lock:

@@ -11,9 +11,10 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import APIRouter, Request
+from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun.errors import LocalrunError
@@ -45,11 +46,14 @@ from localrun.server.openai.choices import (
 from localrun.server.openai.convert import core_messages, core_tools
 from localrun.server.openai.events import finish_of, function_call, is_legacy, sse_events, tool_calls
 from localrun.server.openai.models import openai_model, openai_upstream_model
-from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody
+from localrun.server.openai.schemas import ChatCompletionRequest, CompletionRequestBody, Sampled
 from localrun.server.openapi import SSE, documented
 from localrun.server.reasoning import effort_ask, enable_reasoning, reasoning_fields
 from localrun.server.validate import refuse_empty_prompt
 from localrun.types import ChatRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from localrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +63,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @documented(answer=answers.ModelList)
-@router.get("/models")
-async def list_models(request: Request):
+@router.get("/models", response_model=None)
+async def list_models(request: Request) -> dict[str, Any]:
     manager = app_state(request).manager
     records = await asyncio.to_thread(manager.store.list)
     loaded = {m["name"]: m for m in manager.loaded()}
@@ -72,8 +76,8 @@ async def list_models(request: Request):
 
 
 @documented(answer=answers.ModelObject)
-@router.get("/models/{model:path}")
-async def get_model(request: Request, model: str):
+@router.get("/models/{model:path}", response_model=None)
+async def get_model(request: Request, model: str) -> dict[str, Any]:
     state = app_state(request)
     record = await asyncio.to_thread(state.manager.resolve, model)
     loaded = {m["name"]: m for m in state.manager.loaded()}
@@ -83,7 +87,7 @@ async def get_model(request: Request, model: str):
 
 @documented(ChatCompletionRequest, answers.ChatCompletion, stream=SSE)
 @router.post("/chat/completions")
-async def chat_completions(request: Request):
+async def chat_completions(request: Request) -> Response:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     cap = app_state(request).settings.runtime.max_tokens_cap
     tools, tool_choice = core_tools(body)
@@ -122,7 +126,7 @@ async def chat_completions(request: Request):
     return await _respond(request, gen, body, chat=True)
 
 
-def _json_schema(body, from_format):
+def _json_schema(body: Sampled, from_format: dict[str, Any] | None) -> dict[str, Any] | None:
     """``Sampling.json_schema`` from response_format or llama.cpp's top-level ``json_schema``; both, or
     either with a ``grammar``, is a 400 (they would constrain the answer twice)."""
     if body.json_schema is not None and from_format is not None:
@@ -153,7 +157,7 @@ def legacy_token_limit(body: CompletionRequestBody) -> int | None:
 
 @documented(CompletionRequestBody, answers.TextCompletion, stream=SSE)
 @router.post("/completions")
-async def completions(request: Request):
+async def completions(request: Request) -> Response:
     body: CompletionRequestBody = await parse_body(request, CompletionRequestBody)
     cap = app_state(request).settings.runtime.max_tokens_cap
     n, best_of = body.n or 1, body.best_of or 1
@@ -189,7 +193,14 @@ async def completions(request: Request):
     return await _respond(request, gen, body, chat=False, echo=echo)
 
 
-async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo: str | None = None) -> Response:
+async def _respond(
+    request: Request,
+    gen: Generation,
+    body: ChatCompletionRequest | CompletionRequestBody,
+    *,
+    chat: bool,
+    echo: str | None = None,
+) -> Response:
     ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
     created = int(time.time())
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
@@ -199,10 +210,12 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
         if len(gen.texts) > 1 or (body.n or 1) > 1:
             choices = many_choices(gen, body, chat=chat, asked_logprobs=asked_logprobs, echo=echo)
         elif chat:
-            choices = [_chat_choice(gen, body, text, asked_logprobs, app_state(request).settings)]
+            chat_body = cast(ChatCompletionRequest, body)  # chat: the chat route's body
+            choices = [_chat_choice(gen, chat_body, text, asked_logprobs, app_state(request).settings)]
         else:
+            legacy_body = cast(CompletionRequestBody, body)  # not chat: the completions route's body
             lp = (
-                legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(body.prompt_text()))
+                legacy_logprobs(gen.logprobs, len(echo) if echo is not None else len(legacy_body.prompt_text()))
                 if asked_logprobs
                 else None
             )
@@ -222,7 +235,7 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
         )
     first = await gen.first()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    meta = {
+    meta: dict[str, Any] = {
         "ident": ident,
         "created": created,
         "chat": chat,
@@ -236,9 +249,11 @@ async def _respond(request: Request, gen: Generation, body, *, chat: bool, echo:
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def _chat_choice(gen: Generation, body, text: str, asked_logprobs: bool, settings) -> dict:
+def _chat_choice(
+    gen: Generation, body: ChatCompletionRequest, text: str, asked_logprobs: bool, settings: Settings
+) -> dict[str, Any]:
     legacy = is_legacy(body, True)
-    message: dict = {"role": "assistant", "content": text}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if legacy:
         call = function_call(gen)
         if call:
@@ -261,10 +276,16 @@ def _bare_router() -> APIRouter:
     """The same routes without ``/v1``, for clients configured with a base URL that lacks it.
     ``/embeddings`` is not among them: llama_routes answers it (OpenAI's shape for ``input``)."""
     bare = APIRouter()
-    for route in router.routes:
+    for route in cast("list[APIRoute]", router.routes):  # the routes above, every one an APIRoute
         path = route.path.removeprefix("/v1")
         if path != "/embeddings":
-            bare.add_api_route(path, route.endpoint, methods=list(route.methods), include_in_schema=False)
+            bare.add_api_route(
+                path,
+                route.endpoint,
+                methods=list(route.methods or ()),
+                include_in_schema=False,
+                response_model=route.response_model,  # as the route above (None: encoded as returned)
+            )
     return bare
 
 

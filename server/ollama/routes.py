@@ -12,7 +12,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -49,7 +50,7 @@ from localrun.server.openapi import documented
 from localrun.server.reasoning import think_reasoning
 from localrun.server.schemas import keep_alive_seconds
 from localrun.server.streams import stream_tail
-from localrun.types import ChatRequest, CompletionRequest, Message, strip_media_markers
+from localrun.types import ChatRequest, Chunk, CompletionRequest, Message, Sampling, strip_media_markers
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,13 @@ router = APIRouter(prefix="/api")
 
 NDJSON = "application/x-ndjson"
 
+#: The body of /api/chat or /api/generate, kept as the route's own type through its model defaults.
+_Body = TypeVar("_Body", ChatBody, GenerateBody)
+#: ``context(answer)``: the last line's token ids (/api/generate), None where the runtime cannot tokenize.
+_ContextOf = Callable[[str], Awaitable[list[int] | None]]
 
-def _keep_alive(value) -> float | None:
+
+def _keep_alive(value: float | str | None) -> float | None:
     try:
         return keep_alive_seconds(value)
     except ValueError as exc:
@@ -88,7 +94,9 @@ def note_options(request: Request, options: Options | None, capabilities: frozen
         note_ignored(request, unknown + ignored)
 
 
-async def _capabilities(request: Request, body, keep_alive_s: float | None, *, needed: bool = False) -> frozenset[str]:
+async def _capabilities(
+    request: Request, body: ChatBody | GenerateBody, keep_alive_s: float | None, *, needed: bool = False
+) -> frozenset[str]:
     """The runtime's capabilities when an option (or ``context``) depends on them: the model is
     loaded, as the request would load it anyway; nothing to ask otherwise, so no extra hop."""
     o = body.options
@@ -98,7 +106,7 @@ async def _capabilities(request: Request, body, keep_alive_s: float | None, *, n
     return frozenset(lm.handle.capabilities or ())
 
 
-async def _model_defaults(request: Request, body):
+async def _model_defaults(request: Request, body: _Body) -> tuple[_Body, str | None]:
     """(body, system prompt) with what ``/api/create`` stored for the model: its parameters under
     the request's options (the request's win) and its system prompt, used when the request has none."""
     record = await asyncio.to_thread(app_state(request).manager.resolve, body.model)
@@ -110,7 +118,7 @@ async def _model_defaults(request: Request, body):
     return body, system if isinstance(system, str) and system else None
 
 
-def _sampling(request: Request, body, capabilities: frozenset[str] = frozenset()):
+def _sampling(request: Request, body: ChatBody | GenerateBody, capabilities: frozenset[str] = frozenset()) -> Sampling:
     cap = app_state(request).settings.runtime.max_tokens_cap
     o = body.options or Options()
     note_options(request, body.options, capabilities)
@@ -165,7 +173,7 @@ async def _check_num_ctx(request: Request, model: str, options: Options | None) 
 
 @documented(ChatBody, answers.OllamaChat, stream=NDJSON)
 @router.post("/chat")
-async def chat(request: Request):
+async def chat(request: Request) -> Response:
     body: ChatBody = await parse_body(request, ChatBody)
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.messages:
@@ -188,7 +196,7 @@ async def chat(request: Request):
 
 @documented(GenerateBody, answers.OllamaGenerate, stream=NDJSON)
 @router.post("/generate")
-async def generate(request: Request):
+async def generate(request: Request) -> Response:
     body: GenerateBody = await parse_body(request, GenerateBody)
     keep_alive_s = _keep_alive(body.keep_alive)
     if not body.prompt and not body.images and not body.unsupported():
@@ -203,6 +211,7 @@ async def generate(request: Request):
             "'context' (token ids) cannot carry images: send the conversation to /api/chat instead",
             param="context",
         )
+    req: ChatRequest | CompletionRequest
     if body.raw or body.suffix:  # fill-in-the-middle, like a raw prompt, skips the chat template
         req = CompletionRequest(prompt=prompt, sampling=sampling, suffix=body.suffix or None, media=media)
     else:
@@ -219,7 +228,13 @@ async def generate(request: Request):
 
 
 async def _generate(
-    request: Request, body, req, keep_alive_s: float | None, *, chat: bool, media_needs: list[tuple[str, str]]
+    request: Request,
+    body: ChatBody | GenerateBody,
+    req: ChatRequest | CompletionRequest,
+    keep_alive_s: float | None,
+    *,
+    chat: bool,
+    media_needs: list[tuple[str, str]],
 ) -> Response:
     started = time.perf_counter()
     await _check_num_ctx(request, body.model, body.options)
@@ -253,11 +268,11 @@ async def _generate(
         return JSONResponse(line)
     first = await gen.first()
     # A prompt with media has no token-id context: its images are not tokens of the vocabulary.
-    tail = None if chat or req.media else (lambda answer: answer_context(request, gen, req, answer))
+    tail: _ContextOf | None = None if chat or req.media else (lambda answer: answer_context(request, gen, req, answer))
     return StreamingResponse(_ndjson(gen, first, timing, chat=chat, context=tail), media_type=NDJSON)
 
 
-def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
+def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict[str, Any]:
     started, loaded = timing
     stats = gen.stats
     end = time.perf_counter()
@@ -266,7 +281,7 @@ def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
     reason = (
         "stop" if gen.finish_reason == "tool_calls" else finish_for_wire(gen.finish_reason)
     )  # Ollama says "stop" after calls
-    line = {"model": gen.record.name, "created_at": iso(), "done": True, "done_reason": reason}
+    line: dict[str, Any] = {"model": gen.record.name, "created_at": iso(), "done": True, "done_reason": reason}
     line.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     line.update(
         {
@@ -281,7 +296,14 @@ def _final(gen: Generation, timing: tuple[float, float], *, chat: bool) -> dict:
     return line
 
 
-async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -> AsyncIterator[bytes]:
+async def _ndjson(
+    gen: Generation,
+    first: Chunk | None,
+    timing: tuple[float, float],
+    *,
+    chat: bool,
+    context: _ContextOf | None = None,
+) -> AsyncIterator[bytes]:
     """The stream's lines; ``context(answer)`` gives the last line's token ids (/api/generate)."""
     answer: list[str] = []
     head = json.dumps({"model": gen.record.name})[:-1] + ',"created_at":"'
@@ -293,11 +315,11 @@ async def _ndjson(gen: Generation, first, timing, *, chat: bool, context=None) -
         tail = b',"done":false}\n'
     dumps = json.dumps
 
-    def line(chunk) -> bytes | None:
+    def line(chunk: Chunk) -> bytes | None:
         if context is not None and chunk.text:
             answer.append(chunk.text)
         if chunk.logprobs or chunk.tool_calls or chunk.reasoning:  # rarer and larger: a whole object
-            out: dict = {"model": gen.record.name, "created_at": iso()}
+            out: dict[str, Any] = {"model": gen.record.name, "created_at": iso()}
             if chat:
                 out["message"] = {"role": "assistant", "content": chunk.text}
                 if chunk.reasoning:
@@ -333,8 +355,8 @@ def ndjson_error(exc: LocalrunError) -> bytes:
 
 
 @documented(EmbedBody, answers.OllamaEmbed)
-@router.post("/embed")
-async def embed(request: Request):
+@router.post("/embed", response_model=None)
+async def embed(request: Request) -> dict[str, Any]:
     body: EmbedBody = await parse_body(request, EmbedBody)
     note_options(request, body.options)
     texts = [body.input] if isinstance(body.input, str) else list(body.input)
@@ -369,8 +391,8 @@ def truncated(vector: list[float], dimensions: int) -> list[float]:
 
 
 @documented(EmbeddingsBody, answers.OllamaEmbedding)
-@router.post("/embeddings")
-async def embeddings(request: Request):
+@router.post("/embeddings", response_model=None)
+async def embeddings(request: Request) -> dict[str, Any]:
     body: EmbeddingsBody = await parse_body(request, EmbeddingsBody)
     note_options(request, body.options)
     manager = app_state(request).manager

@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO, Any, cast
 
 from localrun.errors import InvalidMedia, RuntimeUnavailable
 from localrun.frames import FrameWriter, read_frame
@@ -65,7 +66,7 @@ TEST_HANG = b"\x00LOCALRUN-TEST-HANG"
 _MAX_FILE_BYTES = 1 << 31
 
 
-def _answer_bytes(header: dict) -> int:
+def _answer_bytes(header: dict[str, Any]) -> int:
     """The largest answer the caps in ``header`` allow: a longer frame is a protocol error."""
     if header["op"] == "image":
         return int(header["max_pixels"]) * 3
@@ -121,7 +122,7 @@ class _Child:
         self.ready = False
 
     def _read(self, n: int, deadline: float) -> bytes:
-        fd = self.proc.stdout.fileno()
+        fd = cast(IO[bytes], self.proc.stdout).fileno()  # a PIPE
         parts: list[bytes] = []
         while n:
             left = deadline - time.monotonic()
@@ -134,14 +135,14 @@ class _Child:
             n -= len(chunk)
         return b"".join(parts)
 
-    def _frame(self, deadline: float, bound: int = 0) -> tuple[dict, bytes]:
+    def _frame(self, deadline: float, bound: int = 0) -> tuple[dict[str, Any], bytes]:
         frame = read_frame(_Deadline(self._read, deadline), max_payload_bytes=bound)
         if frame is None:  # not reached: _read raises at the end of the stream
             raise _ChildDied("its pipe ended")
         header, payloads = frame
         return header, payloads[0] if payloads else b""
 
-    def call(self, header: dict, data: bytes, timeout_s: float) -> tuple[dict, bytes]:
+    def call(self, header: dict[str, Any], data: bytes, timeout_s: float) -> tuple[dict[str, Any], bytes]:
         if not self.ready:
             try:
                 hello, _ = self._frame(time.monotonic() + START_TIMEOUT_S)
@@ -153,7 +154,7 @@ class _Child:
                 raise _StartFailed(f"unexpected greeting {hello!r}")
             self.ready = True
         try:
-            FrameWriter(self.proc.stdin, max_payload_bytes=_MAX_FILE_BYTES).send(header, [data])
+            FrameWriter(cast(IO[bytes], self.proc.stdin), max_payload_bytes=_MAX_FILE_BYTES).send(header, [data])
         except (BrokenPipeError, OSError):
             raise _ChildDied(describe_exit(self.proc.wait(timeout=5))) from None
         return self._frame(time.monotonic() + timeout_s, _answer_bytes(header))
@@ -162,7 +163,7 @@ class _Child:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=5)
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in cast("tuple[IO[bytes], IO[bytes]]", (self.proc.stdin, self.proc.stdout)):  # both PIPEs
             try:
                 pipe.close()
             except OSError as exc:  # a pipe to a dead process may fail to flush; it is gone either way
@@ -171,7 +172,7 @@ class _Child:
     def close(self) -> None:
         """Ask it to leave (EOF on its stdin); kill it if it does not."""
         try:
-            self.proc.stdin.close()
+            cast(IO[bytes], self.proc.stdin).close()
             self.proc.wait(timeout=2)
         except (OSError, subprocess.TimeoutExpired) as exc:
             log.debug("decoder child did not leave when asked (%s); killing it", exc)
@@ -230,7 +231,7 @@ class MediaDecoder:
         if len(data) > self.max_bytes:
             raise InvalidMedia(f"the {what} is {len(data)} bytes, over the {self.max_bytes}-byte cap")
 
-    def _run(self, header: dict, data: bytes, what: str) -> tuple[dict, bytes]:
+    def _run(self, header: dict[str, Any], data: bytes, what: str) -> tuple[dict[str, Any], bytes]:
         if self._closed:
             raise RuntimeError("the media decoder is closed")
         child = self._idle.get()
@@ -273,7 +274,7 @@ class MediaDecoder:
     def __enter__(self) -> MediaDecoder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -293,7 +294,7 @@ def _child_main() -> None:
 
     writer = FrameWriter(out, max_payload_bytes=sys.maxsize)  # the parent bounds what it reads back
 
-    def send(header: dict, data: bytes = b"") -> None:
+    def send(header: dict[str, Any], data: bytes = b"") -> None:
         writer.send(header, [data] if data else [])
 
     send({"ready": True})

@@ -14,8 +14,13 @@ import logging
 import re
 import struct
 import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +103,7 @@ def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes]:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+            img: Image.Image = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
         except UnidentifiedImageError:
             raise BadMedia(_name_unknown_image(data)) from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -130,7 +135,7 @@ def _over_cap(exc: Exception, max_pixels: int) -> str:
     return f"image header claims {claimed}, over the {max_pixels}-pixel cap"
 
 
-def _to_rgb(img):
+def _to_rgb(img: Image.Image) -> Image.Image:
     from PIL import Image
 
     has_alpha = img.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (img.mode == "P" and "transparency" in img.info)
@@ -183,7 +188,7 @@ def _check_duration(frames: int, rate: int, max_seconds: float) -> None:
         raise BadMedia(f"audio clip is {seconds:.1f} s long, over the {max_seconds:g}-second cap")
 
 
-def _riff_chunks(data: bytes):
+def _riff_chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
     pos = 12
     while pos + 8 <= len(data):
         cid, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]

@@ -26,11 +26,17 @@ import threading
 import uuid
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import InvalidMedia, InvalidModelFile
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt, MediaSpan, pseudo_ids
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
 from localrun.types import MEDIA_MARKER
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from localrun.types import ModelRecord, Plan
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +49,7 @@ class NativeChunks:
 
     __slots__ = ("ptr", "_free", "__weakref__")
 
-    def __init__(self, mtmd, ptr) -> None:
+    def __init__(self, mtmd: Any, ptr: Any) -> None:
         self.ptr = ptr
         self._free = weakref.finalize(self, mtmd.mtmd_input_chunks_free, ptr)
 
@@ -54,7 +60,7 @@ class NativeChunks:
 class Projector:
     """One loaded projector (``mmproj*.gguf``) paired with a loaded text model."""
 
-    def __init__(self, llama, model, path: str, *, n_threads: int, use_gpu: bool) -> None:
+    def __init__(self, llama: Any, model: Any, path: str, *, n_threads: int, use_gpu: bool) -> None:
         from llama_cpp import mtmd_cpp
 
         self._m, self.path = mtmd_cpp, path
@@ -96,13 +102,13 @@ class Projector:
 
     # --- request threads ------------------------------------------------------------------------
 
-    def image_bitmap(self, nx: int, ny: int, rgb: bytes, digest: str):
+    def image_bitmap(self, nx: int, ny: int, rgb: bytes, digest: str) -> Any:
         if len(rgb) != nx * ny * 3:
             raise InvalidMedia(f"decoded image is {len(rgb)} bytes, not {nx}x{ny} RGB", hint="send a valid image")
         buf = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
         return self._named(self._m.mtmd_bitmap_init(nx, ny, buf), digest)
 
-    def audio_bitmap(self, pcm, digest: str):
+    def audio_bitmap(self, pcm: Buffer, digest: str) -> Any:
         """``pcm``: mono float32 samples at :attr:`sample_rate` (bytes or anything with the buffer protocol)."""
         view = memoryview(pcm).cast("B")
         n = len(view) // 4
@@ -111,18 +117,18 @@ class Projector:
         buf = (ctypes.c_float * n).from_buffer_copy(view[: n * 4])
         return self._named(self._m.mtmd_bitmap_init_from_audio(n, buf), digest)
 
-    def _named(self, bitmap, digest: str):
+    def _named(self, bitmap: Any, digest: str) -> Any:
         if not bitmap:
             raise InvalidMedia("llama.cpp could not make a bitmap of this media", hint="send another file")
         self._m.mtmd_bitmap_set_id(bitmap, digest.encode())
         return bitmap
 
-    def free_bitmaps(self, bitmaps: Sequence) -> None:
+    def free_bitmaps(self, bitmaps: Sequence[Any]) -> None:
         for b in bitmaps:
             if b:
                 self._m.mtmd_bitmap_free(b)
 
-    def tokenize(self, text: str, bitmaps: Sequence, *, add_special: bool) -> MediaPrompt:
+    def tokenize(self, text: str, bitmaps: Sequence[Any], *, add_special: bool) -> MediaPrompt:
         """The prompt's positions and media chunks; ``text`` holds one marker per bitmap, in order.
         The bitmaps are freed here, whatever happens."""
         m = self._m
@@ -153,6 +159,9 @@ class Projector:
         raise InvalidMedia("llama.cpp could not preprocess this media for the projector", hint="send another file")
 
     def _prompt(self, native: NativeChunks) -> MediaPrompt:
+        tokens: list[int]
+        spans: list[MediaSpan]
+        seen: dict[str, int]
         m, tokens, spans, seen = self._m, [], [], {}
         n_out = ctypes.c_size_t(0)
         for i in range(m.mtmd_input_chunks_size(native.ptr)):
@@ -192,7 +201,7 @@ class Projector:
 
     # --- the encoder thread ---------------------------------------------------------------------
 
-    def encode(self, native: NativeChunks, span: MediaSpan):
+    def encode(self, native: NativeChunks, span: MediaSpan) -> ctypes.Array[ctypes.c_float]:
         """The embeddings of one media chunk, ``n_tokens * n_embd`` floats owned by Python."""
         m = self._m
         chunk = m.mtmd_input_chunks_get(native.ptr, span.index)
@@ -215,7 +224,7 @@ class Projector:
             self._m.mtmd_free(ctx)
 
 
-def open_projector(llama, model, record, plan, cp=None):
+def open_projector(llama: Any, model: Any, record: ModelRecord, plan: Plan, cp: Any = None) -> Projector | None:
     """The record's projector (``metadata[META_PROJECTOR]``, or the plan's ``mmproj`` option), or None.
 
     With the context params ``cp`` (before the context exists): their batch and ubatch grow to

@@ -32,14 +32,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 from localrun.errors import InvalidMedia, LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt, MediaSpan
 
 if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.slot import Slot
     from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
+    from localrun.runtimes.llamacpp.job import Job
+    from localrun.runtimes.llamacpp.media.mtmd import Projector
+
+#: What the encoder thread's queue carries: ("encode", media, ticket), ("free", media, None), or None (stop).
+_Item = tuple[str, MediaPrompt, "Ticket | None"] | None
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class Ticket:
 
     def __init__(self, span: MediaSpan) -> None:
         self.span = span
-        self.embd = None
+        self.embd: ctypes.Array[ctypes.c_float] | None = None
         self.error: LocalrunError | None = None
         self.done = False
         self.seconds = 0.0
@@ -60,10 +66,10 @@ class Ticket:
 class MediaEncoder:
     """The thread that owns a projector's encode calls (see the module docstring)."""
 
-    def __init__(self, projector, wake: Callable[[], None]) -> None:
+    def __init__(self, projector: Projector, wake: Callable[[], None]) -> None:
         self.projector = projector
         self._wake = wake
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._live: dict[int, MediaPrompt] = {}
         self._lock = threading.Lock()
         self.encoded = 0  # chunks encoded (for tests and logs)
@@ -75,7 +81,7 @@ class MediaEncoder:
         """Queue ``spans`` of ``media``; the tickets are keyed by each span's start."""
         with self._lock:
             self._live[id(media)] = media
-        tickets = {}
+        tickets: dict[int, Ticket] = {}
         for span in spans:
             tickets[span.start] = ticket = Ticket(span)
             self._queue.put(("encode", media, ticket))
@@ -115,7 +121,7 @@ class MediaEncoder:
                 with self._lock:
                     self._live.pop(id(media), None)
                 continue
-            self._encode(media, ticket)
+            self._encode(media, cast(Ticket, ticket))  # an encode carries its ticket
 
     def _encode(self, media: MediaPrompt, ticket: Ticket) -> None:
         try:
@@ -158,14 +164,15 @@ class MediaPrefill:
         self._llama, self._ctx, self._step_tokens = llama, ctx, step_tokens
         self.encoder, self._decode, self._finish = encoder, decode, finish
 
-    def admitted(self, job) -> None:
+    def admitted(self, job: Job) -> None:
         """``job`` got its slot: queue the chunks the cache did not restore. No speculation for
         it: a draft must never propose a pseudo id (it would reach ``llama_decode`` as a token)."""
         job.spec = None
-        job.encodes = self.encoder.submit(job.media, job.media.pending(job.cached))
+        media = cast(MediaPrompt, job.media)  # only a job with media is admitted here
+        job.encodes = cast(MediaEncoder, self.encoder).submit(media, media.pending(job.cached))
 
     @staticmethod
-    def next_piece(job, start: int) -> tuple[int, MediaSpan | None] | None:
+    def next_piece(job: Job, start: int) -> tuple[int, MediaSpan | None] | None:
         """(tokens, the media chunk) the job's next prefill piece covers: text up to its next chunk,
         or that whole chunk; None while the chunk's encode is still running."""
         media = job.media
@@ -179,15 +186,19 @@ class MediaPrefill:
             return None
         return span.n_tokens, span
 
-    def can_prefill(self, prefilling) -> bool:
+    def can_prefill(self, prefilling: Iterable[Job]) -> bool:
         """Whether a job of ``prefilling`` can make progress now (or was cancelled): else the scheduler sleeps."""
         for job in prefilling:
             # Progress first: the cancel is read only for a job that waits (once per step otherwise, in _reap).
-            if self.next_piece(job, len(job.slot.tokens)) is not None or job.abandoned or job.cancel.is_set():
+            if (
+                self.next_piece(job, len(cast("Slot", job.slot).tokens)) is not None
+                or job.abandoned
+                or job.cancel.is_set()
+            ):
                 return True
         return False
 
-    def decode(self, job, span: MediaSpan, last: bool) -> int | None:
+    def decode(self, job: Job, span: MediaSpan, last: bool) -> int | None:
         """Decode a chunk's embeddings into the job's sequence; the batch row to sample from, or None
         when the job failed (and was finished)."""
         ticket = job.encodes.pop(span.start, None)
@@ -195,12 +206,12 @@ class MediaPrefill:
             err = ticket.error if ticket is not None and ticket.error else InvalidMedia("media not encoded", hint="")
             self._finish(job, None, error=err)
             return None
-        llama, n_embd = self._llama, self.encoder.projector.n_embd
+        llama, n_embd = self._llama, cast(MediaEncoder, self.encoder).projector.n_embd
         # One call when attention inside the chunk is bidirectional (it must be one ubatch);
         # otherwise pieces of at most a step's budget.
         piece = span.n_tokens if span.non_causal else max(1, min(span.n_tokens, self._step_tokens))
         base = ctypes.addressof(ticket.embd)
-        seq = (llama.llama_seq_id * 1)(job.slot.seq)
+        seq = (llama.llama_seq_id * 1)(cast("Slot", job.slot).seq)
         seq_ptr = ctypes.cast(seq, ctypes.POINTER(llama.llama_seq_id))
         if span.non_causal:
             llama.llama_set_causal_attn(self._ctx, False)
@@ -224,9 +235,9 @@ class MediaPrefill:
         ticket.embd = None
         return n - 1
 
-    def done(self, job) -> None:
+    def done(self, job: Job) -> None:
         """``job`` ended: its media go back to the encoder (the last user frees them)."""
         if job.media is not None:
             media, job.media = job.media, None
             job.encodes = {}
-            self.encoder.release(media)
+            cast(MediaEncoder, self.encoder).release(media)

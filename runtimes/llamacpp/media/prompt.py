@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ def starts_media(token: int) -> bool:
     return token < START_BELOW
 
 
-def media_safe_cut(tokens, keep: int) -> int:
+def media_safe_cut(tokens: Sequence[int], keep: int) -> int:
     """``keep`` moved back to the start of the media chunk it would end inside (if any): a
     prefix of ``tokens[:keep]`` then holds whole chunks only."""
     n = len(tokens)

@@ -21,10 +21,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 from localrun.errors import InvalidMedia, UnsupportedFeature
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.media.decoder import MediaDecoder
+    from localrun.runtimes.llamacpp.media.mtmd import Projector
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +37,10 @@ log = logging.getLogger(__name__)
 class SessionMedia:
     """The media side of one session: its projector (or None), the decoder, the capabilities."""
 
-    def __init__(self, projector, name: str) -> None:
+    def __init__(self, projector: Projector | None, name: str) -> None:
         self.projector = projector
         self._name = name
-        self._decoder = None
+        self._decoder: MediaDecoder | None = None
         self._lock = threading.Lock()
         caps: set[str] = set()
         if projector is not None and projector.mrope:
@@ -50,7 +55,7 @@ class SessionMedia:
         self.capabilities = frozenset(caps)
 
     @property
-    def usable(self):
+    def usable(self) -> Projector | None:
         """The projector the scheduler encodes with, or None."""
         return self.projector if self.capabilities else None
 
@@ -95,7 +100,7 @@ class SessionMedia:
                 f"the prompt places {found} media items but {len(media)} were sent",
                 hint="the chat template dropped or repeated a message that carries an image",
             )
-        projector, decoder = self.projector, self._decoder_now()
+        projector, decoder = cast("Projector", self.projector), self._decoder_now()  # check() refused media without one
         bitmaps = []
         try:
             for item in media:
@@ -119,7 +124,7 @@ class SessionMedia:
             )
         return prompt
 
-    def _decoder_now(self):
+    def _decoder_now(self) -> MediaDecoder:
         with self._lock:
             if self._decoder is None:
                 from localrun.runtimes.llamacpp.media.decoder import MediaDecoder

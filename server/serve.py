@@ -13,15 +13,23 @@ the RequestGuard's (security.py), and ``timeout_keep_alive`` covers the idle tim
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import logging
 import socket
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import ConfigError
 from localrun.server.security import is_loopback_host
 from localrun.settings import Settings
+
+if TYPE_CHECKING:
+    import uvicorn
+    from starlette.types import ASGIApp
+
+    from localrun.manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +109,8 @@ def deadline_protocol(header_timeout_s: float) -> type:
     class HeadDeadlineProtocol(H11Protocol):
         _head_timer: Any = None
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        # uvicorn's own connection_made narrows asyncio's transport type the same way (it carries this ignore).
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm_head_deadline()
 
@@ -137,26 +146,30 @@ def deadline_protocol(header_timeout_s: float) -> type:
 
 
 def uvicorn_server(
-    app, host: str, port: int, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True
-):
+    app: ASGIApp,
+    host: str,
+    port: int,
+    *,
+    ready_callback: Callable[[str], None] | None = None,
+    handle_signals: bool = True,
+) -> uvicorn.Server:
     """A uvicorn.Server for ``app`` with localrun's options (our logging and access log, no
     proxy headers, no server header, no websockets, the read deadlines of ``server.*``).
     ``server.run()`` blocks (the CLI); ``await server.serve()`` runs it in an existing event
     loop (the TUI), where ``handle_signals=False`` leaves Ctrl-C and the terminal to the host application."""
-    import contextlib
-
     import uvicorn
 
     from localrun.settings import ServerSettings
 
     settings = getattr(getattr(app, "state", None), "settings", None)
-    limits = settings.server if settings is not None else ServerSettings()
+    limits: ServerSettings = settings.server if settings is not None else ServerSettings()
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
         http=deadline_protocol(limits.header_timeout_s),
-        timeout_keep_alive=limits.keep_alive_timeout_s,
+        # uvicorn types it int, but it is only a loop.call_later delay, where a float serves.
+        timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
         log_config=None,  # keep the process's logging; the access log is ours
         access_log=False,
         proxy_headers=False,  # never trust X-Forwarded-For: nothing sits in front of us
@@ -167,26 +180,36 @@ def uvicorn_server(
     )
 
     class _Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started and ready_callback is not None:
                 ready_callback(server_url(host, self.bound_port()))
 
-        def capture_signals(self):
-            return super().capture_signals() if handle_signals else contextlib.nullcontext()
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            if not handle_signals:
+                yield
+                return
+            with super().capture_signals():
+                yield
 
         def bound_port(self) -> int:
             for server in getattr(self, "servers", ()):
                 for sock in server.sockets:
-                    return sock.getsockname()[1]
+                    bound: int = sock.getsockname()[1]
+                    return bound
             return port
 
     return _Server(config)
 
 
 def build_server(
-    settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None, handle_signals: bool = True
-):
+    settings: Settings,
+    manager: ModelManager,
+    *,
+    ready_callback: Callable[[str], None] | None = None,
+    handle_signals: bool = True,
+) -> uvicorn.Server:
     """The server for ``create_app(settings, manager)`` (see :func:`uvicorn_server`), after
     the host and port checks. Raises ConfigError for a non-loopback host without a key or a
     port already in use."""
@@ -203,7 +226,9 @@ def build_server(
     )
 
 
-def run_server(settings: Settings, manager, *, ready_callback: Callable[[str], None] | None = None) -> None:
+def run_server(
+    settings: Settings, manager: ModelManager, *, ready_callback: Callable[[str], None] | None = None
+) -> None:
     """Serve until interrupted. Raises ConfigError for an unsafe host or a port in use."""
     server = build_server(settings, manager, ready_callback=ready_callback)
     try:

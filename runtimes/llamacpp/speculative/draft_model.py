@@ -28,10 +28,15 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 from localrun.errors import ConfigError, InvalidModelFile, WontFit
 from localrun.runtimes.llamacpp.decode import common_prefix, fill_batch
 from localrun.runtimes.llamacpp.native_log import NATIVE_LOG
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.slots import Layout
+    from localrun.types import Plan
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +59,7 @@ class VocabFacts:
     text: Callable[[int], bytes]  # a token's text as stored in the vocabulary
 
     @classmethod
-    def of(cls, llama, model) -> VocabFacts:
+    def of(cls, llama: Any, model: Any) -> VocabFacts:
         vocab = llama.llama_model_get_vocab(model)
         return cls(
             kind=int(llama.llama_vocab_type(vocab)),
@@ -96,6 +101,7 @@ def _shown(text: bytes) -> str:
 
 class _Want:
     __slots__ = ("seq", "tokens", "k", "drafts", "done")
+    drafts: list[int]
 
     def __init__(self, seq: int, tokens: list[int], k: int) -> None:
         self.seq, self.tokens, self.k, self.drafts, self.done = seq, tokens, k, [], False
@@ -112,10 +118,10 @@ class DraftModel:
 
     def __init__(
         self,
-        llama,
+        llama: Any,
         path: str,
         *,
-        target_model,
+        target_model: Any,
         n_seq: int,
         n_ctx_per_seq: int,
         n_threads: int,
@@ -134,7 +140,9 @@ class DraftModel:
         self.path = str(path)
         self.n_seq = int(n_seq)
         self.seconds = 0.0
-        self._model = self._ctx = self._batch = None
+        self._model: Any = None
+        self._ctx: Any = None
+        self._batch: Any = None
         self._held: dict[int, list[int]] = {}  # the tokens each sequence's draft KV holds, in order
         self._n_batch = max(int(n_batch), self.n_seq)  # a draft step is one row per sequence
         try:
@@ -153,7 +161,7 @@ class DraftModel:
         self.n_ctx_per_seq = min(int(n_ctx_per_seq), int(per_seq))
         self._eog: dict[int, bool] = {}
 
-    def _load(self, n_gpu_layers: int):
+    def _load(self, n_gpu_layers: int) -> Any:
         llama = self._llama
         if not os.path.isfile(self.path):
             raise InvalidModelFile(
@@ -172,7 +180,7 @@ class DraftModel:
             )
         return model
 
-    def _check_vocab(self, target_model, target_path: str) -> None:
+    def _check_vocab(self, target_model: Any, target_path: str) -> None:
         llama = self._llama
         why = vocab_difference(VocabFacts.of(llama, target_model), VocabFacts.of(llama, self._model))
         if why:
@@ -182,7 +190,7 @@ class DraftModel:
                 hint=_FIX,
             )
 
-    def _context(self, n_ctx_per_seq: int, n_threads: int, flash_attn_type: int | None):
+    def _context(self, n_ctx_per_seq: int, n_threads: int, flash_attn_type: int | None) -> Any:
         llama = self._llama
         cp = llama.llama_context_default_params()
         cp.n_ctx = self.n_seq * int(n_ctx_per_seq)
@@ -219,10 +227,11 @@ class DraftModel:
         finally:
             self.seconds += time.perf_counter() - started
 
-    def _propose(self, wants) -> list[list[int]]:
+    def _propose(self, wants: list[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         if self._ctx is None:
             raise RuntimeError("the draft model is closed")
-        plans, seen = [], set()
+        plans: list[_Want] = []
+        seen: set[int] = set()
         for seq, tokens, k in wants:
             if not 0 <= seq < self.n_seq or seq in seen:
                 raise ValueError(f"draft wanted for sequence {seq}: not in 0..{self.n_seq - 1}, or twice")
@@ -243,7 +252,7 @@ class DraftModel:
         """Bring each sequence's KV to its tokens, and take each first draft from the logits
         of its last token (decoded again when the KV already held it)."""
         rows: list[tuple[int, int, int]] = []  # (seq, token, pos)
-        last_rows = set()
+        last_rows: set[int] = set()
         for p in plans:
             held = self._held.get(p.seq, [])
             keep = min(shared_prefix(held, p.tokens), len(p.tokens) - 1)
@@ -281,7 +290,7 @@ class DraftModel:
         else:
             p.drafts.append(token)
 
-    def _decode(self, rows, outputs, plans: list[_Want]) -> bool:
+    def _decode(self, rows: Sequence[tuple[int, int, int]], outputs: Sequence[bool] | bool, plans: list[_Want]) -> bool:
         fill_batch(self._batch, [r[1] for r in rows], [r[2] for r in rows], [r[0] for r in rows], outputs)
         rc = self._llama.llama_decode(self._ctx, self._batch)
         if rc == 0:
@@ -297,7 +306,7 @@ class DraftModel:
 
         # llama.h: the rows asked for are stored contiguously, in batch order.
         logits = np.ctypeslib.as_array(self._llama.llama_get_logits(self._ctx), shape=(n_rows, self._n_vocab))
-        return logits.argmax(axis=1).tolist()
+        return cast("list[int]", logits.argmax(axis=1).tolist())
 
     def _is_eog(self, token: int) -> bool:
         hit = self._eog.get(token)
@@ -350,7 +359,9 @@ def _native_why() -> str:
     return f": {why}" if why else ""
 
 
-def load_drafter(llama, target_model, plan, layout, target_path: str, *, flash_attn_type: int | None) -> DraftModel:
+def load_drafter(
+    llama: Any, target_model: Any, plan: Plan, layout: Layout, target_path: str, *, flash_attn_type: int | None
+) -> DraftModel:
     """The draft model of ``plan.options["draft"]``, in the target's worker beside it: one KV
     stream per slot of ``layout``, the target's threads, GPU layers and flash attention."""
     return DraftModel(

@@ -40,10 +40,15 @@ rows goes through batched kernels, whose sums round differently from a one-row s
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from localrun.errors import ConfigError
 from localrun.runtimes.llamacpp.speculative.pass_costs import DecodeCosts
+
+if TYPE_CHECKING:
+    from localrun.types import Plan
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,7 @@ FIRST_K = 3
 MIN_RUN = 3
 
 
-def parse_mode(value) -> str:
+def parse_mode(value: object) -> str:
     """``plan.options["speculative"]`` as one of :data:`MODES` (``None`` → ``off``; the
     planner writes the default it chose, see localrun/speculation.py)."""
     if value is None:
@@ -102,7 +107,7 @@ class NgramIndex:
 
     __slots__ = ("tokens", "_maps", "_places", "_min", "_max", "source", "run")
 
-    def __init__(self, tokens=(), *, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM) -> None:
+    def __init__(self, tokens: Iterable[int] = (), *, min_n: int = MIN_NGRAM, max_n: int = MAX_NGRAM) -> None:
         self.tokens: list[int] = []
         self._min, self._max = min_n, max_n
         self._maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(min_n, max_n)}
@@ -154,10 +159,12 @@ class NgramIndex:
         return out
 
     def _find(self) -> int | None:
+        at: int | None  # a place (loop below), then an n-gram's continuation, if any
         toks, n = self.tokens, len(self.tokens)
         if n >= self._max:
             places = self._places.get(tuple(toks[n - self._max :]))
             if places:
+                best: int | None
                 best, reach = None, -1
                 for at in reversed(places):  # latest first: ties keep the latest
                     back = 0
@@ -330,7 +337,7 @@ class SpecTotals:
         self.accepted += accepted
 
 
-def speculation(plan, n_swa: int, memory: str | None = None) -> tuple[str, int | None]:
+def speculation(plan: Plan, n_swa: int, memory: str | None = None) -> tuple[str, int | None]:
     """(mode the scheduler runs, tokens per draft in ``ngram`` mode) from ``plan.options``; off for a
     ``memory`` that cannot be cut back (checkpoints.memory_kind: "recurrent", "hybrid").
 

@@ -18,16 +18,19 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.speculative.drafting import CALIBRATED_ROWS, MAX_DRAFT, MIN_RUN
 
 if TYPE_CHECKING:
-    from localrun.runtimes.llamacpp.cache.prefix import KvOps
+    from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
     from localrun.runtimes.llamacpp.cache.slots import Layout
+    from localrun.runtimes.llamacpp.decode import Sampler
     from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
-    from localrun.runtimes.llamacpp.speculative.drafting import SpecTotals
+    from localrun.runtimes.llamacpp.job import Job
+    from localrun.runtimes.llamacpp.speculative.draft_model import DraftModel
+    from localrun.runtimes.llamacpp.speculative.drafting import SpecState, SpecTotals
     from localrun.runtimes.llamacpp.speculative.pass_costs import DecodeCosts
 
 log = logging.getLogger(__name__)
@@ -67,16 +70,16 @@ class SpeculativeStep:
         mode: str,
         costs: DecodeCosts,
         totals: SpecTotals,
-        drafter: Any,
+        drafter: DraftModel | None,
         is_eog: Callable[[int], bool],
         decode: DecodeCalls,
-        emit: Callable[[Any, int], None],
+        emit: Callable[[Job, int], None],
     ) -> None:
         self._llama, self._ctx, self.layout, self._kv = llama, ctx, layout, kv
         self.speculative, self.costs, self.spec_totals, self.drafter = mode, costs, totals, drafter
         self._is_eog, self._decode, self._emit = is_eog, decode, emit
 
-    def speculate(self, jobs: list) -> list:
+    def speculate(self, jobs: list[Job]) -> list[Job]:
         """Verify a draft for every sequence whose draft pays, each in its own call (a
         sequence's rows must not share a micro-batch with other sequences', see the module
         docstring); return the jobs left to decode plainly. Drafts come from the n-gram
@@ -84,7 +87,8 @@ class SpeculativeStep:
         batched call for all the sequences that want one."""
         rows_now = min(len(jobs), self.layout.decode_rows)
         drafts: dict[int, list[int]] = {}
-        wants = []
+        draft: list[int] | None
+        wants: list[tuple[Job, int]] = []
         for job in jobs:
             if job.spec is None:
                 continue
@@ -98,15 +102,18 @@ class SpeculativeStep:
                 if k:
                     wants.append((job, k))
         if wants:
-            drafted_before = self.drafter.seconds
-            got = self.drafter.propose([(j.slot.seq, [*j.slot.tokens, j.pending], k) for j, k in wants])
-            self.costs.observe_draft(self.drafter.seconds - drafted_before, max(k for _, k in wants))
+            drafter = cast("DraftModel", self.drafter)  # only a drafter makes wants
+            drafted_before = drafter.seconds
+            got = drafter.propose(
+                [(cast("Slot", j.slot).seq, [*cast("Slot", j.slot).tokens, j.pending], k) for j, k in wants]
+            )  # decoding jobs: each holds its slot
+            self.costs.observe_draft(drafter.seconds - drafted_before, max(k for _, k in wants))
             for (job, _), draft in zip(wants, got):
                 draft = self._grammar_cut(job, draft)
                 if draft:
                     drafts[id(job)] = draft
-                    job.spec.source = "model"
-        plain = []
+                    cast("SpecState", job.spec).source = "model"
+        plain: list[Job] = []
         for job in jobs:
             draft = drafts.get(id(job))
             if not (draft and self._verify(job, draft)) and job.slot is not None:
@@ -125,13 +132,14 @@ class SpeculativeStep:
             self.costs.rounding,
         )
 
-    def _room(self, job) -> int:
+    def _room(self, job: Job) -> int:
         """Most tokens a draft may hold: k+1 rows at positions base..base+k must fit the slot,
         and k+1 tokens the request's limit."""
-        return min(MAX_DRAFT, self.layout.slot_ctx - 1 - len(job.slot.tokens), job.limit - job.produced - 1)
+        tokens = cast("Slot", job.slot).tokens  # a decoding job holds its slot
+        return min(MAX_DRAFT, self.layout.slot_ctx - 1 - len(tokens), job.limit - job.produced - 1)
 
-    def _ngram_draft(self, job, room: int, rows_now: int) -> list[int]:
-        spec = job.spec
+    def _ngram_draft(self, job: Job, room: int, rows_now: int) -> list[int]:
+        spec = cast("SpecState", job.spec)  # drafting jobs only
         if room <= 0:
             return []
         proposal = self._grammar_cut(job, spec.index.propose(room))
@@ -143,17 +151,17 @@ class SpeculativeStep:
         return proposal[: decision.k]
 
     @staticmethod
-    def _grammar_cut(job, proposal: list[int]) -> list[int]:
+    def _grammar_cut(job: Job, proposal: list[int]) -> list[int]:
         check = getattr(job.sampler, "valid_prefix", None)
         if proposal and check is not None:
             proposal = proposal[: check(proposal)]  # a token the grammar forbids would be rejected anyway
         return proposal
 
-    def _verify(self, job, draft: list[int]) -> bool:
+    def _verify(self, job: Job, draft: list[int]) -> bool:
         """One pass over the pending token and ``draft``; keep the agreeing prefix and the
         model's own next token. False when the KV cache has no room for the extra rows now
         (the job then decodes plainly)."""
-        slot, ctx = job.slot, self._ctx
+        slot, ctx = cast("Slot", job.slot), self._ctx
         base, rows = len(slot.tokens), [job.pending, *draft]
         fill_batch(self._decode.batch, rows, range(base, base + len(rows)), slot.seq, True)
         started = time.perf_counter()
@@ -166,11 +174,13 @@ class SpeculativeStep:
         self.costs.observe_verify(len(rows), time.perf_counter() - started)
         entries = job.logprobs
         start = len(entries) if entries is not None else 0
-        tokens, marks, kept = [], [], 0
+        tokens: list[int] = []
+        marks: list[int] = []
+        kept = 0
         for i in range(
             len(rows)
         ):  # in order, stopping at the first disagreement: the sampler sees what plain decoding shows it
-            token = job.sampler.sample(ctx, i)
+            token = cast("Sampler", job.sampler).sample(ctx, i)
             tokens.append(token)
             marks.append(len(entries) if entries is not None else 0)
             if i == len(draft) or token != draft[i]:
@@ -181,7 +191,7 @@ class SpeculativeStep:
         if kept < len(draft):
             self._kv.truncate(slot.seq, base + 1 + kept)  # the rejected drafts leave the KV cache
         slot.tokens.extend(rows[: 1 + kept])
-        job.spec.verified(len(draft), kept)
+        cast("SpecState", job.spec).verified(len(draft), kept)
         self.spec_totals.add(len(draft), kept)
         held = entries[start:] if entries is not None else []
         if entries is not None:
@@ -197,7 +207,7 @@ class SpeculativeStep:
         return True
 
 
-def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> None:
+def calibrate(llama: Any, ctx: Any, batch: Any, costs: DecodeCosts, *, seq: int = 0, repeats: int = 2) -> None:
     """Time one-row steps and passes of each size in ``CALIBRATED_ROWS`` on this build, model and context (on
     ``seq``, left empty after), into ``costs``: the policy's first decisions then rest on
     this machine's numbers, not a guess. A pass's cost is far from linear on a CPU (measured
@@ -219,7 +229,7 @@ def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> No
             if llama.llama_decode(ctx, batch) != 0:
                 return
 
-        def logits(row: int):
+        def logits(row: int) -> np.ndarray:
             return np.ctypeslib.as_array(llama.llama_get_logits_ith(ctx, row), shape=(n_vocab,)).copy()
 
         alone, steps = [], []
@@ -248,6 +258,6 @@ def calibrate(llama, ctx, batch, costs, *, seq: int = 0, repeats: int = 2) -> No
                 if rc != 0:
                     return
                 best = took if best is None else min(best, took)
-            costs.passes[rows] = best
+            costs.passes[rows] = cast(float, best)  # timed: repeats >= 1
     finally:
         llama.llama_memory_seq_rm(mem, seq, -1, -1)

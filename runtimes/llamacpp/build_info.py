@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +33,12 @@ GPU_BACKENDS = ("cuda", "metal", "hip", "vulkan", "sycl")
 _LIB_NAMES = ("libggml.so.0", "libggml.so", "libggml.0.dylib", "libggml.dylib", "ggml.dll")
 
 
-def lib_dir(llama_cpp) -> Path:
+def lib_dir(llama_cpp: Any) -> Path:
     """The folder llama-cpp-python loads its native libraries from."""
     return Path(llama_cpp.__file__).resolve().parent / "lib"
 
 
-def _ggml(llama_cpp) -> ctypes.CDLL | None:
+def _ggml(llama_cpp: Any) -> ctypes.CDLL | None:
     """libggml as already loaded by libllama (dlopen of the same path returns the same handle)."""
     folder = lib_dir(llama_cpp)
     for name in _LIB_NAMES:
@@ -52,13 +53,13 @@ def _ggml(llama_cpp) -> ctypes.CDLL | None:
     return None
 
 
-def is_dynamic(llama_cpp) -> bool:
+def is_dynamic(llama_cpp: Any) -> bool:
     """A ``GGML_BACKEND_DL`` build: its backends are modules in lib/ (``libggml-cpu-haswell.so``…)."""
     folder = lib_dir(llama_cpp)
     return any(folder.glob("libggml-cpu-*.so")) or any(folder.glob("ggml-cpu-*.dll"))
 
 
-def load_backends(llama_cpp) -> int:
+def load_backends(llama_cpp: Any) -> int:
     """Register a dynamic build's backends from the package's lib/ folder (once; a no-op for a
     plain build, whose backends registered themselves). Returns how many backends are registered.
     Call it before ``llama_backend_init``: that loads from python's bin/ and the cwd otherwise,
@@ -75,7 +76,7 @@ def load_backends(llama_cpp) -> int:
     return count
 
 
-def build_backends(llama_cpp=None) -> tuple[str, ...]:
+def build_backends(llama_cpp: Any = None) -> tuple[str, ...]:
     """The backends the installed build registers, e.g. ``("cuda", "cpu")``; () when llama-cpp-python
     is missing or its library does not load. Unknown registry names pass through lower-cased."""
     try:
@@ -96,7 +97,7 @@ def build_backends(llama_cpp=None) -> tuple[str, ...]:
         return ()
 
 
-def build_backend(llama_cpp=None) -> str | None:
+def build_backend(llama_cpp: Any = None) -> str | None:
     """The one word for a build: its GPU backend, else ``"cpu"``; None when there is no build."""
     names = build_backends(llama_cpp)
     if not names:
@@ -104,7 +105,7 @@ def build_backend(llama_cpp=None) -> str | None:
     return next((b for b in GPU_BACKENDS if b in names), "cpu")
 
 
-def has_amx(llama_cpp=None) -> bool:
+def has_amx(llama_cpp: Any = None) -> bool:
     """Whether the build's CPU kernels include AMX (they crash 0.3.36 on Q4_K models, see scripts/dev)."""
     try:
         if llama_cpp is None:
@@ -116,7 +117,7 @@ def has_amx(llama_cpp=None) -> bool:
         return False
 
 
-def describe_installed() -> dict:
+def describe_installed() -> dict[str, Any]:
     """What this interpreter's llama-cpp-python is: set-up (scripts/llama_backend.py) reads it
     from the venv's own python, by path, before localrun is installed there."""
     try:

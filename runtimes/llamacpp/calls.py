@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class ThreadCalls:
@@ -27,8 +29,8 @@ class ThreadCalls:
     def __bool__(self) -> bool:
         return bool(self._pending)
 
-    def add(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
+    def add(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
         self._pending.append((fn, future))
         return future
 

@@ -40,7 +40,7 @@ DEFAULT_EMBED_CTX = 2048
 MAX_AUTO_EMBED_CTX = 8192
 
 
-def meta_str(llama, model, key: str) -> str | None:
+def meta_str(llama: Any, model: Any, key: str) -> str | None:
     """A GGUF metadata value as text, or None when the key is absent."""
     size = 256
     while True:
@@ -53,7 +53,7 @@ def meta_str(llama, model, key: str) -> str | None:
         size = n + 1
 
 
-def model_pooling(llama, model) -> int | None:
+def model_pooling(llama: Any, model: Any) -> int | None:
     """The pooling type the GGUF declares (``<arch>.pooling_type``), or None."""
     arch = meta_str(llama, model, "general.architecture")
     value = meta_str(llama, model, f"{arch}.pooling_type") if arch else None
@@ -81,13 +81,13 @@ def pooling_override(plan: Plan) -> int | None:
     return POOLING[name]
 
 
-def effective_pooling(llama, model, plan: Plan) -> int | None:
+def effective_pooling(llama: Any, model: Any, plan: Plan) -> int | None:
     """The pooling embeddings use: the plan's override, else the GGUF's, else None (a decoder)."""
     forced = pooling_override(plan)
     return forced if forced is not None else model_pooling(llama, model)
 
 
-def embeddings_wanted(llama, model, plan: Plan) -> bool:
+def embeddings_wanted(llama: Any, model: Any, plan: Plan) -> bool:
     """Whether this session declares the ``embeddings`` capability: a pooling override or the
     ``embedding`` option says so, else the GGUF's pooling does (not none, not rank)."""
     if pooling_override(plan) is not None:
@@ -104,8 +104,8 @@ class Embedder:
 
     def __init__(
         self,
-        llama,
-        model,
+        llama: Any,
+        model: Any,
         plan: Plan,
         *,
         tokenize: Callable[[str], list[int]],
@@ -203,7 +203,7 @@ class Embedder:
                 hint="retry with a shorter input",
             )
 
-    def _pooled(self):
+    def _pooled(self) -> Any:
         ptr = self._llama.llama_get_embeddings_seq(self._ctx, 0)
         if not ptr:
             raise UnsupportedFeature(

@@ -21,11 +21,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from localrun.chat import tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
-from localrun.runtimes.llamacpp.decode import EogGuard, build_sampler
+from localrun.runtimes.llamacpp.decode import EogGuard, Sampler, build_sampler
 from localrun.runtimes.llamacpp.embed import POOLING, Embedder, effective_pooling, embeddings_wanted
 from localrun.runtimes.llamacpp.grammar import (
     LogprobReader,
@@ -66,9 +66,9 @@ class SessionFeatures:
 
     def __init__(
         self,
-        llama,
-        model,
-        ctx,
+        llama: Any,
+        model: Any,
+        ctx: Any,
         plan: Plan,
         *,
         name: str,
@@ -76,7 +76,7 @@ class SessionFeatures:
         check_tokens: Callable[[Sequence[int], str], None],
         is_eog: Callable[[int], bool],
         scan_eog: Callable[[], tuple[int, ...]],
-        vocab,
+        vocab: Any,
         n_vocab: int,
         piece_of: Callable[[int], bytes],
         call: Callable[[Callable[[], Any]], Any] | None = None,
@@ -115,7 +115,9 @@ class SessionFeatures:
     def completion_grammar(sampling: Sampling) -> str | None:
         return request_grammar(sampling, None)
 
-    def job_sampling(self, sampling: Sampling, gbnf: str | None) -> tuple[Callable[[], Any], list | None]:
+    def job_sampling(
+        self, sampling: Sampling, gbnf: str | None
+    ) -> tuple[Callable[[], Sampler], list[dict[str, Any]] | None]:
         """(sampler factory for the scheduler thread, the list logprob entries go to or None).
 
         Raises:
@@ -133,7 +135,7 @@ class SessionFeatures:
                     hint="drop 'ignore_eos' or the grammar",
                 )
             llama.llama_sampler_free(grammar_sampler(llama, vocab, gbnf))
-        entries: list | None = None
+        entries: list[dict[str, Any]] | None = None
         reader = None
         if sampling.logprobs is not None:
             entries, reader = [], self._logprob_reader()
@@ -141,11 +143,14 @@ class SessionFeatures:
         guard = self.eog_tokens() if sampling.ignore_eos or sampling.min_tokens > 0 else ()
         until = None if sampling.ignore_eos else int(sampling.min_tokens)
 
-        def build():
-            sampler = sequence_sampler(llama, vocab, build_sampler(llama, sampling, n_vocab), gbnf, sampling, n_vocab)
+        def build() -> Sampler:
+            sampler: Sampler = sequence_sampler(
+                llama, vocab, build_sampler(llama, sampling, n_vocab), gbnf, sampling, n_vocab
+            )
             if guard:
                 sampler = EogGuard(llama, sampler, guard, until)
-            return sampler if reader is None else LogprobSampler(sampler, reader, top_n, entries, is_eog)
+            logged = cast("list[dict[str, Any]]", entries)  # a list whenever there is a reader
+            return sampler if reader is None else LogprobSampler(sampler, reader, top_n, logged, is_eog)
 
         return build, entries
 

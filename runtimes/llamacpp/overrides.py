@@ -48,7 +48,7 @@ class LoadParams:
     summary: list[str] = field(default_factory=list)  # what was set, in words, for the log
 
 
-def _lib(llama) -> Any:
+def _lib(llama: Any) -> Any:
     """The loaded libllama; its handle finds ggml's symbols too."""
     lib = getattr(getattr(llama, "llama_cpp", None), "_lib", None) or getattr(llama, "_lib", None)
     if lib is None:
@@ -56,18 +56,18 @@ def _lib(llama) -> Any:
     return lib
 
 
-def _fn(lib, name: str, restype, *argtypes):
+def _fn(lib: Any, name: str, restype: Any, *argtypes: Any) -> Any:
     fn = lib[name]  # a fresh function object: llama_cpp's own bindings keep their signatures
     fn.restype, fn.argtypes = restype, list(argtypes)
     return fn
 
 
-def buffer_type(llama, target: str) -> int:
+def buffer_type(llama: Any, target: str) -> int:
     """The buffer type an override sends tensors to: ``CPU`` (what ``-ot exps=CPU`` means) or a
     device by its ggml name (``CUDA0``, ``Metal``…), as ``-ot``'s right-hand side names them."""
     lib = _lib(llama)
     if target.upper() == "CPU":
-        buft = _fn(lib, "ggml_backend_cpu_buffer_type", ctypes.c_void_p)()
+        buft: int | None = _fn(lib, "ggml_backend_cpu_buffer_type", ctypes.c_void_p)()  # c_void_p: an int, or None
     else:
         dev = _fn(lib, "ggml_backend_dev_by_name", ctypes.c_void_p, ctypes.c_char_p)(target.encode())
         if not dev:
@@ -94,14 +94,14 @@ def check_pattern(pattern: Any) -> str:
     return pattern
 
 
-def apply(llama, mp, options: Mapping[str, Any]) -> LoadParams:
+def apply(llama: Any, mp: Any, options: Mapping[str, Any]) -> LoadParams:
     """Set the overrides, split and main GPU of ``options`` on the model params ``mp``.
 
     Raises:
         ConfigError: a malformed pattern, an unknown device, too many overrides or GPUs.
     """
     keep = LoadParams()
-    pairs: Sequence = options.get("tensor_overrides") or ()
+    pairs: Sequence[Any] = options.get("tensor_overrides") or ()
     if pairs:
         limit = int(llama.llama_max_tensor_buft_overrides()) if hasattr(llama, "llama_max_tensor_buft_overrides") else 0
         if limit and len(pairs) + 1 > limit:
@@ -133,7 +133,7 @@ def apply(llama, mp, options: Mapping[str, Any]) -> LoadParams:
     return keep
 
 
-def read_devices(llama, *, memory: bool = True) -> list[dict[str, Any]]:
+def read_devices(llama: Any, *, memory: bool = True) -> list[dict[str, Any]]:
     """llama.cpp's own device list: name, description, type and (``memory``) free and total bytes.
 
     Reading memory initialises each GPU (a CUDA context holds VRAM for the process's life), so

@@ -22,11 +22,15 @@ import subprocess
 import sys
 from collections.abc import Callable
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from localrun.runtimes.base import RuntimeStatus
 
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile  # read by attribute only: typed, never imported
+
 Importer = Callable[[str], ModuleType]
-DeviceLister = Callable[[], "list[dict] | None"]
+DeviceLister = Callable[[], "list[dict[str, Any]] | None"]
 
 log = logging.getLogger(__name__)
 #: Seconds the device-listing child may take: importing llama_cpp and initialising every GPU.
@@ -52,7 +56,7 @@ _BACKEND_MARKERS = (
 )
 
 
-def wanted_gpu_backend(hw) -> str | None:
+def wanted_gpu_backend(hw: HardwareProfile | None) -> str | None:
     """The llama.cpp GPU backend this machine's hardware calls for, if any."""
     if hw is None:
         return None
@@ -62,7 +66,7 @@ def wanted_gpu_backend(hw) -> str | None:
     return "cuda" if "nvidia" in vendors else "hip" if "amd" in vendors else "vulkan" if vendors else None
 
 
-def llama_fix(hw) -> str:
+def llama_fix(hw: HardwareProfile | None) -> str:
     """The install command that gives this machine the llama.cpp build it deserves."""
     backend = wanted_gpu_backend(hw)
     if backend in (None, "metal"):  # Metal is the default build on Apple Silicon
@@ -80,7 +84,7 @@ def llama_backend(system_info: str, gpu_offload: bool) -> str:
     return "cpu"
 
 
-def build_backend(llama_cpp) -> tuple[str, str, bool]:
+def build_backend(llama_cpp: Any) -> tuple[str, str, bool]:
     """(backend, system info, GPU offload) of the installed build, read from ``llama_print_system_info()``.
 
     One small function on purpose: set-up's build module (gpu-build) may replace it with its own reader."""
@@ -90,7 +94,7 @@ def build_backend(llama_cpp) -> tuple[str, str, bool]:
     return llama_backend(info, gpu_offload), info, gpu_offload
 
 
-def list_devices(timeout: float = DEVICES_TIMEOUT_S) -> list[dict] | None:
+def list_devices(timeout: float = DEVICES_TIMEOUT_S) -> list[dict[str, Any]] | None:
     """llama.cpp's device list, asked in a child process; None when the child fails (logged)."""
     argv = [sys.executable, "-m", "localrun.runtimes.llamacpp.overrides"]
     try:
@@ -103,7 +107,7 @@ def list_devices(timeout: float = DEVICES_TIMEOUT_S) -> list[dict] | None:
     return devices if isinstance(devices, list) else None
 
 
-def _cpu_devices(llama_cpp) -> list[dict] | None:
+def _cpu_devices(llama_cpp: Any) -> list[dict[str, Any]] | None:
     from localrun.runtimes.llamacpp.overrides import read_devices
 
     try:
@@ -113,7 +117,9 @@ def _cpu_devices(llama_cpp) -> list[dict] | None:
         return None
 
 
-def probe_llamacpp(hw, *, import_module: Importer | None = None, devices: DeviceLister | None = None) -> RuntimeStatus:
+def probe_llamacpp(
+    hw: HardwareProfile | None, *, import_module: Importer | None = None, devices: DeviceLister | None = None
+) -> RuntimeStatus:
     """The status :meth:`LlamaCppRuntime.probe` reports; ``import_module`` and ``devices`` replay a machine
     in tests (with a stand-in module and no lister, no device list is asked for)."""
     replayed = import_module is not None
@@ -122,7 +128,9 @@ def probe_llamacpp(hw, *, import_module: Importer | None = None, devices: Device
         llama_cpp = import_module("llama_cpp")
     except ImportError as exc:
         missing = getattr(exc, "name", None) == "llama_cpp"
-        reason = "llama-cpp-python is not installed" if missing else f"llama-cpp-python fails to import: {exc}"
+        reason: str | None = (
+            "llama-cpp-python is not installed" if missing else f"llama-cpp-python fails to import: {exc}"
+        )
         return RuntimeStatus(NAME, False, reason=reason, fix=llama_fix(hw))
     except OSError as exc:  # the bundled libllama fails to load (wrong CUDA runtime, missing libgomp…)
         return RuntimeStatus(

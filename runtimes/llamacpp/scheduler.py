@@ -57,6 +57,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from localrun.errors import LocalrunError, RuntimeUnavailable
 from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, context_kv
@@ -67,10 +69,21 @@ from localrun.runtimes.llamacpp.decode import fill_batch
 from localrun.runtimes.llamacpp.decode_calls import DecodeCalls
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media.prefill import MediaEncoder, MediaPrefill
-from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, DecodeCosts, SpecState, SpecTotals
+from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, SpecState, SpecTotals
+from localrun.runtimes.llamacpp.speculative.pass_costs import DecodeCosts
 from localrun.runtimes.llamacpp.speculative.step import SpeculativeStep, speculation_mode
 from localrun.runtimes.llamacpp.turns import turn_of
 from localrun.types import Chunk
+
+if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.kv_disk import DiskTier
+    from localrun.runtimes.llamacpp.cache.slot import Slot
+    from localrun.runtimes.llamacpp.decode import Sampler
+    from localrun.runtimes.llamacpp.media.mtmd import Projector
+    from localrun.runtimes.llamacpp.media.prompt import MediaSpan
+    from localrun.runtimes.llamacpp.speculative.draft_model import DraftModel
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 #: Prompts at least this long log their prefill progress at INFO, one line per chunk.
@@ -85,18 +98,18 @@ class Scheduler:
 
     def __init__(
         self,
-        llama,
-        ctx,
+        llama: Any,
+        ctx: Any,
         layout: Layout,
         *,
         n_swa: int,
-        piece_of,
-        is_eog,
+        piece_of: Callable[[int], bytes],
+        is_eog: Callable[[int], bool],
         speculative: str = "off",
         draft_k: int | None = None,
-        drafter=None,
-        projector=None,
-        disk=None,
+        drafter: DraftModel | None = None,
+        projector: Projector | None = None,
+        disk: DiskTier | None = None,
         memory: str | None = None,
     ) -> None:
         self._llama, self._ctx, self.layout = llama, ctx, layout
@@ -157,7 +170,7 @@ class Scheduler:
 
     # --- request threads --------------------------------------------------------------------
 
-    def stream(self, job: Job):
+    def stream(self, job: Job) -> Iterator[Chunk]:
         """Submit ``job`` and yield its chunks. Closing the generator early cancels the job."""
         self.submit(job)
         yield from job.read()
@@ -173,7 +186,7 @@ class Scheduler:
         with self._wake:
             self._wake.notify()
 
-    def call(self, fn):
+    def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the scheduler thread between two steps and return its result (or raise
         its error) here: the way other native compute of this worker stays on one thread."""
         if threading.current_thread() is self._thread:
@@ -336,8 +349,13 @@ class Scheduler:
             self._decode_group(jobs[start : start + size])
 
     def _decode_group(self, jobs: list[Job]) -> None:
+        # A decoding job holds its slot and sampler from admission to its end: cast, never checked here.
         fill_batch(
-            self._batch, [j.pending for j in jobs], [len(j.slot.tokens) for j in jobs], [j.slot.seq for j in jobs], True
+            self._batch,
+            [j.pending for j in jobs],
+            [len(cast("Slot", j.slot).tokens) for j in jobs],
+            [cast("Slot", j.slot).seq for j in jobs],
+            True,
         )
         started = time.perf_counter()
         if not self._decode.run(jobs):
@@ -345,14 +363,14 @@ class Scheduler:
         self.costs.observe_plain(len(jobs), time.perf_counter() - started)
         ctx = self._ctx
         for i, job in enumerate(jobs):
-            job.slot.tokens.append(job.pending)
-            self._emit(job, job.sampler.sample(ctx, i))
+            cast("Slot", job.slot).tokens.append(job.pending)
+            self._emit(job, cast("Sampler", job.sampler).sample(ctx, i))
 
     def _prefill_step(self) -> None:
         budget, first = self.layout.step_tokens, True
         for _ in range(len(self._prefilling)):
             job = self._prefilling[0]
-            start = len(job.slot.tokens)
+            start = len(cast("Slot", job.slot).tokens)  # a prefilling job holds its slot
             piece = self._media.next_piece(job, start)  # text up to the next media chunk, or that chunk
             if piece is None:  # its image is being encoded: the others go on meanwhile
                 self._prefilling.rotate(-1)
@@ -370,7 +388,7 @@ class Scheduler:
             if budget <= 0:
                 return
 
-    def _prefill_chunk(self, job: Job, start: int, n: int, span=None) -> None:
+    def _prefill_chunk(self, job: Job, start: int, n: int, span: MediaSpan | None = None) -> None:
         chunk = job.prompt[start : start + n]
         last = start + n == len(job.prompt)
         if job.prefill_began is None:
@@ -378,7 +396,7 @@ class Scheduler:
         if span is not None:
             row = self._media.decode(job, span, last)
         else:
-            fill_batch(self._batch, chunk, range(start, start + n), job.slot.seq, False)
+            fill_batch(self._batch, chunk, range(start, start + n), cast("Slot", job.slot).seq, False)
             self._batch.logits[n - 1] = last  # the prompt's last position is sampled from
             timed = time.perf_counter()
             row = n - 1 if self._decode.run([job]) else None
@@ -392,10 +410,11 @@ class Scheduler:
             elapsed = time.perf_counter() - began_at
             rate = (end - began_from) / elapsed if elapsed > 0 else 0.0
             log.info("prefill %d/%d tokens (%.0f%%), %.0f tok/s", end, total, 100 * end / total, rate)
-        job.slot.tokens.extend(chunk)
-        self.cache.extended(job.slot, getattr(job.prompt, "turn", None))  # turns.TurnPrompt
+        slot = cast("Slot", job.slot)  # still held: a failed decode returned above
+        slot.tokens.extend(chunk)
+        self.cache.extended(slot, getattr(job.prompt, "turn", None))  # turns.TurnPrompt
         if self._ckpt is not None and span is None:
-            self._ckpt.taken_at(job.slot.seq, start + n, len(job.prompt), turn_of(job.prompt))
+            self._ckpt.taken_at(slot.seq, start + n, len(job.prompt), turn_of(job.prompt))
         if not last:
             return
         self._prefilling.remove(job)
@@ -403,8 +422,8 @@ class Scheduler:
             self._finish(job, "length")
             return
         self._decoding.append(job)
-        self._decoding.sort(key=lambda j: j.slot.seq)
-        self._emit(job, job.sampler.sample(self._ctx, row))
+        self._decoding.sort(key=lambda j: cast("Slot", j.slot).seq)
+        self._emit(job, cast("Sampler", job.sampler).sample(self._ctx, row))
 
     def _emit(self, job: Job, token: int) -> None:
         """One sampled token: end the job (EOG, stop string, limit) or stream its text."""
@@ -440,7 +459,7 @@ class Scheduler:
             else:
                 self.cache.release(job.slot)
             job.slot = None
-        job.out.put(error if error is not None else job.final(reason, tail))
+        job.out.put(error if error is not None else job.final(cast(str, reason), tail))  # None only with an error
 
     def _end_all(self, reason: str) -> None:
         for job in [*self._waiting, *self._prefilling, *self._decoding]:

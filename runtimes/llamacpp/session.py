@@ -42,7 +42,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localrun.chat import tools
 from localrun.errors import (
@@ -63,13 +63,18 @@ from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media.mtmd import open_projector
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.runtimes.llamacpp.media.session import SessionMedia
-from localrun.runtimes.llamacpp.probe import probe_llamacpp
+from localrun.runtimes.llamacpp.probe import Importer, probe_llamacpp
 from localrun.runtimes.llamacpp.prompting import Prompting
 from localrun.runtimes.llamacpp.scheduler import Scheduler
 from localrun.runtimes.llamacpp.slot_api import SlotApi
 from localrun.runtimes.llamacpp.speculative.drafting import speculation
 from localrun.runtimes.llamacpp.tokens import VocabScan, eog_reader
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Format, ModelRecord, Plan, Sampling
+
+if TYPE_CHECKING:
+    from localrun.planning.hardware import HardwareProfile
+    from localrun.runtimes.llamacpp.media.mtmd import Projector
+    from localrun.runtimes.llamacpp.overrides import LoadParams
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +84,7 @@ class LlamaCppRuntime:
     formats: ClassVar[frozenset[Format]] = frozenset({Format.GGUF})
     in_worker: ClassVar[bool] = True
 
-    def probe(self, hw=None, *, import_module=None) -> RuntimeStatus:
+    def probe(self, hw: HardwareProfile | None = None, *, import_module: Importer | None = None) -> RuntimeStatus:
         """Installed, which GPU backend, and the rebuild this machine's GPU calls for (see :mod:`.probe`)."""
         return probe_llamacpp(hw, import_module=import_module)
 
@@ -108,9 +113,18 @@ class LlamaCppSession:
 
     capabilities: frozenset[str] = frozenset()
     concurrent: ClassVar[bool] = True
+    _load_params: LoadParams  # set by open(): what llama.cpp reads through raw pointers while the model lives
 
     def __init__(
-        self, llama, model, ctx, record: ModelRecord, plan: Plan, layout: Layout, projector=None, eog=None
+        self,
+        llama: Any,
+        model: Any,
+        ctx: Any,
+        record: ModelRecord,
+        plan: Plan,
+        layout: Layout,
+        projector: Projector | None = None,
+        eog: VocabScan | None = None,
     ) -> None:
         self._llama, self._model, self._ctx = llama, model, ctx
         self.record, self.plan, self.layout = record, plan, layout
@@ -318,7 +332,10 @@ class LlamaCppSession:
         return self._extras.detokenize(tokens)
 
     def serve_apply_template(
-        self, messages: list[dict], template_kwargs: dict | None = None, add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> dict[str, Any]:
         return self._extras.apply_template(messages, template_kwargs, add_generation_prompt)
 
@@ -373,7 +390,15 @@ class LlamaCppSession:
             prompt.close()  # it never reached the scheduler
             raise
 
-    def _start_jobs(self, prompt, media, sampling, cancel, stops, gbnf) -> Iterator[Chunk]:
+    def _start_jobs(
+        self,
+        prompt: list[int],
+        media: MediaPrompt | None,
+        sampling: Sampling,
+        cancel: Cancel,
+        stops: tuple[str, ...],
+        gbnf: str | None,
+    ) -> Iterator[Chunk]:
         self._check_open()
         if not prompt:
             raise LocalrunError("the prompt is empty", hint="send some text")

@@ -29,13 +29,18 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from localrun.errors import Overloaded, SlotError
 
 if TYPE_CHECKING:
+    from localrun.runtimes.llamacpp.cache.kv_file import Blob
+    from localrun.runtimes.llamacpp.cache.slot import Slot
     from localrun.runtimes.llamacpp.scheduler import Scheduler
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,7 @@ TOKEN_NULL = -1
 ACTIONS = ("save", "restore", "erase")
 
 
-def slot_file(folder: str | os.PathLike, filename: str) -> Path:
+def slot_file(folder: str | os.PathLike[str], filename: str) -> Path:
     """``filename`` inside ``folder``, checked again here (the server checked it first): a plain
     name whose path stays in the folder, also through a symlink."""
     if not filename or "/" in filename or "\\" in filename or "\0" in filename or filename in (".", ".."):
@@ -67,12 +72,12 @@ def slot_file(folder: str | os.PathLike, filename: str) -> Path:
     return path
 
 
-def pack(tokens: list[int], state: bytes) -> bytes:
+def pack(tokens: list[int], state: Blob) -> bytes:
     """The sequence-state file llama.cpp writes: magic, version, token count, tokens, state."""
     return struct.pack(f"<III{len(tokens)}i", STATE_SEQ_MAGIC, STATE_SEQ_VERSION, len(tokens), *tokens) + state
 
 
-def file_state(buffer: bytes) -> bytes:
+def file_state(buffer: Blob) -> Blob:
     """A state from ``llama_state_seq_get_data`` as the file holds it (without the buffer's header)."""
     return buffer[8:] if buffer[:4] == IO_MAGIC else buffer
 
@@ -246,20 +251,20 @@ class SlotApi:
                 hint="restore a file saved from this model",
             )
 
-    def _when_idle(self, id_slot: int, fn):
+    def _when_idle(self, id_slot: int, fn: Callable[[Slot], T]) -> T:
         """``fn(slot)`` on the scheduler thread once slot ``id_slot`` is idle (polled, as llama-server
         defers its task); a 503 when it stays busy for :data:`WAIT_IDLE_S`."""
         deadline = time.monotonic() + WAIT_IDLE_S
         marker = object()
 
-        def attempt():
+        def attempt() -> T | object:
             slot = self._sched.cache.slots[id_slot]
             return marker if slot.busy else fn(slot)
 
         while True:
             got = self._sched.call(attempt)
             if got is not marker:
-                return got
+                return cast(T, got)
             if time.monotonic() >= deadline:
                 raise Overloaded(
                     f"slot {id_slot} of {self._name} stayed busy for {WAIT_IDLE_S:.0f} s",
@@ -270,12 +275,12 @@ class SlotApi:
 
     # --- on the scheduler thread ---------------------------------------------------------------
 
-    def _erase_now(self, slot) -> int:
+    def _erase_now(self, slot: Slot) -> int:
         n = len(slot.tokens)
         self._sched.cache.drop(slot)
         return n
 
-    def _snapshot_now(self, slot) -> tuple[list[int], bytes]:
+    def _snapshot_now(self, slot: Slot) -> tuple[list[int], Blob]:
         tokens = list(slot.tokens)
         if any(t < 0 for t in tokens):
             raise SlotError(
@@ -288,7 +293,7 @@ class SlotApi:
             raise SlotError(f"llama.cpp could not copy slot {slot.seq}'s state", param="id_slot")
         return tokens, file_state(state)
 
-    def _restore_now(self, slot, tokens: list[int], state: bytes, name: str) -> None:
+    def _restore_now(self, slot: Slot, tokens: list[int], state: bytes, name: str) -> None:
         cache = self._sched.cache
         if not cache.restore_state(slot, buffer_state(state, slot.seq)):
             raise SlotError(
@@ -296,7 +301,7 @@ class SlotApi:
                 param="filename",
                 hint="restore a file saved from this model with the same context settings",
             )
-        held = self._llama.llama_memory_seq_pos_max(self._llama.llama_get_memory(self._ctx), slot.seq) + 1
+        held: int = self._llama.llama_memory_seq_pos_max(self._llama.llama_get_memory(self._ctx), slot.seq) + 1
         if held != len(tokens):
             cache.drop(slot)
             raise SlotError(

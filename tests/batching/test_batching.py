@@ -4,7 +4,7 @@ logits, so the slightest arithmetic difference flips a greedy token) and Gemma 3
 The reference for "same tokens" is a session with the prefix cache off running each request
 alone: every prompt prefilled cold, nothing else in the context. Batched answers must match
 it in the default (batch-invariant) layout; answers whose prompt prefix came from the cache
-must match it with ``exact_prefix`` (see llamacpp/scheduler.py for why that is opt-in).
+must match it with ``exact_prefix`` (see llamacpp/cache/slots.py for why that is opt-in).
 """
 
 from __future__ import annotations

@@ -12,14 +12,9 @@ import json
 
 import pytest
 
-from localrun.runtimes.llamacpp.cache.checkpoints import (
-    SHORT_ANSWER,
-    TAIL,
-    CheckpointKv,
-    leaving_points,
-    with_checkpoints,
-)
+from localrun.runtimes.llamacpp.cache.checkpoints import TAIL, CheckpointKv, with_checkpoints
 from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS
+from localrun.runtimes.llamacpp.cache.leaving import SHORT_ANSWER, leaving_points
 from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
 from localrun.runtimes.llamacpp.turns import TurnPrompt, turn_of
 

@@ -4,7 +4,7 @@ the same cache folder answers the same prompt from disk with the cold tokens, an
 shares only its first part (a new session, the same system prompt) from a checkpoint's state.
 
 The state a slot leaves with is its prompt and its answer; such a state restores only whole, so
-without the states at its checkpoints (checkpoints.leaving_states) a repeat found nothing.
+without the states at its checkpoints (leaving.leaving_states) a repeat found nothing.
 """
 
 from __future__ import annotations

@@ -199,7 +199,7 @@ def test_the_same_image_in_turn_two_is_cached_and_another_image_is_not(gemma_vis
 def test_text_streams_and_an_image_request_batched_answer_as_they_do_alone(gemma_vision):
     """Batched, the image request reuses almost all of its prompt from the cache (its run alone
     left it there) and evaluates one token; alone it prefilled the image and the text. Only
-    ``exact_prefix`` makes those two paths agree bit for bit (scheduler.py): with flash
+    ``exact_prefix`` makes those two paths agree bit for bit (cache/slots.py): with flash
     attention a cached prefix is right to rounding, which flipped a near-tie on a loaded CI run."""
     s = _load(gemma_vision.record(), exact_prefix=True)
     try:

@@ -41,24 +41,22 @@ and keeps them in step with every operation (a cut drops those past it, a copy c
 or a whole-state restore drops them), so the prefix cache's bookkeeping needs no second copy.
 What leaves a slot for host RAM (and disk) is a full state of exactly the slot's tokens, which
 restores without a cut: the prefix cache reuses such an entry only when the prompt covers it whole
-(:attr:`CheckpointKv.cuttable` is False). Plain attention models get none of this: no wrapper, no cost.
+(:attr:`CheckpointKv.cuttable` is False); which states leave, and at which points, is
+:mod:`.leaving`'s. Plain attention models get none of this: no wrapper, no cost.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
 from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, read_state, state_source
 from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, default_max_bytes
-from localrun.runtimes.llamacpp.media.prompt import media_safe_cut
 
 if TYPE_CHECKING:
-    from localrun.runtimes.llamacpp.cache.radix import RadixIndex
-    from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
+    from localrun.runtimes.llamacpp.cache.slot import KvOps
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +66,6 @@ TAIL = 4
 DEFAULT_INTERVAL = 2048
 #: Checkpoints per sequence when the plan does not say (settings ``cache.checkpoints``).
 DEFAULT_LIMIT = 8
-#: States at checkpoints below its end that a leaving slot also leaves (host RAM, disk), and the
-#: fewest tokens between two of them (see :func:`leaving_states`).
-LEAVING_POINTS = 2
-LEAVING_GAP = 256
-#: A slot whose answer is at most this many tokens past its first leaving point does not also
-#: leave its whole content: the point serves the next turn, which prefills those few tokens again
-#: (a 16k-token Gemma state is 57 MB that eviction copies on the scheduler thread).
-SHORT_ANSWER = 4 * TAIL
 
 _Ops = TypeVar("_Ops", bound="KvOps")
 
@@ -243,174 +233,6 @@ class CheckpointKv:
         points = self._points.get(seq)
         if points:
             self._points[seq] = [c for c in points if c.n_tokens <= keep]
-
-
-def leaving_points(positions: Sequence[int], length: int, *, min_tokens: int, first: Sequence[int] = ()) -> list[int]:
-    """Which checkpoints (token counts, newest first) a slot of ``length`` tokens leaves states at:
-    at most :data:`LEAVING_POINTS`, :data:`LEAVING_GAP` apart, below ``length``. Of two within a
-    few tokens of each other (a prompt's end and its tail) the older: it serves a repeat of the
-    request as well as the next turn, which prefills those few tokens again. ``first``: points
-    chosen for what they are (the prompt's tail, where its last user message begins), taken
-    before any of ``positions`` and kept if only a few tokens apart from each other."""
-    chosen: list[int] = []
-    taken: list[int] = []
-    for group, gap in ((first, 4 * TAIL + 1), (positions, LEAVING_GAP)):
-        for n in sorted(set(group), reverse=True):
-            if n >= length or n < min_tokens:
-                continue
-            i = next((i for i, t in enumerate(taken) if abs(t - n) < gap), None)
-            if i is not None:
-                if group is positions and taken[i] not in chosen and taken[i] - n <= 4 * TAIL:
-                    taken[i] = n
-                continue
-            if len(taken) >= LEAVING_POINTS:
-                break
-            taken.append(n)
-        chosen = list(taken)
-    return sorted(taken, reverse=True)
-
-
-def saved_cuttable(ops: KvOps) -> bool:
-    """Whether a state ``ops`` saved restores at any prefix (else only whole): not for memory that
-    cannot be cut, nor for a sliding-window model's, whose saved state keeps only the window."""
-    return bool(getattr(ops, "saved_cuttable", True)) and bool(getattr(ops, "cuttable", True))
-
-
-def uncut_reuse(
-    prompt: Sequence[int],
-    keep: int,
-    owners: frozenset[int],
-    limit: int,
-    ops: KvOps,
-    index: RadixIndex,
-    slots: dict[int, Slot],
-    saved_length: Callable[[int], int | None],
-) -> tuple[int, frozenset[int]]:
-    """What the prefix cache may reuse of ``prompt`` when saved states restore only whole: one
-    serves only if the prompt covers it whole; a slot (of ``slots``, by sequence) as far as it cuts
-    (memory that cannot be cut: its newest checkpoint at or below ``keep``, or whole). The longer of
-    the slots' reach and the longest saved state covered, and its owners in ``index``."""
-    held = frozenset(o for o in owners if o in slots)
-    exact = frozenset(o for o in owners if o not in slots and saved_length(o) == keep)
-    if exact:
-        return keep, exact | held
-    if not held:
-        reach = 0
-    elif getattr(ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
-        reach = keep if any(ops.window_ok(o, keep) for o in held) else 0
-    else:
-        positions = cast(CheckpointKv, ops).positions  # memory that cannot be cut: checkpoints
-        reach = max(
-            keep if len(slots[o].tokens) == keep else max((p for p in positions(o) if p <= keep), default=0)
-            for o in held
-        )
-    whole, enders = index.whole(prompt, limit)
-    if whole > reach and media_safe_cut(prompt, whole) == whole:
-        return whole, enders
-    return (keep, held) if held else (0, frozenset())
-
-
-@dataclass(frozen=True)
-class _Leaving:
-    """What a leaving slot leaves (:func:`leaving_states`), worked out without touching it."""
-
-    whole: bool  # its whole content
-    points: list[int]  # and states at these token counts, newest first
-    back: Callable[[int], int] | None  # (n) -> the tokens the sequence holds once taken back to ``n``
-    guessed: int | None = None  # the point that is a guess (:func:`leaving_count`)
-
-
-def _leaving(ops: KvOps, slot: Slot, *, tail: int, min_tokens: int, turn_guess: bool = False) -> _Leaving:
-    tokens = slot.tokens
-    seq = slot.seq
-    if saved_cuttable(ops):
-        return _Leaving(True, [], None)
-    end = min(slot.prompt_end, len(tokens))
-    turn: int | None = None
-    if getattr(slot, "turn", None) is not None:
-        # the guess: as far below the tail as makes a point of its own (finding it reads every token's text)
-        turn = end - max(1, tail) - 4 * TAIL - 1 if turn_guess else cast("Callable[[], int | None]", slot.turn)()
-    if getattr(ops, "cuttable", True):
-        # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
-        # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
-        # where the prompt's last user message begins (a new session of the same agent, turns.py).
-        first = [end - max(1, tail), *([turn] if turn is not None and turn < end else [])]
-        positions = list(range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL))
-
-        def back(n: int) -> int:
-            return n if ops.window_ok(seq, n) and ops.truncate(seq, n) else 0
-
-        def reachable(n: int) -> bool:
-            return ops.window_ok(seq, n)
-    else:
-
-        def reachable(n: int) -> bool:
-            return True  # a checkpoint of its own; rewinding to one fails only if llama.cpp refuses it
-
-        ckpt = cast(CheckpointKv, ops)  # not cuttable: checkpoints
-
-        def back(n: int) -> int:
-            return ckpt.rewind(seq, n)
-
-        positions = ckpt.positions(seq)  # the turn's among them when it was prefilled here
-        below_end = [p for p in positions if p < end]
-        # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
-        first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
-    points = leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first)
-    whole = not points or len(tokens) - points[0] > SHORT_ANSWER or not reachable(points[0])
-    return _Leaving(whole, points, back, turn if turn_guess else None)
-
-
-def leaving_count(
-    ops: KvOps, slot: Slot, *, skip: Callable[[list[int]], bool], min_tokens: int, tail: int = TAIL
-) -> int:
-    """About how many states :func:`leaving_states` would save for ``slot`` now, without touching
-    it, for memory made ready beforehand (state_memory.py). Where the prompt's last user message
-    begins is guessed, not found (that reads every token's text, and most slots never leave): it
-    counts as a point of its own, held when the others are."""
-    plan = _leaving(ops, slot, tail=tail, min_tokens=min_tokens, turn_guess=True)
-    tokens = slot.tokens
-    guess = [n for n in plan.points if n == plan.guessed]
-    parts = ([len(tokens)] if plan.whole else []) + [n for n in plan.points if n != plan.guessed]
-    count = sum(1 for n in parts if n >= min_tokens and not skip(tokens[:n]))
-    return count + len(guess) if count else 0
-
-
-def leaving_states(
-    ops: KvOps, slot: Slot, *, skip: Callable[[list[int]], bool], min_tokens: int, tail: int = TAIL
-) -> list[tuple[list[int], Blob]]:
-    """The states a slot leaves with when it is cleared (for host RAM or disk), as (tokens, blob).
-
-    Its whole content first. Where a saved state restores at any prefix, that is all. Where it
-    restores only whole (:func:`saved_cuttable`), the whole content is the prompt *and* the
-    answer, which the next request rarely repeats token for token: a restart, a retry, the next
-    turn and a new session sharing the system prompt would all find nothing. So the slot is also
-    taken back to chosen positions below its end (:func:`leaving_points`) and saved there: just
-    before the prompt's end (a repeat, the next turn), where its last user message begins (a new
-    session of the same agent, turns.py), or else an earlier mark (a request that parts sooner).
-    Memory that cannot be cut goes back to its checkpoints; a sliding-window model with a
-    full-size cache is cut, at those points and every :data:`DEFAULT_INTERVAL`. The slot is left
-    cut back: only for one that is about to be cleared. The whole content is left out where the
-    first point is only a few tokens below it (:data:`SHORT_ANSWER`). ``skip(tokens)``: that
-    state is held already; ``tail``: the tokens a repeat evaluates again (the cache's min_tail)."""
-    seq, tokens = slot.seq, list(slot.tokens)
-    out: list[tuple[list[int], Blob]] = []
-
-    def keep(part: list[int]) -> None:
-        if len(part) >= min_tokens and not skip(part):
-            blob = ops.save(seq)
-            if blob is not None:
-                out.append((part, blob))
-
-    plan = _leaving(ops, slot, tail=tail, min_tokens=min_tokens)
-    back = cast("Callable[[int], int]", plan.back)  # None only where there are no points
-    if plan.whole:
-        keep(tokens)  # before the cuts: its answer, for the next turn
-    for n in plan.points:
-        if back(n) != n:
-            break
-        keep(tokens[:n])
-    return out
 
 
 class PartialState:

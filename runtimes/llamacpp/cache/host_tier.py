@@ -1,7 +1,7 @@
 """Host RAM under a llama.cpp context's slots: what an evicted slot leaves behind.
 
 Evicting a slot saves its content first when it is worth it (:data:`HOST_MIN_TOKENS` or more,
-and host RAM or a disk tier configured): the states :func:`~.checkpoints.leaving_states` picks
+and host RAM or a disk tier configured): the states :func:`~.leaving.leaving_states` picks
 (the slot's tokens, and its checkpoints' states where the memory cannot be cut), each to host RAM
 when it fits the budget, else to disk. Host RAM's least recently used entries go down to disk
 to make room. Entries are owners in the prefix cache's radix index, numbered after the slots.
@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from localrun.runtimes.llamacpp.cache.checkpoints import leaving_count, leaving_states, saved_cuttable
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
+from localrun.runtimes.llamacpp.cache.leaving import leaving_count, leaving_states, saved_cuttable
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
 
@@ -79,7 +79,7 @@ class HostTier:
 
     def save(self, slot: Slot, disk: DiskSpill | None) -> None:
         """Save a slot's content before it is cleared (with its checkpoints' states where its
-        memory cannot be cut, :func:`~.checkpoints.leaving_states`): to host RAM, else (too big,
+        memory cannot be cut, :func:`~.leaving.leaving_states`): to host RAM, else (too big,
         RAM off) to disk."""
         started = time.perf_counter()
         skip = self._held(slot, disk)

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from localrun.runtimes.llamacpp.cache.checkpoints import leaving_states, saved_cuttable, uncut_reuse
 from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS, HostTier
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
+from localrun.runtimes.llamacpp.cache.leaving import leaving_states, saved_cuttable, uncut_reuse
 from localrun.runtimes.llamacpp.cache.prefix_disk import FLUSH_TIMEOUT_S, DiskSpill
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.cache.slot import CacheStats, KvOps, Slot
@@ -118,7 +118,7 @@ class PrefixCache:
             return 0, frozenset()
         found, owners = self.index.longest(prompt)
         keep = media_safe_cut(prompt, min(found, limit))  # never inside an image's chunk (media/prompt.py)
-        if not saved_cuttable(self._ops):  # a saved state restores only whole (checkpoints.py)
+        if not saved_cuttable(self._ops):  # a saved state restores only whole (leaving.py)
             by_seq = {s.seq: s for s in self.slots}
             keep, owners = uncut_reuse(prompt, keep, owners, limit, self._ops, self.index, by_seq, self._saved_length)
         if keep < max(MIN_REUSE, self._min_tail) or not owners:  # a few tokens are not worth it
@@ -135,7 +135,7 @@ class PrefixCache:
 
     def extended(self, slot: Slot, turn: Callable[[], int | None] | None = None) -> None:
         """``slot.tokens`` grew (a prefill chunk landed): others may now reuse it. ``turn``: where
-        its prompt's last user message begins (a state worth leaving there, checkpoints.py)."""
+        its prompt's last user message begins (a state worth leaving there, leaving.py)."""
         slot.prompt_end = len(slot.tokens)
         slot.turn = turn
         self.index.set(slot.seq, slot.tokens)

@@ -66,7 +66,7 @@ class DiskSpill:
 
     def __init__(self, tier: DiskTier, index: RadixIndex, ids: Iterator[int], *, whole_only: bool = False) -> None:
         self.tier = tier
-        #: The model's saved states restore only whole (checkpoints.saved_cuttable): a longer entry
+        #: The model's saved states restore only whole (leaving.saved_cuttable): a longer entry
         #: does not hold a prefix of it.
         self.whole_only = whole_only
         self._index = index

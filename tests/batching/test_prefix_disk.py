@@ -294,6 +294,11 @@ def test_the_measured_speeds_survive_a_restart_beside_the_entries(tmp_path):
     third = FakeTier(store)
     third.folder = tmp_path
     assert PrefixCache(1, FakeKv(1), disk=third).disk.prefill_tok_s == PRIOR_PREFILL_TOK_S
+    for damaged in ("[500, 3e9]", '{"prefill_tok_s": "fast"}', "9" * 20_000_000):  # not an object, a word, huge
+        (tmp_path / "speeds.json").write_text(damaged)
+        other = FakeTier(store)
+        other.folder = tmp_path
+        assert PrefixCache(1, FakeKv(1), disk=other).disk.prefill_tok_s == PRIOR_PREFILL_TOK_S
 
 
 class UncuttableKv(FakeKv):

@@ -194,9 +194,9 @@ def write_key_file(folder: Path, info: dict[str, Any]) -> None:
     """Write ``key.json`` atomically unless it already says the same."""
     path = folder / KEY_FILE
     try:
-        if json.loads(path.read_text()) == info:
+        if read_json_object(path) == info:
             return
-    except (OSError, ValueError):
+    except NotAJsonObject:
         pass
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / temp_name(KEY_FILE, threading.get_ident())  # two tiers of one process may race here

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.speculative.pass_costs import ewma
 
@@ -218,9 +219,9 @@ class DiskSpill:
         if path is None or not path.is_file():
             return
         try:
-            got = json.loads(path.read_text())
+            got = read_json_object(path)
             prefill, read = float(got.get("prefill_tok_s") or 0), float(got.get("read_bytes_per_s") or 0)
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
+        except (NotAJsonObject, ValueError, TypeError) as exc:
             log.debug("disk cache: %s unreadable (%s); using priors", path, exc)
             return
         if prefill > 0:
@@ -239,9 +240,9 @@ class DiskSpill:
             return
         if path.is_file():  # keep what this session did not measure
             try:
-                old = json.loads(path.read_text())
+                old = read_json_object(path)
                 data = {k: v if v is not None else old.get(k) for k, v in data.items()}
-            except (OSError, ValueError, AttributeError) as exc:
+            except NotAJsonObject as exc:
                 log.debug("disk cache: replacing unreadable %s (%s)", path, exc)
         tmp = path.with_name(f".{SPEEDS_FILE}.{os.getpid()}")
         try:

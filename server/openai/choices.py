@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from localrun import __version__
@@ -42,6 +43,28 @@ def usage_dict(u: Usage) -> dict[str, Any]:
         }
         out["speculative"] = {"drafted_tokens": u.drafted_tokens, "accepted_tokens": u.accepted_tokens}
     return out
+
+
+@dataclass(frozen=True)
+class StreamHead:
+    """What every event of one OpenAI stream repeats: its id, creation time, object kind and
+    fingerprint, and whether the client asked for a closing usage event."""
+
+    ident: str
+    created: int
+    chat: bool
+    include_usage: bool
+    fingerprint: str
+
+    def base(self, gen: Generation) -> dict[str, Any]:
+        """The fields every event's object starts with."""
+        return {
+            "id": self.ident,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": gen.record.name,
+            "system_fingerprint": self.fingerprint,
+        }
 
 
 def system_fingerprint(gen: Generation) -> str:
@@ -127,26 +150,11 @@ def many_choices(
 
 
 async def sse_choices(
-    gen: Generation,
-    first: Chunk | None,
-    body: Any,
-    *,
-    ident: str,
-    created: int,
-    chat: bool,
-    include_usage: bool,
-    fingerprint: str,
-    echo: str | None = None,
+    gen: Generation, first: Chunk | None, body: Any, head: StreamHead, *, echo: str | None = None
 ) -> AsyncIterator[bytes]:
     """The stream of an ``n`` > 1 request: whole-object events, one choice index each."""
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {
-        "id": ident,
-        "object": kind,
-        "created": created,
-        "model": gen.record.name,
-        "system_fingerprint": fingerprint,
-    }
+    chat, include_usage = head.chat, head.include_usage
+    base = head.base(gen)
     asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
     offsets: dict[int, int] = {}
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from localrun.server.generation import Generation, finish_for_wire
-from localrun.server.openai.choices import chat_logprobs, legacy_logprobs, sse_error, usage_dict
+from localrun.server.openai.choices import StreamHead, chat_logprobs, legacy_logprobs, sse_error, usage_dict
 from localrun.server.reasoning import reasoning_fields
 from localrun.server.streams import stream_tail
 from localrun.settings import Settings
@@ -124,24 +124,15 @@ async def sse_events(
     gen: Generation,
     first: Chunk | None,
     body: Any,
+    head: StreamHead,
     *,
-    ident: str,
-    created: int,
-    chat: bool,
-    include_usage: bool,
-    fingerprint: str,
     echo: str | None = None,
     settings: Settings | None = None,
 ) -> AsyncIterator[bytes]:
     """The stream of a one-choice answer: the role with the first event, a closing event with the
     finish reason, the usage when asked, then ``[DONE]``."""
-    base = {
-        "id": ident,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": gen.record.name,
-        "system_fingerprint": fingerprint,
-    }
+    chat, include_usage = head.chat, head.include_usage
+    base = head.base(gen)
     events = ChoiceEvents(gen, body, base=base, chat=chat, echo=echo, settings=settings)
 
     async def finish() -> AsyncIterator[bytes]:

@@ -35,6 +35,7 @@ from localrun.server.generation import (
 from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.openai import answers
 from localrun.server.openai.choices import (
+    StreamHead,
     chat_logprobs,
     check_best_of,
     legacy_logprobs,
@@ -235,17 +236,11 @@ async def _respond(
         )
     first = await gen.first()
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    meta: dict[str, Any] = {
-        "ident": ident,
-        "created": created,
-        "chat": chat,
-        "include_usage": include_usage,
-        "fingerprint": fingerprint,
-    }
+    head = StreamHead(ident, created, chat, include_usage, fingerprint)
     if (body.n or 1) > 1:
-        events = sse_choices(gen, first, body, echo=echo, **meta)
+        events = sse_choices(gen, first, body, head, echo=echo)
     else:
-        events = sse_events(gen, first, body, echo=echo, settings=app_state(request).settings, **meta)
+        events = sse_events(gen, first, body, head, echo=echo, settings=app_state(request).settings)
     return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from localrun.runtimes.llamacpp.cache import kv_file
-from localrun.runtimes.llamacpp.cache.checkpoints import SHORT_ANSWER, CheckpointKv
+from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv
+from localrun.runtimes.llamacpp.cache.leaving import SHORT_ANSWER
 from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
 from localrun.runtimes.llamacpp.cache.slots import read_state
 from localrun.runtimes.llamacpp.cache.state_memory import ALIGN, ReadyBuffers, shrink

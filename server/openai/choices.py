@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,25 +48,41 @@ def usage_dict(u: Usage) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class StreamHead:
-    """What every event of one OpenAI stream repeats: its id, creation time, object kind and
-    fingerprint, and whether the client asked for a closing usage event."""
+class AnswerHead:
+    """What every object of one OpenAI answer repeats (the whole answer, or each event of its
+    stream): its id, creation time, kind and fingerprint; and what the request asked of it
+    (log-probabilities, a closing usage event). :func:`answer_head` derives it from the request."""
 
     ident: str
     created: int
     chat: bool
-    include_usage: bool
     fingerprint: str
+    asked_logprobs: bool
+    include_usage: bool
 
-    def base(self, gen: Generation) -> dict[str, Any]:
-        """The fields every event's object starts with."""
+    def base(self, gen: Generation, *, chunk: bool = True) -> dict[str, Any]:
+        """The fields an answer's object starts with: a stream's event (``chunk``), else the whole answer."""
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {
             "id": self.ident,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "object": kind,
             "created": self.created,
             "model": gen.record.name,
             "system_fingerprint": self.fingerprint,
         }
+
+
+def answer_head(gen: Generation, body: Any, *, chat: bool) -> AnswerHead:
+    """The head of the answer to ``body`` (a chat or completions request): a fresh id, now."""
+    return AnswerHead(
+        ident=("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
+        created=int(time.time()),
+        chat=chat,
+        fingerprint=system_fingerprint(gen),
+        # chat asks with a flag; completions with a count, where 0 still asks for the chosen token's
+        asked_logprobs=bool(body.logprobs) if chat else body.logprobs is not None,
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+    )
 
 
 def system_fingerprint(gen: Generation) -> str:
@@ -150,12 +168,11 @@ def many_choices(
 
 
 async def sse_choices(
-    gen: Generation, first: Chunk | None, body: Any, head: StreamHead, *, echo: str | None = None
+    gen: Generation, first: Chunk | None, body: Any, head: AnswerHead, *, echo: str | None = None
 ) -> AsyncIterator[bytes]:
     """The stream of an ``n`` > 1 request: whole-object events, one choice index each."""
-    chat, include_usage = head.chat, head.include_usage
+    chat, include_usage, asked_logprobs = head.chat, head.include_usage, head.asked_logprobs
     base = head.base(gen)
-    asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
     offsets: dict[int, int] = {}
 
     def event(

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from localrun.server.generation import Generation, finish_for_wire
-from localrun.server.openai.choices import StreamHead, chat_logprobs, legacy_logprobs, sse_error, usage_dict
+from localrun.server.openai.choices import AnswerHead, chat_logprobs, legacy_logprobs, sse_error, usage_dict
 from localrun.server.reasoning import reasoning_fields
 from localrun.server.streams import stream_tail
 from localrun.settings import Settings
@@ -124,7 +124,7 @@ async def sse_events(
     gen: Generation,
     first: Chunk | None,
     body: Any,
-    head: StreamHead,
+    head: AnswerHead,
     *,
     echo: str | None = None,
     settings: Settings | None = None,

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-import time
 from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import APIRouter, Request
@@ -35,13 +33,12 @@ from localrun.server.generation import (
 from localrun.server.media_fetch import reader_for, resolve_remote
 from localrun.server.openai import answers
 from localrun.server.openai.choices import (
-    StreamHead,
+    answer_head,
     chat_logprobs,
     check_best_of,
     legacy_logprobs,
     many_choices,
     sse_choices,
-    system_fingerprint,
     usage_dict,
 )
 from localrun.server.openai.convert import core_messages, core_tools
@@ -202,10 +199,8 @@ async def _respond(
     chat: bool,
     echo: str | None = None,
 ) -> Response:
-    ident = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-    created = int(time.time())
-    asked_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
-    fingerprint = system_fingerprint(gen)
+    head = answer_head(gen, body, chat=chat)
+    asked_logprobs = head.asked_logprobs
     if not body.stream:
         text = await gen.collect()
         if len(gen.texts) > 1 or (body.n or 1) > 1:
@@ -223,20 +218,8 @@ async def _respond(
             choices = [
                 {"index": 0, "text": (echo or "") + text, "logprobs": lp, "finish_reason": finish_of(gen, False)}
             ]
-        return JSONResponse(
-            {
-                "id": ident,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": created,
-                "model": gen.record.name,
-                "system_fingerprint": fingerprint,
-                "choices": choices,
-                "usage": usage_dict(gen.usage),
-            }
-        )
+        return JSONResponse({**head.base(gen, chunk=False), "choices": choices, "usage": usage_dict(gen.usage)})
     first = await gen.first()
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    head = StreamHead(ident, created, chat, include_usage, fingerprint)
     if (body.n or 1) > 1:
         events = sse_choices(gen, first, body, head, echo=echo)
     else:

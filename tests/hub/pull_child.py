@@ -5,10 +5,13 @@ python -m tests.hub.pull_child REF      (env: HF_ENDPOINT, HF_HOME, LOCALRUN_HOM
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 
 
 def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that waits in vain asks where it hangs
     from localrun.modelstore.pull import pull
     from localrun.modelstore.store import ModelStore
     from localrun.settings import load_settings

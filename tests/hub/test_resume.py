@@ -37,6 +37,32 @@ def _wait_for(partial: Path, at_least: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"no progress to byte {at_least} within {timeout}s")
 
 
+def _ended(proc: subprocess.Popen, sig: signal.Signals, timeout: float = 60.0) -> None:
+    """Wait for the signalled pull to end; if it does not, fail with what it was doing: its state
+    and kernel wait channel (a process in uninterruptible disk sleep dies only when the I/O ends)
+    and, for a live Python, every thread's stack (pull_child dumps them on SIGUSR1). CI once saw a
+    pull outlive a signal by 30 s on a loaded machine, with nothing to say why."""
+    try:
+        proc.communicate(timeout=timeout)
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    where = []
+    for name in ("status", "wchan"):
+        try:
+            text = Path(f"/proc/{proc.pid}/{name}").read_text()
+        except OSError:
+            continue
+        where.append(next((line for line in text.splitlines() if line.startswith("State:")), text))
+    if sig != signal.SIGKILL:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+    proc.kill()
+    _, err = proc.communicate()
+    stacks = err.decode(errors="replace")[-6000:]
+    raise AssertionError(f"the pull outlived {sig.name} by {timeout:.0f}s: {where}\n{stacks}")
+
+
 @pytest.mark.slow
 def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
     data = repos.make_gguf(payload=SIZE - 4096, seed=64)
@@ -63,7 +89,7 @@ def test_kill_and_ctrl_c_then_resume(fake_hub, store, hf_cache):
         try:
             _wait_for(partial, int(len(data) * fraction), proc)
             proc.send_signal(sig)
-            proc.communicate(timeout=30)
+            _ended(proc, sig)
         finally:
             stall.set()
             if proc.poll() is None:

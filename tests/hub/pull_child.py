@@ -12,6 +12,9 @@ import sys
 
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # a test that waits in vain asks where it hangs
+    # Ctrl-C as a terminal delivers it: a run started in the background of a shell without job
+    # control (`(scripts/dev test &)`) inherits SIGINT ignored, and Python then keeps it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from localrun.modelstore.pull import pull
     from localrun.modelstore.store import ModelStore
     from localrun.settings import load_settings

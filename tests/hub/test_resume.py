@@ -37,11 +37,12 @@ def _wait_for(partial: Path, at_least: int, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"no progress to byte {at_least} within {timeout}s")
 
 
-def _ended(proc: subprocess.Popen, sig: signal.Signals, timeout: float = 60.0) -> None:
+def _ended(proc: subprocess.Popen, sig: signal.Signals, timeout: float = 30.0) -> None:
     """Wait for the signalled pull to end; if it does not, fail with what it was doing: its state
     and kernel wait channel (a process in uninterruptible disk sleep dies only when the I/O ends)
-    and, for a live Python, every thread's stack (pull_child dumps them on SIGUSR1). CI once saw a
-    pull outlive a signal by 30 s on a loaded machine, with nothing to say why."""
+    and, for a live Python, every thread's stack (pull_child dumps them on SIGUSR1). That is how a
+    pull found still reading 60 s after its SIGINT told why: the suite had been started in the
+    background without job control, so the child inherited SIGINT ignored."""
     try:
         proc.communicate(timeout=timeout)
         return

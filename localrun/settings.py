@@ -75,6 +75,9 @@ class ServerSettings(BaseModel):
     """Largest request body accepted. 48 MiB takes a request holding ``max_media_total_bytes`` of
     images inline (32 MiB of files are ~43 MiB in base64) plus its text: a phone photo (3–8 MB)
     alone is 4–11 MB in base64, which the old 4 MiB refused."""
+    max_upload_bytes: int = Field(1024**4, ge=1024)
+    """Largest blob an Ollama client may upload (``POST /api/blobs``, streamed to disk, never held
+    in memory); the disk's free space bounds it too. 1 TiB: any model file."""
     max_media_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     """Largest image or audio clip accepted, decoded (inline or fetched). 20 MiB: OpenAI's cap per
     image; it takes a 48-MP phone JPEG or minutes of WAV, and refuses a raw camera dump."""

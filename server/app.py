@@ -39,7 +39,14 @@ from localrun.server.fields import IgnoredFieldsHeader
 from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
 from localrun.server.ollama.errors import OLLAMA
 from localrun.server.ollama.errors import owns as ollama_owns
-from localrun.server.security import CORS_HEADERS, LOCAL_ORIGINS, HostGuard, RequestGuard, allowed_host_names
+from localrun.server.security import (
+    CORS_HEADERS,
+    LOCAL_ORIGINS,
+    HostGuard,
+    RequestGuard,
+    allowed_host_names,
+    trusted_origins,
+)
 from localrun.settings import Settings
 
 if TYPE_CHECKING:
@@ -152,7 +159,11 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
     key = server.api_key.get_secret_value() if server.api_key else None
     # add_middleware puts each new one outside the previous: add innermost first.
     app.add_middleware(
-        RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s
+        RequestGuard,
+        api_key=key,
+        max_body_bytes=server.max_body_bytes,
+        body_timeout_s=server.body_timeout_s,
+        trusted_origin=trusted_origins(server.cors_origins, local=server.cors_local_origins),
     )
     app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
     if server.cors_origins or server.cors_local_origins:

@@ -67,6 +67,7 @@ class Doc:
     summary: str = ""
     tag: str = ""
     query: tuple[str, ...] = ()  # optional string query parameters the route reads
+    upload: str | None = None  # a raw request body of this media type (a blob), answered 201 with none
 
 
 def documented(
@@ -79,10 +80,11 @@ def documented(
     summary: str = "",
     tag: str = "",
     query: tuple[str, ...] = (),
+    upload: str | None = None,
 ) -> Callable[[F], F]:
     """Mark a route function with its OpenAPI facts; the function itself is returned unchanged,
     so the decorator sits above or below ``@router.post(...)`` alike."""
-    doc = Doc(body, answer, stream, media, strict, summary, tag, query)
+    doc = Doc(body, answer, stream, media, strict, summary, tag, query, upload)
 
     def mark(fn: F) -> F:
         setattr(fn, MARK, doc)
@@ -244,6 +246,9 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
             "required": True,
             "content": {"application/json": {"schema": dict(refs[(doc.body, "validation")])}},
         }
+    if doc.upload is not None:
+        binary = {"type": "string", "format": "binary"}
+        out["requestBody"] = {"required": True, "content": {doc.upload: {"schema": binary}}}
     if op.method == "head":  # the headers of the GET, no body
         out["responses"] = {"200": {"description": "success (headers only)"}, "default": {"description": "an error"}}
         return out
@@ -251,6 +256,9 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
         "description": "an error, in the API family's shape",
         "content": {"application/json": {"schema": dict(refs[(shapes.shape_for(op.path).model, "serialization")])}},
     }
+    if doc.upload is not None:
+        out["responses"] = {"201": {"description": "stored, with no body"}, "default": error}
+        return out
     out["responses"] = {"200": _success(doc, refs), "default": error}
     return out
 

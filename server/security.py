@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import re
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -84,6 +85,8 @@ class BodyTimeout(LocalrunError):
 
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+#: Ollama's blob uploads (``POST /api/blobs/sha256:…``): streamed to the route, not buffered.
+BLOB_UPLOAD_PREFIX = "/api/blobs/"
 _PORT = re.compile(r"[0-9]{1,5}")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _DUPLICATE = "\x00duplicate"  # a header sent twice: never a valid value
@@ -94,6 +97,19 @@ class _Gone:
 
 
 _GONE = _Gone()
+
+
+def trusted_origins(listed: list[str] | tuple[str, ...], *, local: bool) -> Callable[[str], bool]:
+    """Whether an ``Origin`` is one CORS lets read answers: listed exactly, or (``local``) a page
+    on this machine, an app shell or a browser extension (:data:`LOCAL_ORIGINS`)."""
+    exact = frozenset(o.rstrip("/").lower() for o in listed)
+    pattern = re.compile(LOCAL_ORIGINS) if local else None
+
+    def trusted(origin: str) -> bool:
+        o = origin.rstrip("/").lower()
+        return "*" in exact or o in exact or (pattern is not None and pattern.fullmatch(o) is not None)
+
+    return trusted
 
 
 def is_loopback_host(host: str) -> bool:
@@ -187,11 +203,22 @@ AUTHENTICATED_KEY = "localrun.authenticated"
 class RequestGuard:
     """API key, JSON content type and a bounded body, in that order."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        body_timeout_s: float = 60.0,
+        trusted_origin: Callable[[str], bool] = lambda origin: False,
+    ):
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        #: Origins CORS already lets read answers (the local ones, ``server.cors_origins``): a
+        #: ``text/plain`` body from one of them is no CSRF risk, so it is read as JSON, as Ollama does.
+        self.trusted_origin = trusted_origin
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -209,6 +236,11 @@ class RequestGuard:
         problem = problem or self._check_body_headers(scope)
         if problem is not None:
             await scope_error_response(problem, scope)(scope, receive, send)
+            return
+        if scope["method"] == "POST" and path.startswith(BLOB_UPLOAD_PREFIX):
+            # An upload of any size streams to its route (which bounds its pace and size and
+            # verifies its digest), never held here in memory.
+            await self.app(scope, receive, send)
             return
         if (
             scope["method"] in _BODY_METHODS
@@ -265,6 +297,8 @@ class RequestGuard:
     def _check_body_headers(self, scope: Scope) -> LocalrunError | None:
         method = scope["method"]
         length = _header(scope, b"content-length")
+        if method == "POST" and scope.get("path", "").startswith(BLOB_UPLOAD_PREFIX):
+            length = None  # an upload's size is its route's to bound (it streams, never held here)
         if length is not None:
             if not length.isdigit():
                 return BodyTooLarge("invalid Content-Length header")
@@ -276,6 +310,8 @@ class RequestGuard:
         has_body = (length is not None and length != "0") or _header(scope, b"transfer-encoding") is not None
         if not _from_browser(scope):
             return None  # no browser sent this: its body is read as JSON whatever it is labelled
+        if self._trusted_page(scope):
+            return None  # a page CORS already trusts (fetch() without a Content-Type sends text/plain)
         if method in _BODY_METHODS or (method == "DELETE" and has_body):
             ctype = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
             if ctype != "application/json":
@@ -284,6 +320,19 @@ class RequestGuard:
                     hint="send the body as JSON with 'Content-Type: application/json'",
                 )
         return None
+
+    def _trusted_page(self, scope: Scope) -> bool:
+        """The request comes from a page of a trusted origin, or of this server itself."""
+        origin = _header(scope, b"origin")
+        if origin is None or origin == _DUPLICATE:
+            return _header(scope, b"sec-fetch-site") == "same-origin"
+        if origin.lower() == "null":
+            return False
+        host = _header(scope, b"host")
+        scheme, _, rest = origin.partition("://")
+        if host and host != _DUPLICATE and scheme in ("http", "https") and rest.lower() == host.lower():
+            return True  # same origin: the page was served by this server
+        return self.trusted_origin(origin)
 
     async def _read_body(self, receive: Receive) -> bytes | _Gone | None:
         """The whole body; None when it outgrows the limit; _GONE when the client left."""

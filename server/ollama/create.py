@@ -8,9 +8,9 @@ copied, and stay until no registration uses them.
 from ``files`` given by sha256, plus the layers that change behaviour: ``system``, ``template``,
 ``parameters``, ``license``. What localrun cannot do is a 400 that says so: ``quantize``,
 ``adapters``, ``messages``, Ollama's renderers and parsers, a Go template, and files it does not
-have — the server accepts no uploads and no HTTP route takes a path on its disk (shared/security.md),
-so a file not in the store yet is imported on the server (``localrun import PATH``, then ``localrun
-verify`` records its sha256) and then found by its digest.
+have. ``files`` names blobs by sha256: a registered model's files (a file imported without a
+recorded sha256 is hashed once to find it) or uploads (blobs.py, ``POST /api/blobs``); no HTTP
+route takes a path on the server's disk (shared/security.md).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import JSONResponse, Response
 
-from localrun.errors import ModelExists, TemplateError
+from localrun.errors import ModelExists, ModelNotFound, TemplateError
 from localrun.modelstore.capabilities import META_TEMPLATE
 from localrun.modelstore.identity import without_latest
 from localrun.modelstore.names import validate_model_name
@@ -116,23 +116,24 @@ def _refuse_unsupported(body: CreateBody) -> None:
         raise InvalidRequest("missing 'from' (an existing model) or 'files' (sha256 digests)", param="from")
 
 
-def _by_digest(manager: ModelManager, files: dict[str, str]) -> ModelRecord:
-    """The store's model whose files are exactly these digests (each file once, any names)."""
-    wanted = {ref.split(":", 1)[-1].split("-", 1)[-1].lower() for ref in files.values()}
-    records: list[ModelRecord] = list(manager.store.list())
-    for record in records:
-        have = {(f.sha256 or "").lower() for f in record.files}
-        if have == wanted:
-            return record
-    shown = ", ".join(sorted(files)[:3])
-    raise InvalidRequest(
-        f"no model in the store has the files {shown} by those sha256 digests",
-        hint=(
-            "localrun accepts no uploads: import the file on the server (`localrun import PATH`, then "
-            "`localrun verify NAME` to record its sha256), or create from a model by name with 'from'"
-        ),
-        param="files",
-    )
+def _by_digest(manager: ModelManager, files: dict[str, str], name: str) -> ModelRecord:
+    """The store's model whose files are exactly these digests (each file once, any names), else a
+    new model made of the blobs with those digests (uploads, or registered files found by sha256)."""
+    from localrun.modelstore.blobs import BlobStore, parse_digest
+
+    wanted = [parse_digest(ref) for ref in files.values()]
+    blobs = BlobStore(manager.store)
+    for _ in range(2):  # the second look after learning the sha256 of files imported without one
+        records: list[ModelRecord] = list(manager.store.list())
+        for record in records:
+            if {(f.sha256 or "").lower() for f in record.files} == set(wanted):
+                return record
+        if not blobs.learn_unknown():
+            break
+    try:
+        return blobs.record_of(wanted, name)
+    except ModelNotFound as exc:  # a digest the server has not got: the request's fault, as in Ollama
+        raise InvalidRequest(f"files: {exc.message}", hint=exc.hint, param="files") from None
 
 
 def _checked_template(template: str) -> str:
@@ -163,7 +164,7 @@ def _checked_parameters(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _created(manager: ModelManager, body: CreateBody, name: str) -> ModelRecord:
-    base = _local(manager, body.from_) if body.from_ else _by_digest(manager, body.files or {})
+    base = _local(manager, body.from_) if body.from_ else _by_digest(manager, body.files or {}, name)
     meta = dict(base.metadata or {})
     if body.system is not None:
         meta[META_SYSTEM] = body.system
@@ -192,14 +193,3 @@ async def create(request: Request) -> Response:
         return JSONResponse({"status": "success"})
     lines = b'{"status":"reading model metadata"}\n{"status":"writing manifest"}\n{"status":"success"}\n'
     return Response(lines, media_type="application/x-ndjson")
-
-
-@documented()
-@router.head("/blobs/{ref}")
-async def blob_exists(request: Request, ref: str) -> Response:
-    """Ollama's client asks before it uploads; a file the store has (by sha256) answers 200, so a
-    create with ``files`` needs no upload. Nothing else is found: localrun takes no uploads."""
-    wanted = ref.split(":", 1)[-1].split("-", 1)[-1].lower()
-    records = await asyncio.to_thread(app_state(request).manager.store.list)
-    found = any((f.sha256 or "").lower() == wanted for r in records for f in r.files)
-    return Response(status_code=200 if found else 404)

@@ -24,7 +24,13 @@ from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
 from localrun.runtimes.llamacpp.media.session import SessionMedia, completion_text
 from localrun.runtimes.llamacpp.token_split import FALLBACK_MARKERS, Splitter
 from localrun.runtimes.llamacpp.tokens import VocabScan, split_rules, tokenize_bytes
-from localrun.runtimes.llamacpp.turns import TurnPrompt, special_piece_reader, token_at, turn_bytes
+from localrun.runtimes.llamacpp.turns import (
+    TurnPrompt,
+    last_part_bytes,
+    special_piece_reader,
+    token_at,
+    turn_bytes,
+)
 from localrun.types import CompletionRequest, Media, ModelRecord, Plan
 
 
@@ -126,7 +132,13 @@ class Prompting:
         if req.prompt_tokens:
             self.check_tokens(req.prompt_tokens, "prompt")
             return list(req.prompt_tokens)
-        return self.tokenize(req.prompt, add_special=True)
+        tokens = self.tokenize(req.prompt, add_special=True)
+        at = last_part_bytes(req.prompt)
+        if at is None:
+            return tokens
+        # A state worth leaving where its last part begins: the next prompt may share all before it.
+        bos = bool(tokens) and tokens[0] == self._llama.llama_vocab_bos(self._vocab)
+        return TurnPrompt(tokens, lambda toks: self.turn_at(toks, at, bos))
 
     def infill_tokens(self, prefix: str, suffix: str, middle: str = "") -> list[int]:
         if not self.fim:

@@ -1,4 +1,5 @@
-"""Where a prompt's last user message begins, as a token position a saved state is worth keeping at.
+"""Where a prompt's last user message begins, as a token position a saved state is worth keeping at
+(for a raw prompt, its last paragraph, line or sentence: :func:`last_part_bytes`).
 
 A model whose saved state restores only whole (a sliding-window model; checkpoints.py) keeps a
 few states when a slot leaves, at chosen positions. The one a *new* session of the same agent
@@ -62,6 +63,22 @@ def turn_bytes(text: str, messages: Sequence[Any]) -> int | None:
             return None
         at = text.rfind(content[:NEEDLE])
         return len(text[:at].encode("utf-8")) if at > 0 else None
+    return None
+
+
+#: Where a raw prompt's last part begins, tried in order: a paragraph, a line, a sentence.
+_PART_BREAKS = ("\n\n", "\n", ". ", "? ", "! ")
+
+
+def last_part_bytes(text: str) -> int | None:
+    """The UTF-8 offset in a raw prompt (no messages) where its last part begins: its last
+    paragraph, else line, else sentence — where a question put after a shared document starts.
+    None when the text has no such break."""
+    body = text.rstrip()
+    for sep in _PART_BREAKS:
+        at = body.rfind(sep)
+        if at > 0:
+            return len(body[: at + len(sep)].encode("utf-8"))
     return None
 
 

@@ -307,7 +307,10 @@ def test_leaving_points_take_the_chosen_points_before_the_marks():
     # a 2048-token mark fills a place only when one is left.
     assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4300]) == [4399, 4300]
     assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399]) == [4399, 4096]
-    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4395]) == [4399, 4096]  # too close
+    # too close: the older (a short question after a shared document), which serves the repeat too
+    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4385]) == [4385, 4096]
+    # three chosen points (the tail, the last part, where the prompt parted from another) all count
+    assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4300, 3000]) == [4399, 4300, 3000]
     assert leaving_points([2048, 4096], 4400, min_tokens=64, first=[4399, 4100]) == [4399, 4100]
 
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
 
 #: States at checkpoints below its end that a leaving slot also leaves (host RAM, disk), and the
-#: fewest tokens between two of them (see :func:`leaving_states`).
+#: fewest tokens between two of them (see :func:`leaving_states`). Points chosen for what they are
+#: (the tail, the last user message, where the prompt parted from another) may be one more.
 LEAVING_POINTS = 2
 LEAVING_GAP = 256
 #: A slot whose answer is at most this many tokens past its first leaving point does not also
@@ -37,8 +38,10 @@ def leaving_points(positions: Sequence[int], length: int, *, min_tokens: int, fi
     at most :data:`LEAVING_POINTS`, :data:`LEAVING_GAP` apart, below ``length``. Of two within a
     few tokens of each other (a prompt's end and its tail) the older: it serves a repeat of the
     request as well as the next turn, which prefills those few tokens again. ``first``: points
-    chosen for what they are (the prompt's tail, where its last user message begins), taken
-    before any of ``positions`` and kept if only a few tokens apart from each other."""
+    chosen for what they are (the prompt's tail, where its last user message or last part begins,
+    where it parted from another), taken before any of ``positions``; of two of them only a few
+    tokens apart, the older too: a short last message or question after a shared document is
+    then served when it changes, for a few more tokens of prefill when it does not."""
     chosen: list[int] = []
     taken: list[int] = []
     for group, gap in ((first, 4 * TAIL + 1), (positions, LEAVING_GAP)):
@@ -47,10 +50,10 @@ def leaving_points(positions: Sequence[int], length: int, *, min_tokens: int, fi
                 continue
             i = next((i for i, t in enumerate(taken) if abs(t - n) < gap), None)
             if i is not None:
-                if group is positions and taken[i] not in chosen and taken[i] - n <= 4 * TAIL:
+                if taken[i] not in chosen and taken[i] - n <= 4 * TAIL:
                     taken[i] = n
                 continue
-            if len(taken) >= LEAVING_POINTS:
+            if len(taken) >= LEAVING_POINTS + (group is first):
                 break
             taken.append(n)
         chosen = list(taken)
@@ -121,7 +124,10 @@ def _leaving(ops: KvOps, slot: Slot, *, tail: int, min_tokens: int, turn_guess: 
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
         # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
         # where the prompt's last user message begins (a new session of the same agent, turns.py).
-        first = [end - max(1, tail), *([turn] if turn is not None and turn < end else [])]
+        # And where it parted from the cached prompt it shared most with: the next one shares it too.
+        parted = getattr(slot, "parted", None)
+        marks = [turn, parted]
+        first = [end - max(1, tail), *(n for n in marks if n is not None and n < end)]
         positions = list(range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL))
 
         def back(n: int) -> int:

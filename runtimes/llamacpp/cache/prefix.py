@@ -99,10 +99,12 @@ class PrefixCache:
         if not idle:
             return None
         keep, owners = self._reusable(prompt)
+        parted = self.index.longest(prompt)[0] if not saved_cuttable(self._ops) else 0  # leaving.py
         slot, keep = self._place(prompt, keep, owners, idle, spare)
         if self.disk is not None and keep == 0 and len(prompt) >= HOST_MIN_TOKENS:
             self.disk.missed()
         slot.warm_from = None  # its content is this request's now
+        slot.parted = parted if HOST_MIN_TOKENS <= parted < len(prompt) else None
         slot.busy = True
         slot.used_at = next(self._clock)
         return slot, keep

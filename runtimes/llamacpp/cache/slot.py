@@ -38,6 +38,9 @@ class Slot:
     prompt_end: int = 0  # how many of ``tokens`` the last prompt's prefill left (the answer follows)
     #: Where that prompt's last user message begins (turns.TurnPrompt.turn), if it says.
     turn: Callable[[], int | None] | None = None
+    #: Where that prompt parted from the longest cached content it shared (another request's), if it
+    #: did inside its prompt: a state worth leaving there too (the next prompt shares it as well).
+    parted: int | None = None
     #: The disk owner :meth:`PrefixCache.warm` restored this content from, until a request reuses it.
     warm_from: int | None = None
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 from textual.worker import Worker, WorkerState
 
 from localrun.errors import RuntimeUnavailable
@@ -52,7 +52,12 @@ class LocalrunScreen(Screen[Any]):
     def compose(self) -> ComposeResult:
         yield AppHeader(self.TAB)
         yield from self.compose_body()
-        yield Footer()
+        yield Footer(compact=True)  # every screen's keys fit in 80 columns
+
+    def digits_switch(self) -> bool:
+        """Whether the keys 1–5 switch screens now: never while a text field has the keys, so a
+        digit typed is a digit (F1–F5 always switch; the header's tabs show which keys work)."""
+        return not isinstance(self.focused, Input)
 
     def compose_body(self) -> ComposeResult:  # pragma: no cover - every screen overrides it
         yield Static()

@@ -110,6 +110,7 @@ class LibraryScreen(LocalrunScreen):
         Binding("s", "sort", "Sort"),
         Binding("r", "reload", "Refresh", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("down,up", "into_table", show=False),  # from the filter: the table takes the arrows
     ]
 
     @dataclass
@@ -269,6 +270,9 @@ class LibraryScreen(LocalrunScreen):
     # -- filter --------------------------------------------------------------------------
     def action_filter(self) -> None:
         self.filter_input.focus()
+
+    def action_into_table(self) -> None:
+        self.table.focus()
 
     def action_clear_filter(self) -> None:
         self.filter_input.value = ""

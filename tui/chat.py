@@ -231,7 +231,10 @@ class ChatScreen(LocalrunScreen):
     @on(Input.Submitted, "#prompt")
     async def _send(self, event: Input.Submitted) -> None:
         text = event.value.strip()
-        if not text or self.generating:
+        if text and self.generating:  # the text stays in the prompt for when the answer is done
+            self.notify("An answer is still coming: esc stops it, then enter sends this", timeout=3)
+            return
+        if not text:
             return
         if text.split(maxsplit=1)[0] in ("/image", "/audio"):
             await self._attach_file(text)

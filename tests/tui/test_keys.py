@@ -45,6 +45,32 @@ async def test_text_typed_after_esc_reaches_the_prompt(make):
         assert screen.last_answer.startswith("You said: hello 2 q")
 
 
+async def test_enter_while_an_answer_streams_says_so_and_keeps_the_text(settings, store, planner, facts):
+    import dataclasses
+
+    from localrun.manager import ModelManager
+    from localrun.tui import make_app
+
+    def slow(record):
+        plan = planner(record)
+        return dataclasses.replace(plan, options={**plan.options, "fake_delay_s": 0.05, "fake_reply_words": 200})
+
+    manager = ModelManager(settings, store, planner=slow)
+    app = make_app(settings, store=store, manager=manager, facts=facts, serve=False)
+    try:
+        async with app.run_test(size=(80, 24), notifications=True) as pilot:
+            screen = await _chat(pilot, app)
+            await pilot.press(*"first", "enter")
+            await wait_for(pilot, lambda: screen.generating and "ttft" in str(screen.stats.render()), what="streaming")
+            await pilot.press(*"second", "enter")  # before: nothing happened, and nothing said why
+            assert screen.prompt.value == "second"
+            assert any("esc stops it" in n.message for n in app._notifications)
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not screen.generating, what="stopped")
+    finally:
+        manager.shutdown()
+
+
 async def test_a_stray_key_in_max_never_blocks_a_send(make):
     app = make()
     async with app.run_test(size=(80, 24), notifications=True) as pilot:

@@ -96,6 +96,8 @@ async def test_digits_typed_into_a_text_field_are_text(make):
         await pilot.press("slash", "2")
         assert isinstance(app.screen, LibraryScreen) and library.filter_input.value == "2"
         assert "F1 Library" in screen_text(app).splitlines()[1]  # the tabs say which keys switch now
+        await pilot.press("backspace", "down")  # ↓ from the filter: the table takes the arrows
+        assert library.table.has_focus and "F1 Library" not in screen_text(app).splitlines()[1]
         await pilot.press("escape", "2")  # the table has the keys: 2 is Discover
         discover = await wait_for(pilot, lambda: isinstance(app.screen, DiscoverScreen) and app.screen)
         assert discover.search_input.has_focus

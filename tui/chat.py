@@ -392,6 +392,13 @@ class ChatScreen(LocalrunScreen):
             self.prompt.focus()
             self.prompt.insert_text_at_cursor(event.character)
 
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste while no text field has the focus goes to the prompt too (its first line, as an Input takes it)."""
+        if event.text and not isinstance(self.focused, Input | Select):
+            event.stop()
+            self.prompt.focus()
+            self.prompt.insert_text_at_cursor(event.text.splitlines()[0])
+
     @on(Input.Submitted, ".knob")
     def _knob_done(self) -> None:
         self.prompt.focus()

@@ -9,6 +9,7 @@ says so."""
 from __future__ import annotations
 
 import pytest
+from textual import events
 
 from localrun.tui.chat import ChatScreen
 from localrun.tui.discover import DiscoverScreen
@@ -40,9 +41,13 @@ async def test_text_typed_after_esc_reaches_the_prompt(make):
         await pilot.press(*"lo 2 q")  # before: "lo" dropped, "2" switched to Discover, "q" quit
         assert app.is_running and app.screen is screen
         assert screen.prompt.has_focus and screen.prompt.value == "hello 2 q"
+        await pilot.press("escape")
+        screen.transcript.post_message(events.Paste(" pasted"))  # a paste after Esc is not lost either
+        await pilot.pause()
+        assert screen.prompt.has_focus and screen.prompt.value == "hello 2 q pasted"
         await pilot.press("enter")
         await wait_for(pilot, lambda: screen.last_answer, what="the answer")
-        assert screen.last_answer.startswith("You said: hello 2 q")
+        assert screen.last_answer.startswith("You said: hello 2 q pasted")
 
 
 async def test_enter_while_an_answer_streams_says_so_and_keeps_the_text(settings, store, planner, facts):

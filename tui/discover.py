@@ -50,6 +50,7 @@ class DiscoverScreen(LocalrunScreen):
     """Search → repo → quant → pull."""
 
     TAB = "discover"
+    TYPE_TO = "#search"
     BINDINGS = [
         Binding("slash", "search", "Search"),
         Binding("p", "pull", "Pull"),
@@ -86,7 +87,9 @@ class DiscoverScreen(LocalrunScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="search-row"):
-            yield Input(placeholder="search the hub, e.g. qwen 0.5b gguf — enter to search", id="search")
+            yield Input(  # a key that brings the focus here (TYPE_TO) adds to the text, never replaces it
+                placeholder="search the hub, e.g. qwen 0.5b gguf — enter to search", id="search", select_on_focus=False
+            )
         yield Static("", id="hub-note", markup=False)
         yield DataTable(id="repos", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="files", cursor_type="row", zebra_stripes=True)

@@ -100,6 +100,7 @@ class LibraryScreen(LocalrunScreen):
     """Models on disk; every action on the highlighted row."""
 
     TAB = "library"
+    TYPE_TO = "#filter"
     BINDINGS = [
         Binding("l", "load", "Load"),
         Binding("u", "unload", "Unload"),
@@ -135,7 +136,9 @@ class LibraryScreen(LocalrunScreen):
         self._sort_reverse = False
 
     def compose_body(self) -> ComposeResult:
-        yield Input(placeholder="/ filter by name, format, quant, runtime or source", id="filter")
+        yield Input(
+            placeholder="/ filter by name, format, quant, runtime or source", id="filter", select_on_focus=False
+        )  # a key that brings the focus here (TYPE_TO) adds to the text, never replaces it
         yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="details-scroll"):
             yield Static("Select a model to see its metadata and plan.", id="details", markup=False)

@@ -110,6 +110,22 @@ async def test_digits_typed_into_a_text_field_are_text(make):
         assert app.screen is discover and discover.search_input.value == "3b"
 
 
+async def test_a_letter_typed_on_a_table_starts_a_filter_or_a_search(make, fake_hub):  # noqa: F811
+    app = make()
+    async with app.run_test(size=(80, 24)) as pilot:
+        library = app.screen
+        await wait_for(pilot, lambda: library.table.row_count == 1, what="rows")
+        assert library.table.has_focus
+        await pilot.press(*"tin")  # before: dropped without a word
+        assert library.filter_input.has_focus and library.filter_input.value == "tin"
+        await pilot.press("escape", "2")
+        screen = await wait_for(pilot, lambda: isinstance(app.screen, DiscoverScreen) and app.screen)
+        await pilot.press(*"tiny", "enter")
+        await wait_for(pilot, lambda: screen.repos_table.has_focus and screen.repos_table.row_count >= 3)
+        await pilot.press(*"gguf")  # g is nobody's key: a new search begins; then the box takes the rest
+        assert screen.search_input.has_focus and screen.search_input.value == "tinygguf"
+
+
 async def test_arrows_move_discovers_selection_from_the_search_box(make, fake_hub):  # noqa: F811
     app = make()
     async with app.run_test(size=(80, 24)) as pilot:

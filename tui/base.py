@@ -65,12 +65,16 @@ class LocalrunScreen(Screen[Any]):
         return not isinstance(self.focused, Input)
 
     def on_key(self, event: events.Key) -> None:
-        if self.TYPE_TO is None or not event.is_printable or not event.character:
+        """A printable key nothing here takes goes to :attr:`TYPE_TO`, or is answered with a note."""
+        if not event.is_printable or not event.character:
             return
         if isinstance(self.focused, Input | Select) or event.key in self.active_bindings:
             return  # a text field takes its own keys; a bound key does what the footer says
         event.stop()
         event.prevent_default()
+        if self.TYPE_TO is None:
+            self.notify(f"{event.character} does nothing here: this screen's keys are in the footer", timeout=2)
+            return
         field = self.query_one(self.TYPE_TO, Input)
         field.focus()
         field.insert_text_at_cursor(event.character)

@@ -126,6 +126,15 @@ async def test_a_letter_typed_on_a_table_starts_a_filter_or_a_search(make, fake_
         assert screen.search_input.has_focus and screen.search_input.value == "tinygguf"
 
 
+async def test_a_key_that_does_nothing_says_so(make):
+    app = make()
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, HardwareScreen), what="hardware")
+        await pilot.press("x")  # before: nothing at all
+        assert [n.message for n in app._notifications] == ["x does nothing here: this screen's keys are in the footer"]
+
+
 async def test_arrows_move_discovers_selection_from_the_search_box(make, fake_hub):  # noqa: F811
     app = make()
     async with app.run_test(size=(80, 24)) as pilot:

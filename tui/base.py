@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import ComposeResult
 from textual.screen import Screen
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Select, Static
 from textual.worker import Worker, WorkerState
 
 from localrun.errors import RuntimeUnavailable
@@ -23,6 +23,8 @@ from localrun.tui.header import AppHeader
 from localrun.tui.messages import ModelsChanged, Notice
 
 if TYPE_CHECKING:
+    from textual import events
+
     from localrun.tui.app import LocalrunApp
     from localrun.tui.backend import Backend
 
@@ -33,6 +35,9 @@ class LocalrunScreen(Screen[Any]):
     """A tab of the app: header on top, footer with its bindings below."""
 
     TAB: ClassVar[str] = ""
+    #: The text field that takes a typed key nothing else on the screen wants (Library's filter,
+    #: Discover's search): a letter typed on a table starts a filter or a search, it never vanishes.
+    TYPE_TO: ClassVar[str | None] = None
 
     @property
     def lapp(self) -> LocalrunApp:
@@ -52,7 +57,27 @@ class LocalrunScreen(Screen[Any]):
     def compose(self) -> ComposeResult:
         yield AppHeader(self.TAB)
         yield from self.compose_body()
-        yield Footer()
+        yield Footer(compact=True)  # every screen's keys fit in 80 columns
+
+    def digits_switch(self) -> bool:
+        """Whether the keys 1–5 switch screens now: never while a text field has the keys, so a
+        digit typed is a digit (F1–F5 always switch; the header's tabs show which keys work)."""
+        return not isinstance(self.focused, Input)
+
+    def on_key(self, event: events.Key) -> None:
+        """A printable key nothing here takes goes to :attr:`TYPE_TO`, or is answered with a note."""
+        if not event.is_printable or not event.character:
+            return
+        if isinstance(self.focused, Input | Select) or event.key in self.active_bindings:
+            return  # a text field takes its own keys; a bound key does what the footer says
+        event.stop()
+        event.prevent_default()
+        if self.TYPE_TO is None:
+            self.notify(f"{event.character} does nothing here: this screen's keys are in the footer", timeout=2)
+            return
+        field = self.query_one(self.TYPE_TO, Input)
+        field.focus()
+        field.insert_text_at_cursor(event.character)
 
     def compose_body(self) -> ComposeResult:  # pragma: no cover - every screen overrides it
         yield Static()

@@ -40,10 +40,13 @@ from localrun.modelstore.capabilities import media as media_capabilities
 from localrun.modelstore.projector import projector_path
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import human_bytes
+from localrun.tui.knobs import SamplingKnob
 from localrun.types import Cancel, ChatRequest, Media, ModelRecord, Sampling
 from localrun.types import Message as ChatMessage
 
 if TYPE_CHECKING:
+    from textual import events
+
     from localrun.chat.reasoning import ReasoningFormat
     from localrun.tui.backend import Backend
 
@@ -151,18 +154,20 @@ class ChatScreen(LocalrunScreen):
         self.attached: list[Media] = []  # for the next message
 
     def compose_body(self) -> ComposeResult:
-        with Horizontal(id="chat-settings"):
+        with Horizontal(id="chat-model-row"):  # a row of its own: a long model name shows whole
             yield Select([], prompt="model", id="model", allow_blank=True)
+        with Horizontal(id="chat-settings"):
             yield Input(placeholder="system prompt", id="system")
             yield Static("temp", classes="knob-label")
-            yield Input("0.7", id="temperature", classes="knob")
+            yield SamplingKnob("0.7", what="temperature", lo=0.0, hi=2.0, id="temperature")
             yield Static("top_p", classes="knob-label")
-            yield Input("0.9", id="top-p", classes="knob")
+            yield SamplingKnob("0.9", what="top_p", lo=0.0, hi=1.0, id="top-p")
             yield Static("max", classes="knob-label")
-            yield Input("512", id="max-tokens", classes="knob")
+            yield SamplingKnob("512", what="max tokens", lo=1, hi=1_000_000, integer=True, id="max-tokens")
         yield VerticalScroll(id="transcript")
         with Horizontal(id="prompt-row"):
-            yield Input(placeholder="> ask something, enter to send", id="prompt")
+            # select_on_focus off: coming back to the prompt never puts its text under the next key
+            yield Input(placeholder="> ask something, enter to send", id="prompt", select_on_focus=False)
             yield Static("", id="chat-stats", markup=False)
 
     def on_mount(self) -> None:
@@ -218,17 +223,18 @@ class ChatScreen(LocalrunScreen):
             raise ConfigError(
                 "no model is chosen", hint="pick one in the model list at the top (or load one in the Library)"
             )
-        sampling = parse_sampling(
-            self.query_one("#temperature", Input).value,
-            self.query_one("#top-p", Input).value,
-            self.query_one("#max-tokens", Input).value,
+        sampling = parse_sampling(  # each field settled: a bad value goes back to its last good one, with a note
+            *(self.query_one(f"#{name}", SamplingKnob).settle() for name in ("temperature", "top-p", "max-tokens"))
         )
         return ChatSettings(model, self.query_one("#system", Input).value.strip(), sampling)
 
     @on(Input.Submitted, "#prompt")
     async def _send(self, event: Input.Submitted) -> None:
         text = event.value.strip()
-        if not text or self.generating:
+        if text and self.generating:  # the text stays in the prompt for when the answer is done
+            self.notify("An answer is still coming: esc stops it, then enter sends this", timeout=3)
+            return
+        if not text:
             return
         if text.split(maxsplit=1)[0] in ("/image", "/audio"):
             await self._attach_file(text)
@@ -367,8 +373,8 @@ class ChatScreen(LocalrunScreen):
 
     # -- other actions ----------------------------------------------------------------------
     def action_stop(self) -> None:
-        """Esc: stop the answer; when idle, toggle between the prompt and the transcript
-        (where 1–5 switch screens and the keys are not typed into the prompt)."""
+        """Esc: stop the answer; when idle, toggle between the prompt and the transcript (where
+        the arrows scroll, and a typed key goes back to the prompt with its character)."""
         if self._cancel is not None:
             self._cancel.set()
             self.stats.update("stopping…")
@@ -376,6 +382,29 @@ class ChatScreen(LocalrunScreen):
             self.transcript.focus()
         else:
             self.prompt.focus()
+
+    def on_key(self, event: events.Key) -> None:
+        """A key typed while no text field has the focus (the transcript, after Esc) goes to the
+        prompt: nothing typed is lost, and a digit or a q is text here, never a screen switch or quit."""
+        if event.is_printable and event.character and not isinstance(self.focused, Input | Select):
+            event.stop()
+            event.prevent_default()
+            self.prompt.focus()
+            self.prompt.insert_text_at_cursor(event.character)
+
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste while no text field has the focus goes to the prompt too (its first line, as an Input takes it)."""
+        if event.text and not isinstance(self.focused, Input | Select):
+            event.stop()
+            self.prompt.focus()
+            self.prompt.insert_text_at_cursor(event.text.splitlines()[0])
+
+    @on(Input.Submitted, ".knob")
+    def _knob_done(self) -> None:
+        self.prompt.focus()
+
+    def digits_switch(self) -> bool:
+        return False  # typed keys are the prompt's here (on_key); F1–F5 switch screens
 
     def action_copy_last(self) -> None:
         if not self.last_answer:

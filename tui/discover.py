@@ -29,34 +29,13 @@ from localrun.errors import DownloadFailed, LocalrunError
 from localrun.tui.base import LocalrunScreen
 from localrun.tui.format import eta, human_bytes, human_count, human_rate, progress_bar, verdict_badge
 from localrun.tui.messages import DownloadState
-from localrun.tui.offers import Offer, cached_repos, offers_from_cache, offers_from_files
+from localrun.tui.offers import Offer, cached_repos, offers_from_cache, offers_from_files, pulled_as
 from localrun.tui.tables import fit_columns
 
 if TYPE_CHECKING:
-    from textual import events
-
     from localrun.tui.backend import Backend
 
 log = logging.getLogger(__name__)
-
-
-class SearchBox(Input):
-    """The search input; while it is empty, the digits 1–5 still switch screens."""
-
-    async def _on_key(self, event: events.Key) -> None:
-        from localrun.tui.header import TABS
-
-        if (
-            not self.value
-            and event.character is not None
-            and event.character.isdigit()
-            and 1 <= int(event.character) <= len(TABS)
-        ):
-            event.stop()
-            event.prevent_default()
-            self.app.switch_mode(TABS[int(event.character) - 1][0])
-            return
-        await super()._on_key(event)
 
 
 @dataclass(frozen=True)
@@ -71,6 +50,7 @@ class DiscoverScreen(LocalrunScreen):
     """Search → repo → quant → pull."""
 
     TAB = "discover"
+    TYPE_TO = "#search"
     BINDINGS = [
         Binding("slash", "search", "Search"),
         Binding("p", "pull", "Pull"),
@@ -78,6 +58,7 @@ class DiscoverScreen(LocalrunScreen):
         Binding("f", "focus_files", "Files", show=False),
         Binding("escape", "leave_search", "Back", show=False),
         Binding("q", "type_search('q')", show=False),  # outranks the app's quit: "qwen" is a search
+        Binding("down,up", "into_results", show=False),  # from the search box: the tables take the arrows
     ]
 
     @dataclass
@@ -106,7 +87,9 @@ class DiscoverScreen(LocalrunScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="search-row"):
-            yield SearchBox(placeholder="search the hub, e.g. qwen 0.5b gguf — enter to search", id="search")
+            yield Input(  # a key that brings the focus here (TYPE_TO) adds to the text, never replaces it
+                placeholder="search the hub, e.g. qwen 0.5b gguf — enter to search", id="search", select_on_focus=False
+            )
         yield Static("", id="hub-note", markup=False)
         yield DataTable(id="repos", cursor_type="row", zebra_stripes=True)
         yield DataTable(id="files", cursor_type="row", zebra_stripes=True)
@@ -137,16 +120,24 @@ class DiscoverScreen(LocalrunScreen):
             try:
                 check_reachable(endpoint)
             except DownloadFailed as exc:
-                self.app.call_from_thread(self.note.update, self._unreachable_note(exc))
+                note = self._unreachable_note(exc, len(self._cached_repos("")))
+                self.app.call_from_thread(self.note.update, note)
 
         self.run_worker(job, thread=True, group="hub-check", exclusive=True, name="hub check", exit_on_error=False)
 
     @staticmethod
-    def _unreachable_note(exc: DownloadFailed) -> str:
+    def _unreachable_note(exc: DownloadFailed, on_disk: int) -> str:
+        """Why the hub is out of reach, and what a search finds instead: only what is true (an
+        empty HF cache is said to be empty)."""
         why = exc.message.removeprefix("offline: ")
+        disk = (
+            f"A search looks through the {on_disk} repo(s) in the HF cache on disk instead."
+            if on_disk
+            else "The HF cache on disk holds no models to search either."
+        )
         return (
-            f"Offline: the hub could not be reached — {why}. Showing the models on disk "
-            "(HF_HUB_OFFLINE=1: offline on purpose; HF_ENDPOINT: a mirror)."
+            f"Offline: the hub could not be reached — {why}. {disk} "
+            "(HF_HUB_OFFLINE=1: offline on purpose; HF_ENDPOINT: a mirror.)"
         )
 
     # -- where models come from ----------------------------------------------------------
@@ -182,6 +173,14 @@ class DiscoverScreen(LocalrunScreen):
         if event.value == "/":  # "/" is the key that opens search; it is not part of a query
             self.search_input.value = ""
 
+    def action_into_results(self) -> None:
+        """↓/↑ in the search box: the results take the keys (and the next arrow moves the selection)."""
+        table = self.repos_table if self.repos_table.row_count else None
+        if table is None:
+            self.notify("No results yet: type a search and press enter", timeout=2)
+            return
+        table.focus()
+
     def action_leave_search(self) -> None:
         """Esc hands the keys back to the tables, where 1–5 switch screens again."""
         self.repos_table.focus()
@@ -205,7 +204,7 @@ class DiscoverScreen(LocalrunScreen):
                 hits = search(query, settings=settings, limit=30)
             except DownloadFailed as exc:  # unreachable hub: explain, offer the cache, no error wall
                 repos, _ = self._search_cache(query)
-                self.post_message(self.Found(query, repos, self._unreachable_note(exc)))
+                self.post_message(self.Found(query, repos, self._unreachable_note(exc, len(self._cached_repos("")))))
                 return
             rows = [
                 RepoRow(h.name, h.downloads, h.likes, h.updated.strftime("%Y-%m") if h.updated else "—") for h in hits
@@ -214,10 +213,14 @@ class DiscoverScreen(LocalrunScreen):
 
         self.run_worker(job, thread=True, group="search", exclusive=True, name=f"search {query!r}", exit_on_error=False)
 
-    def _search_cache(self, query: str) -> tuple[list[RepoRow], str]:
+    @staticmethod
+    def _cached_repos(query: str) -> dict[str, list[Any]]:
         from localrun.modelstore.sources.hf_cache import discover_hf_cache
 
-        self._cache = cached_repos(discover_hf_cache(read_metadata=False), query)
+        return cached_repos(discover_hf_cache(read_metadata=False), query)
+
+    def _search_cache(self, query: str) -> tuple[list[RepoRow], str]:
+        self._cache = self._cached_repos(query)
         rows = [RepoRow(repo, None, None, "on disk") for repo in sorted(self._cache)]
         return rows, self.where_text()
 
@@ -303,6 +306,13 @@ class DiscoverScreen(LocalrunScreen):
             return
         if self.lapp.store is None:
             self.notify(self.unavailable_text() or "", severity="warning")
+            return
+        if (have := pulled_as(self.lapp.store.list(), ref)) is not None:
+            self.notify(
+                f"{ref} is already in the library as {have} (press 1 to see it; pick another file with f)",
+                title="Already pulled",
+                timeout=4,
+            )
             return
         if self.lapp.pulls.start(ref, store=self.lapp.store):
             self.notify(f"Pulling {ref}; it keeps going on other screens (x cancels)", timeout=3)

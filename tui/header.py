@@ -61,12 +61,18 @@ class AppHeader(Widget):
         app = self.app
         for name in ("server_state", "loaded", "facts", "downloads"):
             self.watch(app, name, self._refresh_status, init=False)
+        self.watch(self.screen, "focused", self._refresh_tabs)
         self._refresh_status()
 
+    def _refresh_tabs(self, *_args: object) -> None:
+        self.query_one("#header-tabs", Static).update(self._tabs())
+
     def _tabs(self) -> Content:
+        """The tabs, each with the key that reaches it now: 1–5, or F1–F5 while typed digits are text."""
+        digits = getattr(self.screen, "digits_switch", lambda: True)() if self.is_attached else True
         parts = []
         for number, (mode, label) in enumerate(TABS, 1):
-            text = f" {number} {label} "
+            text = f" {'' if digits else 'F'}{number} {label} "
             style = "reverse bold" if mode == self.active else "dim"
             parts.append(Content.from_markup(f"[@click=app.switch_mode('{mode}')][{style}]$text[/][/]", text=text))
         return Content(" ").join(parts)

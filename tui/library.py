@@ -100,6 +100,7 @@ class LibraryScreen(LocalrunScreen):
     """Models on disk; every action on the highlighted row."""
 
     TAB = "library"
+    TYPE_TO = "#filter"
     BINDINGS = [
         Binding("l", "load", "Load"),
         Binding("u", "unload", "Unload"),
@@ -110,6 +111,7 @@ class LibraryScreen(LocalrunScreen):
         Binding("s", "sort", "Sort"),
         Binding("r", "reload", "Refresh", show=False),
         Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("down,up", "into_table", show=False),  # from the filter: the table takes the arrows
     ]
 
     @dataclass
@@ -134,7 +136,9 @@ class LibraryScreen(LocalrunScreen):
         self._sort_reverse = False
 
     def compose_body(self) -> ComposeResult:
-        yield Input(placeholder="/ filter by name, format, quant, runtime or source", id="filter")
+        yield Input(
+            placeholder="/ filter by name, format, quant, runtime or source", id="filter", select_on_focus=False
+        )  # a key that brings the focus here (TYPE_TO) adds to the text, never replaces it
         yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="details-scroll"):
             yield Static("Select a model to see its metadata and plan.", id="details", markup=False)
@@ -269,6 +273,9 @@ class LibraryScreen(LocalrunScreen):
     # -- filter --------------------------------------------------------------------------
     def action_filter(self) -> None:
         self.filter_input.focus()
+
+    def action_into_table(self) -> None:
+        self.table.focus()
 
     def action_clear_filter(self) -> None:
         self.filter_input.value = ""

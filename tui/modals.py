@@ -18,6 +18,7 @@ ConfirmModal > Vertical, PortModal > Vertical {
     width: 64; max-width: 95%; height: auto; padding: 1 2;
     border: thick $primary; background: $surface;
 }
+ConfirmModal Label, PortModal Label { width: 100%; }  /* wrap a long name or question, never cut it */
 ConfirmModal .title, PortModal .title { text-style: bold; margin-bottom: 1; }
 ConfirmModal Horizontal, PortModal Horizontal { height: auto; margin-top: 1; align-horizontal: right; }
 ConfirmModal Button, PortModal Button { margin-left: 1; }

@@ -113,3 +113,16 @@ def _repo_relative(record: ModelRecord) -> str:
         i = parts.index("snapshots")
         return "/".join(parts[i + 2 :])
     return PurePosixPath(record.path).name
+
+
+def pulled_as(records: Iterable[ModelRecord], ref: str) -> str | None:
+    """The name under which ``ref`` (``org/repo`` or ``org/repo/file.gguf``, as Discover offers it)
+    is already in the store, or None. A repo counts as pulled when any file of it is."""
+    for r in records:
+        repo = (r.repo or "").lower()
+        if not repo or not (ref.lower() == repo or ref.lower().startswith(repo + "/")):
+            continue
+        file = ref[len(repo) + 1 :]
+        if not file or any(PurePosixPath(f.path).name == PurePosixPath(file).name for f in r.files):
+            return r.name
+    return None

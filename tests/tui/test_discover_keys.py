@@ -78,6 +78,8 @@ async def test_unreachable_hub_says_offline_when_the_screen_opens(make, monkeypa
         await wait_for(pilot, lambda: "Offline" in str(screen.note.render()), what="the offline note")
         note = str(screen.note.render())
         assert "could not be reached" in note and "HF_HUB_OFFLINE=1" in note and "cannot connect" in note
+        # what a search finds instead, truthfully: this HF cache is empty (it once promised "the models on disk")
+        assert "holds no models to search either" in note and "Showing the models on disk" not in note
         await pilot.press(*"qwen", "enter")
         await wait_for(pilot, lambda: "Nothing matches" in str(screen.note.render()), what="an explained empty result")
         assert "Offline" in str(screen.note.render()) and app.is_running

@@ -119,9 +119,7 @@ def test_tui_in_tmux_load_chat_serve_unload_pull(tmp_path, tiny_gguf, fake_hub, 
         # a local app, meanwhile, through the embedded server and the same loaded model
         assert _openai_chat(port, "hello from openai").startswith("You said: hello from openai")
 
-        tmux.keys("Escape")
-        time.sleep(0.4)  # a lone Esc, not the start of an Alt+4 sequence
-        tmux.keys("4")
+        tmux.keys("F4")  # in Chat a typed 4 is text; F1–F5 switch from anywhere
         screen = tmux.wait("Listening", "/v1/chat/completions", "TUI chat")
         assert "200" in screen and " tiny " in screen
 
@@ -150,5 +148,58 @@ def test_tui_in_tmux_load_chat_serve_unload_pull(tmp_path, tiny_gguf, fake_hub, 
         with socket.socket() as s:  # the embedded server let go of the port
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
+    finally:
+        tmux.kill()
+
+
+def test_typing_into_chat_after_esc_and_after_a_stray_key_arrives(tmp_path, tiny_gguf, _isolated_home):
+    """The keys a person types reach the prompt: after a lone Esc (the focus had left the
+    prompt), after an Esc that runs into the next key (an Alt sequence to the terminal), and
+    after a stray key emptied the max field (once, every send was refused)."""
+    from localrun.modelstore.store import ModelStore
+    from localrun.settings import load_settings
+
+    ModelStore(load_settings()).import_path(tiny_gguf, name="tiny")
+    env = {
+        "LOCALRUN_HOME": str(_isolated_home),
+        "LOCALRUN_RUNTIME__FORCE": "fake",
+        "HF_HOME": os.environ["HF_HOME"],
+        "HF_HUB_OFFLINE": "1",
+        "OLLAMA_HOST": "http://127.0.0.1:9",
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", str(tmp_path)),
+    }
+    command = (
+        "env -i "
+        + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        + f" {shlex.quote(LOCALRUN)} tui --no-serve --no-default-model"
+    )
+    tmux = Tmux(command, width=80, height=24)
+    try:
+        tmux.wait("Library", "tiny")
+        tmux.keys("F5")
+        tmux.wait("ask something", "F1 Library")
+        tmux.type("hel")
+        tmux.keys("Escape")
+        time.sleep(0.4)  # a lone Esc: the focus goes to the transcript
+        tmux.type("lo 2 q")  # before: "lo" was dropped, "2" switched to Discover and "q" quit
+        tmux.keys("Enter")
+        tmux.wait("You said: hello 2 q", absent=("esc stop",))
+
+        tmux.keys("Escape", "a")  # Esc running into a key: the terminal sends Alt+a
+        tmux.type("gain")
+        tmux.keys("Enter")
+        tmux.wait("You said: again", absent=("esc stop",))
+
+        tmux.keys("BTab", "BTab")  # back from the prompt, past the transcript, to the max field
+        tmux.keys("BSpace", "BSpace", "BSpace", "x")  # a stray key or four: empty, then a letter
+        tmux.wait("max tokens takes a whole number")
+        tmux.keys("Tab")  # leaving the field puts the last good value back, and says so
+        tmux.wait("kept 512")
+        tmux.type("third")  # from the transcript, the keys go to the prompt
+        tmux.keys("Enter")
+        screen = tmux.wait("You said: third", absent=("esc stop",))
+        assert "max 512" in screen and tmux.alive()
     finally:
         tmux.kill()

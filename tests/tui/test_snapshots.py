@@ -118,3 +118,8 @@ def test_server_not_serving(snap_compare, snap_app):
 
 def test_discover_empty(snap_compare, snap_app):
     assert snap_compare(snap_app, terminal_size=(80, 24), run_before=settle("hub: https://huggingface.co", keys=("2",)))
+
+
+def test_chat_80x24(snap_compare, snap_app):
+    """The model on a row of its own (a long name shows whole), the prompt with the focus bar, F1–F5 tabs."""
+    assert snap_compare(snap_app, terminal_size=(80, 24), run_before=settle("F1 Library", "max", keys=("5",)))

@@ -68,6 +68,13 @@ class Column:
     header: str
     cell: Callable[[Any], str]
     right: bool = False
+    #: Never cut (a name a person copies): the column keeps its longest cell's width and the
+    #: others wrap or shrink; only a cell wider than the screen folds onto a second line.
+    whole: bool = False
+    #: A list (", "-separated) that may wrap between its items when the screen is narrow.
+    wraps: bool = False
+    #: Left out when the screen is too narrow for every column whole: the highest number first; 0 never.
+    optional: int = 0
 
 
 def print_rows(
@@ -82,12 +89,31 @@ def print_rows(
         err_console().print(empty, highlight=False)
         return
     from rich.table import Table
+    from rich.text import Text
 
+    def widest(col: Column, texts: list[str]) -> int:
+        parts = [p for t in texts for p in (Text.from_markup(t).plain.split(", ") if col.wraps else [t])]
+        return max([Text.from_markup(p).cell_len for p in parts] + [len(col.header)])
+
+    cells = {col.header: [col.cell(row) for row in rows] for col in columns}
+    need = {col.header: widest(col, cells[col.header]) for col in columns}
+    shown = list(columns)
+    screen = console().width
+    for col in sorted((c for c in columns if c.optional), key=lambda c: -c.optional):
+        if sum(need[c.header] + 2 for c in shown) <= screen:
+            break
+        shown.remove(col)
     table = Table(box=None, header_style="bold")
-    for col in columns:
-        table.add_column(col.header, justify="right" if col.right else "left")
-    for row in rows:
-        table.add_row(*(col.cell(row) for col in columns))
+    for col in shown:
+        table.add_column(
+            col.header,
+            justify="right" if col.right else "left",
+            min_width=min(need[col.header], screen - 2),
+            no_wrap=not (col.wraps or col.whole),
+            overflow="fold",
+        )
+    for i in range(len(rows)):
+        table.add_row(*(cells[col.header][i] for col in shown))
     console().print(table)
 
 

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from localrun.errors import InvalidModelFile
+from localrun.errors import InvalidModelFile, LocalrunError
 
 from .gguf_walk import (
     ARRAY,
@@ -267,9 +267,17 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> GGUFInfo:
     """Read and validate a GGUF header. Raises only InvalidModelFile, for any file content."""
     path = Path(path)
     f, size = _open_regular(path)
+    with f:
+        return read_gguf_header(f, size, path)
+
+
+def read_gguf_header(f: BinaryIO, size: int, path: Path) -> GGUFInfo:
+    """The header of the ``size``-byte GGUF that ``f`` reads (a file, or the hub's file by range
+    requests), named ``path`` in messages. Raises only InvalidModelFile, for any content."""
     try:
-        with f:
-            return _build_info(path, walk(f, size))
+        return _build_info(path, walk(f, size))
+    except LocalrunError:  # the reader's own failure (the hub unreachable mid-header) says what it is
+        raise
     except GGUFFormatError as exc:
         raise InvalidModelFile(f"{path}: {exc}", hint=_HINT) from None
     except (OSError, MemoryError) as exc:

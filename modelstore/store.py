@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound, VerificationFailed
@@ -273,6 +274,7 @@ class ModelStore:
                 logger.warning("not deleting %s: outside localrun's data dir and the HF cache", link)
             else:
                 _unlink_owned(link, real)
+                _prune_repo(link)
         return rec
 
     # --- the models that come with localrun ------------------------------------------------
@@ -302,3 +304,23 @@ def _unlink_owned(link: Path, real: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(real)
         logger.info("deleted %s", real)
+
+
+def _prune_repo(link: Path) -> None:
+    """After an owned file went: its snapshot folders left empty go, and the repo's whole HF cache
+    folder (``models--org--repo``) when no snapshot file and no blob (nor partial download) is left,
+    so `rm` leaves no empty folders behind. Anything else in the folder keeps it."""
+    repo = next((p for p in link.parents if p.name.startswith("models--")), None)
+    if repo is None:
+        return
+    snapshots, blobs = repo / "snapshots", repo / "blobs"
+    for folder in sorted((p for p in snapshots.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty one
+    if any(snapshots.iterdir() if snapshots.is_dir() else ()) or any(blobs.iterdir() if blobs.is_dir() else ()):
+        return
+    known = {"snapshots", "blobs", "refs", ".no_exist"}
+    if any(entry.name not in known for entry in repo.iterdir()):
+        return
+    shutil.rmtree(repo, ignore_errors=True)
+    logger.info("deleted %s: nothing of the repo is left", repo)

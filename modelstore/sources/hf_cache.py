@@ -1,9 +1,9 @@
 """The Hugging Face cache as a store source: what huggingface_hub and llama.cpp ``-hf`` downloaded.
 
 Read with ``huggingface_hub.scan_cache_dir`` in :func:`~localrun.modelstore.hub.hub_cache_dirs`
-(localrun's HF cache, then huggingface_hub's shared one when LOCALRUN_HOME moved localrun's). One record per GGUF model file (split sets count once) and per
-MLX/MLC snapshot; a repo that ships code is skipped; an ``mmproj*.gguf`` beside a GGUF model
-is paired by llama.cpp's ``-hf`` rules.
+(localrun's HF cache, then huggingface_hub's shared one when LOCALRUN_HOME moved localrun's).
+One record per GGUF model file (split sets count once) and per MLX/MLC snapshot; a repo that
+ships code is skipped; an ``mmproj*.gguf`` beside a GGUF model is paired by llama.cpp's ``-hf`` rules.
 """
 
 from __future__ import annotations

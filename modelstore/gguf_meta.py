@@ -261,6 +261,7 @@ def _build_info(path: Path, raw: RawHeader) -> GGUFInfo:
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 
 _HINT = "the file is not a valid GGUF model (truncated download or corrupt); download it again"
+_WRONG_FILE_HINT = "give the path of a .gguf file (a projector is an mmproj*.gguf beside the model)"
 
 
 def read_gguf_metadata(path: str | os.PathLike[str]) -> GGUFInfo:
@@ -279,7 +280,8 @@ def read_gguf_header(f: BinaryIO, size: int, path: Path) -> GGUFInfo:
     except LocalrunError:  # the reader's own failure (the hub unreachable mid-header) says what it is
         raise
     except GGUFFormatError as exc:
-        raise InvalidModelFile(f"{path}: {exc}", hint=_HINT) from None
+        wrong = str(exc).startswith("not a GGUF file:")  # a known other kind of file, not a broken GGUF
+        raise InvalidModelFile(f"{path}: {exc}", hint=_WRONG_FILE_HINT if wrong else _HINT) from None
     except (OSError, MemoryError) as exc:
         raise InvalidModelFile(f"{path}: cannot read: {exc}", hint="check the file and free memory") from None
     except Exception as exc:  # a parser bug must not escape as a crash; say so loudly

@@ -91,3 +91,21 @@ def test_ps_names_models_as_ls_does_and_stop_unloads(live):
     httpx.post(live.url + "/api/generate", json={"model": "tiny"}, timeout=30)
     assert cli("stop", "--all", env=env).exit_code == 0
     assert not live.stack.manager.is_loaded("tiny")
+
+
+def test_every_name_ls_all_prints_works_in_run_plan_show(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    repo = tmp_path / ".lmstudio" / "models" / "lmstudio-community" / "Tiny-GGUF"
+    repo.mkdir(parents=True)
+    (repo / "Tiny-Q4_K_M.gguf").write_bytes(repos.make_gguf(seed=41))
+    listed = json.loads(cli("ls", "--all", "--json").stdout)
+    names = [r["name"] for r in listed if r.get("registered") is False]
+    assert names == ["lmstudio-community/tiny-gguf:q4_k_m"]
+    for name in [*names, "lmstudio-community/Tiny-GGUF", "hf.co/lmstudio-community/Tiny-GGUF:Q4_K_M"]:
+        ran = cli("run", name, "hi", "--runtime", "fake", "--max-tokens", "3")
+        assert ran.exit_code == 0, ran.output
+        assert cli("plan", name, "--runtime", "fake").exit_code == 0
+        assert json.loads(cli("show", name, "--json").stdout)["source"] == "lmstudio"
+    gone = cli("rm", names[0])
+    assert gone.exit_code == 3 and "localrun never deletes another app's files" in gone.output
+    assert (repo / "Tiny-Q4_K_M.gguf").exists()

@@ -75,7 +75,7 @@ def resolve_or_hub(store: ModelStore, ref: str) -> ModelRecord:
                 "or `localrun pull` it where there is a network and plan the copy",
             ) from None
         except ModelNotFound as exc:
-            raise ModelNotFound(f"{missing.message}; on the hub: {exc.message}", hint=exc.hint) from None
+            raise ModelNotFound(f"{ref} is not in the store, and the hub says: {exc.message}", hint=exc.hint) from None
     remote = record.metadata.get("remote") or {}
     err_console().print(
         f"{ref} is not in the store: read from {remote.get('endpoint')} ({remote.get('repo')}@"

@@ -48,3 +48,9 @@ def test_plan_offline_says_it_could_not_ask_the_hub(monkeypatch):
     assert "HF_ENDPOINT" in out.output
     unknown = plan("nosuchmodel")
     assert unknown.exit_code == 3 and "no model named 'nosuchmodel'" in unknown.output
+
+
+def test_plan_with_hf_hub_offline_says_so(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = plan("testorg/Tiny-GGUF")
+    assert out.exit_code == 3 and "is not in the store, and the hub says: offline" in out.output, out.output

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from localrun.cli.common import open_store, resolve_or_builtin
+from localrun.cli.common import open_store
 from localrun.cli.output import console, human_bytes
 
 if TYPE_CHECKING:
@@ -59,9 +59,12 @@ def describe(record: ModelRecord, settings: Settings) -> dict[str, Any]:
 @click.option("--license", "only_license", is_flag=True, help="Print the licence only.")
 @click.pass_context
 def show_cmd(ctx: click.Context, name: str, as_json: bool, only_template: bool, only_license: bool) -> None:
-    """Show what model NAME is: architecture, parameters, context, quantisation, capabilities, files."""
+    """Show what model NAME is: architecture, parameters, context, quantisation, capabilities, files.
+    NAME may be a hub repo not pulled yet (ORG/REPO[:QUANT]): its header is read from the hub."""
+    from localrun.cli.plan import resolve_or_hub
+
     store = open_store(ctx)
-    facts = describe(resolve_or_builtin(store, name), store.settings)
+    facts = describe(resolve_or_hub(store, name), store.settings)  # a repo not pulled: read from the hub
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return

@@ -54,3 +54,12 @@ def test_plan_with_hf_hub_offline_says_so(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = plan("testorg/Tiny-GGUF")
     assert out.exit_code == 3 and "is not in the store, and the hub says: offline" in out.output, out.output
+
+
+def test_show_reads_a_hub_repo_too(fake_hub, store, hf_cache):
+    out = CliRunner().invoke(main, ["show", "hf.co/testorg/Tiny-GGUF:Q8_0", "--json"], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    facts = json.loads(out.stdout)
+    assert facts["name"] == "testorg/tiny-gguf:q8_0" and facts["architecture"] == "llama"
+    assert facts["quantization"] == "Q8_0" and facts["files"][0]["path"].startswith(fake_hub.url)
+    assert store.list() == [] and not list(hf_cache.rglob("*.gguf"))

@@ -40,3 +40,14 @@ def test_a_hub_reference_reaches_what_was_pulled(stack, client, tmp_path, route)
     r = client.post(route, json=BODIES[route]("hf.co/acme/x-GGUF:Q4_K_M"))
     assert r.status_code == 200, r.text
     assert stack.manager.is_loaded("acme/x-gguf:q4_k_m")
+
+
+@pytest.mark.parametrize("route", list(BODIES))
+def test_a_model_only_another_app_holds_is_served_by_its_listed_name(stack, client, monkeypatch, tmp_path, route):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    repo = tmp_path / ".lmstudio" / "models" / "lmstudio-community" / "Tiny-GGUF"
+    repo.mkdir(parents=True)
+    (repo / "Tiny-Q4_K_M.gguf").write_bytes(repos.make_gguf(seed=41))
+    r = client.post(route, json=BODIES[route]("lmstudio-community/tiny-gguf:q4_k_m"))
+    assert r.status_code == 200, r.text
+    assert stack.manager.is_loaded("lmstudio-community/tiny-gguf:q4_k_m") and stack.store.list()[0].name == "tiny"

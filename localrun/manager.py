@@ -320,12 +320,18 @@ class ModelManager:
 
     # -- requests --------------------------------------------------------------------------
     def ensure_context(
-        self, name: str, n_ctx: int, *, source: str = "options.num_ctx"
+        self,
+        name: str,
+        n_ctx: int,
+        *,
+        source: str = "options.num_ctx",
+        media: tuple[Media, ...] = (),
+        check: MediaCheck | None = None,
     ) -> tuple[LoadedModel, str | None]:
-        """Load ``name`` with at least ``n_ctx`` tokens of context when memory allows (see localrun/reload.py)."""
+        """``name`` loaded with ``n_ctx`` of context if memory allows, ``media`` refused first (see reload.py)."""
         from localrun.reload import ensure_context
 
-        return ensure_context(self, name, n_ctx, source)
+        return ensure_context(self, name, n_ctx, source, media=media, check=check)
 
     def _load_admitted(
         self,

@@ -25,9 +25,10 @@ from localrun.planning.context import grown_context
 from localrun.planning.placement import ModelShape
 
 if TYPE_CHECKING:
+    from localrun.activity import MediaCheck
     from localrun.manager import ModelManager
     from localrun.residency import LoadedModel
-    from localrun.types import ModelRecord, Plan
+    from localrun.types import Media, ModelRecord, Plan
 
 
 def _fitting_plan(manager: ModelManager, record: ModelRecord, current: int, target: int, source: str) -> Plan | None:
@@ -68,10 +69,19 @@ def _grown_plan(
     return plan, None
 
 
-def ensure_context(manager: ModelManager, name: str, asked: int, source: str) -> tuple[LoadedModel, str | None]:
+def ensure_context(
+    manager: ModelManager,
+    name: str,
+    asked: int,
+    source: str,
+    *,
+    media: tuple[Media, ...] = (),
+    check: MediaCheck | None = None,
+) -> tuple[LoadedModel, str | None]:
     """The model loaded with at least ``asked`` tokens of context if memory allows; (model, why not) otherwise.
 
-    A model not loaded yet is loaded once, with the larger context straight away."""
+    A model not loaded yet is loaded once, with the larger context straight away, unless the
+    request's ``media`` are refused first (see :meth:`ModelManager.load`)."""
     remote = manager.remote_model(name)
     if remote is not None:
         note = None if remote.plan.n_ctx >= asked else f"{remote.name} is served by another server, at its context"
@@ -88,7 +98,7 @@ def ensure_context(manager: ModelManager, name: str, asked: int, source: str) ->
             notes.append(note)
             return plan or base
 
-        return manager.load(name, plan_with=planned), (notes[0] if notes else None)
+        return manager.load(name, plan_with=planned, media=media, check=check), (notes[0] if notes else None)
     lm = manager.load(name)
     if lm.plan.n_ctx >= asked:
         return lm, None

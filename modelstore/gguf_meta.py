@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from localrun.errors import InvalidModelFile
+from localrun.errors import InvalidModelFile, LocalrunError
 
 from .gguf_walk import (
     ARRAY,
@@ -261,17 +261,27 @@ def _build_info(path: Path, raw: RawHeader) -> GGUFInfo:
 _EXPERT_TENSOR = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 
 _HINT = "the file is not a valid GGUF model (truncated download or corrupt); download it again"
+_WRONG_FILE_HINT = "give the path of a .gguf file (a projector is an mmproj*.gguf beside the model)"
 
 
 def read_gguf_metadata(path: str | os.PathLike[str]) -> GGUFInfo:
     """Read and validate a GGUF header. Raises only InvalidModelFile, for any file content."""
     path = Path(path)
     f, size = _open_regular(path)
+    with f:
+        return read_gguf_header(f, size, path)
+
+
+def read_gguf_header(f: BinaryIO, size: int, path: Path) -> GGUFInfo:
+    """The header of the ``size``-byte GGUF that ``f`` reads (a file, or the hub's file by range
+    requests), named ``path`` in messages. Raises only InvalidModelFile, for any content."""
     try:
-        with f:
-            return _build_info(path, walk(f, size))
+        return _build_info(path, walk(f, size))
+    except LocalrunError:  # the reader's own failure (the hub unreachable mid-header) says what it is
+        raise
     except GGUFFormatError as exc:
-        raise InvalidModelFile(f"{path}: {exc}", hint=_HINT) from None
+        wrong = str(exc).startswith("not a GGUF file:")  # a known other kind of file, not a broken GGUF
+        raise InvalidModelFile(f"{path}: {exc}", hint=_WRONG_FILE_HINT if wrong else _HINT) from None
     except (OSError, MemoryError) as exc:
         raise InvalidModelFile(f"{path}: cannot read: {exc}", hint="check the file and free memory") from None
     except Exception as exc:  # a parser bug must not escape as a crash; say so loudly

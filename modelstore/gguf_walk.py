@@ -186,13 +186,39 @@ class _Walker:
         return sub, count
 
 
+#: What a file that is not a GGUF is, by its first bytes: named, so a picture given as a
+#: projector is called a picture, not a "truncated download".
+_OTHER_FILES = (
+    (b"\x89PNG", "it is a PNG image"),
+    (b"\xff\xd8\xff", "it is a JPEG image"),
+    (b"GIF8", "it is a GIF image"),
+    (b"%PDF", "it is a PDF document"),
+    (b"PK\x03\x04", "it is a zip archive"),
+    (b"fLaC", "it is FLAC audio"),
+    (b"ID3", "it is MP3 audio"),
+    (b"version https://git-lfs", "it is a Git LFS pointer, not the file it points to"),
+    (b"<", "it is text (an HTML or XML page, perhaps an error page saved in its place)"),
+    (b"{", "it is JSON text"),
+)
+
+
+def sniff(head: bytes) -> str | None:
+    """What a non-GGUF file is, from its first bytes (None when it is nothing known)."""
+    if head[:4] == b"RIFF" and head[8:12] in (b"WEBP", b"WAVE"):
+        return "it is a WebP image" if head[8:12] == b"WEBP" else "it is WAV audio"
+    if len(head) > 9 and head[8:10] in (b'{"', b"{ ") and int.from_bytes(head[:8], "little") < 1 << 30:
+        return "it is a safetensors file (an MLX or Transformers weight file: import its folder)"
+    return next((what for magic, what in _OTHER_FILES if head.lstrip()[: len(magic)] == magic), None)
+
+
 def _header(w: _Walker) -> tuple[int, int, int]:
     if w.size == 0:
         raise GGUFFormatError("not a GGUF file (it is empty)")
     off = w.fill(min(w.size, 24), "header")
     magic = w.buf[off : off + 4]
     if magic != b"GGUF"[: len(magic)] or not magic:
-        raise GGUFFormatError(f"not a GGUF file (bad magic {magic!r})")
+        what = sniff(bytes(w.buf[off : off + 24]))
+        raise GGUFFormatError(f"not a GGUF file: {what}" if what else f"not a GGUF file (bad magic {magic!r})")
     if w.size < 24:
         raise GGUFFormatError(f"truncated: {w.size} bytes is shorter than a GGUF header (24)")
     version = struct.unpack_from("<I", w.buf, off + 4)[0]

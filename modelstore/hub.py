@@ -61,37 +61,58 @@ def _env_path(value: str) -> Path:
     return Path(os.path.expandvars(os.path.expanduser(value)))
 
 
-def hf_home() -> Path:
-    """HF_HOME, else XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface.
-
-    huggingface_hub's own rule (its ``constants.py``), read at each call because
-    huggingface_hub freezes it at import. LOCALRUN_HOME does not move it: the HF cache is
-    shared with huggingface_hub and llama.cpp (README, "Models: the hub, other tools, no network")."""
+def shared_hf_home() -> Path:
+    """huggingface_hub's own rule (its ``constants.py``): HF_HOME, else XDG_CACHE_HOME/huggingface,
+    else ~/.cache/huggingface; read at each call because huggingface_hub freezes it at import."""
     if os.environ.get("HF_HOME"):
         return _env_path(os.environ["HF_HOME"])
     return _env_path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface"
 
 
-def hub_cache_dir() -> Path:
-    """The one HF cache locator: HF_HUB_CACHE → HUGGINGFACE_HUB_CACHE (its old name) → :func:`hf_home`/hub."""
+def hf_home() -> Path:
+    """Where localrun keeps the HF cache it writes: HF_HOME when set; else, when LOCALRUN_HOME is
+    set, ``$LOCALRUN_HOME/huggingface`` (LOCALRUN_HOME holds everything: a portable install or a
+    test writes nothing outside it); else the cache huggingface_hub and llama.cpp share."""
+    home = os.environ.get("LOCALRUN_HOME")
+    if home and not os.environ.get("HF_HOME"):
+        return _env_path(home) / "huggingface"
+    return shared_hf_home()
+
+
+def _hub_dir(home: Path) -> Path:
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(var):
             return _env_path(os.environ[var])
-    return hf_home() / "hub"
+    return home / "hub"
+
+
+def hub_cache_dir() -> Path:
+    """The one HF cache locator, where pulls and bundles write: HF_HUB_CACHE → HUGGINGFACE_HUB_CACHE
+    (its old name) → :func:`hf_home`/hub."""
+    return _hub_dir(hf_home())
+
+
+def hub_cache_dirs() -> list[Path]:
+    """Where discovery looks: localrun's HF cache, then the one huggingface_hub shares (the same
+    folder unless LOCALRUN_HOME moved localrun's), so `ls --all` still finds what `hf download` fetched."""
+    return list(dict.fromkeys([hub_cache_dir(), _hub_dir(shared_hf_home())]))
 
 
 def hub_token() -> str | None:
-    """HF_TOKEN > HUGGING_FACE_HUB_TOKEN > the token file `hf auth login` writes."""
+    """HF_TOKEN > HUGGING_FACE_HUB_TOKEN > the token file `hf auth login` writes (HF_TOKEN_PATH, else
+    under localrun's HF home, else huggingface_hub's: a token is the person's, wherever data lives)."""
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
         value = os.environ.get(var, "").strip()
         if value:
             return value
     path = os.environ.get("HF_TOKEN_PATH")
-    token_file = _env_path(path) if path else hf_home() / "token"
-    try:
-        return token_file.read_text().strip() or None
-    except OSError:
-        return None
+    files = [_env_path(path)] if path else [hf_home() / "token", shared_hf_home() / "token"]
+    for token_file in files:
+        try:
+            return token_file.read_text().strip() or None
+        except OSError:
+            continue
+    return None
 
 
 #: How long the reachability probe may take in all (DNS, then TCP connect): the bound on

@@ -96,11 +96,12 @@ class PullPlan:
 
 
 def human_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
+    """Binary units (MiB, GiB), as the CLI gives every size and memory figure."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1000
-    return f"{n:,.1f} TB"
+        n /= 1024
+    return f"{n:,.1f} TiB"  # pragma: no cover - the loop always returns
 
 
 def _refuse_code(ref: HubRef, sel: Selection, trust_remote_code: bool, allow_native: bool) -> None:

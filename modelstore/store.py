@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound, VerificationFailed
@@ -30,9 +31,9 @@ from localrun.types import Format, ModelRecord
 from . import builtins
 from .describe import describe_path
 from .hub import hub_cache_dir
-from .identity import other_latest
 from .index import ModelIndex
 from .projector import foreign_projector
+from .resolve import DiscoveredModels, lookup_names, not_found, pick_reference
 from .verify import file_path, sha256_of
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class ModelStore:
     def __init__(self, settings: Settings, *, index: ModelIndex | None = None) -> None:
         self.settings = settings
         self.index = index if index is not None else ModelIndex(settings.index_path)
+        self.discovered = DiscoveredModels()  # what other apps keep on disk, for names `ls --all` shows
 
     # --- import ------------------------------------------------------------------------
 
@@ -129,8 +131,10 @@ class ModelStore:
         return self.index.list()
 
     def resolve(self, name_or_path: str | Path, *, allow_path: bool = False) -> ModelRecord:
-        """A registered name or alias, else (only when ``allow_path``) a path to a model file
-        or folder, validated and returned as a transient record that is not stored.
+        """The model a name means (see :mod:`.resolve`: a registered name or alias, its ``:latest``
+        twin, a hub reference to what was pulled, or another app's model that ``ls --all`` lists),
+        else (only when ``allow_path``) a path to a model file or folder, validated and returned
+        as a transient record that is not stored.
 
         Paths are off by default because the server and the model manager resolve names
         that arrive over HTTP, and no request may name a file on the server; the CLI, where
@@ -138,22 +142,36 @@ class ModelStore:
         Registered models get a cheap check that their files are still there, same size.
 
         Raises:
-            ModelNotFound: neither a registered name nor (when allowed) an existing path.
+            ModelNotFound: nothing by that name (the message names the nearest), nor (when
+                allowed) an existing path; or a reference that names several models.
             VerificationFailed: a registered file changed size since it was registered.
         """
         text = str(name_or_path)
-        rec = self.index.find(text)
-        if rec is None:  # Ollama's names: NAME:latest is NAME, and the other way round
-            rec = self.index.find(other_latest(text))
+        rec = self.find_registered(text)
         if rec is not None:
             self._check_files_present(rec)
             return rec
         if allow_path and Path(text).expanduser().exists():
             return self.inspect_path(text)
-        raise ModelNotFound(
-            f"no model named {text!r}" + (" and no such file" if allow_path else ""),
-            hint="`localrun ls` lists registered models; `localrun import PATH` registers a file",
-        )
+        found = self.discovered.find(text)
+        if found is not None:
+            return found
+        raise not_found(text, self.known_names(), allow_path=allow_path)
+
+    def find_registered(self, text: str) -> ModelRecord | None:
+        """The registered model ``text`` names (name, alias, ``:latest`` twin or hub reference), or None."""
+        for key in lookup_names(text):
+            rec = self.index.find(key)
+            if rec is not None:
+                return rec
+        return pick_reference(text, self.index.list())
+
+    def known_names(self) -> tuple[str, ...]:
+        """Every name a person may use: registered, aliases, the built-ins and the other apps' models."""
+        names = [r.name for r in self.index.list()] + list(self.index.aliases())
+        names += [builtins.DEFAULT_MODEL_NAME, builtins.CHAT_MODEL_NAME]
+        names += [r.name for r in self.discovered.records()]
+        return tuple(dict.fromkeys(names))
 
     def _check_files_present(self, rec: ModelRecord) -> None:
         for entry in rec.files:
@@ -222,8 +240,22 @@ class ModelStore:
     def remove(self, name: str) -> ModelRecord:
         """Unregister a model. Its files are deleted only if localrun owns them (it wrote
         them), they lie under localrun's data dir or the HF cache, and no other record
-        uses them. Imported files are never deleted."""
-        rec = self.index.remove(name)
+        uses them. Imported files are never deleted. ``name`` is any name :meth:`resolve` takes.
+
+        Raises:
+            ModelNotFound: no registered model by that name; one that another app keeps (``ls
+                --all``) is named as such, since localrun never deletes another app's files.
+        """
+        found = self.find_registered(name)
+        if found is None:
+            other = self.discovered.find(name)
+            if other is not None:
+                raise ModelNotFound(
+                    f"{other.name} is not registered with localrun: it is {other.source.value}'s, at {other.path}",
+                    hint=f"localrun never deletes another app's files; remove it with {other.source.value}",
+                )
+            raise not_found(name, self.known_names())
+        rec = self.index.remove(found.name)
         if not rec.owned:
             return rec
         in_use = {os.path.realpath(file_path(o, f.path)) for o in self.index.list() for f in o.files}
@@ -242,6 +274,7 @@ class ModelStore:
                 logger.warning("not deleting %s: outside localrun's data dir and the HF cache", link)
             else:
                 _unlink_owned(link, real)
+                _prune_repo(link)
         return rec
 
     # --- the models that come with localrun ------------------------------------------------
@@ -271,3 +304,23 @@ def _unlink_owned(link: Path, real: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(real)
         logger.info("deleted %s", real)
+
+
+def _prune_repo(link: Path) -> None:
+    """After an owned file went: its snapshot folders left empty go, and the repo's whole HF cache
+    folder (``models--org--repo``) when no snapshot file and no blob (nor partial download) is left,
+    so `rm` leaves no empty folders behind. Anything else in the folder keeps it."""
+    repo = next((p for p in link.parents if p.name.startswith("models--")), None)
+    if repo is None:
+        return
+    snapshots, blobs = repo / "snapshots", repo / "blobs"
+    for folder in sorted((p for p in snapshots.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty one
+    if any(snapshots.iterdir() if snapshots.is_dir() else ()) or any(blobs.iterdir() if blobs.is_dir() else ()):
+        return
+    known = {"snapshots", "blobs", "refs", ".no_exist"}
+    if any(entry.name not in known for entry in repo.iterdir()):
+        return
+    shutil.rmtree(repo, ignore_errors=True)
+    logger.info("deleted %s: nothing of the repo is left", repo)

@@ -230,6 +230,17 @@ class Generation:
             await self.stream.aclose()
 
 
+def media_check(found: Sequence[tuple[str, str]]) -> Callable[[ModelRecord, Plan, frozenset[str]], None]:
+    """The refusal, in the wire's words (the request's field names), of media a model cannot take:
+    what the manager calls before a load that could not serve them (``MediaCheck``)."""
+    media = [(field, capability) for field, capability in found if capability in (VISION, AUDIO)]
+
+    def check(record: ModelRecord, plan: Plan, takes: frozenset[str]) -> None:
+        refuse_unsupported(media, model=record.name, runtime=plan.runtime, capabilities=takes)
+
+    return check
+
+
 async def open_generation(
     request: Request,
     model: str,
@@ -240,13 +251,7 @@ async def open_generation(
 ) -> Generation:
     """Load and admit (errors become HTTP errors), then refuse fields the runtime cannot honour."""
     state = app_state(request)
-    media = [(field, capability) for field, capability in found if capability in (VISION, AUDIO)]
-
-    # Media refused before a load that cannot serve them.
-    def check(record: ModelRecord, plan: Plan, takes: frozenset[str]) -> None:
-        refuse_unsupported(media, model=record.name, runtime=plan.runtime, capabilities=takes)
-
-    stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s, check=check)
+    stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s, check=media_check(found))
     try:
         refuse_unsupported(
             found,

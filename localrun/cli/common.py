@@ -1,9 +1,10 @@
 """Not a command: what the commands that load a model share — the store, a model by name (the
-embedded defaults assembled on first use), the manager, and the planner's options and overrides."""
+embedded defaults assembled on first use), the manager, the planner's options and overrides —
+and how the commands that talk to the running server (ps, stop) reach it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -107,3 +108,43 @@ def resolve_or_builtin(store: ModelStore, name: str) -> ModelRecord:
         if record is None:
             raise
         return record
+
+
+# --- the running server, for the commands that talk to it (ps, stop) ----------------------
+
+
+def server_url(settings: Settings) -> str:
+    host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
+    return f"http://{host}:{settings.server.port}"
+
+
+def call_server(settings: Settings, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    """The JSON answer of ``method path`` on the running server.
+
+    Raises:
+        RuntimeUnavailable: no server answered (the hint says how to start one).
+        LocalrunError: the server refused (its message, e.g. a 404's "did you mean …?").
+    """
+    import httpx
+
+    from localrun.errors import LocalrunError, ModelNotFound, RuntimeUnavailable
+
+    url = server_url(settings) + path
+    headers: dict[str, str] = {}
+    if settings.server.api_key:
+        headers["Authorization"] = f"Bearer {settings.server.api_key.get_secret_value()}"
+    try:
+        answer = httpx.request(method, url, headers=headers, json=body, timeout=30)
+    except httpx.HTTPError as exc:
+        raise RuntimeUnavailable(
+            f"no localrun server answered at {url}: {exc}", hint="start one with `localrun serve`"
+        ) from exc
+    if answer.is_success:
+        return answer.json()
+    try:
+        error = answer.json().get("error")
+    except ValueError:
+        error = None
+    message = error.get("message") if isinstance(error, dict) else error
+    cls = ModelNotFound if answer.status_code == 404 else LocalrunError
+    raise cls(str(message or f"{method} {path}: HTTP {answer.status_code}"))

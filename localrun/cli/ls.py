@@ -53,16 +53,18 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         extra = [r for r in discover_all(store.settings) if r.path not in known]
     rows = [_row(r, store.settings) for r in records] + [dict(_row(r, store.settings), registered=False) for r in extra]
     rows += upstream_rows(store, records)
-    ctx_cell = Column("Context", lambda r: f"{r['context_length']:,}" if r.get("context_length") else "—", right=True)
+    ctx_cell = Column(
+        "Context", lambda r: f"{r['context_length']:,}" if r.get("context_length") else "—", right=True, optional=1
+    )
     columns = [
-        Column("Name", lambda r: r["name"] if r.get("registered", True) else f"[dim]{r['name']}[/]"),
-        Column("Format", lambda r: r["format"]),
-        Column("Arch", lambda r: r["architecture"] or "—"),
+        Column("Name", lambda r: r["name"] if r.get("registered", True) else f"[dim]{r['name']}[/]", whole=True),
+        Column("Format", lambda r: r["format"], optional=4),
+        Column("Arch", lambda r: r["architecture"] or "—", optional=3),
         Column("Quant", lambda r: r["quant"] or "—"),
         Column("Size", lambda r: human_bytes(r["size"]), right=True),
         ctx_cell,
-        Column("Capabilities", lambda r: ", ".join(r.get("capabilities") or ()) or "—"),
-        Column("Source", lambda r: r["source"]),
+        Column("Capabilities", lambda r: ", ".join(r.get("capabilities") or ()) or "—", wraps=True),
+        Column("Source", lambda r: r["source"], optional=2),
     ]
     print_rows(
         rows, columns, as_json=as_json, empty="no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`"

@@ -37,14 +37,18 @@ def err_console() -> Console:
 
 
 def human_bytes(n: int | None) -> str:
+    """Binary units, the ones `plan` and `hw` give memory in, so a model's size and the RAM it
+    needs read alike everywhere in the CLI: ``93.8 MiB``, ``241 MiB``, ``4.1 GiB``."""
     if n is None:
         return "—"
     size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{size:.0f} B"
+            return f"{size:.0f} {unit}" if abs(size) >= 100 and unit in ("KiB", "MiB") else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - the loop always returns
 
 
 def settings_from(ctx: click.Context, **overrides: Any) -> Settings:
@@ -68,6 +72,13 @@ class Column:
     header: str
     cell: Callable[[Any], str]
     right: bool = False
+    #: Never cut (a name a person copies): the column keeps its longest cell's width and the
+    #: others wrap or shrink; only a cell wider than the screen folds onto a second line.
+    whole: bool = False
+    #: A list (", "-separated) that may wrap between its items when the screen is narrow.
+    wraps: bool = False
+    #: Left out when the screen is too narrow for every column whole: the highest number first; 0 never.
+    optional: int = 0
 
 
 def print_rows(
@@ -82,12 +93,31 @@ def print_rows(
         err_console().print(empty, highlight=False)
         return
     from rich.table import Table
+    from rich.text import Text
 
+    def widest(col: Column, texts: list[str]) -> int:
+        parts = [p for t in texts for p in (Text.from_markup(t).plain.split(", ") if col.wraps else [t])]
+        return max([Text.from_markup(p).cell_len for p in parts] + [len(col.header)])
+
+    cells = {col.header: [col.cell(row) for row in rows] for col in columns}
+    need = {col.header: widest(col, cells[col.header]) for col in columns}
+    shown = list(columns)
+    screen = console().width
+    for col in sorted((c for c in columns if c.optional), key=lambda c: -c.optional):
+        if sum(need[c.header] + 2 for c in shown) <= screen:
+            break
+        shown.remove(col)
     table = Table(box=None, header_style="bold")
-    for col in columns:
-        table.add_column(col.header, justify="right" if col.right else "left")
-    for row in rows:
-        table.add_row(*(col.cell(row) for col in columns))
+    for col in shown:
+        table.add_column(
+            col.header,
+            justify="right" if col.right else "left",
+            min_width=min(need[col.header], screen - 2),
+            no_wrap=not (col.wraps or col.whole),
+            overflow="fold",
+        )
+    for i in range(len(rows)):
+        table.add_row(*(cells[col.header][i] for col in shown))
     console().print(table)
 
 

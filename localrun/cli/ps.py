@@ -15,30 +15,17 @@ from localrun.cli.output import Column, human_bytes, print_rows, settings_from
 def ps_cmd(ctx: click.Context, as_json: bool) -> None:
     """Show the models the running server has loaded."""
 
-    import httpx
-
-    from localrun.errors import RuntimeUnavailable
+    from localrun.cli.common import call_server
     from localrun.tui.format import cache_cell
 
-    settings = settings_from(ctx)
-    host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
-    url = f"http://{host}:{settings.server.port}/api/ps"
-    headers: dict[str, str] = {}
-    if settings.server.api_key:
-        headers["Authorization"] = f"Bearer {settings.server.api_key.get_secret_value()}"
-    try:
-        data = httpx.get(url, headers=headers, timeout=3).raise_for_status().json()
-    except httpx.HTTPError as exc:
-        raise RuntimeUnavailable(
-            f"no localrun server answered at {url}: {exc}", hint="start one with `localrun serve`"
-        ) from exc
+    data = call_server(settings_from(ctx), "GET", "/api/ps")
 
     def ttl(m: dict[str, Any]) -> str:
         left = m.get("localrun", {}).get("ttl_left_s")
         return "pinned" if left is None else f"{left:.0f} s"
 
     columns = [
-        Column("Name", lambda m: m.get("name", "?")),
+        Column("Name", loaded_name, whole=True),
         Column("Runtime", lambda m: m.get("localrun", {}).get("runtime", "?")),
         Column("Device", lambda m: m.get("localrun", {}).get("device", "?")),
         Column("Memory", lambda m: human_bytes(m.get("size_vram") or m.get("size"))),
@@ -48,6 +35,12 @@ def ps_cmd(ctx: click.Context, as_json: bool) -> None:
         Column("Cache disk", lambda m: cache_cell(m.get("localrun", {}).get("cache"), "disk")),
     ]
     print_rows(data.get("models", []), columns, as_json=as_json, empty="no models loaded")
+
+
+def loaded_name(model: dict[str, Any]) -> str:
+    """The name `ls` gives the model: localrun's own, not the ``NAME:latest`` Ollama's clients are shown."""
+    own = model.get("localrun", {}).get("name")
+    return str(own or model.get("name", "?"))
 
 
 COMMAND = ps_cmd

@@ -79,7 +79,7 @@ def pull_cmd(
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
-        DownloadColumn(),
+        DownloadColumn(binary_units=True),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )

@@ -94,5 +94,7 @@ def backend_lines(statuses: Mapping[str, RuntimeStatus]) -> list[str]:
     lines = [f"build     {line}"]
     for d in st.details.get("devices") or ():  # llama.cpp's own device list (the probe asks it)
         memory = f", {fmt_bytes(d['free'])} free of {fmt_bytes(d['total'])}" if d.get("total") else ""
+        if d.get("type") == "cpu":  # llama.cpp's "free" for the CPU is not what is available: one RAM figure, above
+            memory = ", the RAM above"
         lines.append(f"device    {d.get('name')}: {d.get('description')} ({d.get('type')}{memory})")
     return lines

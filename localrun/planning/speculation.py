@@ -20,11 +20,12 @@ from localrun.types import Format, ModelRecord
 log = logging.getLogger(__name__)
 
 SPECULATION_WHY = {
-    "auto": "speculative decoding auto: drafts verified in one pass, only while they pay "
-    "(greedy answers may part at near ties; off under exact_prefix)",
-    "ngram": "speculative decoding ngram, as asked: drafts at every n-gram match, whether it pays or not",
+    "auto": "speculative decoding auto: the next few tokens are guessed (from text seen before, or by a draft "
+    "model) and checked in one pass, only while that is faster; a greedy answer may differ where two tokens are "
+    "nearly tied, and it is off when bit-exact answers are asked for",
+    "ngram": "speculative decoding ngram, as asked: guesses from text seen before at every step, faster or not",
     "off": "speculative decoding off, as asked",
-    "draft": "speculative decoding with a draft model, as asked: it drafts at every step, whether it pays or not",
+    "draft": "speculative decoding with a draft model, as asked: the draft guesses at every step, faster or not",
 }
 
 
@@ -43,7 +44,7 @@ def speculation_plan(asked: str | None, slots: int) -> tuple[str, str]:
         )
     why = SPECULATION_WHY[mode] if asked else SPECULATION_WHY[mode].replace("auto:", "auto (the default):", 1)
     if mode == "auto" and slots > 1:
-        why += "; beside other requests, against their share of a batched step"
+        why += "; with other requests running, weighed against their share of each step"
     return mode, why
 
 

@@ -1,9 +1,9 @@
 """The Hugging Face cache as a store source: what huggingface_hub and llama.cpp ``-hf`` downloaded.
 
-Read with ``huggingface_hub.scan_cache_dir`` at :func:`~localrun.modelstore.hub.hub_cache_dir`
-(the one HF cache locator). One record per GGUF model file (split sets count once) and per
-MLX/MLC snapshot; a repo that ships code is skipped; an ``mmproj*.gguf`` beside a GGUF model
-is paired by llama.cpp's ``-hf`` rules.
+Read with ``huggingface_hub.scan_cache_dir`` in :func:`~localrun.modelstore.hub.hub_cache_dirs`
+(localrun's HF cache, then huggingface_hub's shared one when LOCALRUN_HOME moved localrun's).
+One record per GGUF model file (split sets count once) and per MLX/MLC snapshot; a repo that
+ships code is skipped; an ``mmproj*.gguf`` beside a GGUF model is paired by llama.cpp's ``-hf`` rules.
 """
 
 from __future__ import annotations
@@ -29,29 +29,33 @@ logger = logging.getLogger(__name__)
 def discover_hf_cache(
     cache_dir: str | os.PathLike[str] | None = None, *, read_metadata: bool = True
 ) -> list[ModelRecord]:
-    """Every model in the HF cache; a name found in several revisions is the ``main`` one, else the newest."""
+    """Every model in the HF caches (:func:`~localrun.modelstore.hub.hub_cache_dirs`, or ``cache_dir``);
+    a name found in several revisions is the ``main`` one, else the newest."""
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    from localrun.modelstore.hub import hub_cache_dir
+    from localrun.modelstore.hub import hub_cache_dirs
 
-    root = Path(cache_dir) if cache_dir else hub_cache_dir()
-    try:
-        info = scan_cache_dir(root)
-    except CacheNotFound:
-        return []
-    for warning in info.warnings:
-        logger.info("HF cache: %s", warning)
     found: dict[str, tuple[bool, float, ModelRecord]] = {}
-    for repo in info.repos:
-        if repo.repo_type != "model" or "/" not in repo.repo_id:
+    for root in [Path(cache_dir)] if cache_dir else hub_cache_dirs():
+        try:
+            info = scan_cache_dir(root)
+        except CacheNotFound:
             continue
-        for rev in repo.revisions:
-            files = {f.file_path.relative_to(rev.snapshot_path).as_posix(): f for f in rev.files}
-            for record in _hf_records(repo.repo_id, rev, files, read_metadata):
-                rank = ("main" in rev.refs, rev.last_modified)
-                if record.name not in found or rank > found[record.name][:2]:
-                    found[record.name] = (*rank, record)
+        for warning in info.warnings:
+            logger.info("HF cache: %s", warning)
+        in_root: dict[str, tuple[bool, float, ModelRecord]] = {}
+        for repo in info.repos:
+            if repo.repo_type != "model" or "/" not in repo.repo_id:
+                continue
+            for rev in repo.revisions:
+                files = {f.file_path.relative_to(rev.snapshot_path).as_posix(): f for f in rev.files}
+                for record in _hf_records(repo.repo_id, rev, files, read_metadata):
+                    rank = ("main" in rev.refs, rev.last_modified)
+                    if record.name not in in_root or rank > in_root[record.name][:2]:
+                        in_root[record.name] = (*rank, record)
+        for name, entry in in_root.items():  # localrun's own cache first, then the shared one
+            found.setdefault(name, entry)
     return [entry[2] for entry in found.values()]
 
 

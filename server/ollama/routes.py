@@ -8,6 +8,7 @@ unload after the request, negative to keep the model loaded).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from localrun.server.generation import (
     finish_for_wire,
     logprobs_asked,
     make_sampling,
+    media_check,
     open_generation,
     request_stats,
 )
@@ -159,14 +161,25 @@ async def _load_or_unload(request: Request, model: str, keep_alive_s: float | No
     return JSONResponse(body)
 
 
-async def _check_num_ctx(request: Request, model: str, options: Options | None) -> None:
+async def _check_num_ctx(
+    request: Request,
+    model: str,
+    options: Options | None,
+    req: ChatRequest | CompletionRequest,
+    found: list[tuple[str, str]],
+) -> None:
     """Ollama's ``options.num_ctx`` above the loaded context reloads the model with more, as Ollama does
     (once, by tiers, behind in-flight requests: localrun/reload.py), or clamps it to what fits, with the
-    reason in the log. Runs before the request is admitted, so the reload never waits on it."""
+    reason in the log. Runs before the request is admitted, so the reload never waits on it; media the
+    model cannot take are refused before it loads."""
     if options is None or options.num_ctx is None:
         return
     manager = app_state(request).manager
-    lm, note = await asyncio.to_thread(manager.ensure_context, model, options.num_ctx, source="options.num_ctx")
+    lm, note = await asyncio.to_thread(
+        functools.partial(manager.ensure_context, source="options.num_ctx", media=req.media, check=media_check(found)),
+        model,
+        options.num_ctx,
+    )
     if note:
         logging.getLogger("localrun.activity").warning("%s: %s", lm.name, note)
 
@@ -237,8 +250,8 @@ async def _generate(
     media_needs: list[tuple[str, str]],
 ) -> Response:
     started = time.perf_counter()
-    await _check_num_ctx(request, body.model, body.options)
     found = body.unsupported() + media_needs
+    await _check_num_ctx(request, body.model, body.options, req, found)
     gen = await open_generation(request, body.model, req, keep_alive_s=keep_alive_s, found=found)
     loaded = time.perf_counter()
     try:

@@ -30,6 +30,7 @@ def test_the_devices_llama_cpp_sees_are_in_the_status_and_printed():
     lines = backend_lines({"llama.cpp": st})
     assert lines[0] == "build     llama.cpp built for CUDA: the build this machine calls for"
     assert "device    CUDA0: NVIDIA H200 (gpu, 140.0 GiB free of 143.0 GiB)" in lines
+    assert "device    CPU: Test CPU (cpu, the RAM above)" in lines  # `hw` shows one RAM figure, not two
 
 
 def test_a_cuda_build_that_sees_no_gpu_says_so():

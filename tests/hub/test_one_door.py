@@ -8,13 +8,14 @@ with no KV estimate at all.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from localrun.modelstore.hub import hf_home, hub_cache_dir
+from localrun.modelstore.hub import hf_home, hub_cache_dir, hub_cache_dirs, shared_hf_home
 from localrun.modelstore.pull import pull
 from localrun.planning.planner import plan_placement
 from localrun.types import Format
@@ -72,7 +73,8 @@ HF_VARS = ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME",
 )
 def test_one_hf_cache_locator_agrees_with_huggingface_hub(env, tmp_path, monkeypatch):
     """Where pull writes, rm deletes, discovery scans and the mirror serves is where huggingface_hub
-    itself looks; LOCALRUN_HOME (set by the suite) never moves it."""
+    itself looks, unless LOCALRUN_HOME is set without HF_HOME: then localrun writes under LOCALRUN_HOME
+    (it holds everything) and discovery reads huggingface_hub's cache as well."""
     env = {k: v.format(tmp=tmp_path) for k, v in env.items()}
     for var in HF_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -81,4 +83,10 @@ def test_one_hf_cache_locator_agrees_with_huggingface_hub(env, tmp_path, monkeyp
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     code = "from huggingface_hub import constants as c; print(c.HF_HUB_CACHE); print(c.HF_TOKEN_PATH)"
     theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert [str(hub_cache_dirs()[-1]), str(shared_hf_home() / "token")] == theirs
+    home = Path(os.environ["LOCALRUN_HOME"])  # the suite's
+    moved = "HF_HOME" not in env and "HF_HUB_CACHE" not in env and "HUGGINGFACE_HUB_CACHE" not in env
+    assert hub_cache_dir() == (home / "huggingface" / "hub" if moved else Path(theirs[0]))
+    assert hub_cache_dirs() == ([hub_cache_dir(), Path(theirs[0])] if moved else [Path(theirs[0])])
+    monkeypatch.delenv("LOCALRUN_HOME")
     assert [str(hub_cache_dir()), str(hf_home() / "token")] == theirs

@@ -44,8 +44,8 @@ def test_plan_says_what_drafting_will_do_and_rejects_unknown_modes():
 
     mode, why = speculation_plan(None, 1)
     assert mode == "auto" and "auto (the default)" in why
-    assert "only while they pay" in speculation_plan("auto", 1)[1]
-    assert "share of a batched step" in speculation_plan("auto", 4)[1]
+    assert "only while that is faster" in speculation_plan("auto", 1)[1]
+    assert "their share of each step" in speculation_plan("auto", 4)[1]
     assert speculation_plan("OFF", 1) == ("off", "speculative decoding off, as asked")
     with pytest.raises(ConfigError) as exc:
         speculation_plan("turbo", 1)
@@ -90,14 +90,16 @@ def test_the_planner_carries_the_setting_and_the_override_to_the_plan():
 
     rec = record(QWEN_05B)
     default = plan_placement(rec, profile("cpu_laptop_8gb"), statuses("cpu"))
-    assert default.options["speculative"] == "auto" and "speculate auto (see why)" in render_plan(default, rec)
+    assert default.options["speculative"] == "auto"
+    assert "speculate guesses ahead from text seen before while that is faster (auto)" in render_plan(default, rec)
     auto = plan_placement(
         rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "auto"})
     )
     assert auto.options["speculative"] == "auto" and any(
         r.startswith("speculative decoding auto") for r in auto.reasons
     )
-    assert "speculate auto (see why)" in render_plan(auto, rec)
+    assert "speculate guesses ahead from text seen before while that is faster (auto)" in render_plan(auto, rec)
+    assert not any("exact_prefix" in line or "see why" in line for line in render_plan(auto, rec))  # plain words
     off = plan_placement(
         rec, profile("cpu_laptop_8gb"), statuses("cpu"), settings=Settings(runtime={"speculative": "off"})
     )

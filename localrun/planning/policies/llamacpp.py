@@ -103,9 +103,19 @@ class LlamaCppPolicy(DefaultPolicy):
             )
         if "speculative" in plan.options:
             draft = plan.options.get("draft")
-            with_draft = f", draft model {os.path.basename(draft)}" if draft else ""
-            lines.append(f"speculate {plan.options['speculative']}{with_draft} (see why)")
+            by = f"draft model {os.path.basename(draft)}" if draft else "text seen before"
+            mode = plan.options["speculative"]
+            lines.append(f"speculate {SPECULATE_WORDS.get(mode, mode).format(by=by)}")
         return lines
+
+
+#: The plan's "speculate" line in words (``{by}``: the draft model, or the text seen before).
+SPECULATE_WORDS = {
+    "auto": "guesses ahead from {by} while that is faster (auto)",
+    "ngram": "guesses ahead from text seen before, every step (ngram)",
+    "draft": "guesses ahead with the {by}, every step (draft)",
+    "off": "off",
+}
 
 
 def choose_slots(

@@ -40,6 +40,7 @@ from localrun.server.metrics import Metrics, Observe, attach_upstream_metrics
 from localrun.server.ollama.errors import OLLAMA
 from localrun.server.ollama.errors import owns as ollama_owns
 from localrun.server.security import CORS_HEADERS, LOCAL_ORIGINS, HostGuard, RequestGuard, allowed_host_names
+from localrun.server.web.assets import is_web_asset
 from localrun.settings import Settings
 
 if TYPE_CHECKING:
@@ -96,9 +97,15 @@ def create_app(settings: Settings, manager: ModelManager) -> FastAPI:
 
         install_mirror(app, Mirror(manager.store))
 
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root() -> PlainTextResponse:
-        return PlainTextResponse("localrun is running")
+    if settings.server.web:  # the web app at / (server.web = false: the plain liveness line)
+        from localrun.server.web import install_web
+
+        install_web(app)
+    else:
+
+        @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+        async def root() -> PlainTextResponse:
+            return PlainTextResponse("localrun is running")
 
     _install_error_handlers(app)
     _install_middleware(app, settings)
@@ -152,7 +159,11 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
     key = server.api_key.get_secret_value() if server.api_key else None
     # add_middleware puts each new one outside the previous: add innermost first.
     app.add_middleware(
-        RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s
+        RequestGuard,
+        api_key=key,
+        max_body_bytes=server.max_body_bytes,
+        body_timeout_s=server.body_timeout_s,
+        open_paths=is_web_asset if server.web else None,  # the page loads without the key; its API calls need it
     )
     app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
     if server.cors_origins or server.cors_local_origins:

@@ -24,6 +24,7 @@ import ipaddress
 import json
 import logging
 import re
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -187,9 +188,19 @@ AUTHENTICATED_KEY = "localrun.authenticated"
 class RequestGuard:
     """API key, JSON content type and a bounded body, in that order."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        body_timeout_s: float = 60.0,
+        open_paths: Callable[[str], bool] | None = None,
+    ):
         self.app = app
         self.api_key = api_key.encode() if api_key else None
+        #: Paths a GET or HEAD reaches without the key: the web page's static files (server/web).
+        self.open_paths = open_paths
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
 
@@ -206,6 +217,8 @@ class RequestGuard:
             # Probes carry no key: they get liveness only (the route reads this flag), never a 401.
             scope[AUTHENTICATED_KEY] = False
             problem = None
+        elif problem is not None and self.open_paths and scope["method"] in ("GET", "HEAD") and self.open_paths(path):
+            problem = None  # the page and its files hold nothing secret; the page asks for the key itself
         problem = problem or self._check_body_headers(scope)
         if problem is not None:
             await scope_error_response(problem, scope)(scope, receive, send)

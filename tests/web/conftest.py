@@ -20,7 +20,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def browser():
     if not CHROMIUM:
         pytest.skip("Debian's chromium is not installed: `apt-get install chromium` (scripts/dev setup test does it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[test]'")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing: pip install -e '.[test]'")
     with sync_api.sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=CHROMIUM, args=["--disable-gpu", "--disable-dev-shm-usage"])
         yield launched
@@ -50,6 +50,7 @@ def origin_of(url: str) -> str:
 def open_page(browser, url: str, *, width: int = 1100, height: int = 800) -> Watched:
     """A fresh context (its own storage) on ``url``, with every request and console error recorded."""
     context = browser.new_context(viewport={"width": width, "height": height})
+    context.set_default_timeout(15_000)  # a hung page fails in seconds, not at the suite's timeout
     page = context.new_page()
     watched = Watched(page, origin_of(url))
     page.on("request", lambda r: watched.requests.append(r.url))

@@ -51,12 +51,12 @@ function wrap(tag, text) {
 
 /** Append the inline Markdown of `text` to `parent`, as text nodes and elements. */
 export function inline(parent, text) {
+  const re = new RegExp(INLINE.source, "g"); // its own lastIndex: wrap() recurses into inline()
   let last = 0;
-  INLINE.lastIndex = 0;
   let m;
-  while ((m = INLINE.exec(text)) !== null) {
+  while ((m = re.exec(text)) !== null) {
     if (m.index > last) parent.append(text.slice(last, m.index));
-    last = INLINE.lastIndex;
+    last = re.lastIndex;
     if (m[1]) {
       const code = document.createElement("code");
       code.textContent = m[2].replace(/^ (.*) $/, "$1");

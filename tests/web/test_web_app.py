@@ -1,0 +1,235 @@
+"""The web app in a real browser (Debian's chromium through playwright) against a real server on the
+fake runtime: chat with streaming, stop, images, conversations kept across a reload; a pull from the
+fake hub with live progress, load and unload; model answers that try to run script run nothing; every
+request stays on the page's origin and the console stays clean.
+
+One server and one browser for the module; each test opens its own context (its own storage).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+import pytest
+
+from tests.factories import write_tiny_llama_gguf
+from tests.hub.fakehub import FakeHub
+from tests.hub.repos import make_gguf, populate
+from tests.support.servers import free_port, import_model, launcher, start
+from tests.web.conftest import open_page
+
+pytestmark = pytest.mark.slow
+
+WORDS = 300  # filler words after the echo: 6 s at 20 ms a word, unless max_tokens or Stop cuts it
+ASSISTANT = ".msg.assistant"
+
+
+PULLED_REPO = "testorg/Web-GGUF"
+PULLED_FILE = "Web-Q4_K_M.gguf"
+
+
+@pytest.fixture(scope="module")
+def hub():
+    started = populate(FakeHub()).start()
+    # 1 MiB, sent in 64 KiB steps when throttled: a pull slow enough to watch its progress move.
+    started.add_repo(PULLED_REPO, {PULLED_FILE: make_gguf(payload=1 << 20, name="web")}, tags=("gguf",))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, hub):
+    home = tmp_path_factory.mktemp("webhome")
+    import_model(home, write_tiny_llama_gguf(home / "tiny.gguf"), "tiny")
+    options = {"fake_delay_s": 0.02, "fake_reply_words": WORDS, "fake_capabilities": ["vision"]}
+    spec = launcher(free_port(), home=home, options=options)
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "LOCALRUN_HUB__ENDPOINT"):
+        spec.env.pop(var, None)
+    spec.env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1")
+    proc = start(spec, home / "server.log")
+    yield proc
+    proc.stop()
+
+
+def ready(w):
+    w.page.wait_for_selector("body[data-ready=true]", timeout=15_000)
+    return w.page
+
+
+def send(page, text: str) -> None:
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+
+
+def wait_answer_done(page, contains: str) -> str:
+    page.wait_for_function(
+        "(t) => { const a = [...document.querySelectorAll('.msg.assistant')].pop();"
+        " return a && a.textContent.includes(t) && document.querySelector('#stop').hidden; }",
+        arg=contains,
+        timeout=20_000,
+    )
+    return page.locator(ASSISTANT).last.inner_text()
+
+
+def clean(w) -> None:
+    assert not w.errors, w.errors
+    assert not w.foreign_requests(), w.foreign_requests()
+
+
+def test_chat_streams_stops_and_conversations_survive_a_reload(browser, server):
+    w = open_page(browser, server.url + "/")
+    page = ready(w)
+    assert page.locator("#model option").all_inner_texts()[0].startswith("tiny")
+    # Per-conversation settings: a short answer (max tokens) and a system prompt.
+    page.click("#settings-toggle")
+    page.fill("#system", "Be brief.")
+    page.press("#system", "Tab")
+    page.fill("#max-tokens", "12")
+    page.press("#max-tokens", "Tab")
+    send(page, "hello there\nsecond line")
+    text = wait_answer_done(page, "You said:")
+    assert "hello there" in text
+    stats = page.inner_text("#stats")
+    assert "12 tokens" in stats and "tokens/s" in stats and "cached" in stats, stats
+
+    # A long answer, stopped with Esc while it streams.
+    page.click("#new-chat")
+    send(page, "tell me everything")
+    page.wait_for_selector("#stop", state="visible")
+    page.wait_for_function("() => document.querySelector('.msg.assistant .body').textContent.split(' ').length > 12")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#stop", state="hidden")
+    stopped = page.locator(ASSISTANT).last.inner_text()
+    assert "stopped" in stopped and len(stopped.split()) < WORDS, stopped
+    health = httpx.get(server.url + "/health", timeout=5).json()
+    assert health["in_flight"] == 0  # the server stopped generating too
+
+    # Both conversations are there after a reload, the current one first.
+    page.reload()
+    ready(w)
+    titles = page.locator("#convo-list button").all_inner_texts()
+    assert titles == ["tell me everything", "hello there"], titles
+    assert "stopped" in page.locator(ASSISTANT).last.inner_text()
+    page.click("#convo-list button >> text=hello there")
+    assert page.input_value("#max-tokens") == "12" and page.input_value("#system") == "Be brief."
+    assert "You said: hello there" in page.locator(ASSISTANT).last.inner_text()
+
+    w.answer = "Renamed <b>chat</b>"
+    page.click("#rename")
+    page.wait_for_selector("#convo-list button >> text=Renamed <b>chat</b>")
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = json.loads(open(download.value.path()).read())
+    assert exported["title"] == "Renamed <b>chat</b>" and exported["max_tokens"] == 12
+    assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
+    page.click("#delete")
+    page.wait_for_function("() => document.querySelectorAll('#convo-list li').length === 1")
+    clean(w)
+    w.page.context.close()
+
+
+HOSTILE = (
+    '<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> '
+    '[click me](javascript:window.pwned=3) <a href="javascript:window.pwned=4">x</a> '
+    "![pic](http://example.com/x.png) [ok](https://example.org/) **bold** `code`"
+)
+
+
+def test_a_model_answer_holding_html_and_script_runs_nothing(browser, server):
+    w = open_page(browser, server.url + "/")
+    page = ready(w)
+    page.click("#settings-toggle")
+    page.fill("#max-tokens", "60")
+    page.press("#max-tokens", "Tab")
+    send(page, HOSTILE)
+    text = wait_answer_done(page, "You said:")
+    assert "<img src=x onerror=" in text and "<script>" in text  # shown as the characters they are
+    answer = page.locator(ASSISTANT).last
+    assert answer.locator("img, script, iframe, object").count() == 0
+    assert page.locator(".msg.user img, .msg.user script").count() == 0
+    hrefs = answer.locator("a").evaluate_all("els => els.map(e => e.getAttribute('href'))")
+    assert hrefs == ["http://example.com/x.png", "https://example.org/"], hrefs  # the image is a link, not loaded
+    assert answer.locator("strong").inner_text() == "bold" and answer.locator("code").inner_text() == "code"
+    answer.get_by_text("click me").click()  # plain text: clicking it goes nowhere
+    assert page.evaluate("() => window.pwned") is None
+    assert page.url == server.url + "/"
+    clean(w)
+    w.page.context.close()
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 6), "red").save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_an_image_reaches_a_model_that_sees(browser, server, tmp_path):
+    image = tmp_path / "red.png"
+    image.write_bytes(_png())
+    w = open_page(browser, server.url + "/")
+    page = ready(w)
+    page.click("#settings-toggle")
+    page.fill("#max-tokens", "16")
+    page.press("#max-tokens", "Tab")
+    page.set_input_files("#file", str(image))
+    page.wait_for_selector("#attachments img")
+    send(page, "what is this")
+    text = wait_answer_done(page, "[media:")
+    assert "image/png" in text, text
+    assert page.locator(".msg.user img.thumb").count() == 1
+    assert page.locator("#attachments img").count() == 0
+    clean(w)
+    w.page.context.close()
+
+
+def test_pull_from_the_hub_with_progress_then_load_and_unload(browser, server, hub):
+    size = len(hub.file(PULLED_REPO, PULLED_FILE).data)
+    hub.faults.throttle_bps = size / 2  # two seconds: long enough to watch it move
+    w = open_page(browser, server.url + "/")
+    page = ready(w)
+    page.click("#tab-machine")
+    page.wait_for_selector("#models table")
+    page.fill("#pullref", PULLED_REPO + ":Q4_K_M")
+    page.press("#pullref", "Enter")
+    page.wait_for_function(
+        "() => { const p = document.querySelector('#pulls progress'); return p && p.value > 0 && p.value < p.max; }",
+        timeout=15_000,
+    )
+    assert " of " in page.inner_text("#pulls")  # bytes done of the total, as it goes
+    page.wait_for_selector("#pulls >> text=: done", timeout=30_000)
+    hub.faults.throttle_bps = None
+    page.wait_for_function("() => document.querySelectorAll('#models tbody tr').length === 2")
+    assert page.locator("#model option").count() == 2  # the chat's picker has it too
+
+    names = page.locator("#models tbody tr td:first-child").all_inner_texts()
+    [pulled] = [n for n in names if n != "tiny"]
+    assert "web" in pulled.lower(), names
+    page.click(f"#models button[aria-label='Load {pulled}']")
+    row = page.locator("#loaded tbody tr", has_text=pulled)
+    row.wait_for()
+    assert "fake" in row.inner_text() and "\t256\t" in row.inner_text(), row.inner_text()  # runtime, context
+    row.locator(f"button[aria-label='Unload {pulled}']").click()
+    row.wait_for(state="detached")
+    assert page.locator(f"#models button[aria-label='Load {pulled}']").is_visible()
+    clean(w)
+    w.page.context.close()
+
+
+def test_usable_at_360_px(browser, server):
+    w = open_page(browser, server.url + "/", width=360, height=740)
+    page = ready(w)
+    wide = "() => document.documentElement.scrollWidth <= window.innerWidth"
+    assert page.evaluate(wide)
+    assert page.locator("#sidebar").is_hidden()  # folded behind the menu button
+    page.click("#menu")
+    assert page.locator("#new-chat").is_visible()
+    page.click("#new-chat")
+    page.click("#tab-machine")
+    page.wait_for_selector("#models table")
+    assert page.evaluate(wide)
+    clean(w)
+    w.page.context.close()

@@ -124,6 +124,7 @@ function messageNode(m) {
 }
 
 function fillAssistant(node, m) {
+  node.classList.toggle("error", Boolean(m.error));
   const parts = [];
   if (m.reasoning) {
     const details = el("details", { class: "think" }, el("summary", { text: m.content || !running ? "Thinking" : "Thinking…" }));

@@ -1,0 +1,141 @@
+"""The web app on the real ``localrun serve`` CLI: behind an API key (the page asks for it and nothing
+works without it), and chatting with a real GGUF (SmolLM2 135M Instruct on llama.cpp), whose refusal of
+an image the page shows in the server's words.
+
+``LOCALRUN_DOCS_SCREENSHOT=1`` makes the SmolLM2 test write docs/web-app.png, the README's screenshot
+(off by default: the picture's numbers change each run, and the tree should stay clean).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+
+import httpx
+import pytest
+
+from tests.conftest import needs_llama
+from tests.factories import write_tiny_llama_gguf
+from tests.support.launch import REPO
+from tests.support.servers import free_port, import_model, localrun_serve, start
+from tests.web.conftest import open_page
+
+pytestmark = pytest.mark.slow
+
+KEY = "colleague-key-7"
+
+
+def _serve(home, *args, runtime: str | None = None, **env):
+    spec = localrun_serve(free_port(), *args, home=home)
+    if runtime is not None:
+        spec.env["LOCALRUN_RUNTIME__FORCE"] = runtime
+    spec.env.update(env)
+    spec.timeout = 120.0
+    return start(spec, home / "server.log")
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (8, 6), "blue").save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_with_an_api_key_the_page_asks_for_it_and_nothing_works_without_it(browser, tmp_path):
+    import_model(tmp_path, write_tiny_llama_gguf(tmp_path / "tiny.gguf"), "tiny")
+    server = _serve(tmp_path, "--api-key", KEY, "--host", "0.0.0.0", runtime="fake")
+    try:
+        w = open_page(browser, server.url + "/")
+        page = w.page
+        page.wait_for_selector("#keygate", state="visible")
+        assert page.locator("#app").is_hidden()
+        # The page's files came without the key; the API refuses the page without it.
+        status = page.evaluate(
+            "async () => [(await fetch('/v1/models')).status,"
+            " (await fetch('/admin/load', {method: 'POST', headers: {'Content-Type': 'application/json'},"
+            " body: JSON.stringify({model: 'tiny'})})).status]"
+        )
+        assert status == [401, 401]
+        page.fill("#keyinput", "not-the-key")
+        page.press("#keyinput", "Enter")
+        page.wait_for_selector("#keyerror >> text=not valid")
+        assert page.evaluate("() => sessionStorage.length") == 0
+        page.fill("#keyinput", KEY)
+        page.press("#keyinput", "Enter")
+        page.wait_for_selector("body[data-ready=true]")
+        assert page.locator("#model option").first.inner_text().startswith("tiny")
+        page.fill("#prompt", "hi from a colleague")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector(".msg.assistant >> text=You said: hi from a colleague")
+        assert page.evaluate("() => sessionStorage.getItem('localrun.apiKey')") == KEY
+        assert KEY not in page.evaluate("() => JSON.stringify(localStorage)")  # kept for this tab only
+        assert not [u for u in w.requests if KEY in u]  # a header, never in a URL
+        assert not w.foreign_requests()
+        assert all("401" in e for e in w.errors), w.errors  # the refusals above, nothing else
+        w.page.context.close()
+        # Another session asks again.
+        other = open_page(browser, server.url + "/")
+        other.page.wait_for_selector("#keygate", state="visible")
+        other.page.context.close()
+    finally:
+        server.stop()
+
+
+@needs_llama
+def test_a_real_gguf_chats_in_the_page_and_its_refusal_of_an_image_is_shown(browser, tmp_path, smollm2_path):
+    import_model(tmp_path, smollm2_path, "smollm2")
+    server = _serve(tmp_path, "--ctx", "1024", LOCALRUN_RUNTIME__THREADS="1")
+    try:
+        w = open_page(browser, server.url + "/", width=1000, height=640)
+        page = w.page
+        page.wait_for_selector("body[data-ready=true]")
+        page.click("#settings-toggle")
+        page.fill("#max-tokens", "24")
+        page.press("#max-tokens", "Tab")
+        page.click("#settings-toggle")
+        page.fill("#prompt", "Name three colors.")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector("#stop", state="hidden", timeout=120_000)
+        page.wait_for_selector("#stats >> text=tokens/s")
+        answer = page.locator(".msg.assistant").last.inner_text()
+        assert len(answer.split()) >= 3 and "failed" not in page.inner_text("#stats"), answer
+
+        # An image to a model without a projector: the server's 400, in its words, in the page.
+        url = "data:image/png;base64," + base64.b64encode(_png()).decode()
+        direct = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={
+                "model": "smollm2",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this"},
+                            {"type": "image_url", "image_url": {"url": url}},
+                        ],
+                    }
+                ],
+            },
+            timeout=60,
+        )
+        assert direct.status_code == 400
+        words = direct.json()["error"]["message"].split(" is an image", 1)[1]  # past the index, which differs
+        image = tmp_path / "blue.png"
+        image.write_bytes(_png())
+        page.set_input_files("#file", str(image))
+        page.fill("#prompt", "what is this")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector(".msg.assistant.error")
+        assert words in page.locator(".msg.assistant.error").inner_text()
+        assert all("400" in e for e in w.errors), w.errors  # the refusal, nothing else
+        assert not w.foreign_requests()
+        if os.environ.get("LOCALRUN_DOCS_SCREENSHOT"):
+            page.locator(".msg.assistant.error").evaluate("e => e.remove()")  # the README shows the chat
+            page.locator(".msg.user").last.evaluate("e => e.remove()")
+            page.locator("#stats").evaluate("e => { e.textContent = '' }")
+            page.screenshot(path=str(REPO / "docs" / "web-app.png"))
+        w.page.context.close()
+    finally:
+        server.stop()

@@ -17,12 +17,14 @@ import pytest
 from tests.factories import write_tiny_llama_gguf
 from tests.hub.fakehub import FakeHub
 from tests.hub.repos import make_gguf, populate
+from tests.server.test_reasoning import THINK_TEMPLATE
 from tests.support.servers import free_port, import_model, launcher, start
 from tests.web.conftest import open_page
 
 pytestmark = pytest.mark.slow
 
 WORDS = 300  # filler words after the echo: 6 s at 20 ms a word, unless max_tokens or Stop cuts it
+THINK_WORDS = 5  # the reasoning every fake answer opens with
 ASSISTANT = ".msg.assistant"
 
 
@@ -43,7 +45,15 @@ def hub():
 def server(tmp_path_factory, hub):
     home = tmp_path_factory.mktemp("webhome")
     import_model(home, write_tiny_llama_gguf(home / "tiny.gguf"), "tiny")
-    options = {"fake_delay_s": 0.02, "fake_reply_words": WORDS, "fake_capabilities": ["vision"]}
+    # A reasoning model: its template has a reasoning format, so the server splits the fake's <think> off
+    # (tiny's template has none: its answers keep the <think> words as text, which the tests allow for).
+    import_model(home, write_tiny_llama_gguf(home / "thinker.gguf", chat_template=THINK_TEMPLATE), "thinker")
+    options = {
+        "fake_delay_s": 0.02,
+        "fake_reply_words": WORDS,
+        "fake_capabilities": ["vision"],
+        "fake_think_words": THINK_WORDS,
+    }
     spec = launcher(free_port(), home=home, options=options)
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "LOCALRUN_HUB__ENDPOINT"):
         spec.env.pop(var, None)
@@ -81,18 +91,19 @@ def clean(w) -> None:
 def test_chat_streams_stops_and_conversations_survive_a_reload(browser, server):
     w = open_page(browser, server.url + "/")
     page = ready(w)
-    assert page.locator("#model option").all_inner_texts()[0].startswith("tiny")
+    assert page.locator("#model option").evaluate_all("os => os.map(o => o.value)") == ["thinker", "tiny"]
+    page.select_option("#model", "tiny")
     # Per-conversation settings: a short answer (max tokens) and a system prompt.
     page.click("#settings-toggle")
     page.fill("#system", "Be brief.")
     page.press("#system", "Tab")
-    page.fill("#max-tokens", "12")
+    page.fill("#max-tokens", "16")
     page.press("#max-tokens", "Tab")
     send(page, "hello there\nsecond line")
     text = wait_answer_done(page, "You said:")
     assert "hello there" in text
     stats = page.inner_text("#stats")
-    assert "12 tokens" in stats and "tokens/s" in stats and "cached" in stats, stats
+    assert "16 tokens" in stats and "tokens/s" in stats and "cached" in stats, stats
 
     # A long answer, stopped with Esc while it streams.
     page.click("#new-chat")
@@ -113,7 +124,7 @@ def test_chat_streams_stops_and_conversations_survive_a_reload(browser, server):
     assert titles == ["tell me everything", "hello there"], titles
     assert "stopped" in page.locator(ASSISTANT).last.inner_text()
     page.click("#convo-list button >> text=hello there")
-    assert page.input_value("#max-tokens") == "12" and page.input_value("#system") == "Be brief."
+    assert page.input_value("#max-tokens") == "16" and page.input_value("#system") == "Be brief."
     assert "You said: hello there" in page.locator(ASSISTANT).last.inner_text()
 
     w.answer = "Renamed <b>chat</b>"
@@ -122,10 +133,36 @@ def test_chat_streams_stops_and_conversations_survive_a_reload(browser, server):
     with page.expect_download() as download:
         page.click("#export")
     exported = json.loads(open(download.value.path()).read())
-    assert exported["title"] == "Renamed <b>chat</b>" and exported["max_tokens"] == 12
+    assert exported["title"] == "Renamed <b>chat</b>" and exported["max_tokens"] == 16
     assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
     page.click("#delete")
     page.wait_for_function("() => document.querySelectorAll('#convo-list li').length === 1")
+    clean(w)
+    w.page.context.close()
+
+
+def test_a_reasoning_models_thinking_is_shown_apart_and_folded(browser, server):
+    w = open_page(browser, server.url + "/")
+    page = ready(w)
+    page.select_option("#model", "thinker")
+    assert "thinking" in page.inner_text("#model-caps")
+    page.click("#settings-toggle")
+    page.fill("#max-tokens", "20")
+    page.press("#max-tokens", "Tab")
+    send(page, "why is the sky blue")
+    wait_answer_done(page, "You said: why is the sky blue")
+    answer = page.locator(ASSISTANT).last
+    think = answer.locator("details.think")
+    assert think.get_attribute("open") is None  # folded
+    body = answer.locator(".body").inner_text()
+    assert "think>" not in body and body.startswith("You said:"), body
+    think.locator("summary").click()
+    reasoning = think.locator("div").inner_text()
+    assert len(reasoning.split()) == THINK_WORDS and reasoning.strip() not in body, reasoning
+    page.reload()
+    ready(w)
+    assert page.input_value("#model") == "thinker"  # the conversation keeps its model
+    assert page.locator(f"{ASSISTANT} details.think").count() == 1
     clean(w)
     w.page.context.close()
 
@@ -173,7 +210,7 @@ def test_an_image_reaches_a_model_that_sees(browser, server, tmp_path):
     w = open_page(browser, server.url + "/")
     page = ready(w)
     page.click("#settings-toggle")
-    page.fill("#max-tokens", "16")
+    page.fill("#max-tokens", "30")
     page.press("#max-tokens", "Tab")
     page.set_input_files("#file", str(image))
     page.wait_for_selector("#attachments img")
@@ -202,11 +239,11 @@ def test_pull_from_the_hub_with_progress_then_load_and_unload(browser, server, h
     assert " of " in page.inner_text("#pulls")  # bytes done of the total, as it goes
     page.wait_for_selector("#pulls >> text=: done", timeout=30_000)
     hub.faults.throttle_bps = None
-    page.wait_for_function("() => document.querySelectorAll('#models tbody tr').length === 2")
-    assert page.locator("#model option").count() == 2  # the chat's picker has it too
+    page.wait_for_function("() => document.querySelectorAll('#models tbody tr').length === 3")
+    assert page.locator("#model option").count() == 3  # the chat's picker has it too
 
     names = page.locator("#models tbody tr td:first-child").all_inner_texts()
-    [pulled] = [n for n in names if n != "tiny"]
+    [pulled] = [n for n in names if n not in ("tiny", "thinker")]
     assert "web" in pulled.lower(), names
     page.click(f"#models button[aria-label='Load {pulled}']")
     row = page.locator("#loaded tbody tr", has_text=pulled)

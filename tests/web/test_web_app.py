@@ -8,6 +8,7 @@ One server and one browser for the module; each test opens its own context (its 
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
@@ -212,12 +213,30 @@ def test_an_image_reaches_a_model_that_sees(browser, server, tmp_path):
     page.click("#settings-toggle")
     page.fill("#max-tokens", "30")
     page.press("#max-tokens", "Tab")
-    page.set_input_files("#file", str(image))
+    page.set_input_files("#file", str(image))  # by the button
     page.wait_for_selector("#attachments img")
+    # by pasting and by dropping: the events a browser fires, carrying the same file
+    for kind in ("paste", "drop"):
+        page.evaluate(
+            """async ([kind, b64]) => {
+                const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+                const data = new DataTransfer();
+                data.items.add(new File([bytes], kind + ".png", { type: "image/png" }));
+                const target = document.getElementById(kind === "paste" ? "prompt" : "composer");
+                const event = kind === "paste"
+                    ? new ClipboardEvent("paste", { clipboardData: data, bubbles: true, cancelable: true })
+                    : new DragEvent("drop", { dataTransfer: data, bubbles: true, cancelable: true });
+                target.dispatchEvent(event);
+            }""",
+            [kind, base64.b64encode(image.read_bytes()).decode()],
+        )
+    page.wait_for_function("() => document.querySelectorAll('#attachments img').length === 3")
+    names = page.locator("#attachments figcaption").all_inner_texts()
+    assert sorted(names) == ["drop.png", "paste.png", "red.png"], names  # read in parallel: any order
     send(page, "what is this")
     text = wait_answer_done(page, "[media:")
-    assert "image/png" in text, text
-    assert page.locator(".msg.user img.thumb").count() == 1
+    assert text.count("image/png") == 3, text
+    assert page.locator(".msg.user img.thumb").count() == 3
     assert page.locator("#attachments img").count() == 0
     clean(w)
     w.page.context.close()

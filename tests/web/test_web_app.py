@@ -58,7 +58,9 @@ def server(tmp_path_factory, hub):
     spec = launcher(free_port(), home=home, options=options)
     for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "LOCALRUN_HUB__ENDPOINT"):
         spec.env.pop(var, None)
-    spec.env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1")
+    spec.env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1", LOCALRUN_SERVER__MIRROR="true")
+    # An upstream that is not there (nothing listens on port 9): the Models view shows it down.
+    spec.env["LOCALRUN_UPSTREAMS"] = json.dumps([{"name": "elsewhere", "url": "http://127.0.0.1:9/v1"}])
     proc = start(spec, home / "server.log")
     yield proc
     proc.stop()
@@ -261,6 +263,11 @@ def test_pull_from_the_hub_with_progress_then_load_and_unload(browser, server, h
     page.wait_for_function("() => document.querySelectorAll('#models tbody tr').length === 3")
     assert page.locator("#model option").count() == 3  # the chat's picker has it too
 
+    assert page.inner_text("#hubinfo") == f"From {hub.url}"
+    page.wait_for_selector("#mirror >> text=(1 pulled from a hub)")  # serve --mirror: the pulled model is shared
+    assert f"HF_ENDPOINT={server.url}" in page.inner_text("#mirror")
+    page.wait_for_selector("#upstreams >> text=down")
+    assert "elsewhere" in page.inner_text("#upstreams") and "127.0.0.1:9" in page.inner_text("#upstreams")
     names = page.locator("#models tbody tr td:first-child").all_inner_texts()
     [pulled] = [n for n in names if n not in ("tiny", "thinker")]
     assert "web" in pulled.lower(), names

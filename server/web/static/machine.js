@@ -86,8 +86,15 @@ function showLoaded(status) {
   $("upstreams").replaceChildren(
     ups.length
       ? table(
-          ["Name", "Health", { text: "In flight", class: "num" }, { text: "Models", class: "num wide" }],
-          ups.map((u) => [u.name, String(u.health ?? "—"), String(u.in_flight ?? 0), String((u.models || []).length)]),
+          ["Name", { text: "Address", class: "wide" }, "Health", { text: "In flight", class: "num" },
+            { text: "Models", class: "num wide" }],
+          ups.map((u) => [
+            u.name,
+            u.url,
+            el("span", { class: "health-" + u.health, text: String(u.health ?? "—") + (u.detail ? " — " + u.detail : "") }),
+            String(u.in_flight ?? 0),
+            String((u.models || []).length),
+          ]),
         )
       : el("p", { class: "muted", text: "No upstreams configured ([[upstreams]] in the config)." }),
   );
@@ -126,7 +133,7 @@ function showModels(library) {
   $("hubinfo").textContent = "From " + hub.endpoint + (hub.offline ? " (offline: only what is cached)" : "");
   const mirror = library.mirror;
   $("mirror").textContent = mirror.enabled
-    ? "On: other machines pull from this one with HF_ENDPOINT=" + location.origin + " (" + mirror.hub_models + " hub models here)."
+    ? "On: other machines pull from this one with HF_ENDPOINT=" + location.origin + " (" + mirror.hub_models + " pulled from a hub)."
     : "Off (start with `localrun serve --mirror` to share this machine's models).";
 }
 

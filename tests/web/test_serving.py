@@ -71,3 +71,15 @@ def test_every_file_is_small_and_the_whole_app_under_300_kb():
     assert {"index.html", "app.js", "app.css", "api.js", "chat.js", "markdown.js", "machine.js"} <= set(assets)
     total = sum(len(a.body) for a in assets.values())
     assert total < 300_000, total
+
+
+@pytest.mark.parametrize("web", [True, False])
+def test_the_tuis_embedded_server_serves_the_page_unless_turned_off(build_stack, web):
+    from localrun.tui.embedded import EmbeddedServer
+
+    stack = build_stack(web=web)
+    app = EmbeddedServer(stack.settings, stack.manager, host="127.0.0.1", port=1).build_app()
+    with TestClient(app, base_url="http://localhost") as c:
+        page = c.get("/")
+        assert page.headers["content-type"].startswith("text/html" if web else "text/plain")
+        assert (c.get("/web/app.js").status_code == 200) is web

@@ -102,6 +102,14 @@ def test_a_real_gguf_chats_in_the_page_and_its_refusal_of_an_image_is_shown(brow
         answer = page.locator(".msg.assistant").last.inner_text()
         assert len(answer.split()) >= 3 and "failed" not in page.inner_text("#stats"), answer
 
+        # What is loaded now: llama.cpp with its context, parallel slots and prompt cache.
+        page.click("#tab-machine")
+        row = page.locator("#loaded tbody tr", has_text="smollm2")
+        row.wait_for()
+        text = row.inner_text()
+        assert "llama" in text and "\t1,024\t" in text and "slots held" in text and "tokens" in text, text
+        page.click("#tab-chat")
+
         # An image to a model without a projector: the server's 400, in its words, in the page.
         url = "data:image/png;base64," + base64.b64encode(_png()).decode()
         direct = httpx.post(

@@ -24,19 +24,15 @@ function table(headers, rows) {
 }
 
 function cacheSummary(cache) {
+  // llama.cpp's prompt cache (manager.cache_stats): slots in use, tokens kept, RAM and disk tiers, reuse.
   if (!cache || typeof cache !== "object") return "—";
+  const n = (k) => (typeof cache[k] === "number" ? cache[k] : null);
   const parts = [];
-  for (const [tier, v] of Object.entries(cache)) {
-    if (typeof v === "number") parts.push(tier + " " + v);
-    else if (v && typeof v === "object") {
-      const bits = [];
-      if (v.entries !== undefined) bits.push(v.entries + " entries");
-      if (v.tokens !== undefined) bits.push(v.tokens + " tokens");
-      if (v.bytes !== undefined) bits.push(humanBytes(v.bytes));
-      if (v.hits !== undefined) bits.push(v.hits + " hits");
-      if (bits.length) parts.push(tier + ": " + bits.join(", "));
-    }
-  }
+  if (n("slots") !== null) parts.push((n("slots_held") ?? 0) + "/" + n("slots") + " slots held, " + (n("slot_tokens") ?? 0) + " tokens");
+  if (n("host_entries")) parts.push("RAM " + n("host_entries") + " (" + humanBytes(n("host_bytes")) + ")");
+  if (n("disk_entries")) parts.push("disk " + n("disk_entries") + " (" + humanBytes(n("disk_bytes")) + ")");
+  const reused = (n("reused_in_place") ?? 0) + (n("restored") ?? 0) + (n("disk_hits") ?? 0);
+  if (reused) parts.push(reused + " reused");
   return parts.join(" · ") || "—";
 }
 

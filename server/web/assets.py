@@ -37,13 +37,14 @@ CONTENT_TYPES = {
 }
 
 #: Headers every file of the app carries. ``no-cache`` with an ETag: the browser keeps its copy and
-#: asks each time (a 304 when unchanged), so an upgraded localrun never runs an old script.
+#: asks each time (a 304 when unchanged), so an upgraded localrun never runs an old script. No
+#: Cross-Origin-Opener-Policy: browsers ignore it on plain HTTP beyond localhost (an intranet
+#: address) and say so as a console error; ``frame-ancestors 'none'`` and no opener do its work.
 SECURITY_HEADERS = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
-    "Cross-Origin-Opener-Policy": "same-origin",
     "Cross-Origin-Resource-Policy": "same-origin",
     "Cache-Control": "no-cache",
 }

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
+import socket
 
 import httpx
 import pytest
@@ -43,11 +45,26 @@ def _png() -> bytes:
     return out.getvalue()
 
 
+def _lan_address() -> str | None:
+    """This machine's first non-loopback IPv4 address: where a colleague's browser would reach it."""
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for a in addresses:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
 def test_with_an_api_key_the_page_asks_for_it_and_nothing_works_without_it(browser, tmp_path):
     import_model(tmp_path, write_tiny_llama_gguf(tmp_path / "tiny.gguf"), "tiny")
-    server = _serve(tmp_path, "--api-key", KEY, "--host", "0.0.0.0", runtime="fake")
+    lan = _lan_address()  # a colleague's view: the page's origin is not a local one (loopback where none)
+    allowed = json.dumps([lan] if lan else [])
+    server = _serve(
+        tmp_path, "--api-key", KEY, "--host", "0.0.0.0", runtime="fake", LOCALRUN_SERVER__ALLOWED_HOSTS=allowed
+    )
     try:
-        w = open_page(browser, server.url + "/")
+        w = open_page(browser, f"http://{lan or '127.0.0.1'}:{server.spec.port}/")
         page = w.page
         page.wait_for_selector("#keygate", state="visible")
         assert page.locator("#app").is_hidden()
@@ -76,7 +93,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_nothing_works_without_it(brows
         assert all("401" in e for e in w.errors), w.errors  # the refusals above, nothing else
         w.page.context.close()
         # Another session asks again.
-        other = open_page(browser, server.url + "/")
+        other = open_page(browser, f"http://{lan or '127.0.0.1'}:{server.spec.port}/")
         other.page.wait_for_selector("#keygate", state="visible")
         other.page.context.close()
     finally:

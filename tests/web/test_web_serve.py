@@ -1,6 +1,7 @@
-"""The web app on the real ``localrun serve`` CLI: behind an API key (the page asks for it and nothing
-works without it), and chatting with a real GGUF (SmolLM2 135M Instruct on llama.cpp), whose refusal of
-an image the page shows in the server's words.
+"""The web app on the real ``localrun serve`` CLI: behind an API key on the intranet address (the page
+asks for it, nothing works without it; a colleague pulls a model and chats with it about a picture);
+with a real GGUF (SmolLM2 135M Instruct on llama.cpp), whose refusal of an image the page shows in
+the server's words.
 
 ``LOCALRUN_DOCS_SCREENSHOT=1`` makes the SmolLM2 test write docs/web-app.png, the README's screenshot
 (off by default: the picture's numbers change each run, and the tree should stay clean).
@@ -19,13 +20,17 @@ import pytest
 
 from tests.conftest import needs_llama
 from tests.factories import write_tiny_llama_gguf
+from tests.hub.fakehub import FakeHub
+from tests.hub.repos import make_gguf
 from tests.support.launch import REPO
+from tests.support.projectors import make_projector
 from tests.support.servers import free_port, import_model, localrun_serve, start
 from tests.web.conftest import open_page
 
 pytestmark = pytest.mark.slow
 
 KEY = "colleague-key-7"
+VISION_REPO = "visionorg/Seeing-GGUF"
 
 
 def _serve(home, *args, runtime: str | None = None, **env):
@@ -56,12 +61,25 @@ def _lan_address() -> str | None:
     return None
 
 
-def test_with_an_api_key_the_page_asks_for_it_and_nothing_works_without_it(browser, tmp_path):
+def test_a_colleague_types_the_key_pulls_a_model_and_chats_with_it_with_an_image(browser, tmp_path):
+    """The issue's "done": on the intranet address, behind a key, a colleague pulls a model (with its
+    projector) from the hub and chats with it about a picture; without the key nothing works."""
     import_model(tmp_path, write_tiny_llama_gguf(tmp_path / "tiny.gguf"), "tiny")
     lan = _lan_address()  # a colleague's view: the page's origin is not a local one (loopback where none)
     allowed = json.dumps([lan] if lan else [])
+    hub = FakeHub().start()
+    # A model that sees: its GGUF and the projector a pull takes with it (real clip headers).
+    hub.add_repo(
+        VISION_REPO,
+        {"Seeing-Q4_K_M.gguf": make_gguf(quant="Q4_K_M", seed=301), "mmproj-Seeing-F16.gguf": make_projector(seed=1)},
+        tags=("gguf",),
+    )
     server = _serve(
-        tmp_path, "--api-key", KEY, "--host", "0.0.0.0", runtime="fake", LOCALRUN_SERVER__ALLOWED_HOSTS=allowed
+        tmp_path,
+        *("--api-key", KEY, "--host", "0.0.0.0"),
+        runtime="fake",
+        LOCALRUN_SERVER__ALLOWED_HOSTS=allowed,
+        HF_ENDPOINT=hub.url,
     )
     try:
         w = open_page(browser, f"http://{lan or '127.0.0.1'}:{server.spec.port}/")
@@ -86,6 +104,24 @@ def test_with_an_api_key_the_page_asks_for_it_and_nothing_works_without_it(brows
         page.fill("#prompt", "hi from a colleague")
         page.press("#prompt", "Enter")
         page.wait_for_selector(".msg.assistant >> text=You said: hi from a colleague")
+
+        # Pull a model that sees (the hub repo has a projector), then ask it about a picture.
+        page.click("#tab-machine")
+        page.fill("#pullref", VISION_REPO + ":Q4_K_M")
+        page.press("#pullref", "Enter")
+        page.wait_for_selector("#pulls >> text=: done", timeout=30_000)
+        page.click("#tab-chat")
+        page.click("#new-chat")
+        [pulled] = [v for v in page.locator("#model option").evaluate_all("os => os.map(o => o.value)") if v != "tiny"]
+        page.select_option("#model", pulled)
+        assert "vision" in page.inner_text("#model-caps")
+        image = tmp_path / "blue.png"
+        image.write_bytes(_png())
+        page.set_input_files("#file", str(image))
+        page.fill("#prompt", "what is in this picture?")
+        page.press("#prompt", "Enter")
+        page.wait_for_selector(".msg.assistant >> text=image/png")
+
         assert page.evaluate("() => sessionStorage.getItem('localrun.apiKey')") == KEY
         assert KEY not in page.evaluate("() => JSON.stringify(localStorage)")  # kept for this tab only
         assert not [u for u in w.requests if KEY in u]  # a header, never in a URL
@@ -98,6 +134,7 @@ def test_with_an_api_key_the_page_asks_for_it_and_nothing_works_without_it(brows
         other.page.context.close()
     finally:
         server.stop()
+        hub.stop()
 
 
 @needs_llama

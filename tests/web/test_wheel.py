@@ -58,3 +58,7 @@ def test_every_file_the_page_loads_is_in_the_wheel(tmp_path):
     assert loads <= shipped, loads - shipped
     assert {p.name for p in STATIC.iterdir()} == shipped  # and nothing left behind or extra
     assert "localrun/server/web/routes.py" in names and "localrun/server/web/assets.py" in names
+    # The routes the page calls (/v1, /api, /admin) are the server's families: each package ships too.
+    families = {p.parent.name for p in (REPO / "server").glob("*/__init__.py")}
+    missing = sorted(f for f in families if f"localrun/server/{f}/__init__.py" not in names)
+    assert not missing, f"server packages missing from the wheel (pyproject.toml packages): {missing}"

@@ -123,6 +123,15 @@ def test_a_colleague_types_the_key_pulls_a_model_and_chats_with_it_with_an_image
         page.wait_for_selector(".msg.assistant >> text=image/png")
 
         assert page.evaluate("() => sessionStorage.getItem('localrun.apiKey')") == KEY
+
+        # A key the server no longer takes (changed, or a restart with another): the page asks again.
+        page.evaluate("() => sessionStorage.setItem('localrun.apiKey', 'stale')")
+        page.click("#tab-machine")
+        page.wait_for_selector("#keyerror >> text=refused")
+        page.fill("#keyinput", KEY)
+        page.press("#keyinput", "Enter")
+        page.wait_for_selector("#models >> text=tiny")
+        assert page.evaluate("() => sessionStorage.getItem('localrun.apiKey')") == KEY
         assert KEY not in page.evaluate("() => JSON.stringify(localStorage)")  # kept for this tab only
         assert not [u for u in w.requests if KEY in u]  # a header, never in a URL
         assert not w.foreign_requests()

@@ -51,6 +51,7 @@ export async function request(path, { method = "GET", body, signal } = {}) {
   init.credentials = "omit";
   init.cache = "no-store";
   const response = await fetch(path, init);
+  if (response.status === 401) document.dispatchEvent(new CustomEvent("localrun:unauthorized"));
   if (!response.ok) throw await errorOf(response);
   return response;
 }

@@ -15,9 +15,16 @@ function showView(name) {
   watch(!chat);
 }
 
+let started = false;
+
 async function start() {
   $("keygate").hidden = true;
   $("app").hidden = false;
+  if (started) {
+    if (!$("view-machine").hidden) watch(true);
+    return refreshModels().catch((err) => toast("Could not list models: " + err.message));
+  }
+  started = true;
   setupChat();
   setupMachine(() => refreshModels().catch((err) => toast("Could not list models: " + err.message)));
   $("tab-chat").addEventListener("click", () => showView("chat"));
@@ -42,18 +49,6 @@ function askForKey(message) {
 }
 
 async function boot() {
-  let state;
-  try {
-    state = await keyState();
-  } catch (err) {
-    $("conn").textContent = "server unreachable: " + err.message;
-    return;
-  }
-  if (state === "open") {
-    await start();
-    return;
-  }
-  askForKey(apiKey() ? "That key is not valid." : "");
   $("keyform").addEventListener("submit", async (e) => {
     e.preventDefault();
     setApiKey($("keyinput").value.trim());
@@ -64,6 +59,21 @@ async function boot() {
       askForKey("That key is not valid.");
     }
   });
+  // The server refused the key we hold (it changed, or the server restarted with another): ask again.
+  document.addEventListener("localrun:unauthorized", () => {
+    watch(false);
+    setApiKey("");
+    askForKey("The server refused the key: type it again.");
+  });
+  let state;
+  try {
+    state = await keyState();
+  } catch (err) {
+    $("conn").textContent = "server unreachable: " + err.message;
+    return;
+  }
+  if (state === "open") await start();
+  else askForKey(apiKey() ? "That key is not valid." : "");
 }
 
 boot();

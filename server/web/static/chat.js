@@ -198,6 +198,7 @@ async function send() {
   if (maxTokens !== null) body.max_tokens = maxTokens;
 
   running = new AbortController();
+  $("messages").setAttribute("aria-busy", "true"); // screen readers hear the answer once, not each token
   $("stop").hidden = false;
   $("send").disabled = true;
   $("stats").textContent = "waiting for " + model + "…";
@@ -248,6 +249,7 @@ async function send() {
       };
     }
     running = null;
+    $("messages").removeAttribute("aria-busy");
     $("stop").hidden = true;
     $("send").disabled = false;
     $("stats").textContent = statsText(answer.stats) || (answer.stopped ? "stopped" : answer.error ? "failed" : "");

@@ -47,9 +47,9 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def open_page(browser, url: str, *, width: int = 1100, height: int = 800) -> Watched:
+def open_page(browser, url: str, *, width: int = 1100, height: int = 800, color_scheme: str = "light") -> Watched:
     """A fresh context (its own storage) on ``url``, with every request and console error recorded."""
-    context = browser.new_context(viewport={"width": width, "height": height})
+    context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=color_scheme)
     context.set_default_timeout(15_000)  # a hung page fails in seconds, not at the suite's timeout
     page = context.new_page()
     watched = Watched(page, origin_of(url))

@@ -278,13 +278,22 @@ def test_pull_from_the_hub_with_progress_then_load_and_unload(browser, server, h
     row.locator(f"button[aria-label='Unload {pulled}']").click()
     row.wait_for(state="detached")
     assert page.locator(f"#models button[aria-label='Load {pulled}']").is_visible()
+    page.click(f"#models button[aria-label='Remove {pulled}']")  # confirm() is accepted
+    page.locator("#models tbody tr", has_text=pulled).wait_for(state="detached")
+    assert page.locator("#model option").count() == 2
+    assert pulled not in httpx.get(server.url + "/v1/models", timeout=5).text
     clean(w)
     w.page.context.close()
 
 
-def test_usable_at_360_px(browser, server):
-    w = open_page(browser, server.url + "/", width=360, height=740)
+def test_usable_at_360_px_in_the_dark(browser, server):
+    light = open_page(browser, server.url + "/")
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    light_bg = ready(light).evaluate(background)
+    light.page.context.close()
+    w = open_page(browser, server.url + "/", width=360, height=740, color_scheme="dark")
     page = ready(w)
+    assert page.evaluate(background) != light_bg  # the system's dark setting is followed
     wide = "() => document.documentElement.scrollWidth <= window.innerWidth"
     assert page.evaluate(wide)
     assert page.locator("#sidebar").is_hidden()  # folded behind the menu button

@@ -305,3 +305,61 @@ def test_usable_at_360_px_in_the_dark(browser, server):
     assert page.evaluate(wide)
     clean(w)
     w.page.context.close()
+
+
+MARKDOWN = """# Title
+Some *em*, **strong**, ~~gone~~ and `a < b` inline.
+
+```python
+print("<b>hi</b>")
+```
+
+- one
+- two with [a link](https://example.org/a?b=1)
+  - nested
+
+1. first
+2. second
+
+> quoted **text**
+
+| a | b |
+|---|---|
+| <i>x</i> | 2 |
+
+[bad](JaVaScRiPt:alert(1)) [data](data:text/html,<script>alert(1)</script>) [rel](/admin/status) <https://ok.example/>
+"""
+
+
+def test_the_markdown_renderer_builds_elements_and_keeps_only_safe_links(browser, server):
+    w = open_page(browser, server.url + "/")
+    page = ready(w)
+    shape = page.evaluate(
+        """async (text) => {
+            const { render } = await import("/web/markdown.js");
+            const box = document.createElement("div");
+            box.append(render(text));
+            const tags = (sel) => [...box.querySelectorAll(sel)].map((e) => e.textContent);
+            return {
+                h: tags("h3"), em: tags("em"), strong: tags("strong"), del: tags("del"), code: tags("p code"),
+                pre: tags("pre code"), lang: box.querySelector("pre code").dataset.lang,
+                ul: box.querySelectorAll(":scope > ul > li").length, nested: tags("ul ul li"), ol: tags("ol li"),
+                quote: tags("blockquote strong"), cells: tags("td"), italics: box.querySelectorAll("i").length,
+                links: [...box.querySelectorAll("a")].map((a) => [a.textContent, a.getAttribute("href"), a.rel]),
+                text: box.textContent,
+            };
+        }""",
+        MARKDOWN,
+    )
+    assert shape["h"] == ["Title"] and shape["em"] == ["em"] and shape["del"] == ["gone"]
+    assert shape["code"] == ["a < b"] and shape["pre"] == ['print("<b>hi</b>")'] and shape["lang"] == "python"
+    assert shape["ul"] == 2 and shape["nested"] == ["nested"] and shape["ol"] == ["first", "second"]
+    assert shape["quote"] == ["text"] and shape["cells"] == ["<i>x</i>", "2"] and shape["italics"] == 0
+    assert [link[:2] for link in shape["links"]] == [
+        ["a link", "https://example.org/a?b=1"],
+        ["https://ok.example/", "https://ok.example/"],
+    ]  # javascript:, data: and relative targets stay text
+    assert all("noopener" in link[2] for link in shape["links"])
+    assert "bad (JaVaScRiPt:alert(1))" in shape["text"] and "rel (/admin/status)" in shape["text"]
+    clean(w)
+    w.page.context.close()

@@ -63,6 +63,7 @@ class LoadedModel:
             "device": self.plan.device,
             "pid": self.handle.pid,
             "n_ctx": self.plan.n_ctx,
+            "n_slots": self.plan.options.get("n_slots", 1),  # requests decoded at once (the web page shows it)
             "memory_bytes": mem,
             "loaded_at": self.loaded_at,
             "idle_s": round(self.idle_s(), 1),

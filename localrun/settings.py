@@ -118,6 +118,10 @@ class ServerSettings(BaseModel):
     """Serve the Swagger UI at ``/docs`` (``/openapi.json`` is always served, behind the API key when one
     is set). Off by default: the page loads its scripts from a CDN, which a local server should not ask of
     a browser unless the user wants it."""
+    web: bool = True
+    """Serve the web app at ``/`` (chat, models, downloads; its files ship in the package, nothing from
+    another origin). The page loads without the key; every API call it makes needs it. False: ``/`` answers
+    a plain "localrun is running"."""
     slot_save_path: Path | None = None
     """The folder llama-server's slot API (``POST /slots/{id}?action=save|restore``) reads and
     writes; a ``filename`` is a plain name inside it. Unset: ``<cache_dir>/slots``."""

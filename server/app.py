@@ -47,6 +47,7 @@ from localrun.server.security import (
     allowed_host_names,
     trusted_origins,
 )
+from localrun.server.web.assets import is_web_asset
 from localrun.settings import Settings
 
 if TYPE_CHECKING:
@@ -103,9 +104,15 @@ def create_app(settings: Settings, manager: ModelManager) -> FastAPI:
 
         install_mirror(app, Mirror(manager.store))
 
-    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
-    async def root() -> PlainTextResponse:
-        return PlainTextResponse("localrun is running")
+    if settings.server.web:  # the web app at / (server.web = false: the plain liveness line)
+        from localrun.server.web import install_web
+
+        install_web(app)
+    else:
+
+        @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
+        async def root() -> PlainTextResponse:
+            return PlainTextResponse("localrun is running")
 
     _install_error_handlers(app)
     _install_middleware(app, settings)
@@ -164,6 +171,7 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
         max_body_bytes=server.max_body_bytes,
         body_timeout_s=server.body_timeout_s,
         trusted_origin=trusted_origins(server.cors_origins, local=server.cors_local_origins),
+        open_paths=is_web_asset if server.web else None,  # the page loads without the key; its API calls need it
     )
     app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
     if server.cors_origins or server.cors_local_origins:

@@ -211,9 +211,12 @@ class RequestGuard:
         max_body_bytes: int,
         body_timeout_s: float = 60.0,
         trusted_origin: Callable[[str], bool] = lambda origin: False,
+        open_paths: Callable[[str], bool] | None = None,
     ):
         self.app = app
         self.api_key = api_key.encode() if api_key else None
+        #: Paths a GET or HEAD reaches without the key: the web page's static files (server/web).
+        self.open_paths = open_paths
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         #: Origins CORS already lets read answers (the local ones, ``server.cors_origins``): a
@@ -233,6 +236,8 @@ class RequestGuard:
             # Probes carry no key: they get liveness only (the route reads this flag), never a 401.
             scope[AUTHENTICATED_KEY] = False
             problem = None
+        elif problem is not None and self.open_paths and scope["method"] in ("GET", "HEAD") and self.open_paths(path):
+            problem = None  # the page and its files hold nothing secret; the page asks for the key itself
         problem = problem or self._check_body_headers(scope)
         if problem is not None:
             await scope_error_response(problem, scope)(scope, receive, send)

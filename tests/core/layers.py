@@ -25,7 +25,7 @@ PACKAGE_DIRS = {
 
 #: The server's wire families: each a complete kit (routes, schemas, convert, answers, errors) that
 #: imports the shared kit in ``server/`` and never another family.
-SERVER_FAMILIES = ("openai", "ollama", "anthropic", "responses", "llama_server", "mirror")
+SERVER_FAMILIES = ("openai", "ollama", "anthropic", "responses", "llama_server", "mirror", "web")
 KERNEL = (
     "localrun.types",
     "localrun.errors",

@@ -122,6 +122,8 @@ PLANTED = [
     ("localrun.server.llama_server.routes", "localrun.server.openai.routes"),
     ("localrun.server.mirror.routes", "localrun.server.ollama.routes"),
     ("localrun.server.mirror.routes", "localrun.manager"),
+    ("localrun.server.web.routes", "localrun.server.openai.routes"),
+    ("localrun.server.web.routes", "localrun.manager"),
     ("localrun.server.app", "localrun.planning.planner"),
     ("localrun.server.app", "localrun.upstreams.pool"),
     ("localrun.server.app", "localrun.worker.host"),

@@ -38,7 +38,7 @@ def test_health_lists_loaded_models(client):
     client.post("/admin/load", json={"model": "tiny"})
     h = client.get("/health").json()
     assert h["status"] == "ok" and h["models"][0]["name"] == "tiny" and h["models"][0]["in_flight"] == 0
-    assert client.get("/").text == "localrun is running"
+    assert client.get("/").headers["content-type"].startswith("text/html")  # the web app (tests/web)
 
 
 def test_events_report_changes(live):

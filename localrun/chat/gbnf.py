@@ -1,0 +1,492 @@
+"""A GBNF grammar read and checked in Python before llama.cpp ever sees it.
+
+llama.cpp's grammar parser and sampler trust their input: 20,000 nested ``(`` overflow its
+recursive parser's stack (SIGSEGV), a range that matches nothing (``[z-a]``) leaves the
+sampler with no token to pick (SIGABRT), and a left-recursive rule recurses for ever. Each of
+those kills the worker and everything in flight on it. So every grammar — one a client sends
+and one :mod:`localrun.chat.schema_grammar` writes — is read here first, by a parser that
+follows llama.cpp's syntax (``llama-grammar.cpp``: rules ``name ::= alternates``, literals,
+character classes, ``.``, groups, ``* + ? {m} {m,} {m,n}``, ``#`` comments, ``<token>``
+references) and refuses, with a 400 that names the part and the limit:
+
+* a grammar over :attr:`GbnfLimits.max_bytes`, over ``max_rules`` rules, groups nested deeper
+  than ``max_depth``, a repetition count over ``max_repeat`` (llama.cpp's own cap is 2,000; above
+  it llama.cpp silently drops the upper bound), or more than ``max_elements`` grammar elements
+  once repetitions are written out as llama.cpp writes them;
+* a syntax error, a reference to an undefined rule, no ``root`` rule;
+* an empty or inverted character range, a negated class that excludes every character;
+* a part that can never complete (a rule or alternative that matches no string): once the model
+  entered it, no token would be allowed, and the sampler aborts;
+* a left-recursive rule, and a repetition of something that can match the empty string (both
+  loop for ever in llama.cpp).
+
+What is accepted is therefore a grammar in which every started parse can still be completed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from localrun.errors import UnsupportedFeature
+
+log = logging.getLogger(__name__)
+
+UNBOUNDED = -1
+#: Repetition operators applied to one item in a row (``x?*``); more is never needed.
+MAX_STACKED = 4
+MAX_CODEPOINT = 0x10FFFF
+
+
+@dataclass(frozen=True)
+class GbnfLimits:
+    """What a grammar may cost before it reaches llama.cpp."""
+
+    max_bytes: int = 4_000_000
+    max_rules: int = 50_000
+    max_depth: int = 64
+    max_repeat: int = 2000
+    max_elements: int = 8_000_000
+
+
+DEFAULT_LIMITS = GbnfLimits()
+
+
+@dataclass
+class Item:
+    """One symbol of a sequence: ``kind`` is lit (text), cls (negated, ranges), ref (name),
+    group (alternates), any, tok, or rep (item, min, max)."""
+
+    kind: str
+    value: object
+    lo: int = 1
+    hi: int = 1
+
+
+Seq = list[Item]
+Alts = list[Seq]
+
+
+@dataclass
+class Grammar:
+    """A parsed grammar and what llama.cpp will build of it."""
+
+    rules: dict[str, Alts] = field(default_factory=dict)
+    #: Rules llama.cpp creates: one a rule, one a group, one per optional repetition.
+    rule_count: int = 0
+    #: Grammar elements once repetitions are written out (llama.cpp's memory for it, 8 bytes each).
+    elements: int = 0
+
+
+def refuse(what: str, *, param: str, hint: str) -> UnsupportedFeature:
+    return UnsupportedFeature(what, param=param, hint=hint)
+
+
+_SPACE = re.compile(r"(?:[ \t]|#[^\r\n]*)*")
+_SPACE_NL = re.compile(r"(?:[ \t\r\n]|#[^\r\n]*)*")
+_NAME = re.compile(r"[A-Za-z0-9-]+")
+_INT = re.compile(r"[0-9]+")
+_ESC = {"t": "\t", "r": "\r", "n": "\n", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-"}
+_HEX = {"x": 2, "u": 4, "U": 8}
+
+
+class _Parser:
+    def __init__(self, text: str, limits: GbnfLimits, param: str) -> None:
+        self.text, self.limits, self.param, self.pos = text, limits, param, 0
+        self.grammar = Grammar()
+
+    def fail(self, what: str) -> UnsupportedFeature:
+        line = self.text.count("\n", 0, self.pos) + 1
+        near = self.text[self.pos : self.pos + 30]
+        return refuse(
+            f"the grammar in {self.param!r} does not parse: {what} (line {line}, near {near!r})",
+            param=self.param,
+            hint="write it in llama.cpp's GBNF syntax (name ::= alternates, one rule a line)",
+        )
+
+    def space(self, newline_ok: bool) -> None:
+        pattern = _SPACE_NL if newline_ok else _SPACE
+        m = pattern.match(self.text, self.pos)
+        self.pos = m.end() if m else self.pos
+
+    def peek(self) -> str:
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def char(self) -> int:
+        """One character of a literal or class, as llama.cpp's ``parse_char`` reads it."""
+        text, pos = self.text, self.pos
+        if pos >= len(text):
+            raise self.fail("unexpected end of input")
+        if text[pos] != "\\":
+            self.pos = pos + 1
+            return ord(text[pos])
+        esc = text[pos + 1 : pos + 2]
+        if esc in _HEX:
+            digits = text[pos + 2 : pos + 2 + _HEX[esc]]
+            if len(digits) != _HEX[esc] or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                raise self.fail(f"expecting {_HEX[esc]} hex digits after \\{esc}")
+            self.pos = pos + 2 + _HEX[esc]
+            return int(digits, 16)
+        if esc in _ESC:
+            self.pos = pos + 2
+            return ord(_ESC[esc])
+        raise self.fail(f"unknown escape \\{esc}")
+
+    def parse(self) -> Grammar:
+        self.space(True)
+        while self.pos < len(self.text):
+            self.rule()
+        return self.grammar
+
+    def rule(self) -> None:
+        m = _NAME.match(self.text, self.pos)
+        if not m:
+            raise self.fail("expecting a rule name")
+        name = m.group()
+        self.pos = m.end()
+        self.space(False)
+        if not self.text.startswith("::=", self.pos):
+            raise self.fail("expecting ::=")
+        self.pos += 3
+        self.space(True)
+        alts = self.alternates(nested=False, depth=0)
+        if name in self.grammar.rules:
+            raise self.fail(f"rule {name!r} is defined twice")
+        self.grammar.rules[name] = alts
+        self.grammar.rule_count += 1
+        if self.peek() not in ("\r", "\n", ""):
+            raise self.fail("expecting a newline or the end")
+        self.space(True)
+
+    def alternates(self, *, nested: bool, depth: int) -> Alts:
+        alts = [self.sequence(nested, depth)]
+        while self.peek() == "|":
+            self.pos += 1
+            self.space(True)
+            alts.append(self.sequence(nested, depth))
+        return alts
+
+    def sequence(self, nested: bool, depth: int) -> Seq:
+        seq: Seq = []
+        text = self.text
+        while self.pos < len(text):
+            c = text[self.pos]
+            if c == '"':
+                self.pos += 1
+                chars = []
+                while self.peek() != '"':
+                    chars.append(chr(self.char()))
+                self.pos += 1
+                seq.append(Item("lit", "".join(chars)))
+            elif c == "[":
+                seq.append(self.char_class())
+            elif c in "<!":
+                end = text.find(">", self.pos)
+                if end < 0 or not (text.startswith("<", self.pos) or text.startswith("!<", self.pos)):
+                    raise self.fail("expecting a token reference <...>")
+                seq.append(Item("tok", text[self.pos : end + 1]))
+                self.pos = end + 1
+            elif _NAME.match(text, self.pos):
+                m = _NAME.match(text, self.pos)
+                assert m is not None
+                seq.append(Item("ref", m.group()))
+                self.pos = m.end()
+            elif c == "(":
+                if depth + 1 > self.limits.max_depth:
+                    raise refuse(
+                        f"the grammar in {self.param!r} nests groups deeper than {self.limits.max_depth} levels",
+                        param=self.param,
+                        hint=f"flatten it into named rules (at most {self.limits.max_depth} nested parentheses)",
+                    )
+                self.pos += 1
+                self.space(True)
+                inner = self.alternates(nested=True, depth=depth + 1)
+                if self.peek() != ")":
+                    raise self.fail("expecting ')'")
+                self.pos += 1
+                self.grammar.rule_count += 1
+                seq.append(Item("group", inner))
+            elif c == ".":
+                self.pos += 1
+                seq.append(Item("any", None))
+            elif c in "*+?{":
+                if not seq:
+                    raise self.fail(f"{c!r} with nothing before it to repeat")
+                self.pos += 1
+                lo, hi = {"*": (0, UNBOUNDED), "+": (1, UNBOUNDED), "?": (0, 1)}.get(c) or self.counts()
+                stacked, inner = 1, seq[-1]
+                while inner.kind == "rep":
+                    stacked, inner = stacked + 1, inner.value  # type: ignore[assignment]
+                if stacked > MAX_STACKED:
+                    raise self.fail(f"more than {MAX_STACKED} repetition operators in a row")
+                seq[-1] = Item("rep", seq[-1], lo, hi)
+            else:
+                break
+            self.space(nested)
+        return seq
+
+    def counts(self) -> tuple[int, int]:
+        self.space(False)
+        m = _INT.match(self.text, self.pos)
+        if not m:
+            raise self.fail("expecting a count after '{'")
+        lo, hi = int(m.group()), UNBOUNDED
+        self.pos = m.end()
+        self.space(False)
+        if self.peek() == "}":
+            hi = lo
+        elif self.peek() == ",":
+            self.pos += 1
+            self.space(False)
+            m = _INT.match(self.text, self.pos)
+            if m:
+                hi = int(m.group())
+                self.pos = m.end()
+                self.space(False)
+            if self.peek() != "}":
+                raise self.fail("expecting '}'")
+        else:
+            raise self.fail("expecting ',' or '}'")
+        self.pos += 1
+        limit = self.limits.max_repeat
+        if lo > limit or hi > limit:
+            raise refuse(
+                f"the grammar in {self.param!r} repeats something {max(lo, hi)} times; the limit is {limit}",
+                param=self.param,
+                hint=f"keep repetition counts at or under {limit}",
+            )
+        if hi != UNBOUNDED and hi < lo:
+            raise self.fail(f"repetition {{{lo},{hi}}} has its maximum below its minimum")
+        return lo, hi
+
+    def char_class(self) -> Item:
+        self.pos += 1
+        negated = self.peek() == "^"
+        if negated:
+            self.pos += 1
+        ranges: list[tuple[int, int]] = []
+        while self.peek() != "]":
+            lo = self.char()
+            hi = lo
+            if self.peek() == "-" and self.text[self.pos + 1 : self.pos + 2] not in ("]", ""):
+                self.pos += 1
+                hi = self.char()
+            ranges.append((lo, hi))
+        self.pos += 1
+        return Item("cls", (negated, tuple(ranges)))
+
+
+def _class_text(negated: bool, ranges: tuple[tuple[int, int], ...]) -> str:
+    body = "".join(chr(a) if a == b else f"{chr(a)}-{chr(b)}" for a, b in ranges)
+    return f"[{'^' if negated else ''}{body}]"
+
+
+def _class_empty(negated: bool, ranges: tuple[tuple[int, int], ...]) -> bool:
+    if not negated:
+        return not ranges
+    covered = 0  # does the union of ranges cover every code point?
+    for lo, hi in sorted(ranges):
+        if lo > covered:
+            return False
+        covered = max(covered, hi + 1)
+    return covered > MAX_CODEPOINT
+
+
+class _Checker:
+    """The checks that need the whole grammar: references, ranges, cost, completion, recursion."""
+
+    def __init__(self, grammar: Grammar, limits: GbnfLimits, param: str) -> None:
+        self.g, self.limits, self.param = grammar, limits, param
+
+    def refuse(self, what: str, hint: str) -> UnsupportedFeature:
+        return refuse(f"the grammar in {self.param!r} {what}", param=self.param, hint=hint)
+
+    def items(self, alts: Alts) -> list[Item]:
+        """Every item of ``alts``, groups and repetitions opened (iteratively)."""
+        out: list[Item] = []
+        todo = [item for seq in alts for item in seq]
+        while todo:
+            item = todo.pop()
+            out.append(item)
+            if item.kind == "group":
+                todo.extend(i for seq in item.value for i in seq)  # type: ignore[attr-defined]
+            elif item.kind == "rep":
+                todo.append(item.value)  # type: ignore[arg-type]
+        return out
+
+    def check_symbols(self) -> None:
+        if "root" not in self.g.rules:
+            raise self.refuse("has no 'root' rule", "name the start rule root")
+        for name, alts in self.g.rules.items():
+            for item in self.items(alts):
+                if item.kind == "ref" and item.value not in self.g.rules:
+                    raise self.refuse(f"uses rule {item.value!r} (in {name!r}) without defining it", "define every rule")
+                if item.kind == "cls":
+                    negated, ranges = item.value  # type: ignore[misc]
+                    for lo, hi in ranges:
+                        if hi < lo:
+                            raise self.refuse(
+                                f"has an inverted character range {chr(lo)}-{chr(hi)} in rule {name!r}",
+                                "write ranges low to high",
+                            )
+                    if _class_empty(negated, ranges):
+                        raise self.refuse(
+                            f"has a character class that matches no character ({_class_text(negated, ranges)}) "
+                            f"in rule {name!r}",
+                            "remove it or let it match something",
+                        )
+
+    def cost(self) -> None:
+        """Elements and rules as llama.cpp writes repetitions out (``S{m,n}``: m copies, n-m rules)."""
+        elements, rules = 0, self.g.rule_count
+
+        def size(item: Item) -> int:
+            if item.kind == "lit":
+                return max(1, len(item.value))  # type: ignore[arg-type]
+            if item.kind == "cls":
+                return 2 * len(item.value[1]) + 1  # type: ignore[index]
+            if item.kind == "rep":
+                return size(item.value)  # type: ignore[arg-type]
+            return 1
+
+        for item in (i for alts in self.g.rules.values() for i in self.items(alts)):
+            if item.kind == "rep":
+                inner = size(item.value)  # type: ignore[arg-type]
+                optional = 1 if item.hi == UNBOUNDED else item.hi - item.lo
+                elements += max(item.lo - 1, 0) * inner + optional * (inner + 3)
+                rules += optional
+            else:
+                elements += size(item)
+            elements += 1
+        self.g.elements = elements
+        if rules > self.limits.max_rules:
+            raise self.refuse(
+                f"makes {rules} rules once repetitions are written out; the limit is {self.limits.max_rules}",
+                "use fewer rules or smaller repetition counts",
+            )
+        if elements > self.limits.max_elements:
+            raise self.refuse(
+                f"makes {elements} grammar elements once repetitions are written out; the limit is "
+                f"{self.limits.max_elements}",
+                "use smaller repetition counts",
+            )
+
+    def fixpoint(self, base: dict[str, bool], item_ok: object) -> dict[str, bool]:
+        """Least fixpoint of a per-rule property: ``all`` of a sequence's items, ``any`` alternative."""
+        state = dict(base)
+        changed = True
+        while changed:
+            changed = False
+            for name, alts in self.g.rules.items():
+                if not state[name] and any(all(item_ok(i, state) for i in seq) for seq in alts):  # type: ignore[operator]
+                    state[name] = changed = True
+        return state
+
+    def completes(self, item: Item, done: dict[str, bool]) -> bool:
+        kind = item.kind
+        if kind == "ref":
+            return done[item.value]  # type: ignore[index]
+        if kind == "group":
+            return any(all(self.completes(i, done) for i in seq) for seq in item.value)  # type: ignore[attr-defined]
+        if kind == "rep":
+            return item.lo == 0 or self.completes(item.value, done)  # type: ignore[arg-type]
+        return True
+
+    def empty(self, item: Item, nullable: dict[str, bool]) -> bool:
+        kind = item.kind
+        if kind == "lit":
+            return item.value == ""
+        if kind == "ref":
+            return nullable[item.value]  # type: ignore[index]
+        if kind == "group":
+            return any(all(self.empty(i, nullable) for i in seq) for seq in item.value)  # type: ignore[attr-defined]
+        if kind == "rep":
+            return item.lo == 0 or self.empty(item.value, nullable)  # type: ignore[arg-type]
+        return False
+
+    def check_completion(self) -> None:
+        done = self.fixpoint(dict.fromkeys(self.g.rules, False), self.completes)
+        if not done["root"]:
+            raise self.refuse("matches nothing: rule 'root' can never complete", "give every rule a way to finish")
+        for name, alts in self.g.rules.items():
+            for item in [Item("group", alts), *self.items(alts)]:
+                if item.kind != "group":
+                    continue
+                for n, seq in enumerate(item.value):  # type: ignore[attr-defined]
+                    if not all(self.completes(i, done) for i in seq):
+                        raise self.refuse(
+                            f"has an alternative that can never complete (rule {name!r}, alternative {n + 1}): "
+                            "a model that entered it could not go on",
+                            "remove the alternative or give its rules a way to finish",
+                        )
+
+    def left_refs(self, seq: Seq, nullable: dict[str, bool]) -> set[str]:
+        out: set[str] = set()
+        for item in seq:
+            inner = item
+            while inner.kind == "rep":
+                inner = inner.value  # type: ignore[assignment]
+            if inner.kind == "ref":
+                out.add(inner.value)  # type: ignore[arg-type]
+            elif inner.kind == "group":
+                for sub in inner.value:  # type: ignore[attr-defined]
+                    out |= self.left_refs(sub, nullable)
+            if not self.empty(item, nullable):
+                break
+        return out
+
+    def check_recursion(self) -> None:
+        nullable = self.fixpoint(dict.fromkeys(self.g.rules, False), self.empty)
+        for name, alts in self.g.rules.items():
+            for item in self.items(alts):
+                if item.kind == "rep" and item.hi != 1 and self.empty(item.value, nullable):  # type: ignore[arg-type]
+                    raise self.refuse(
+                        f"repeats something that can match the empty string (in rule {name!r})",
+                        "make the repeated part match at least one character",
+                    )
+        edges = {name: set().union(*(self.left_refs(seq, nullable) for seq in alts)) for name, alts in self.g.rules.items()}
+        # Iterative depth-first search for a cycle among leftmost references.
+        colour: dict[str, int] = {}
+        for start in edges:
+            if colour.get(start):
+                continue
+            stack: list[tuple[str, list[str]]] = [(start, sorted(edges[start]))]
+            colour[start] = 1
+            while stack:
+                node, rest = stack[-1]
+                if not rest:
+                    colour[node] = 2
+                    stack.pop()
+                    continue
+                nxt = rest.pop()
+                if colour.get(nxt) == 1:
+                    path = [n for n, _ in stack]
+                    cycle = " → ".join(path[path.index(nxt) :] + [nxt])
+                    raise self.refuse(f"is left-recursive ({cycle})", "rewrite the rule so it consumes input first")
+                if not colour.get(nxt):
+                    colour[nxt] = 1
+                    stack.append((nxt, sorted(edges[nxt])))
+
+
+def check_gbnf(text: str, *, param: str = "grammar", limits: GbnfLimits = DEFAULT_LIMITS) -> Grammar:
+    """Parse and check ``text``; the parsed grammar, or an :class:`UnsupportedFeature` (a 400)
+    naming what is wrong and the limit it broke."""
+    if not isinstance(text, str):
+        raise refuse(f"the grammar in {param!r} must be a string", param=param, hint="send GBNF text")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise refuse(
+            f"the grammar in {param!r} is {size} bytes; the limit is {limits.max_bytes}",
+            param=param,
+            hint="send a smaller grammar",
+        )
+    if "\x00" in text:
+        raise refuse(f"the grammar in {param!r} contains a NUL character", param=param, hint="remove it")
+    grammar = _Parser(text, limits, param).parse()
+    checker = _Checker(grammar, limits, param)
+    checker.check_symbols()
+    checker.cost()
+    checker.check_completion()
+    checker.check_recursion()
+    return grammar

@@ -26,7 +26,7 @@ from typing import Any
 
 from localrun.chat import schema_keywords as kw
 from localrun.chat.schema_regex import pattern_gbnf
-from localrun.chat.schema_terms import FORMATS, PRIMITIVES, gbnf_literal, int_range, json_literal, number_range
+from localrun.chat.schema_terms import FORMATS, PRIMITIVES, int_range, json_literal, number_range
 from localrun.errors import UnsupportedFeature
 
 #: Fraction digits of a bounded number (no exponent there).
@@ -109,7 +109,9 @@ class SchemaGrammar:
         lines += [f"{name} ::= {body}" for name, body in self.rules.items() if name != root_rule]
         text = "\n".join(lines) + "\n"
         if len(text) > self.limits.max_bytes:
-            raise self.refuse(self.path, f"the schema's grammar is {len(text)} bytes; the limit is {self.limits.max_bytes}")
+            raise self.refuse(
+                self.path, f"the schema's grammar is {len(text)} bytes; the limit is {self.limits.max_bytes}"
+            )
         return text
 
     # --- schemas -----------------------------------------------------------------------
@@ -117,7 +119,9 @@ class SchemaGrammar:
     def visit(self, schema: Any, path: str, depth: int) -> str:
         """The rule for a JSON value matching ``schema``."""
         if depth > self.limits.max_depth:
-            raise self.refuse(path, f"the schema nests deeper than {self.limits.max_depth} levels", "flatten the schema")
+            raise self.refuse(
+                path, f"the schema nests deeper than {self.limits.max_depth} levels", "flatten the schema"
+            )
         if schema is True or schema == {}:
             return self.prim("value")
         if schema is False:
@@ -133,7 +137,8 @@ class SchemaGrammar:
             if pushed:
                 self._bases.pop()
 
-    def _visit(self, schema: dict[str, Any], path: str, depth: int) -> str:
+    def keywords(self, schema: dict[str, Any], path: str) -> list[str]:
+        """The schema's keywords that constrain, each one honoured (else the 400 naming it)."""
         keys = [k for k in schema if k not in kw.ANNOTATIONS and not k.startswith("x-")]
         for key in keys:
             if key in kw.REFUSED:
@@ -144,6 +149,10 @@ class SchemaGrammar:
                 raise self.refuse(_child(path, key), f"unknown keyword {key!r}")
         if schema.get("uniqueItems") is True:
             raise self.refuse(_child(path, "uniqueItems"), "a grammar cannot keep array items distinct")
+        return keys
+
+    def _visit(self, schema: dict[str, Any], path: str, depth: int) -> str:
+        keys = self.keywords(schema, path)
         if "$ref" in keys:
             others = [k for k in keys if k != "$ref"]
             if others:
@@ -159,6 +168,9 @@ class SchemaGrammar:
                 return self.any_of(schema, key, path, depth)
         if "const" in keys or "enum" in keys:
             return self.literals(schema, keys, path)
+        return self.by_type(schema, keys, path, depth)
+
+    def by_type(self, schema: dict[str, Any], keys: list[str], path: str, depth: int) -> str:
         kind = schema.get("type")
         if isinstance(kind, list):
             if not kind or any(t not in kw.TYPES for t in kind):
@@ -270,7 +282,9 @@ class SchemaGrammar:
             raise self.refuse(_child(path, extra[0]), f"keywords next to {key} are not supported")
         if "type" in schema:
             allowed = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-            values = [v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)]
+            values = [
+                v for v in values if _json_type(v) in allowed or (_json_type(v) == "integer" and "number" in allowed)
+            ]
             if not values:
                 raise self.refuse(_child(path, key), "no value of the enum has the schema's type")
         body = " | ".join(dict.fromkeys(json_literal(v) for v in values))
@@ -339,10 +353,10 @@ class SchemaGrammar:
             return self.prim("number")
         for key, value in (("minimum", lo), ("maximum", hi)):
             if value is not None and value != int(value):
-                raise self.refuse(_child(path, key), f"a number bound must be a whole number for a grammar, not {value}")
-        body = number_range(
-            None if lo is None else int(lo), lo_x, None if hi is None else int(hi), hi_x, digits
-        )
+                raise self.refuse(
+                    _child(path, key), f"a number bound must be a whole number for a grammar, not {value}"
+                )
+        body = number_range(None if lo is None else int(lo), lo_x, None if hi is None else int(hi), hi_x, digits)
         if body is None:
             raise self.refuse(path, f"no number lies between the bounds {lo} and {hi}")
         return self.add(f"number-{lo}-{hi}", f"{body} {space}")

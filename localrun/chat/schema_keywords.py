@@ -78,16 +78,7 @@ def merge(a: dict[str, Any], b: dict[str, Any], refuse: Refuse) -> dict[str, Any
         elif key == "required" and isinstance(mine, list) and isinstance(value, list):
             out[key] = mine + [r for r in value if r not in mine]
         elif key == "type":
-            left = set(mine) if isinstance(mine, list) else {mine}
-            right = set(value) if isinstance(value, list) else {value}
-            if "number" in left and "integer" in right:
-                left.add("integer")
-            if "number" in right and "integer" in left:
-                right.add("integer")
-            both = [t for t in TYPES if t in left & right]
-            if not both:
-                raise refuse("type", f"allOf asks for types {sorted(left)} and {sorted(right)}, which no value has")
-            out[key] = both[0] if len(both) == 1 else both
+            out[key] = _both_types(mine, value, refuse)
         elif key in _LOWER and _numbers(mine, value):
             out[key] = max(mine, value)
         elif key in _UPPER and _numbers(mine, value):
@@ -103,3 +94,16 @@ def merge(a: dict[str, Any], b: dict[str, Any], refuse: Refuse) -> dict[str, Any
 
 def _numbers(*values: Any) -> bool:
     return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def _both_types(mine: Any, value: Any, refuse: Refuse) -> Any:
+    left = set(mine) if isinstance(mine, list) else {mine}
+    right = set(value) if isinstance(value, list) else {value}
+    if "number" in left and "integer" in right:
+        left.add("integer")
+    if "number" in right and "integer" in left:
+        right.add("integer")
+    both = [t for t in TYPES if t in left & right]
+    if not both:
+        raise refuse("type", f"allOf asks for types {sorted(left)} and {sorted(right)}, which no value has")
+    return both[0] if len(both) == 1 else both

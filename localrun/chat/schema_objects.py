@@ -82,11 +82,15 @@ def _tails(g: SchemaGrammar, opt: list[str], more: str, space: str) -> list[str]
     return tails
 
 
-def _check_counts(g: SchemaGrammar, schema: dict[str, Any], path: str, *, free: bool, declared: int, needed: int) -> None:
+def _check_counts(
+    g: SchemaGrammar, schema: dict[str, Any], path: str, *, free: bool, declared: int, needed: int
+) -> None:
     """minProperties/maxProperties only where the object's shape already keeps them."""
     low, high = schema.get("minProperties"), schema.get("maxProperties")
     if low is not None and not (isinstance(low, int) and low <= needed):
-        raise g.refuse(f"{path}.minProperties", f"minProperties {low} is only supported up to the required count ({needed})")
+        raise g.refuse(
+            f"{path}.minProperties", f"minProperties {low} is only supported up to the required count ({needed})"
+        )
     if high is not None and not (isinstance(high, int) and not free and high >= declared):
         raise g.refuse(
             f"{path}.maxProperties",
@@ -117,13 +121,24 @@ def _key_not_in(g: SchemaGrammar, names: list[str]) -> str:
         counter[0] += 1
         children = sorted(c for c in node if c)
         alts = [f"{gbnf_literal(c)} {rule(node[c])}" for c in children]
-        excluded = "".join("\\" + c if c in "\\]-^[\"" else c for c in children if ord(c) >= 0x20)
+        excluded = "".join("\\" + c if c in '\\]-^["' else c for c in children if ord(c) >= 0x20)
         alts.append(f'[^{excluded}"\\\\\\x7F\\x00-\\x1F] {KEY_CHAR}*')
         if "" not in node:
             alts.append('""')
         return g.add(f"key-not-{counter[0]}", " | ".join(alts))
 
     return g.add("other-key", f'"\\"" {rule(trie)} "\\"" {space}')
+
+
+def _prefix(g: SchemaGrammar, prefix: Any, path: str, depth: int, high: int | None) -> list[str]:
+    if prefix is None:
+        return []
+    if not isinstance(prefix, list):
+        raise g.refuse(f"{path}.prefixItems", "prefixItems must be a list of schemas")
+    fixed = [g.visit(s, f"{path}.prefixItems[{i}]", depth + 1) for i, s in enumerate(prefix)]
+    if high is not None and len(fixed) > high:
+        raise g.refuse(f"{path}.maxItems", f"maxItems {high} is below the {len(fixed)} prefixItems")
+    return fixed
 
 
 def array_rule(g: SchemaGrammar, schema: dict[str, Any], path: str, depth: int) -> str:
@@ -135,15 +150,9 @@ def array_rule(g: SchemaGrammar, schema: dict[str, Any], path: str, depth: int) 
     if high is not None and high < low:
         raise g.refuse(f"{path}.maxItems", f"maxItems {high} is below minItems {low}")
     space = g.prim("space")
-    fixed: list[str] = []
-    if prefix is not None:
-        if not isinstance(prefix, list):
-            raise g.refuse(f"{path}.prefixItems", "prefixItems must be a list of schemas")
-        fixed = [g.visit(s, f"{path}.prefixItems[{i}]", depth + 1) for i, s in enumerate(prefix)]
-        if high is not None and len(fixed) > high:
-            raise g.refuse(f"{path}.maxItems", f"maxItems {high} is below the {len(fixed)} prefixItems")
-        if items is None:
-            items = False if low <= len(fixed) else True
+    fixed = _prefix(g, prefix, path, depth, high)
+    if prefix is not None and items is None:
+        items = low > len(fixed)
     rest_low = max(0, low - len(fixed))
     rest_high = None if high is None else high - len(fixed)
     item = None if items is False else g.visit(True if items is None else items, f"{path}.items", depth + 1)

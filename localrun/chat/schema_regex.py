@@ -68,7 +68,7 @@ def _class_char(cp: int) -> str:
     if cp < 0x20 or cp == 0x7F or 0xD800 <= cp <= 0xDFFF:
         return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}"
     ch = chr(cp)
-    return "\\" + ch if ch in "\\]-^[\"" else ch
+    return "\\" + ch if ch in '\\]-^["' else ch
 
 
 def class_gbnf(ranges: Ranges) -> str | None:
@@ -182,37 +182,37 @@ class _Regex:
         c = self.peek()
         self.i += 1
         if c == "(":
-            if depth >= MAX_NESTING:
-                raise PatternError(f"groups nested deeper than {MAX_NESTING}")
-            rest = self.p[self.i :]
-            for look in ("?=", "?!", "?<=", "?<!"):
-                if rest.startswith(look):
-                    raise PatternError(f"a lookaround group '({look}'")
-            if rest.startswith("?:"):
-                self.i += 2
-            elif rest.startswith("?<"):
-                self.i = self.p.index(">", self.i) + 1 if ">" in rest else len(self.p)
-            elif rest.startswith("?"):
-                raise PatternError("an inline flag group '(?'")
-            inner, empty = self.alternation(depth + 1, top=False)
-            if self.peek() != ")":
-                raise PatternError("an unclosed group")
-            self.i += 1
-            return f"({inner or chr(34) * 2})", empty
+            return self.group(depth)
         if c == "[":
             return self.char_class(), False
         if c == ".":
             return self.emit(complement(_NEWLINES)), False
         if c == "\\":
-            ranges = self.escape(in_class=False)
-            return self.emit(ranges), False
+            return self.emit(self.escape(in_class=False)), False
         if c in ("*", "+", "?"):
             raise PatternError(f"a quantifier {c!r} with nothing to repeat")
-        if c in ("^", "$"):
-            raise PatternError(f"an anchor {c!r} inside the pattern")
-        if c == ")":
-            raise PatternError("an unmatched ')'")
+        if c in ("^", "$", ")"):
+            raise PatternError(f"an anchor {c!r} inside the pattern" if c != ")" else "an unmatched ')'")
         return self.emit([(ord(c), ord(c))]), False
+
+    def group(self, depth: int) -> tuple[str, bool]:
+        if depth >= MAX_NESTING:
+            raise PatternError(f"groups nested deeper than {MAX_NESTING}")
+        rest = self.p[self.i :]
+        for look in ("?=", "?!", "?<=", "?<!"):
+            if rest.startswith(look):
+                raise PatternError(f"a lookaround group '({look}'")
+        if rest.startswith("?:"):
+            self.i += 2
+        elif rest.startswith("?<"):
+            self.i = self.p.index(">", self.i) + 1 if ">" in rest else len(self.p)
+        elif rest.startswith("?"):
+            raise PatternError("an inline flag group '(?'")
+        inner, empty = self.alternation(depth + 1, top=False)
+        if self.peek() != ")":
+            raise PatternError("an unclosed group")
+        self.i += 1
+        return f"({inner or chr(34) * 2})", empty
 
     def emit(self, ranges: Ranges) -> str:
         out = class_gbnf(ranges)

@@ -31,7 +31,10 @@ PRIMITIVES: dict[str, tuple[str, tuple[str, ...]]] = {
     # One code point of a length-bounded string: no \\u escapes (a surrogate pair is two of them).
     "char1": ('[^"\\\\\\x7F\\x00-\\x1F] | [\\\\] ["\\\\bfnrt/]', ()),
     "string": ('"\\"" char* "\\"" space', ("char", "space")),
-    "value": ("object | array | string | number | boolean | null", ("object", "array", "string", "number", "boolean", "null")),
+    "value": (
+        "object | array | string | number | boolean | null",
+        ("object", "array", "string", "number", "boolean", "null"),
+    ),
     "object": (
         '"{" space ( string ":" space value ("," space string ":" space value)* )? "}" space',
         ("string", "space", "value"),
@@ -183,7 +186,9 @@ FORMATS: dict[str, str] = {
     "date-time": f'{_DATE} "T" {_TIME}',
     "uuid": f'{_HEX}{{8}} "-" {_HEX}{{4}} "-" {_HEX}{{4}} "-" {_HEX}{{4}} "-" {_HEX}{{12}}',
     "email": f'[a-zA-Z0-9_+-]{{1,32}} ("." [a-zA-Z0-9_+-]{{1,32}}){{0,3}} "@" {_LABEL} ("." {_LABEL}){{1,3}}',
-    "hostname": f"{_LABEL} (\".\" {_LABEL}){{0,5}}",
+    "hostname": f'{_LABEL} ("." {_LABEL}){{0,5}}',
     "ipv4": f'{_OCTET} "." {_OCTET} "." {_OCTET} "." {_OCTET}',
-    "uri": '("https" | "http") "://" ' + f'{_LABEL} ("." {_LABEL}){{0,5}}' + ' ("/" [a-zA-Z0-9._~%!$&()*+,;=:@/?-]{0,200})?',
+    "uri": '("https" | "http") "://" '
+    + f'{_LABEL} ("." {_LABEL}){{0,5}}'
+    + ' ("/" [a-zA-Z0-9._~%!$&()*+,;=:@/?-]{0,200})?',
 }

@@ -26,6 +26,7 @@ What is accepted is therefore a grammar in which every started parse can still b
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from localrun.chat.gbnf_parse import (
     DEFAULT_LIMITS,
@@ -98,7 +99,7 @@ class _Checker:
                         f"uses rule {item.value!r} (in {name!r}) without defining it", "define every rule"
                     )
                 if item.kind == "cls":
-                    negated, ranges = item.value  # type: ignore[misc]
+                    negated, ranges = cast("tuple[bool, tuple[tuple[int, int], ...]]", item.value)
                     for lo, hi in ranges:
                         if hi < lo:
                             raise self.refuse(
@@ -188,7 +189,7 @@ class _Checker:
             for item in [Item("group", alts), *self.items(alts)]:
                 if item.kind != "group":
                     continue
-                for n, seq in enumerate(item.value):  # type: ignore[attr-defined]
+                for n, seq in enumerate(cast(Alts, item.value)):
                     if not all(self.completes(i, done) for i in seq):
                         raise self.refuse(
                             f"has an alternative that can never complete (rule {name!r}, alternative {n + 1}): "

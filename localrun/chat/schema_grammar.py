@@ -241,8 +241,14 @@ class SchemaGrammar:
                 continue
             if not isinstance(part, dict):
                 raise self.refuse(where, "allOf parts must be schema objects")
-            merged = kw.merge(merged, part, lambda key, why, w=where: self.refuse(_child(w, key), why))
+            merged = kw.merge(merged, part, self._refuser(where))
         return merged
+
+    def _refuser(self, where: str) -> kw.Refuse:
+        def refuse(key: str, why: str) -> Exception:
+            return self.refuse(_child(where, key), why)
+
+        return refuse
 
     def resolve(self, ref: Any, path: str) -> Any:
         name = self.ref(ref, path, 0)
@@ -405,4 +411,5 @@ def _json_type(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "value")
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), "value")

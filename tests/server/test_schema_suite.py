@@ -298,7 +298,8 @@ def test_200_tools_compile_in_bounded_time_and_memory():
     check_request(req)
     warm = time.perf_counter() - start
     print(
-        f"200 tools, {size / 1000:.0f} KB of schemas: cold {cold:.2f} s, peak {peak / 1e6:.1f} MB, cached {warm * 1000:.1f} ms"
+        f"200 tools, {size / 1000:.0f} KB of schemas: cold {cold:.2f} s, peak {peak / 1e6:.1f} MB, "
+        f"cached {warm * 1000:.1f} ms"
     )
     assert size > 500_000
     assert cold < 60 and peak < 200e6 and warm < 0.5

@@ -17,7 +17,6 @@ stricter, still valid, reading); ``prefixItems`` arrays are written with all the
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -25,6 +24,8 @@ from decimal import Decimal
 from typing import Any
 
 from localrun.chat import schema_keywords as kw
+from localrun.chat.schema_keywords import child_path as _child
+from localrun.chat.schema_objects import array_rule, object_rule
 from localrun.chat.schema_regex import pattern_gbnf
 from localrun.chat.schema_terms import FORMATS, PRIMITIVES, int_range, json_literal, number_range
 from localrun.errors import UnsupportedFeature
@@ -46,10 +47,6 @@ class SchemaLimits:
 
 
 DEFAULT_SCHEMA_LIMITS = SchemaLimits()
-
-
-def _child(path: str, key: str) -> str:
-    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$-]*", key) else f"{path}[{json.dumps(key)}]"
 
 
 class SchemaGrammar:
@@ -185,12 +182,8 @@ class SchemaGrammar:
 
     def typed(self, kind: Any, schema: dict[str, Any], path: str, depth: int) -> str:
         if kind == "object":
-            from localrun.chat.schema_objects import object_rule
-
             return object_rule(self, schema, path, depth)
         if kind == "array":
-            from localrun.chat.schema_objects import array_rule
-
             return array_rule(self, schema, path, depth)
         if kind == "string":
             return self.string(schema, path)

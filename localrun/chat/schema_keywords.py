@@ -9,6 +9,8 @@ vendor extensions, which are annotations by convention.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -107,3 +109,8 @@ def _both_types(mine: Any, value: Any, refuse: Refuse) -> Any:
     if not both:
         raise refuse("type", f"allOf asks for types {sorted(left)} and {sorted(right)}, which no value has")
     return both[0] if len(both) == 1 else both
+
+
+def child_path(path: str, key: str) -> str:
+    """``path.key``, or ``path["key"]`` for a key that is not a plain name."""
+    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$-]*", key) else f"{path}[{json.dumps(key)}]"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from localrun.chat.schema_keywords import child_path
 from localrun.chat.schema_terms import gbnf_literal
 
 if TYPE_CHECKING:
@@ -24,9 +25,7 @@ KEY_CHAR = '[^"\\\\\\x7F\\x00-\\x1F]'
 
 
 def _prop_path(path: str, name: str) -> str:
-    from localrun.chat.schema_grammar import _child
-
-    return _child(f"{path}.properties", name)
+    return child_path(f"{path}.properties", name)
 
 
 def object_rule(g: SchemaGrammar, schema: dict[str, Any], path: str, depth: int) -> str:

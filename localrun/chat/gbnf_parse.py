@@ -214,7 +214,7 @@ class Parser:
         return Item("group", inner)
 
     def repeat(self, seq: Seq, c: str) -> None:
-        if not seq:
+        if not seq or (seq[-1].kind == "lit" and seq[-1].value == ""):
             raise self.fail(f"{c!r} with nothing before it to repeat")
         self.pos += 1
         lo, hi = {"*": (0, UNBOUNDED), "+": (1, UNBOUNDED), "?": (0, 1)}.get(c) or self.counts()

@@ -193,7 +193,9 @@ class SchemaGrammar:
             return self.prim(kind)
         raise self.refuse(_child(path, "type"), f"unknown type {kind!r}")
 
-    def ref(self, ref: Any, path: str, depth: int) -> str:
+    def lookup(self, ref: Any, path: str) -> tuple[Any, Any]:
+        """(base, target) of a local ``$ref``: tried against the innermost schema with ``$defs``
+        first (a tool's parameters), then outwards to the document."""
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise self.refuse(path, f"only local $refs (#/...) are supported, not {ref!r}")
         parts = [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/")[1:]] if ref != "#" else []
@@ -207,17 +209,25 @@ class SchemaGrammar:
                 else:
                     break
             else:
-                key = (id(base), ref)
-                if key not in self._refs:
-                    name = self._name("ref-" + (parts[-1] if parts else "root"))
-                    self._refs[key] = name
-                    self.rules[name] = ""  # reserved: a recursive reference finds the name
-                    self.rules[name] = self.visit(target, path, depth + 1)
-                return self._refs[key]
+                return base, target
         raise self.refuse(path, f"$ref {ref!r} points to nothing in the schema")
+
+    def ref(self, ref: Any, path: str, depth: int) -> str:
+        base, target = self.lookup(ref, path)
+        key = (id(base), ref)
+        if key not in self._refs:
+            tail = ref.rsplit("/", 1)[-1] if ref != "#" else "root"
+            name = self._name("ref-" + tail)
+            self._refs[key] = name
+            self.rules[name] = ""  # reserved: a recursive reference finds the name
+            self.rules[name] = self.visit(target, path, depth + 1)
+        return self._refs[key]
 
     def all_of(self, schema: dict[str, Any], path: str, depth: int) -> dict[str, Any]:
         parts = schema["allOf"]
+        if depth > self.limits.max_depth:
+            limit = self.limits.max_depth
+            raise self.refuse(_child(path, "allOf"), f"allOf nests (through $refs too) deeper than {limit} levels")
         if not isinstance(parts, list) or not parts:
             raise self.refuse(_child(path, "allOf"), "allOf must be a non-empty list of schemas")
         merged = {k: v for k, v in schema.items() if k != "allOf"}
@@ -225,7 +235,8 @@ class SchemaGrammar:
             where = f"{path}.allOf[{i}]"
             for _ in range(self.limits.max_depth):
                 if isinstance(part, dict) and "$ref" in part and len(part) == 1:
-                    part = self.resolve(part["$ref"], where)
+                    part = self.lookup(part["$ref"], where)[1]
+                    depth += 1
                 elif isinstance(part, dict) and "allOf" in part:
                     part = self.all_of(part, where, depth + 1)
                 else:
@@ -242,17 +253,6 @@ class SchemaGrammar:
             return self.refuse(_child(where, key), why)
 
         return refuse
-
-    def resolve(self, ref: Any, path: str) -> Any:
-        name = self.ref(ref, path, 0)
-        for (base_id, pointer), rule in self._refs.items():
-            if rule == name:
-                base = next(b for b in self._bases if id(b) == base_id)
-                target: Any = base
-                for part in [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")[1:]]:
-                    target = target[int(part)] if isinstance(target, list) else target[part]
-                return target
-        raise self.refuse(path, f"$ref {ref!r} points to nothing in the schema")
 
     def any_of(self, schema: dict[str, Any], key: str, path: str, depth: int) -> str:
         branches = schema[key]

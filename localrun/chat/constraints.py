@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from localrun.chat.gbnf import check_gbnf
+from localrun.chat.gbnf import check_gbnf, clear_parsed_lines
 from localrun.chat.schema_grammar import DEFAULT_SCHEMA_LIMITS, SchemaGrammar, SchemaLimits
 from localrun.errors import UnsupportedFeature
 from localrun.types import ChatRequest, CompletionRequest
@@ -90,7 +90,7 @@ def schema_gbnf(
     top = builder.visit(schema, param, 0)
     gbnf = builder.grammar(root, top)
     if '"$ref"' in text:  # only a reference can close a loop; other grammars are sound by construction (fuzzed)
-        check_gbnf(gbnf if root == "root" else f"root ::= {root}\n{gbnf}", param=param)
+        check_gbnf(gbnf if root == "root" else f"root ::= {root}\n{gbnf}", param=param, one_rule_a_line=True)
     with _lock:
         _cache[key] = gbnf
         while len(_cache) > CACHE_ENTRIES:
@@ -99,8 +99,10 @@ def schema_gbnf(
 
 
 def cache_clear() -> None:
+    """Forget every compiled grammar (and the checker's parsed lines): for measurements and tests."""
     with _lock:
         _cache.clear()
+    clear_parsed_lines()
 
 
 def tool_parameters(tool: Any) -> Any:

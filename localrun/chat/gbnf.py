@@ -25,6 +25,7 @@ What is accepted is therefore a grammar in which every started parse can still b
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import cast
 
@@ -72,13 +73,18 @@ class _Checker:
 
     def __init__(self, grammar: Grammar, limits: GbnfLimits, param: str) -> None:
         self.g, self.limits, self.param = grammar, limits, param
+        self._items: dict[int, list[Item]] = {}
 
     def refuse(self, what: str, hint: str) -> UnsupportedFeature:
         return refuse(f"the grammar in {self.param!r} {what}", param=self.param, hint=hint)
 
     def items(self, alts: Alts) -> list[Item]:
-        """Every item of ``alts``, groups and repetitions opened (iteratively)."""
+        """Every item of ``alts``, groups and repetitions opened (iteratively); once per rule."""
+        found = self._items.get(id(alts))
+        if found is not None:
+            return found
         out: list[Item] = []
+        self._items[id(alts)] = out
         todo = [item for seq in alts for item in seq]
         while todo:
             item = todo.pop()
@@ -247,9 +253,41 @@ class _Checker:
                     stack.append((nxt, sorted(edges[nxt])))
 
 
-def check_gbnf(text: str, *, param: str = "grammar", limits: GbnfLimits = DEFAULT_LIMITS) -> Grammar:
+@functools.lru_cache(maxsize=4096)
+def _parse_rule_line(line: str, limits: GbnfLimits) -> tuple[str, Alts, int]:
+    parsed = Parser(line, limits, "grammar").parse()
+    ((name, alts),) = parsed.rules.items()
+    return name, alts, parsed.rule_count
+
+
+def clear_parsed_lines() -> None:
+    _parse_rule_line.cache_clear()
+
+
+def _by_line(text: str, limits: GbnfLimits, param: str) -> Grammar:
+    """A grammar written one whole rule a line (the converter's), each line parsed once per
+    process: a tool list's grammars share most of their rules (JSON's primitives, formats)."""
+    grammar = Grammar()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            name, alts, count = _parse_rule_line(line, limits)
+        except UnsupportedFeature as exc:
+            raise refuse(exc.message.replace("'grammar'", repr(param), 1), param=param, hint=exc.hint or "") from exc
+        if name in grammar.rules:
+            raise refuse(f"the grammar in {param!r} defines rule {name!r} twice", param=param, hint="define it once")
+        grammar.rules[name] = alts
+        grammar.rule_count += count
+    return grammar
+
+
+def check_gbnf(
+    text: str, *, param: str = "grammar", limits: GbnfLimits = DEFAULT_LIMITS, one_rule_a_line: bool = False
+) -> Grammar:
     """Parse and check ``text``; the parsed grammar, or an :class:`UnsupportedFeature` (a 400)
-    naming what is wrong and the limit it broke."""
+    naming what is wrong and the limit it broke. ``one_rule_a_line``: the text is known to hold
+    one whole rule on each line (localrun's converter writes it so), which lets lines be cached."""
     if not isinstance(text, str):
         raise refuse(f"the grammar in {param!r} must be a string", param=param, hint="send GBNF text")
     size = len(text.encode("utf-8", "surrogatepass"))
@@ -261,7 +299,7 @@ def check_gbnf(text: str, *, param: str = "grammar", limits: GbnfLimits = DEFAUL
         )
     if "\x00" in text:
         raise refuse(f"the grammar in {param!r} contains a NUL character", param=param, hint="remove it")
-    grammar = Parser(text, limits, param).parse()
+    grammar = _by_line(text, limits, param) if one_rule_a_line else Parser(text, limits, param).parse()
     checker = _Checker(grammar, limits, param)
     checker.check_symbols()
     checker.cost()

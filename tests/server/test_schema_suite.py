@@ -253,7 +253,7 @@ def test_tool_paths_are_named_the_way_each_family_sends_them():
 
 def _tool(i: int) -> dict:
     """A realistic tool of ~2.5 KB: nested objects, enums, bounds, formats, arrays, a $ref."""
-    props = {f"field_{j}": {"type": "string", "description": "x" * 90, "maxLength": 64} for j in range(12)} | {
+    props = {f"field_{j}": {"type": "string", "description": "x" * 100, "maxLength": 64} for j in range(12)} | {
         "mode": {"enum": ["fast", "slow", "auto"]},
         "count": {"type": "integer", "minimum": 1, "maximum": 500},
         "when": {"type": "string", "format": "date-time"},
@@ -288,10 +288,12 @@ def test_200_tools_compile_in_bounded_time_and_memory():
     size = len(json.dumps(tools))
     req = ChatRequest(messages=(Message("user", "hi"),), tools=tools, tool_choice="auto")
     cache_clear()
-    tracemalloc.start()
     start = time.perf_counter()
     check_request(req)
     cold = time.perf_counter() - start
+    cache_clear()
+    tracemalloc.start()  # a second cold compile, measured for memory (tracemalloc slows it down)
+    check_request(req)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     start = time.perf_counter()
@@ -302,4 +304,4 @@ def test_200_tools_compile_in_bounded_time_and_memory():
         f"cached {warm * 1000:.1f} ms"
     )
     assert size > 500_000
-    assert cold < 60 and peak < 200e6 and warm < 0.5
+    assert cold < 20 and peak < 50e6 and warm < 0.5

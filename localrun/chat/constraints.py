@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 CACHE_ENTRIES = 1024
 #: A schema's JSON text over this is refused before it is compiled.
 MAX_SCHEMA_BYTES = 2_000_000
+#: JSON nesting (objects and arrays) of one schema, checked before anything recurses over it;
+#: the converter's own limit (64 schema levels) is usually met first.
+MAX_JSON_DEPTH = 256
 
 _cache: OrderedDict[tuple[str, str, str, tuple[str, ...]], str] = OrderedDict()
 _lock = threading.Lock()
@@ -53,6 +56,19 @@ RESPONSES = ConstraintNames(schema="text.format.schema", tool="tools[{i}].parame
 LLAMA_SERVER = ConstraintNames(schema="json_schema")
 
 
+def json_depth(value: Any, stop: int) -> int:
+    """How deep ``value`` nests (objects and arrays), counted without recursion; stops past ``stop``."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if deepest > stop:
+                return deepest
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def schema_gbnf(
     schema: Any,
     *,
@@ -72,6 +88,13 @@ def schema_gbnf(
             f"{param}: the JSON schema must be an object, not {type(schema).__name__}",
             param=param,
             hint="send a JSON Schema object",
+        )
+    depth = json_depth(schema, MAX_JSON_DEPTH)
+    if depth > MAX_JSON_DEPTH:
+        raise UnsupportedFeature(
+            f"{param}: the schema nests deeper than {MAX_JSON_DEPTH} JSON levels",
+            param=param,
+            hint="flatten the schema",
         )
     text = json.dumps(schema, ensure_ascii=False)
     if len(text) > MAX_SCHEMA_BYTES:

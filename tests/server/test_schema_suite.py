@@ -218,6 +218,10 @@ def test_nesting_deeper_than_the_limit_is_a_400_not_a_recursion_error():
         deep = {"type": "object", "properties": {"a": deep}}
     with pytest.raises(UnsupportedFeature, match="nests deeper than 64"):
         schema_gbnf(deep, param="response_format")
+    for _ in range(3000):  # deeper than json.dumps can recurse: measured without recursion first
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(UnsupportedFeature, match="deeper than 256 JSON levels"):
+        schema_gbnf(deep, param="response_format")
 
 
 def test_annotations_are_ignored_and_vendor_extensions_too():

@@ -110,6 +110,19 @@ def _grammar_bodies(grammar: str) -> dict[str, tuple[str, dict]]:
     }
 
 
+#: Where each form says the 100,000-item array is: the client's own path to the keyword.
+WIDE_PATHS = {
+    "openai response_format": "response_format.json_schema.schema.maxItems",
+    "openai tools auto": "tools[0].function.parameters.properties.x.maxItems",
+    "openai completions json_schema": "json_schema.maxItems",
+    "ollama format": "format.maxItems",
+    "anthropic tools": "tools[0].input_schema.properties.x.maxItems",
+    "responses text.format": "text.format.schema.maxItems",
+    "responses tools": "tools[0].parameters.properties.x.maxItems",
+    "llama-server completion": "json_schema.maxItems",
+}
+
+
 def _message(r: httpx.Response) -> str:
     body = r.json()
     err = body.get("error")
@@ -129,6 +142,8 @@ def test_no_schema_or_grammar_reaches_the_worker_to_kill_it(serve, smollm2_path)
             r = httpx.post(f"{server.url}{path}", json=body, timeout=60)
             assert r.status_code == 400, (name, form, r.status_code, r.text[:300])
             assert words in _message(r), (name, form, _message(r)[:300])
+            if schema is WIDE and form in WIDE_PATHS:
+                assert _message(r).startswith(WIDE_PATHS[form]), (form, _message(r)[:200])
             sent += 1
     for name, (grammar, words) in GRAMMARS.items():
         for form, (path, body) in _grammar_bodies(grammar).items():

@@ -14,6 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from localrun.chat.schema_keywords import child_path
+from localrun.chat.schema_regex import class_char
 from localrun.chat.schema_terms import gbnf_literal
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ def _key_not_in(g: SchemaGrammar, names: list[str]) -> str:
         return g.add("free-key", f'"\\"" {KEY_CHAR}* "\\"" {space}')
     trie: dict[str, Any] = {}
     for name in names:
+        if any(c in '"\\' or ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+            continue  # free names are written with plain characters only: they can never spell this one
         node = trie
         for ch in name:
             node = node.setdefault(ch, {})
@@ -120,7 +123,7 @@ def _key_not_in(g: SchemaGrammar, names: list[str]) -> str:
         counter[0] += 1
         children = sorted(c for c in node if c)
         alts = [f"{gbnf_literal(c)} {rule(node[c])}" for c in children]
-        excluded = "".join("\\" + c if c in '\\]-^["' else c for c in children if ord(c) >= 0x20)
+        excluded = "".join(class_char(ord(c)) for c in children)
         alts.append(f'[^{excluded}"\\\\\\x7F\\x00-\\x1F] {KEY_CHAR}*')
         if "" not in node:
             alts.append('""')

@@ -64,11 +64,12 @@ def complement(ranges: Ranges) -> Ranges:
     return out
 
 
-def _class_char(cp: int) -> str:
-    if cp < 0x20 or cp == 0x7F or 0xD800 <= cp <= 0xDFFF:
+def class_char(cp: int) -> str:
+    """One code point as GBNF writes it inside ``[...]``."""
+    if cp < 0x20 or cp == 0x7F or cp == 0x5E or 0xD800 <= cp <= 0xDFFF:  # ^: GBNF has no \\^ escape
         return f"\\x{cp:02X}" if cp < 0x100 else f"\\u{cp:04X}"
     ch = chr(cp)
-    return "\\" + ch if ch in '\\]-^["' else ch
+    return "\\" + ch if ch in '\\]-["' else ch
 
 
 def class_gbnf(ranges: Ranges) -> str | None:
@@ -91,7 +92,7 @@ def class_gbnf(ranges: Ranges) -> str | None:
 
 
 def _range_text(lo: int, hi: int) -> str:
-    return _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
+    return class_char(lo) if lo == hi else f"{class_char(lo)}-{class_char(hi)}"
 
 
 def _intersect(a: Ranges, b: Ranges) -> Ranges:

@@ -23,7 +23,21 @@ pytestmark = [needs_llama, pytest.mark.llama]
 COUNTS = st.one_of(st.integers(0, 5), st.sampled_from([0, 1, 2000, 2001, 100000, 10**9]))
 BOUNDS = st.one_of(st.integers(-1000, 1000), st.sampled_from([0, 1, -1, 10**18, 10**19, 0.5, 2.0]))
 PATTERNS = st.sampled_from(
-    ["^a+$", "[0-9]{2}", "^(x|y)*z$", "\\d\\w\\s.", "(?=a)", "\\1", "[z-a]", "a{3000}", "(a?)*", "[^\\s\\S]", "((("]
+    [
+        "^a+$",
+        "[0-9]{2}",
+        "^(x|y)*z$",
+        "\\d\\w\\s.",
+        "(?=a)",
+        "\\1",
+        "[z-a]",
+        "a{3000}",
+        "(a?)*",
+        "[^\\s\\S]",
+        "(((",
+        "^[\\^a-]+$",
+        "[]^-]",
+    ]
 )
 FORMATS = st.sampled_from(
     ["date", "time", "date-time", "uuid", "email", "ipv4", "uri", "hostname", "duration", "regex"]
@@ -72,7 +86,7 @@ LEAF = st.one_of(
         ]
     ),
 )
-NAMES = st.text(alphabet='ab"\\\n é', min_size=0, max_size=4)
+NAMES = st.text(alphabet='ab"\\\n é^]-[', min_size=0, max_size=4)
 
 
 def _extend(children: st.SearchStrategy) -> st.SearchStrategy:

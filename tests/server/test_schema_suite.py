@@ -144,6 +144,15 @@ def test_case_data_is_right_about_the_schema(name, schema, good, bad):
 def matcher(smollm2_path):
     from tests.support.grammar_match import GrammarMatcher
 
+    m = GrammarMatcher(smollm2_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def writer(smollm2_path):
+    from tests.support.grammar_match import GrammarMatcher
+
     m = GrammarMatcher(smollm2_path, load_weights=True)
     yield m
     m.close()
@@ -164,10 +173,10 @@ def test_each_keyword_through_llama_cpps_grammar_engine(matcher, name, schema, g
 @needs_llama
 @pytest.mark.llama
 @pytest.mark.long  # 35 generations of up to 64 tokens: minutes on a shared 2-core machine
-def test_what_smollm2_writes_under_each_grammar_validates(matcher):
+def test_what_smollm2_writes_under_each_grammar_validates(writer):
     """Temperature 1.0, no top-k: the model wanders, the grammar keeps it valid."""
     for n, (name, schema, _, _) in enumerate(CASES):
-        text, done = matcher.sample(schema_gbnf(schema), "JSON: ", temperature=1.0, seed=n, max_tokens=64)
+        text, done = writer.sample(schema_gbnf(schema), "JSON: ", temperature=1.0, seed=n, max_tokens=64)
         if not done:
             continue  # out of tokens mid-value (a long string): nothing to validate yet
         check = jsonschema.Draft202012Validator(schema, format_checker=FORMAT_CHECKER)

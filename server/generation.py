@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from starlette.datastructures import State
 from starlette.requests import Request
 
+from localrun.chat.constraints import OPENAI, ConstraintNames, check_request
 from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import note_ignored, refuse_unsupported
@@ -248,9 +249,13 @@ async def open_generation(
     *,
     keep_alive_s: float | None,
     found: list[tuple[str, str]],
+    names: ConstraintNames = OPENAI,
 ) -> Generation:
-    """Load and admit (errors become HTTP errors), then refuse fields the runtime cannot honour."""
+    """Check the request's schemas and grammars (a 400 here, never a crash in the worker; named
+    by the family's ``names``), load and admit (errors become HTTP errors), then refuse fields
+    the runtime cannot honour."""
     state = app_state(request)
+    await asyncio.to_thread(check_request, req, names)
     stream = await state.manager.aopen(model, req, keep_alive_s=keep_alive_s, check=media_check(found))
     try:
         refuse_unsupported(

@@ -1,12 +1,13 @@
 """Constrained output and log-probabilities for the llama.cpp runtime.
 
-Only ever used inside the worker: the JSON Schema converter is llama-cpp-python's own
-(``llama_cpp.llama_grammar.SchemaConverter``, a translation of llama.cpp's
-``json-schema-to-grammar``), and importing ``llama_cpp`` loads the native library.
-
+* :func:`json_schema_gbnf` and :func:`forced_call_gbnf` compile JSON Schemas with localrun's
+  own converter (:func:`localrun.chat.constraints.schema_gbnf`: every keyword honoured or
+  refused by name, every grammar bounded and checked, compiled grammars cached by schema) —
+  the same functions the server ran on the request before it reached this worker, so what
+  was checked there is what runs here.
 * :func:`request_grammar` picks the one grammar a request needs: a forced tool call
   (:func:`localrun.chat.tools.forced_call`), else ``Sampling.json_schema`` (``{}`` → any JSON
-  object), else a raw ``Sampling.grammar``.
+  object), else a raw ``Sampling.grammar`` (checked again by :func:`localrun.chat.gbnf.check_gbnf`).
 * :func:`sequence_sampler` wraps a sequence's C sampler chain with llama.cpp's grammar
   sampler (:class:`ConstrainedSampler`), so every token keeps the text valid and, once the
   grammar completes, only end-of-generation tokens remain.
@@ -20,12 +21,14 @@ Only ever used inside the worker: the JSON Schema converter is llama-cpp-python'
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from localrun.chat.constraints import schema_gbnf
+from localrun.chat.gbnf import check_gbnf
+from localrun.chat.schema_terms import gbnf_literal
 from localrun.chat.tools import ForcedCall
 from localrun.errors import UnsupportedFeature
 from localrun.types import Sampling, logprob_entry
@@ -35,55 +38,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CALL_PROP_ORDER", "forced_call_gbnf", "gbnf_literal", "json_schema_gbnf", "request_grammar"]
+
 #: Properties written first, so a call reads name-then-arguments as models are trained to.
 CALL_PROP_ORDER = ("name", "arguments", "parameters")
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def gbnf_literal(text: str) -> str:
-    """``text`` as a GBNF string literal."""
-    return '"' + "".join(_ESCAPES.get(ch, ch) for ch in text) + '"'
-
-
-def _converter(prop_order: tuple[str, ...] = ()) -> Any:  # llama_cpp's SchemaConverter: its methods are unannotated
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    return SchemaConverter(  # type: ignore[no-untyped-call]  # llama_cpp leaves its __init__ unannotated
-        prop_order={k: i for i, k in enumerate(prop_order)}, allow_fetch=False, dotall=False, raw_pattern=False
-    )
-
-
-def _compile(schema: dict[str, Any], rule: str, prop_order: tuple[str, ...], param: str) -> Any:
-    if not isinstance(schema, dict):
-        raise UnsupportedFeature(
-            f"the JSON schema in {param!r} must be an object, not {type(schema).__name__}",
-            param=param,
-            hint="send a JSON Schema object",
-        )
-    conv = _converter(prop_order)
-    try:
-        resolved = conv.resolve_refs(json.loads(json.dumps(schema)), "request")
-        conv.visit(resolved, rule)
-    except Exception as exc:  # noqa: BLE001 - third-party code over untrusted input: any failure is a bad schema
-        log.debug("schema conversion failed", exc_info=True)
-        raise UnsupportedFeature(
-            f"the JSON schema in {param!r} cannot be compiled to a grammar: {exc}",
-            param=param,
-            hint="simplify the schema (local $refs, no remote ones)",
-        ) from exc
-    return conv
 
 
 def json_schema_gbnf(schema: dict[str, Any], *, param: str = "response_format") -> str:
-    """A GBNF grammar for JSON text valid against ``schema``; ``{}`` means any JSON object."""
-    gbnf: str = _compile(schema or {"type": "object"}, "", (), param).format_grammar()
-    return gbnf
+    """A GBNF grammar for JSON text valid against ``schema``; ``{}`` means any JSON object.
+
+    Raises:
+        UnsupportedFeature: a keyword the grammar cannot enforce or a limit passed, named by path.
+    """
+    return schema_gbnf(schema or {"type": "object"}, param=param)
 
 
 def forced_call_gbnf(call: ForcedCall) -> str:
     """``prefix`` + one call object + ``suffix``, the shape :func:`localrun.chat.tools.forced_call` asks for."""
-    conv = _compile(call.schema, "call", CALL_PROP_ORDER, "tool_choice")
-    body = conv.format_grammar()
+    body = schema_gbnf(call.schema, param="tool_choice", root="call", prop_order=CALL_PROP_ORDER)
     parts = [gbnf_literal(call.prefix)] if call.prefix else []
     parts.append("call")
     if call.suffix:
@@ -117,6 +89,8 @@ def request_grammar(sampling: Sampling, forced: ForcedCall | None) -> str | None
         return forced_call_gbnf(forced)
     if sampling.json_schema is not None:
         return json_schema_gbnf(sampling.json_schema)
+    if sampling.grammar is not None:
+        check_gbnf(sampling.grammar)
     return sampling.grammar
 
 

@@ -41,6 +41,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from localrun.chat import constraints
 from localrun.chat.stops import StopMatcher
 from localrun.errors import LocalrunError
 from localrun.server.anthropic import answers
@@ -154,7 +155,7 @@ async def create_message(request: Request) -> Response:
         json_schema=_json_schema(body),
     )
     req, found = await chat_request(request, body, sampling)
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found, names=constraints.ANTHROPIC)
     try:
         enable_reasoning(request, gen, req, reasoning_ask(body))
     except LocalrunError:
@@ -204,7 +205,7 @@ async def count_tokens(request: Request) -> dict[str, Any]:
     body: CountTokensRequest = await parse_body(request, CountTokensRequest)
     note_ignored(body)
     req, found = await chat_request(request, body, Sampling(max_tokens=0))
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found, names=constraints.ANTHROPIC)
     await gen.collect()
     return {"input_tokens": gen.usage.prompt_tokens}
 

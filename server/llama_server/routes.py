@@ -31,6 +31,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from localrun import __version__
+from localrun.chat import constraints
 from localrun.errors import LocalrunError
 from localrun.server.convert import completion_prompt, message_content
 from localrun.server.embeddings import parse_and_embed
@@ -225,7 +226,7 @@ async def completion(request: Request) -> Response:
         prompt=prompt, sampling=_native_sampling(request, body), prompt_tokens=tuple(ids or ()), media=media
     )
     found = body.unsupported() + reader.needs() + ([("prompt", "token_prompts")] if ids is not None else [])
-    gen = await open_generation(request, model, req, keep_alive_s=None, found=found)
+    gen = await open_generation(request, model, req, keep_alive_s=None, found=found, names=constraints.LLAMA_SERVER)
     return await _native_answer(gen, body)
 
 
@@ -244,7 +245,12 @@ async def infill(request: Request) -> Response:
         sampling=_native_sampling(request, body),
     )
     gen = await open_generation(
-        request, model, req, keep_alive_s=None, found=[("input_suffix", "fill-in-the-middle"), *body.unsupported()]
+        request,
+        model,
+        req,
+        keep_alive_s=None,
+        found=[("input_suffix", "fill-in-the-middle"), *body.unsupported()],
+        names=constraints.LLAMA_SERVER,
     )
     return await _native_answer(gen, body, lead=body.prompt)
 

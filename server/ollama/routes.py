@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from localrun.chat import constraints
 from localrun.errors import LocalrunError
 from localrun.server.errors import InvalidRequest, stream_error_line
 from localrun.server.fields import note_ignored, parse_body, refuse_unsupported, strict_fields
@@ -252,7 +253,9 @@ async def _generate(
     started = time.perf_counter()
     found = body.unsupported() + media_needs
     await _check_num_ctx(request, body.model, body.options, req, found)
-    gen = await open_generation(request, body.model, req, keep_alive_s=keep_alive_s, found=found)
+    gen = await open_generation(
+        request, body.model, req, keep_alive_s=keep_alive_s, found=found, names=constraints.OLLAMA
+    )
     loaded = time.perf_counter()
     try:
         if isinstance(req, ChatRequest):

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from localrun.chat import constraints
 from localrun.errors import LocalrunError
 from localrun.modelstore.capabilities import capabilities
 from localrun.server.answers import EmbeddingList
@@ -115,13 +116,20 @@ async def chat_completions(request: Request) -> Response:
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=bool(body.continue_final_message),
     )
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported() + reader.needs())
+    gen = await open_generation(
+        request, body.model, req, keep_alive_s=None, found=body.unsupported() + reader.needs(), names=_names(body)
+    )
     try:
         enable_reasoning(request, gen, req, effort_ask(body.reasoning_effort, "reasoning_effort"))
     except LocalrunError:
         await gen.aclose()
         raise
     return await _respond(request, gen, body, chat=True)
+
+
+def _names(body: Sampled) -> constraints.ConstraintNames:
+    """The schema's path as the client sent it: llama.cpp's top-level ``json_schema`` or ``response_format``."""
+    return constraints.LLAMA_SERVER if body.json_schema is not None else constraints.OPENAI
 
 
 def _json_schema(body: Sampled, from_format: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -180,7 +188,9 @@ async def completions(request: Request) -> Response:
     req = CompletionRequest(
         prompt=prompt, sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix, media=media
     )
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=body.unsupported() + reader.needs())
+    gen = await open_generation(
+        request, body.model, req, keep_alive_s=None, found=body.unsupported() + reader.needs(), names=_names(body)
+    )
     echo = None
     if body.echo:
         echo = (

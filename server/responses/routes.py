@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from localrun.chat import constraints
 from localrun.errors import LocalrunError
 from localrun.server.fields import parse_body
 from localrun.server.generation import Generation, app_state, logprobs_asked, make_sampling, open_generation
@@ -140,7 +141,7 @@ async def create_response(request: Request) -> Response:
     )
     req = ChatRequest(messages=messages, sampling=sampling, tools=tuple(tools.tools), tool_choice=choice)
     found = _found(body, items, tools, choice) + reader.needs()
-    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
+    gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found, names=constraints.RESPONSES)
     try:  # a reasoning model's channel becomes reasoning items, its budget set by reasoning.effort
         enable_reasoning(
             request, gen, req, effort_ask(body.reasoning.effort if body.reasoning else None, "reasoning.effort")

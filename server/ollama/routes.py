@@ -182,7 +182,7 @@ async def chat(request: Request) -> Response:
     body, system = await _model_defaults(request, body)
     caps = await _capabilities(request, body, keep_alive_s)
     reader = reader_for(request)
-    messages = core_messages(body, reader)
+    messages = await asyncio.to_thread(core_messages, body, reader)  # media headers: off the event loop
     if system and not any(m.role == "system" for m in messages):
         messages = (Message("system", system), *messages)
     req = ChatRequest(
@@ -205,7 +205,7 @@ async def generate(request: Request) -> Response:
     caps = await _capabilities(request, body, keep_alive_s, needed=bool(body.context))
     sampling = _sampling(request, body, caps)
     reader = reader_for(request)
-    prompt, media = with_images(body.prompt or "", body.images, "images", reader)
+    prompt, media = await asyncio.to_thread(with_images, body.prompt or "", body.images, "images", reader)
     if media and body.context:
         raise InvalidRequest(
             "'context' (token ids) cannot carry images: send the conversation to /api/chat instead",

@@ -140,6 +140,11 @@ MEDIA_MARKER = "<__media__>"
 META_PROJECTOR = "localrun.projector"
 #: Capabilities a session declares when its projector takes images / audio.
 VISION, AUDIO = "vision", "audio"
+#: The media limits the server's door and the runtime's decoder child share, so that what one
+#: admits the other decodes: the most pixels an image may claim (8000×8000, Anthropic's largest;
+#: ``server.max_image_pixels`` may lower it, never raise it), and the most channels a WAV may have.
+MAX_IMAGE_PIXELS = 64_000_000
+MAX_AUDIO_CHANNELS = 32
 
 
 def strip_media_markers(text: str) -> str:

@@ -50,7 +50,7 @@ from localrun.chat.media_formats import (
 )
 from localrun.errors import InvalidMedia
 from localrun.types import AUDIO as AUDIO_CAPABILITY
-from localrun.types import MEDIA_MARKER, VISION, Media
+from localrun.types import MAX_IMAGE_PIXELS, MEDIA_MARKER, VISION, Media
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class MediaLimits:
     max_bytes: int = 20 * MiB
     max_items: int = 32
     max_total_bytes: int = 32 * MiB
-    max_pixels: int = 64 * MiB
+    max_pixels: int = MAX_IMAGE_PIXELS
 
     @classmethod
     def of(cls, server: Any) -> MediaLimits:

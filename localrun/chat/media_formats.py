@@ -21,6 +21,8 @@ import re
 import struct
 import warnings
 
+from localrun.types import MAX_AUDIO_CHANNELS
+
 log = logging.getLogger(__name__)
 
 IMAGE, AUDIO = "image", "audio"
@@ -215,7 +217,7 @@ def _wav_check(fmt: tuple[int, int, int, int, int, int]) -> str:
     tag, channels, rate, _byte_rate, align, bits = fmt
     if tag not in _WAV_FORMATS:
         raise HeaderProblem(f"its sample format is {tag:#x}; WAV is taken as PCM or IEEE float")
-    if not 1 <= channels <= 32:
+    if not 1 <= channels <= MAX_AUDIO_CHANNELS:
         raise HeaderProblem(f"it says {channels} channels")
     if not 1000 <= rate <= 768_000:
         raise HeaderProblem(f"it says a sample rate of {rate} Hz")

@@ -138,7 +138,8 @@ class LlamaCppSession:
         per_seq = llama.llama_n_ctx_seq(ctx) if hasattr(llama, "llama_n_ctx_seq") else llama.llama_n_ctx(ctx)
         self.n_ctx = min(layout.slot_ctx, per_seq)  # what one request may use
         # Images and audio (media/session.py): the projector, its decoder, "vision" / "audio".
-        self._media = SessionMedia(projector, record.name)
+        fit = (plan.options.get("media") or {}).get("decode_pixels")  # what the projector consumes
+        self._media = SessionMedia(projector, record.name, **({"fit_pixels": int(fit)} if fit else {}))
         self.prompting = Prompting(
             llama,
             model,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 from localrun.errors import InvalidMedia, UnsupportedFeature
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
-from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media
+from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media, Plan
 
 if TYPE_CHECKING:
     from localrun.runtimes.llamacpp.media.decoder import MediaDecoder
@@ -40,6 +40,18 @@ DEFAULT_FIT_PIXELS = 4096 * 4096
 #: 32 pictures at Gemma 3's fit (2 × 896², 4.8 MB each) come to 154 MB; 32 full-size 64-MP
 #: pictures would be 6 GB in the worker.
 DECODED_BUDGET_BYTES = 256 * 1024 * 1024
+
+
+def media_bounds(plan: Plan) -> dict[str, int]:
+    """SessionMedia's bounds from the plan: ``options["media"]["decode_pixels"]`` (the planner's, from
+    the projector's header) and ``options["media_budget_bytes"]`` (an override of the budget)."""
+    bounds: dict[str, int] = {}
+    fit = (plan.options.get("media") or {}).get("decode_pixels")
+    if fit:
+        bounds["fit_pixels"] = int(fit)
+    if plan.options.get("media_budget_bytes"):
+        bounds["budget_bytes"] = int(plan.options["media_budget_bytes"])
+    return bounds
 
 
 class SessionMedia:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localrun.errors import DownloadFailed, LocalrunError, ModelExists
-from localrun.jsonfile import NotAJsonObject, read_json_object
+from localrun.jsonfile import NotAJsonObject, open_regular, read_json_object
 from localrun.modelstore.bundle.blobcopy import cleaned, copy_hashed, link_or_copy
 from localrun.modelstore.bundle.lock import BundleError, Lock, LockModel
 from localrun.modelstore.bundle.source import (
@@ -396,7 +396,7 @@ def verify_bundle(path: str | Path, *, progress: Callable[[str, int], None] | No
         if isinstance(bundle, DirBundle):
             bundle.check()
             for item in bundle.expected.values():
-                with open(bundle.path_of(item), "rb") as src:
+                with open_regular(bundle.path_of(item), follow_symlinks=False) as src:
                     _verified(bundle, item, hash_stream(src, item), progress)
         else:
             for item, stream in bundle.items():

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localrun.errors import LocalrunError, VerificationFailed
+from localrun.jsonfile import read_regular
 from localrun.modelstore.download import hash_file
 from localrun.modelstore.gitids import SYNTHETIC_ORG, is_sha1, is_sha256, lfs_git_oid, synthetic_commit, synthetic_repo
 from localrun.modelstore.hfcache import CacheLayout
@@ -147,8 +148,8 @@ def _read_branches(layout: CacheLayout) -> dict[str, str]:
     for path in refs.rglob("*"):
         if path.is_file() and not path.is_symlink():
             try:
-                value = path.read_text().strip()
-            except OSError:
+                value = read_regular(path, max_bytes=256, follow_symlinks=False).decode().strip()
+            except (OSError, UnicodeDecodeError):
                 continue
             if is_sha1(value):
                 out[path.relative_to(refs).as_posix()] = value

@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import enum
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,22 @@ class FileEntry:
     sha256: str | None = None
     #: st_mtime_ns when the file last matched ``sha256``; a file touched since is re-hashed before use.
     mtime_ns: int | None = None
+    #: st_ctime_ns at the same moment: ``touch -r``, ``cp -p`` and ``rsync -t`` put an mtime back,
+    #: nothing puts a change time back, so a file is trusted unread only when both still match.
+    ctime_ns: int | None = None
+
+    def matched_at(self, path: str | os.PathLike[str]) -> FileEntry:
+        """This entry with ``path``'s current mtime and ctime: the moment it was seen to match ``sha256``."""
+        st = os.stat(path)
+        return dataclasses.replace(self, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def unchanged_at(self, st: os.stat_result) -> bool:
+        """Whether a file with stat ``st`` is, by its times and size, the one that matched (never by mtime alone)."""
+        return self.ctime_ns is not None and (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+        )
 
 
 @dataclass(frozen=True)

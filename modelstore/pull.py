@@ -289,7 +289,7 @@ def pull(
     record = as_download(
         described,
         path=primary,
-        files=(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in own),
+        files=(FileEntry(str(r.path), r.size, r.sha256).matched_at(r.path) for r in own),
         source=Source.HUB,
         repo=plan.repo,
         revision=plan.commit,

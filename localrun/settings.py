@@ -178,6 +178,9 @@ class HubSettings(BaseModel):
     """Seconds a hub request waits for the answer's headers: an endpoint that accepts and stays silent fails here."""
     stall_timeout_s: float = Field(60.0, gt=0)
     """Seconds a download may go without a byte before it is cut (and resumed from what arrived)."""
+    listing_timeout_s: float = Field(300.0, gt=0)
+    """Seconds one listing or search page may take in all: a hub that drip-feeds a byte just inside
+    the stall deadline is cut here."""
 
 
 class ModelSettings(BaseModel):

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound, VerificationFailed
@@ -239,6 +240,15 @@ class ModelStore:
             else:
                 _unlink_owned(link, real)
         return rec
+
+    def drop_unregistered(self, links: Iterable[Path]) -> None:
+        """Delete files a refused pull fetched into the HF cache (a snapshot link and its blob),
+        so no other tool finds them there, unless a registered model uses them."""
+        in_use = {os.path.realpath(file_path(o, f.path)) for o in self.index.list() for f in o.files}
+        for link in links:
+            real = Path(os.path.realpath(link))
+            if str(real) not in in_use:
+                _unlink_owned(link, real)
 
     # --- the models that come with localrun ------------------------------------------------
 

@@ -243,7 +243,7 @@ class SlotApi:
         values of ``n_embd`` per layer for every position, twice over (the state's own metadata, a
         recurrent layer's fixed state); a larger file is refused before a byte of it is read."""
         model = self._llama.llama_get_model(self._ctx)
-        n_layer, n_embd = self._llama.llama_model_n_layer(model), self._llama.llama_model_n_embd(model)
+        n_layer, n_embd = int(self._llama.llama_model_n_layer(model)), int(self._llama.llama_model_n_embd(model))
         per_position = 2 * n_layer * 2 * n_embd * 4
         return 12 + 4 * (self._n_ctx + 4) + per_position * (self._n_ctx + 64) + (1 << 20)
 

@@ -162,6 +162,9 @@ VISION, AUDIO = "vision", "audio"
 #: ``server.max_image_pixels`` may lower it, never raise it), and the most channels a WAV may have.
 MAX_IMAGE_PIXELS = 64_000_000
 MAX_AUDIO_CHANNELS = 32
+#: The longest audio clip, in seconds (ten 30-second Whisper windows): the door reads it from a
+#: WAV's or FLAC's header, the decoder from the stream.
+MAX_AUDIO_SECONDS = 300.0
 
 
 def strip_media_markers(text: str) -> str:

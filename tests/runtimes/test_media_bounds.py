@@ -109,3 +109,15 @@ def test_the_door_and_the_child_share_one_pixel_cap(decoder):
     # 8192×8000 = 65.5 MP: under the door's old 64 MiB, over the child's 64,000,000.
     with pytest.raises(InvalidMedia, match="server.max_image_pixels"):
         MediaReader().check(png_claiming(8192, 8000), "image")
+
+
+def test_a_clip_over_the_shared_duration_cap_is_refused_at_the_door_as_in_the_child(decoder):
+    fmt = struct.pack("<HHIIHH", 1, 1, 1000, 1000, 1, 8)  # 8-bit mono at 1 kHz: 1,000 bytes a second
+    pcm = b"\x80" * 301_000
+    chunks = b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", len(pcm)) + pcm
+    long_wav = b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks
+    with pytest.raises(InvalidMedia, match="300-second cap"):
+        MediaReader().check(long_wav, "input_audio")
+    with pytest.raises(InvalidMedia, match="over the 300-second cap"):
+        decoder.audio(long_wav, 16000)
+    MediaReader().check(_wav(1), "input_audio")  # a short one passes

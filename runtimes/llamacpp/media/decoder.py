@@ -51,13 +51,13 @@ from typing import IO, Any, cast
 from localrun.errors import InvalidMedia, RuntimeUnavailable
 from localrun.frames import MAX_PAYLOAD_BYTES, FrameWriter, read_frame
 from localrun.proc import describe_exit
-from localrun.types import MAX_IMAGE_PIXELS
+from localrun.types import MAX_AUDIO_SECONDS, MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = MAX_PAYLOAD_BYTES  # what one worker frame carries: the door's caps (settings) decide below it
 DEFAULT_MAX_PIXELS = MAX_IMAGE_PIXELS  # the door's cap too (server.max_image_pixels may only lower it)
-DEFAULT_MAX_AUDIO_S = 300.0  # ten 30-second Whisper windows
+DEFAULT_MAX_AUDIO_S = MAX_AUDIO_SECONDS  # the door's cap too
 DEFAULT_TIMEOUT_S = 10.0  # of the child's CPU time, per decode
 #: The wall-clock backstop, as a multiple of the CPU cap: a child that sleeps (or is stopped) uses no
 #: CPU, and a loaded machine may give a decode a fifth of a core; past this it is stopped anyway.

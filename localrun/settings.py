@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from localrun.types import MAX_IMAGE_PIXELS
+
 if TYPE_CHECKING:
     from platformdirs import PlatformDirs
 
@@ -87,9 +89,10 @@ class ServerSettings(BaseModel):
     max_media_per_request: int = Field(32, ge=0, le=1000)
     """Most images and clips in one request, the conversation's history included (0 refuses any).
     32: an agent's history of screenshots fits, and at ~256 tokens an image it already fills an 8k context."""
-    max_image_pixels: int = Field(64 * 1024 * 1024, ge=1)
+    max_image_pixels: int = Field(MAX_IMAGE_PIXELS, ge=1, le=MAX_IMAGE_PIXELS)
     """Most pixels (width × height, read from the header before any decode) an image may have.
-    64 MP takes a 48-MP phone photo; a 1 KB file claiming 60000×60000 is refused at the door."""
+    64 MP takes a 48-MP phone photo; a 1 KB file claiming 60000×60000 is refused at the door. At
+    most the runtime decoder's own cap (localrun.types.MAX_IMAGE_PIXELS), so the two agree."""
     fetch_image_urls: list[str] = Field(default_factory=list)
     """Hosts whose ``http(s)://`` image URLs the server fetches (names, or patterns such as
     ``*.example.com``). Empty (the default): none, since a server that fetches any URL it is sent
@@ -182,6 +185,9 @@ class HubSettings(BaseModel):
     """Seconds a hub request waits for the answer's headers: an endpoint that accepts and stays silent fails here."""
     stall_timeout_s: float = Field(60.0, gt=0)
     """Seconds a download may go without a byte before it is cut (and resumed from what arrived)."""
+    listing_timeout_s: float = Field(300.0, gt=0)
+    """Seconds one listing or search page may take in all: a hub that drip-feeds a byte just inside
+    the stall deadline is cut here."""
 
 
 class ModelSettings(BaseModel):

@@ -11,6 +11,7 @@ import base64
 import binascii
 import dataclasses
 import enum
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,22 @@ class FileEntry:
     sha256: str | None = None
     #: st_mtime_ns when the file last matched ``sha256``; a file touched since is re-hashed before use.
     mtime_ns: int | None = None
+    #: st_ctime_ns at the same moment: ``touch -r``, ``cp -p`` and ``rsync -t`` put an mtime back,
+    #: nothing puts a change time back, so a file is trusted unread only when both still match.
+    ctime_ns: int | None = None
+
+    def matched_at(self, path: str | os.PathLike[str]) -> FileEntry:
+        """This entry with ``path``'s current mtime and ctime: the moment it was seen to match ``sha256``."""
+        st = os.stat(path)
+        return dataclasses.replace(self, mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+
+    def unchanged_at(self, st: os.stat_result) -> bool:
+        """Whether a file with stat ``st`` is, by its times and size, the one that matched (never by mtime alone)."""
+        return self.ctime_ns is not None and (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (
+            self.size,
+            self.mtime_ns,
+            self.ctime_ns,
+        )
 
 
 @dataclass(frozen=True)
@@ -140,6 +157,14 @@ MEDIA_MARKER = "<__media__>"
 META_PROJECTOR = "localrun.projector"
 #: Capabilities a session declares when its projector takes images / audio.
 VISION, AUDIO = "vision", "audio"
+#: The media limits the server's door and the runtime's decoder child share, so that what one
+#: admits the other decodes: the most pixels an image may claim (8000×8000, Anthropic's largest;
+#: ``server.max_image_pixels`` may lower it, never raise it), and the most channels a WAV may have.
+MAX_IMAGE_PIXELS = 64_000_000
+MAX_AUDIO_CHANNELS = 32
+#: The longest audio clip, in seconds (ten 30-second Whisper windows): the door reads it from a
+#: WAV's or FLAC's header, the decoder from the stream.
+MAX_AUDIO_SECONDS = 300.0
 
 
 def strip_media_markers(text: str) -> str:

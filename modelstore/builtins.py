@@ -108,7 +108,7 @@ def builtin_record(name: str, path: Path, sha256: str | None, *, owned: bool) ->
     """The record of a built-in GGUF, read from the file: built-ins skip import's checks for
     split shards and foreign files because localrun itself put the file there, verified."""
     info = read_gguf_metadata(path)
-    entry = FileEntry(path=str(path), size=info.size_bytes, sha256=sha256, mtime_ns=path.stat().st_mtime_ns)
+    entry = FileEntry(path=str(path), size=info.size_bytes, sha256=sha256).matched_at(path)
     return ModelRecord(
         name=name,
         format=Format.GGUF,

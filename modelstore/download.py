@@ -175,6 +175,11 @@ class _Transfer:
                         self._receive(resp, began, began_at)
                 if self.offset < self.rf.size:
                     raise httpx.RemoteProtocolError("the body ended early")
+            except httpx.TooManyRedirects as exc:  # a loop: asking again loops again
+                raise DownloadFailed(
+                    f"{self.where}: the hub redirected the download in a loop (or more than 20 times)",
+                    hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+                ) from exc
             except (httpx.TransportError, _Retry) as exc:
                 if isinstance(exc, httpx.TimeoutException) and self.offset == at:
                     # Silence with nothing gained: asking again only multiplies the wait.

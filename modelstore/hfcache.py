@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 from localrun.errors import InvalidName, ModelNotFound
+from localrun.jsonfile import read_regular
 from localrun.modelstore.hub import RemoteFile, RepoListing
 from localrun.modelstore.names import safe_join, safe_relpath
 
@@ -60,8 +61,9 @@ class CacheLayout:
 
     def read_ref(self, revision: str) -> str | None:
         try:
-            value = self._inside(f"refs/{safe_relpath(revision)}").read_text().strip()
-        except OSError:
+            # A FIFO here blocked every pull and load that read it; a ref is 40 hex digits.
+            value = read_regular(self._inside(f"refs/{safe_relpath(revision)}"), max_bytes=256).decode().strip()
+        except (OSError, UnicodeDecodeError):
             return None
         return value if re.fullmatch(r"[0-9a-f]{40}", value) else None
 

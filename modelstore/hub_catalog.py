@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localrun.errors import LocalrunError, VerificationFailed
+from localrun.jsonfile import read_regular
 from localrun.modelstore.download import hash_file
 from localrun.modelstore.gitids import SYNTHETIC_ORG, is_sha1, is_sha256, lfs_git_oid, synthetic_commit, synthetic_repo
 from localrun.modelstore.hfcache import CacheLayout
@@ -64,6 +65,7 @@ class MirrorFile:
     sha256: str | None
     git_oid: str | None
     mtime_ns: int | None  # when the index last saw it match sha256
+    ctime_ns: int | None = None  # its change time then: an mtime can be put back, a ctime cannot
 
     @property
     def lfs(self) -> bool:
@@ -136,7 +138,7 @@ def _mirror_file(record: ModelRecord, entry: FileEntry, cache_dir: Path) -> Mirr
         git_oid = blob  # the hub said this is a plain git file with this oid
     elif is_sha256(blob) and sha256 is None:
         sha256 = blob  # the blob's name is the sha256 it was verified against
-    return MirrorFile(rel, entry.size, os.path.realpath(disk), sha256, git_oid, entry.mtime_ns)
+    return MirrorFile(rel, entry.size, os.path.realpath(disk), sha256, git_oid, entry.mtime_ns, entry.ctime_ns)
 
 
 def _read_branches(layout: CacheLayout) -> dict[str, str]:
@@ -147,8 +149,8 @@ def _read_branches(layout: CacheLayout) -> dict[str, str]:
     for path in refs.rglob("*"):
         if path.is_file() and not path.is_symlink():
             try:
-                value = path.read_text().strip()
-            except OSError:
+                value = read_regular(path, max_bytes=256, follow_symlinks=False).decode().strip()
+            except (OSError, UnicodeDecodeError):
                 continue
             if is_sha1(value):
                 out[path.relative_to(refs).as_posix()] = value
@@ -242,13 +244,15 @@ class Verifier:
 
     def __init__(self) -> None:
         self._good: dict[str, tuple[StatKey, str]] = {}  # disk -> (stat key, sha256)
+        # disk -> the first sha256 hashed here for a file the store recorded none for: held to after
+        self._first: dict[str, str] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def sha256(self, f: MirrorFile) -> str | None:
         """The file's sha256: recorded, or learned when it was hashed here."""
         known = self._good.get(f.disk)
-        return f.sha256 or (known[1] if known else None)
+        return f.sha256 or (known[1] if known else None) or self._first.get(f.disk)
 
     def good_key(self, f: MirrorFile) -> StatKey | None:
         """The stat key at which ``f`` is known to match, if its current stat is that one."""
@@ -260,8 +264,9 @@ class Verifier:
         known = self._good.get(f.disk)
         if known and known[0] == key:
             return key
-        if f.sha256 and f.mtime_ns is not None and st.st_mtime_ns == f.mtime_ns and st.st_size == f.size:
-            self._good[f.disk] = (key, f.sha256)  # the index saw it match at exactly this mtime
+        recorded = (f.size, f.mtime_ns, f.ctime_ns)
+        if f.sha256 and f.ctime_ns is not None and (st.st_size, st.st_mtime_ns, st.st_ctime_ns) == recorded:
+            self._good[f.disk] = (key, f.sha256)  # the index saw it match at exactly this mtime and ctime
             return key
         return None
 
@@ -324,6 +329,13 @@ class Verifier:
                 "the file was modified on the mirror host; pull or import it again there",
             )
         got = digest.sha256.hexdigest()
+        first = self._first.setdefault(f.disk, got) if not f.sha256 else got
+        if got != first:  # no recorded hash: the first one hashed here is the file's, and stays so
+            raise refused(
+                f"{where} changed since the mirror first served it (sha256 {first}, now {got}); "
+                "the mirror will not serve it",
+                "the file was modified on the mirror host; import it again there (`localrun import --replace`)",
+            )
         self._good[f.disk] = (after, got)
         logger.info("mirror: verified %s (%s)", where, f.disk)
         return after

@@ -42,6 +42,16 @@ USER_AGENT = "localrun/0.1; hf_hub-compatible"
 #: The most a listing or search page may weigh: a hostile hub cannot fill memory.
 MAX_JSON_BYTES = 64 * 1024 * 1024
 MAX_PAGES = 1000
+#: The most elements one listing page and a whole listing may hold (the hub pages a repo's tree a
+#: thousand files at a time and advises fewer than 100k files a repo). Checked page by page, so a
+#: page that links to itself stops here, not after a thousand pages in memory.
+MAX_PAGE_ITEMS = 10_000
+MAX_ITEMS = 100_000
+#: JSON values one page may open (``[`` and ``{``) and separate (``,``), counted in the raw bytes
+#: before parsing: 64 MiB of ``[],`` parses into 21 million lists (1.75 GB); a real page of a
+#: thousand files opens a few thousand.
+_MAX_CONTAINERS = 20 * MAX_PAGE_ITEMS
+_MAX_COMMAS = 50 * MAX_PAGE_ITEMS
 #: A request's query: a dict, or pairs where a key repeats (``expand`` in a search).
 Params = dict[str, str] | tuple[tuple[str, str], ...]
 _STATUS_RETRIES = 2  # 429/5xx on a metadata call: the hub's own back-off, kept short
@@ -52,6 +62,7 @@ class Deadlines:
     connect_s: float = 10.0
     first_byte_s: float = 30.0
     stall_s: float = 60.0
+    total_s: float = 300.0  # one JSON page in all: a drip-feeding hub is cut here
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Deadlines:
@@ -61,6 +72,7 @@ class Deadlines:
             float(getattr(hub, "connect_timeout_s", default.connect_s)),
             float(getattr(hub, "first_byte_timeout_s", default.first_byte_s)),
             float(getattr(hub, "stall_timeout_s", default.stall_s)),
+            float(getattr(hub, "listing_timeout_s", default.total_s)),
         )
 
     def timeout(self) -> httpx.Timeout:
@@ -143,6 +155,7 @@ def get_json(
     import httpx
 
     attempt = 0
+    started = time.monotonic()
     while True:
         got_headers = False
         try:
@@ -161,28 +174,55 @@ def get_json(
                         resp.headers.get("X-Error-Message") or _error_field(resp.headers, _head(resp)),
                         str(resp.url),
                     )
-                body, size = [], 0
-                for chunk in resp.iter_bytes():
-                    size += len(chunk)
-                    if size > MAX_JSON_BYTES:
-                        raise DownloadFailed(
-                            f"the hub at {endpoint} sent more than {MAX_JSON_BYTES >> 20} MiB for one listing page",
-                            hint=_HINT,
-                        )
-                    body.append(chunk)
-                try:
-                    return json.loads(b"".join(body)), resp
-                except ValueError as exc:
-                    raise DownloadFailed(
-                        f"the hub at {endpoint} sent something that is not JSON for {resp.url.path}",
-                        hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
-                    ) from exc
+                return _parse(_body(resp, endpoint, deadlines, started), endpoint, resp), resp
         except httpx.TimeoutException as exc:
             raise timeout_error(exc, endpoint, deadlines, body=got_headers) from exc
-        except httpx.TransportError as exc:
+        except httpx.TooManyRedirects as exc:
+            raise DownloadFailed(
+                f"the hub at {endpoint} redirected {url[:120]} in a loop (or more than 20 times)",
+                hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+            ) from exc
+        except httpx.RequestError as exc:  # transport failures, and a body it could not decode
             raise DownloadFailed(
                 f"cannot reach the hub at {endpoint}: {exc or type(exc).__name__}", hint=_HINT
             ) from exc
+
+
+def _body(resp: httpx.Response, endpoint: str, deadlines: Deadlines, started: float) -> bytes:
+    """The answer's bytes, within the size cap and the page's overall deadline."""
+    body, size = [], 0
+    for chunk in resp.iter_bytes():
+        size += len(chunk)
+        if size > MAX_JSON_BYTES:
+            raise DownloadFailed(
+                f"the hub at {endpoint} sent more than {MAX_JSON_BYTES >> 20} MiB for one listing page", hint=_HINT
+            )
+        if time.monotonic() - started > deadlines.total_s:
+            raise DownloadFailed(
+                f"the hub at {endpoint} took more than {deadlines.total_s:g} s to send one listing page "
+                f"({size:,} bytes had come)",
+                hint=f"{_HINT}; hub.listing_timeout_s in config.toml (LOCALRUN_HUB__LISTING_TIMEOUT_S) sets this",
+            )
+        body.append(chunk)
+    return b"".join(body)
+
+
+def _parse(raw: bytes, endpoint: str, resp: httpx.Response) -> Any:
+    """The page's JSON, if its size in values is a listing's: counted before it is parsed."""
+    opened = raw.count(b"[") + raw.count(b"{")
+    if opened > _MAX_CONTAINERS or raw.count(b",") > _MAX_COMMAS:
+        raise DownloadFailed(
+            f"the hub at {endpoint} sent a page for {resp.url.path} with more values than a listing page has "
+            f"({opened:,} lists and objects)",
+            hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+        )
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
+        raise DownloadFailed(
+            f"the hub at {endpoint} sent something that is not JSON (or nests too deeply) for {resp.url.path}",
+            hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
+        ) from exc
 
 
 def get_pages(
@@ -199,9 +239,16 @@ def get_pages(
     items: list[Any] = []
     for _ in range(MAX_PAGES):
         page, resp = get_json(client, url, endpoint=endpoint, deadlines=deadlines, params=params, headers=headers)
-        if not isinstance(page, list):
+        if not isinstance(page, list) or len(page) > MAX_PAGE_ITEMS or len(items) + len(page) > MAX_ITEMS:
+            what = (
+                "not a list"
+                if not isinstance(page, list)
+                else f"{len(page):,} entries on one page, over {MAX_PAGE_ITEMS:,}"
+                if len(page) > MAX_PAGE_ITEMS
+                else f"more than {MAX_ITEMS:,} entries in all"
+            )
             raise DownloadFailed(
-                f"the hub at {endpoint} sent a malformed answer for {resp.url.path} (not a list)",
+                f"the hub at {endpoint} sent a malformed answer for {resp.url.path} ({what})",
                 hint="check that HF_ENDPOINT points at a Hugging Face hub or mirror",
             )
         items.extend(page)

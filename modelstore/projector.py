@@ -181,8 +181,8 @@ def pair(
     info = info or read_projector(path)
     check_fits(record, info)
     old = record.metadata.get(META_PROJECTOR)
-    mtime = os.stat(path).st_mtime_ns if sha256 else None
-    entry = FileEntry(str(path), info.size_bytes, sha256, mtime)
+    entry = FileEntry(str(path), info.size_bytes, sha256)
+    entry = entry.matched_at(path) if sha256 else entry
     files = tuple(e for e in record.files if e.path != old and Path(e.path) != path) + (entry,)
     meta = dict(record.metadata)
     meta[META_PROJECTOR] = str(path)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localrun.errors import InvalidModelFile, ModelNotFound
+from localrun.errors import DownloadFailed, InvalidModelFile, ModelNotFound
 from localrun.jsonfile import NotAJsonObject, read_json_object
 from localrun.modelstore.describe import as_download
 from localrun.modelstore.download import FetchResult, ProgressCallback, check_disk_space, fetch_file, hash_file
@@ -262,8 +262,29 @@ def pull(
     if not plan.offline:
         check_disk_space(layout.cache_dir, plan.download_bytes, f"{plan.repo} ({len(plan.files)} files)")
         layout.write_ref(plan.revision, plan.commit)
-    client = HubClient(settings=settings, endpoint=plan.endpoint)
     results: dict[str, FetchResult] = {}
+    try:
+        return _fetch_and_register(store, plan, layout, listing, results, progress)
+    except InvalidModelFile:  # refused after its bytes came: not left in the shared cache for other tools
+        store.drop_unregistered(r.path for r in results.values() if not r.reused)
+        raise
+    except FileNotFoundError as exc:  # a `localrun rm` (or another process) removed a file mid-pull
+        raise DownloadFailed(
+            f"{plan.repo}: {exc.filename or 'a file'} was removed while it was being pulled",
+            hint="another `localrun rm` or clean-up ran at the same time; run the pull again",
+        ) from None
+
+
+def _fetch_and_register(
+    store: ModelStore,
+    plan: PullPlan,
+    layout: CacheLayout,
+    listing: RepoListing,
+    results: dict[str, FetchResult],
+    progress: ProgressCallback | None,
+) -> ModelRecord:
+    """Fetch every file of ``plan`` into ``results`` (as they come), then describe and register."""
+    client = HubClient(settings=getattr(store, "settings", None), endpoint=plan.endpoint)
     with client.deadlines.client() as http:
         for pf in plan.files:
             rf = listing.file(pf.path)
@@ -290,7 +311,7 @@ def pull(
     record = as_download(
         described,
         path=primary,
-        files=(FileEntry(str(r.path), r.size, r.sha256, os.stat(r.path).st_mtime_ns) for r in own),
+        files=(FileEntry(str(r.path), r.size, r.sha256).matched_at(r.path) for r in own),
         source=Source.HUB,
         repo=plan.repo,
         revision=plan.commit,

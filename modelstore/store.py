@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from localrun.errors import InvalidModelFile, ModelExists, ModelNotFound, VerificationFailed
@@ -196,22 +197,20 @@ class ModelStore:
         for entry in rec.files:
             if entry.sha256 is None:
                 continue
-            mtime = os.stat(file_path(rec, entry.path)).st_mtime_ns
-            if entry.mtime_ns != mtime:
+            if not entry.unchanged_at(os.stat(file_path(rec, entry.path))):  # mtime and ctime, not mtime alone
                 touched.append(entry)
         if not touched:
             return
         entries = {e.path: e for e in rec.files}
         for entry in touched:
             path = file_path(rec, entry.path)
-            mtime = os.stat(path).st_mtime_ns
             digest = sha256_of(path)
             if digest != (entry.sha256 or "").lower():
                 raise VerificationFailed(
                     f"model {rec.name!r}: {entry.path} was modified and no longer matches its sha256",
                     hint=f"pull or import it again, or `localrun rm {rec.name}`",
                 )
-            entries[entry.path] = dataclasses.replace(entry, mtime_ns=mtime)
+            entries[entry.path] = entry.matched_at(path)
         self.index.add(dataclasses.replace(rec, files=tuple(entries[e.path] for e in rec.files)), replace=True)
 
     def verify(self, name: str) -> ModelRecord:
@@ -227,10 +226,8 @@ class ModelStore:
                     f"model {rec.name!r}: {entry.path} has sha256 {digest}, expected {entry.sha256}",
                     hint="the file is corrupt or was modified; download or import it again",
                 )
-            learned |= entry.sha256 is None or entry.mtime_ns is None
-            entries.append(
-                dataclasses.replace(entry, sha256=digest, mtime_ns=os.stat(file_path(rec, entry.path)).st_mtime_ns)
-            )
+            learned |= entry.sha256 is None or entry.ctime_ns is None
+            entries.append(dataclasses.replace(entry, sha256=digest).matched_at(file_path(rec, entry.path)))
         if learned:
             rec = self.index.add(dataclasses.replace(rec, files=tuple(entries)), replace=True)
         return rec
@@ -276,6 +273,16 @@ class ModelStore:
                 _unlink_owned(link, real)
                 _prune_repo(link)
         return rec
+
+    def drop_unregistered(self, links: Iterable[Path]) -> None:
+        """Delete files a refused pull fetched into the HF cache (a snapshot link and its blob),
+        so no other tool finds them there, unless a registered model uses them."""
+        in_use = {os.path.realpath(file_path(o, f.path)) for o in self.index.list() for f in o.files}
+        for link in links:
+            real = Path(os.path.realpath(link))
+            if str(real) not in in_use:
+                _unlink_owned(link, real)
+                _prune_repo(link)
 
     # --- the models that come with localrun ------------------------------------------------
 

@@ -130,6 +130,10 @@ async def admin_load(request: Request) -> dict[str, Any]:
 async def admin_unload(request: Request) -> dict[str, Any]:
     body: ModelOnly = await parse_body(request, ModelOnly, lenient=False)
     manager = app_state(request).manager
+    # A loaded model first, by the name it was loaded as: one removed from the store since
+    # (`localrun rm` elsewhere) resolves no more, and its worker must still be let go.
+    if await asyncio.to_thread(manager.unload, body.model):
+        return {"model": body.model, "unloaded": True}
     record = await asyncio.to_thread(manager.resolve, body.model)
     return {"model": record.name, "unloaded": await asyncio.to_thread(manager.unload, record.name)}
 

@@ -100,8 +100,9 @@ async def resolve_remote(
         fetched = await asyncio.gather(
             *(_fetch(client, item, patterns, reader.limits.max_bytes, timeout_s) for item in reader.remote)
         )
-    done: list[tuple[RemoteMedia, Media]] = [
-        (item, reader.resolved(item, data, mime)) for item, (data, mime) in zip(reader.remote, fetched)
+    done: list[tuple[RemoteMedia, Media]] = [  # their headers are read off the event loop, as inline media's
+        (item, await asyncio.to_thread(reader.resolved, item, data, mime))
+        for item, (data, mime) in zip(reader.remote, fetched)
     ]
     reader.remote = []
 

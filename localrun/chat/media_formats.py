@@ -21,6 +21,8 @@ import re
 import struct
 import warnings
 
+from localrun.types import MAX_AUDIO_CHANNELS, MAX_AUDIO_SECONDS
+
 log = logging.getLogger(__name__)
 
 IMAGE, AUDIO = "image", "audio"
@@ -206,7 +208,10 @@ def wav_facts(data: bytes) -> str:
                 raise HeaderProblem("its data chunk comes before any fmt chunk: the samples have no format")
             if size not in _UNKNOWN_SIZES and size > len(data) - body:
                 raise HeaderProblem(f"it is truncated: its data chunk says {size} bytes, {len(data) - body} arrived")
-            return _wav_check(fmt)
+            facts = _wav_check(fmt)
+            held = len(data) - body if size in _UNKNOWN_SIZES else size
+            _check_seconds(held / fmt[4] / fmt[2])  # bytes / block size / rate (both checked above)
+            return facts
         pos = body + size + (size & 1)
     raise HeaderProblem("it has no fmt chunk" if fmt is None else "it has no data chunk: there are no samples")
 
@@ -215,7 +220,7 @@ def _wav_check(fmt: tuple[int, int, int, int, int, int]) -> str:
     tag, channels, rate, _byte_rate, align, bits = fmt
     if tag not in _WAV_FORMATS:
         raise HeaderProblem(f"its sample format is {tag:#x}; WAV is taken as PCM or IEEE float")
-    if not 1 <= channels <= 32:
+    if not 1 <= channels <= MAX_AUDIO_CHANNELS:
         raise HeaderProblem(f"it says {channels} channels")
     if not 1000 <= rate <= 768_000:
         raise HeaderProblem(f"it says a sample rate of {rate} Hz")
@@ -235,7 +240,14 @@ def flac_facts(data: bytes) -> str:
     channels = ((info[12] >> 1) & 0x7) + 1
     if rate == 0:
         raise HeaderProblem("its STREAMINFO says a sample rate of 0 Hz")
+    total = ((info[13] & 0x0F) << 32) | int.from_bytes(info[14:18], "big")  # 0: not known
+    _check_seconds(total / rate)
     return f"FLAC {channels} ch {rate} Hz"
+
+
+def _check_seconds(seconds: float) -> None:
+    if seconds > MAX_AUDIO_SECONDS:
+        raise HeaderProblem(f"it is {seconds:,.1f} s long, over the {MAX_AUDIO_SECONDS:g}-second cap of a clip")
 
 
 #: How far past an ID3 tag the first MPEG frame may start (encoders pad a little).

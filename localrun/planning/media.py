@@ -82,6 +82,26 @@ def image_cost(facts: ProjectorFacts) -> ImageCost:
     return ImageCost(None, f"unknown for projector type {proj!r}")
 
 
+#: The pixels a picture keeps (``decode_pixels``) where the projector's type does not say how many
+#: it consumes: tiling and dynamic-resolution encoders take large pictures, up to about this.
+_DECODE_PIXELS_ANY = 4096 * 4096
+
+
+def decode_pixels(facts: ProjectorFacts) -> int:
+    """How many pixels of a picture the projector consumes: the decoder scales larger pictures down
+    to this (shape kept) before they reach the worker. A fixed-resolution encoder (Gemma 3, LLaVA's,
+    every type with one image per picture and no tiles) resizes every picture to ``image_size``
+    squared; twice that keeps both sides at least ``image_size`` for shapes up to 2:1, so the
+    encoder's own resize loses nothing it would have had. Tiled, sliced and dynamic encoders keep
+    up to :data:`_DECODE_PIXELS_ANY`."""
+    proj, size = facts.vision_type, facts.vision_int("image_size")
+    fixed = proj in _ALL_PATCHES or proj in _QUARTER or proj == "gemma3nv"
+    fixed = fixed or (proj in _MERGED and proj not in _TILED)
+    if fixed and size:
+        return min(2 * size * size, _DECODE_PIXELS_ANY)
+    return _DECODE_PIXELS_ANY
+
+
 def encoder_compute_bytes(facts: ProjectorFacts) -> int:
     """The vision encoder's compute buffer for one image, as llama.cpp's clip allocates it with flash
     attention (its default where the backend has it): per patch position the widest step holds the
@@ -118,6 +138,7 @@ def with_media(plan: Plan, record: ModelRecord) -> Plan:
         "compute_bytes": compute,
         "image_tokens": cost.tokens,
         "image_tokens_note": cost.note,
+        "decode_pixels": decode_pixels(facts),
     }
     options = {**plan.options, "media": media}
     verdict, memory = plan.verdict, plan.memory

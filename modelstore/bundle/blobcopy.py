@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from localrun.jsonfile import open_regular
 from localrun.modelstore.bundle.source import Item, hash_stream
 
 _FICLONE = 0x40049409  # Linux ioctl: share the source's extents (btrfs, xfs, bcachefs)
@@ -41,7 +42,7 @@ def link_or_copy(source: Path, tmp: Path, trusted: bool) -> str:
     try:
         import fcntl
 
-        with open(source, "rb") as src, open(tmp, "wb") as dst:
+        with open_regular(source) as src, open(tmp, "wb") as dst:
             fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
         return "reflinked"
     except (OSError, ImportError):
@@ -56,7 +57,7 @@ def link_or_copy(source: Path, tmp: Path, trusted: bool) -> str:
 
 
 def copy_hashed(source: Path, tmp: Path, item: Item) -> str | None:
-    with open(source, "rb") as src, open(tmp, "wb") as dst:
+    with open_regular(source) as src, open(tmp, "wb") as dst:  # a FIFO put in its place is refused
         problem = hash_stream(src, item, dst)
         dst.flush()
         os.fsync(dst.fileno())

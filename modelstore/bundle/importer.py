@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localrun.errors import DownloadFailed, LocalrunError, ModelExists
-from localrun.jsonfile import NotAJsonObject, read_json_object
+from localrun.jsonfile import NotAJsonObject, open_regular, read_json_object
 from localrun.modelstore.bundle.blobcopy import cleaned, copy_hashed, link_or_copy
 from localrun.modelstore.bundle.lock import BundleError, Lock, LockModel
 from localrun.modelstore.bundle.source import (
@@ -123,13 +123,13 @@ class _Importer:
         self.result = ImportResult()
         self.early: dict[str, Future[ModelRecord]] = {}
 
-    def _index_hashes(self) -> dict[str, tuple[str, int | None]]:
+    def _index_hashes(self) -> dict[str, FileEntry]:
         out = {}
         for rec in self.store.list():
             for e in rec.files:
                 if e.sha256:
                     with contextlib.suppress(OSError):
-                        out[os.path.realpath(file_path(rec, e.path))] = (e.sha256.lower(), e.mtime_ns)
+                        out[os.path.realpath(file_path(rec, e.path))] = e
         return out
 
     # --- phase 1 ------------------------------------------------------------------------
@@ -171,7 +171,8 @@ class _Importer:
         st = os.stat(blob)
         known = self.known.get(os.path.realpath(blob))
         if not self.rehash and st.st_size == item.size:
-            if known and known == (item.sha256, st.st_mtime_ns) or self.journal.trusted(blob, item.sha256):
+            same = known is not None and (known.sha256 or "").lower() == item.sha256 and known.unchanged_at(st)
+            if same or self.journal.trusted(blob, item.sha256):
                 return True
             sealed = source is not None and self.folder is not None and self.folder.sealed(item, source)
             if sealed and source is not None and os.path.samefile(source, blob):
@@ -279,7 +280,7 @@ class _Importer:
             snap = layout.link(m.commit, f.path, blob)
             if new:
                 self.linked.append(snap)
-            files.append(FileEntry(str(snap), f.size, f.sha256, os.stat(blob).st_mtime_ns))
+            files.append(FileEntry(str(snap), f.size, f.sha256).matched_at(blob))
         layout.write_ref(m.revision, m.commit)
         primary = layout.snapshot(m.commit, m.primary) if m.primary else layout.snapshot_dir(m.commit)
         early = self.early.get(m.name)  # validates the header / folder
@@ -396,7 +397,7 @@ def verify_bundle(path: str | Path, *, progress: Callable[[str, int], None] | No
         if isinstance(bundle, DirBundle):
             bundle.check()
             for item in bundle.expected.values():
-                with open(bundle.path_of(item), "rb") as src:
+                with open_regular(bundle.path_of(item), follow_symlinks=False) as src:
                     _verified(bundle, item, hash_stream(src, item), progress)
         else:
             for item, stream in bundle.items():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,8 +33,17 @@ from pathlib import Path
 from typing import IO, BinaryIO, Protocol, cast
 
 from localrun.errors import InvalidName
-from localrun.jsonfile import NotAJsonObject, read_json_object
-from localrun.modelstore.bundle.lock import HUB_DIR, LOCK_NAME, WHEELS_DIR, BundleError, Lock, LockFile, parse_lock
+from localrun.jsonfile import NotAJsonObject, NotARegularFile, read_json_object, read_regular
+from localrun.modelstore.bundle.lock import (
+    HUB_DIR,
+    LOCK_NAME,
+    MAX_LOCK_BYTES,
+    WHEELS_DIR,
+    BundleError,
+    Lock,
+    LockFile,
+    parse_lock,
+)
 from localrun.modelstore.download import FileDigest
 from localrun.modelstore.hub import RemoteFile
 from localrun.modelstore.names import safe_relpath
@@ -64,6 +74,10 @@ class Item:
         if digest.sha256.hexdigest() != self.sha256:
             return f"sha256 {digest.sha256.hexdigest()}, the lock says {self.sha256}"
         return digest.mismatch()
+
+
+#: A commit reference (``refs/main``) is 40 hex digits and a newline; anything past this is not one.
+_MAX_REF_BYTES = 200
 
 
 def stat_key(st: os.stat_result) -> list[int]:
@@ -162,7 +176,14 @@ class DirBundle(_Bundle):
         lock_path = location / LOCK_NAME
         if lock_path.is_symlink() or not lock_path.is_file():
             raise BundleError(f"{location}: no {LOCK_NAME} here", hint="give the folder `localrun bundle export` wrote")
-        self._load_lock(lock_path.read_bytes())
+        try:  # bounded before it is read: a lock claiming gigabytes is refused, not loaded
+            data = read_regular(lock_path, max_bytes=MAX_LOCK_BYTES, follow_symlinks=False)
+        except OSError as exc:
+            raise BundleError(
+                f"{location}: its {LOCK_NAME} cannot be read ({exc})",
+                hint="give the folder `localrun bundle export` wrote",
+            ) from None
+        self._load_lock(data)
         self.seal = self._read_seal()
 
     def _read_seal(self) -> dict[str, list[int]]:
@@ -204,13 +225,20 @@ class DirBundle(_Bundle):
         self._missing(seen)
 
     def _check_file(self, rel: str, full: Path) -> None:
+        st = full.lstat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block whoever reads it; a device never ends
+            raise self.error(rel, "not a regular file (a FIFO, device or socket)", hint="do not import this bundle")
         if rel in self.refs:
-            self._check_ref(rel, full.read_bytes()[:200])
+            try:
+                data = read_regular(full, max_bytes=_MAX_REF_BYTES, follow_symlinks=False)
+            except NotARegularFile as exc:
+                raise self.error(rel, f"not a commit reference ({exc.why})", hint="copy the bundle again") from None
+            self._check_ref(rel, data)
             return
         item = self.expected.get(rel)
         if item is None:
             raise self.error(rel, "a file the lock does not name", hint="remove it, or export the bundle again")
-        size = full.stat().st_size
+        size = st.st_size
         if size != item.size:
             raise self.error(rel, f"{size} bytes, the lock says {item.size} (truncated or altered)")
 
@@ -277,6 +305,10 @@ class TarBundle(_Bundle):
                 if first
                 else f"{location}: an empty tar",
                 hint="give a tar `localrun bundle export -o X.tar` wrote",
+            )
+        if first.size > MAX_LOCK_BYTES:  # checked before a byte is read: a sparse tar may claim anything
+            raise self.error(
+                LOCK_NAME, f"{first.size:,} bytes, more than a lock may be ({MAX_LOCK_BYTES:,})", hint="not a bundle"
             )
         raw = self.tar.extractfile(first)
         data = _TarStream(raw, self, LOCK_NAME).read(first.size + 1) if raw else b""

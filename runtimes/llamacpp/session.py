@@ -62,7 +62,7 @@ from localrun.runtimes.llamacpp.features import SessionFeatures
 from localrun.runtimes.llamacpp.job import Job
 from localrun.runtimes.llamacpp.media.mtmd import open_projector
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
-from localrun.runtimes.llamacpp.media.session import SessionMedia
+from localrun.runtimes.llamacpp.media.session import SessionMedia, media_bounds
 from localrun.runtimes.llamacpp.probe import Importer, probe_llamacpp
 from localrun.runtimes.llamacpp.prompting import Prompting
 from localrun.runtimes.llamacpp.scheduler import Scheduler
@@ -138,7 +138,7 @@ class LlamaCppSession:
         per_seq = llama.llama_n_ctx_seq(ctx) if hasattr(llama, "llama_n_ctx_seq") else llama.llama_n_ctx(ctx)
         self.n_ctx = min(layout.slot_ctx, per_seq)  # what one request may use
         # Images and audio (media/session.py): the projector, its decoder, "vision" / "audio".
-        self._media = SessionMedia(projector, record.name)
+        self._media = SessionMedia(projector, record.name, **media_bounds(plan))
         self.prompting = Prompting(
             llama,
             model,

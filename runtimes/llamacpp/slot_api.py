@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from localrun.errors import Overloaded, SlotError
+from localrun.jsonfile import NotARegularFile, open_regular
 
 if TYPE_CHECKING:
     from localrun.runtimes.llamacpp.cache.kv_file import Blob
@@ -206,7 +207,7 @@ class SlotApi:
                 "n_written": n_written,
                 "timings": {"save_ms": round((time.perf_counter() - started) * 1e3, 3)},
             }
-        data = _read_file(path, filename)
+        data = _read_file(path, filename, self._max_file_bytes())
         tokens, state = unpack(data, filename)
         self._check_fits(tokens, filename)
         self._when_idle(id_slot, lambda slot: self._restore_now(slot, tokens, state, filename))
@@ -235,6 +236,16 @@ class SlotApi:
                 param="id_slot",
                 hint="GET /slots lists them",
             )
+
+    def _max_file_bytes(self) -> int:
+        """A bound on the slot files this context could have written: the header, a full context's
+        token ids (llama-server's packed list adds four) and a state no larger than f32 keys and
+        values of ``n_embd`` per layer for every position, twice over (the state's own metadata, a
+        recurrent layer's fixed state); a larger file is refused before a byte of it is read."""
+        model = self._llama.llama_get_model(self._ctx)
+        n_layer, n_embd = int(self._llama.llama_model_n_layer(model)), int(self._llama.llama_model_n_embd(model))
+        per_position = 2 * n_layer * 2 * n_embd * 4
+        return 12 + 4 * (self._n_ctx + 4) + per_position * (self._n_ctx + 64) + (1 << 20)
 
     def _check_fits(self, tokens: list[int], name: str) -> None:
         if len(tokens) > self._n_ctx:
@@ -312,15 +323,23 @@ class SlotApi:
         cache.adopt(slot, tokens)
 
 
-def _read_file(path: Path, name: str) -> bytes:
+def _read_file(path: Path, name: str, max_bytes: int) -> bytes:
+    """The slot file, if it is a regular file of at most ``max_bytes`` (a FIFO is refused, not waited on)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        f = open_regular(path, max_bytes=max_bytes, follow_symlinks=False)
     except FileNotFoundError:
         raise SlotError(f"no slot file named {name!r} in the slot folder", param="filename") from None
+    except NotARegularFile as exc:
+        raise SlotError(
+            f"slot file {name!r} {exc.why}", param="filename", hint="restore a file this server saved"
+        ) from None
     except OSError as exc:
         raise SlotError(f"cannot read slot file {name!r}: {exc.strerror}", param="filename") from None
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
+    with f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise SlotError(f"slot file {name!r} grew past {max_bytes:,} bytes while it was read", param="filename")
+    return data
 
 
 def _write_atomic(path: Path, data: bytes) -> int:

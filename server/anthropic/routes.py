@@ -94,7 +94,8 @@ async def chat_request(
             param="mcp_servers",
         )
     reader = reader_for(request)
-    messages = await resolve_remote(reader, core_messages(body, reader), app_state(request).settings.server)
+    messages = await asyncio.to_thread(core_messages, body, reader)  # media headers: off the event loop
+    messages = await resolve_remote(reader, messages, app_state(request).settings.server)
     req = ChatRequest(messages=messages, sampling=sampling, tools=tools, tool_choice=core_tool_choice(body, tools))
     return req, body.unsupported() + reader.needs()
 

@@ -131,10 +131,14 @@ async def apply_template(request: Request) -> dict[str, Any]:
     # Each image or audio part becomes the media marker where it stood, as llama-server's prompt
     # shows it; the media are read (a corrupt one is the same 400 chat gives) but not encoded.
     reader = reader_for(request)
-    messages = [
-        {"role": m.role, "content": message_content(m.content, f"messages[{i}]", reader)[0]}
-        for i, m in enumerate(body.messages)
-    ]
+
+    def templated() -> list[dict[str, Any]]:  # media headers are read off the event loop
+        return [
+            {"role": m.role, "content": message_content(m.content, f"messages[{i}]", reader)[0]}
+            for i, m in enumerate(body.messages)
+        ]
+
+    messages = await asyncio.to_thread(templated)
     found = [("chat_template_kwargs", "chat_template_kwargs")] if body.chat_template_kwargs else []
     found += reader.needs()  # media to a model that takes none: the same 400 as chat
     out: dict[str, Any] = await session_call(
@@ -220,7 +224,7 @@ async def completion(request: Request) -> Response:
     ids = None if isinstance(body.prompt, (str, MultimodalPrompt)) else list(body.prompt)
     reader = reader_for(request)
     text = multimodal.prompt_string if multimodal else body.prompt if isinstance(body.prompt, str) else ""
-    prompt, media = completion_prompt(text, multimodal, reader)
+    prompt, media = await asyncio.to_thread(completion_prompt, text, multimodal, reader)
     refuse_empty_prompt(prompt, ids)
     req = CompletionRequest(
         prompt=prompt, sampling=_native_sampling(request, body), prompt_tokens=tuple(ids or ()), media=media

@@ -26,7 +26,9 @@ from localrun.modelstore.hub_catalog import StatKey
 logger = logging.getLogger(__name__)
 
 BLOCK = 1024 * 1024
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$", re.IGNORECASE)  # RFC 9110 §14.1: the unit is case-insensitive
+# RFC 9110 §14.1: the unit is case-insensitive. At most 19 digits a position: more is past any file,
+# and Python refuses to parse 4,300 digits (a ValueError that was a 500 with a traceback).
+_RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$", re.IGNORECASE)
 
 
 class RangeNotSatisfiable(Exception):

@@ -150,6 +150,10 @@ def _sampling(request: Request, body: ChatBody | GenerateBody, capabilities: fro
 async def _load_or_unload(request: Request, model: str, keep_alive_s: float | None, *, chat: bool) -> Response:
     """An empty prompt: Ollama's way to load a model (or, with keep_alive 0, unload it)."""
     manager = app_state(request).manager
+    # keep_alive 0 unloads a loaded model by the name it was loaded as, even one removed from the
+    # store since (`localrun rm` elsewhere), which no longer resolves.
+    if keep_alive_s == 0 and await asyncio.to_thread(manager.unload, model):
+        return JSONResponse(_loaded_answer(model, "unload", chat=chat))
     record = await asyncio.to_thread(manager.resolve, model)
     if keep_alive_s == 0:
         await asyncio.to_thread(manager.unload, record.name)
@@ -157,9 +161,13 @@ async def _load_or_unload(request: Request, model: str, keep_alive_s: float | No
     else:
         await asyncio.to_thread(manager.load, record.name, keep_alive_s=keep_alive_s)
         reason = "load"
-    body = {"model": record.name, "created_at": iso(), "done": True, "done_reason": reason}
+    return JSONResponse(_loaded_answer(record.name, reason, chat=chat))
+
+
+def _loaded_answer(name: str, reason: str, *, chat: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": name, "created_at": iso(), "done": True, "done_reason": reason}
     body.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
-    return JSONResponse(body)
+    return body
 
 
 async def _check_num_ctx(
@@ -196,7 +204,7 @@ async def chat(request: Request) -> Response:
     body, system = await _model_defaults(request, body)
     caps = await _capabilities(request, body, keep_alive_s)
     reader = reader_for(request)
-    messages = core_messages(body, reader)
+    messages = await asyncio.to_thread(core_messages, body, reader)  # media headers: off the event loop
     if system and not any(m.role == "system" for m in messages):
         messages = (Message("system", system), *messages)
     req = ChatRequest(
@@ -219,7 +227,7 @@ async def generate(request: Request) -> Response:
     caps = await _capabilities(request, body, keep_alive_s, needed=bool(body.context))
     sampling = _sampling(request, body, caps)
     reader = reader_for(request)
-    prompt, media = with_images(body.prompt or "", body.images, "images", reader)
+    prompt, media = await asyncio.to_thread(with_images, body.prompt or "", body.images, "images", reader)
     if media and body.context:
         raise InvalidRequest(
             "'context' (token ids) cannot carry images: send the conversation to /api/chat instead",

@@ -106,7 +106,8 @@ async def chat_completions(request: Request) -> Response:
         **body.sampling_knobs(),
     )
     reader = reader_for(request)
-    messages = await resolve_remote(reader, core_messages(body, reader), app_state(request).settings.server)
+    messages = await asyncio.to_thread(core_messages, body, reader)  # media headers: off the event loop
+    messages = await resolve_remote(reader, messages, app_state(request).settings.server)
     req = ChatRequest(
         messages=messages,
         sampling=sampling,
@@ -183,7 +184,7 @@ async def completions(request: Request) -> Response:
     )
     ids = body.prompt_ids()
     reader = reader_for(request)
-    prompt, media = completion_prompt(body.prompt_text(), body.multimodal_prompt(), reader)
+    prompt, media = await asyncio.to_thread(completion_prompt, body.prompt_text(), body.multimodal_prompt(), reader)
     refuse_empty_prompt(prompt, ids, suffix=body.suffix)
     req = CompletionRequest(
         prompt=prompt, sampling=sampling, prompt_tokens=tuple(ids or ()), suffix=body.suffix, media=media

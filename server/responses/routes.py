@@ -136,9 +136,8 @@ async def create_response(request: Request) -> Response:
     choice = tool_choice(body, tools)
     sampling = _sampling(request, body)
     reader = reader_for(request)
-    messages = await resolve_remote(
-        reader, conversation(items, body.instructions, reader), app_state(request).settings.server
-    )
+    messages = await asyncio.to_thread(conversation, items, body.instructions, reader)  # media headers: off the loop
+    messages = await resolve_remote(reader, messages, app_state(request).settings.server)
     req = ChatRequest(messages=messages, sampling=sampling, tools=tuple(tools.tools), tool_choice=choice)
     found = _found(body, items, tools, choice) + reader.needs()
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found, names=constraints.RESPONSES)

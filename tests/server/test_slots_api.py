@@ -169,3 +169,20 @@ def test_bad_ids_actions_and_files_are_400s_and_leave_the_slot_empty(server, slo
         assert r.status_code == 400 and words in r.json()["error"]["message"], (name, r.text)
     assert slots(server)[0]["n_prompt_tokens"] == 0  # the last failure left it empty
     assert complete(server, id_slot=0)["timings"]["cache_n"] == 0  # and usable
+
+
+def test_a_fifo_a_folder_and_a_sparse_giant_are_refused_without_blocking_or_reading(server, slots_dir):
+    """Before, a FIFO blocked the restore for good (held the request and the slot) and a slot file
+    was read whole, whatever its size: a sparse 64 GB file would have been read into memory."""
+    import time
+
+    slots_dir.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(slots_dir / "pipe.bin")
+    (slots_dir / "folder.bin").mkdir()
+    with open(slots_dir / "giant.bin", "wb") as f:
+        f.truncate(64 << 30)  # sparse: 64 GB claimed, nothing on disk
+    for name, words in [("pipe.bin", "FIFO"), ("folder.bin", "directory"), ("giant.bin", "more than the")]:
+        started = time.monotonic()
+        r = httpx.post(server.url + "/slots/0", json={"filename": name}, params={"action": "restore"}, timeout=20)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], (name, r.text)
+        assert time.monotonic() - started < 10, name

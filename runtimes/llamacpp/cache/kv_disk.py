@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localrun.jsonfile import open_regular
 from localrun.runtimes.llamacpp.cache import kv_file, kv_root
 from localrun.runtimes.llamacpp.cache.kv_root import DiskEntry, clear, default_budget, list_entries
 from localrun.runtimes.llamacpp.cache.state_memory import nice_this_thread
@@ -180,7 +181,7 @@ class DiskTier:
             return None
         start = time.perf_counter()
         try:
-            with open(entry.path, "rb") as f:
+            with open_regular(entry.path) as f:  # a FIFO planted here must not block the load
                 st = os.fstat(f.fileno())
                 header, tokens = kv_file.read_header(f, size=st.st_size, digest=self._digest)
                 if tokens != tuple(entry.tokens):

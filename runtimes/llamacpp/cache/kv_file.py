@@ -43,6 +43,9 @@ KINDS = ("prefix", "checkpoint")
 _HEAD = struct.Struct("<8sHBB32sIQdIQ")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEAD.size + _CRC.size
+#: The most token ids a file may list: far past any context llama.cpp takes (4 Mi ids, 16 MiB),
+#: and checked before they are read, so a header claiming 4 billion is refused, not read.
+MAX_TOKENS = 1 << 22
 #: Blobs are checksummed, written and read in pieces of this size, so the GIL is let go often
 #: and a decode step never waits behind one long call.
 CHUNK = 4 << 20
@@ -124,8 +127,11 @@ def encode_header(digest: bytes, kind: str, toks: bytes, blob_len: int, crc: int
     return head + _CRC.pack(zlib.crc32(head)) + toks
 
 
-def read_header(f: BinaryIO, *, size: int, digest: bytes) -> tuple[Header, tuple[int, ...]]:
-    """Read and check a file's header and tokens (not its blob). ``size`` is the file's size.
+def read_header(
+    f: BinaryIO, *, size: int, digest: bytes, max_tokens: int = MAX_TOKENS
+) -> tuple[Header, tuple[int, ...]]:
+    """Read and check a file's header and tokens (not its blob). ``size`` is the file's size;
+    more than ``max_tokens`` token ids are refused before any is read.
 
     Raises:
         BadFile: any check failed; the message names it.
@@ -144,6 +150,8 @@ def read_header(f: BinaryIO, *, size: int, digest: bytes) -> tuple[Header, tuple
         raise BadFile(f"unknown entry kind {kind}")
     if key != digest:
         raise BadFile("made under another model, runtime or context (key digest differs)")
+    if n_tokens > max_tokens:  # the header's checksum guards against rot, not against a made-up file
+        raise BadFile(f"claims {n_tokens:,} tokens, more than the {max_tokens:,} a state file may hold")
     header = Header(key, KINDS[kind], n_tokens, blob_len, created, tcrc, bcrc)
     if size != header.file_size:
         raise BadFile(f"{size} bytes where the header promises {header.file_size} (truncated or extended)")

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localrun.jsonfile import NotAJsonObject, read_json_object
+from localrun.jsonfile import NotAJsonObject, open_regular, read_json_object
 from localrun.runtimes.llamacpp.cache import kv_file
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ def entry_files(folder: Path) -> list[FileStat]:
             try:
                 st = e.stat()
             except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or folder under an entry's name is never an entry
                 continue
             out.append(FileStat(Path(e.path), st.st_size, st.st_mtime))
     return out
@@ -254,7 +257,7 @@ def read_entry_header(path: Path, digest: bytes) -> tuple[kv_file.Header, tuple[
         FileNotFoundError: it vanished (evicted by another process).
         kv_file.BadFile: it failed a check.
     """
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO, device or folder is refused, never waited on
         st = os.fstat(f.fileno())
         header, tokens = kv_file.read_header(f, size=st.st_size, digest=digest)
     return header, tokens, st
@@ -292,7 +295,11 @@ def clear(root: Path, model_name: str | None = None) -> tuple[int, int]:
                 continue
             for path in list(folder.iterdir()):
                 with contextlib.suppress(FileNotFoundError):
-                    size = path.stat().st_size
+                    st = path.lstat()
+                    if stat.S_ISDIR(st.st_mode):  # not a cache file: left where it is, and said so
+                        log.warning("cache clear: left %s, a folder localrun did not put there", path)
+                        continue
+                    size = st.st_size
                     path.unlink()
                     if path.name != KEY_FILE:
                         files += 1

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from localrun.jsonfile import NotAJsonObject, read_json_object
+from localrun.jsonfile import NotAJsonObject, open_regular, read_json_object
 from localrun.runtimes.llamacpp.cache.radix import RadixIndex
 from localrun.runtimes.llamacpp.speculative.pass_costs import ewma
 
@@ -280,7 +280,7 @@ def model_sha256(record: ModelRecord) -> str:
 
 def _fingerprint(path: str) -> str:
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             st = os.fstat(f.fileno())
             h = hashlib.sha256(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
             h.update(f.read(FINGERPRINT_BYTES))

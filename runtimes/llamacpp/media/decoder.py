@@ -2,7 +2,7 @@
 
 API (the llama.cpp engine codes against this; keep it stable)::
 
-    decoder = MediaDecoder(max_bytes=20 << 20, max_pixels=64_000_000, max_audio_s=300.0, timeout_s=10.0)
+    decoder = MediaDecoder(max_bytes=64 << 20, max_pixels=64_000_000, max_audio_s=300.0, timeout_s=10.0)
     img = decoder.image(data)             # -> DecodedImage(nx, ny, rgb: bytes (nx*ny*3, row-major RGB), digest)
     clip = decoder.audio(data, 16000)     # -> DecodedAudio(samples: bytes (float32 LE mono), n, digest)
     decoder.close()
@@ -32,35 +32,45 @@ sleep, so tests can prove crash isolation and the timeout on the real process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
 import queue
 import select
+import signal
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from localrun.errors import InvalidMedia, RuntimeUnavailable
-from localrun.frames import FrameWriter, read_frame
+from localrun.frames import MAX_PAYLOAD_BYTES, FrameWriter, read_frame
 from localrun.proc import describe_exit
+from localrun.types import MAX_AUDIO_SECONDS, MAX_IMAGE_PIXELS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BYTES = 20 * 1024 * 1024  # OpenAI's per-image limit; a base64 body is a third larger
-DEFAULT_MAX_PIXELS = 64_000_000  # 8000×8000, Anthropic's largest accepted image
-DEFAULT_MAX_AUDIO_S = 300.0  # ten 30-second Whisper windows
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_MAX_BYTES = MAX_PAYLOAD_BYTES  # what one worker frame carries: the door's caps (settings) decide below it
+DEFAULT_MAX_PIXELS = MAX_IMAGE_PIXELS  # the door's cap too (server.max_image_pixels may only lower it)
+DEFAULT_MAX_AUDIO_S = MAX_AUDIO_SECONDS  # the door's cap too
+DEFAULT_TIMEOUT_S = 10.0  # of the child's CPU time, per decode
+#: The wall-clock backstop, as a multiple of the CPU cap: a child that sleeps (or is stopped) uses no
+#: CPU, and a loaded machine may give a decode a fifth of a core; past this it is stopped anyway.
+WALL_FACTOR = 5.0
 START_TIMEOUT_S = 60.0  # the child's imports, on a busy machine; not counted in a decode's timeout
 
 TEST_HOOKS_ENV = "LOCALRUN_MEDIA_TEST_HOOKS"
 TEST_ABORT = b"\x00LOCALRUN-TEST-ABORT"
 TEST_HANG = b"\x00LOCALRUN-TEST-HANG"
+TEST_SPIN = b"\x00LOCALRUN-TEST-SPIN"  # burns CPU until the cap stops it
+TEST_IDLE = b"\x00LOCALRUN-TEST-IDLE"  # waits 1.5 s without CPU (a loaded machine), then decodes the rest
 
+_SIGXCPU = getattr(signal, "SIGXCPU", 24)  # Windows has none (nor the limit that sends it)
 #: The most bytes of a file the child reads in one frame: the parent sends none over ``max_bytes``
 #: (a setting, so not known here), and a frame claiming more than this is not the parent's.
 _MAX_FILE_BYTES = 1 << 31
@@ -69,7 +79,9 @@ _MAX_FILE_BYTES = 1 << 31
 def _answer_bytes(header: dict[str, Any]) -> int:
     """The largest answer the caps in ``header`` allow: a longer frame is a protocol error."""
     if header["op"] == "image":
-        return int(header["max_pixels"]) * 3
+        fit = int(header.get("fit_pixels") or 0)
+        # Scaled to about ``fit`` pixels: each side rounds down, so the product never passes it.
+        return min(int(header["max_pixels"]), fit or int(header["max_pixels"])) * 3
     return (int(float(header["max_audio_s"]) * int(header["rate"])) + int(header["rate"])) * 4
 
 
@@ -90,6 +102,10 @@ class DecodedAudio:
 
 class _ChildDied(Exception):
     pass
+
+
+class _OverCpu(_ChildDied):
+    """The kernel stopped the child (SIGXCPU) at the decode's CPU-time cap."""
 
 
 class _StartFailed(Exception):
@@ -130,7 +146,8 @@ class _Child:
                 raise TimeoutError
             chunk = os.read(fd, min(n, 1 << 20))
             if not chunk:
-                raise _ChildDied(describe_exit(self.proc.wait(timeout=5)))
+                rc = self.proc.wait(timeout=5)
+                raise (_OverCpu if rc == -_SIGXCPU else _ChildDied)(describe_exit(rc))
             parts.append(chunk)
             n -= len(chunk)
         return b"".join(parts)
@@ -142,7 +159,7 @@ class _Child:
         header, payloads = frame
         return header, payloads[0] if payloads else b""
 
-    def call(self, header: dict[str, Any], data: bytes, timeout_s: float) -> tuple[dict[str, Any], bytes]:
+    def call(self, header: dict[str, Any], data: bytes, wall_s: float) -> tuple[dict[str, Any], bytes]:
         if not self.ready:
             try:
                 hello, _ = self._frame(time.monotonic() + START_TIMEOUT_S)
@@ -157,7 +174,7 @@ class _Child:
             FrameWriter(cast(IO[bytes], self.proc.stdin), max_payload_bytes=_MAX_FILE_BYTES).send(header, [data])
         except (BrokenPipeError, OSError):
             raise _ChildDied(describe_exit(self.proc.wait(timeout=5))) from None
-        return self._frame(time.monotonic() + timeout_s, _answer_bytes(header))
+        return self._frame(time.monotonic() + wall_s, _answer_bytes(header))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -190,11 +207,13 @@ class MediaDecoder:
         max_audio_s: float = DEFAULT_MAX_AUDIO_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         processes: int = 1,
+        wall_factor: float = WALL_FACTOR,
     ) -> None:
         self.max_bytes = max_bytes
         self.max_pixels = max_pixels
         self.max_audio_s = max_audio_s
         self.timeout_s = timeout_s
+        self.wall_s = timeout_s * wall_factor
         self.restarts = 0  # children replaced after a crash or a timeout; for logs and tests
         self._idle: queue.Queue[_Child] = queue.Queue()
         self._all: set[_Child] = set()
@@ -214,9 +233,11 @@ class MediaDecoder:
         with self._lock:
             self._all.discard(child)
 
-    def image(self, data: bytes) -> DecodedImage:
+    def image(self, data: bytes, fit_pixels: int = 0) -> DecodedImage:
+        """``data``'s pixels, scaled down to about ``fit_pixels`` (0: kept) in the child when larger."""
         self._check_size(data, "image")
-        head, rgb = self._run({"op": "image", "max_pixels": self.max_pixels}, data, "image")
+        header = {"op": "image", "max_pixels": self.max_pixels, "fit_pixels": int(fit_pixels)}
+        head, rgb = self._run(header, data, "image")
         return DecodedImage(nx=head["nx"], ny=head["ny"], rgb=rgb, digest=head["digest"])
 
     def audio(self, data: bytes, sample_rate: int) -> DecodedAudio:
@@ -237,13 +258,23 @@ class MediaDecoder:
         child = self._idle.get()
         healthy = True
         try:
-            head, out = child.call(header, data, self.timeout_s)
+            head, out = child.call({**header, "cpu_s": self.timeout_s}, data, self.wall_s)
         except _StartFailed as exc:
             healthy = False
             raise RuntimeUnavailable(f"the media decoder process could not start: {exc}") from None
+        except _OverCpu:
+            healthy = False
+            raise InvalidMedia(
+                f"decoding the {what} took more than the {self.timeout_s:g}-second cap of CPU time",
+                hint="send a smaller or simpler file",
+            ) from None
         except TimeoutError:
             healthy = False
-            raise InvalidMedia(f"decoding the {what} took longer than the {self.timeout_s:g}-second cap") from None
+            raise InvalidMedia(
+                f"decoding the {what} took longer than {self.wall_s:g} seconds (the backstop to its "
+                f"{self.timeout_s:g}-second CPU cap) and was stopped",
+                hint="send a smaller or simpler file, or try again when the machine is less busy",
+            ) from None
         except _ChildDied as exc:
             healthy = False
             log.warning("media decoder child died on a %d-byte %s (%s); restarting it", len(data), what, exc)
@@ -309,13 +340,9 @@ def _child_main() -> None:
         if hooks and data.startswith(TEST_HANG):
             time.sleep(3600)
         try:
-            if req["op"] == "image":
-                nx, ny, rgb = F.decode_image(data, int(req["max_pixels"]))
-                send({"nx": nx, "ny": ny, "digest": F.image_digest(nx, ny, rgb)}, rgb)
-            else:
-                rate = int(req["rate"])
-                samples = F.decode_audio(data, rate, float(req["max_audio_s"])).tobytes()
-                send({"n": len(samples) // 4, "digest": F.audio_digest(rate, samples)}, samples)
+            with _cpu_cap(float(req.get("cpu_s") or 0)):
+                head, payload = _decode(req, data, hooks)
+            send(head, payload)
         except F.BadMedia as exc:
             send({"error": str(exc)})
         except MemoryError:
@@ -323,6 +350,49 @@ def _child_main() -> None:
         except Exception as exc:  # a parser bug on hostile input: still this file's fault, and said so
             log.exception("unexpected decoder failure")
             send({"error": f"could not be decoded ({type(exc).__name__}: {exc})"})
+
+
+@contextlib.contextmanager
+def _cpu_cap(seconds: float) -> Iterator[None]:
+    """The kernel stops this process (SIGXCPU) once the decode has used ``seconds`` of CPU time:
+    a count that a loaded machine does not inflate, as it does a wall-clock deadline. Whole seconds
+    (RLIMIT_CPU's unit), rounded up. Where the platform has no such limit, the parent's wall-clock
+    backstop alone applies."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        yield
+        return
+    if seconds <= 0:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    limit = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _decode(req: dict[str, Any], data: bytes, hooks: bool) -> tuple[dict[str, Any], bytes]:
+    from localrun.runtimes.llamacpp.media import formats as F
+
+    if hooks and data.startswith(TEST_SPIN):
+        while True:
+            pass
+    if hooks and data.startswith(TEST_IDLE):
+        time.sleep(1.5)
+        data = data[len(TEST_IDLE) :]
+    if req["op"] == "image":
+        nx, ny, rgb = F.decode_image(data, int(req["max_pixels"]), int(req.get("fit_pixels") or 0))
+        return {"nx": nx, "ny": ny, "digest": F.image_digest(nx, ny, rgb)}, rgb
+    rate = int(req["rate"])
+    samples = F.decode_audio(data, rate, float(req["max_audio_s"])).tobytes()
+    return {"n": len(samples) // 4, "digest": F.audio_digest(rate, samples)}, samples
 
 
 if __name__ == "__main__":

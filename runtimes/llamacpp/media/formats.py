@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import math
 import re
 import struct
 import warnings
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from localrun.types import MAX_AUDIO_CHANNELS
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -91,8 +94,13 @@ def _name_unknown_image(data: bytes) -> str:
     return f"not an image in a known format ({IMAGE_FORMATS_TEXT} are taken)"
 
 
-def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes]:
-    """Pixels of the first frame, upright (EXIF orientation applied), alpha over white, RGB8."""
+def decode_image(data: bytes, max_pixels: int, fit_pixels: int = 0) -> tuple[int, int, bytes]:
+    """Pixels of the first frame, upright (EXIF orientation applied), alpha over white, RGB8.
+
+    ``fit_pixels`` (0: none): a larger picture is scaled down, its shape kept, to about that many
+    pixels — what the projector consumes — before anything else is done with it. A JPEG is decoded
+    at a reduced scale to begin with (its DCT can), so a 64-MP photo never exists at full size; the
+    conversions to RGB and the bytes sent back are of the small picture."""
     from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
     ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -118,7 +126,7 @@ def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes]:
                 raise BadMedia(f"image is {nx}×{ny} = {nx * ny} pixels, over the {max_pixels}-pixel cap")
             try:
                 img.seek(0)  # GIF / animated WebP: the first frame
-                img.load()
+                img = _fit(img, fit_pixels)
                 img = ImageOps.exif_transpose(img) or img
                 rgb = _to_rgb(img)
             except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
@@ -126,6 +134,28 @@ def decode_image(data: bytes, max_pixels: int) -> tuple[int, int, bytes]:
             except (OSError, ValueError, SyntaxError, struct.error, EOFError, IndexError) as exc:
                 raise BadMedia(f"corrupt or truncated {img.format or 'image'}: {exc}") from None
     return rgb.size[0], rgb.size[1], rgb.tobytes()
+
+
+def _fit(img: Image.Image, fit_pixels: int) -> Image.Image:
+    """``img`` loaded, and scaled down to about ``fit_pixels`` when it has more (its shape kept)."""
+    from PIL import Image
+
+    nx, ny = img.size
+    if not fit_pixels or nx * ny <= fit_pixels:
+        img.load()
+        return img
+    scale = math.sqrt(fit_pixels / (nx * ny))
+    size = (max(1, int(nx * scale)), max(1, int(ny * scale)))
+    img.draft("RGB", size)  # JPEG: decode at 1/2, 1/4 or 1/8 scale, no smaller than ``size``
+    img.load()
+    if img.mode in ("P", "1", "CMYK", "YCbCr", "LAB", "HSV", "PA"):  # resize takes these poorly or not at all
+        img = img.convert("RGBA" if img.mode in ("P", "PA") else "RGB")
+    exif = img.getexif()
+    small = img.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
+    small.info = dict(img.info)
+    if exif:
+        small.info["exif"] = exif.tobytes()  # exif_transpose reads the orientation from here
+    return small
 
 
 def _over_cap(exc: Exception, max_pixels: int) -> str:
@@ -144,8 +174,13 @@ def _to_rgb(img: Image.Image) -> Image.Image:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     if img.mode.startswith("I;16") or img.mode == "I":
-        # 16-bit greyscale PNGs: scale to 8 bits (convert("RGB") would clip everything above 255).
-        grey = np.clip(np.asarray(img.convert("I"), dtype=np.int64) // 257, 0, 255).astype(np.uint8)
+        # 16-bit greyscale PNGs: scale to 8 bits (convert("RGB") would clip everything above 255),
+        # in place on the decoded array's own width: no int64 copy of a 64-MP picture.
+        grey = np.asarray(img)
+        if grey.dtype.kind == "u":
+            grey = (grey // 257).astype(np.uint8)
+        else:
+            grey = np.clip(grey // 257, 0, 255).astype(np.uint8)
         return Image.fromarray(grey, "L").convert("RGB")
     return img.convert("RGB")
 
@@ -188,10 +223,17 @@ def _check_duration(frames: int, rate: int, max_seconds: float) -> None:
         raise BadMedia(f"audio clip is {seconds:.1f} s long, over the {max_seconds:g}-second cap")
 
 
+#: A data chunk size streaming writers leave when they do not know the length yet: the samples run
+#: to the end of the file (the door takes these too).
+_UNKNOWN_SIZES = (0, 0xFFFFFFFF)
+
+
 def _riff_chunks(data: bytes) -> Iterator[tuple[bytes, bytes]]:
     pos = 12
     while pos + 8 <= len(data):
         cid, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if cid == b"data" and size in _UNKNOWN_SIZES:
+            size = len(data) - pos - 8
         body = data[pos + 8 : pos + 8 + size]
         yield cid, body
         pos += 8 + size + (size & 1)
@@ -215,8 +257,8 @@ def _decode_wav(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     if fmt is None or pcm is None:
         raise BadMedia("corrupt WAV: no fmt or data chunk")
     tag, channels, rate, _, block, bits = fmt
-    if channels < 1 or channels > 16:
-        raise BadMedia(f"WAV has {channels} channels")
+    if not 1 <= channels <= MAX_AUDIO_CHANNELS:  # the door's bound too
+        raise BadMedia(f"WAV has {channels} channels (1 to {MAX_AUDIO_CHANNELS} are taken)")
     kinds = {(1, 8): "u1", (1, 16): "<i2", (1, 24): "i3", (1, 32): "<i4", (3, 32): "<f4", (3, 64): "<f8"}
     kind = kinds.get((tag, bits))
     if kind is None:

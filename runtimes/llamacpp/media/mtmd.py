@@ -105,7 +105,8 @@ class Projector:
     def image_bitmap(self, nx: int, ny: int, rgb: bytes, digest: str) -> Any:
         if len(rgb) != nx * ny * 3:
             raise InvalidMedia(f"decoded image is {len(rgb)} bytes, not {nx}x{ny} RGB", hint="send a valid image")
-        buf = (ctypes.c_uint8 * len(rgb)).from_buffer_copy(rgb)
+        # mtmd copies the pixels into its bitmap: hand it the bytes object's own buffer, no copy here.
+        buf = ctypes.cast(ctypes.c_char_p(rgb), ctypes.POINTER(ctypes.c_uint8))
         return self._named(self._m.mtmd_bitmap_init(nx, ny, buf), digest)
 
     def audio_bitmap(self, pcm: Buffer, digest: str) -> Any:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, cast
 
 from localrun.errors import InvalidMedia, UnsupportedFeature
 from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
-from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media
+from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media, Plan
 
 if TYPE_CHECKING:
     from localrun.runtimes.llamacpp.media.decoder import MediaDecoder
@@ -33,13 +33,42 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: The pixels a picture keeps when the plan does not say what the projector consumes
+#: (``plan.options["media"]["decode_pixels"]``, from :func:`localrun.planning.media.decode_pixels`).
+DEFAULT_FIT_PIXELS = 4096 * 4096
+#: The most bytes one request's media may decode to (RGB pixels after scaling, float32 samples):
+#: 32 pictures at Gemma 3's fit (2 × 896², 4.8 MB each) come to 154 MB; 32 full-size 64-MP
+#: pictures would be 6 GB in the worker.
+DECODED_BUDGET_BYTES = 256 * 1024 * 1024
+
+
+def media_bounds(plan: Plan) -> dict[str, int]:
+    """SessionMedia's bounds from the plan: ``options["media"]["decode_pixels"]`` (the planner's, from
+    the projector's header) and ``options["media_budget_bytes"]`` (an override of the budget)."""
+    bounds: dict[str, int] = {}
+    fit = (plan.options.get("media") or {}).get("decode_pixels")
+    if fit:
+        bounds["fit_pixels"] = int(fit)
+    if plan.options.get("media_budget_bytes"):
+        bounds["budget_bytes"] = int(plan.options["media_budget_bytes"])
+    return bounds
+
 
 class SessionMedia:
     """The media side of one session: its projector (or None), the decoder, the capabilities."""
 
-    def __init__(self, projector: Projector | None, name: str) -> None:
+    def __init__(
+        self,
+        projector: Projector | None,
+        name: str,
+        *,
+        fit_pixels: int = DEFAULT_FIT_PIXELS,
+        budget_bytes: int = DECODED_BUDGET_BYTES,
+    ) -> None:
         self.projector = projector
         self._name = name
+        self.fit_pixels = fit_pixels
+        self.budget_bytes = budget_bytes
         self._decoder: MediaDecoder | None = None
         self._lock = threading.Lock()
         caps: set[str] = set()
@@ -101,14 +130,17 @@ class SessionMedia:
                 hint="the chat template dropped or repeated a message that carries an image",
             )
         projector, decoder = cast("Projector", self.projector), self._decoder_now()  # check() refused media without one
-        bitmaps = []
+        bitmaps: list[object] = []
+        decoded = 0
         try:
-            for item in media:
+            for k, item in enumerate(media):
                 if item.kind == "image":
-                    img = decoder.image(item.data)
+                    img = decoder.image(item.data, self.fit_pixels)
+                    decoded += self._spend(decoded, len(img.rgb), k, len(media))
                     bitmaps.append(projector.image_bitmap(img.nx, img.ny, img.rgb, img.digest))
                 else:
                     clip = decoder.audio(item.data, projector.sample_rate)
+                    decoded += self._spend(decoded, len(clip.samples), k, len(media))
                     bitmaps.append(projector.audio_bitmap(clip.samples, clip.digest))
         except BaseException:
             projector.free_bitmaps(bitmaps)
@@ -123,6 +155,16 @@ class SessionMedia:
                 hint="send a smaller image, or load the model with a larger step_tokens",
             )
         return prompt
+
+    def _spend(self, spent: int, size: int, k: int, n: int) -> int:
+        """``size`` more decoded bytes for this request, or the 400 naming the budget."""
+        if spent + size > self.budget_bytes:
+            raise InvalidMedia(
+                f"the request's media decode to more than {self.budget_bytes:,} bytes by item {k + 1} of {n} "
+                f"({spent + size:,} bytes of pixels and samples), the budget of one request",
+                hint="send fewer or smaller images, or shorter audio clips, in one request",
+            )
+        return size
 
     def _decoder_now(self) -> MediaDecoder:
         with self._lock:

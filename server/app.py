@@ -2,7 +2,8 @@
 
 Nothing here is global: the settings, the ModelManager and the metrics live on
 ``app.state``, so the CLI's server and the TUI's embedded one can each build their own.
-The middleware stack, outermost first: Observe (metrics + access log) → HostGuard (the
+The middleware stack, outermost first: RefusalGuard (an answer sent before the body was read
+drains it within bounds or closes the connection) → Observe (metrics + access log) → HostGuard (the
 DNS-rebinding allowlist, before anything else looks at the request) → CORS (local origins by
 default, plus server.cors_origins) → IgnoredFieldsHeader → RequestGuard (API key, JSON-only
 bodies from browsers, size and time limits) → routes.
@@ -26,6 +27,7 @@ from localrun.errors import LocalrunError
 from localrun.server import admin, anthropic, llama_server, ollama, openai, openapi, responses
 from localrun.server.anthropic.errors import ANTHROPIC
 from localrun.server.anthropic.errors import owns as anthropic_owns
+from localrun.server.connections import BOOK_STATE, ConnectionBook, RefusalGuard
 from localrun.server.errors import (
     SHAPES_KEY,
     ErrorShapes,
@@ -151,8 +153,14 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
     server = settings.server
     key = server.api_key.get_secret_value() if server.api_key else None
     # add_middleware puts each new one outside the previous: add innermost first.
+    book = ConnectionBook(server.max_unauthenticated_connections, enforced=key is not None)
+    setattr(app.state, BOOK_STATE, book)  # serve.py's protocol registers each connection in it
     app.add_middleware(
-        RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s
+        RequestGuard,
+        api_key=key,
+        max_body_bytes=server.max_body_bytes,
+        body_timeout_s=server.body_timeout_s,
+        book=book,
     )
     app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
     if server.cors_origins or server.cors_local_origins:
@@ -171,3 +179,10 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
         )
     app.add_middleware(HostGuard, allowed=allowed_host_names(server.host, server.allowed_hosts))
     app.add_middleware(Observe, metrics=app.state.metrics)
+    # Outermost: whatever answers before a body is read (any guard, CORS), the body is drained
+    # within bounds or the connection closed with the answer.
+    app.add_middleware(
+        RefusalGuard,
+        max_bytes=min(server.refused_body_max_bytes, server.max_body_bytes),
+        timeout_s=min(server.refused_body_timeout_s, server.body_timeout_s),
+    )

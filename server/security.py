@@ -24,10 +24,12 @@ import ipaddress
 import json
 import logging
 import re
+import socket
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import LocalrunError
+from localrun.server.connections import ConnectionBook
 from localrun.server.errors import BodyTooLarge, HostNotAllowed, NotJson, Unauthorized, scope_error_response
 from localrun.server.metrics import STATS_KEY, access_log
 
@@ -104,7 +106,14 @@ def is_loopback_host(host: str) -> bool:
     try:
         return ipaddress.ip_address(h).is_loopback
     except ValueError:
-        return False
+        pass
+    # The short IPv4 forms the resolver (and so the bind) accepts: 127.1, 127.0.1 (inet_aton's rules).
+    if re.fullmatch(r"[0-9]+(\.[0-9]+){1,2}", h):
+        try:
+            return ipaddress.ip_address(socket.inet_aton(h)).is_loopback
+        except OSError:
+            return False
+    return False
 
 
 def allowed_host_names(bind_host: str, extra: list[str] | tuple[str, ...] = ()) -> frozenset[str]:
@@ -187,8 +196,17 @@ AUTHENTICATED_KEY = "localrun.authenticated"
 class RequestGuard:
     """API key, JSON content type and a bounded body, in that order."""
 
-    def __init__(self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, body_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        body_timeout_s: float = 60.0,
+        book: ConnectionBook | None = None,
+    ):
         self.app = app
+        self.book = book
         self.api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -202,6 +220,9 @@ class RequestGuard:
             return
         path = scope.get("path", "")
         problem: LocalrunError | None = self._check_key(scope)
+        client = scope.get("client")
+        if problem is None and self.api_key is not None and self.book is not None and client:
+            self.book.authenticated(client[0], client[1])
         if problem is not None and path == LIVENESS_PATH and scope["method"] in ("GET", "HEAD"):
             # Probes carry no key: they get liveness only (the route reads this flag), never a 401.
             scope[AUTHENTICATED_KEY] = False

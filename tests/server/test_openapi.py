@@ -192,9 +192,9 @@ def test_strict_fields_shows_in_the_document(app_client):
 
 
 def test_the_document_needs_the_key_when_one_is_set(app_client):
-    client = app_client(api_key="s3cret")
+    client = app_client(api_key="s3cret-key")
     assert client.get("/openapi.json").status_code == 401
-    assert client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/openapi.json", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
 
 
 def test_docs_are_off_by_default_and_on_with_the_setting(app_client):

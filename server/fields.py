@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import UnsupportedFeature
 from localrun.server.errors import InvalidRequest
-from localrun.server.validate import refuse_lone_surrogates
+from localrun.server.validate import refuse_lone_surrogates, refuse_too_many_ids
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,7 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     except RecursionError:
         raise InvalidRequest("the body nests too deeply", hint="send a flatter JSON document") from None
     refuse_lone_surrogates(raw, data)
+    refuse_too_many_ids(raw, data)
     if isinstance(data, dict) and lenient:
         data = drop_unknown(request, data, schema)
     try:

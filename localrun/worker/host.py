@@ -41,6 +41,14 @@ Sink = Callable[[str, Any], None]  # (event, data): "chunk" Chunk | "result" Any
 Event = tuple[str, Any]
 
 
+class FrameTooLarge(LocalrunError):
+    """A request over what one frame of the worker pipe carries (localrun/frames.py): refused, and
+    the worker, which never saw it, keeps serving."""
+
+    http_status = 413
+    code = "request_too_large"
+
+
 class WorkerHandle:
     """A model loaded in its own process. Dies alone; its open requests get WorkerCrashed."""
 
@@ -168,7 +176,17 @@ class WorkerHandle:
             sent = True
         except OSError as exc:
             raise WorkerCrashed(f"cannot reach the worker running {self.record.name}: {exc}") from exc
-        except (UnicodeError, ValueError, TypeError) as exc:
+        except ValueError as exc:
+            if "exceed" not in str(exc):
+                raise LocalrunError(
+                    f"the request to {self.record.name} cannot be sent to its worker: {exc}",
+                    hint="send valid Unicode text",
+                ) from exc
+            raise FrameTooLarge(
+                f"the request to {self.record.name} is too large for its worker: {exc}",
+                hint="send fewer or smaller images, token ids or texts in one request",
+            ) from exc
+        except (UnicodeError, TypeError) as exc:
             raise LocalrunError(
                 f"the request to {self.record.name} cannot be sent to its worker: {exc}",
                 hint="send valid Unicode text",

@@ -99,7 +99,9 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     if isinstance(data, dict) and lenient:
         data = drop_unknown(request, data, schema)
     try:
-        return schema.model_validate(data)
+        # Strict: JSON types as the APIs' specs and the OpenAPI document state them (false is not
+        # 0, 0 is not false, "0.5" is not a number); an integer still passes as a number.
+        return schema.model_validate(data, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from None
 

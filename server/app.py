@@ -34,6 +34,7 @@ from localrun.server.errors import (
     InvalidRequest,
     MethodNotAllowed,
     RouteNotFound,
+    allowed_methods,
     error_response,
     shapes_of,
 )
@@ -134,7 +135,11 @@ def _install_error_handlers(app: FastAPI) -> None:
                 f"no route {request.method} {path[:200]}", hint="see /v1 (OpenAI) and /api (Ollama) routes"
             )
         elif exc.status_code == 405:
-            err = MethodNotAllowed(f"{request.method} is not allowed on {path[:200]}")
+            allowed = allowed_methods(request.app.router.routes, request.scope)
+            err = MethodNotAllowed(f"{request.method} is not allowed on {path[:200]}; use {', '.join(allowed)}")
+            response = answer(err, path)
+            response.headers["Allow"] = ", ".join(allowed)  # RFC 9110 §15.5.6: a 405 says what is allowed
+            return response
         else:
             err = LocalrunError(str(exc.detail))
             err.http_status = exc.status_code

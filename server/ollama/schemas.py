@@ -212,8 +212,16 @@ class EmbeddingsBody(Strict):
     keep_alive: KeepAlive = None
 
 
+#: ``model`` or the older ``name`` is required: the document says so as the routes enforce it.
+MODEL_OR_NAME = ConfigDict(
+    extra="forbid", frozen=True, json_schema_extra={"anyOf": [{"required": ["model"]}, {"required": ["name"]}]}
+)
+
+
 class ModelBody(Strict):
     """``/api/show`` and ``/api/delete``: ``model``, or the older ``name``."""
+
+    model_config = MODEL_OR_NAME
 
     model: ModelName | None = None
     name: ModelName | None = None
@@ -224,6 +232,7 @@ class ModelBody(Strict):
 
 
 class PullBody(Strict):
+    model_config = MODEL_OR_NAME
     model: ModelName | None = None
     name: ModelName | None = None
     insecure: bool | None = None
@@ -245,6 +254,8 @@ FileName = Annotated[str, StringConstraints(max_length=1024)]
 
 class CreateBody(Strict):
     """``/api/create`` as Ollama's docs/api.md has it today (``from`` or ``files``, then the layers)."""
+
+    model_config = MODEL_OR_NAME
 
     model: ModelName | None = None
     name: ModelName | None = None  # the older field

@@ -202,3 +202,35 @@ def test_docs_are_off_by_default_and_on_with_the_setting(app_client):
     page = app_client(docs=True).get("/docs")
     assert page.status_code == 200
     assert "/openapi.json" in page.text
+
+
+@pytest.mark.parametrize(
+    "method,path,allowed",
+    [
+        ("PUT", "/v1/chat/completions", {"POST"}),
+        ("GET", "/api/delete", {"DELETE"}),
+        ("POST", "/api/tags", {"GET", "HEAD"}),
+        ("PATCH", "/v1/models", {"GET", "HEAD"}),
+    ],
+)
+def test_every_405_says_what_is_allowed(served, method, path, allowed):
+    """RFC 9110 §15.5.6: a 405 carries Allow. Before: none did."""
+    from starlette.testclient import TestClient
+
+    app, document = served
+    r = TestClient(app, base_url="http://localhost").request(method, path)
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) >= allowed, (r.status_code, r.headers)
+    documented = {m.upper() for m in document["paths"][path]}
+    assert documented <= set(r.headers["allow"].split(", ")), (documented, r.headers["allow"])
+
+
+@pytest.mark.parametrize("path", ["/api/show", "/api/delete", "/api/pull", "/api/create"])
+def test_model_or_name_is_documented_as_required_where_it_is(served, path):
+    """Before: these bodies documented no required field, yet each refuses a body without ``model``."""
+    app, document = served
+    operation = next(iter(document["paths"][path].values()))
+    ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    schema = document["components"]["schemas"][ref]
+    assert {"required": ["model"]} in schema.get("anyOf", []), schema
+    assert Draft202012Validator(schema).is_valid({"model": "tiny"})
+    assert not Draft202012Validator(schema).is_valid({})

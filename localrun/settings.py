@@ -128,6 +128,9 @@ class ServerSettings(BaseModel):
     so the connection can be kept; past it the refusal is sent with ``Connection: close``."""
     refused_body_max_bytes: int = Field(1024 * 1024, ge=0)
     """The most of a refused request's body that is read and dropped; a larger one closes the connection."""
+    max_choices: int = Field(16, ge=1, le=128)
+    """Most choices one request may ask for (OpenAI's ``n``, ``best_of``): each is a whole generation
+    on the model, so ``n=128`` held it for a minute even at ``max_tokens`` 4 (llama-server refuses any n but 1)."""
     max_unauthenticated_connections: int = Field(32, ge=1, le=100_000)
     """With an API key: connections one address may hold before any of its requests has carried the key
     (one more gets a 429 and is closed). An address that has shown the key is not capped."""

@@ -38,3 +38,15 @@ def test_numbers_stay_numbers(app_client):
     """An integer where a number is asked is a number in JSON: still accepted."""
     r = app_client().post("/v1/chat/completions", json={**CHAT, "temperature": 1, "top_p": 1})
     assert r.status_code == 200, r.text[:300]
+
+
+def test_more_choices_than_the_setting_is_a_400_naming_n(app_client):
+    """Before: n=128 was taken, and held a real model for 53–90 s even with max_tokens 4."""
+    client = app_client(max_choices=4)
+    r = client.post("/v1/chat/completions", json={**CHAT, "n": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text[:300]
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2, "n": 1, "best_of": 8})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text[:300]
+    assert client.post("/v1/chat/completions", json={**CHAT, "n": 4}).status_code == 200
+    default = app_client()
+    assert default.post("/v1/chat/completions", json={**CHAT, "n": 128}).status_code == 400

@@ -66,7 +66,7 @@ class Doc:
     strict: bool = False  # the top level refuses unknown fields whatever server.strict_fields says
     summary: str = ""
     tag: str = ""
-    query: tuple[str, ...] = ()  # optional string query parameters the route reads
+    query: tuple[str, ...] = ()  # query parameters the route reads: "name" (optional) or "name=a|b" (required enum)
 
 
 def documented(
@@ -236,7 +236,7 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
         {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
         for name in _PARAM.findall(op.path)
     ]
-    params += [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}} for q in doc.query]
+    params += [_query(q) for q in doc.query]
     if params:
         out["parameters"] = params
     if doc.body is not None:
@@ -253,6 +253,14 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
     }
     out["responses"] = {"200": _success(doc, refs), "default": error}
     return out
+
+
+def _query(spec: str) -> dict[str, Any]:
+    """A query parameter: ``"name"`` (an optional string) or ``"name=a|b|c"`` (required, one of those)."""
+    name, sep, choices = spec.partition("=")
+    if not sep:
+        return {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+    return {"name": name, "in": "query", "required": True, "schema": {"type": "string", "enum": choices.split("|")}}
 
 
 def _success(doc: Doc, refs: Refs) -> dict[str, Any]:

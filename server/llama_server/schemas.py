@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
 from localrun.server.schemas import (
@@ -124,6 +124,17 @@ Document = Annotated[str, StringConstraints(max_length=100_000)]
 
 
 class RerankBody(Strict):
+    # As docs() enforces it: exactly one of documents (llama-server, Jina, Cohere) or texts (TEI), not empty.
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": [name], "properties": {name: {"type": "array", "minItems": 1}}}
+                for name in ("documents", "texts")
+            ]
+        },
+    )
     model: ModelName | None = None
     query: Document
     documents: Annotated[list[Document], Field(max_length=1024)] | None = None

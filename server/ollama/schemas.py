@@ -213,9 +213,12 @@ class EmbeddingsBody(Strict):
 
 
 #: ``model`` or the older ``name`` is required: the document says so as the routes enforce it.
-MODEL_OR_NAME = ConfigDict(
-    extra="forbid", frozen=True, json_schema_extra={"anyOf": [{"required": ["model"]}, {"required": ["name"]}]}
-)
+def _one_required(*names: str) -> dict[str, Any]:
+    """JSON Schema for "at least one of ``names``, as a non-empty string" (null is not one)."""
+    return {"anyOf": [{"required": [n], "properties": {n: {"type": "string", "minLength": 1}}} for n in names]}
+
+
+MODEL_OR_NAME = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_one_required("model", "name"))
 
 
 class ModelBody(Strict):
@@ -255,7 +258,21 @@ FileName = Annotated[str, StringConstraints(max_length=1024)]
 class CreateBody(Strict):
     """``/api/create`` as Ollama's docs/api.md has it today (``from`` or ``files``, then the layers)."""
 
-    model_config = MODEL_OR_NAME
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "allOf": [
+                _one_required("model", "name"),
+                {
+                    "anyOf": [
+                        {"required": ["from"], "properties": {"from": {"type": "string"}}},
+                        {"required": ["files"], "properties": {"files": {"type": "object"}}},
+                    ]
+                },
+            ]
+        },
+    )
 
     model: ModelName | None = None
     name: ModelName | None = None  # the older field

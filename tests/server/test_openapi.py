@@ -227,10 +227,42 @@ def test_every_405_says_what_is_allowed(served, method, path, allowed):
 @pytest.mark.parametrize("path", ["/api/show", "/api/delete", "/api/pull", "/api/create"])
 def test_model_or_name_is_documented_as_required_where_it_is(served, path):
     """Before: these bodies documented no required field, yet each refuses a body without ``model``."""
-    app, document = served
-    operation = next(iter(document["paths"][path].values()))
+    _, document = served
+    method = next(iter(document["paths"][path]))
+    schema = _body_schema(document, path, method)
+    source = {"from": "tiny"} if path == "/api/create" else {}
+    assert Draft202012Validator(schema).is_valid({"model": "tiny", **source})
+    assert not Draft202012Validator(schema).is_valid(source)
+
+
+def _body_schema(document, path, method="post"):
+    operation = document["paths"][path][method]
     ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
-    schema = document["components"]["schemas"][ref]
-    assert {"required": ["model"]} in schema.get("anyOf", []), schema
-    assert Draft202012Validator(schema).is_valid({"model": "tiny"})
-    assert not Draft202012Validator(schema).is_valid({})
+    return {**document["components"]["schemas"][ref], "components": document["components"]}
+
+
+@pytest.mark.parametrize(
+    "path,body,valid",
+    [
+        ("/api/show", {"name": None}, False),  # before: null satisfied "required"
+        ("/api/show", {"name": "tiny"}, True),
+        ("/api/create", {"model": "x"}, False),  # before: documented valid; the route wants from or files
+        ("/api/create", {"model": "x", "from": "tiny"}, True),
+        ("/rerank", {"query": "q"}, False),  # before: documented valid; the route wants documents or texts
+        ("/rerank", {"query": "q", "documents": []}, False),
+        ("/rerank", {"query": "q", "documents": ["a"], "texts": ["b"]}, False),
+        ("/rerank", {"query": "q", "texts": ["b"]}, True),
+        ("/api/generate", {"model": "tiny", "keep_alive": "5 minutes"}, False),  # before: any string
+        ("/api/generate", {"model": "tiny", "keep_alive": "1h30m"}, True),
+    ],
+)
+def test_documented_bounds_are_the_enforced_ones(served, path, body, valid):
+    _, document = served
+    assert Draft202012Validator(_body_schema(document, path)).is_valid(body) is valid, (path, body)
+
+
+def test_the_slot_action_is_documented_as_the_three_it_takes(served):
+    _, document = served
+    path = next(p for p in document["paths"] if p.startswith("/slots/{"))
+    action = next(q for q in document["paths"][path]["post"]["parameters"] if q["name"] == "action")
+    assert action["required"] and action["schema"]["enum"] == ["save", "restore", "erase"]

@@ -81,6 +81,13 @@ def strict_fields(request: Request) -> bool:
     return bool(getattr(getattr(settings, "server", None), "strict_fields", False))
 
 
+def _json_number(text: str) -> int | float:
+    """A JSON number with a fraction or exponent: an int when it is a whole number (``2.0``, ``1e3``),
+    as JSON Schema counts it an integer, so strict validation takes it where an integer is asked."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool = True) -> Any:
     """The body validated against ``schema`` under the field policy; any problem is one 400 naming the field.
 
@@ -89,7 +96,7 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     """
     raw = await request.body()
     try:
-        data = json.loads(raw or b"null", parse_constant=_no_constant)
+        data = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_json_number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     except RecursionError:

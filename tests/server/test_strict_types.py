@@ -50,3 +50,11 @@ def test_more_choices_than_the_setting_is_a_400_naming_n(app_client):
     assert client.post("/v1/chat/completions", json={**CHAT, "n": 4}).status_code == 200
     default = app_client()
     assert default.post("/v1/chat/completions", json={**CHAT, "n": 128}).status_code == 400
+
+
+def test_a_whole_number_written_with_a_fraction_is_an_integer(app_client):
+    """JSON Schema counts 8.0 an integer; strict validation refused it (found by schemathesis)."""
+    r = app_client().post("/v1/chat/completions", json={**CHAT, "max_tokens": 2.0, "seed": -7710711.0})
+    assert r.status_code == 200, r.text[:300]
+    r = app_client().post("/v1/chat/completions", json={**CHAT, "max_tokens": 2.5})
+    assert r.status_code == 400 and "max_tokens" in r.text

@@ -30,6 +30,7 @@ from pydantic.json_schema import JsonSchemaMode, JsonSchemaValue, models_json_sc
 from starlette.responses import HTMLResponse, JSONResponse
 
 from localrun.server.errors import ErrorShapes, shapes_of
+from localrun.server.events import item_schema
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -251,7 +252,7 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
         "description": "an error, in the API family's shape",
         "content": {"application/json": {"schema": dict(refs[(shapes.shape_for(op.path).model, "serialization")])}},
     }
-    out["responses"] = {"200": _success(doc, refs), "default": error}
+    out["responses"] = {"200": _success(doc, refs, op.path), "default": error}
     return out
 
 
@@ -263,11 +264,13 @@ def _query(spec: str) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": True, "schema": {"type": "string", "enum": choices.split("|")}}
 
 
-def _success(doc: Doc, refs: Refs) -> dict[str, Any]:
+def _success(doc: Doc, refs: Refs, path: str = "") -> dict[str, Any]:
     content: dict[str, Any] = {}
     if doc.answer is not None:
         content["application/json"] = {"schema": dict(refs[(doc.answer, "serialization")])}
-    if doc.stream:
+    if doc.stream == SSE:  # each event's shape (OpenAPI 3.2's itemSchema; server/events.py)
+        content[doc.stream] = {"itemSchema": item_schema(path)}
+    elif doc.stream:
         content[doc.stream] = {"schema": {"type": "string"}}
     if doc.media:
         content[doc.media] = {"schema": {"type": "string"}}

@@ -156,6 +156,7 @@ def build(app: FastAPI, *, strict_fields: bool = False, title: str = "localrun",
             oid, n = f"{operation_id(op.method, op.path)}_{n}", n + 1
         ids.add(oid)
         paths.setdefault(op.path, {})[op.method] = _operation(op, oid, refs, shapes)
+    _link_created(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -177,6 +178,26 @@ def build(app: FastAPI, *, strict_fields: bool = False, title: str = "localrun",
         },
         "security": [{}, {"bearer": []}, {"apiKey": []}],
     }
+
+
+def _link_created(paths: dict[str, dict[str, Any]]) -> None:
+    """Links from what a POST creates to the item routes under it (``POST /v1/responses`` →
+    ``GET``/``DELETE /v1/responses/{rid}``, with the answer's ``id``), so stateful testing can chain them."""
+    for path, ops in paths.items():
+        post = ops.get("post")
+        if post is None or "application/json" not in post["responses"]["200"].get("content", {}):
+            continue
+        for item, item_ops in paths.items():
+            names = _PARAM.findall(item)
+            if not item.startswith(path + "/") or len(names) != 1 or item != f"{path}/{{{names[0]}}}":
+                continue
+            links = post["responses"]["200"].setdefault("links", {})
+            for method in ("get", "delete"):
+                if method in item_ops:
+                    links[f"{method.title()}Created"] = {
+                        "operationId": item_ops[method]["operationId"],
+                        "parameters": {names[0]: "$response.body#/id"},
+                    }
 
 
 def _components(ops: list[Operation], shapes: ErrorShapes, *, strict_fields: bool) -> tuple[dict[str, Any], Refs]:

@@ -266,3 +266,14 @@ def test_the_slot_action_is_documented_as_the_three_it_takes(served):
     path = next(p for p in document["paths"] if p.startswith("/slots/{"))
     action = next(q for q in document["paths"][path]["post"]["parameters"] if q["name"] == "action")
     assert action["required"] and action["schema"]["enum"] == ["save", "restore", "erase"]
+
+
+@pytest.mark.parametrize("prefix", ["/v1/responses", "/responses"])
+def test_a_created_response_links_to_its_get_and_delete(served, prefix):
+    """Links let stateful testing chain create → get → delete (before: no links at all)."""
+    _, document = served
+    links = document["paths"][prefix]["post"]["responses"]["200"]["links"]
+    item = document["paths"][f"{prefix}/{{rid}}"]
+    targets = {item["get"]["operationId"], item["delete"]["operationId"]}
+    assert {link["operationId"] for link in links.values()} == targets
+    assert all(link["parameters"] == {"rid": "$response.body#/id"} for link in links.values())

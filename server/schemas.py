@@ -90,6 +90,15 @@ MEDIA_PARTS = ("image_url", "input_image", "input_audio")
 
 
 class ChatMessage(Strict):
+    # As server/openai/convert.py enforces it: a legacy function result names its function.
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "function"}}, "required": ["role"]},
+            "then": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+        },
+    )
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: Annotated[str, StringConstraints(max_length=256)] | None = None

@@ -254,6 +254,8 @@ def _body_schema(document, path, method="post"):
         ("/rerank", {"query": "q", "texts": ["b"]}, True),
         ("/api/generate", {"model": "tiny", "keep_alive": "5 minutes"}, False),  # before: any string
         ("/api/generate", {"model": "tiny", "keep_alive": "1h30m"}, True),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "function", "content": "x"}]}, False),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "function", "name": "f"}]}, True),
     ],
 )
 def test_documented_bounds_are_the_enforced_ones(served, path, body, valid):

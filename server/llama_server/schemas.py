@@ -83,6 +83,8 @@ class NativeSampling(Strict):
 
 
 class NativeCompletion(NativeSampling):
+    # As the route enforces it (validate.refuse_empty_prompt): there must be something to complete.
+    model_config = ConfigDict(json_schema_extra={"allOf": [{"properties": {"prompt": {"not": {"const": ""}}}}]})
     #: Text, token ids, or ``{"prompt_string": …, "multimodal_data": [base64, …]}`` (images and audio).
     prompt: Text | TokenIds | MultimodalPrompt
 

@@ -256,6 +256,11 @@ def _body_schema(document, path, method="post"):
         ("/api/generate", {"model": "tiny", "keep_alive": "1h30m"}, True),
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "function", "content": "x"}]}, False),
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "function", "name": "f"}]}, True),
+        ("/v1/completions", {"model": "tiny", "prompt": ""}, False),  # before: documented valid, refused
+        ("/v1/completions", {"model": "tiny", "prompt": [""]}, False),
+        ("/v1/completions", {"model": "tiny", "prompt": "", "suffix": "x"}, True),  # fill-in-the-middle
+        ("/completion", {"prompt": ""}, False),
+        ("/completion", {"prompt": "hi"}, True),
     ],
 )
 def test_documented_bounds_are_the_enforced_ones(served, path, body, valid):

@@ -18,10 +18,11 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from localrun.activity import MediaCheck, refuse_media_before_load
-from localrun.errors import LocalrunError
+from localrun.errors import Cancelled, LocalrunError
 from localrun.residency import LoadedModel, Residency
 from localrun.settings import Settings
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media, ModelRecord, Plan, Source
+from localrun.worker.host import Spawns
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -92,6 +93,7 @@ class ModelManager:
         self._remote_lock = threading.Lock()
         self._request_observers: list[Callable[[RequestTiming], None]] = []
         self._stop = threading.Event()
+        self.spawns = Spawns()  # workers still loading: a shutdown kills them
         self.worker_restarts = 0
         self._reaper = threading.Thread(target=self._reap_loop, name="keep-alive", daemon=True)
         self._reaper.start()
@@ -130,7 +132,7 @@ class ModelManager:
         if getattr(runtime, "in_worker", True):
             safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record.name)
             log_path = self.worker_log or self.settings.data_dir / "logs" / f"worker-{safe}.log"
-            return WorkerHandle(record, plan, log_path=log_path)
+            return WorkerHandle(record, plan, log_path=log_path, spawns=self.spawns)
         return InProcessHandle(record, plan, runtime.load(record, plan))
 
     def _cache_options(self) -> dict[str, Any]:
@@ -178,6 +180,9 @@ class ModelManager:
                 lm = LoadedModel(key, record, plan, handle, keep_alive_s=self.settings.runtime.keep_alive_s)
                 log.info("loaded %s with %s on %s in %.2f s", key, plan.runtime, plan.device, time.monotonic() - t0)
                 self.residency.put(lm)
+                if self._stop.is_set():  # shutdown began during the load, maybe after it unloaded all
+                    self.residency.unload(key, "shutting down")
+                    raise Cancelled(f"{key}: the server is shutting down")
             if keep_alive_s is not None:
                 lm.keep_alive_s = keep_alive_s
             if pin is not None:
@@ -224,6 +229,7 @@ class ModelManager:
 
     def shutdown(self) -> None:
         self._stop.set()
+        self.spawns.close()
         for name in [m.name for m in self.residency.models()]:
             self.unload(name, reason="shutting down")
         if self.upstreams is not None:

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 APP_NAME = "localrun"
 #: Not 11434 (Ollama), 1234 (LM Studio), 8080 (llama-server, mlx_lm, llamafile) or 8000 (mlc, llama_cpp.server).
 DEFAULT_PORT = 8739
+#: The shortest API key accepted. The key is the only lock on a server reachable from the network
+#: and nothing limits how fast a client may try keys, so a 1–3 character key falls to a few hundred
+#: thousand requests; 8 is the floor NIST SP 800-63B sets for a secret a person chooses.
+MIN_API_KEY_LENGTH = 8
 
 
 def _dirs() -> PlatformDirs:
@@ -128,6 +132,38 @@ class ServerSettings(BaseModel):
     slot_save_path: Path | None = None
     """The folder llama-server's slot API (``POST /slots/{id}?action=save|restore``) reads and
     writes; a ``filename`` is a plain name inside it. Unset: ``<cache_dir>/slots``."""
+    # Refused requests and unauthenticated connections (server/connections.py).
+    refused_body_timeout_s: float = Field(5.0, gt=0, le=3600)
+    """How long the body of a refused request (401, 403, 413, 415, a preflight) is read and dropped
+    so the connection can be kept; past it the refusal is sent with ``Connection: close``."""
+    refused_body_max_bytes: int = Field(1024 * 1024, ge=0)
+    """The most of a refused request's body that is read and dropped; a larger one closes the connection."""
+    max_choices: int = Field(16, ge=1, le=128)
+    """Most choices one request may ask for (OpenAI's ``n``, ``best_of``): each is a whole generation
+    on the model, so ``n=128`` held it for a minute even at ``max_tokens`` 4 (llama-server refuses any n but 1)."""
+    max_unauthenticated_connections: int = Field(32, ge=1, le=100_000)
+    """With an API key: connections one address may hold before any of its requests has carried the key
+    (one more gets a 429 and is closed). An address that has shown the key is not capped."""
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_key(cls, key: SecretStr | None) -> SecretStr | None:
+        """A key a client can send and no one guesses in a few tries (see MIN_API_KEY_LENGTH)."""
+        if key is None:
+            return None
+        value = key.get_secret_value()
+        if not value.strip():
+            raise ValueError("the API key is blank: no client could send it; set a real key or none")
+        if value != value.strip() or not all(0x21 <= ord(c) <= 0x7E or c == " " for c in value):
+            raise ValueError(
+                "the API key must be printable ASCII without leading or trailing spaces (an HTTP header carries it)"
+            )
+        if len(value) < MIN_API_KEY_LENGTH:
+            raise ValueError(
+                f"the API key is {len(value)} characters; use at least {MIN_API_KEY_LENGTH} "
+                "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+            )
+        return key
 
 
 class RuntimeSettings(BaseModel):

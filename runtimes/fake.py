@@ -10,7 +10,8 @@ every step, usage on the last chunk and prefix reuse reported as ``cached_tokens
 The answer is ``"You said: <last user message>."`` followed by filler words: a fixed
 cycle when ``temperature == 0``, seeded random words otherwise. It ends ("stop") after
 ``plan.options["fake_reply_words"]`` filler words (default 48). ``plan.options["fake_delay_s"]``
-sleeps before each token, to make streams slow enough to cancel or kill mid-way.
+sleeps before each token, to make streams slow enough to cancel or kill mid-way; ``fake_load_s`` sleeps
+in the load, to make a load slow enough to stop the server during it.
 ``plan.options["fake_think_words"]`` makes it a reasoning model: the answer opens with
 ``<think>`` and that many words, ``</think>``, unless ``ChatRequest.prefix`` already closed
 the reasoning (a budget's continuation, which it honours as llama.cpp does).
@@ -129,6 +130,7 @@ class FakeSession:
         self.plan = plan
         self.capabilities = _capabilities(model, plan, type(self).capabilities)
         self._delay = float(plan.options.get("fake_delay_s", 0) or 0)
+        time.sleep(float(plan.options.get("fake_load_s", 0) or 0))  # a slow load, for shutdown races
         self._reply_words = int(plan.options.get("fake_reply_words", 48))
         self._think_words = int(plan.options.get("fake_think_words", 0))
         self._last_prompt: list[str] = []

@@ -2,7 +2,8 @@
 
 Nothing here is global: the settings, the ModelManager and the metrics live on
 ``app.state``, so the CLI's server and the TUI's embedded one can each build their own.
-The middleware stack, outermost first: Observe (metrics + access log) → HostGuard (the
+The middleware stack, outermost first: RefusalGuard (an answer sent before the body was read
+drains it within bounds or closes the connection) → Observe (metrics + access log) → HostGuard (the
 DNS-rebinding allowlist, before anything else looks at the request) → CORS (local origins by
 default, plus server.cors_origins) → IgnoredFieldsHeader → RequestGuard (API key, JSON-only
 bodies from browsers, size and time limits) → routes.
@@ -26,12 +27,14 @@ from localrun.errors import LocalrunError
 from localrun.server import admin, anthropic, llama_server, ollama, openai, openapi, responses
 from localrun.server.anthropic.errors import ANTHROPIC
 from localrun.server.anthropic.errors import owns as anthropic_owns
+from localrun.server.connections import BOOK_STATE, ConnectionBook, RefusalGuard
 from localrun.server.errors import (
     SHAPES_KEY,
     ErrorShapes,
     InvalidRequest,
     MethodNotAllowed,
     RouteNotFound,
+    allowed_methods,
     error_response,
     shapes_of,
 )
@@ -146,7 +149,11 @@ def _install_error_handlers(app: FastAPI) -> None:
                 f"no route {request.method} {path[:200]}", hint="see /v1 (OpenAI) and /api (Ollama) routes"
             )
         elif exc.status_code == 405:
-            err = MethodNotAllowed(f"{request.method} is not allowed on {path[:200]}")
+            allowed = allowed_methods(request.app.router.routes, request.scope)
+            err = MethodNotAllowed(f"{request.method} is not allowed on {path[:200]}; use {', '.join(allowed)}")
+            response = answer(err, path)
+            response.headers["Allow"] = ", ".join(allowed)  # RFC 9110 §15.5.6: a 405 says what is allowed
+            return response
         else:
             err = LocalrunError(str(exc.detail))
             err.http_status = exc.status_code
@@ -165,6 +172,8 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
     server = settings.server
     key = server.api_key.get_secret_value() if server.api_key else None
     # add_middleware puts each new one outside the previous: add innermost first.
+    book = ConnectionBook(server.max_unauthenticated_connections, enforced=key is not None)
+    setattr(app.state, BOOK_STATE, book)  # serve.py's protocol registers each connection in it
     app.add_middleware(
         RequestGuard,
         api_key=key,
@@ -172,6 +181,7 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
         body_timeout_s=server.body_timeout_s,
         trusted_origin=trusted_origins(server.cors_origins, local=server.cors_local_origins),
         open_paths=is_web_asset if server.web else None,  # the page loads without the key; its API calls need it
+        book=book,
     )
     app.add_middleware(IgnoredFieldsHeader)  # outside RequestGuard: a refused request has no fields to name
     if server.cors_origins or server.cors_local_origins:
@@ -190,3 +200,10 @@ def _install_middleware(app: FastAPI, settings: Settings) -> None:
         )
     app.add_middleware(HostGuard, allowed=allowed_host_names(server.host, server.allowed_hosts))
     app.add_middleware(Observe, metrics=app.state.metrics)
+    # Outermost: whatever answers before a body is read (any guard, CORS), the body is drained
+    # within bounds or the connection closed with the answer.
+    app.add_middleware(
+        RefusalGuard,
+        max_bytes=min(server.refused_body_max_bytes, server.max_body_bytes),
+        timeout_s=min(server.refused_body_timeout_s, server.body_timeout_s),
+    )

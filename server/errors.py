@@ -192,3 +192,20 @@ def scope_error_response(exc: BaseException, scope: Scope) -> Response:
 def stream_error_line(exc: BaseException, shape: ErrorShape = DEFAULT) -> dict[str, Any]:
     """The error object sent inside a stream that has already started (status 200 is gone)."""
     return shape.body(as_localrun(exc, "during a stream"))
+
+
+def allowed_methods(routes: Any, scope: Scope) -> list[str]:
+    """Every method some route answers on ``scope``'s path (the ``Allow`` of a 405): Starlette's
+    own 405 names only the first route that matched the path, not the others on it."""
+    from fastapi.routing import iter_route_contexts
+    from starlette._utils import get_route_path
+
+    path = get_route_path(scope)
+    found: set[str] = set()
+    for ctx in iter_route_contexts(routes):
+        regex, methods = getattr(ctx, "path_regex", None), ctx.methods
+        if methods and regex is not None and regex.match(path):
+            found.update(methods)
+    if "GET" in found:
+        found.add("HEAD")
+    return sorted(found)

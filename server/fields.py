@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import UnsupportedFeature
 from localrun.server.errors import InvalidRequest
-from localrun.server.validate import refuse_lone_surrogates
+from localrun.server.validate import refuse_lone_surrogates, refuse_too_many_ids
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ def strict_fields(request: Request) -> bool:
     return bool(getattr(getattr(settings, "server", None), "strict_fields", False))
 
 
+def _json_number(text: str) -> int | float:
+    """A JSON number with a fraction or exponent: an int when it is a whole number (``2.0``, ``1e3``),
+    as JSON Schema counts it an integer, so strict validation takes it where an integer is asked."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool = True) -> Any:
     """The body validated against ``schema`` under the field policy; any problem is one 400 naming the field.
 
@@ -89,16 +96,19 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     """
     raw = await request.body()
     try:
-        data = json.loads(raw or b"null", parse_constant=_no_constant)
+        data = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_json_number)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise InvalidRequest("the body nests too deeply", hint="send a flatter JSON document") from None
     refuse_lone_surrogates(raw, data)
+    refuse_too_many_ids(raw, data)
     if isinstance(data, dict) and lenient:
         data = drop_unknown(request, data, schema)
     try:
-        return schema.model_validate(data)
+        # Strict: JSON types as the APIs' specs and the OpenAPI document state them (false is not
+        # 0, 0 is not false, "0.5" is not a number); an integer still passes as a number.
+        return schema.model_validate(data, strict=True)
     except ValidationError as exc:
         raise validation_error(exc) from None
 

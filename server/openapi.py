@@ -30,6 +30,7 @@ from pydantic.json_schema import JsonSchemaMode, JsonSchemaValue, models_json_sc
 from starlette.responses import HTMLResponse, JSONResponse
 
 from localrun.server.errors import ErrorShapes, shapes_of
+from localrun.server.events import item_schema
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -66,7 +67,7 @@ class Doc:
     strict: bool = False  # the top level refuses unknown fields whatever server.strict_fields says
     summary: str = ""
     tag: str = ""
-    query: tuple[str, ...] = ()  # optional string query parameters the route reads
+    query: tuple[str, ...] = ()  # query parameters the route reads: "name" (optional) or "name=a|b" (required enum)
     upload: str | None = None  # a raw request body of this media type (a blob), answered 201 with none
 
 
@@ -157,6 +158,7 @@ def build(app: FastAPI, *, strict_fields: bool = False, title: str = "localrun",
             oid, n = f"{operation_id(op.method, op.path)}_{n}", n + 1
         ids.add(oid)
         paths.setdefault(op.path, {})[op.method] = _operation(op, oid, refs, shapes)
+    _link_created(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -178,6 +180,26 @@ def build(app: FastAPI, *, strict_fields: bool = False, title: str = "localrun",
         },
         "security": [{}, {"bearer": []}, {"apiKey": []}],
     }
+
+
+def _link_created(paths: dict[str, dict[str, Any]]) -> None:
+    """Links from what a POST creates to the item routes under it (``POST /v1/responses`` →
+    ``GET``/``DELETE /v1/responses/{rid}``, with the answer's ``id``), so stateful testing can chain them."""
+    for path, ops in paths.items():
+        post = ops.get("post")
+        if post is None or "application/json" not in post["responses"]["200"].get("content", {}):
+            continue
+        for item, item_ops in paths.items():
+            names = _PARAM.findall(item)
+            if not item.startswith(path + "/") or len(names) != 1 or item != f"{path}/{{{names[0]}}}":
+                continue
+            links = post["responses"]["200"].setdefault("links", {})
+            for method in ("get", "delete"):
+                if method in item_ops:
+                    links[f"{method.title()}Created"] = {
+                        "operationId": item_ops[method]["operationId"],
+                        "parameters": {names[0]: "$response.body#/id"},
+                    }
 
 
 def _components(ops: list[Operation], shapes: ErrorShapes, *, strict_fields: bool) -> tuple[dict[str, Any], Refs]:
@@ -238,7 +260,7 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
         {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
         for name in _PARAM.findall(op.path)
     ]
-    params += [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}} for q in doc.query]
+    params += [_query(q) for q in doc.query]
     if params:
         out["parameters"] = params
     if doc.body is not None:
@@ -259,15 +281,25 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
     if doc.upload is not None:
         out["responses"] = {"201": {"description": "stored, with no body"}, "default": error}
         return out
-    out["responses"] = {"200": _success(doc, refs), "default": error}
+    out["responses"] = {"200": _success(doc, refs, op.path), "default": error}
     return out
 
 
-def _success(doc: Doc, refs: Refs) -> dict[str, Any]:
+def _query(spec: str) -> dict[str, Any]:
+    """A query parameter: ``"name"`` (an optional string) or ``"name=a|b|c"`` (required, one of those)."""
+    name, sep, choices = spec.partition("=")
+    if not sep:
+        return {"name": name, "in": "query", "required": False, "schema": {"type": "string"}}
+    return {"name": name, "in": "query", "required": True, "schema": {"type": "string", "enum": choices.split("|")}}
+
+
+def _success(doc: Doc, refs: Refs, path: str = "") -> dict[str, Any]:
     content: dict[str, Any] = {}
     if doc.answer is not None:
         content["application/json"] = {"schema": dict(refs[(doc.answer, "serialization")])}
-    if doc.stream:
+    if doc.stream == SSE:  # each event's shape (OpenAPI 3.2's itemSchema; server/events.py)
+        content[doc.stream] = {"itemSchema": item_schema(path)}
+    elif doc.stream:
         content[doc.stream] = {"schema": {"type": "string"}}
     if doc.media:
         content[doc.media] = {"schema": {"type": "string"}}

@@ -90,6 +90,15 @@ MEDIA_PARTS = ("image_url", "input_image", "input_audio")
 
 
 class ChatMessage(Strict):
+    # As server/openai/convert.py enforces it: a legacy function result names its function.
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "if": {"properties": {"role": {"const": "function"}}, "required": ["role"]},
+            "then": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+        },
+    )
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: Annotated[str, StringConstraints(max_length=256)] | None = None
@@ -118,7 +127,17 @@ class MultimodalPrompt(Strict):
 
 
 #: Ollama's ``keep_alive`` (admin's too): seconds, or a Go duration such as ``"5m"``.
-KeepAlive = Annotated[float, Field(ge=-1e12, le=1e12)] | Annotated[str, StringConstraints(max_length=64)] | None
+#: What keep_alive_seconds takes as text, for the document (the route's own check gives the clearer 400):
+#: empty, a number of seconds, or a Go duration such as 30s, 5m or -1h30m.
+KEEP_ALIVE_PATTERN = (
+    r"^\s*(|[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?"
+    r"|[+-]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h))+)\s*$"
+)
+KeepAlive = (
+    Annotated[float, Field(ge=-1e12, le=1e12)]
+    | Annotated[str, StringConstraints(max_length=64), Field(json_schema_extra={"pattern": KEEP_ALIVE_PATTERN})]
+    | None
+)
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")

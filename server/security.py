@@ -24,11 +24,13 @@ import ipaddress
 import json
 import logging
 import re
+import socket
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import LocalrunError
+from localrun.server.connections import ConnectionBook
 from localrun.server.errors import BodyTooLarge, HostNotAllowed, NotJson, Unauthorized, scope_error_response
 from localrun.server.metrics import STATS_KEY, access_log
 
@@ -120,7 +122,14 @@ def is_loopback_host(host: str) -> bool:
     try:
         return ipaddress.ip_address(h).is_loopback
     except ValueError:
-        return False
+        pass
+    # The short IPv4 forms the resolver (and so the bind) accepts: 127.1, 127.0.1 (inet_aton's rules).
+    if re.fullmatch(r"[0-9]+(\.[0-9]+){1,2}", h):
+        try:
+            return ipaddress.ip_address(socket.inet_aton(h)).is_loopback
+        except OSError:
+            return False
+    return False
 
 
 def allowed_host_names(bind_host: str, extra: list[str] | tuple[str, ...] = ()) -> frozenset[str]:
@@ -212,8 +221,10 @@ class RequestGuard:
         body_timeout_s: float = 60.0,
         trusted_origin: Callable[[str], bool] = lambda origin: False,
         open_paths: Callable[[str], bool] | None = None,
+        book: ConnectionBook | None = None,
     ):
         self.app = app
+        self.book = book
         self.api_key = api_key.encode() if api_key else None
         #: Paths a GET or HEAD reaches without the key: the web page's static files (server/web).
         self.open_paths = open_paths
@@ -232,6 +243,9 @@ class RequestGuard:
             return
         path = scope.get("path", "")
         problem: LocalrunError | None = self._check_key(scope)
+        client = scope.get("client")
+        if problem is None and self.api_key is not None and self.book is not None and client:
+            self.book.authenticated(client[0], client[1])
         if problem is not None and path == LIVENESS_PATH and scope["method"] in ("GET", "HEAD"):
             # Probes carry no key: they get liveness only (the route reads this flag), never a 401.
             scope[AUTHENTICATED_KEY] = False

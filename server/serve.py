@@ -22,6 +22,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from localrun.errors import ConfigError
+from localrun.server.connections import BOOK_STATE, ConnectionBook
 from localrun.server.security import is_loopback_host
 from localrun.settings import Settings
 
@@ -94,7 +95,16 @@ _HEAD_TIMEOUT_RESPONSE = (
 )
 
 
-def deadline_protocol(header_timeout_s: float) -> type:
+_CAPPED_TEXT = b"too many connections from this address without the API key\n"
+#: Sent, then the connection closed, to one more connection from an address already holding
+#: ``server.max_unauthenticated_connections`` without having shown the key.
+_CAPPED_RESPONSE = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_CAPPED_TEXT), _CAPPED_TEXT)
+)
+
+
+def deadline_protocol(header_timeout_s: float, book: ConnectionBook | None = None) -> type:
     """uvicorn's h11 protocol with a deadline for each request head (request line and headers).
 
     The clock starts when the connection opens, and for a later request on a kept-alive
@@ -102,6 +112,10 @@ def deadline_protocol(header_timeout_s: float) -> type:
     still sending its head at the deadline gets a 408 and the connection closed. (h11 alone
     bounds the head's size, h11_max_incomplete_event_size, but not its time.) Always h11, even
     where httptools is installed, so the same deadline holds on every machine.
+
+    With a ``book`` (server/connections.py), each connection is registered by address, and one
+    more from an address already holding its cap of connections without the key gets a 429 and
+    is closed at once.
     """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -112,6 +126,12 @@ def deadline_protocol(header_timeout_s: float) -> type:
         # uvicorn's own connection_made narrows asyncio's transport type the same way (it carries this ignore).
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if book is not None and self.client is not None:
+                if not book.admit(*self.client):
+                    log.info("refused a connection from %s: %d held without the API key", self.client[0], book.cap)
+                    transport.write(_CAPPED_RESPONSE)
+                    transport.close()
+                    return
             self._arm_head_deadline()
 
         def data_received(self, data: bytes) -> None:
@@ -123,6 +143,8 @@ def deadline_protocol(header_timeout_s: float) -> type:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_head_deadline()
+            if book is not None and self.client is not None:
+                book.closed(*self.client)
             super().connection_lost(exc)
 
         def _arm_head_deadline(self) -> None:
@@ -167,7 +189,7 @@ def uvicorn_server(
         app,
         host=host,
         port=port,
-        http=deadline_protocol(limits.header_timeout_s),
+        http=deadline_protocol(limits.header_timeout_s, getattr(getattr(app, "state", None), BOOK_STATE, None)),
         # uvicorn types it int, but it is only a loop.call_later delay, where a float serves.
         timeout_keep_alive=limits.keep_alive_timeout_s,  # type: ignore[arg-type]
         log_config=None,  # keep the process's logging; the access log is ours

@@ -13,7 +13,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from localrun.server.errors import InvalidRequest
+from localrun.frames import MAX_HEADER_BYTES
+from localrun.server.errors import BodyTooLarge, InvalidRequest
+
+#: The most numbers one request may carry in lists (token ids: Ollama's ``context``, token-array
+#: prompts and embedding inputs), all fields together. A request crosses to its worker as one frame
+#: whose JSON header is bounded by frames.MAX_HEADER_BYTES (64 MiB); an id takes up to 11 bytes
+#: there (10 digits and a comma), so a sixteenth of the bound (4 Mi ids, at most 44 MiB) leaves
+#: room for the request's text. Past it the worker pipe refused the frame, or, worse, the worker
+#: died with everything in flight; no model reads more tokens than this in one request.
+MAX_TOKEN_IDS = MAX_HEADER_BYTES // 16
 
 #: A ``\\u`` escape in the surrogate range (D800–DFFF). Surrogates can reach a parsed string only
 #: through such an escape (UTF-8 cannot encode one), so a body without it needs no walk.
@@ -75,3 +84,39 @@ def refuse_empty_prompt(text: str, ids: list[int] | None, *, suffix: str | None 
             param="prompt",
             hint="send some text (or token ids) as the prompt",
         )
+
+
+def refuse_too_many_ids(raw: bytes, data: Any) -> None:
+    """A 413 naming the top-level field whose lists hold the most numbers, when the body's lists
+    hold more than :data:`MAX_TOKEN_IDS` in all. A number takes at least two bytes of JSON
+    (``1,``), so a body under twice the bound needs no walk."""
+    if len(raw) < 2 * MAX_TOKEN_IDS or not isinstance(data, dict):
+        return
+    counts = {key: count_ids(value) for key, value in data.items()}
+    check_id_count(max(counts, key=lambda k: counts[k]), sum(counts.values()))
+
+
+def check_id_count(field: str, count: int) -> None:
+    """A 413 naming ``field`` when a request would carry more than :data:`MAX_TOKEN_IDS` token ids."""
+    if count > MAX_TOKEN_IDS:
+        raise BodyTooLarge(
+            f"{field!r} carries {count} token ids; one request may carry at most {MAX_TOKEN_IDS}",
+            param=field,
+            hint="send fewer token ids (a model reads at most its context), or send text",
+        )
+
+
+def count_ids(value: Any) -> int:
+    """How many numbers sit in lists under ``value`` (iterative: bodies nest deep)."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            for sub in item:
+                if isinstance(sub, (list, dict)):
+                    stack.append(sub)
+                elif isinstance(sub, int):
+                    count += 1
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return count

@@ -9,12 +9,17 @@
   sent least); or prefix affinity: a prompt whose first ``affinity_prefix_chars`` match a
   recent one goes where that one went, so the engine's prefix cache hits, unless that
   upstream is much busier than the idlest (the SGLang/vLLM routers' cache-aware rule).
-* **Health.** A thread probes each kind's own health endpoint every
-  ``probe_interval_s``; a request that fails (connect, timeout, 5xx, broken stream, key
-  refused) puts its upstream in cooldown for ``cooldown_s`` and wakes the prober. A cooling
-  or failing upstream gets no requests — unless no other candidate is left: the only
-  server of a model is never shut off by localrun, its own error goes to the client. A
-  passing probe ends the cooldown.
+* **Health.** Passive first: a request that succeeds counts as a passing probe. A thread
+  probes each kind's own health endpoint every ``probe_interval_s``, but only an upstream
+  that is idle (nothing in flight) and has had no success since the last round: some
+  engines (llama-cpp-python's server) cancel the stream they are running whenever another
+  request arrives, so a probe landing mid-stream cut the client's answer. While a probe is
+  out, a new request waits for it (a few milliseconds; at most the probe's timeout) rather
+  than meet it. A request that fails (connect, timeout, 5xx, broken stream, key refused)
+  puts its upstream in cooldown for ``cooldown_s`` and wakes the prober. A cooling or
+  failing upstream gets no requests — unless no other candidate is left: the only server
+  of a model is never shut off by localrun, its own error goes to the client. A passing
+  probe, or a request that succeeds, ends the cooldown.
 """
 
 from __future__ import annotations
@@ -59,6 +64,9 @@ class UpstreamState:
     version: str | None = None
     cooldown_until: float = 0.0
     cooldowns: int = 0
+    last_ok: float = 0.0  # when a request last succeeded here (a passing probe, passively)
+    probing: bool = False  # a health probe is out: requests wait for it rather than meet it
+    probes: int = 0  # active probes sent
     discovery_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -243,8 +251,9 @@ class UpstreamPool:
                 cands = self._candidates(route.upstreams, exclude)
                 if not cands:
                     return None
-                if any(st.in_flight < st.config.max_concurrency for st in cands):
-                    st = self._choose(cands, key)
+                ready = [st for st in cands if not st.probing]
+                if any(st.in_flight < st.config.max_concurrency for st in ready):
+                    st = self._choose(ready, key)
                     st.in_flight += 1
                     st.sent += 1
                     return st
@@ -263,6 +272,28 @@ class UpstreamPool:
             self._cond.notify_all()
 
     # -- health --------------------------------------------------------------------------
+    def mark_success(self, st: UpstreamState) -> None:
+        """A request succeeded on ``st``: as good as a passing probe (it ends a cooldown), and the
+        prober leaves ``st`` alone until it has been idle a whole round."""
+        with self._cond:
+            was = st.healthy
+            st.healthy, st.last_ok = True, time.monotonic()
+            if st.cooling():
+                st.cooldown_until, st.detail = 0.0, ""
+            self._cond.notify_all()
+        if was is False:
+            log.info("upstream %s is up (a request succeeded)", st.name)
+
+    def _take_for_probe(self, st: UpstreamState, now: float) -> bool:
+        """Claim ``st`` for a probe when it is idle and no request passed since the last round."""
+        with self._cond:
+            if st.in_flight > 0 or st.probing:
+                return False
+            if st.healthy and now - st.last_ok < self.settings.probe_interval_s and not st.cooling(now):
+                return False
+            st.probing = True
+            return True
+
     def mark_failure(self, st: UpstreamState, model: str, error: BaseException) -> None:
         """A request failed on ``st``: cool it down (connect, timeout, 5xx, stream, key) and probe it soon."""
         kind = getattr(error, "error_kind", "error")
@@ -279,6 +310,7 @@ class UpstreamPool:
         self._wake.set()
 
     def probe(self, st: UpstreamState) -> None:
+        st.probes += 1
         result = st.client.probe(timeout_s=min(5.0, st.config.connect_timeout_s + 2))
         with self._cond:
             was = st.healthy
@@ -298,10 +330,17 @@ class UpstreamPool:
     def probe_all(self) -> None:
         now = time.monotonic()
         for st in list(self._states.values()):
-            self.probe(st)
-            stale = now - st.discovered_at > self.settings.refresh_models_s
-            if st.healthy and (not st.discovered or stale):
-                self.refresh_models(st)
+            if not self._take_for_probe(st, now):
+                continue  # busy, or a request just passed: it is known healthy, and a probe could cut it
+            try:
+                self.probe(st)
+                stale = now - st.discovered_at > self.settings.refresh_models_s
+                if st.healthy and (not st.discovered or stale):
+                    self.refresh_models(st)
+            finally:
+                with self._cond:
+                    st.probing = False
+                    self._cond.notify_all()
 
     def _probe_loop(self) -> None:
         while not self._stop.is_set():

@@ -104,6 +104,7 @@ class UpstreamSession:
             if first is not None:
                 yield first
             yield from pieces
+            self.pool.mark_success(st)  # the whole answer came: as good as a passing probe
         except LocalrunError as exc:
             outcome = "error"
             self.pool.mark_failure(st, self.route.model, exc)
@@ -161,6 +162,7 @@ class UpstreamSession:
             tried.add(st.name)
             try:
                 answer: tuple[list[list[float]], int] = st.client.embeddings(texts, model=self._model_id(st))
+                self.pool.mark_success(st)
                 return answer
             except LocalrunError as exc:
                 self.pool.mark_failure(st, self.route.model, exc)

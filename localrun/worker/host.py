@@ -41,10 +41,56 @@ Sink = Callable[[str, Any], None]  # (event, data): "chunk" Chunk | "result" Any
 Event = tuple[str, Any]
 
 
+class FrameTooLarge(LocalrunError):
+    """A request over what one frame of the worker pipe carries (localrun/frames.py): refused, and
+    the worker, which never saw it, keeps serving."""
+
+    http_status = 413
+    code = "request_too_large"
+
+
+class Spawns:
+    """Worker processes started and still loading. A server stopping (SIGTERM) while one loads
+    kills it: before, the load went on in its own session after the server had gone, and the
+    worker outlived it until its load ended."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self.closed = False
+
+    def spawned(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            if not self.closed:
+                self._procs.add(proc)
+                return
+        proc.kill()  # started after the stop: a worker still loading has nothing to save
+
+    def settled(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def close(self) -> None:
+        """No more workers: kill those still loading (their loads then fail in their callers)."""
+        with self._lock:
+            self.closed, procs = True, list(self._procs)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
 class WorkerHandle:
     """A model loaded in its own process. Dies alone; its open requests get WorkerCrashed."""
 
-    def __init__(self, record: ModelRecord, plan: Plan, *, log_path: Path, load_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        record: ModelRecord,
+        plan: Plan,
+        *,
+        log_path: Path,
+        load_timeout_s: float = 600.0,
+        spawns: Spawns | None = None,
+    ):
         self.record = record
         self.plan = plan
         self.log_path = log_path
@@ -68,6 +114,16 @@ class WorkerHandle:
             start_new_session=True,  # a Ctrl-C in the terminal reaches the parent only
         )
         self.pid = self.proc.pid
+        if spawns is not None:
+            spawns.spawned(self.proc)
+            try:
+                self._start(record, plan, load_timeout_s)
+            finally:
+                spawns.settled(self.proc)
+        else:
+            self._start(record, plan, load_timeout_s)
+
+    def _start(self, record: ModelRecord, plan: Plan, load_timeout_s: float) -> None:
         assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._writer = FrameWriter(self._stdin)
@@ -83,7 +139,7 @@ class WorkerHandle:
         if not self.alive:
             raise RuntimeUnavailable(
                 f"{record.name}: the worker exited while loading ({self._exit_text()})",
-                hint=f"see {log_path}",
+                hint=f"see {self.log_path}",
             )
 
     # -- reading -----------------------------------------------------------------------
@@ -168,7 +224,17 @@ class WorkerHandle:
             sent = True
         except OSError as exc:
             raise WorkerCrashed(f"cannot reach the worker running {self.record.name}: {exc}") from exc
-        except (UnicodeError, ValueError, TypeError) as exc:
+        except ValueError as exc:
+            if "exceed" not in str(exc):
+                raise LocalrunError(
+                    f"the request to {self.record.name} cannot be sent to its worker: {exc}",
+                    hint="send valid Unicode text",
+                ) from exc
+            raise FrameTooLarge(
+                f"the request to {self.record.name} is too large for its worker: {exc}",
+                hint="send fewer or smaller images, token ids or texts in one request",
+            ) from exc
+        except (UnicodeError, TypeError) as exc:
             raise LocalrunError(
                 f"the request to {self.record.name} cannot be sent to its worker: {exc}",
                 hint="send valid Unicode text",

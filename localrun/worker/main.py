@@ -35,7 +35,14 @@ def _error_dict(exc: BaseException) -> dict[str, Any]:
     return {k: _encodable(v) if isinstance(v, str) else v for k, v in data.items()}
 
 
+#: The longest text an error event carries: a message quoting a huge input must still fit a frame,
+#: or the parent would wait on a request that is over.
+_MAX_ERROR_TEXT = 16 * 1024
+
+
 def _encodable(text: str) -> str:
+    if len(text) > _MAX_ERROR_TEXT:
+        text = f"{text[:_MAX_ERROR_TEXT]}… ({len(text) - _MAX_ERROR_TEXT} more characters)"
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 

@@ -128,6 +128,13 @@ def _result_turn(where: str, role: str, block: ToolResultBlock, names: dict[str,
         raise InvalidRequest(
             f"{where} is a tool_result block in a {role} turn: results come back in a user turn", param=where
         )
+    if block.tool_use_id not in names:  # Anthropic's answer too
+        raise InvalidRequest(
+            f"{where}: unexpected tool_use_id {block.tool_use_id!r} in a tool_result block: each tool_result "
+            "block must answer a tool_use block of an earlier assistant turn",
+            param=f"{where}.tool_use_id",
+            hint="send the assistant turn with its tool_use blocks before the results, with the same ids",
+        )
     text, shown = _tool_result(block, where, reader)
     return Message("tool", text, tool_call_id=block.tool_use_id, name=names.get(block.tool_use_id), media=shown)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
 from localrun.server.schemas import (
@@ -83,6 +83,8 @@ class NativeSampling(Strict):
 
 
 class NativeCompletion(NativeSampling):
+    # As the route enforces it (validate.refuse_empty_prompt): there must be something to complete.
+    model_config = ConfigDict(json_schema_extra={"allOf": [{"properties": {"prompt": {"not": {"const": ""}}}}]})
     #: Text, token ids, or ``{"prompt_string": …, "multimodal_data": [base64, …]}`` (images and audio).
     prompt: Text | TokenIds | MultimodalPrompt
 
@@ -124,6 +126,17 @@ Document = Annotated[str, StringConstraints(max_length=100_000)]
 
 
 class RerankBody(Strict):
+    # As docs() enforces it: exactly one of documents (llama-server, Jina, Cohere) or texts (TEI), not empty.
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": [name], "properties": {name: {"type": "array", "minItems": 1}}}
+                for name in ("documents", "texts")
+            ]
+        },
+    )
     model: ModelName | None = None
     query: Document
     documents: Annotated[list[Document], Field(max_length=1024)] | None = None

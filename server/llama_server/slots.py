@@ -147,7 +147,7 @@ async def get_slots(request: Request) -> Any:
     return rows
 
 
-@documented(SlotFileBody, SlotActionAnswer, query=("action", "model"))
+@documented(SlotFileBody, SlotActionAnswer, query=("action=save|restore|erase", "model"))
 @router.post("/slots/{id_slot}")
 async def post_slot(request: Request, id_slot: str) -> Any:
     """Save, restore or erase slot ``id_slot`` (``?action=``); save and restore name a file."""

@@ -20,6 +20,7 @@ from starlette.requests import Request
 
 from localrun.errors import LocalrunError
 from localrun.server.generation import Generation, app_state
+from localrun.server.validate import check_id_count
 from localrun.types import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ async def with_context(
     """``req`` continued from ``context``: its prompt's ids appended to the earlier ones."""
     text = await prompt_text(request, model, req)
     ids = await token_ids(request, model, text, add_special=False)
+    check_id_count("context" if len(context) >= len(ids) else "prompt", len(context) + len(ids))
     return CompletionRequest(prompt=text, sampling=req.sampling, prompt_tokens=(*context, *ids))
 
 

@@ -212,8 +212,19 @@ class EmbeddingsBody(Strict):
     keep_alive: KeepAlive = None
 
 
+#: ``model`` or the older ``name`` is required: the document says so as the routes enforce it.
+def _one_required(*names: str) -> dict[str, Any]:
+    """JSON Schema for "at least one of ``names``, as a non-empty string" (null is not one)."""
+    return {"anyOf": [{"required": [n], "properties": {n: {"type": "string", "minLength": 1}}} for n in names]}
+
+
+MODEL_OR_NAME = ConfigDict(extra="forbid", frozen=True, json_schema_extra=_one_required("model", "name"))
+
+
 class ModelBody(Strict):
     """``/api/show`` and ``/api/delete``: ``model``, or the older ``name``."""
+
+    model_config = MODEL_OR_NAME
 
     model: ModelName | None = None
     name: ModelName | None = None
@@ -224,6 +235,7 @@ class ModelBody(Strict):
 
 
 class PullBody(Strict):
+    model_config = MODEL_OR_NAME
     model: ModelName | None = None
     name: ModelName | None = None
     insecure: bool | None = None
@@ -245,6 +257,22 @@ FileName = Annotated[str, StringConstraints(max_length=1024)]
 
 class CreateBody(Strict):
     """``/api/create`` as Ollama's docs/api.md has it today (``from`` or ``files``, then the layers)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "allOf": [
+                _one_required("model", "name"),
+                {
+                    "anyOf": [
+                        {"required": ["from"], "properties": {"from": {"type": "string"}}},
+                        {"required": ["files"], "properties": {"files": {"type": "object"}}},
+                    ]
+                },
+            ]
+        },
+    )
 
     model: ModelName | None = None
     name: ModelName | None = None  # the older field

@@ -48,6 +48,14 @@ def core_messages(body: ChatCompletionRequest, reader: MediaReader | None = None
             role = "tool"
             if call_id is None:
                 call_id = next((cid for cid, name in reversed(pending) if name == m.name), None)
+        if m.tool_call_id is not None and m.tool_call_id not in called:
+            # OpenAI's answer too: a result must answer a call an earlier assistant turn made.
+            raise InvalidRequest(
+                f"messages[{i}] has role 'tool' with tool_call_id {call_id!r}, which no earlier assistant "
+                "turn's 'tool_calls' made: a tool message must answer a preceding message with 'tool_calls'",
+                param=f"messages[{i}].tool_call_id",
+                hint="send the assistant turn with its tool_calls before the tool results, with the same ids",
+            )
         if call_id is not None and role == "tool":
             pending = [p for p in pending if p[0] != call_id]
         name = m.name if m.name is not None or role != "tool" else called.get(call_id or "")

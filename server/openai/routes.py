@@ -84,12 +84,24 @@ async def get_model(request: Request, model: str) -> dict[str, Any]:
     return openai_model(record, loaded.get(record.name), caps)
 
 
+def refuse_many_choices(request: Request, n: int, field: str = "n") -> None:
+    """A 400 for more choices than ``server.max_choices``: each is a whole generation on the model."""
+    most = app_state(request).settings.server.max_choices
+    if n > most:
+        raise InvalidRequest(
+            f"{field!r} asks for {n} choices; this server gives at most {most} per request",
+            param=field,
+            hint=f"ask for {most} or fewer (or send several requests), or raise server.max_choices",
+        )
+
+
 @documented(ChatCompletionRequest, answers.ChatCompletion, stream=SSE)
 @router.post("/chat/completions")
 async def chat_completions(request: Request) -> Response:
     body: ChatCompletionRequest = await parse_body(request, ChatCompletionRequest)
     cap = app_state(request).settings.runtime.max_tokens_cap
     tools, tool_choice = core_tools(body)
+    refuse_many_choices(request, body.n or 1)
     if (body.n or 1) > 1 and tools:
         raise InvalidRequest(
             "'n' above 1 cannot be combined with tools: each answer would need its own calls",
@@ -168,6 +180,7 @@ async def completions(request: Request) -> Response:
     body: CompletionRequestBody = await parse_body(request, CompletionRequestBody)
     cap = app_state(request).settings.runtime.max_tokens_cap
     n, best_of = body.n or 1, body.best_of or 1
+    refuse_many_choices(request, max(n, best_of), "best_of" if best_of > n else "n")
     check_best_of(body, n, best_of)
     knobs = body.sampling_knobs()
     knobs["n"] = max(n, best_of)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import ConfigDict, Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
 from localrun.server.schemas import (
@@ -231,6 +231,17 @@ def _message_needs(i: int, m: ChatMessage) -> list[tuple[str, str]]:
 
 
 class CompletionRequestBody(Sampled):
+    # As the route enforces it (validate.refuse_empty_prompt): an empty prompt only with a suffix (FIM).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                {
+                    "if": {"anyOf": [{"not": {"required": ["suffix"]}}, {"properties": {"suffix": {"type": "null"}}}]},
+                    "then": {"properties": {"prompt": {"not": {"enum": ["", [""]]}}}},
+                }
+            ]
+        }
+    )
     prompt: (
         str
         | Annotated[list[str], Field(min_length=1, max_length=1)]

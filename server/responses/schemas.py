@@ -198,7 +198,7 @@ def parse_typed(value: Any, registry: dict[str, type[Lenient]], dropped: frozens
             param=f"{where}.type",
         )
     try:
-        return model.model_validate(value)
+        return model.model_validate(value, strict=True)
     except ValidationError as exc:
         first = exc.errors(include_url=False, include_input=False)[0]
         loc = ".".join(str(p) for p in first.get("loc", ()) if not isinstance(p, str) or p[:1].islower())

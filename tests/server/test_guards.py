@@ -257,14 +257,14 @@ def test_cors_settings_add_origins_and_can_drop_the_local_ones(build_stack):
 
 def test_cors_keeps_the_api_key_rule(build_stack):
     """A preflight carries no key and is answered; the request itself still needs it."""
-    stack = build_stack(api_key="k-cors")
+    stack = build_stack(api_key="k-cors-test")
     with TestClient(create_app(stack.settings, stack.manager), base_url="http://localhost") as c:
         origin = {"origin": "http://localhost:3000"}
         pre = c.options("/v1/models", headers={**origin, "access-control-request-method": "GET"})
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == origin["origin"]
         refused = c.get("/v1/models", headers=origin)
         assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == origin["origin"]
-        assert c.get("/v1/models", headers={**origin, "authorization": "Bearer k-cors"}).status_code == 200
+        assert c.get("/v1/models", headers={**origin, "authorization": "Bearer k-cors-test"}).status_code == 200
         assert c.head("/health").status_code == 200  # liveness without the key, HEAD too
 
 

@@ -194,9 +194,9 @@ def test_strict_fields_shows_in_the_document(app_client):
 
 
 def test_the_document_needs_the_key_when_one_is_set(app_client):
-    client = app_client(api_key="s3cret")
+    client = app_client(api_key="s3cret-key")
     assert client.get("/openapi.json").status_code == 401
-    assert client.get("/openapi.json", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert client.get("/openapi.json", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
 
 
 def test_docs_are_off_by_default_and_on_with_the_setting(app_client):
@@ -204,3 +204,85 @@ def test_docs_are_off_by_default_and_on_with_the_setting(app_client):
     page = app_client(docs=True).get("/docs")
     assert page.status_code == 200
     assert "/openapi.json" in page.text
+
+
+@pytest.mark.parametrize(
+    "method,path,allowed",
+    [
+        ("PUT", "/v1/chat/completions", {"POST"}),
+        ("GET", "/api/delete", {"DELETE"}),
+        ("POST", "/api/tags", {"GET", "HEAD"}),
+        ("PATCH", "/v1/models", {"GET", "HEAD"}),
+    ],
+)
+def test_every_405_says_what_is_allowed(served, method, path, allowed):
+    """RFC 9110 §15.5.6: a 405 carries Allow. Before: none did."""
+    from starlette.testclient import TestClient
+
+    app, document = served
+    r = TestClient(app, base_url="http://localhost").request(method, path)
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) >= allowed, (r.status_code, r.headers)
+    documented = {m.upper() for m in document["paths"][path]}
+    assert documented <= set(r.headers["allow"].split(", ")), (documented, r.headers["allow"])
+
+
+@pytest.mark.parametrize("path", ["/api/show", "/api/delete", "/api/pull", "/api/create"])
+def test_model_or_name_is_documented_as_required_where_it_is(served, path):
+    """Before: these bodies documented no required field, yet each refuses a body without ``model``."""
+    _, document = served
+    method = next(iter(document["paths"][path]))
+    schema = _body_schema(document, path, method)
+    source = {"from": "tiny"} if path == "/api/create" else {}
+    assert Draft202012Validator(schema).is_valid({"model": "tiny", **source})
+    assert not Draft202012Validator(schema).is_valid(source)
+
+
+def _body_schema(document, path, method="post"):
+    operation = document["paths"][path][method]
+    ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+    return {**document["components"]["schemas"][ref], "components": document["components"]}
+
+
+@pytest.mark.parametrize(
+    "path,body,valid",
+    [
+        ("/api/show", {"name": None}, False),  # before: null satisfied "required"
+        ("/api/show", {"name": "tiny"}, True),
+        ("/api/create", {"model": "x"}, False),  # before: documented valid; the route wants from or files
+        ("/api/create", {"model": "x", "from": "tiny"}, True),
+        ("/rerank", {"query": "q"}, False),  # before: documented valid; the route wants documents or texts
+        ("/rerank", {"query": "q", "documents": []}, False),
+        ("/rerank", {"query": "q", "documents": ["a"], "texts": ["b"]}, False),
+        ("/rerank", {"query": "q", "texts": ["b"]}, True),
+        ("/api/generate", {"model": "tiny", "keep_alive": "5 minutes"}, False),  # before: any string
+        ("/api/generate", {"model": "tiny", "keep_alive": "1h30m"}, True),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "function", "content": "x"}]}, False),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "function", "name": "f"}]}, True),
+        ("/v1/completions", {"model": "tiny", "prompt": ""}, False),  # before: documented valid, refused
+        ("/v1/completions", {"model": "tiny", "prompt": [""]}, False),
+        ("/v1/completions", {"model": "tiny", "prompt": "", "suffix": "x"}, True),  # fill-in-the-middle
+        ("/completion", {"prompt": ""}, False),
+        ("/completion", {"prompt": "hi"}, True),
+    ],
+)
+def test_documented_bounds_are_the_enforced_ones(served, path, body, valid):
+    _, document = served
+    assert Draft202012Validator(_body_schema(document, path)).is_valid(body) is valid, (path, body)
+
+
+def test_the_slot_action_is_documented_as_the_three_it_takes(served):
+    _, document = served
+    path = next(p for p in document["paths"] if p.startswith("/slots/{"))
+    action = next(q for q in document["paths"][path]["post"]["parameters"] if q["name"] == "action")
+    assert action["required"] and action["schema"]["enum"] == ["save", "restore", "erase"]
+
+
+@pytest.mark.parametrize("prefix", ["/v1/responses", "/responses"])
+def test_a_created_response_links_to_its_get_and_delete(served, prefix):
+    """Links let stateful testing chain create → get → delete (before: no links at all)."""
+    _, document = served
+    links = document["paths"][prefix]["post"]["responses"]["200"]["links"]
+    item = document["paths"][f"{prefix}/{{rid}}"]
+    targets = {item["get"]["operationId"], item["delete"]["operationId"]}
+    assert {link["operationId"] for link in links.values()} == targets
+    assert all(link["parameters"] == {"rid": "$response.body#/id"} for link in links.values())

@@ -131,11 +131,11 @@ def test_missing_host_header_is_refused(stack):
 
 
 def test_configured_names_and_bind_ip_are_allowed(build_stack):
-    stack = build_stack(allowed_hosts=["mybox.lan"], host="192.168.7.7", api_key="k")
+    stack = build_stack(allowed_hosts=["mybox.lan"], host="192.168.7.7", api_key="k-test-key")
     with TestClient(create_app(stack.settings, stack.manager), base_url="http://mybox.lan") as c:
-        assert c.get("/health", headers={"authorization": "Bearer k"}).status_code == 200
-        assert c.get("/health", headers={"authorization": "Bearer k", "host": "192.168.7.7:8739"}).status_code == 200
-        assert c.get("/health", headers={"authorization": "Bearer k", "host": "evil.mybox.lan"}).status_code == 403
+        assert c.get("/health", headers={"authorization": "Bearer k-test-key"}).status_code == 200
+        assert c.get("/health", headers={"authorization": "Bearer k-test-key", "host": "192.168.7.7:8739"}).status_code == 200
+        assert c.get("/health", headers={"authorization": "Bearer k-test-key", "host": "evil.mybox.lan"}).status_code == 403
     names = allowed_host_names("0.0.0.0", [])
     assert "0.0.0.0" not in names and host_allowed("[::1]:1", names) and not host_allowed("0.0.0.0:1", names)
 
@@ -201,12 +201,12 @@ def test_api_key_required_everywhere_when_set(build_stack):
 
 
 def test_api_key_with_official_client(build_stack, live_factory):
-    live = live_factory(build_stack(api_key="k-123"))
+    live = live_factory(build_stack(api_key="k-123-test-key"))
     with openai.OpenAI(base_url=f"{live.url}/v1", api_key="wrong", max_retries=0) as bad:
         with pytest.raises(openai.AuthenticationError) as info:
             bad.models.list()
         assert info.value.body["type"] == "authentication_error"
-    with openai.OpenAI(base_url=f"{live.url}/v1", api_key="k-123", max_retries=0) as good:
+    with openai.OpenAI(base_url=f"{live.url}/v1", api_key="k-123-test-key", max_retries=0) as good:
         assert [m.id for m in good.models.list().data] == ["tiny"]
 
 

@@ -164,3 +164,196 @@ def test_a_request_head_that_arrives_in_time_is_served_in_pieces(server):
             sock.sendall(piece.encode())
             time.sleep(0.1)
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+# Refused requests: the guards answer before reading the body, and that must not let the body hold the connection.
+
+KEY = "refused-test-key"
+REFUSED_DRAIN_S = 2.0
+PER_ADDRESS_CAP = 8
+REFUSED_CLIENTS = 100  # 20 of each refusal
+#: Source addresses the refused clients spread over (loopback /8 on Linux), under the per-address cap.
+SOURCES = [f"127.0.0.{10 + i}" for i in range(25)]
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory, tiny_gguf):
+    home = tmp_path_factory.mktemp("refused-home")
+    servers.import_model(home, tiny_gguf, "tiny")
+    spec = servers.launcher(servers.free_port(), home=home, api_key=KEY)
+    spec.env.update(
+        LOCALRUN_SERVER__HEADER_TIMEOUT_S=str(HEAD_TIMEOUT_S),
+        LOCALRUN_SERVER__BODY_TIMEOUT_S="30",  # the refused-body deadline must cut them, not this one
+        LOCALRUN_SERVER__REFUSED_BODY_TIMEOUT_S=str(REFUSED_DRAIN_S),
+        LOCALRUN_SERVER__MAX_BODY_BYTES="4096",
+        LOCALRUN_SERVER__MAX_UNAUTHENTICATED_CONNECTIONS=str(PER_ADDRESS_CAP),
+    )
+    proc = servers.start(spec, home / "server.log")
+    yield proc
+    proc.stop()
+
+
+def _connect(port: int, source: str | None) -> socket.socket:
+    try:
+        return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0) if source else None)
+    except OSError as exc:  # not Linux: only 127.0.0.1 is configured
+        pytest.skip(f"cannot connect from {source}: {exc}")
+
+
+class RefusedClient(SlowClient):
+    """A request the server refuses before reading its body, whose body then trickles forever."""
+
+    STATUS = {"401": b" 401 ", "403": b" 403 ", "413": b" 413 ", "415": b" 415 ", "preflight": b" 200 "}
+
+    def __init__(self, port: int, kind: str, index: int):  # noqa: PLR0912 - one branch per refusal
+        self.kind = kind
+        self.index = index
+        self.sock = _connect(port, SOURCES[index % len(SOURCES)])
+        self.sock.setblocking(False)
+        self.received = b""
+        self.closed_at = None
+        self.sent_lines = 0
+        self.chunked = kind != "413" and index % 2 == 1
+        method, host, extra = "POST", f"localhost:{port}", f"Authorization: Bearer {KEY}\r\n"
+        ctype = "application/json"
+        if kind == "401":
+            extra = ""
+        elif kind == "403":
+            host = "evil.example"
+        elif kind == "415":
+            extra += "Origin: http://localhost:3000\r\n"
+            ctype = "text/plain"
+        elif kind == "preflight":
+            method, extra = "OPTIONS", "Origin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\n"
+        # Under the size limit (4096) but for the 413: the drain's deadline, not its size, must cut them.
+        length = 100_000 if kind == "413" else 4000
+        framing = "Transfer-Encoding: chunked" if self.chunked else f"Content-Length: {length}"
+        head = f"{method} /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: {ctype}\r\n"
+        self._send(f"{head}{extra}{framing}\r\n\r\n")
+
+    def trickle(self) -> None:
+        if self.closed_at is None:
+            self._send("1\r\nx\r\n" if self.chunked else "x")
+
+
+def _watch(clients: list, seconds: float) -> float:
+    """Trickle into every client until all are closed or ``seconds`` pass; when the watch began."""
+    started = time.monotonic()
+    selector = selectors.DefaultSelector()
+    for client in clients:
+        selector.register(client.sock, selectors.EVENT_READ, client)
+    try:
+        next_trickle = started
+        while time.monotonic() < started + seconds and any(c.closed_at is None for c in clients):
+            if time.monotonic() >= next_trickle:
+                for client in clients:
+                    client.trickle()
+                next_trickle = time.monotonic() + TRICKLE_S
+            for key, _ in selector.select(timeout=0.05):
+                key.data.readable()
+                if key.data.closed_at is not None:
+                    selector.unregister(key.data.sock)
+    finally:
+        selector.close()
+    return started
+
+
+def test_refused_requests_that_trickle_a_body_are_cut(keyed):
+    """401, 403, 413, 415 and preflights, half with a declared body and half chunked, 1 byte each 0.25 s.
+
+    Before: every one was held for as long as it trickled (0 of 100 closed after the watch).
+    """
+    kinds = ("401", "403", "413", "415", "preflight")
+    clients = [RefusedClient(keyed.spec.port, kinds[i % 5], i) for i in range(REFUSED_CLIENTS)]
+    try:
+        started = _watch(clients, REFUSED_DRAIN_S + SLACK_S)
+    finally:
+        for client in clients:
+            client.sock.close()
+    held = sorted({f"{c.kind}{'/chunked' if c.chunked else ''}" for c in clients if c.closed_at is None})
+    assert not held, f"{sum(c.closed_at is None for c in clients)} refused clients still open: {held}"
+    for client in clients:
+        status_line = client.received.split(b"\r\n", 1)[0]
+        assert RefusedClient.STATUS[client.kind] in status_line, (client.kind, client.received[:200])
+        assert b"connection: close" in client.received.lower(), (client.kind, client.received[:300])
+    closed = [c.closed_at - started for c in clients]
+    print(f"\n{REFUSED_CLIENTS} refused clients cut after {min(closed):.1f}–{max(closed):.1f} s")
+
+
+def test_a_refused_request_whose_body_comes_whole_keeps_its_connection(keyed):
+    """The drain is what lets a well-behaved client keep its connection after a 401."""
+    port = keyed.spec.port
+    body = b'{"model": "tiny", "messages": []}'
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost:{port}\r\nContent-Type: application/json\r\n"
+    with _connect(port, None) as sock:
+        sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        first = _read_answer(sock)
+        assert first.startswith(b"HTTP/1.1 401") and b"connection: close" not in first.lower()
+        sock.sendall(_keyed_get(port, "/v1/models"))
+        assert _read_answer(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_content_length_with_transfer_encoding_is_answered_then_closed(keyed):
+    """RFC 9112 §6.3: a message with both framings may be a smuggling attempt; close after answering.
+    Before: the chunked body won and the pipelined request behind it was served."""
+    port = keyed.spec.port
+    head = (
+        f"POST /api/show HTTP/1.1\r\nHost: localhost:{port}\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    body = b'{"model":"tiny"}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    pipelined = f"GET /health HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode()
+    with _connect(port, None) as sock:
+        sock.sendall(head.encode() + chunked + pipelined)
+        answer = _read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer.lower()
+    assert answer.count(b"HTTP/1.1 ") == 1, answer[:600]  # the pipelined request was not served
+
+
+def test_an_address_holds_a_bounded_number_of_connections_without_the_key(keyed):
+    port = keyed.spec.port
+    source = "127.0.0.77"
+    held = [_connect(port, source) for _ in range(PER_ADDRESS_CAP)]
+    try:
+        with _connect(port, source) as extra:
+            assert _read_until_closed(extra).startswith(b"HTTP/1.1 429")
+        held.pop().close()
+        time.sleep(0.2)
+        with _connect(port, source) as keyed_client:  # a slot is free: this one shows the key
+            keyed_client.sendall(_keyed_get(port, "/v1/models"))
+            assert _read_answer(keyed_client).startswith(b"HTTP/1.1 200")
+            more = [_connect(port, source) for _ in range(2)]  # the address showed the key: no cap now
+            for sock in more:
+                sock.sendall(f"GET /health HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n".encode())
+                assert _read_answer(sock).startswith(b"HTTP/1.1 200")
+                sock.close()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _keyed_get(port: int, path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return data
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data

@@ -71,11 +71,29 @@ def test_host_matching_is_exact():
 def test_loopback_detection_and_bind_policy():
     assert all(is_loopback_host(h) for h in ("127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.5"))
     assert not any(is_loopback_host(h) for h in ("0.0.0.0", "::", "192.168.1.2", "example.com", ""))
+    # The short forms the resolver binds as 127.0.0.1 are loopback too (before: `--host 127.1` was refused).
+    assert is_loopback_host("127.1") and is_loopback_host("127.0.1")
+    assert not any(is_loopback_host(h) for h in ("10.1", "0x7f.1", "1.2.3.4.5", "127.1.2.3.4"))
+    check_bind_policy(make_settings(host="127.1"))
     check_bind_policy(make_settings(host="127.0.0.1"))
-    check_bind_policy(make_settings(host="0.0.0.0", api_key="k"))
+    check_bind_policy(make_settings(host="0.0.0.0", api_key="k-test-key"))
     with pytest.raises(ConfigError, match="0.0.0.0") as info:
         check_bind_policy(make_settings(host="0.0.0.0"))
     assert "API key" in info.value.message
+
+
+@pytest.mark.parametrize("key", [" ", "", "\t", "k", "1234567", " padded-key ", "ключ-ключ-ключ", "new\nline-key"])
+def test_an_api_key_no_client_could_send_or_anyone_could_guess_is_refused(key):
+    """Before: `--api-key ' '` started a server whose key no client can send, and 1-character keys started."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="API key"):
+        make_settings(api_key=key)
+
+
+def test_a_long_enough_printable_key_is_accepted():
+    assert make_settings(api_key="12345678").server.api_key.get_secret_value() == "12345678"
+    assert make_settings(api_key="with inner space").server.api_key is not None
 
 
 def test_probe_port_names_the_busy_port():

@@ -209,8 +209,9 @@ def upstream_localrun(
     return ServerSpec(args, port, host=host, env=env, prefix=list(prefix or []), timeout=120.0, new_session=True)
 
 
-def llama_cpp_server(model: Path, port: int, *, alias: str) -> ServerSpec:
-    """llama-cpp-python's own OpenAI server, as a foreign upstream."""
+def llama_cpp_server(model: Path, port: int, *, alias: str, interrupt: bool = False) -> ServerSpec:
+    """llama-cpp-python's own OpenAI server, as a foreign upstream (``interrupt``: as it ships,
+    cancelling a running stream whenever a new request arrives)."""
     args = [
         "llama_cpp.server",
         "--model",
@@ -230,7 +231,7 @@ def llama_cpp_server(model: Path, port: int, *, alias: str) -> ServerSpec:
         # By default any new request, even GET /v1/models (localrun's probe for kind openai),
         # cuts off the stream in progress; queue instead, as benchmarks/common.py does.
         "--interrupt_requests",
-        "false",
+        "true" if interrupt else "false",
     ]
     return ServerSpec(args, port, ready_path="/v1/models", timeout=120.0, new_session=True)
 

@@ -238,13 +238,13 @@ def test_api_key_as_x_api_key_or_bearer(tiny_gguf, spawn_server):  # noqa: F811
     ModelStore(Settings()).import_path(tiny_gguf, name="tiny")
     port = free_port()
     server = spawn_server(
-        ["tests.support.launch", "--port", str(port), "--api-key", "s3cret"],
+        ["tests.support.launch", "--port", str(port), "--api-key", "s3cret-key"],
         port=port,
         env={"LOCALRUN_RUNTIME__FORCE": "fake"},
     )
-    with anthropic_client(server, api_key="s3cret") as by_header:  # the SDK sends x-api-key
+    with anthropic_client(server, api_key="s3cret-key") as by_header:  # the SDK sends x-api-key
         assert by_header.messages.create(model="tiny", max_tokens=4, messages=USER).content
-    with anthropic_client(server, api_key=None, auth_token="s3cret") as by_bearer:  # Authorization: Bearer
+    with anthropic_client(server, api_key=None, auth_token="s3cret-key") as by_bearer:  # Authorization: Bearer
         assert by_bearer.messages.create(model="tiny", max_tokens=4, messages=USER).content
     with anthropic_client(server, api_key="wrong") as wrong:
         with pytest.raises(anthropic.AuthenticationError) as err:

@@ -39,8 +39,8 @@ def test_props_names_the_model_file_only_on_loopback(app_client, tiny_gguf):
     local = app_client().get("/props").json()
     assert local["model_path"] == str(tiny_gguf) and local["default_generation_settings"]["n_ctx"] == 2048
     assert local["model_alias"] == "tiny" and local["modalities"] == {"vision": False, "audio": False}
-    remote = app_client(host="0.0.0.0", api_key="k", allowed_hosts=["localhost"])
-    r = remote.get("/props", headers={"Authorization": "Bearer k"})
+    remote = app_client(host="0.0.0.0", api_key="k-test-key", allowed_hosts=["localhost"])
+    r = remote.get("/props", headers={"Authorization": "Bearer k-test-key"})
     assert r.status_code == 200 and "model_path" not in r.json() and str(tiny_gguf) not in r.text
 
 
@@ -73,11 +73,11 @@ def test_the_model_must_be_named_when_there_are_several(app_client, tiny_gguf):
 
 
 def test_health_without_the_key_is_liveness_only(app_client):
-    client = app_client(api_key="sekrit")
+    client = app_client(api_key="sekrit-key")
     r = client.get("/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}
     assert client.get("/health", headers={"Authorization": "Bearer wrong"}).json() == {"status": "ok"}
-    full = client.get("/health", headers={"Authorization": "Bearer sekrit"}).json()
+    full = client.get("/health", headers={"Authorization": "Bearer sekrit-key"}).json()
     assert "pid" in full and "models" in full
     assert (
         client.get("/metrics").status_code == 401 and client.post("/tokenize", json={"content": "x"}).status_code == 401

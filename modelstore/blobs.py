@@ -29,6 +29,8 @@ from .verify import file_path
 
 log = logging.getLogger(__name__)
 
+#: A blob's name: ``sha256:`` (or Ollama's file spelling ``sha256-``) and 64 lowercase hex digits.
+DIGEST_PATTERN = r"^sha256[:-][0-9a-fA-F]{64}$"
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
 
 

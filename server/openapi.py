@@ -69,6 +69,7 @@ class Doc:
     tag: str = ""
     query: tuple[str, ...] = ()  # query parameters the route reads: "name" (optional) or "name=a|b" (required enum)
     upload: str | None = None  # a raw request body of this media type (a blob), answered 201 with none
+    patterns: tuple[tuple[str, str], ...] = ()  # (path parameter, the regular expression it must match)
 
 
 def documented(
@@ -82,10 +83,11 @@ def documented(
     tag: str = "",
     query: tuple[str, ...] = (),
     upload: str | None = None,
+    patterns: tuple[tuple[str, str], ...] = (),
 ) -> Callable[[F], F]:
     """Mark a route function with its OpenAPI facts; the function itself is returned unchanged,
     so the decorator sits above or below ``@router.post(...)`` alike."""
-    doc = Doc(body, answer, stream, media, strict, summary, tag, query, upload)
+    doc = Doc(body, answer, stream, media, strict, summary, tag, query, upload, patterns)
 
     def mark(fn: F) -> F:
         setattr(fn, MARK, doc)
@@ -187,7 +189,7 @@ def _link_created(paths: dict[str, dict[str, Any]]) -> None:
     ``GET``/``DELETE /v1/responses/{rid}``, with the answer's ``id``), so stateful testing can chain them."""
     for path, ops in paths.items():
         post = ops.get("post")
-        if post is None or "application/json" not in post["responses"]["200"].get("content", {}):
+        if post is None or "application/json" not in post["responses"].get("200", {}).get("content", {}):
             continue
         for item, item_ops in paths.items():
             names = _PARAM.findall(item)
@@ -256,8 +258,9 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
     out: dict[str, Any] = {"operationId": oid, "tags": [doc.tag or _tag(op.path)]}
     if doc.summary or op.endpoint is not None:
         out["summary"] = doc.summary or _first_line(op.endpoint)
+    pattern = dict(doc.patterns)
     params = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        {"name": name, "in": "path", "required": True, "schema": _path_schema(pattern.get(name))}
         for name in _PARAM.findall(op.path)
     ]
     params += [_query(q) for q in doc.query]
@@ -283,6 +286,10 @@ def _operation(op: Operation, oid: str, refs: Refs, shapes: ErrorShapes) -> dict
         return out
     out["responses"] = {"200": _success(doc, refs, op.path), "default": error}
     return out
+
+
+def _path_schema(pattern: str | None) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, **({"pattern": pattern} if pattern else {})}
 
 
 def _query(spec: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from localrun.modelstore.blobs import BlobStore, parse_digest
+from localrun.modelstore.blobs import DIGEST_PATTERN, BlobStore, parse_digest
 from localrun.server.errors import BodyTooLarge
 from localrun.server.generation import app_state
 from localrun.server.openapi import documented
@@ -31,7 +31,7 @@ def blob_store(request: Request) -> BlobStore:
     return BlobStore(app_state(request).manager.store)
 
 
-@documented()
+@documented(patterns=(("ref", DIGEST_PATTERN),))
 @router.head("/blobs/{ref}")
 async def blob_exists(request: Request, ref: str) -> Response:
     """200 when the server has these bytes: an upload, or a registered model's file (a file
@@ -40,7 +40,7 @@ async def blob_exists(request: Request, ref: str) -> Response:
     return Response(status_code=200 if found is not None else 404)
 
 
-@documented(upload="application/octet-stream")
+@documented(upload="application/octet-stream", patterns=(("ref", DIGEST_PATTERN),))
 @router.post("/blobs/{ref}")
 async def blob_upload(request: Request, ref: str) -> Response:
     """Receive a blob: 201 once its bytes are on disk and hash to ``ref``."""

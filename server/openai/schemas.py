@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
 from localrun.server.errors import InvalidRequest
 from localrun.server.schemas import (
@@ -232,24 +232,16 @@ def _message_needs(i: int, m: ChatMessage) -> list[tuple[str, str]]:
 
 class CompletionRequestBody(Sampled):
     # As the route enforces it (validate.refuse_empty_prompt): an empty prompt only with a suffix (FIM).
-    model_config = ConfigDict(
-        json_schema_extra={
-            "allOf": [
-                {
-                    "if": {"anyOf": [{"not": {"required": ["suffix"]}}, {"properties": {"suffix": {"type": "null"}}}]},
-                    "then": {"properties": {"prompt": {"not": {"enum": ["", [""]]}}}},
-                }
-            ]
-        }
-    )
-    prompt: (
+    # Said in words, not as a conditional schema: generators (schemathesis among them) cannot use if/then.
+    prompt: Annotated[
         str
         | Annotated[list[str], Field(min_length=1, max_length=1)]
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
         | MultimodalPrompt
-        | Annotated[list[MultimodalPrompt], Field(min_length=1, max_length=1)]
-    )
+        | Annotated[list[MultimodalPrompt], Field(min_length=1, max_length=1)],
+        Field(description='The text to complete; empty ("" or [""]) only with a \'suffix\' (fill-in-the-middle).'),
+    ]
     echo: bool | None = None
     suffix: Annotated[str, StringConstraints(max_length=1_000_000)] | None = None
     best_of: Annotated[int, Field(ge=1, le=128)] | None = None

@@ -221,7 +221,7 @@ class RefusedClient(SlowClient):
         elif kind == "403":
             host = "evil.example"
         elif kind == "415":
-            extra += "Origin: http://localhost:3000\r\n"
+            extra += "Origin: https://pages.example\r\n"  # a page CORS does not trust (a local one may post text/plain)
             ctype = "text/plain"
         elif kind == "preflight":
             method, extra = "OPTIONS", "Origin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\n"

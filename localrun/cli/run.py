@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localrun.cli.common import make_manager, open_store, overrides_from, plan_options, resolve_or_builtin
+from localrun.cli.loading import completion_note, for_one_user, load_visibly
 from localrun.cli.output import err_console, settings_from
 
 if TYPE_CHECKING:
@@ -62,9 +63,11 @@ def _stream_answer(
     fmt: ReasoningFormat | None = None,
     *,
     show_thinking: bool = True,
+    load_s: float = 0.0,
 ) -> str:
     """Print one answer as it streams (a reasoning model's thinking apart, see :class:`_Printer`);
-    Ctrl-C stops it. Returns the answer's text, without the thinking."""
+    Ctrl-C stops it. Returns the answer's text, without the thinking. ``load_s``: the load that
+    came before it, given apart from the first token in the summary."""
     from localrun.chat.reasoning import split_chunks
     from localrun.types import Cancel
 
@@ -109,8 +112,10 @@ def _stream_answer(
             f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
             f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)"
         )
+    load = f"load {load_s:.1f} s · " if load_s else ""
     err_console().print(
-        f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]", highlight=False
+        f"[dim]{load}{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]",
+        highlight=False,
     )
     return "".join(parts)
 
@@ -169,11 +174,13 @@ def run_cmd(
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     media = read_all(images, audios)  # before anything loads: a mistyped path costs nothing
-    settings = settings_from(ctx)
+    settings = for_one_user(settings_from(ctx))
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
     manager = make_manager(
-        settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)
+        settings,
+        store,
+        overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel or 1, speculative, draft),
     )
     sampling: dict[str, Any] = {
         k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None
@@ -181,7 +188,11 @@ def run_cmd(
     if raw is None:
         raw = not record.metadata.get("chat_template")
     show = not hide_thinking
+    note = completion_note(record, raw, max_tokens, settings.runtime.completion_max_tokens)
+    if note:
+        err_console().print(f"[dim]{note}[/]", highlight=False)
     try:
+        load_s = load_visibly(manager, record)
         fmt = None if raw else reasoning_format_of(manager, record.name)
         if media:
             _check_media(manager, record, media)
@@ -189,12 +200,14 @@ def run_cmd(
             text = place(" ".join(prompt), media)
             if raw:
                 completion = CompletionRequest(prompt=text, sampling=Sampling(**sampling), media=media)
-                _stream_answer(manager, record.name, completion)
+                _stream_answer(manager, record.name, completion, load_s=load_s)
             else:
                 msgs = ([Message("system", system)] if system else []) + [Message("user", text, media=media)]
                 chat = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
-                _stream_answer(manager, record.name, chat, fmt, show_thinking=show)
+                _stream_answer(manager, record.name, chat, fmt, show_thinking=show, load_s=load_s)
             return
+        if load_s:
+            err_console().print(f"[dim]loaded {record.name} in {load_s:.1f} s[/]", highlight=False)
         _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show, media=media)
     finally:
         manager.shutdown()

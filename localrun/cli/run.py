@@ -15,6 +15,7 @@ from localrun.cli.output import err_console, settings_from
 
 if TYPE_CHECKING:
     from localrun.chat.reasoning import ReasoningFormat
+    from localrun.chat.slash import Slash
     from localrun.manager import ModelManager
     from localrun.types import ChatRequest, CompletionRequest, Media, ModelRecord
 
@@ -174,6 +175,9 @@ def run_cmd(
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     media = read_all(images, audios)  # before anything loads: a mistyped path costs nothing
+    piped = piped_stdin()
+    if piped:  # as Ollama does: what was piped in, then the prompt's words, one prompt, one answer
+        prompt = (piped, *prompt)
     settings = for_one_user(settings_from(ctx))
     store = open_store(ctx)
     record = resolve_or_builtin(store, name)
@@ -213,6 +217,21 @@ def run_cmd(
         manager.shutdown()
 
 
+def piped_stdin() -> str:
+    """What a pipe or a file on stdin holds (``cat notes.txt | localrun run m "sum up"``); "" for a
+    terminal or anything else (a test runner's stand-in, /dev/null), which is never waited on."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return ""
+    if sys.stdin.isatty() or not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+        return ""
+    return sys.stdin.read().strip()
+
+
 def _check_media(manager: ModelManager, record: ModelRecord, media: Sequence[Media]) -> None:
     """Refuse media the model cannot take (a text-only model: how to give it a projector)."""
     from localrun.chat.attach import require_media_support
@@ -234,11 +253,13 @@ def _interactive(
     media: tuple[Media, ...] = (),
 ) -> None:
     from localrun.chat.attach import place
+    from localrun.chat.slash import parse
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     mode = "completion" if raw else "chat"
     err_console().print(
-        f"[dim]{record.name} · {mode} · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]", highlight=False
+        f"[dim]{record.name} · {mode} · /? for help · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]",
+        highlight=False,
     )
     history: list[Message] = [Message("system", system)] if system else []
     while True:
@@ -250,8 +271,14 @@ def _interactive(
         except KeyboardInterrupt:
             err_console().print()
             continue
-        if line.strip() in ("/bye", "/exit", "/quit"):
-            return
+        command = parse(line)
+        if command is not None:
+            if command.name == "bye" and not command.problem:
+                return
+            if command.name == "clear" and not command.problem:
+                history = history[:1] if system else []
+            media = _slash(manager, record, command, media)
+            continue
         if not line.strip():
             continue
         line, turn_media, media = place(line, media), media, ()  # files given on the command line: the first turn
@@ -263,6 +290,37 @@ def _interactive(
         req = ChatRequest(messages=tuple(history), sampling=Sampling(**sampling))
         answer = _stream_answer(manager, record.name, req, fmt, show_thinking=show_thinking)
         history.append(Message("assistant", answer))  # the answer alone: templates drop earlier thinking anyway
+
+
+def _slash(manager: ModelManager, record: ModelRecord, command: Slash, media: tuple[Media, ...]) -> tuple[Media, ...]:
+    """Do ``command`` (help, a file to attach, what /clear says; /bye is the caller's); the media for
+    the next message. Nothing here reaches the model."""
+    from rich.markup import escape
+
+    from localrun.chat.attach import read_media
+    from localrun.chat.slash import help_lines
+    from localrun.cli.output import human_bytes
+    from localrun.errors import LocalrunError
+
+    err = err_console()
+    if command.problem:
+        err.print(f"[bold red]error:[/] {escape(command.problem)}", highlight=False)
+    elif command.name == "help":
+        for line in help_lines():
+            err.print(line, highlight=False, markup=False)
+    elif command.name == "clear":
+        err.print("[dim]conversation cleared[/]", highlight=False)
+        return ()
+    elif command.name in ("image", "audio"):
+        try:
+            item = read_media(command.name, command.argument)
+            _check_media(manager, record, [item])
+        except LocalrunError as exc:
+            err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+            return media
+        err.print(f"attached {command.argument} ({human_bytes(len(item.data))}) to your next message", markup=False)
+        return (*media, item)
+    return media
 
 
 COMMAND = run_cmd

@@ -17,6 +17,7 @@ from localrun.cli.output import err_console, human_bytes
 
 if TYPE_CHECKING:
     from localrun.manager import ModelManager
+    from localrun.modelstore.store import ModelStore
     from localrun.settings import Settings
     from localrun.types import ModelRecord
 
@@ -43,6 +44,17 @@ def load_visibly(manager: ModelManager, record: ModelRecord) -> float:
     else:
         manager.load(record.name)
     return time.perf_counter() - t0
+
+
+def ensure_builtins_visibly(store: ModelStore) -> None:
+    """Register the built-in models for ``serve`` and the TUI, saying so first when it is the first
+    time (assembling Gemma takes seconds, once): a new home never starts in silence."""
+    from localrun.modelstore.builtins import CHAT_MODEL_NAME, DEFAULT_MODEL_NAME
+
+    if any(store.index.find(name) is None for name in (DEFAULT_MODEL_NAME, CHAT_MODEL_NAME)):
+        err_console().print("[dim]registering the built-in models (first run)…[/]", highlight=False)
+    store.ensure_default_model()
+    store.ensure_chat_model()
 
 
 def completion_note(record: ModelRecord, raw: bool, max_tokens: int | None, default: int) -> str | None:

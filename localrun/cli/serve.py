@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from localrun.cli.common import open_store, overrides_from, speculative_option
+from localrun.cli.loading import ensure_builtins_visibly
 from localrun.cli.output import ctx_option, err_console, placement_options, settings_from
 from localrun.cli.serverlog import quiet_option, show_requests
 
@@ -111,8 +112,7 @@ def serve_cmd(
     show_requests(ctx, settings, quiet=quiet)
     store = open_store(ctx)
     if not no_default_model:
-        store.ensure_default_model()
-        store.ensure_chat_model()
+        ensure_builtins_visibly(store)
     from localrun.manager import ModelManager
     from localrun.server.serve import run_server
 

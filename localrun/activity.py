@@ -107,11 +107,10 @@ def refuse_media_before_load(
 
 
 def completion_mode(record: ModelRecord, plan: Plan) -> bool:
-    """A model that only completes text: a GGUF without a chat template (its own or given), run by
-    localrun's own runtimes (Ollama applies its own templates to the models it serves)."""
+    """A model that only completes text: a GGUF without a chat template (its own or one given)."""
     from localrun.chat.reasoning import template_of
 
-    return record.format is Format.GGUF and plan.runtime != "ollama" and not template_of(record, plan)
+    return record.format is Format.GGUF and not template_of(record, plan)
 
 
 def answer_limit(req: Request, record: ModelRecord, plan: Plan, runtime: RuntimeSettings) -> Request:

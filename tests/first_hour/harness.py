@@ -37,12 +37,13 @@ class Timing:
 class Terminal:
     """One shell in a detached tmux session on a private server socket, at 120×40."""
 
-    def __init__(self, env: dict[str, str], *, width: int = 120, height: int = 40) -> None:
+    def __init__(self, env: dict[str, str], cwd: Path, *, width: int = 120, height: int = 40) -> None:
         assert TMUX is not None, "tmux is not installed"
         self.socket = f"lr-fh-{uuid.uuid4().hex[:8]}"
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         shell = f"env {exports} bash --norc --noprofile"
-        self._tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "fh", shell)
+        # A newcomer's folder, not a checkout: a worker started with `python -m` there imports no one's tree.
+        self._tmux("new-session", "-d", "-x", str(width), "-y", str(height), "-s", "fh", "-c", str(cwd), shell)
         self._tmux("send-keys", "-t", "fh", "PS1='$ '; clear", "Enter")
         time.sleep(0.3)
 
@@ -162,15 +163,17 @@ def _ask(port: int) -> str:
     import httpx
 
     body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
-    httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120).raise_for_status()
-    return '"POST /v1/chat/completions" 200'
+    status = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=120).status_code
+    return f'"POST /v1/chat/completions" {status}'
 
 
 def first_hour(localrun: str, commands: list[str], *, timeout: float = 120.0, serve: bool = True) -> list[Timing]:
     """Each command in a fresh home's terminal, then (``serve``) ``localrun serve`` answering one
     request, its log line awaited, stopped with Ctrl-C, then ``localrun ps``."""
     with tempfile.TemporaryDirectory(prefix="lr-first-hour-") as tmp:
-        term = Terminal(fresh_env(Path(tmp), localrun))
+        home = Path(tmp) / "home"
+        home.mkdir()
+        term = Terminal(fresh_env(home, localrun), cwd=Path(tmp))
         try:
             timings = [term.run(c, timeout=timeout) for c in commands]
             if serve:
@@ -192,7 +195,7 @@ def table(timings: list[Timing]) -> str:
 
 
 if __name__ == "__main__":
-    exe = sys.argv[1] if len(sys.argv) > 1 else str(Path(sys.executable).with_name("localrun"))
+    exe = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else str(Path(sys.executable).with_name("localrun"))
     which = sys.argv[2] if len(sys.argv) > 2 else "fast"
     cmds = FAST + (SLOW if which == "all" else [])
     results = first_hour(exe, cmds, timeout=float(os.environ.get("FIRST_HOUR_TIMEOUT", "240")))

@@ -57,6 +57,14 @@ def ensure_builtins_visibly(store: ModelStore) -> None:
     store.ensure_chat_model()
 
 
+def announce_first_use(store: ModelStore, name: str) -> None:
+    """Say so before a built-in model is registered on its first run (assembling Gemma takes seconds)."""
+    from localrun.modelstore.builtins import CHAT_MODEL_NAME, DEFAULT_MODEL_NAME
+
+    if name in (DEFAULT_MODEL_NAME, CHAT_MODEL_NAME) and store.index.find(name) is None:
+        err_console().print(f"[dim]registering the built-in {name} (first run)…[/]", highlight=False)
+
+
 def completion_note(record: ModelRecord, raw: bool, max_tokens: int | None, default: int) -> str | None:
     """What ``run`` says before completing with a model that has no chat template and no --max-tokens."""
     from localrun.modelstore.capabilities import chat_template

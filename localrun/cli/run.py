@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localrun.cli.common import make_manager, open_store, overrides_from, plan_options, resolve_or_builtin
-from localrun.cli.loading import completion_note, for_one_user, load_visibly
+from localrun.cli.loading import announce_first_use, completion_note, for_one_user, load_visibly
 from localrun.cli.output import err_console, settings_from
 
 if TYPE_CHECKING:
@@ -180,6 +180,7 @@ def run_cmd(
         prompt = (piped, *prompt)
     settings = for_one_user(settings_from(ctx))
     store = open_store(ctx)
+    announce_first_use(store, name)
     record = resolve_or_builtin(store, name)
     manager = make_manager(
         settings,

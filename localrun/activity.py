@@ -15,11 +15,12 @@ that raises it knows the numbers but not how the model was configured; the manag
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from localrun.errors import ContextOverflow, LocalrunError
 from localrun.planning.context import grown_context
@@ -31,12 +32,17 @@ from localrun.types import (
     ChatRequest,
     Chunk,
     CompletionRequest,
+    Format,
     Media,
     ModelRecord,
     Plan,
     Usage,
 )
 
+if TYPE_CHECKING:
+    from localrun.settings import RuntimeSettings
+
+Request = ChatRequest | CompletionRequest
 log = logging.getLogger("localrun.activity")
 
 _TOKENS = re.compile(r"(\d+) tokens")
@@ -98,6 +104,29 @@ def refuse_media_before_load(
 
     has_projector = bool(record.metadata.get(META_PROJECTOR))
     require_media_support(media, takes, model=record.name, has_projector=has_projector)
+
+
+def completion_mode(record: ModelRecord, plan: Plan) -> bool:
+    """A model that only completes text: a GGUF without a chat template (its own or one given)."""
+    from localrun.chat.reasoning import template_of
+
+    return record.format is Format.GGUF and not template_of(record, plan)
+
+
+def answer_limit(req: Request, record: ModelRecord, plan: Plan, runtime: RuntimeSettings) -> Request:
+    """``req`` with its answer bounded, for every front end (each API, ``run``, the TUI): a limit it
+    asked for within ``max_tokens_cap``; none asked, ``completion_max_tokens`` for a model in
+    completion mode (a base model never ends by itself) and the cap otherwise."""
+    asked = req.sampling.max_tokens
+    if asked is not None:
+        limit = min(asked, runtime.max_tokens_cap)
+    elif completion_mode(record, plan):
+        limit = min(runtime.completion_max_tokens, runtime.max_tokens_cap)
+    else:
+        limit = runtime.max_tokens_cap
+    if limit == asked:
+        return req
+    return dataclasses.replace(req, sampling=dataclasses.replace(req.sampling, max_tokens=limit))
 
 
 class RequestTiming:

@@ -361,7 +361,7 @@ class ModelManager:
         keep_alive_s: float | None = None,
     ) -> Iterator[Chunk]:
         """Blocking chunk stream for the CLI and the TUI's workers."""
-        from localrun.activity import start_timing, watched
+        from localrun.activity import answer_limit, start_timing, watched
         from localrun.worker.host import iter_chunks
 
         req = self._forced(req)
@@ -371,6 +371,7 @@ class ModelManager:
         except BaseException:
             timing.end(failed=True, cancelled=cancel is not None and cancel.is_set())
             raise
+        req = answer_limit(req, lm.record, lm.plan, self.settings.runtime)
         try:
             yield from watched(lm, req, iter_chunks(lm.handle, req, cancel), timing, cancel)
         finally:
@@ -403,9 +404,11 @@ class ModelManager:
         except BaseException:
             timing.end(failed=True)
             raise
-        from localrun.activity import OpenStream
+        from localrun.activity import OpenStream, answer_limit
 
-        return OpenStream(self.residency, lm, self._forced(req), timing)
+        return OpenStream(
+            self.residency, lm, answer_limit(self._forced(req), lm.record, lm.plan, self.settings.runtime), timing
+        )
 
     def observe_requests(self, observer: Callable[[RequestTiming], None]) -> None:
         """Call ``observer(timing)`` as each stream starts (before its model loads), in the caller's

@@ -194,6 +194,10 @@ class RuntimeSettings(BaseModel):
     model's folder (a repo's sibling draft, as llama.cpp finds sidecars), if there is one."""
     max_tokens_cap: int = Field(8192, ge=1)
     """Upper bound on max_tokens for any request."""
+    completion_max_tokens: int = Field(256, ge=1)
+    """The answer's length when a request names none and the model has no chat template (a base
+    model in completion mode, which never says it is done): about two paragraphs, seconds on a CPU.
+    A chat model's answer ends by itself and is bounded only by ``max_tokens_cap``."""
     force_temperature: float | None = Field(None, ge=0, le=5)
     """Every request samples at this temperature, whatever it asks; 0 is greedy, the same answer
     every time. For reproducible runs (tests, evals) and for clients that hard-code their own

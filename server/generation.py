@@ -46,9 +46,14 @@ def request_stats(request: Request) -> RequestStats:
     return stats
 
 
-def clamp_max_tokens(requested: int | None, cap: int) -> int:
-    """A request's max_tokens bounded by the server's cap (the cap when none was asked)."""
-    if requested is None or requested <= 0:
+def clamp_max_tokens(requested: int | None, cap: int) -> int | None:
+    """A request's max_tokens bounded by the server's cap; None when none was asked, for the manager
+    to fill by the model (a small cap in completion mode, the cap otherwise: localrun/activity.py's
+    ``answer_limit``). A limit of 0 or below (Ollama's ``num_predict: -1``, llama-server's
+    ``n_predict: -1``) asks for no limit: the cap."""
+    if requested is None:
+        return None
+    if requested <= 0:
         return cap
     return min(requested, cap)
 

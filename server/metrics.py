@@ -13,6 +13,7 @@ token counts and first-token time. The log line never holds a header, so never t
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import threading
 import time
@@ -52,6 +53,7 @@ class RequestStats:
     last_token_at: float | None = None
     requested_model: str | None = None  # what the body named (DEBUG log only), before any route resolved it
     first_byte_at: float | None = None  # when the response started (its status line)
+    reason: str | None = None  # a refused request's error message, for its log line
 
     @property
     def ttft_s(self) -> float | None:
@@ -265,6 +267,8 @@ class Observe:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 stats.first_byte_at = time.perf_counter()
+            elif status >= 400 and stats.reason is None and message["type"] == "http.response.body":
+                stats.reason = reason_of(message.get("body", b""))
             await send(message)
 
         self.metrics.in_flight += 1
@@ -292,10 +296,22 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.1f}ms"
 
 
+def reason_of(body: bytes) -> str:
+    """The message of an error body in any family's shape (``{"error": {"message"}}``, Ollama's
+    ``{"error": "…"}``), else the body's start: what a refused request's log line says."""
+    try:
+        error = json.loads(body[:8192]).get("error")
+    except (ValueError, AttributeError, RecursionError):
+        return _shown(body[:200].decode("utf-8", "replace"))
+    message = error.get("message") if isinstance(error, dict) else error
+    return _shown(str(message or "")) if message else "-"
+
+
 def _log_access(scope: Scope, status: int, seconds: float, stats: RequestStats) -> None:
-    """One line per request: the INFO line, or at DEBUG the same with what a user needs to see
-    what a client sent (route, the model the body named, time to first byte). Never a header,
-    so never the key, and never the body's text."""
+    """One line per request, as llama-server and Ollama write it: method, path, status, time, and
+    the model with its tokens, or a refusal's reason (the server's default level shows it). At
+    DEBUG the same with what a user needs to see what a client sent (route, the model the body
+    named, time to first byte). Never a header, so never the key, and never the body's text."""
     debug = access_log.isEnabledFor(logging.DEBUG)
     if not debug and not access_log.isEnabledFor(logging.INFO):
         return
@@ -314,6 +330,8 @@ def _log_access(scope: Scope, status: int, seconds: float, stats: RequestStats) 
             + (f" drafted={stats.drafted_tokens} accepted={stats.accepted_tokens}" if stats.drafted_tokens else "")
             + f" ttft={_ms(stats.ttft_s)} tok/s={'-' if rate is None else f'{rate:.1f}'}"
         )
+    if stats.reason and status >= 400:
+        parts.append(f'reason="{stats.reason}"')
     (access_log.debug if debug else access_log.info)(" ".join(parts))
 
 

@@ -6,9 +6,11 @@ cannot flood the event loop, and the Markdown stream coalesces further when rend
 falls behind: keys stay responsive while tokens pour in. Esc sets the Cancel the runtime
 checks between tokens.
 
-``/image PATH`` (``/audio PATH``) attaches a file to the next message, for a model whose
-projector takes it (read from the record, as the Library shows it); a line in the transcript
-says what was attached, and the message carries it to the runtime.
+Slash commands are those of ``localrun run`` (localrun/chat/slash.py), never sent to the model:
+``/help`` (``/?``) lists them, ``/clear`` forgets the conversation, ``/bye`` quits, and ``/image
+PATH`` (``/audio PATH``) attaches a file to the next message, for a model whose projector takes
+it (read from the record, as the Library shows it); a line in the transcript says what was
+attached, and the message carries it to the runtime.
 
 A reasoning model's thinking is split off the answer by the same code the server and
 ``localrun run`` use (:mod:`localrun.chat.reasoning`) and shows in a dimmed :class:`ThinkingBlock`
@@ -34,6 +36,8 @@ from textual.widgets.markdown import MarkdownStream
 
 from localrun.chat.attach import place, read_media, require_media_support
 from localrun.chat.reasoning import detect_format, split_chunks, template_of
+from localrun.chat.slash import Slash, help_lines
+from localrun.chat.slash import parse as parse_slash
 from localrun.errors import ConfigError, LocalrunError, RuntimeUnavailable
 from localrun.modelstore.builtins import CHAT_MODEL_NAME
 from localrun.modelstore.capabilities import media as media_capabilities
@@ -236,8 +240,9 @@ class ChatScreen(LocalrunScreen):
             return
         if not text:
             return
-        if text.split(maxsplit=1)[0] in ("/image", "/audio"):
-            await self._attach_file(text)
+        command = parse_slash(text)
+        if command is not None:  # never sent to the model: the same commands as `localrun run`
+            await self._slash(command)
             return
         try:
             chat = self.current_settings()
@@ -259,14 +264,30 @@ class ChatScreen(LocalrunScreen):
         )
         self._generate(chat.model, ChatRequest(tuple(messages), chat.sampling), self._cancel)
 
-    async def _attach_file(self, command: str) -> None:
+    async def _slash(self, command: Slash) -> None:
+        """A slash command (localrun/chat/slash.py): help and notes as lines of the transcript."""
+        if command.problem:
+            self.lapp.show_error(ConfigError(command.problem))
+            return
+        if command.name in ("image", "audio"):
+            await self._attach_file(command)  # the line stays until the file is attached, to fix and retry
+            return
+        self.prompt.value = ""
+        if command.name == "bye":
+            self.app.exit()
+        else:
+            if command.name == "clear":
+                self.history, self.attached = [], []
+                await self.transcript.remove_children()
+            lines = help_lines() if command.name == "help" else ["conversation cleared"]
+            await self.transcript.mount(Static("\n".join(lines), classes="attached", markup=False))
+            self.transcript.scroll_end(animate=False)
+
+    async def _attach_file(self, command: Slash) -> None:
         """``/image PATH``: read the file now (a wrong path is said at once) and keep it for the next message."""
-        word, _, path = command.partition(" ")
-        kind = word[1:]
+        kind, path = command.name, command.argument
         try:
             chat = self.current_settings()
-            if not path.strip():
-                raise ConfigError(f"{word} needs a file", hint=f"type {word} PATH, then your message")
             record = self._records.get(chat.model)
             item = await asyncio.to_thread(read_media, kind, path.strip())
             caps = await asyncio.to_thread(media_capabilities, record) if record else ()

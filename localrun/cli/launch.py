@@ -19,14 +19,12 @@ themselves.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from localrun.cli.launch_kit import Background, activity_log, running_server
 from localrun.cli.output import ctx_option, err_console, settings_from
 from localrun.errors import LocalrunError
 
 if TYPE_CHECKING:
-    from localrun.manager import ModelManager
     from localrun.modelstore.store import ModelStore
     from localrun.planning.planner import PlanOverrides
     from localrun.settings import Settings
@@ -64,6 +62,8 @@ class Endpoint:
     key: str
     model: str
     n_ctx: int
+    #: What the model reads (Codex's catalog words): text, and image for a model that sees.
+    inputs: tuple[str, ...] = ("text",)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,8 @@ CODEX_KEY_ENV = "LOCALRUN_CODEX_API_KEY"
 
 
 def codex_catalog(e: Endpoint) -> dict[str, Any]:
-    """A Codex model catalog entry: the loaded context, text only, no reasoning levels, and no base
+    """A Codex model catalog entry: the loaded context, what it reads (an image model's "image" keeps
+    ``codex exec -i`` pictures from being dropped), no reasoning levels, and no base
     instructions — Codex's ~20 KB default prompt is written for OpenAI's models and would take most of a
     small local model's context (its developer messages, AGENTS.md and tools still go)."""
     return {
@@ -121,7 +122,7 @@ def codex_catalog(e: Endpoint) -> dict[str, Any]:
                 "supported_in_api": True,
                 "priority": 0,
                 "truncation_policy": {"mode": "bytes", "limit": 10000},
-                "input_modalities": ["text"],
+                "input_modalities": list(e.inputs),
                 "base_instructions": "",
                 "support_verbosity": False,
                 "default_verbosity": None,
@@ -221,45 +222,6 @@ def _client_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def running_server(url: str, key: str) -> dict[str, Any] | None:
-    """The /health answer of a localrun server at ``url``, or None when none answers."""
-    import httpx
-
-    try:
-        r = httpx.get(f"{url}/health", headers={"Authorization": f"Bearer {key}"}, timeout=2)
-        data = r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("status") == "ok" and "version" in data else None
-
-
-class Background:
-    """A localrun server on a thread of this process, for as long as the agent runs."""
-
-    def __init__(self, settings: Settings, manager: ModelManager) -> None:
-        from localrun.server.serve import build_server
-
-        self.url = ""
-        ready = threading.Event()
-
-        def on_ready(url: str) -> None:
-            self.url = url
-            ready.set()
-
-        self.manager = manager
-        self.server = build_server(settings, manager, ready_callback=on_ready, handle_signals=False)
-        self.thread = threading.Thread(target=self.server.run, name="localrun-server", daemon=True)
-        self.thread.start()
-        if not ready.wait(30):
-            self.stop()
-            raise LocalrunError("the localrun server did not start within 30 s", hint="run `localrun serve` to see why")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.manager.shutdown()
-
-
 def context_notes(agent: Agent, record: ModelRecord, plan: Plan) -> list[str]:
     """Plain words when the model's context cannot hold what the agent sends."""
     if plan.n_ctx >= agent.first_request:
@@ -295,44 +257,31 @@ def _model_and_plan(
     settings: Settings, store: ModelStore, name: str | None, agent: Agent, ctx_len: int | None = None
 ) -> tuple[ModelRecord, Plan, PlanOverrides | None]:
     from localrun.cli.common import resolve_or_builtin
+    from localrun.cli.launch_kit import candidates, choose
+    from localrun.modelstore.builtins import DEFAULT_MODEL_NAME
     from localrun.planning.facts import default_plan
 
-    record = resolve_or_builtin(store, name or _default_model_name(store))
+    if name is None:
+        choice = choose(
+            settings, candidates(store), agent.first_request, lambda r: agent_overrides(settings, r, agent, ctx_len)
+        )
+        if choice is not None:
+            err_console().print(
+                f"[dim]{agent.name} gets {choice.record.name}: {choice.why(agent.first_request, agent.name)}[/]",
+                highlight=False,
+            )
+            return choice.record, choice.plan, agent_overrides(settings, choice.record, agent, ctx_len)
+    record = resolve_or_builtin(store, name or DEFAULT_MODEL_NAME)
     overrides = agent_overrides(settings, record, agent, ctx_len)
     return record, default_plan(record, settings, overrides), overrides
-
-
-def activity_log(path: Path) -> logging.Handler:
-    """Send the server's activity (one line per request, refusals, reloads) and the workers' prefill
-    progress to ``path``. A file, not the terminal: the agent's full-screen interface owns the terminal
-    and repaints it, so lines written there would garble it and then be wiped. ``tail -f`` it elsewhere."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-    activity = logging.getLogger("localrun.activity")
-    activity.setLevel(logging.INFO)
-    activity.addHandler(handler)
-    activity.propagate = False  # not to the terminal's handler either
-    os.environ["LOCALRUN_WORKER_LOG"] = "INFO"  # the workers (children of this process) log prefill progress
-    return handler
-
-
-def _default_model_name(store: ModelStore) -> str:
-    """The default chat model (SmolLM2, when the set-up fetched it), else the embedded default (Gemma)."""
-    from localrun.modelstore.builtins import DEFAULT_MODEL_NAME
-
-    ensure = getattr(store, "ensure_chat_model", None)
-    record = ensure() if ensure is not None else None
-    return record.name if record is not None else DEFAULT_MODEL_NAME
 
 
 # --- the command --------------------------------------------------------------------------
 
 
-def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...]) -> None:
-    """The settings as shell lines; files the agent needs (Codex's catalog) go to a folder that stays."""
-    scratch = Path(tempfile.mkdtemp(prefix=f"localrun-{agent.name}-"))
-    env, arguments = agent.settings(e, scratch)
+def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...], folder: Path) -> None:
+    """The settings as shell lines; files the agent needs (Codex's catalog) go to ``folder``, which stays."""
+    env, arguments = agent.settings(e, folder)
     for key in UNSET.get(agent.name, ()):
         click.echo(f"unset {key}")
     for key, value in env.items():
@@ -344,7 +293,12 @@ def _print_settings(agent: Agent, e: Endpoint, args: tuple[str, ...]) -> None:
 @click.argument("agent_name", metavar="AGENT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option(
-    "--model", "-m", "model_name", default=None, help="Model to serve to the agent (default: the default chat model)."
+    "--model",
+    "-m",
+    "model_name",
+    default=None,
+    help="Model to serve to the agent (default: the registered model best for it: one whose context holds "
+    "the agent's first request, said on stderr).",
 )
 @ctx_option(
     'Context to serve the model with (default: [models."NAME"] ctx or runtime.ctx if set, else 32,768 '
@@ -386,8 +340,13 @@ def launch_cmd(
 
     for note in context_notes(agent, record, plan):
         err_console().print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    from localrun.cli.launch_kit import input_modalities, print_dir
+
+    inputs = input_modalities(record, settings)
     if print_only:
-        _print_settings(agent, Endpoint(url, key, record.name, plan.n_ctx), args)
+        _print_settings(
+            agent, Endpoint(url, key, record.name, plan.n_ctx, inputs), args, print_dir(settings, agent.name)
+        )
         return
     exe = find_executable(agent)
     background: Background | None = None
@@ -415,7 +374,7 @@ def launch_cmd(
             highlight=False,
         )
     try:
-        code = _run_agent(agent, exe, Endpoint(url, key, record.name, plan.n_ctx), args)
+        code = _run_agent(agent, exe, Endpoint(url, key, record.name, plan.n_ctx, inputs), args)
     finally:
         if background is not None:
             background.stop()

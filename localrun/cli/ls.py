@@ -53,6 +53,7 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         extra = [r for r in discover_all(store.settings) if r.path not in known]
     rows = [_row(r, store.settings) for r in records] + [dict(_row(r, store.settings), registered=False) for r in extra]
     rows += upstream_rows(store, records)
+    ready = [] if as_json else builtin_rows(store, records)  # JSON lists what is registered
     ctx_cell = Column(
         "Context", lambda r: f"{r['context_length']:,}" if r.get("context_length") else "—", right=True, optional=1
     )
@@ -67,12 +68,46 @@ def ls_cmd(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         Column("Source", lambda r: r["source"], optional=2),
     ]
     print_rows(
-        rows, columns, as_json=as_json, empty="no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`"
+        rows + ready,
+        columns,
+        as_json=as_json,
+        empty="no models yet — `localrun import FILE.gguf` or `localrun pull ORG/REPO`",
     )
+    if ready:
+        err_console().print(
+            "[dim]built-in (dimmed): ready, registered the first time it runs — "
+            'localrun run smollm2-135m-instruct "Hi"[/]',
+            highlight=False,
+        )
     if as_json or not rows:
         return
     total = sum(r["size"] for r in rows if r.get("registered", True) and r["owned"])
     err_console().print(f"{len(records)} registered · {human_bytes(total)} downloaded by localrun", highlight=False)
+
+
+def builtin_rows(store: ModelStore, records: list[ModelRecord]) -> list[dict[str, Any]]:
+    """The models that come with localrun and are not registered yet, as dimmed rows: a new home's
+    first ``ls`` shows what runs at once instead of "no models yet". Nothing is registered or
+    assembled here (SmolLM2's header is read in place; Gemma's size is its chunks')."""
+    import importlib
+
+    from localrun.modelstore import builtins as b
+
+    names = {r.name for r in records}
+    rows = []
+    path = b.chat_model_path() if b.CHAT_MODEL_NAME not in names else None
+    if path is not None:
+        record = b.builtin_record(b.CHAT_MODEL_NAME, path, b.CHAT_MODEL_SHA256, owned=False)
+        rows.append(dict(_row(record, store.settings), registered=False))
+    if b.DEFAULT_MODEL_NAME not in names:
+        try:
+            package = importlib.import_module(b.DEFAULT_MODEL_PACKAGE)
+        except ImportError:
+            return rows
+        size = sum(p.stat().st_size for p in package.chunk_paths())
+        gemma = {"name": b.DEFAULT_MODEL_NAME, "format": "gguf", "architecture": "gemma3", "quant": "Q4_K_M"}
+        rows.append({**gemma, "size": size, "capabilities": ["completion"], "source": "builtin", "registered": False})
+    return rows
 
 
 def upstream_rows(store: ModelStore, records: list[ModelRecord]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import click
 
 from localrun.cli.common import open_store
 from localrun.cli.output import err_console, settings_from
+from localrun.cli.serverlog import quiet_option, show_requests
 
 
 @click.command("mirror")
@@ -31,6 +32,7 @@ from localrun.cli.output import err_console, settings_from
     multiple=True,
     help="Extra Host header names to accept (a DNS name of this machine).",
 )
+@quiet_option
 @click.pass_context
 def mirror_cmd(
     ctx: click.Context,
@@ -39,11 +41,13 @@ def mirror_cmd(
     key: str | None,
     upstream: str | None,
     allowed_hosts: tuple[str, ...],
+    quiet: bool,
 ) -> None:
     """Serve the model store as a Hugging Face hub endpoint, read-only.
 
     On another machine: HF_ENDPOINT=http://HOST:PORT (and HF_TOKEN=KEY off loopback) makes
     huggingface_hub, `hf download`, llama.cpp's -hf and `localrun pull` fetch from here.
+    Logs a line per request to stderr (--quiet: warnings only).
     """
     from localrun.server.mirror.routes import DEFAULT_MIRROR_PORT, create_mirror_app
     from localrun.server.serve import check_bind_policy, probe_port, uvicorn_server
@@ -54,6 +58,7 @@ def mirror_cmd(
     if allowed_hosts:
         server["allowed_hosts"] = list(allowed_hosts)
     settings = settings_from(ctx, server=server)
+    show_requests(ctx, settings, quiet=quiet)
     check_bind_policy(settings)
     probe_port(settings.server.host, settings.server.port)
     store = open_store(ctx)

@@ -21,8 +21,16 @@ class _Bars:
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.tasks: dict[str, TaskID] = {}
+        #: Each file's bytes on disk and its size, as last reported: what an interrupted pull keeps.
+        self.sizes: dict[str, tuple[int, int]] = {}
+
+    def kept(self) -> str:
+        done = sum(d for d, _ in self.sizes.values())
+        total = sum(t for _, t in self.sizes.values())
+        return f"{human_bytes(done)} of {human_bytes(total)}" if total else human_bytes(done)
 
     def __call__(self, p: FileProgress) -> None:
+        self.sizes[p.file] = (p.done, p.total or 0)
         task = self.tasks.get(p.file)
         if task is None:
             task = self.tasks[p.file] = self.progress.add_task(p.file, total=p.total or None)
@@ -83,15 +91,27 @@ def pull_cmd(
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=err_console(), transient=False) as progress:
-        record = pull(
-            store,
-            plan,
-            offline=offline,
-            progress=_Bars(progress),
-            trust_remote_code=trust_remote_code,
-            allow_native=allow_native,
+    bars = None
+    try:
+        with Progress(*columns, console=err_console(), transient=False) as progress:
+            bars = _Bars(progress)
+            record = pull(
+                store,
+                plan,
+                offline=offline,
+                progress=bars,
+                trust_remote_code=trust_remote_code,
+                allow_native=allow_native,
+            )
+    except KeyboardInterrupt:
+        kept = bars.kept() if bars is not None else "nothing"
+        err_console().print(
+            f"interrupted: {kept} downloaded is kept; `localrun pull {ref}` again resumes from there",
+            highlight=False,
+            soft_wrap=True,
+            markup=False,
         )
+        raise
     from localrun.modelstore.capabilities import media
 
     caps = media(record)

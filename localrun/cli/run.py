@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from localrun.cli.common import make_manager, open_store, overrides_from, plan_options, resolve_or_builtin
+from localrun.cli.loading import announce_first_use, completion_note, for_one_user, load_visibly
 from localrun.cli.output import err_console, settings_from
 
 if TYPE_CHECKING:
     from localrun.chat.reasoning import ReasoningFormat
+    from localrun.chat.slash import Slash
     from localrun.manager import ModelManager
     from localrun.types import ChatRequest, CompletionRequest, Media, ModelRecord
 
@@ -62,9 +64,11 @@ def _stream_answer(
     fmt: ReasoningFormat | None = None,
     *,
     show_thinking: bool = True,
+    load_s: float = 0.0,
 ) -> str:
     """Print one answer as it streams (a reasoning model's thinking apart, see :class:`_Printer`);
-    Ctrl-C stops it. Returns the answer's text, without the thinking."""
+    Ctrl-C stops it. Returns the answer's text, without the thinking. ``load_s``: the load that
+    came before it, given apart from the first token in the summary."""
     from localrun.chat.reasoning import split_chunks
     from localrun.types import Cancel
 
@@ -109,8 +113,10 @@ def _stream_answer(
             f" · drafted {usage.drafted_tokens}, accepted {usage.accepted_tokens} "
             f"({100 * usage.accepted_tokens / usage.drafted_tokens:.0f} %)"
         )
+    load = f"load {load_s:.1f} s · " if load_s else ""
     err_console().print(
-        f"[dim]{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]", highlight=False
+        f"[dim]{load}{n} tokens · {rate:.1f} tok/s · first token {ttft}{spec} · {finish or 'done'}[/]",
+        highlight=False,
     )
     return "".join(parts)
 
@@ -169,11 +175,17 @@ def run_cmd(
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     media = read_all(images, audios)  # before anything loads: a mistyped path costs nothing
-    settings = settings_from(ctx)
+    piped = piped_stdin()
+    if piped:  # as Ollama does: what was piped in, then the prompt's words, one prompt, one answer
+        prompt = (piped, *prompt)
+    settings = for_one_user(settings_from(ctx))
     store = open_store(ctx)
+    announce_first_use(store, name)
     record = resolve_or_builtin(store, name)
     manager = make_manager(
-        settings, store, overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel, speculative, draft)
+        settings,
+        store,
+        overrides_from(runtime, ctx_len, gpu_layers, device, threads, parallel or 1, speculative, draft),
     )
     sampling: dict[str, Any] = {
         k: v for k, v in {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}.items() if v is not None
@@ -181,7 +193,11 @@ def run_cmd(
     if raw is None:
         raw = not record.metadata.get("chat_template")
     show = not hide_thinking
+    note = completion_note(record, raw, max_tokens, settings.runtime.completion_max_tokens)
+    if note:
+        err_console().print(f"[dim]{note}[/]", highlight=False)
     try:
+        load_s = load_visibly(manager, record)
         fmt = None if raw else reasoning_format_of(manager, record.name)
         if media:
             _check_media(manager, record, media)
@@ -189,15 +205,32 @@ def run_cmd(
             text = place(" ".join(prompt), media)
             if raw:
                 completion = CompletionRequest(prompt=text, sampling=Sampling(**sampling), media=media)
-                _stream_answer(manager, record.name, completion)
+                _stream_answer(manager, record.name, completion, load_s=load_s)
             else:
                 msgs = ([Message("system", system)] if system else []) + [Message("user", text, media=media)]
                 chat = ChatRequest(messages=tuple(msgs), sampling=Sampling(**sampling))
-                _stream_answer(manager, record.name, chat, fmt, show_thinking=show)
+                _stream_answer(manager, record.name, chat, fmt, show_thinking=show, load_s=load_s)
             return
+        if load_s:
+            err_console().print(f"[dim]loaded {record.name} in {load_s:.1f} s[/]", highlight=False)
         _interactive(manager, record, raw, system, sampling, fmt, show_thinking=show, media=media)
     finally:
         manager.shutdown()
+
+
+def piped_stdin() -> str:
+    """What a pipe or a file on stdin holds (``cat notes.txt | localrun run m "sum up"``); "" for a
+    terminal or anything else (a test runner's stand-in, /dev/null), which is never waited on."""
+    import os
+    import stat
+
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is an OSError and a ValueError
+        return ""
+    if sys.stdin.isatty() or not (stat.S_ISFIFO(mode) or stat.S_ISREG(mode)):
+        return ""
+    return sys.stdin.read().strip()
 
 
 def _check_media(manager: ModelManager, record: ModelRecord, media: Sequence[Media]) -> None:
@@ -221,11 +254,13 @@ def _interactive(
     media: tuple[Media, ...] = (),
 ) -> None:
     from localrun.chat.attach import place
+    from localrun.chat.slash import parse
     from localrun.types import ChatRequest, CompletionRequest, Message, Sampling
 
     mode = "completion" if raw else "chat"
     err_console().print(
-        f"[dim]{record.name} · {mode} · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]", highlight=False
+        f"[dim]{record.name} · {mode} · /? for help · /bye or Ctrl-D to quit · Ctrl-C stops an answer[/]",
+        highlight=False,
     )
     history: list[Message] = [Message("system", system)] if system else []
     while True:
@@ -237,8 +272,14 @@ def _interactive(
         except KeyboardInterrupt:
             err_console().print()
             continue
-        if line.strip() in ("/bye", "/exit", "/quit"):
-            return
+        command = parse(line)
+        if command is not None:
+            if command.name == "bye" and not command.problem:
+                return
+            if command.name == "clear" and not command.problem:
+                history = history[:1] if system else []
+            media = _slash(manager, record, command, media)
+            continue
         if not line.strip():
             continue
         line, turn_media, media = place(line, media), media, ()  # files given on the command line: the first turn
@@ -250,6 +291,37 @@ def _interactive(
         req = ChatRequest(messages=tuple(history), sampling=Sampling(**sampling))
         answer = _stream_answer(manager, record.name, req, fmt, show_thinking=show_thinking)
         history.append(Message("assistant", answer))  # the answer alone: templates drop earlier thinking anyway
+
+
+def _slash(manager: ModelManager, record: ModelRecord, command: Slash, media: tuple[Media, ...]) -> tuple[Media, ...]:
+    """Do ``command`` (help, a file to attach, what /clear says; /bye is the caller's); the media for
+    the next message. Nothing here reaches the model."""
+    from rich.markup import escape
+
+    from localrun.chat.attach import read_media
+    from localrun.chat.slash import help_lines
+    from localrun.cli.output import human_bytes
+    from localrun.errors import LocalrunError
+
+    err = err_console()
+    if command.problem:
+        err.print(f"[bold red]error:[/] {escape(command.problem)}", highlight=False)
+    elif command.name == "help":
+        for line in help_lines():
+            err.print(line, highlight=False, markup=False)
+    elif command.name == "clear":
+        err.print("[dim]conversation cleared[/]", highlight=False)
+        return ()
+    elif command.name in ("image", "audio"):
+        try:
+            item = read_media(command.name, command.argument)
+            _check_media(manager, record, [item])
+        except LocalrunError as exc:
+            err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+            return media
+        err.print(f"attached {command.argument} ({human_bytes(len(item.data))}) to your next message", markup=False)
+        return (*media, item)
+    return media
 
 
 COMMAND = run_cmd

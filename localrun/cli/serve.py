@@ -9,7 +9,9 @@ from typing import Any
 import click
 
 from localrun.cli.common import open_store, overrides_from, speculative_option
+from localrun.cli.loading import ensure_builtins_visibly
 from localrun.cli.output import ctx_option, err_console, placement_options, settings_from
+from localrun.cli.serverlog import quiet_option, show_requests
 
 
 def pooling_settings(items: Iterable[str]) -> dict[str, dict[str, str]]:
@@ -59,6 +61,7 @@ def pooling_settings(items: Iterable[str]) -> dict[str, dict[str, str]]:
 )
 @speculative_option
 @placement_options(gpu_layers=True)
+@quiet_option
 @click.pass_context
 def serve_cmd(
     ctx: click.Context,
@@ -74,8 +77,11 @@ def serve_cmd(
     slot_save_path: Path | None,
     speculative: str | None,
     draft: str | None,
+    quiet: bool,
 ) -> None:
-    """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs."""
+    """Serve loaded models over OpenAI- and Ollama-compatible HTTP APIs.
+
+    Logs a line per request, load and unload to stderr (--quiet: warnings only)."""
     server = {
         k: v
         for k, v in {
@@ -103,10 +109,10 @@ def serve_cmd(
     if runtime_settings:
         overrides["runtime"] = runtime_settings
     settings = settings_from(ctx, **overrides)
+    show_requests(ctx, settings, quiet=quiet)
     store = open_store(ctx)
     if not no_default_model:
-        store.ensure_default_model()
-        store.ensure_chat_model()
+        ensure_builtins_visibly(store)
     from localrun.manager import ModelManager
     from localrun.server.serve import run_server
 

@@ -220,14 +220,14 @@ def choose_llama_wheel(opts: WheelhouseOptions, work: Path) -> tuple[Path, bool]
         if not found:
             raise WheelhouseError(
                 f"no llama-cpp-python {version} wheel in pip's cache or localrun's wheelhouse",
-                hint="pass --build-portable-llama (builds one, ~15 CPU-minutes) or --llama-wheel PATH",
+                hint="pass --build-portable-llama (builds one, ~1 CPU-hour once) or --llama-wheel PATH",
             )
         wheel = found[0]
     native = wheel_is_native(wheel)
     if native and not opts.allow_native:
         raise WheelhouseError(
             f"{wheel.name} was built with GGML_NATIVE=ON: it runs only on CPUs with this one's instruction set",
-            hint="pass --build-portable-llama (GGML_NATIVE=off, ~15 CPU-minutes), or --allow-native-llama "
+            hint="pass --build-portable-llama (every CPU variant, ~1 CPU-hour once), or --allow-native-llama "
             "when the air-gapped box has the same CPU",
         )
     return wheel, bool(native)

@@ -266,6 +266,7 @@ def create_mirror_app(settings: Settings, store: ModelStore, *, upstream: Upstre
     from starlette.applications import Starlette
     from starlette.routing import Route
 
+    from localrun.server.metrics import Metrics, Observe
     from localrun.server.security import HostGuard, RequestGuard, allowed_host_names
 
     app = Starlette(
@@ -276,5 +277,6 @@ def create_mirror_app(settings: Settings, store: ModelStore, *, upstream: Upstre
     key = server.api_key.get_secret_value() if server.api_key else None
     app.add_middleware(RequestGuard, api_key=key, max_body_bytes=server.max_body_bytes)
     app.add_middleware(HostGuard, allowed=allowed_host_names(server.host, server.allowed_hosts))
+    app.add_middleware(Observe, metrics=Metrics())  # outermost: one log line per request, refusals too
     app.state.started_at = time.monotonic()
     return app

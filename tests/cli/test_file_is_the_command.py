@@ -10,8 +10,9 @@ import pkgutil
 import localrun.cli
 from localrun.cli import main
 
-#: Not commands: what several commands share (consoles and options; the store, a model, the manager).
-SHARED = {"output", "common"}
+#: Not commands: what several commands share (consoles and options; the store, a model, the manager;
+#: loading a model for one user, visibly; a server's log lines; what launch is built from).
+SHARED = {"output", "common", "loading", "serverlog", "launch_kit"}
 
 
 def _modules() -> dict[str, object]:

@@ -126,7 +126,7 @@ def test_error_shapes():
 
 
 def test_sampling_mapping():
-    assert clamp_max_tokens(None, 100) == 100 and clamp_max_tokens(5, 100) == 5 and clamp_max_tokens(10**9, 100) == 100
+    assert clamp_max_tokens(None, 100) is None and clamp_max_tokens(5, 100) == 5 and clamp_max_tokens(10**9, 100) == 100
     assert clamp_max_tokens(-1, 100) == 100
     s = make_sampling(cap=64, max_tokens=10, seed=2**40 + 3, stop="x", temperature=0.0, top_p=None)
     assert s.max_tokens == 10 and s.seed == 3 and s.stop == ("x",) and s.temperature == 0.0 and s.top_p == 0.95

@@ -107,3 +107,25 @@ async def test_library_shows_what_each_model_takes(vision_store, make):
         assert "gguf · vision" in screen_text(app)
         screen.filter_input.value = "vision"
         await wait_for(pilot, lambda: [r.name for r in screen.visible_rows()] == ["tiny-vision"], what="filter")
+
+
+async def test_help_clear_and_unknown_commands_are_never_sent(vision_store, make, manager):
+    sent = []
+    stream = manager.stream
+    manager.stream = lambda name, req, cancel=None, **kw: (sent.append(req), stream(name, req, cancel, **kw))[1]
+    app = make()
+    async with app.run_test(size=(110, 32)) as pilot:
+        screen = await _chat_with(pilot, app, "tiny")
+        await _type(pilot, "/?")
+        await wait_for(pilot, lambda: "/image PATH" in screen_text(app), what="the help")
+        await _type(pilot, "/help")
+        screen.prompt.value = ""
+        await _type(pilot, "/nope")
+        await wait_for(pilot, lambda: "unknown command '/nope'" in _notices(app), what="the unknown command")
+        assert not sent and not screen.history  # nothing reached the model
+        screen.prompt.value = ""
+        await _type(pilot, "hello")
+        await wait_for(pilot, lambda: len(screen.history) == 2, what="an answer")
+        await _type(pilot, "/clear")
+        await wait_for(pilot, lambda: not screen.history, what="the history cleared")
+        assert "conversation cleared" in screen_text(app)

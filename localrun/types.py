@@ -256,6 +256,8 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     #: ``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function": {"name": …}}``.
     tool_choice: Any = None
+    #: More than one call in an answer (OpenAI's ``parallel_tool_calls``); False: at most one.
+    parallel_tool_calls: bool = True
     #: Extra variables for the chat template (``chat_template_kwargs``: ``enable_thinking``…).
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Open an assistant turn after the messages (the template's ``add_generation_prompt``).
@@ -283,6 +285,7 @@ class ChatRequest:
             sampling=_sampling_from(d.get("sampling")),
             tools=tuple(d.get("tools") or ()),
             tool_choice=d.get("tool_choice"),
+            parallel_tool_calls=bool(d.get("parallel_tool_calls", True)),
             template_kwargs=dict(d.get("template_kwargs") or {}),
             add_generation_prompt=bool(d.get("add_generation_prompt", True)),
             continue_final_message=bool(d.get("continue_final_message", False)),

@@ -94,7 +94,14 @@ async def chat_request(
         )
     reader = reader_for(request)
     messages = await resolve_remote(reader, core_messages(body, reader), app_state(request).settings.server)
-    req = ChatRequest(messages=messages, sampling=sampling, tools=tools, tool_choice=core_tool_choice(body, tools))
+    one_call = body.tool_choice is not None and bool(body.tool_choice.disable_parallel_tool_use)
+    req = ChatRequest(
+        messages=messages,
+        sampling=sampling,
+        tools=tools,
+        tool_choice=core_tool_choice(body, tools),
+        parallel_tool_calls=not one_call,
+    )
     return req, body.unsupported() + reader.needs()
 
 

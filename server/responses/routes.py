@@ -138,7 +138,13 @@ async def create_response(request: Request) -> Response:
     messages = await resolve_remote(
         reader, conversation(items, body.instructions, reader), app_state(request).settings.server
     )
-    req = ChatRequest(messages=messages, sampling=sampling, tools=tuple(tools.tools), tool_choice=choice)
+    req = ChatRequest(
+        messages=messages,
+        sampling=sampling,
+        tools=tuple(tools.tools),
+        tool_choice=choice,
+        parallel_tool_calls=body.parallel_tool_calls is not False and body.max_tool_calls != 1,
+    )
     found = _found(body, items, tools, choice) + reader.needs()
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)
     try:  # a reasoning model's channel becomes reasoning items, its budget set by reasoning.effort

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 #: Markers that may start a call anywhere in an answer.
 _MARKERS = (TAG_OPEN, "[TOOL_CALLS]", "<|python_tag|>", "<function=")
+#: The end of a reasoning block (DeepSeek-R1, Qwen3…): a call is only looked for after it.
+_THINK_CLOSE = "</think>"
 #: Characters that may start a bare JSON or pythonic call, only at the start of an answer.
 _LEADING = ("{", "[", "```")
 
@@ -160,6 +162,10 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[dict[st
     An answer with no recognisable call, or a malformed one, is all content: a caller
     never loses text to a parser that guessed wrong.
     """
+    reasoning, close, answer = text.rpartition(_THINK_CLOSE)
+    if close:  # calls come after the reasoning; one it mentions is not made, and its text stays whole
+        content, found = parse_tool_calls(answer, names)
+        return (reasoning + close + content, found) if found else (text, [])
     known = frozenset(names)
     if TAG_OPEN in text:
         return _hermes(text, known) or (text, [])

@@ -58,7 +58,7 @@ class _Automaton:
 
     def __init__(self, words: Sequence[str]) -> None:
         self.words = tuple(w for w in words if w)
-        prefixes = {w[:i] for w in self.words for i in range(len(w))}
+        prefixes = {""} | {w[:i] for w in self.words for i in range(len(w))}
         self.states = sorted(prefixes, key=lambda p: (len(p), p))
         self.index = {p: i for i, p in enumerate(self.states)}
         self.alphabet = sorted({c for w in self.words for c in w})

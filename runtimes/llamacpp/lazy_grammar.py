@@ -140,7 +140,9 @@ def chat_grammar(req: ChatRequest, template: str | None) -> str | None:
     style = tools.tool_style(template)
     forced = tools.forced_call(req, style)  # refuses a choice naming an unknown function
     mode = reasoning_mode(req, template)
-    if tools.active(req) and sampling.json_schema is None and sampling.grammar is None:
+    # gpt-oss calls in its commentary channel, which no grammar here writes: its calls stay free.
+    lazy = mode != CHANNELS or forced is not None
+    if lazy and tools.active(req) and sampling.json_schema is None and sampling.grammar is None:
         answer = tool_calls_gbnf(req, template, required=forced is not None)
     else:
         gbnf = request_grammar(sampling, forced)

@@ -1,3 +1,4 @@
+# ruff: noqa: F811 - the imported fixture `accepts` is each test's argument
 """The grammar of a chat answer on llama.cpp (runtimes/llamacpp/lazy_grammar.py): lazy tool
 grammars per call family, reasoning before a schema or a call.
 
@@ -7,7 +8,6 @@ lets through and which it stops."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from localrun.types import ChatRequest, Message, Sampling
 from tests.conftest import needs_llama
 from tests.server.test_reasoning import OPEN_TEMPLATE, THINK_TEMPLATE
+from tests.support.grammar import accepts  # noqa: F401 - the fixture
 
 pytestmark = needs_llama
 
@@ -44,41 +45,6 @@ HARMONY_TEMPLATE = MESSAGES + "<|start|>assistant<|channel|>"
 
 def j(obj: object) -> str:
     return json.dumps(obj)
-
-
-@pytest.fixture(scope="module")
-def accepts(tiny_gguf):
-    """``accepts(gbnf, text)``: llama.cpp's grammar sampler lets ``text`` through and may then end."""
-    import llama_cpp.llama_cpp as L
-
-    params = L.llama_model_default_params()
-    params.vocab_only = True
-    model = L.llama_model_load_from_file(str(tiny_gguf).encode(), params)
-    vocab = L.llama_model_get_vocab(model)
-    cell = (L.llama_token_data * 1)()
-    one = L.llama_token_data_array(cell, 1, -1, False)
-
-    def allowed(sampler, token: int) -> bool:
-        cell[0].id, cell[0].logit, cell[0].p = token, 1.0, 0.0
-        one.size, one.selected, one.sorted = 1, -1, False
-        L.llama_sampler_apply(sampler, ctypes.byref(one))
-        return cell[0].logit != float("-inf")
-
-    def check(gbnf: str, text: str) -> bool:
-        sampler = L.llama_sampler_init_grammar(vocab, gbnf.encode(), b"root")
-        assert sampler, "llama.cpp could not parse the grammar"
-        try:
-            for byte in text.encode():
-                token = 5 + byte  # the tiny vocabulary: 5 specials, then <0x00>…<0xFF>
-                if not allowed(sampler, token):
-                    return False
-                L.llama_sampler_accept(sampler, token)
-            return allowed(sampler, 2)  # </s>: the grammar may end here
-        finally:
-            L.llama_sampler_free(sampler)
-
-    yield check
-    L.llama_model_free(model)
 
 
 def grammar(template: str | None, *, choice="auto", parallel=True, tools=(WEATHER,), **sampling) -> str:

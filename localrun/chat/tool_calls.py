@@ -127,12 +127,15 @@ def _hermes(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]
     pattern = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|\Z)", re.S)
     found = list(pattern.finditer(text))
     calls = []
-    for m in found:
+    for i, m in enumerate(found):
         inner = m.group(1).strip()
         fn = re.fullmatch(r"<function=([\w.-]+)>(.*?)(?:</function>)?", inner, re.S)
         parsed = _json_prefix(fn.group(2) if fn else inner)
         obj = {"name": fn.group(1), "arguments": parsed[0]} if fn and parsed else (parsed[0] if parsed else None)
         call = _as_call(obj, names)
+        cut_short = i == len(found) - 1 and i > 0 and not m.group(0).endswith(TAG_CLOSE)
+        if call is None and cut_short:  # the length limit ended the last of several calls: it stays text
+            return (pattern.sub("", text[: m.start()]).strip() + "\n" + m.group(0)).strip(), calls
         if call is None:
             return None
         calls.append(call)

@@ -74,6 +74,7 @@ RECORDED: dict[str, list[tuple[str, str, list[dict]]]] = {
         ("prose around", f"Let me check that.\n{hermes(PARIS)}", [PARIS]),
         ("no closing tag", hermes(PARIS).removesuffix("\n</tool_call>"), [PARIS]),
         ("two calls", f"{hermes(PARIS)}\n{hermes(OSLO)}", [PARIS, OSLO]),
+        ("cut short in the second call", f'{hermes(PARIS)}\n<tool_call>\n{{"name": "get_wea', [PARIS]),
         (
             "function tag inside",
             '<tool_call>\n<function=get_weather>{"city": "Paris"}</function>\n</tool_call>',

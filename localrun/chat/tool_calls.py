@@ -126,7 +126,7 @@ def _pythonic(text: str, names: frozenset[str]) -> list[dict[str, Any]] | None:
 def _hermes(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]] | None:
     pattern = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|\Z)", re.S)
     found = list(pattern.finditer(text))
-    calls = []
+    calls: list[dict[str, Any]] = []
     for i, m in enumerate(found):
         inner = m.group(1).strip()
         fn = re.fullmatch(r"<function=([\w.-]+)>(.*?)(?:</function>)?", inner, re.S)

@@ -8,9 +8,11 @@ answer); from the trigger on, only one or more valid calls can follow, then the 
 llama.cpp's server's lazy grammar, written as one grammar: the free part is "text without the
 trigger" (:func:`~.gbnf_text.free_text_rules`), so the sampler checks each token as usual and
 the trigger's first characters, written before anyone could know, are already part of the
-call's text. ``parallel_tool_calls: false`` allows one call. Under ``required`` or a named
-function the same calls, without the free part. Templates with no tool syntax of their own get
-our fallback prompt, which asks for the Hermes form, and its grammar.
+call's text. Several calls only with ``parallel_tool_calls: true``; false or unset allow one,
+as llama-server does (a small model otherwise repeats calls until its length limit cuts one).
+Under ``required`` or a named function the same calls, without the free part. Templates with
+no tool syntax of their own get our fallback prompt, which asks for the Hermes form, and its
+grammar.
 
 **Reasoning** (:func:`chat_grammar`). A reasoning model (``<think>`` tags, gpt-oss channels)
 reasons freely and the constrained part (a schema's JSON, the tool calls) starts where its
@@ -74,7 +76,7 @@ def tool_calls_gbnf(req: ChatRequest, template: str | None, *, required: bool) -
     open valid calls (``auto``), or only the calls (``required``, a named function)."""
     syntax = call_syntax(template)
     style = tools.tool_style(template)
-    parallel = req.parallel_tool_calls
+    parallel = req.parallel_tool_calls is True
     rules = _one_call_gbnf(req, style) + _WS + _calls_rules(syntax, parallel)
     tagged = "lz-calls" if not syntax.leading_json or syntax.open else None
     if syntax.leading_json:

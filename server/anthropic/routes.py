@@ -100,7 +100,7 @@ async def chat_request(
         sampling=sampling,
         tools=tools,
         tool_choice=core_tool_choice(body, tools),
-        parallel_tool_calls=not one_call,
+        parallel_tool_calls=False if one_call else None,
     )
     return req, body.unsupported() + reader.needs()
 

@@ -143,7 +143,7 @@ async def create_response(request: Request) -> Response:
         sampling=sampling,
         tools=tuple(tools.tools),
         tool_choice=choice,
-        parallel_tool_calls=body.parallel_tool_calls is not False and body.max_tool_calls != 1,
+        parallel_tool_calls=False if body.max_tool_calls == 1 else body.parallel_tool_calls,
     )
     found = _found(body, items, tools, choice) + reader.needs()
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found)

@@ -47,7 +47,7 @@ def j(obj: object) -> str:
     return json.dumps(obj)
 
 
-def grammar(template: str | None, *, choice="auto", parallel=True, tools=(WEATHER,), **sampling) -> str:
+def grammar(template: str | None, *, choice="auto", parallel: bool | None = True, tools=(WEATHER,), **sampling) -> str:
     from localrun.runtimes.llamacpp.lazy_grammar import chat_grammar
 
     req = ChatRequest(
@@ -80,8 +80,9 @@ def test_hermes_auto_is_free_until_the_call_opens_then_only_valid_calls(accepts,
     assert not accepts(g, f"{HERMES_CALL} and then some prose")  # after the calls, only the end
 
 
-def test_parallel_false_allows_one_call(accepts):
+def test_parallel_false_or_unset_allows_one_call(accepts):
     assert not accepts(grammar(None, parallel=False), f"{HERMES_CALL}\n{HERMES_CALL}")
+    assert not accepts(grammar(None, parallel=None), f"{HERMES_CALL}\n{HERMES_CALL}")
     assert accepts(grammar(None, parallel=False), HERMES_CALL)
 
 

@@ -98,6 +98,7 @@ def ask(server: Server, model: str, case: Case, seed: int, args: argparse.Namesp
         "messages": [{"role": "user", "content": case.question}],
         "tools": list(case.tools),
         "tool_choice": "auto",
+        "parallel_tool_calls": case.category == "parallel",  # both servers allow one call unless asked
         "temperature": args.temperature,
         "seed": seed,
         "max_tokens": args.max_tokens,

@@ -116,7 +116,7 @@ def score(case: Case, result: dict[str, Any]) -> dict[str, Any]:
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in case.tools}
     if result["status"] != 200:
         broke = "invalid_model_output" in json.dumps(result["answer"])
-        return {"started": int(broke), "valid": 0, "names": [], "markers": 0, "error": result["status"]}
+        return {"started": int(broke), "valid": 0, "cut": 0, "names": [], "markers": 0, "error": result["status"]}
     message = result["answer"]["choices"][0]["message"]
     calls = message.get("tool_calls") or []
     valid = 0
@@ -128,17 +128,16 @@ def score(case: Case, result: dict[str, Any]) -> dict[str, Any]:
         except (KeyError, ValueError, jsonschema.ValidationError):
             pass
     content = message.get("content") or ""
-    markers = sum(content.count(m) for m in MARKERS)
-    return {
-        "started": len(calls) + markers,
-        "valid": valid,
-        "names": [c["function"]["name"] for c in calls],
-        "markers": markers,
-    }
+    tagged = sum(content.count(m) for m in MARKERS if m != '{"name"')
+    markers = tagged or content.count('{"name"')  # a bare JSON call only counts where no tag opened one
+    cut = markers if result["answer"]["choices"][0].get("finish_reason") == "length" else 0
+    names = [c["function"]["name"] for c in calls]
+    return {"started": len(calls) + markers, "valid": valid, "cut": cut, "names": names, "markers": markers}
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     started = sum(r["started"] for r in rows)
+    cut = sum(r.get("cut", 0) for r in rows)
     valid = sum(r["valid"] for r in rows)
     relevant = [r for r in rows if r["expected"]]
     irrelevant = [r for r in rows if not r["expected"]]
@@ -146,7 +145,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "cases": len(rows),
         "calls_started": started,
         "valid_calls": valid,
-        "valid_share": round(valid / started, 3) if started else None,
+        "cut_by_max_tokens": cut,
+        "valid_share": round(valid / (started - cut), 3) if started > cut else None,
         "right_function": round(sum(sorted(r["names"]) == sorted(r["expected"]) for r in relevant) / len(relevant), 3)
         if relevant
         else None,
@@ -228,13 +228,15 @@ def main() -> None:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         groups[(row["model"], row["server"])].append(row)
-    head = ("model", "server", "cases", "calls started", "valid calls", "valid ÷ started", "right function")
+    head = ("model", "server", "cases", "calls started", "cut by max_tokens", "valid calls", "valid ÷ (started − cut)")
+    head += ("right function",)
     print("| " + " | ".join((*head, "irrelevance handled", "s/case")) + " |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (model, server), group in sorted(groups.items()):
         s = summarise(group)
         print(
-            f"| {model} | {server} | {s['cases']} | {s['calls_started']} | {s['valid_calls']} | {s['valid_share']} | "
+            f"| {model} | {server} | {s['cases']} | {s['calls_started']} | {s['cut_by_max_tokens']} | "
+            f"{s['valid_calls']} | {s['valid_share']} | "
             f"{s['right_function']} | {s['irrelevance_handled']} | {s['s_per_case']} |"
         )
 

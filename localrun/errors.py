@@ -23,6 +23,7 @@ and :attr:`LocalrunError.exit_code`, the TUI to a notification.
      ├── SlotError                a slot id, action or slot file the llama.cpp runtime cannot use
      ├── Overloaded               a model's queue is full (retry later)
      ├── WorkerCrashed            a worker process died while holding requests
+     ├── InvalidModelOutput       the model's answer breaks what the request asked (a call's schema)
      ├── Cancelled                the request was cancelled
      ├── DownloadFailed           a pull that could not finish
      └── AccessDenied             a gated/private repo or a missing API key
@@ -159,6 +160,14 @@ class WorkerCrashed(LocalrunError):
     http_status = 503
     code = "worker_crashed"
     exit_code = 8
+
+
+class InvalidModelOutput(LocalrunError):
+    # 500, as OpenAI answers "the model produced invalid content": the client may retry, the
+    # sampling differs each time; what broke is named, the broken text is not passed on as valid.
+    http_status = 500
+    code = "invalid_model_output"
+    exit_code = 1
 
 
 class Cancelled(LocalrunError):

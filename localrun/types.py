@@ -281,6 +281,10 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     #: ``"auto"`` | ``"none"`` | ``"required"`` | ``{"type": "function", "function": {"name": …}}``.
     tool_choice: Any = None
+    #: Several calls in one answer (OpenAI's ``parallel_tool_calls``): True allows them; False and
+    #: unset (None) hold a grammar-capable runtime to one, as llama-server does, so a small model
+    #: cannot repeat calls until its length limit cuts one.
+    parallel_tool_calls: bool | None = None
     #: Extra variables for the chat template (``chat_template_kwargs``: ``enable_thinking``…).
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Open an assistant turn after the messages (the template's ``add_generation_prompt``).
@@ -308,6 +312,7 @@ class ChatRequest:
             sampling=_sampling_from(d.get("sampling")),
             tools=tuple(d.get("tools") or ()),
             tool_choice=d.get("tool_choice"),
+            parallel_tool_calls=d.get("parallel_tool_calls"),
             template_kwargs=dict(d.get("template_kwargs") or {}),
             add_generation_prompt=bool(d.get("add_generation_prompt", True)),
             continue_final_message=bool(d.get("continue_final_message", False)),

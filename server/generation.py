@@ -20,6 +20,7 @@ from starlette.datastructures import State
 from starlette.requests import Request
 
 from localrun.chat.constraints import OPENAI, ConstraintNames, check_request
+from localrun.chat.tool_checks import check_tool_calls
 from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import note_ignored, refuse_unsupported
@@ -103,7 +104,9 @@ class ClientGone(Cancelled):
 class Generation:
     """An admitted request being answered. Feeds per-request stats and the ITL histogram."""
 
-    def __init__(self, request: Request, stream: OpenStream, *, metrics: Metrics) -> None:
+    def __init__(
+        self, request: Request, stream: OpenStream, *, metrics: Metrics, tools: tuple[dict[str, Any], ...] = ()
+    ) -> None:
         self.request = request
         self.stream = stream
         self.record = stream.record
@@ -119,6 +122,7 @@ class Generation:
         self.usage = Usage()
         #: Parsed calls of the answer (from its last chunk); every token's log-probability, for a collected answer.
         self.tool_calls: tuple[dict[str, Any], ...] = ()
+        self._tools = tools  # the request's tools: each call is checked against its schema (chat.tool_checks)
         self.logprobs: list[dict[str, Any]] = []
         #: Per choice (``Chunk.index``, OpenAI's ``n``): finish reasons, and for a collected answer texts and logprobs.
         self.finishes: dict[int, str] = {}
@@ -140,6 +144,7 @@ class Generation:
             self.stats.first_token_at = self.timing.first_token_at
             self.stats.last_token_at = self.timing.last_token_at
         if chunk.tool_calls:
+            check_tool_calls(chunk.tool_calls, self._tools, model=self.record.name)
             self.tool_calls = chunk.tool_calls
         if chunk.usage is not None:
             self.usage = chunk.usage
@@ -274,7 +279,7 @@ async def open_generation(
         raise
     if getattr(req.sampling, "id_slot", -1) >= 0 and "slots" not in (stream.capabilities or ()):
         note_ignored(request, ["id_slot"])  # llama-server's slots are llama.cpp's: others place requests themselves
-    return Generation(request, stream, metrics=state.metrics)
+    return Generation(request, stream, metrics=state.metrics, tools=getattr(req, "tools", ()))
 
 
 def finish_for_wire(reason: str | None) -> str:

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 TAG_OPEN, TAG_CLOSE = "<tool_call>", "</tool_call>"
 #: Markers that may start a call anywhere in an answer.
 _MARKERS = (TAG_OPEN, "[TOOL_CALLS]", "<|python_tag|>", "<function=")
+#: The end of a reasoning block (DeepSeek-R1, Qwen3…): a call is only looked for after it.
+_THINK_CLOSE = "</think>"
 #: Characters that may start a bare JSON or pythonic call, only at the start of an answer.
 _LEADING = ("{", "[", "```")
 
@@ -124,13 +126,16 @@ def _pythonic(text: str, names: frozenset[str]) -> list[dict[str, Any]] | None:
 def _hermes(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]]] | None:
     pattern = re.compile(re.escape(TAG_OPEN) + r"(.*?)(?:" + re.escape(TAG_CLOSE) + r"|\Z)", re.S)
     found = list(pattern.finditer(text))
-    calls = []
-    for m in found:
+    calls: list[dict[str, Any]] = []
+    for i, m in enumerate(found):
         inner = m.group(1).strip()
         fn = re.fullmatch(r"<function=([\w.-]+)>(.*?)(?:</function>)?", inner, re.S)
         parsed = _json_prefix(fn.group(2) if fn else inner)
         obj = {"name": fn.group(1), "arguments": parsed[0]} if fn and parsed else (parsed[0] if parsed else None)
         call = _as_call(obj, names)
+        cut_short = i == len(found) - 1 and i > 0 and not m.group(0).endswith(TAG_CLOSE)
+        if call is None and cut_short:  # the length limit ended the last of several calls: it stays text
+            return (pattern.sub("", text[: m.start()]).strip() + "\n" + m.group(0)).strip(), calls
         if call is None:
             return None
         calls.append(call)
@@ -160,6 +165,10 @@ def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[dict[st
     An answer with no recognisable call, or a malformed one, is all content: a caller
     never loses text to a parser that guessed wrong.
     """
+    reasoning, close, answer = text.rpartition(_THINK_CLOSE)
+    if close:  # calls come after the reasoning; one it mentions is not made, and its text stays whole
+        content, found = parse_tool_calls(answer, names)
+        return (reasoning + close + content, found) if found else (text, [])
     known = frozenset(names)
     if TAG_OPEN in text:
         return _hermes(text, known) or (text, [])

@@ -34,6 +34,7 @@ from localrun.runtimes.llamacpp.grammar import (
     request_grammar,
     sequence_sampler,
 )
+from localrun.runtimes.llamacpp.lazy_grammar import chat_grammar
 from localrun.types import ChatRequest, Plan, Sampling
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,7 @@ class SessionFeatures:
     ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None]:
         """(messages, template variables, grammar) for a chat request."""
         messages, variables = tools.prompt_messages(req, template)
-        forced = tools.forced_call(req, tools.tool_style(template))
-        return messages, variables, request_grammar(req.sampling, forced)
+        return messages, variables, chat_grammar(req, template)
 
     @staticmethod
     def completion_grammar(sampling: Sampling) -> str | None:

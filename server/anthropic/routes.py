@@ -96,7 +96,14 @@ async def chat_request(
     reader = reader_for(request)
     messages = await asyncio.to_thread(core_messages, body, reader)  # media headers: off the event loop
     messages = await resolve_remote(reader, messages, app_state(request).settings.server)
-    req = ChatRequest(messages=messages, sampling=sampling, tools=tools, tool_choice=core_tool_choice(body, tools))
+    one_call = body.tool_choice is not None and bool(body.tool_choice.disable_parallel_tool_use)
+    req = ChatRequest(
+        messages=messages,
+        sampling=sampling,
+        tools=tools,
+        tool_choice=core_tool_choice(body, tools),
+        parallel_tool_calls=False if one_call else None,
+    )
     return req, body.unsupported() + reader.needs()
 
 

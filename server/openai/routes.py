@@ -125,6 +125,7 @@ async def chat_completions(request: Request) -> Response:
         sampling=sampling,
         tools=tools,
         tool_choice=tool_choice,
+        parallel_tool_calls=body.parallel_tool_calls,
         template_kwargs=dict(body.chat_template_kwargs or {}),
         add_generation_prompt=body.add_generation_prompt is not False,
         continue_final_message=bool(body.continue_final_message),

@@ -138,7 +138,13 @@ async def create_response(request: Request) -> Response:
     reader = reader_for(request)
     messages = await asyncio.to_thread(conversation, items, body.instructions, reader)  # media headers: off the loop
     messages = await resolve_remote(reader, messages, app_state(request).settings.server)
-    req = ChatRequest(messages=messages, sampling=sampling, tools=tuple(tools.tools), tool_choice=choice)
+    req = ChatRequest(
+        messages=messages,
+        sampling=sampling,
+        tools=tuple(tools.tools),
+        tool_choice=choice,
+        parallel_tool_calls=False if body.max_tool_calls == 1 else body.parallel_tool_calls,
+    )
     found = _found(body, items, tools, choice) + reader.needs()
     gen = await open_generation(request, body.model, req, keep_alive_s=None, found=found, names=constraints.RESPONSES)
     try:  # a reasoning model's channel becomes reasoning items, its budget set by reasoning.effort

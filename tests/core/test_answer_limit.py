@@ -53,7 +53,10 @@ def test_chat_model_keeps_the_cap_and_asked_lengths_are_kept_within_it():
         assert _last(m, "chat", chat).usage.completion_tokens == 50
         asked = CompletionRequest(prompt="x", sampling=Sampling(max_tokens=20))
         assert _last(m, "base", asked).usage.completion_tokens == 20  # --max-tokens changes it
-        assert _last(m, "base", CompletionRequest(prompt="x", sampling=Sampling(max_tokens=999))).usage.completion_tokens == 50
+        assert (
+            _last(m, "base", CompletionRequest(prompt="x", sampling=Sampling(max_tokens=999))).usage.completion_tokens
+            == 50
+        )
     finally:
         m.shutdown()
 

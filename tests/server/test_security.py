@@ -134,8 +134,14 @@ def test_configured_names_and_bind_ip_are_allowed(build_stack):
     stack = build_stack(allowed_hosts=["mybox.lan"], host="192.168.7.7", api_key="k-test-key")
     with TestClient(create_app(stack.settings, stack.manager), base_url="http://mybox.lan") as c:
         assert c.get("/health", headers={"authorization": "Bearer k-test-key"}).status_code == 200
-        assert c.get("/health", headers={"authorization": "Bearer k-test-key", "host": "192.168.7.7:8739"}).status_code == 200
-        assert c.get("/health", headers={"authorization": "Bearer k-test-key", "host": "evil.mybox.lan"}).status_code == 403
+        assert (
+            c.get("/health", headers={"authorization": "Bearer k-test-key", "host": "192.168.7.7:8739"}).status_code
+            == 200
+        )
+        assert (
+            c.get("/health", headers={"authorization": "Bearer k-test-key", "host": "evil.mybox.lan"}).status_code
+            == 403
+        )
     names = allowed_host_names("0.0.0.0", [])
     assert "0.0.0.0" not in names and host_allowed("[::1]:1", names) and not host_allowed("0.0.0.0:1", names)
 

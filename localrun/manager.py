@@ -14,14 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from localrun.activity import MediaCheck, refuse_media_before_load
+from localrun.catalog import CatalogEntry, source_label
 from localrun.errors import Cancelled, LocalrunError
 from localrun.residency import LoadedModel, Residency
 from localrun.settings import Settings
-from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media, ModelRecord, Plan, Source
+from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, Media, ModelRecord, Plan
 from localrun.worker.host import Spawns
 
 if TYPE_CHECKING:
@@ -33,33 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Planner = Callable[[ModelRecord], Plan]
-
-
-@dataclass(frozen=True)
-class CatalogEntry:
-    """One model as every listing shows it (``ls``, ``/v1/models``, ``/api/tags``, the TUI library).
-
-    Local store records and upstream models side by side, so no front end writes the
-    upstream listing itself; ``source`` is the label a person reads.
-    """
-
-    name: str
-    record: ModelRecord
-    source: str  # "hf", "imported"…, or "upstream NAME (health)"
-    health: str | None = None  # an upstream model's health ("up", "cooldown", "unknown", "down"); None: local
-    upstreams: tuple[str, ...] = ()  # the upstreams serving it; () for a local model
-    upstream_model: str | None = None  # the id its upstreams know it by
-    #: What it can do (modelstore/capabilities.py), filled by ``catalog(with_capabilities=True)``.
-    capabilities: tuple[str, ...] = ()
-
-
-def source_label(record: ModelRecord) -> str:
-    """``upstream NAME (health)`` for an upstream model, the plain source otherwise."""
-    if record.source is not Source.UPSTREAM:
-        return str(record.source.value)
-    names = ",".join(record.metadata.get("upstreams", ()))
-    health = record.metadata.get("upstream_health")
-    return f"upstream {names}" + (f" ({health})" if health else "")
 
 
 class ModelManager:

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from localrun.catalog import CatalogEntry
 from localrun.errors import LocalrunError, UnsupportedFeature
-from localrun.manager import CatalogEntry
 from localrun.types import Cancel, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Source
 
 if TYPE_CHECKING:

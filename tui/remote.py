@@ -14,8 +14,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+from localrun.catalog import CatalogEntry
 from localrun.errors import LocalrunError, RuntimeUnavailable, UnsupportedFeature
-from localrun.manager import CatalogEntry
 from localrun.tui.backend import LoadedInfo, ModelDetails, VerifyResult, metadata_lines
 from localrun.types import (
     Cancel,

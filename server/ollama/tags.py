@@ -11,7 +11,8 @@ from localrun.modelstore.identity import registration_digest, tagged
 from localrun.types import ModelRecord
 
 if TYPE_CHECKING:
-    from localrun.manager import CatalogEntry, ModelManager
+    from localrun.catalog import CatalogEntry
+    from localrun.manager import ModelManager
     from localrun.settings import Settings
 
 #: A time far away for "never unloads", as Ollama reports pinned models.

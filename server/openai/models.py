@@ -12,7 +12,7 @@ from localrun.modelstore.capabilities import media
 from localrun.types import ModelRecord
 
 if TYPE_CHECKING:
-    from localrun.manager import CatalogEntry
+    from localrun.catalog import CatalogEntry
 
 
 def context_length(record: ModelRecord) -> int | None:

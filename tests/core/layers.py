@@ -49,6 +49,7 @@ LAYERS = {
     "localrun.reload": "manager",  # the manager's reload with a larger context
     "localrun.residency": "manager",  # the manager's table of loaded models
     "localrun.activity": "manager",  # the manager's request log and overflow hints
+    "localrun.catalog": "manager",  # what every listing shows of a model (the manager builds it)
     "localrun.server": "server",  # the shared kit: schema primitives, errors, the stream tail
     **{f"localrun.server.{family}": f"server.{family}" for family in SERVER_FAMILIES},
     "localrun.server.app": "server.app",  # the one place that mounts every family's router

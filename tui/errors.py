@@ -18,6 +18,10 @@ TITLES: dict[type[E.LocalrunError], tuple[str, str]] = {
     E.ModelExists: ("Name taken", "choose another name or delete the existing model"),
     E.InvalidModelFile: ("Invalid model file", "pull the model again or pick another file"),
     E.VerificationFailed: ("File damaged", "delete the model and pull it again"),
+    E.InvalidModelOutput: (
+        "Broken tool call",
+        "send it again (each try samples anew), or pick a model that calls tools well",
+    ),
     E.RuntimeUnavailable: ("Runtime unavailable", "see Hardware (3) for how to install or start it"),
     E.UnknownRuntime: ("Unknown runtime", "see Hardware (3) for the runtimes localrun knows"),
     E.WontFit: ("Model won't fit", "pick a smaller quant, lower the context, or unload other models"),

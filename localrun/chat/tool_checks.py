@@ -54,9 +54,10 @@ def call_problems(calls: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any
             problems.append(f"call {i} to {name!r}: its arguments are not JSON ({exc})")
             continue
         try:
-            validator = jsonschema.validators.validator_for(schemas[name])(schemas[name])
-            error = jsonschema.exceptions.best_match(validator.iter_errors(args))
-        except (jsonschema.exceptions.SchemaError, TypeError, ValueError) as exc:  # the request's own schema is broken
+            kind = jsonschema.validators.validator_for(schemas[name])
+            kind.check_schema(schemas[name])  # a schema that is not JSON Schema ("properties": null) is not judged
+            error = jsonschema.exceptions.best_match(kind(schemas[name]).iter_errors(args))
+        except (jsonschema.exceptions.SchemaError, TypeError, ValueError, AttributeError) as exc:  # the request's own
             log.info("cannot check a call to %s: its schema is not valid JSON Schema (%s)", name, exc)
             continue
         if error is not None:

@@ -18,7 +18,7 @@ def test_first_ls_shows_the_builtins_as_ready(monkeypatch):
     out = CliRunner().invoke(main, ["ls"])
     assert out.exit_code == 0, out.output
     assert "no models yet" not in out.output
-    assert DEFAULT_MODEL_NAME in out.stdout and "253.1 MB" in out.stdout
+    assert DEFAULT_MODEL_NAME in out.stdout and "241 MiB" in out.stdout
     if chat_model_path() is not None:
         assert CHAT_MODEL_NAME in out.stdout
     assert "registered the first time it runs" in out.stderr

@@ -142,7 +142,7 @@ def fresh_env(home: Path, localrun: str) -> dict[str, str]:
 
 FAST = [
     "localrun ls",
-    'localrun run smollm2-135m-instruct "The capital of France is"',
+    'localrun run smollm2-135m-instruct "Why is the sky blue?"',  # as the README has it
     "localrun ls",
     "localrun plan smollm2-135m-instruct",
     "localrun hw",

@@ -47,4 +47,4 @@ def test_ctrl_c_during_pull_says_what_was_kept_and_how_to_resume(fake_hub, hf_ca
             proc.kill()
     assert proc.returncode == 130
     line = next(ln for ln in err.splitlines() if ln.startswith("interrupted:"))
-    assert "MB" in line and f"localrun pull {REPO}" in line and "resumes" in line
+    assert "MiB" in line and f"localrun pull {REPO}" in line and "resumes" in line

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 UNBOUNDED = -1
 #: Repetition operators applied to one item in a row (``x?*``); more is never needed.
 MAX_STACKED = 4
+#: llama.cpp's grammar parser keeps a repetition count up to this and silently drops a larger bound,
+#: so a schema's counts (schema_grammar.SchemaLimits) and a raw grammar's are held to it alike.
+MAX_REPEAT = 2000
 MAX_CODEPOINT = 0x10FFFF
 
 
@@ -28,7 +31,7 @@ class GbnfLimits:
     max_bytes: int = 4_000_000
     max_rules: int = 50_000
     max_depth: int = 64
-    max_repeat: int = 2000
+    max_repeat: int = MAX_REPEAT
     max_elements: int = 8_000_000
 
 

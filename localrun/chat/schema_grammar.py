@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from localrun.chat import schema_keywords as kw
+from localrun.chat.gbnf_parse import MAX_REPEAT
 from localrun.chat.schema_keywords import child_path as _child
 from localrun.chat.schema_objects import array_rule, object_rule
 from localrun.chat.schema_regex import pattern_gbnf
@@ -40,7 +41,7 @@ class SchemaLimits:
     """What one schema may cost; each refusal names the limit."""
 
     max_depth: int = 64
-    max_repeat: int = 2000
+    max_repeat: int = MAX_REPEAT  # the grammar's own cap (gbnf_parse)
     max_rules: int = 20_000
     max_bytes: int = 4_000_000
     max_enum: int = 2000

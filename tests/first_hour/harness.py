@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,20 +63,30 @@ class Terminal:
         time.sleep(0.2)
         self._tmux("clear-history", "-t", "fh")
 
+    def _frames(self, command: str) -> Iterator[tuple[float, str, list[str]]]:
+        """Type ``command`` (then an exit marker), and yield (seconds since, screen, its lines other
+        than the prompt) every 50 ms."""
+        self.clear()
+        self.keys(f"{command}; echo {DONE}$?", "Enter")
+        t0 = time.monotonic()
+        while True:
+            time.sleep(0.05)
+            screen = self.screen()
+            body = [ln for ln in screen.splitlines() if ln.strip() and not ln.startswith("$ ")]
+            yield time.monotonic() - t0, screen, body
+
+    def _timed_out(self, command: str, first: float | None) -> Timing:
+        self.keys("C-c")
+        time.sleep(1)
+        return Timing(command, first, None, None, self.screen())
+
     def run(self, command: str, *, timeout: float, interrupt_after: float | None = None) -> Timing:
         """Type ``command``, then watch: the first line other than the prompt is its first output;
         the exit marker its end. ``interrupt_after``: press Ctrl-C that long after the first output
         (for a server), and time its end from there."""
-        self.clear()
-        self.keys(f"{command}; echo {DONE}$?", "Enter")
-        t0 = time.monotonic()
         first = None
         interrupted = False
-        while True:
-            time.sleep(0.05)
-            now = time.monotonic() - t0
-            screen = self.screen()
-            body = [ln for ln in screen.splitlines() if ln.strip() and not ln.startswith("$ ")]
+        for now, screen, body in self._frames(command):
             if first is None and body:
                 first = now
             for line in body:
@@ -86,24 +96,16 @@ class Terminal:
                 self.keys("C-c")
                 interrupted = True
             if now > timeout:
-                self.keys("C-c")
-                time.sleep(1)
-                return Timing(command, first, None, None, self.screen())
+                return self._timed_out(command, first)
+        raise AssertionError("unreachable")
 
     def serve(self, command: str, ready: str, client: Callable[[], str], *, timeout: float) -> Timing:
         """Start a server with ``command``; once ``ready`` shows, run ``client`` (it returns the text
         the server's log must show for it), then Ctrl-C: the server must end by itself."""
-        self.clear()
-        self.keys(f"{command}; echo {DONE}$?", "Enter")
-        t0 = time.monotonic()
         first = None
         expect = None
         stopped = False
-        while True:
-            time.sleep(0.05)
-            now = time.monotonic() - t0
-            screen = self.screen()
-            body = [ln for ln in screen.splitlines() if ln.strip() and not ln.startswith("$ ")]
+        for now, screen, body in self._frames(command):
             if first is None and body:
                 first = now
             done = [ln for ln in body if ln.startswith(DONE)]
@@ -116,9 +118,8 @@ class Terminal:
                 self.keys("C-c")
                 stopped = True
             if now > timeout:
-                self.keys("C-c")
-                time.sleep(1)
-                return Timing(command, first, None, None, self.screen())
+                return self._timed_out(command, first)
+        raise AssertionError("unreachable")
 
     def kill(self) -> None:
         subprocess.run([TMUX or "tmux", "-L", self.socket, "kill-server"], capture_output=True)

@@ -13,6 +13,8 @@ from typing import Any
 
 from rich.text import Text
 
+from localrun.planning.hardware import human_bytes as human_bytes  # the one byte formatter (re-exported)
+
 log = logging.getLogger(__name__)
 
 #: Marks for the planner's verdicts, read at a glance and without colour.
@@ -21,18 +23,6 @@ VERDICT_MARKS: dict[str, tuple[str, str, str]] = {
     "tight": ("◐", "tight", "warning"),
     "wont-fit": ("✕", "won't fit", "error"),
 }
-
-
-def human_bytes(n: int | float | None) -> str:
-    """Decimal units, as disks and hubs print them: ``241 MB``, ``4.4 GB``."""
-    if n is None:
-        return "—"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(size) < 1000 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit in ("B", "KB", "MB") else f"{size:.1f} {unit}"
-        size /= 1000
-    return f"{size:.1f} TB"  # pragma: no cover - the loop always returns
 
 
 def cache_cell(cache: dict[str, Any] | None, tier: str) -> str:

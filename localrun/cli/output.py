@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from localrun.planning.hardware import human_bytes as human_bytes  # the one byte formatter (re-exported)
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -34,21 +36,6 @@ def err_console() -> Console:
     from rich.console import Console
 
     return Console(stderr=True)
-
-
-def human_bytes(n: int | None) -> str:
-    """Binary units, the ones `plan` and `hw` give memory in, so a model's size and the RAM it
-    needs read alike everywhere in the CLI: ``93.8 MiB``, ``241 MiB``, ``4.1 GiB``."""
-    if n is None:
-        return "—"
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            if unit == "B":
-                return f"{size:.0f} B"
-            return f"{size:.0f} {unit}" if abs(size) >= 100 and unit in ("KiB", "MiB") else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - the loop always returns
 
 
 def settings_from(ctx: click.Context, **overrides: Any) -> Settings:

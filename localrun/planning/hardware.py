@@ -278,6 +278,21 @@ def _detect_apple(src: _Sources) -> AppleInfo | None:
     )
 
 
+def human_bytes(n: int | float | None) -> str:
+    """Binary units, the ones ``plan`` and ``hw`` give memory in, so a model's size and the RAM it
+    needs read alike in the CLI, the TUI and the page: ``93.8 MiB``, ``241 MiB``, ``4.1 GiB``."""
+    if n is None:
+        return "—"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            if unit == "B":
+                return f"{size:.0f} B"
+            return f"{size:.0f} {unit}" if abs(size) >= 100 and unit in ("KiB", "MiB") else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover - the loop always returns
+
+
 def fmt_bytes(n: int | float) -> str:
     """Bytes in the unit people read: ``23.5 GiB``, ``512 MiB``."""
     if abs(n) >= GIB:

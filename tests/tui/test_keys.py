@@ -190,13 +190,13 @@ async def test_p_on_a_file_already_pulled_says_so(make, fake_hub, store):  # noq
         await wait_for(pilot, lambda: not app.pulls.active_refs(), what="the pull's end")
         before = len(app._notifications)
         await pilot.press("p")  # the same file again
-        await wait_for(pilot, lambda: len(app._notifications) > before, what="a word about it", timeout=3)
+        await wait_for(pilot, lambda: len(app._notifications) > before, what="a word about it", timeout=10)
         note = list(app._notifications)[-1]
         assert note.title == "Already pulled" and "testorg/tiny-gguf:q4_k_m" in note.message
         await pilot.press("up", "up", "up", "up", "up", "up", "tab", "shift+tab")  # the repo row, as a repo
         screen.repos_table.focus()
         before = len(app._notifications)
         await pilot.press("p")
-        await wait_for(pilot, lambda: len(app._notifications) > before, what="a word about the repo", timeout=3)
+        await wait_for(pilot, lambda: len(app._notifications) > before, what="a word about the repo", timeout=10)
         assert list(app._notifications)[-1].title == "Already pulled"
         assert not app.pulls.active_refs()

@@ -17,8 +17,8 @@ from localrun.types import Chunk, Usage
 def test_sizes_durations_rates_and_counts():
     assert F.human_bytes(None) == "—"
     assert F.human_bytes(512) == "512 B"
-    assert F.human_bytes(241_000_000) == "241 MB"
-    assert F.human_bytes(4_400_000_000) == "4.4 GB"
+    assert F.human_bytes(253_000_000) == "241 MiB"
+    assert F.human_bytes(4_400_000_000) == "4.1 GiB"
     assert F.human_duration(12.4) == "12 s"
     assert F.human_duration(288) == "4:48"
     assert F.human_duration(3723) == "1:02:03"
@@ -26,7 +26,7 @@ def test_sizes_durations_rates_and_counts():
     assert F.human_count(1_200_000) == "1.2 M" and F.human_count(12_400) == "12.4 k" and F.human_count(310) == "310"
     assert F.eta(100, 400, 100.0) == "3 s" and F.eta(5, None, 1.0) == "—" and F.eta(5, 10, None) == "—"
     assert F.progress_bar(0.5, 10) == "█████░░░░░" and F.progress_bar(2.0, 4) == "████"
-    assert F.human_rate(38_000_000) == "38 MB/s"
+    assert F.human_rate(38_000_000) == "36.2 MiB/s"
 
 
 def test_verdict_badges_use_theme_colours():
@@ -211,6 +211,6 @@ def test_the_server_screen_shows_each_models_prompt_cache_from_the_manager():
             }
 
     gemma, other = LocalBackend(store=None, manager=Manager()).loaded()
-    assert F.cache_cell(gemma.cache, "ram") == "3 · 1200 tok · 2 MB"
-    assert F.cache_cell(gemma.cache, "disk") == "4 · 16000 tok · 310 MB"
+    assert F.cache_cell(gemma.cache, "ram") == "3 · 1200 tok · 2.4 MiB"
+    assert F.cache_cell(gemma.cache, "disk") == "4 · 16000 tok · 296 MiB"
     assert other.cache is None and F.cache_cell(other.cache, "disk") == "-"

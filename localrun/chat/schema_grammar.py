@@ -28,7 +28,7 @@ from localrun.chat.gbnf_parse import MAX_REPEAT
 from localrun.chat.schema_keywords import child_path as _child
 from localrun.chat.schema_objects import array_rule, object_rule
 from localrun.chat.schema_regex import pattern_gbnf
-from localrun.chat.schema_terms import FORMATS, PRIMITIVES, int_range, json_literal, number_range
+from localrun.chat.schema_terms import FORMATS, PRIMITIVES, int_range, json_literal, number_range, repeat
 from localrun.errors import UnsupportedFeature
 
 #: Fraction digits of a bounded number (no exponent there).
@@ -291,7 +291,8 @@ class SchemaGrammar:
         return self.add(path.rsplit(".", 1)[-1] + "-" + key, f"({body}) {self.prim('space')}")
 
     def string(self, schema: dict[str, Any], path: str) -> str:
-        lo, hi = self.count(schema, "minLength", path), self.count(schema, "maxLength", path)
+        most = self.limits.max_repeat**2  # a string's length is written as counted blocks (schema_terms.repeat)
+        lo, hi = self.count(schema, "minLength", path, most), self.count(schema, "maxLength", path, most)
         fmt, pattern = schema.get("format"), schema.get("pattern")
         if fmt is not None and pattern is not None:
             raise self.refuse(_child(path, "pattern"), "pattern together with format is not supported")
@@ -317,20 +318,22 @@ class SchemaGrammar:
         lo = lo or 0
         if hi is not None and hi < lo:
             raise self.refuse(_child(path, "maxLength"), f"maxLength {hi} is below minLength {lo}")
-        count = f"{{{lo}}}" if hi == lo else f"{{{lo},{'' if hi is None else hi}}}"
-        return self.add(f"string-{lo}-{hi}", f'"\\"" {self.prim("char1")}{count} "\\"" {space}')
+        chars = repeat(self.prim("char1"), lo, hi, self.limits.max_repeat)
+        return self.add(f"string-{lo}-{hi}", f'"\\"" {chars} "\\"" {space}')
 
-    def count(self, schema: dict[str, Any], key: str, path: str) -> int | None:
+    def count(self, schema: dict[str, Any], key: str, path: str, most: int | None = None) -> int | None:
+        """A non-negative whole ``schema[key]`` up to ``most`` (the grammar's repetition cap by default)."""
         value = schema.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or value != int(value):
             raise self.refuse(_child(path, key), f"{key} must be a non-negative integer, not {value!r}")
-        if value > self.limits.max_repeat:
+        most = self.limits.max_repeat if most is None else most
+        if value > most:
             raise self.refuse(
                 _child(path, key),
-                f"{key} {int(value)} is over the limit of {self.limits.max_repeat}",
-                f"drop {key} or keep it at or under {self.limits.max_repeat}",
+                f"{key} {int(value)} is over the limit of {most}",
+                f"drop {key} or keep it at or under {most}",
             )
         return int(value)
 

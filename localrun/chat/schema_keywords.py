@@ -22,7 +22,9 @@ GENERAL = frozenset({"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
 STRING = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 ARRAY = frozenset({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"})
-OBJECT = frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"})
+OBJECT = frozenset(
+    {"properties", "required", "additionalProperties", "minProperties", "maxProperties", "propertyNames"}
+)
 HONOURED = GENERAL | STRING | NUMBER | ARRAY | OBJECT
 
 #: Keywords a grammar cannot enforce, and why (the 400 says it).
@@ -35,7 +37,6 @@ REFUSED = {
     "minContains": "a grammar cannot count matching items",
     "maxContains": "a grammar cannot count matching items",
     "patternProperties": "property names by pattern are not supported",
-    "propertyNames": "property-name schemas are not supported",
     "dependentRequired": "dependencies between properties are not supported",
     "dependentSchemas": "dependencies between properties are not supported",
     "dependencies": "dependencies between properties are not supported",

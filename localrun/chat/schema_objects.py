@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from localrun.chat.schema_keywords import child_path
+from localrun.chat.schema_keywords import ANNOTATIONS, child_path
 from localrun.chat.schema_regex import class_char
 from localrun.chat.schema_terms import gbnf_literal
 
@@ -41,8 +41,10 @@ def object_rule(g: SchemaGrammar, schema: dict[str, Any], path: str, depth: int)
         raise g.refuse(f"{path}.additionalProperties", "additionalProperties must be a boolean or a schema")
     if not props and not required and extra in (None, True, {}):
         _check_counts(g, schema, path, free=True, declared=0, needed=0)
+        _property_names(g, schema, path, [], free=True)
         return g.prim("object")
     names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+    _property_names(g, schema, path, names, free=extra not in (None, False))
     names.sort(key=lambda n: g.order.get(n, len(g.order)))
     space = g.prim("space")
     kvs = {}
@@ -96,6 +98,33 @@ def _check_counts(
             f"{path}.maxProperties",
             "maxProperties is only supported when the declared properties already keep it (no additionalProperties)",
         )
+
+
+def _property_names(g: SchemaGrammar, schema: dict[str, Any], path: str, names: list[str], free: bool) -> None:
+    """``propertyNames`` is kept when every name the grammar can write passes it: always for
+    ``{"type": "string"}`` (what zod writes for a record: Claude Code's task tools), else only
+    when the names are the declared ones and each of them passes; free names are refused."""
+    rule = schema.get("propertyNames")
+    if rule is None or rule is True or _names_any_string(rule):
+        return
+    where = f"{path}.propertyNames"
+    if not isinstance(rule, dict | bool):
+        raise g.refuse(where, "propertyNames must be a schema")
+    if free:
+        raise g.refuse(where, 'property-name schemas other than {"type": "string"} need additionalProperties: false')
+    import jsonschema
+
+    try:
+        check = jsonschema.Draft202012Validator(rule)
+        wrong = next((n for n in names if not check.is_valid(n)), None)
+    except jsonschema.SchemaError as e:
+        raise g.refuse(where, f"propertyNames is not a valid schema: {e.message}") from None
+    if wrong is not None:
+        raise g.refuse(where, f"the declared property {wrong!r} does not pass propertyNames")
+
+
+def _names_any_string(rule: Any) -> bool:
+    return isinstance(rule, dict) and rule.get("type", "string") == "string" and set(rule) <= ANNOTATIONS | {"type"}
 
 
 def _key_not_in(g: SchemaGrammar, names: list[str]) -> str:

@@ -95,6 +95,44 @@ def _same_length(lo: str, hi: str) -> str:
 MAX_DIGITS = 16
 
 
+def repeat(item: str, lo: int, hi: int | None, cap: int) -> str:
+    """``item`` between ``lo`` and ``hi`` times (None: no upper bound), every count in the GBNF at
+    most ``cap`` (llama.cpp's own repetition limit), however large the bounds: a count over the
+    cap is written as blocks of ``k`` items counted again, ``k`` about its square root. Exact for
+    every length, and unambiguous enough that the grammar engine keeps a few stacks at a time.
+    Bounds up to ``cap²`` (4,000,000 for llama.cpp): a string's ``maxLength: 524288`` (Claude
+    Code's Workflow tool) is kept, not refused."""
+    if hi is not None and hi <= cap:
+        return f"{item}{{{lo}}}" if lo == hi else f"{item}{{{lo},{hi}}}"
+    head = _exactly(item, lo, cap)
+    tail = f"{item}*" if hi is None else _at_most(item, hi - lo, cap)
+    return f"{head} {tail}" if head else tail
+
+
+def _blocks(n: int) -> tuple[int, int, int]:
+    k = 1
+    while k * k < n:
+        k += 1
+    q, r = divmod(n, k)
+    return k, q, r
+
+
+def _exactly(item: str, n: int, cap: int) -> str:
+    if n <= cap:
+        return f"{item}{{{n}}}" if n else ""
+    k, q, r = _blocks(n)
+    return f"({item}{{{k}}}){{{q}}}" + (f" {item}{{{r}}}" if r else "")
+
+
+def _at_most(item: str, n: int, cap: int) -> str:
+    if n <= cap:
+        return f"{item}{{0,{n}}}"
+    k, q, r = _blocks(n)  # 0 … q·k-1 as whole blocks then fewer than k; q·k … n as q blocks then up to r
+    below = (f"({item}{{{k}}}){{0,{q - 1}}} " if q > 1 else "") + f"{item}{{0,{k - 1}}}"
+    top = f"({item}{{{k}}}){{{q}}}" + (f" {item}{{0,{r}}}" if r else "")
+    return f"(({below}) | ({top}))"
+
+
 def uint_range(a: int, b: int | None) -> str:
     """Canonical decimals ``n`` with ``a <= n <= b`` (``b`` None: no upper bound); a <= b, a >= 0."""
     la = len(str(a))

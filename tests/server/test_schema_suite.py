@@ -39,6 +39,32 @@ CASES = [
     ("multipleOf 0.01", {"type": "number", "multipleOf": 0.01}, [1.25, 3, -0.5], [1.255]),
     ("multipleOf 1", {"type": "number", "multipleOf": 1, "minimum": 0}, [0, 3], [2.5, -1]),
     ("string lengths", {"type": "string", "minLength": 2, "maxLength": 4}, ["ab", "abcd", 'a"c'], ["a", "abcde", ""]),
+    # Over llama.cpp's repetition cap of 2,000, a length is written as counted blocks (Claude Code's
+    # Workflow tool says maxLength 524288).
+    ("long string bound", {"type": "string", "maxLength": 2500}, ["", "a" * 2500], ["a" * 2501]),
+    (
+        "long string range",
+        {"type": "string", "minLength": 2003, "maxLength": 4100},
+        ["a" * 2003, "a" * 3001, "a" * 4100],
+        ["a" * 2002, "a" * 4101, ""],
+    ),
+    (
+        "property names: any string",  # zod's record, in Claude Code's task tools
+        {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "string"}},
+        [{}, {"k": "v"}],
+        [{"k": 1}],
+    ),
+    (
+        "property names of declared properties",
+        {
+            "type": "object",
+            "properties": {"ab": {"type": "integer"}},
+            "propertyNames": {"maxLength": 3},
+            "additionalProperties": False,
+        },
+        [{"ab": 1}, {}],
+        [{"ab": "x"}, {"abcd": 1}],
+    ),
     ("pattern", {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, ["AB-123"], ["ab-123", "AB-1234", "AB123"]),
     ("unanchored pattern", {"type": "string", "pattern": "cat"}, ["cat", "a cat!"], ["dog"]),
     ("pattern alternation", {"type": "string", "pattern": "^(yes|no)$"}, ["yes", "no"], ["maybe", "yesno"]),
@@ -189,7 +215,12 @@ REFUSED = [
     ({"type": "array", "uniqueItems": True}, "p.uniqueItems"),
     ({"type": "array", "items": {"type": "string"}, "maxItems": 100000}, "p.maxItems"),
     ({"type": "array", "minItems": 10**9}, "p.minItems"),
-    ({"type": "string", "maxLength": 5000}, "p.maxLength"),
+    ({"type": "string", "maxLength": 5_000_000}, "p.maxLength"),
+    ({"type": "object", "propertyNames": {"maxLength": 2}}, "p.propertyNames"),
+    (
+        {"type": "object", "properties": {"abc": {}}, "propertyNames": {"maxLength": 2}, "additionalProperties": False},
+        "p.propertyNames",
+    ),
     ({"type": "string", "format": "duration"}, "p.format"),
     ({"type": "string", "pattern": "^(a)\\1$"}, "p.pattern"),
     ({"type": "string", "pattern": "^(?=a)"}, "p.pattern"),

@@ -194,9 +194,12 @@ def _opencode(e: Endpoint, scratch: Path) -> tuple[dict[str, str], list[str]]:
 
 
 AGENTS: dict[str, Agent] = {
-    "claude": Agent("claude", "claude", "@anthropic-ai/claude-code", 20_000, 32_768, _claude),
-    "codex": Agent("codex", "codex", "@openai/codex", 10_000, 32_768, _codex),
-    "opencode": Agent("opencode", "opencode", "opencode-ai", 10_000, 32_768, _opencode),
+    # First requests measured with `localrun launch AGENT -- <one headless turn>` at the versions
+    # scripts/dev pins (SmolLM2's tokenizer; the launch log's "chat with N tools of M prompt tokens"):
+    # Claude Code 2.1.197 20,031 tokens (24 tools), opencode 1.18.33 7,659 (10), Codex 0.171.0 4,550 (12).
+    "claude": Agent("claude", "claude", "@anthropic-ai/claude-code", 20_100, 32_768, _claude),
+    "codex": Agent("codex", "codex", "@openai/codex", 4_600, 32_768, _codex),
+    "opencode": Agent("opencode", "opencode", "opencode-ai", 7_660, 32_768, _opencode),
 }
 
 
@@ -224,7 +227,9 @@ def _client_host(host: str) -> str:
 
 def context_notes(agent: Agent, record: ModelRecord, plan: Plan) -> list[str]:
     """Plain words when the model's context cannot hold what the agent sends."""
-    if plan.n_ctx >= agent.first_request:
+    from localrun.cli.launch_kit import holds
+
+    if holds(plan.n_ctx, agent.first_request):
         return []
     trained = int(record.metadata.get("context_length") or 0)
     why = (

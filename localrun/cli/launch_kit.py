@@ -2,8 +2,9 @@
 names none, the server it starts (or finds running), the log of what that server does, and the
 folder of the files ``--print`` names.
 
-An agent's first request is long (Claude Code's ~20k tokens, Codex's and opencode's ~10k), so a
-model that cannot hold it fails the agent's first turn with "prompt is too long". ``launch``
+An agent's first request is long (measured: Claude Code's ~20k tokens, opencode's ~7.7k, Codex's
+~4.6k), so a model that cannot hold it, with room for a short answer, fails the agent's first turn
+with "prompt is too long". ``launch``
 plans every registered model (the built-ins first registered) as it would serve it and takes,
 in this order: one whose context holds the first request, whose plan fits in memory, whose
 template takes tools, that chats at all, the default chat model, the larger. It says which and
@@ -29,6 +30,15 @@ if TYPE_CHECKING:
     from localrun.planning.planner import PlanOverrides
     from localrun.settings import Settings
     from localrun.types import ModelRecord, Plan
+
+
+#: Tokens left for the answer beyond the first request, for a context to count as holding it.
+ANSWER_ROOM = 512
+
+
+def holds(n_ctx: int, first_request: int) -> bool:
+    """A context of ``n_ctx`` tokens takes the agent's first request and a short answer."""
+    return n_ctx >= first_request + ANSWER_ROOM
 
 
 @dataclass(frozen=True)
@@ -86,7 +96,7 @@ def choose(
             Choice(
                 record,
                 plan,
-                holds=plan.n_ctx >= first_request,
+                holds=holds(plan.n_ctx, first_request),
                 fits=plan.verdict != "wont-fit",
                 tools="tools" in caps,
                 chats=bool(chat_template(record)),

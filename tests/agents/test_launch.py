@@ -70,7 +70,7 @@ def test_the_context_is_sized_for_the_agent_or_the_reason_is_said():
     agent = AGENTS["claude"]
     record = ModelRecord("small", Format.GGUF, "/x.gguf", metadata={"context_length": 8192})
     notes = context_notes(agent, record, Plan(runtime="llama.cpp", n_ctx=8192))
-    assert len(notes) == 1 and "trained on 8,192 tokens" in notes[0] and "20,000" in notes[0]
+    assert len(notes) == 1 and "trained on 8,192 tokens" in notes[0] and "20,100" in notes[0]
     big = ModelRecord("big", Format.GGUF, "/x.gguf", metadata={"context_length": 131072})
     assert context_notes(agent, big, Plan(runtime="llama.cpp", n_ctx=agent.context)) == []
     squeezed = context_notes(

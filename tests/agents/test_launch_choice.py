@@ -49,6 +49,33 @@ def test_the_model_that_holds_the_first_request_wins_and_says_why():
     assert "does not hold" in only_short.why(agent.first_request, "claude")
 
 
+def test_codex_and_opencode_get_the_chat_model_their_measured_first_request_fits():
+    """Codex's first request is 4,550 SmolLM2 tokens and opencode's 7,659: SmolLM2's 8,192 hold both
+    with room for an answer, so neither gets the base Gemma, which rambles to the agent's cap."""
+    settings = load_settings()
+    short_chat = _record("smollm2-135m-instruct", 8192, TOOLS)
+    long_base = _record("gemma3-270m", 32768, None, size=253_000_000)
+    for name in ("codex", "opencode"):
+        agent = AGENTS[name]
+
+        def sized(record, agent=agent):
+            return PlanOverrides(n_ctx=min(agent.context, record.metadata["context_length"]), ctx_source="launch")
+
+        choice = choose(settings, [short_chat, long_base], agent.first_request, sized)
+        assert choice.record.name == "smollm2-135m-instruct" and choice.holds, (
+            name,
+            choice.why(agent.first_request, name),
+        )
+    claude = AGENTS["claude"]
+    choice = choose(
+        settings,
+        [short_chat, long_base],
+        claude.first_request,
+        lambda r: PlanOverrides(n_ctx=min(claude.context, r.metadata["context_length"]), ctx_source="launch"),
+    )
+    assert choice.record.name == "gemma3-270m"  # 20k tokens: only the long context holds Claude Code's
+
+
 def test_print_codex_declares_images_for_a_model_that_sees_and_leaves_no_temp_folder(
     tmp_path, gemma3_tiny_projector, monkeypatch
 ):

@@ -339,6 +339,22 @@ def _first_line(fn: Callable[..., Any] | None) -> str:
     return text[0] if text else getattr(fn, "__name__", "").replace("_", " ")
 
 
+def _bound_choices(doc: dict[str, Any], most: int) -> None:
+    """``n`` and ``best_of`` say the server's own limit (``server.max_choices``), not the model field's
+    widest: the routes refuse more (a 400), so a client generator reading 128 would be told wrong."""
+    for schema in doc.get("components", {}).get("schemas", {}).values():
+        for name in ("n", "best_of"):
+            for branch in _branches((schema.get("properties") or {}).get(name)):
+                if isinstance(branch.get("maximum"), int):
+                    branch["maximum"] = min(branch["maximum"], most)
+
+
+def _branches(prop: Any) -> list[dict[str, Any]]:
+    if not isinstance(prop, dict):
+        return []
+    return [prop, *(b for b in prop.get("anyOf", ()) if isinstance(b, dict))]
+
+
 def install(app: FastAPI, settings: Settings) -> None:
     """Serve the document (and, with ``server.docs``, the Swagger UI at ``/docs``).
 
@@ -350,6 +366,7 @@ def install(app: FastAPI, settings: Settings) -> None:
     def document() -> dict[str, Any]:
         if "doc" not in cache:
             cache["doc"] = build(app, strict_fields=settings.server.strict_fields, version=app.version)
+            _bound_choices(cache["doc"], settings.server.max_choices)
         return copy.deepcopy(cache["doc"])
 
     # FastAPI's own docs page reads it here; replacing the method is FastAPI's documented way, its types say no

@@ -286,3 +286,16 @@ def test_a_created_response_links_to_its_get_and_delete(served, prefix):
     targets = {item["get"]["operationId"], item["delete"]["operationId"]}
     assert {link["operationId"] for link in links.values()} == targets
     assert all(link["parameters"] == {"rid": "$response.body#/id"} for link in links.values())
+
+
+def test_the_number_of_choices_is_documented_as_the_server_allows(app_client):
+    """``n`` and ``best_of`` carry ``server.max_choices`` as their maximum (the routes refuse more), not 128."""
+    document = app_client(max_choices=3).get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    found = []
+    for schema in schemas.values():
+        for name in ("n", "best_of"):
+            prop = (schema.get("properties") or {}).get(name)
+            if prop:
+                found += [b["maximum"] for b in [prop, *prop.get("anyOf", ())] if "maximum" in b]
+    assert found and set(found) == {3}, found

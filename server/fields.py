@@ -30,9 +30,8 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import UnsupportedFeature
-from localrun.server.body_json import parse_json, read_body
+from localrun.server.body_json import parse_checked, read_body
 from localrun.server.errors import InvalidRequest
-from localrun.server.validate import refuse_too_many_ids
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +87,7 @@ async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool
     routes, which only its TUI calls and where an ignored field would be a surprise.
     """
     raw = await read_body(request)
-    data = parse_json(raw)  # a large body in a fraction of json.loads's time: see server.body_json
-    refuse_too_many_ids(raw, data)
+    data = await parse_checked(raw)  # a large one off the loop, in short C calls: see server.body_json
     if isinstance(data, dict) and lenient:
         data = drop_unknown(request, data, schema)
     try:

@@ -92,6 +92,57 @@ def test_both_parsers_take_and_refuse_the_same_documents(raw):
     assert _same(_old_way(raw), _fast_way(raw))
 
 
+def _random_documents(seed: int, count: int) -> list[bytes]:
+    """Values full of what a lexer can trip on (quotes, backslashes, escapes, surrogates, control
+    characters, emoji, repeated keys), some of them then damaged by one byte."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = ["a", "b", '"', "\\", "\n", "\x01", "é", "😀", "\ud800", " ", "/", "\x7f"]
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+
+    def value(depth: int = 0):
+        roll = rng.random()
+        if depth > 3 or roll < 0.3:
+            return rng.choice([text(), rng.randint(-5, 5), rng.random(), 2.0, None, True])
+        if roll < 0.65:
+            return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+        return {rng.choice([text(), "k", "k"]): value(depth + 1) for _ in range(rng.randint(0, 4))}
+
+    out = []
+    for _ in range(count):
+        raw = json.dumps(value(), ensure_ascii=rng.random() < 0.5).encode("utf-8", "surrogatepass")
+        if rng.random() < 0.2:
+            at = rng.randrange(len(raw) + 1)
+            raw = raw[:at] + rng.choice([b'"', b"\\", b"x", b"\x00", b"\xff", b""]) + raw[at:]
+        out.append(raw)
+    return out
+
+
+@pytest.mark.parametrize("piece", [1, 2, 3, 7])
+def test_the_parse_in_pieces_is_pydantic_cores_parse(monkeypatch, piece):
+    """Every string of 4 bytes or more lifted out and decoded ``piece`` bytes at a time: the same
+    value as one pydantic-core call, or a ValueError where it fails."""
+    import pydantic_core
+
+    from localrun.server import json_pieces
+
+    monkeypatch.setattr(json_pieces, "LONG", 4)
+    monkeypatch.setattr(json_pieces, "PIECE", piece)
+    for raw in DOCUMENTS + _random_documents(piece, 1500):
+        try:
+            whole = ("ok", pydantic_core.from_json(raw, allow_inf_nan=False))
+        except ValueError:
+            whole = ("refused",)
+        try:
+            pieces = ("ok", json_pieces.from_json_in_pieces(raw))
+        except ValueError:
+            pieces = ("refused",)
+        assert _same(whole, pieces), raw
+
+
 def test_a_large_body_with_a_lone_surrogate_is_refused_naming_where():
     data = base64.b64encode(bytes(1 << 20)).decode()
     raw = json.dumps({"model": "m", "images": [data, data + "\ud800"]}).encode()

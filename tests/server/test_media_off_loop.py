@@ -5,11 +5,10 @@ A valid JPEG whose markers are preceded by megabytes of 0xFF fill bytes costs Pi
 parser seconds of pure Python; base64 of tens of megabytes costs a regular expression and a decode
 that each hold the GIL. Before, every route ran them inside its ``async def``: ``/health`` and every
 other client waited (a 19 MB JPEG held the loop for 14.2 s). Now the converters run in a thread and
-the base64 is cut in pieces, so the loop is held for milliseconds at a time. The body's JSON parse
-is one C call that cannot be cut: it is pydantic-core's (a third of json.loads's time) and needs
-no lone-surrogate scan after it (server/body_json.py); the startup heap is frozen so a full garbage
-collection does not walk it (0.27 s when a first image request set one off).
-"""
+the base64 is cut in pieces, so the loop is held for milliseconds at a time. A large body's JSON
+parse runs in a thread in short calls (server/body_json.py, json_pieces.py), and the startup heap
+is frozen so a full garbage collection does not walk it (0.27 s when a first image request set one
+off)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ FILL = 3 << 20
 #: What /health may take while the door works (the target is 100 ms; a shared CI box gets slack).
 STALL_LIMIT_S = 0.5
 #: The same under the largest request the caps allow (benchmarks/bench_health_stall.py prints the
-#: real figure: 0.02-0.1 s on a quiet 2-core box, about 0.25 s under a load of 9; 0.3-0.46 s before).
+#: real figure: 0.14-0.22 s on a 2-core box under a load of 10, where it was 0.41-0.51 s).
 LARGEST_LIMIT_S = 0.35
 
 

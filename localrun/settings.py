@@ -228,6 +228,11 @@ class HubSettings(BaseModel):
     listing_timeout_s: float = Field(300.0, gt=0)
     """Seconds one listing or search page may take in all: a hub that drip-feeds a byte just inside
     the stall deadline is cut here."""
+    min_download_rate: int = Field(1024, ge=0)
+    """Bytes/s a file download must average over each ``download_rate_window_s`` (0: no floor), or it is
+    cut and its bytes kept for the next pull: a hub drip-feeding inside the stall deadline ends here."""
+    download_rate_window_s: float = Field(120.0, gt=0)
+    """The seconds ``min_download_rate`` is averaged over."""
 
 
 class ModelSettings(BaseModel):

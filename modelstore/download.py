@@ -33,7 +33,7 @@ from localrun.modelstore.download_sink import Sink
 from localrun.modelstore.gitids import git_blob_hasher
 from localrun.modelstore.hfcache import CacheLayout
 from localrun.modelstore.hub import RemoteFile
-from localrun.modelstore.hub_http import Deadlines, after_headers, timeout_error
+from localrun.modelstore.hub_http import RATE_HINT, Deadlines, RateFloor, after_headers, timeout_error
 
 if TYPE_CHECKING:
     import httpx
@@ -172,7 +172,7 @@ class _Transfer:
                     got_headers, origin = True, _origin(str(resp.url))  # after redirects: the host that went silent
                     after_headers(resp, self.deadlines)
                     if self._accept(resp):
-                        self._receive(resp, began, began_at)
+                        self._receive(resp, began, began_at, origin)
                 if self.offset < self.rf.size:
                     raise httpx.RemoteProtocolError("the body ended early")
             except httpx.TooManyRedirects as exc:  # a loop: asking again loops again
@@ -238,8 +238,9 @@ class _Transfer:
             self.restart()
         return True
 
-    def _receive(self, resp: httpx.Response, began: float, began_at: int) -> None:
+    def _receive(self, resp: httpx.Response, began: float, began_at: int, origin: str) -> None:
         last_report, size, received = 0.0, self.rf.size, self.offset
+        floor = RateFloor(self.deadlines, time.monotonic(), received)
         try:
             with open(self.partial, "r+b" if self.partial.exists() else "wb") as f:
                 f.seek(self.offset)
@@ -259,6 +260,12 @@ class _Transfer:
                             sink.put(batch)
                             batch, batched = [], 0
                         now = time.monotonic()
+                        slow = floor.too_slow(now, received)
+                        if slow is not None:  # the finally below keeps what came, for the next pull
+                            raise DownloadFailed(
+                                f"{self.where}: the hub at {origin} {slow}; cut at {received:,} of {size:,} bytes",
+                                hint=RATE_HINT,
+                            )
                         if self.progress and now - last_report >= 0.1:
                             last_report = now
                             speed = (received - began_at) / max(now - began, 1e-6)

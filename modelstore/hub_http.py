@@ -1,4 +1,4 @@
-"""Every request localrun makes to a hub, bounded in time: connect, first byte, stall.
+"""Every request localrun makes to a hub, bounded in time: connect, first byte, stall, overall.
 
 A hub endpoint can fail in three silent ways, and each gets its own deadline
 (``[hub]`` in config.toml, or ``LOCALRUN_HUB__…``):
@@ -6,7 +6,10 @@ A hub endpoint can fail in three silent ways, and each gets its own deadline
 * ``connect_timeout_s`` — the TCP (and TLS) connection does not open;
 * ``first_byte_timeout_s`` — the connection opens but the answer's headers never come
   (a wedged proxy, a mirror that accepts and hangs, a firewall that swallows packets);
-* ``stall_timeout_s`` — headers came, then the body stops arriving mid-way.
+* ``stall_timeout_s`` — headers came, then the body stops arriving mid-way;
+* overall — a listing page within ``listing_timeout_s``; a file download at least
+  ``min_download_rate`` bytes/s over each ``download_rate_window_s`` (:class:`RateFloor`), so a
+  hub that drips a byte just inside the stall deadline is cut in time that scales with the size.
 
 httpx has one ``read`` timeout for the wait before the headers and the gaps in the body
 alike, so requests start with ``read = first_byte_timeout_s`` and :func:`after_headers`
@@ -63,6 +66,8 @@ class Deadlines:
     first_byte_s: float = 30.0
     stall_s: float = 60.0
     total_s: float = 300.0  # one JSON page in all: a drip-feeding hub is cut here
+    min_rate: float = 1024.0  # bytes/s a file download averages over each window, or it is cut
+    rate_window_s: float = 120.0
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Deadlines:
@@ -73,6 +78,8 @@ class Deadlines:
             float(getattr(hub, "first_byte_timeout_s", default.first_byte_s)),
             float(getattr(hub, "stall_timeout_s", default.stall_s)),
             float(getattr(hub, "listing_timeout_s", default.total_s)),
+            float(getattr(hub, "min_download_rate", default.min_rate)),
+            float(getattr(hub, "download_rate_window_s", default.rate_window_s)),
         )
 
     def timeout(self) -> httpx.Timeout:
@@ -95,6 +102,36 @@ def after_headers(resp: httpx.Response, deadlines: Deadlines) -> None:
     timeouts = resp.request.extensions.get("timeout") if resp.request is not None else None
     if isinstance(timeouts, dict):
         timeouts["read"] = deadlines.stall_s
+
+
+class RateFloor:
+    """The overall bound of a file download: the bytes of each ``rate_window_s`` must average at least
+    ``min_rate`` per second. The stall deadline restarts with every byte, so a hub sending one byte
+    every few seconds was never cut; here it is, within a window (or the gap to its next byte), and a
+    real link of any speed above the floor never is, however large the file."""
+
+    def __init__(self, deadlines: Deadlines, now: float, received: int) -> None:
+        self.deadlines, self.since, self.at = deadlines, now, received
+
+    def too_slow(self, now: float, received: int) -> str | None:
+        """What the window just ended carried when it falls under the floor; None starts the next one."""
+        elapsed = now - self.since
+        if self.deadlines.min_rate <= 0 or elapsed < self.deadlines.rate_window_s:
+            return None
+        got = received - self.at
+        if got < self.deadlines.min_rate * elapsed:
+            return (
+                f"sent {got:,} bytes in {elapsed:.0f} s, under the floor of {self.deadlines.min_rate:,.0f} bytes/s "
+                f"averaged over {self.deadlines.rate_window_s:g} s"
+            )
+        self.since, self.at = now, received
+        return None
+
+
+RATE_HINT = (
+    "run the pull again: it resumes from the bytes kept; on a link this slow lower hub.min_download_rate in "
+    "config.toml (LOCALRUN_HUB__MIN_DOWNLOAD_RATE; 0 turns the floor off) or widen hub.download_rate_window_s"
+)
 
 
 _HINT = (

@@ -22,17 +22,16 @@ A route uses it as ``body = await parse_body(request, Schema)``.
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import Any, NoReturn
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localrun.errors import UnsupportedFeature
+from localrun.server.body_json import parse_checked, read_body
 from localrun.server.errors import InvalidRequest
-from localrun.server.validate import refuse_lone_surrogates, refuse_too_many_ids
 
 log = logging.getLogger(__name__)
 
@@ -81,28 +80,14 @@ def strict_fields(request: Request) -> bool:
     return bool(getattr(getattr(settings, "server", None), "strict_fields", False))
 
 
-def _json_number(text: str) -> int | float:
-    """A JSON number with a fraction or exponent: an int when it is a whole number (``2.0``, ``1e3``),
-    as JSON Schema counts it an integer, so strict validation takes it where an integer is asked."""
-    value = float(text)
-    return int(value) if value.is_integer() else value
-
-
 async def parse_body(request: Request, schema: type[BaseModel], *, lenient: bool = True) -> Any:
     """The body validated against ``schema`` under the field policy; any problem is one 400 naming the field.
 
     ``lenient=False`` keeps unknown fields a 400 whatever the setting: localrun's own admin
     routes, which only its TUI calls and where an ignored field would be a surprise.
     """
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"null", parse_constant=_no_constant, parse_float=_json_number)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise InvalidRequest("the body nests too deeply", hint="send a flatter JSON document") from None
-    refuse_lone_surrogates(raw, data)
-    refuse_too_many_ids(raw, data)
+    raw = await read_body(request)
+    data = await parse_checked(raw)  # a large one off the loop, in short C calls: see server.body_json
     if isinstance(data, dict) and lenient:
         data = drop_unknown(request, data, schema)
     try:
@@ -141,11 +126,6 @@ def _is_union_tag(part: Any) -> bool:
     if not isinstance(part, str):
         return False
     return part in ("str", "int", "float", "bool", "list", "dict") or part[:1].isupper() or "[" in part or "-" in part
-
-
-def _no_constant(name: str) -> NoReturn:
-    """NaN and Infinity are not JSON (Python's parser accepts them; clients' never send them)."""
-    raise ValueError(f"{name} is not a JSON value")
 
 
 def drop_unknown(request: Request, data: dict[str, Any], schema: type[BaseModel]) -> dict[str, Any]:

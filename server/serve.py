@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import socket
 from collections.abc import Callable, Generator
@@ -252,7 +253,19 @@ def run_server(
     settings: Settings, manager: ModelManager, *, ready_callback: Callable[[str], None] | None = None
 ) -> None:
     """Serve until interrupted. Raises ConfigError for an unsafe host or a port in use."""
-    server = build_server(settings, manager, ready_callback=ready_callback)
+
+    def ready(url: str) -> None:
+        # A full collection walks every object the process holds: hundreds of milliseconds with
+        # the GIL held (the loop stood still 0.27 s when a first image request's imports set one
+        # off). This process is the server's and its startup heap lives as long as it does: freeze
+        # it, so later collections walk only what requests made. (Not for a server embedded in
+        # another program, the TUI's or a test's: their heaps are theirs.)
+        gc.collect()
+        gc.freeze()
+        if ready_callback is not None:
+            ready_callback(url)
+
+    server = build_server(settings, manager, ready_callback=ready)
     try:
         server.run()
     except SystemExit as exc:  # uvicorn exits when its bind fails (a race after our probe)

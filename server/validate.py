@@ -24,9 +24,10 @@ from localrun.server.errors import BodyTooLarge, InvalidRequest
 #: died with everything in flight; no model reads more tokens than this in one request.
 MAX_TOKEN_IDS = MAX_HEADER_BYTES // 16
 
-#: A ``\\u`` escape in the surrogate range (D800–DFFF). Surrogates can reach a parsed string only
-#: through such an escape (UTF-8 cannot encode one), so a body without it needs no walk.
-_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+#: A ``\\u`` escape in the surrogate range (D800–DFFF), or a surrogate written as UTF-8 bytes
+#: (``ED A0``–``ED BF``: not valid UTF-8, but Python's parser decodes a body with ``surrogatepass``).
+#: Surrogates reach a parsed string only through one of these, so a body without them needs no walk.
+_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -96,6 +96,9 @@ class Faults:
     drop_at: int | None = None  # cut the connection once this file offset is reached
     drop_times: int = 1  # how many GETs are cut (then the knob disarms itself)
     hold: threading.Event | None = None  # at drop_at, go silent until this is set, then cut (a stall)
+    drip_at: int | None = None  # from this file offset send one byte every drip_gap_s (one GET, then disarmed)
+    drip_gap_s: float = 0.3
+    drip_for_s: float = 30.0  # then cut the connection: a client that never cuts the drip still ends
     ignore_range: bool = False
     forbidden_html: bool = False
     redirect_to: str | None = None  # base URL of another host serving the same repos
@@ -417,6 +420,12 @@ class _Handler(BaseHTTPRequestHandler):
             faults.drop_times -= 1
             if faults.drop_times <= 0:
                 faults.drop_at = None
+        drip = faults.drip_at if applies and faults.drip_at is not None and start <= faults.drip_at < stop else None
+        if drip is not None:
+            faults.drip_at = None
+            self._send_body(entry, f, start, drip)
+            self._drip(entry, f, drip, stop)
+            return
         throttle = faults.throttle_bps if applies else None
         step = 64 * 1024 if throttle else 1024 * 1024
         view = memoryview(f.data)
@@ -438,6 +447,26 @@ class _Handler(BaseHTTPRequestHandler):
                 faults.hold.wait(120)
             self.close_connection = True
             self.connection.shutdown(2)
+
+    def _send_body(self, entry: RequestLog, f: FakeFile, start: int, stop: int) -> None:
+        self.wfile.write(memoryview(f.data)[start:stop])
+        entry.bytes_sent += stop - start
+
+    def _drip(self, entry: RequestLog, f: FakeFile, pos: int, stop: int) -> None:
+        """One byte every ``drip_gap_s`` (inside any stall deadline), for ``drip_for_s``, then a cut."""
+        faults = self.fake.faults
+        until = time.monotonic() + faults.drip_for_s
+        try:
+            while pos < stop and time.monotonic() < until:
+                self.wfile.write(f.data[pos : pos + 1])
+                self.wfile.flush()
+                pos += 1
+                entry.bytes_sent += 1
+                time.sleep(faults.drip_gap_s)
+        except OSError:
+            return  # the client cut it
+        self.close_connection = True
+        self.connection.shutdown(2)
 
 
 def _tree(files: dict[str, FakeFile], extra: list[dict], under: str, recursive: bool) -> list[dict]:

@@ -76,7 +76,7 @@ def silent():
     listener.close()
 
 
-def _cli(home: Path, endpoint: str, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+def _cli(home: Path, endpoint: str, *args: str, **env_extra: str) -> tuple[subprocess.CompletedProcess, float]:
     env = launch_env(
         home,
         clean=True,
@@ -84,6 +84,7 @@ def _cli(home: Path, endpoint: str, *args: str) -> tuple[subprocess.CompletedPro
         LOCALRUN_HUB__CONNECT_TIMEOUT_S="2",
         LOCALRUN_HUB__FIRST_BYTE_TIMEOUT_S="1.5",
         LOCALRUN_HUB__STALL_TIMEOUT_S="1.5",
+        **env_extra,
     )
     began = time.monotonic()
     proc = subprocess.run(
@@ -177,3 +178,80 @@ def test_deadlines_are_settings_with_defaults():
 
     hub = Settings().hub
     assert (hub.connect_timeout_s, hub.first_byte_timeout_s, hub.stall_timeout_s) == (10.0, 30.0, 60.0)
+
+
+def test_a_download_that_drip_feeds_is_cut_by_the_rate_floor_and_resumed(fake_hub, store, hf_cache, monkeypatch):
+    """Half the file, then a byte every 0.3 s: inside the 1 s stall deadline, which restarts with
+    every byte, so the download was never cut (the fake hub gives up after 30 s; a real one never
+    does). The rate floor cuts it within its window, keeps the bytes, and the next pull resumes."""
+    import hashlib
+
+    from localrun.settings import load_settings
+
+    fake_hub.add_repo(MID, {MID_FILE: repos.make_gguf(payload=2 * 1024 * 1024, seed=9)})
+    data = fake_hub.file(MID, MID_FILE).data
+    fake_hub.faults.drip_at = len(data) // 2
+    monkeypatch.setenv("LOCALRUN_HUB__STALL_TIMEOUT_S", "1")
+    monkeypatch.setenv("LOCALRUN_HUB__MIN_DOWNLOAD_RATE", "1000")
+    monkeypatch.setenv("LOCALRUN_HUB__DOWNLOAD_RATE_WINDOW_S", "1.5")
+    began = time.monotonic()
+    with pytest.raises(DownloadFailed) as err:
+        pull(ModelStore(load_settings()), MID)
+    took = time.monotonic() - began
+    assert took < 10, f"the drip was cut after {took:.1f} s"
+    text = " ".join(str(err.value).split()) + " " + (err.value.hint or "")
+    assert "under the floor of 1,000 bytes/s" in text and fake_hub.url in text, text
+    assert "hub.min_download_rate" in text and "LOCALRUN_HUB__MIN_DOWNLOAD_RATE" in text, text
+    kept = [p.stat().st_size for p in hf_cache.rglob("*.incomplete")]
+    assert kept and kept[0] >= len(data) // 2, kept  # the bytes that came are kept for the resume
+
+    record = pull(ModelStore(load_settings()), MID)  # the drip is disarmed: the rest comes at once
+    assert hashlib.sha256(Path(record.path).read_bytes()).hexdigest() == hashlib.sha256(data).hexdigest()
+    gets = [r for r in fake_hub.requests if r.method == "GET" and "/resolve/" in r.path]
+    assert [g.range for g in gets] == [None, f"bytes={kept[0]}-"]
+
+
+def test_cli_pull_from_a_drip_feeding_hub_exits_naming_the_setting(fake_hub, tmp_path):
+    fake_hub.add_repo(MID, {MID_FILE: repos.make_gguf(payload=1024 * 1024, seed=10)})
+    fake_hub.faults.drip_at = 4096
+    proc, took = _cli(
+        tmp_path / "home",
+        fake_hub.url,
+        "pull",
+        MID,
+        "--yes",
+        LOCALRUN_HUB__MIN_DOWNLOAD_RATE="1000",
+        LOCALRUN_HUB__DOWNLOAD_RATE_WINDOW_S="1",
+    )
+    flat = " ".join(proc.stderr.split())
+    assert proc.returncode != 0 and "Traceback" not in flat, flat[-2000:]
+    assert "under the floor of 1,000 bytes/s" in flat and "hub.min_download_rate" in flat, flat[-2000:]
+    assert took < 20
+
+
+def test_the_rate_floor_defaults_spare_a_slow_real_link():
+    """1 KiB/s over 2 minutes: a 50 KB/s intranet link carrying a 20 GB file is 50 times above it."""
+    from localrun.settings import Settings
+
+    hub = Settings().hub
+    assert (hub.min_download_rate, hub.download_rate_window_s) == (1024, 120.0)
+    assert 50_000 > 10 * hub.min_download_rate
+
+
+def test_the_rate_floor_cuts_only_a_link_below_it():
+    """Simulated clock: 50 KB/s for a 20 GB file at the defaults never trips, nor does a link just
+    above the floor; a drip trips within one window."""
+    from localrun.modelstore.hub_http import Deadlines, RateFloor
+
+    def first_trip(rate: float, seconds: float, step: float = 1.0) -> float | None:
+        floor, t, got = RateFloor(Deadlines(), 0.0, 0), 0.0, 0
+        while t < seconds:
+            t += step
+            got = int(rate * t)
+            if floor.too_slow(t, got) is not None:
+                return t
+        return None
+
+    assert first_trip(50_000, 20e9 / 50_000, step=10.0) is None  # 400,000 s of a slow intranet link
+    assert first_trip(1100, 3600) is None
+    assert first_trip(0.5, 3600, step=2.0) == 120.0  # a byte every two seconds: cut after the window

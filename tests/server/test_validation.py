@@ -173,3 +173,14 @@ def test_llama_cpp_empty_prompt_is_a_400_not_a_500(serve_module, tiny_gguf):
         r = httpx.post(server.url + path, json={"model": "tiny", "prompt": "", "max_tokens": 2}, timeout=60)
         assert r.status_code == 400 and "empty" in r.text, (path, r.text)
     assert wait_until(lambda: health(server.url)["in_flight"] == 0, 5.0)
+
+
+@pytest.mark.parametrize("pad", [0, 300 * 1024], ids=["small", "large"])
+def test_a_surrogate_written_as_utf8_bytes_is_a_400_naming_the_field(app_client, pad):
+    """``\\xed\\xa0\\x80`` is a surrogate in (invalid) UTF-8: Python's parser decodes bytes with
+    ``surrogatepass`` and took it, and the check looked for ``\\u`` escapes only, so it went on."""
+    client = app_client()
+    head = b'{"model": "tiny", "max_tokens": 2, "user": "' + b"x" * pad + b'", "messages": [{"role": "user", '
+    raw = head + b'"content": "a\xed\xa0\x80b"}]}'
+    r = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "messages.0.content" in r.text and "surrogate" in r.text, r.text[:300]

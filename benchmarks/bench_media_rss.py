@@ -14,7 +14,8 @@ is Gemma 3's SigLIP (2 × 896²), so each picture reaches the worker as 4.8 MB o
 projector encodes it. The tiny projector preprocesses to 64 px and encodes in milliseconds, so
 what is measured is what the worker holds between decoding and encoding; SigLIP-400M
 (``--projector siglip400m``) adds its own preprocessed copy per chunk (896² × 3 float32, 9.6 MB)
-and minutes of encoding on a CPU.
+and minutes of encoding on a CPU: ``--tokenize-only`` builds the prompt (every chunk
+preprocessed, as the scheduler holds it until each is encoded) and encodes nothing.
 
 Say ``uptime`` with the numbers: this machine is shared.
 """
@@ -50,7 +51,7 @@ def png(k: int) -> bytes:
     return buf.getvalue()
 
 
-def one(count: int, folder: Path, fit: int, projector_name: str, threads: int) -> dict:
+def one(count: int, folder: Path, fit: int, projector_name: str, threads: int, tokenize_only: bool) -> dict:
     from benchmarks.common import gemma_path
     from localrun.runtimes.llamacpp.session import LlamaCppRuntime
     from localrun.types import MEDIA_MARKER, Cancel, ChatRequest, Media, Message, Plan, Sampling
@@ -70,8 +71,11 @@ def one(count: int, folder: Path, fit: int, projector_name: str, threads: int) -
         loaded = hwm()
         started, cpu = time.perf_counter(), time.process_time()
         first = None
-        for _ in session.chat(req, Cancel()):
-            first = first if first is not None else time.perf_counter() - started
+        if tokenize_only:  # the prompt as the scheduler gets it: every chunk preprocessed, none encoded
+            session.prompting.media_prompt(msg.content, media, add_special=True).close()
+        else:
+            for _ in session.chat(req, Cancel()):
+                first = first if first is not None else time.perf_counter() - started
         projector = session._media.projector
         counted = getattr(projector, "bitmaps", None)
         return {
@@ -93,11 +97,12 @@ def main() -> None:
     parser.add_argument("--fit", type=int, default=2 * 896 * 896)
     parser.add_argument("--projector", default="tiny", choices=("tiny", "siglip400m"))
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokenize-only", action="store_true", help="build the prompt, encode nothing")
     parser.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--folder", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, Path(args.folder), args.fit, args.projector, args.threads)))
+        print(json.dumps(one(args.one, Path(args.folder), args.fit, args.projector, args.threads, args.tokenize_only)))
         return
     counts = [int(c) for c in args.counts.split(",")]
     print(f"load before: {os.getloadavg()[0]:.2f} (1-min), fit {args.fit:,} px, projector {args.projector}")
@@ -107,6 +112,7 @@ def main() -> None:
         for count in counts:
             cmd = [sys.executable, __file__, "--one", str(count), "--folder", tmp, "--fit", str(args.fit)]
             cmd += ["--projector", args.projector, "--threads", str(args.threads)]
+            cmd += ["--tokenize-only"] if args.tokenize_only else []
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             print(out.strip().splitlines()[-1], flush=True)
     print(f"load after: {os.getloadavg()[0]:.2f} (1-min)")

@@ -71,7 +71,7 @@ class MediaSpan:
     start: int
     n_tokens: int
     kind: str  # "image" | "audio"
-    index: int  # the chunk's index in the native chunk list
+    index: int  # the chunk's index, counted across the prompt's native chunk lists (mtmd.NativeChunks)
     digest: str
     non_causal: bool = False  # decode it with causal attention off (Gemma 3's images)
 

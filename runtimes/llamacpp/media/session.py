@@ -5,7 +5,10 @@
 * A request's media bytes are decoded in a sacrificial process (:mod:`.decoder`: a file
   that crashes the native decoder fails that request alone), made into bitmaps named by their
   content digest, and tokenized with the rendered prompt into a
-  :class:`~.prompt.MediaPrompt`: the scheduler's prompt, pseudo ids where the media go.
+  :class:`~.prompt.MediaPrompt`: the scheduler's prompt, pseudo ids where the media go. One
+  item at a time: each is decoded, made a bitmap and tokenized with the text before its marker,
+  and its pixels freed, before the next is decoded, so the worker holds one item's pixels (and
+  the chunks mtmd keeps, at the projector's own input size), never a whole request's.
 * Refusals are 400s that say what to do: media to a model without a projector
   (``UnsupportedFeature``, naming ``--mmproj``), a kind the projector does not take, a bad file or
   an image too large for one batch (``InvalidMedia``).
@@ -24,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from localrun.errors import InvalidMedia, UnsupportedFeature
-from localrun.runtimes.llamacpp.media.prompt import MediaPrompt
+from localrun.runtimes.llamacpp.media.prompt import MediaPrompt, MediaSpan
 from localrun.types import AUDIO, MEDIA_MARKER, VISION, Media, Plan
 
 if TYPE_CHECKING:
@@ -129,32 +132,37 @@ class SessionMedia:
                 f"the prompt places {found} media items but {len(media)} were sent",
                 hint="the chat template dropped or repeated a message that carries an image",
             )
-        projector, decoder = cast("Projector", self.projector), self._decoder_now()  # check() refused media without one
-        bitmaps: list[object] = []
+        projector = cast("Projector", self.projector)  # check() refused media without one
+        pieces = text.split(MEDIA_MARKER)
+        prompt, seen = projector.new_prompt(), dict[str, int]()
         decoded = 0
         try:
+            # One item at a time: decoded, made a bitmap, tokenized with the text before its marker, and
+            # its pixels freed before the next is decoded (mtmd's chunk keeps its own preprocessed copy).
             for k, item in enumerate(media):
-                if item.kind == "image":
-                    img = decoder.image(item.data, self.fit_pixels)
-                    decoded += self._spend(decoded, len(img.rgb), k, len(media))
-                    bitmaps.append(projector.image_bitmap(img.nx, img.ny, img.rgb, img.digest))
-                else:
-                    clip = decoder.audio(item.data, projector.sample_rate)
-                    decoded += self._spend(decoded, len(clip.samples), k, len(media))
-                    bitmaps.append(projector.audio_bitmap(clip.samples, clip.digest))
+                bitmap, size = self._bitmap(projector, item, decoded, k, len(media))
+                decoded += size
+                before = len(prompt.spans)
+                projector.tokenize_into(prompt, pieces[k] + MEDIA_MARKER, [bitmap], add_special=False, seen=seen)
+                _fits_a_batch(prompt.spans[before:], max_chunk)  # refused before the next item is decoded
+            projector.tokenize_into(prompt, pieces[-1], [], add_special=False, seen=seen)
+            if add_special:
+                projector.add_specials(prompt)
         except BaseException:
-            projector.free_bitmaps(bitmaps)
-            raise
-        prompt = projector.tokenize(text, bitmaps, add_special=add_special)
-        big = next((s for s in prompt.spans if s.non_causal and s.n_tokens > max_chunk), None)
-        if big is not None:
             prompt.close()
-            raise InvalidMedia(
-                f"this {big.kind} takes {big.n_tokens} tokens, more than the {max_chunk} one batch of this model's "
-                "context holds (it must be decoded in one)",
-                hint="send a smaller image, or load the model with a larger step_tokens",
-            )
+            raise
         return prompt
+
+    def _bitmap(self, projector: Projector, item: Media, spent: int, k: int, n: int) -> tuple[object, int]:
+        """Item ``k`` of ``n`` decoded (in the child) into a bitmap, and its decoded bytes (within the budget)."""
+        decoder = self._decoder_now()
+        if item.kind == "image":
+            img = decoder.image(item.data, self.fit_pixels)
+            size = self._spend(spent, len(img.rgb), k, n)
+            return projector.image_bitmap(img.nx, img.ny, img.rgb, img.digest), size
+        clip = decoder.audio(item.data, projector.sample_rate)
+        size = self._spend(spent, len(clip.samples), k, n)
+        return projector.audio_bitmap(clip.samples, clip.digest), size
 
     def _spend(self, spent: int, size: int, k: int, n: int) -> int:
         """``size`` more decoded bytes for this request, or the 400 naming the budget."""
@@ -182,6 +190,16 @@ class SessionMedia:
             decoder.close()
         if self.projector is not None:
             self.projector.close()
+
+
+def _fits_a_batch(spans: Sequence[MediaSpan], max_chunk: int) -> None:
+    big = next((s for s in spans if s.non_causal and s.n_tokens > max_chunk), None)
+    if big is not None:
+        raise InvalidMedia(
+            f"this {big.kind} takes {big.n_tokens} tokens, more than the {max_chunk} one batch of this model's "
+            "context holds (it must be decoded in one)",
+            hint="send a smaller image, or load the model with a larger step_tokens",
+        )
 
 
 def completion_text(prompt: str, media: Sequence[Media]) -> str:

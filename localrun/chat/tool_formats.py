@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from localrun.chat.tool_xml import GLM, QWEN3_CODER, Calls, make_call, parse_xml
+
 __all__ = [
     "ARGS_AS_TEXT",
+    "GLM",
+    "QWEN3_CODER",
     "Calls",
     "MARKERS",
     "make_call",
@@ -53,7 +56,6 @@ __all__ = [
 
 DEEPSEEK, KIMI, GRANITE = "deepseek", "kimi", "granite"
 FUNCTIONARY_31, FUNCTIONARY_32, GPT_OSS = "functionary3.1", "functionary3.2", "gpt-oss"
-QWEN3_CODER, GLM = "qwen3-coder", "glm"
 NATIVE_FAMILIES = (DEEPSEEK, KIMI, GRANITE, FUNCTIONARY_31, FUNCTIONARY_32, GPT_OSS, QWEN3_CODER, GLM)
 
 DS_CALLS, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -108,16 +110,7 @@ LEADS: dict[str, str] = {FUNCTIONARY_32: "all\n"}
 
 # --- reading calls back ------------------------------------------------------------------------
 
-Calls = list[dict[str, Any]]
 Parsed = tuple[str, Calls] | None
-
-
-def make_call(name: str, args: Any, names: frozenset[str]) -> dict[str, Any] | None:
-    name = name.strip()
-    if not name or (names and name not in names) or not isinstance(args, dict):
-        return None
-    text = json.dumps(args, ensure_ascii=False)
-    return {"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": name, "arguments": text}}
 
 
 def _json_at(text: str) -> tuple[Any, str] | None:
@@ -298,6 +291,4 @@ def parse_native(
         return None
     if family in _PARSERS:
         return _PARSERS[family](text, names)
-    from localrun.chat.tool_xml import parse_xml
-
     return parse_xml(family, text, names, params or {})

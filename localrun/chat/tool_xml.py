@@ -15,12 +15,24 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from localrun.chat.tool_formats import GLM, QWEN3_CODER, Calls, make_call
+__all__ = ["GLM", "QWEN3_CODER", "Calls", "is_string_schema", "make_call", "parse_xml"]
 
-__all__ = ["is_string_schema", "parse_xml"]
+QWEN3_CODER, GLM = "qwen3-coder", "glm"
+Calls = list[dict[str, Any]]
+
+
+def make_call(name: str, args: Any, names: frozenset[str]) -> dict[str, Any] | None:
+    """A call in OpenAI's shape, or None when ``name`` is not one of ``names`` or ``args`` not an object."""
+    name = name.strip()
+    if not name or (names and name not in names) or not isinstance(args, dict):
+        return None
+    text = json.dumps(args, ensure_ascii=False)
+    return {"id": "call_" + secrets.token_hex(12), "type": "function", "function": {"name": name, "arguments": text}}
+
 
 _TAG_OPEN, _TAG_CLOSE = "<tool_call>", "</tool_call>"
 _QWEN_FUNCTION = re.compile(r"\s*<function=([\w.-]+)>(.*?)(?:</function>\s*)?\Z", re.S)
@@ -35,8 +47,18 @@ def is_string_schema(schema: Any) -> bool:
         return False
     if schema.get("type") == "string":
         return True
-    options = schema.get("enum") or ([schema["const"]] if "const" in schema else None)
+    options = schema.get("enum") or ([schema["const"]] if "const" in schema else [])
     return bool(options) and all(isinstance(v, str) for v in options)
+
+
+def _allows_string(schema: Any) -> bool:
+    """No type said, or one of several is a string: a value that is not JSON is its text."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return (
+        kind is None
+        and not (isinstance(schema, dict) and "enum" in schema)
+        or (isinstance(kind, list) and "string" in kind)
+    )
 
 
 def _value(raw: str, schema: Any) -> tuple[bool, Any]:
@@ -45,7 +67,7 @@ def _value(raw: str, schema: Any) -> tuple[bool, Any]:
     try:
         return True, json.loads(raw)
     except ValueError:
-        return schema is None, raw  # a property the schema does not know: its text
+        return schema is None or _allows_string(schema), raw  # a property the schema does not know: its text
 
 
 def _args(pairs: list[tuple[str, str]], schema: Any) -> dict[str, Any] | None:

@@ -108,6 +108,8 @@ def parse_xml(
     family: str, text: str, names: frozenset[str], params: Mapping[str, Any]
 ) -> tuple[str, list[dict[str, Any]]] | None:
     """(content, calls) of ``<tool_call>`` blocks in ``family``'s XML syntax, or None."""
+    if family == QWEN3_CODER and _TAG_OPEN not in text and "<function=" in text:  # Qwen3-Coder may drop the outer tag
+        text = text.replace("<function=", _TAG_OPEN + "<function=")
     if family not in (QWEN3_CODER, GLM) or _TAG_OPEN not in text:
         return None
     head, _, rest = text.partition(_TAG_OPEN)

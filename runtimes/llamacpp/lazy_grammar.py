@@ -146,8 +146,8 @@ def chat_grammar(req: ChatRequest, template: str | None) -> str | None:
     forced = tools.forced_call(req, style)  # refuses a choice naming an unknown function
     mode = reasoning_mode(req, template)
     calls_free = tools.active(req) and sampling.json_schema is None and sampling.grammar is None
-    if calls_free and mode == CHANNELS and style.name == "gpt-oss":  # calls in the commentary channel
-        return harmony_tools_gbnf(req, required=forced is not None)
+    if calls_free and style.name == "gpt-oss":  # calls in the commentary channel, none once the final one began
+        return harmony_tools_gbnf(req, required=forced is not None) if mode == CHANNELS else None
     # Other channel templates' calls (none known) stay free under auto.
     lazy = mode != CHANNELS or forced is not None
     if lazy and calls_free:

@@ -182,3 +182,51 @@ def test_gpt_oss_takes_the_recipient_in_the_role_too_and_no_call_inside_the_anal
         + calls("gpt-oss", PARIS),
     )
     assert not accepts(g, calls("gpt-oss", PARIS) + "<|channel|>final<|message|>more")
+
+
+@pytest.fixture(scope="module")
+def smol_vocab(smollm2_path):
+    from tests.support.grammar_match import GrammarMatcher
+
+    m = GrammarMatcher(smollm2_path)
+    yield m
+    m.close()
+
+
+@pytest.mark.llama
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_real_vocabularys_multi_byte_tokens_take_the_same_calls(smol_vocab, family):
+    """SmolLM2's tokens are multi-byte pieces, not one byte a token: the markers still match."""
+    g = grammar(family, choice="required", tools=(WEATHER, NOTE))
+    assert smol_vocab.matches(g, calls(family, PARIS))
+    assert smol_vocab.matches(g, calls(family, ("take_note", {"text": "buy milk"})))
+    assert not smol_vocab.matches(g, calls(family, ROME))
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    from tests.support.grammar_match import GrammarMatcher
+
+    m = GrammarMatcher(smollm2_path, load_weights=True)
+    yield m
+    m.close()
+
+
+@pytest.mark.llama
+@pytest.mark.long  # eight generations of up to 160 tokens: minutes on a shared 2-core machine
+@pytest.mark.parametrize("family", FAMILIES)
+def test_smollm2_under_required_writes_a_call_that_reads_back_valid(smol, family):
+    """A real model sampled hot: whatever it writes in the family's syntax parses back to a
+    call that keeps its schema."""
+    import jsonschema
+
+    from localrun.chat.tool_calls import parse_tool_calls
+
+    g = grammar(family, choice="required", tools=(WEATHER, NOTE))
+    text, done = smol.sample(g, "Call a tool: ", temperature=0.9, seed=3, max_tokens=160)
+    assert done, text
+    params = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, NOTE)}
+    _, found = parse_tool_calls(text, tuple(params), family, params)
+    assert len(found) == 1, text
+    fn = found[0]["function"]
+    jsonschema.validate(json.loads(fn["arguments"]), params[fn["name"]])

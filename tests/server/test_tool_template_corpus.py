@@ -195,6 +195,11 @@ RECORDED: dict[str, list[tuple[str, str, list[dict]]]] = {
         ("two calls", f"{qwen_xml(PARIS)}\n{qwen_xml(OSLO)}", [PARIS, OSLO]),
         ("no closing tags", qwen_xml(PARIS).removesuffix("</function>\n</tool_call>"), [PARIS]),
         ("inside the reasoning", f"<think>Or {qwen_xml(OSLO)}?</think>\n\n{qwen_xml(PARIS)}", [PARIS]),
+        (
+            "no <tool_call> around",
+            qwen_xml(PARIS).removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"),
+            [PARIS],
+        ),
     ],
     "glm": [
         ("clean", glm(PARIS), [PARIS]),

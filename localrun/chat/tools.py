@@ -299,7 +299,8 @@ def _native_filter(req: ChatRequest, template: str | None) -> ToolCallFilter:
     family = tool_style(template).name
     if family not in NATIVE_FAMILIES:
         return ToolCallFilter(tool_names(req.tools))
-    params = {name: (t.get("function") or {}).get("parameters") for name, t in zip(tool_names(req.tools), req.tools)}
+    functions = [t.get("function") or {} for t in req.tools if isinstance(t, dict)]
+    params = {str(f.get("name", "")): f.get("parameters") for f in functions}
     return ToolCallFilter(tool_names(req.tools), family, params)
 
 

@@ -317,3 +317,20 @@ def test_the_lazy_grammar_builds_and_takes_the_familys_clean_call(path, accepts)
         clean = ("" if fmt.open_at_start else "<think>") + "thinking</think>\n" + clean
     clean = clean.removesuffix("<|call|>")  # gpt-oss: the end-of-generation token, not text
     assert accepts(gbnf, clean.replace("\n</tool_call>", "</tool_call>"))
+
+
+@pytest.mark.parametrize("path", NATIVE, ids=lambda p: p.stem)
+def test_a_runtimes_stream_with_the_template_ends_in_the_familys_calls(path):
+    """What llama.cpp's and MLX's sessions do: the chunk stream is read with the template's own syntax."""
+    from localrun.types import Chunk
+
+    template = path.read_text()
+    text = RECORDED[call_syntax(template).family][2][1]  # two calls (or prose then one)
+    pieces = [Chunk(text=text[i : i + 5]) for i in range(0, len(text), 5)] + [Chunk(finish_reason="stop")]
+    req = ChatRequest(messages=(Message("user", "x"),), tools=(WEATHER,), tool_choice="auto")
+    out = list(tc.with_tool_calls(iter(pieces), req, template))
+    assert out[-1].finish_reason == "tool_calls"
+    assert [json.loads(c["function"]["arguments"]) for c in out[-1].tool_calls] == RECORDED[
+        call_syntax(template).family
+    ][2][2]
+    assert "get_weather" not in "".join(c.text for c in out)

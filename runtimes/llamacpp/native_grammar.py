@@ -13,7 +13,8 @@ a named function the calls alone; several calls only with ``parallel_tool_calls:
 * XML arguments (Qwen3-Coder, GLM): one tag per parameter, in the schema's order, the
   required ones present and no others; a string parameter's value is the raw text (which
   cannot contain its closing tag; an ``enum`` of strings is one of them), any other value the
-  JSON of its property's schema. A string keyword a raw text cannot be held to (``pattern``,
+  JSON of its property's schema (the required ones may also come in any order, as llama.cpp
+  allows). A string keyword a raw text cannot be held to (``pattern``,
   ``format``, ``minLength``, ``maxLength``) is refused by name.
 * gpt-oss (:func:`harmony_tools_gbnf`): the analysis channel reasons freely first; then the
   final channel's free text, or a call in the commentary channel (the recipient in the
@@ -22,6 +23,7 @@ a named function the calls alone; several calls only with ``parallel_tool_calls:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from localrun.chat.constraints import schema_gbnf
@@ -57,6 +59,8 @@ _WS = "lz-ws ::= [ \\t\\n]{0,8}\n"
 NATIVE_GRAMMARS = frozenset({DEEPSEEK, KIMI, FUNCTIONARY_31, FUNCTIONARY_32, QWEN3_CODER, GLM})
 #: String keywords a raw (XML) value cannot be held to.
 _RAW_REFUSED = ("pattern", "format", "minLength", "maxLength")
+#: Required XML parameters taken in any order up to this many (4! = 24 alternatives).
+_MAX_PERMUTED = 4
 
 
 def _functions(req: ChatRequest) -> list[tuple[int, dict[str, Any]]]:
@@ -129,7 +133,7 @@ def _xml_call(family: str, i: int, fn: dict[str, Any]) -> str:
             tag = f'{gbnf_literal(f"<arg_key>{key}</arg_key>")} lz-ws "<arg_value>" {value} "</arg_value>" lz-ws'
         rules.append(f"x{i}-p{j} ::= {tag}")
         parts.append(f"x{i}-p{j}" if key in required else f"x{i}-p{j}?")
-    body = " ".join(parts) or '""'
+    body = _any_order(i, parts, rules)
     if family == QWEN3_CODER:
         open_ = f'"<tool_call>" lz-ws {gbnf_literal(f"<function={name}>")} lz-ws'
         close = '"</function>" lz-ws "</tool_call>"'
@@ -137,6 +141,19 @@ def _xml_call(family: str, i: int, fn: dict[str, Any]) -> str:
         open_, close = f'"<tool_call>" {gbnf_literal(name)} lz-ws', '"</tool_call>"'
     rules.append(f"x{i}-call ::= {open_} {body} {close}")
     return "\n".join(rules) + "\n"
+
+
+def _any_order(i: int, parts: list[str], rules: list[str]) -> str:
+    """Tool ``i``'s parameters: in the schema's order, or (as llama.cpp allows, since Qwen does not
+    always keep it) the required ones in any order (up to 4 of them) and then optional ones."""
+    required = [p for p in parts if not p.endswith("?")]
+    optional = [p.removesuffix("?") for p in parts if p.endswith("?")]
+    alts = [" ".join(parts) or '""']
+    if 1 < len(required) <= _MAX_PERMUTED:
+        perms = " | ".join(" ".join(p) for p in itertools.permutations(required))
+        alts.append(f"({perms})" + (f" ({' | '.join(optional)})*" if optional else ""))
+    rules.append(f"x{i}-args ::= {' | '.join(alts)}")
+    return f"x{i}-args"
 
 
 def native_calls_gbnf(req: ChatRequest, family: str, *, required: bool) -> str:

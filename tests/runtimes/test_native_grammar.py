@@ -161,6 +161,14 @@ def test_xml_string_values_are_raw_text_that_cannot_close_their_tag(accepts, fam
 
 
 @pytest.mark.parametrize("family", ["qwen3-coder", "glm"])
+def test_xml_required_parameters_may_come_in_any_order_but_all_of_them(accepts, family):
+    g = grammar(family)
+    assert accepts(g, one(family, "get_weather", {"days": 2, "city": "Paris"}))  # as Qwen does, at times
+    assert not accepts(g, one(family, "get_weather", {"days": 2}))
+    assert not accepts(g, one(family, "get_weather", {"days": 2, "city": "Paris", "extra": 1}))
+
+
+@pytest.mark.parametrize("family", ["qwen3-coder", "glm"])
 def test_xml_refuses_a_string_keyword_raw_text_cannot_keep_by_name(family):
     tool = {
         "type": "function",

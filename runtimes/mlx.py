@@ -256,7 +256,7 @@ class MlxSession:
         refuse_media(req, runtime="mlx", model=self._name, why=_TEXT_ONLY)
         messages, variables = mlx_features.chat_inputs(req, self.prompt_template(), self._name)
         prompt, stops = self.chat_prompt(messages, variables)
-        return tools.with_tool_calls(self._generate(prompt, req.sampling, stops, cancel), req)
+        return tools.with_tool_calls(self._generate(prompt, req.sampling, stops, cancel), req, self.prompt_template())
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         refuse_media(req, runtime="mlx", model=self._name, why=_TEXT_ONLY)

@@ -148,7 +148,16 @@ def _tojson(
     """``tojson`` as Hugging Face templates expect it: plain json.dumps, no HTML escaping."""
     if isinstance(indent, int) and indent > 32 or isinstance(indent, str) and len(indent) > 32:
         raise TemplateError("the chat template asks tojson for an indent over 32")
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys, default=_listed
+    )
+
+
+def _listed(value: Any) -> list[Any]:
+    """A filter's lazy result (``tools | map(attribute='function')``, DeepSeek R1) as the JSON list it stands for."""
+    if isinstance(value, Iterator | _GuardedIterable):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 @functools.lru_cache(maxsize=1)

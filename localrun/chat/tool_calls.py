@@ -20,8 +20,10 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from localrun.chat.tool_formats import LEADS, MARKERS, STARTS, parse_native
 
 log = logging.getLogger(__name__)
 
@@ -159,17 +161,26 @@ def _mistral(text: str, names: frozenset[str]) -> tuple[str, list[dict[str, Any]
     return (head.strip(), calls) if calls else None
 
 
-def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str, list[dict[str, Any]]]:
+def parse_tool_calls(
+    text: str, names: Sequence[str], family: str | None = None, params: Mapping[str, Any] | None = None
+) -> tuple[str, list[dict[str, Any]]]:
     """(content left over, calls in OpenAI's shape) recognised in a whole answer.
 
+    ``family``: a native call syntax (:mod:`.tool_formats`) tried first; ``params``: each
+    tool's parameters schema by name (the XML families type their values with it).
     An answer with no recognisable call, or a malformed one, is all content: a caller
     never loses text to a parser that guessed wrong.
     """
     reasoning, close, answer = text.rpartition(_THINK_CLOSE)
     if close:  # calls come after the reasoning; one it mentions is not made, and its text stays whole
-        content, found = parse_tool_calls(answer, names)
+        content, found = parse_tool_calls(answer, names, family, params)
         return (reasoning + close + content, found) if found else (text, [])
     known = frozenset(names)
+    if family in LEADS:
+        text = text.removeprefix(LEADS[family])
+    native = parse_native(family, text, known, params)
+    if native is not None:
+        return native
     if TAG_OPEN in text:
         return _hermes(text, known) or (text, [])
     if "[TOOL_CALLS]" in text:
@@ -220,10 +231,21 @@ class ToolCallFilter:
     returns (content still to emit, calls).
     """
 
-    __slots__ = ("_names", "_started", "_held", "_holding")
+    __slots__ = ("_names", "_started", "_held", "_holding", "_family", "_params", "_markers", "_starts", "_lead")
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(
+        self, names: Sequence[str], family: str | None = None, params: Mapping[str, Any] | None = None
+    ) -> None:
         self._names = tuple(names)
+        self._family, self._params = family, params  # a native call syntax (.tool_formats) and the tools' schemas
+        self._markers = _MARKERS + MARKERS.get(family or "", ())
+        self._lead = LEADS.get(family or "")  # Functionary 3.2: "all\n" or a tool's name opens the answer
+        self._starts = (
+            _LEADING
+            + self._markers
+            + STARTS.get(family or "", ())
+            + (tuple(f"{n}\n" for n in self._names) if self._lead else ())
+        )
         self._started = False  # any non-space content emitted yet
         self._held = ""
         self._holding = False  # a marker was seen: hold everything to the end
@@ -235,7 +257,13 @@ class ToolCallFilter:
         pending = self._held + text
         if not self._started:
             lead = pending.lstrip()
-            starts = _LEADING + _MARKERS
+            starts = self._starts
+            if self._lead is not None:  # structure that opens the answer, not content: dropped
+                if self._lead.startswith(pending):  # too short to tell yet
+                    self._held = pending
+                    return ""
+                pending = pending.removeprefix(self._lead)
+                lead, self._lead = pending.lstrip(), None
             if any(lead.startswith(p) for p in starts):
                 self._held, self._holding = pending, True
                 return ""
@@ -243,13 +271,13 @@ class ToolCallFilter:
                 self._held = pending
                 return ""
             self._started = True
-        for marker in _MARKERS:
+        for marker in self._markers:
             at = pending.find(marker)
             if at >= 0:
                 self._held, self._holding = pending[at:], True
                 return pending[:at]
         hold = 0
-        for marker in _MARKERS:  # a marker's beginning at the very end: wait for the next piece
+        for marker in self._markers:  # a marker's beginning at the very end: wait for the next piece
             for k in range(min(len(marker) - 1, len(pending)), hold, -1):
                 if pending.endswith(marker[:k]):
                     hold = k
@@ -261,4 +289,4 @@ class ToolCallFilter:
         held, self._held = self._held, ""
         if not held.strip():
             return held, []
-        return parse_tool_calls(held, self._names)
+        return parse_tool_calls(held, self._names, self._family, self._params)

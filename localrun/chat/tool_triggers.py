@@ -16,15 +16,17 @@ Families:
 * ``mistral`` — ``[TOOL_CALLS][{…}, {…}]``, anywhere in the answer.
 * ``llama3`` — Llama 3.x: the whole answer is a JSON call ``{"name": …, "parameters": …}``
   (several joined by ``;``), or text then ``<|python_tag|>`` and the call.
+* native families (DeepSeek, Kimi, Granite, Functionary, gpt-oss, Qwen3-Coder XML, GLM):
+  :mod:`localrun.chat.tool_formats`; their markers are the triggers.
 * ``json`` — any other template that takes ``tools``: a JSON call (or a list of them) as the
-  whole answer. Its own markers (DeepSeek, GLM, Kimi, Granite, Functionary…) are not known
-  here: such answers are parsed after the fact, and a call starting with ``{`` is held valid.
+  whole answer, a call starting with ``{`` held valid.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from localrun.chat.tool_formats import GRANITE, MARKERS
 from localrun.chat.tools import BARE_JSON, HERMES, LLAMA3, MISTRAL, ToolStyle, tool_style
 
 __all__ = ["CallSyntax", "call_syntax"]
@@ -58,6 +60,15 @@ _JSON = CallSyntax("json", "arguments", "", "", ";", False, (), True)
 _BY_STYLE: dict[ToolStyle, CallSyntax] = {HERMES: _HERMES, MISTRAL: _MISTRAL, LLAMA3: _LLAMA3, BARE_JSON: _JSON}
 
 
+def _native(family: str) -> CallSyntax:
+    """A native family (:mod:`.tool_formats`): Granite writes Mistral's list after its own marker; the
+    others' grammars are :mod:`localrun.runtimes.llamacpp.native_grammar`'s, which read ``family``."""
+    if family == GRANITE:
+        return CallSyntax(GRANITE, "arguments", "<|tool_call|>", "", ",", True, ("<|tool_call|>",), False)
+    return CallSyntax(family, "arguments", "", "", "", False, MARKERS[family], False)
+
+
 def call_syntax(template: str | None) -> CallSyntax:
     """The call syntax of the model behind ``template`` (Hermes for templates without tool syntax)."""
-    return _BY_STYLE[tool_style(template)]
+    style = tool_style(template)
+    return _BY_STYLE[style] if style in _BY_STYLE else _native(style.name)

@@ -40,6 +40,7 @@ from localrun.chat.tool_calls import (
     new_call_id,
     parse_tool_calls,
 )
+from localrun.chat.tool_formats import ARGS_AS_TEXT, GRANITE, NATIVE_FAMILIES, native_family
 from localrun.errors import UnsupportedFeature
 from localrun.types import ChatRequest, Chunk, Message
 
@@ -86,6 +87,11 @@ HERMES = ToolStyle("hermes", "<tool_call>\n", "\n</tool_call>")
 MISTRAL = ToolStyle("mistral", "[TOOL_CALLS]", "", as_list=True)
 LLAMA3 = ToolStyle("llama3", "", "", args_key="parameters")
 BARE_JSON = ToolStyle("json", "", "")
+#: Families with a native call syntax (:mod:`.tool_formats`): a forced call's JSON is ``{"name", "arguments"}``
+#: for the schema, and the runtime's grammar writes the family's own markers around it.
+NATIVE = {f: ToolStyle(f, "", "") for f in NATIVE_FAMILIES} | {
+    GRANITE: ToolStyle(GRANITE, "<|tool_call|>", "", as_list=True)
+}
 
 
 @functools.lru_cache(maxsize=32)
@@ -109,6 +115,9 @@ def tool_style(template: str | None) -> ToolStyle:
     """The call format this template's model was trained on (Hermes for the fallback)."""
     if template is None or not template_uses_tools(template):
         return HERMES
+    family = native_family(template)
+    if family is not None:
+        return NATIVE[family]
     if "[TOOL_CALLS]" in template:
         return MISTRAL
     if "<tool_call>" in template:
@@ -130,9 +139,11 @@ def active(req: ChatRequest) -> bool:
 # --- into the prompt ---------------------------------------------------------------------
 
 
-def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
+def _call_for_template(call: dict[str, Any], as_text: bool = False) -> dict[str, Any]:
     fn = dict(call.get("function") or {})
     fn["arguments"] = arguments_object(fn.get("arguments", {}))
+    if as_text and not isinstance(fn["arguments"], str):  # Functionary 3.2 concatenates the JSON text
+        fn["arguments"] = json.dumps(fn["arguments"], ensure_ascii=False)
     return {
         "id": call.get("id"),
         "type": call.get("type", "function"),
@@ -157,10 +168,11 @@ def prompt_messages(req: ChatRequest, template: str | None) -> tuple[list[dict[s
     offer = bool(req.tools) and req.tool_choice != "none"
     if template_uses_tools(template):
         msgs = []
+        as_text = tool_style(template).name in ARGS_AS_TEXT
         for m in req.messages:
             d: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:
-                d["tool_calls"] = [_call_for_template(c) for c in m.tool_calls]
+                d["tool_calls"] = [_call_for_template(c, as_text) for c in m.tool_calls]
             if m.tool_call_id is not None:
                 d["tool_call_id"] = m.tool_call_id
             if m.name is not None:
@@ -269,20 +281,31 @@ def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
 # --- out of the answer -------------------------------------------------------------------
 
 
-def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
+def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest, template: str | None = None) -> Iterator[Chunk]:
     """Wrap a runtime's chunk stream: call text never reaches the client as content; the
     last chunk carries the parsed calls and ``finish_reason="tool_calls"``. A request that
     offers no tools (or says ``tool_choice="none"``) gets ``chunks`` back untouched.
+    ``template``: the chat template the prompt was rendered with, whose native call syntax
+    (:mod:`.tool_formats`) is read back too.
 
     Log-probabilities of held-back text travel with the next chunk that is emitted, so
     none is lost or duplicated. Closing this stream closes the runtime's at once (a
     scheduler frees the sequence), not whenever the garbage collector gets to it.
     """
-    return _calls_parsed(chunks, req) if active(req) else chunks
+    return _calls_parsed(chunks, req, template) if active(req) else chunks
 
 
-def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
-    filt = ToolCallFilter(tool_names(req.tools))
+def _native_filter(req: ChatRequest, template: str | None) -> ToolCallFilter:
+    family = tool_style(template).name
+    if family not in NATIVE_FAMILIES:
+        return ToolCallFilter(tool_names(req.tools))
+    functions = [t.get("function") or {} for t in req.tools if isinstance(t, dict)]
+    params = {str(f.get("name", "")): f.get("parameters") for f in functions}
+    return ToolCallFilter(tool_names(req.tools), family, params)
+
+
+def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest, template: str | None) -> Iterator[Chunk]:
+    filt = _native_filter(req, template)
     held_lp: list[dict[str, Any]] = []
     try:
         for chunk in chunks:

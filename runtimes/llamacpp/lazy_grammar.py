@@ -34,6 +34,7 @@ from localrun.chat.tool_triggers import CallSyntax, call_syntax
 from localrun.chat.tools import ForcedCall
 from localrun.runtimes.llamacpp.gbnf_text import free_text_rules, prefix_rules
 from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, gbnf_literal, request_grammar
+from localrun.runtimes.llamacpp.native_grammar import NATIVE_GRAMMARS, harmony_tools_gbnf, native_calls_gbnf
 from localrun.types import ChatRequest
 
 __all__ = ["chat_grammar", "reasoning_mode", "tool_calls_gbnf"]
@@ -75,6 +76,8 @@ def tool_calls_gbnf(req: ChatRequest, template: str | None, *, required: bool) -
     """Rules whose start ``lz-answer`` is the answer under ``tool_choice``: free text that may
     open valid calls (``auto``), or only the calls (``required``, a named function)."""
     syntax = call_syntax(template)
+    if syntax.family in NATIVE_GRAMMARS:  # DeepSeek, Kimi, Functionary, Qwen3-Coder XML, GLM: their own markers
+        return native_calls_gbnf(req, syntax.family, required=required)
     style = tools.tool_style(template)
     parallel = req.parallel_tool_calls is True
     rules = _one_call_gbnf(req, style) + _WS + _calls_rules(syntax, parallel)
@@ -142,9 +145,12 @@ def chat_grammar(req: ChatRequest, template: str | None) -> str | None:
     style = tools.tool_style(template)
     forced = tools.forced_call(req, style)  # refuses a choice naming an unknown function
     mode = reasoning_mode(req, template)
-    # gpt-oss calls in its commentary channel, which no grammar here writes: its calls stay free.
+    calls_free = tools.active(req) and sampling.json_schema is None and sampling.grammar is None
+    if calls_free and style.name == "gpt-oss":  # calls in the commentary channel, none once the final one began
+        return harmony_tools_gbnf(req, required=forced is not None) if mode == CHANNELS else None
+    # Other channel templates' calls (none known) stay free under auto.
     lazy = mode != CHANNELS or forced is not None
-    if lazy and tools.active(req) and sampling.json_schema is None and sampling.grammar is None:
+    if lazy and calls_free:
         answer = tool_calls_gbnf(req, template, required=forced is not None)
     else:
         gbnf = request_grammar(sampling, forced)

@@ -264,7 +264,9 @@ class LlamaCppSession:
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         tokens, stops, gbnf = self.chat_tokens(req)
-        return tools.with_tool_calls(self._start(tokens, req.sampling, cancel, stops, gbnf), req)
+        return tools.with_tool_calls(
+            self._start(tokens, req.sampling, cancel, stops, gbnf), req, self.prompting.chat_template
+        )
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()

@@ -47,6 +47,7 @@ __all__ = [
     "TAGGED",
     "ReplyUnwrapper",
     "applies",
+    "has_tool_syntax",
     "prompt_messages",
     "system_block",
     "with_reply",
@@ -70,15 +71,27 @@ _MANY = '{"tool_calls": [{"name": <function name>, "arguments": <arguments objec
 _REPLY = '{"response": "<your answer to the user>"}'
 
 
+#: Traces of a call syntax the model was trained on, in a template that does not read ``tools``
+#: (earlier calls rendered in history, a family's call markers): such a model keeps its tags.
+_SYNTAX_TRACES = ("tool_call", "[TOOL_CALLS]", "<|python_tag|>", "<function=")
+
+
+def has_tool_syntax(template: str | None) -> bool:
+    """The template takes ``tools`` or shows how its model writes calls."""
+    if not template:
+        return False
+    return tools.template_uses_tools(template) or any(t in template for t in _SYNTAX_TRACES)
+
+
 def applies(req: ChatRequest, template: str | None, fallback: str = CALL_OR_REPLY) -> bool:
     """Whether ``req`` on ``template`` is answered as call-or-reply: tools are offered, the
-    template takes no ``tools`` of its own, the fallback is ``call_or_reply``, and the request
-    asks for no JSON schema or raw grammar of its own (those keep their own grammar)."""
+    template has no tool syntax (:func:`has_tool_syntax`), the fallback is ``call_or_reply``,
+    and the request asks for no JSON schema or raw grammar of its own (those keep theirs)."""
     sampling = req.sampling
     return (
         fallback == CALL_OR_REPLY
         and tools.active(req)
-        and not tools.template_uses_tools(template)
+        and not has_tool_syntax(template)
         and sampling.json_schema is None
         and sampling.grammar is None
     )

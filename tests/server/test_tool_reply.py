@@ -143,5 +143,9 @@ def test_applies_only_to_templates_without_tool_syntax_and_free_answers():
     assert tool_reply.applies(req(choice="required"), "{{ messages }}")
     assert not tool_reply.applies(req(), None, "tagged")
     assert not tool_reply.applies(req(), HERMES)
+    history_calls = (
+        "{% for m in messages %}{{ m.content }}{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}{% endfor %}"
+    )
+    assert not tool_reply.applies(req(), history_calls)  # it shows its model's calls: the tags stay
     assert not tool_reply.applies(req(choice="none"), None)
     assert not tool_reply.applies(req(sampling=Sampling(json_schema={"type": "object"})), None)

@@ -154,12 +154,13 @@ def with_reply(chunks: Iterator[Chunk], req: ChatRequest, reasoning: str | None 
     A length cut inside the reply keeps the content so far (finish ``length``); a cut inside a
     call drops the unfinished call's JSON (it is no answer) and finishes ``length``.
     """
-    gate = ThinkGate(reasoning)
-    unwrap = ReplyUnwrapper()
     names = tools.tool_names(req.tools)
-    held_lp: list[dict[str, Any]] = []
+    states: dict[int, tuple[ThinkGate, ReplyUnwrapper, list[dict[str, Any]]]] = {}  # per choice (n > 1)
     try:
         for chunk in chunks:
+            if chunk.index not in states:
+                states[chunk.index] = (ThinkGate(reasoning), ReplyUnwrapper(), [])
+            gate, unwrap, held_lp = states[chunk.index]
             passed, answer = gate.feed(chunk.text)
             out = passed + unwrap.feed(answer)
             if chunk.finish_reason is None:
@@ -182,7 +183,6 @@ def with_reply(chunks: Iterator[Chunk], req: ChatRequest, reasoning: str | None 
                 tool_calls=tuple(calls) or chunk.tool_calls,
                 logprobs=(*held_lp, *chunk.logprobs),
             )
-            return
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:

@@ -149,3 +149,17 @@ def test_applies_only_to_templates_without_tool_syntax_and_free_answers():
     assert not tool_reply.applies(req(), history_calls)  # it shows its model's calls: the tags stay
     assert not tool_reply.applies(req(choice="none"), None)
     assert not tool_reply.applies(req(sampling=Sampling(json_schema={"type": "object"})), None)
+
+
+def test_each_choice_is_unwrapped_on_its_own():
+    call = json.dumps({"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}})
+    mixed = [
+        Chunk(text='{"response": "Hel', index=0),
+        Chunk(text=call[:9], index=1),
+        Chunk(text='lo"}', index=0, finish_reason="stop"),
+        Chunk(text=call[9:], index=1, finish_reason="stop"),
+    ]
+    out = list(tool_reply.with_reply(iter(mixed), req()))
+    assert "".join(c.text for c in out if c.index == 0) == "Hello"
+    assert [c.finish_reason for c in out if c.finish_reason] == ["stop", "tool_calls"]
+    assert "".join(c.text for c in out if c.index == 1) == ""

@@ -67,8 +67,10 @@ class Server:
         self.log.close()
 
 
-def start_localrun(models: dict[str, Path], threads: int, home: Path) -> Server:
+def start_localrun(models: dict[str, Path], threads: int, home: Path, tool_fallback: str | None = None) -> Server:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCALRUN_")}
+    if tool_fallback:  # templates without tool syntax: call_or_reply (the default) or tagged
+        env["LOCALRUN_RUNTIME__TOOL_FALLBACK"] = tool_fallback
     env.update(
         LOCALRUN_HOME=str(home),
         PYTHONPATH=str(ROOT),
@@ -193,21 +195,24 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--llama-server", default=None)
     parser.add_argument("--json", type=Path, default=None, help="write every row here")
+    parser.add_argument("--tool-fallback", choices=("call_or_reply", "tagged"), default=None)
+    parser.add_argument("--no-llama-server", action="store_true", help="localrun's column only")
     args = parser.parse_args()
     chosen = cases()[: args.cases or None]
     paths = {"smol": smol_path, "gemma": gemma_path}
     models = {m: paths[m]() for m in args.models.split(",")}
-    binary = llama_server_binary(args.llama_server)
+    binary = None if args.no_llama_server else llama_server_binary(args.llama_server)
     print(json.dumps({"grammar_200_tools": compile_200_tools()}), flush=True)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as home:
-        localrun = start_localrun(models, args.threads, Path(home))
+    # A worker may still write its cache while the folder goes: that must not lose the results.
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as home:
+        localrun = start_localrun(models, args.threads, Path(home), args.tool_fallback)
         try:
             for model, path in models.items():
-                anchor = start_llama_server(binary, model, path, args.threads)
+                anchor = start_llama_server(binary, model, path, args.threads) if binary else None
                 try:
                     for seed, case in enumerate(chosen):
-                        for server in (localrun, anchor):
+                        for server in (localrun, anchor) if anchor else (localrun,):
                             result = ask(server, model, case, seed, args)
                             row = {
                                 "server": server.name.split("-")[0] if server is localrun else "llama-server",
@@ -220,7 +225,8 @@ def main() -> None:
                             rows.append(row)
                         print(f"{model} {seed + 1}/{len(chosen)}", file=sys.stderr, flush=True)
                 finally:
-                    anchor.close()
+                    if anchor:
+                        anchor.close()
         finally:
             localrun.close()
     if args.json:

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
-from localrun.chat import tools
+from localrun.chat import tool_reply, tools
 from localrun.errors import RuntimeUnavailable, UnsupportedFeature
 from localrun.runtimes.llamacpp.decode import EogGuard, Sampler, build_sampler
 from localrun.runtimes.llamacpp.embed import POOLING, Embedder, effective_pooling, embeddings_wanted
@@ -34,8 +34,8 @@ from localrun.runtimes.llamacpp.grammar import (
     request_grammar,
     sequence_sampler,
 )
-from localrun.runtimes.llamacpp.lazy_grammar import chat_grammar
-from localrun.types import ChatRequest, Plan, Sampling
+from localrun.runtimes.llamacpp.lazy_grammar import chat_grammar, reasoning_mode
+from localrun.types import ChatRequest, Chunk, Plan, Sampling
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +108,24 @@ class SessionFeatures:
         self, req: ChatRequest, template: str | None
     ) -> tuple[list[dict[str, Any]], dict[str, Any], str | None]:
         """(messages, template variables, grammar) for a chat request."""
-        messages, variables = tools.prompt_messages(req, template)
-        return messages, variables, chat_grammar(req, template)
+        fallback = self.tool_fallback
+        if tool_reply.applies(req, template, fallback):  # no tool syntax: a call or a reply
+            messages, variables = tool_reply.prompt_messages(req)
+        else:
+            messages, variables = tools.prompt_messages(req, template)
+        return messages, variables, chat_grammar(req, template, fallback=fallback)
+
+    @property
+    def tool_fallback(self) -> str:
+        """How templates without tool syntax are offered tools (``runtime.tool_fallback``)."""
+        return str(self._plan.options.get("tool_fallback", tool_reply.CALL_OR_REPLY))
+
+    def answer_stream(self, chunks: Iterator[Chunk], req: ChatRequest, template: str | None) -> Iterator[Chunk]:
+        """The runtime's chunks with tool calls taken out: a call-or-reply answer unwrapped
+        (:func:`localrun.chat.tool_reply.with_reply`), any other parsed as its family writes calls."""
+        if tool_reply.applies(req, template, self.tool_fallback):
+            return tool_reply.with_reply(chunks, req, reasoning_mode(req, template))
+        return tools.with_tool_calls(chunks, req, template)
 
     @staticmethod
     def completion_grammar(sampling: Sampling) -> str | None:

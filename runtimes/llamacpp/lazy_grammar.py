@@ -28,13 +28,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from localrun.chat import tools
+from localrun.chat import tool_reply, tools
 from localrun.chat.reasoning import ANSWER, HARMONY, REASONING, ReasoningSplitter, detect_format
 from localrun.chat.tool_triggers import CallSyntax, call_syntax
 from localrun.chat.tools import ForcedCall
 from localrun.runtimes.llamacpp.gbnf_text import free_text_rules, prefix_rules
 from localrun.runtimes.llamacpp.grammar import forced_call_gbnf, gbnf_literal, request_grammar
 from localrun.runtimes.llamacpp.native_grammar import NATIVE_GRAMMARS, harmony_tools_gbnf, native_calls_gbnf
+from localrun.runtimes.llamacpp.reply_grammar import reply_gbnf
 from localrun.types import ChatRequest
 
 __all__ = ["chat_grammar", "reasoning_mode", "tool_calls_gbnf"]
@@ -129,10 +130,12 @@ def _reasoning_rules(mode: str | None) -> str:
     return rules + f"root ::= lz-ws {gbnf_literal('<think>')} lz-think | lz-answer\n"
 
 
-def chat_grammar(req: ChatRequest, template: str | None) -> str | None:
+def chat_grammar(req: ChatRequest, template: str | None, *, fallback: str = tool_reply.CALL_OR_REPLY) -> str | None:
     """The grammar of a chat request's answer, or None when it is free.
 
-    Tools offered (and neither a schema nor a raw grammar asked): :func:`tool_calls_gbnf`.
+    Tools offered (and neither a schema nor a raw grammar asked): :func:`tool_calls_gbnf`, or
+    for a template without tool syntax under the ``call_or_reply`` ``fallback`` the whole answer
+    as a call or a reply (:func:`~.reply_grammar.reply_gbnf`).
     Otherwise what :func:`~.grammar.request_grammar` gives (a forced call, a schema, a raw
     grammar); a schema's or a call's grammar starts after a reasoning model's reasoning, a raw
     grammar is the client's and stays as sent.
@@ -150,7 +153,9 @@ def chat_grammar(req: ChatRequest, template: str | None) -> str | None:
         return harmony_tools_gbnf(req, required=forced is not None) if mode == CHANNELS else None
     # Other channel templates' calls (none known) stay free under auto.
     lazy = mode != CHANNELS or forced is not None
-    if lazy and calls_free:
+    if lazy and tool_reply.applies(req, template, fallback):
+        answer = reply_gbnf(req, required=forced is not None)
+    elif lazy and calls_free:
         answer = tool_calls_gbnf(req, template, required=forced is not None)
     else:
         gbnf = request_grammar(sampling, forced)

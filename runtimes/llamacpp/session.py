@@ -44,7 +44,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from localrun.chat import tools
 from localrun.errors import (
     ContextOverflow,
     LocalrunError,
@@ -264,9 +263,8 @@ class LlamaCppSession:
     def chat(self, req: ChatRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()
         tokens, stops, gbnf = self.chat_tokens(req)
-        return tools.with_tool_calls(
-            self._start(tokens, req.sampling, cancel, stops, gbnf), req, self.prompting.chat_template
-        )
+        stream = self._start(tokens, req.sampling, cancel, stops, gbnf)
+        return self._features.answer_stream(stream, req, self.prompting.chat_template)
 
     def complete(self, req: CompletionRequest, cancel: Cancel) -> Iterator[Chunk]:
         self._check_open()

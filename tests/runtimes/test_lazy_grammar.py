@@ -47,7 +47,15 @@ def j(obj: object) -> str:
     return json.dumps(obj)
 
 
-def grammar(template: str | None, *, choice="auto", parallel: bool | None = True, tools=(WEATHER,), **sampling) -> str:
+def grammar(
+    template: str | None,
+    *,
+    choice="auto",
+    parallel: bool | None = True,
+    tools=(WEATHER,),
+    fallback: str = "tagged",  # templates without tool syntax: the lazy Hermes tags (call-or-reply: test_reply_grammar)
+    **sampling,
+) -> str:
     from localrun.runtimes.llamacpp.lazy_grammar import chat_grammar
 
     req = ChatRequest(
@@ -57,7 +65,7 @@ def grammar(template: str | None, *, choice="auto", parallel: bool | None = True
         parallel_tool_calls=parallel,
         sampling=Sampling(**sampling),
     )
-    gbnf = chat_grammar(req, template)
+    gbnf = chat_grammar(req, template, fallback=fallback)
     assert gbnf is not None
     return gbnf
 
@@ -137,7 +145,7 @@ def test_thinking_stays_free_before_tool_calls_and_a_continued_answer_starts_at_
     req = ChatRequest(
         messages=(Message("user", "x"),), tools=(WEATHER,), tool_choice="required", prefix="hm\n</think>\n\n"
     )
-    continued = chat_grammar(req, OPEN_TEMPLATE)
+    continued = chat_grammar(req, OPEN_TEMPLATE, fallback="tagged")
     assert continued is not None and accepts(continued, HERMES_CALL)
 
 

@@ -83,6 +83,8 @@ class LlamaCppPolicy(DefaultPolicy):
         options["kv_ram_bytes"] = cache_ram
         if job.settings is not None:  # state checkpoints per sequence where memory cannot be cut (checkpoints.py)
             options["checkpoints"] = job.settings.cache.checkpoints
+            # templates without tool syntax: a call or a reply (localrun/chat/tool_reply.py), or the tags
+            options["tool_fallback"] = getattr(job.settings.runtime, "tool_fallback", "call_or_reply")
         closing = [speculate_why]
         if draft is not None:
             options["draft"] = draft.path

@@ -40,8 +40,9 @@ from localrun.chat.tool_calls import (
     new_call_id,
     parse_tool_calls,
 )
+from localrun.chat.tool_stream import CallStream
 from localrun.errors import UnsupportedFeature
-from localrun.types import ChatRequest, Chunk, Message
+from localrun.types import CallDelta, ChatRequest, Chunk, Message
 
 __all__ = [
     "FALLBACK_SYSTEM",
@@ -270,8 +271,10 @@ def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
 
 
 def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
-    """Wrap a runtime's chunk stream: call text never reaches the client as content; the
-    last chunk carries the parsed calls and ``finish_reason="tool_calls"``. A request that
+    """Wrap a runtime's chunk stream: call text never reaches the client as content; each call
+    streams as :class:`~localrun.types.CallDelta` s while it is written
+    (:mod:`localrun.chat.tool_stream`), and the last chunk carries the parsed calls and
+    ``finish_reason="tool_calls"``. A request that
     offers no tools (or says ``tool_choice="none"``) gets ``chunks`` back untouched.
 
     Log-probabilities of held-back text travel with the next chunk that is emitted, so
@@ -282,19 +285,28 @@ def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk
 
 
 def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
-    filt = ToolCallFilter(tool_names(req.tools))
+    names = tool_names(req.tools)
+    filt = ToolCallFilter(names)
+    calls_so_far = CallStream(frozenset(names))
     held_lp: list[dict[str, Any]] = []
+    seen, sent = "", 0  # the answer's text so far, and how much of it went out as content
     try:
         for chunk in chunks:
             out = filt.feed(chunk.text)
+            seen += chunk.text
+            sent += len(out)
+            deltas = _deltas(calls_so_far, seen, sent)
             if chunk.finish_reason is None:
                 if out:
-                    yield replace(chunk, text=out, logprobs=(*held_lp, *chunk.logprobs))
+                    yield replace(chunk, text=out, logprobs=(*held_lp, *chunk.logprobs), call_deltas=tuple(deltas))
                     held_lp.clear()
                 else:
                     held_lp.extend(chunk.logprobs)
+                    if deltas:  # the held text's log-probabilities still wait for text to ride with
+                        yield replace(chunk, text="", logprobs=(), call_deltas=tuple(deltas))
                 continue
             tail, calls = filt.finish()
+            calls = calls_so_far.settle(calls)
             reason = chunk.finish_reason
             if calls and reason in ("stop", "length"):
                 reason = "tool_calls"
@@ -304,9 +316,21 @@ def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest) -> Iterator[Chunk]:
                 finish_reason=reason,
                 tool_calls=tuple(calls) or chunk.tool_calls,
                 logprobs=(*held_lp, *chunk.logprobs),
+                call_deltas=tuple(deltas),
             )
             return
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+
+
+def _deltas(calls: CallStream, seen: str, sent: int) -> list[CallDelta]:
+    """The calls' deltas for what the filter holds now (``seen[sent:]``), none inside reasoning:
+    a call there is not made (the parse looks after ``</think>``), so nothing of it may go out."""
+    if sent == len(seen):
+        return []
+    content = seen[:sent]
+    if content.rfind("<think>") > content.rfind("</think>"):
+        return []
+    return calls.feed(seen[sent:], sent, at_start=not content.strip())

@@ -111,9 +111,9 @@ class ChoiceEvents:
 
     def lines(self, chunk: Chunk) -> tuple[bytes, ...]:
         role, self.role = self.role, False
-        events = self.calls.push(chunk) if self.calls is not None else []
-        if chunk.logprobs or events or chunk.reasoning:
-            return (self.full(chunk, role=role, events=events),)
+        calls = call_deltas(self.calls.push(chunk)) if self.calls is not None else []
+        if chunk.logprobs or calls or chunk.reasoning:
+            return (self.full(chunk, role=role, calls=calls),)
         if not chunk.text and not role:
             return ()
         if not self.chat:
@@ -122,19 +122,18 @@ class ChoiceEvents:
             (self.opening if role else self.before) + json.dumps(chunk.text, ensure_ascii=False).encode() + self.after,
         )
 
-    def full(self, chunk: Chunk, *, role: bool, events: Sequence[CallEvent] = ()) -> bytes:
-        """One event for a chunk that carries more than text."""
+    def full(self, chunk: Chunk, *, role: bool, calls: Sequence[dict[str, Any]] = ()) -> bytes:
+        """One event for a chunk that carries more than text (``calls``: its ``delta.tool_calls``)."""
         choice: dict[str, Any]
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             delta.update(reasoning_fields(chunk.reasoning, self.settings))
-            calls = call_deltas(events)
             if chunk.text or not (calls or chunk.reasoning):
                 delta["content"] = chunk.text
             if calls and self.legacy:  # the name first, then the arguments piece by piece
                 delta["function_call"] = dict(calls[0]["function"])
             elif calls:
-                delta["tool_calls"] = calls
+                delta["tool_calls"] = list(calls)
             choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(chunk.logprobs) if chunk.logprobs else None}
         else:
             lp = legacy_logprobs(chunk.logprobs, self.offset)

@@ -141,7 +141,7 @@ class Generation:
     def _note(self, chunk: Chunk) -> None:
         if chunk.reasoning:
             self.reasoning_parts.append(chunk.reasoning)
-        if chunk.text or chunk.reasoning:
+        if chunk.text or chunk.reasoning or chunk.call_deltas:
             self.stats.first_token_at = self.timing.first_token_at
             self.stats.last_token_at = self.timing.last_token_at
         if chunk.tool_calls:

@@ -17,6 +17,8 @@ streams through :class:`~localrun.chat.tool_calls.ToolCallFilter`, which holds b
 first thing that may start a call, and the held text is parsed at the end
 (:func:`~localrun.chat.tool_calls.parse_tool_calls`: Hermes/Qwen, Mistral, Llama 3.x JSON,
 ``<function=…>`` and pythonic calls). Only names of the request's tools count as calls.
+While the held text grows, :class:`~localrun.chat.tool_stream.CallStream` streams each call
+(start, arguments' JSON text piece by piece, end) as ``Chunk.call_deltas``.
 
 **Forced calls.** ``tool_choice="required"`` or a named function: :func:`forced_call` gives a
 JSON Schema of one call plus the literal text around it for this template's style; the

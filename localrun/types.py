@@ -1,4 +1,4 @@
-"""The plain data that crosses rooms: model records, plans, requests and chunks.
+"""The plain data that crosses rooms: model records, plans, requests and chunks (:mod:`localrun.chunks`).
 
 These are frozen dataclasses owned by the core. The server translates OpenAI and Ollama
 wire formats to and from them; the worker pipe carries them as dicts (``to_dict`` /
@@ -13,9 +13,15 @@ import dataclasses
 import enum
 import os
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+# Re-exported: they lived here first, and every layer imports them from here.
+from localrun.chunks import CallDelta as CallDelta
+from localrun.chunks import Chunk as Chunk
+from localrun.chunks import Usage as Usage
+from localrun.chunks import fold as fold
+from localrun.chunks import logprob_entry as logprob_entry
 
 
 class Format(str, enum.Enum):
@@ -351,76 +357,6 @@ class CompletionRequest:
         )
 
 
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    #: Speculative decoding: tokens drafted and verified, and how many of them the model kept
-    #: (each kept one is a decode pass saved). 0 when the runtime did not draft.
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-def logprob_entry(token: bytes | str, logprob: float) -> dict[str, Any]:
-    """One entry of ``Chunk.logprobs``: the token's text (bytes decoded, invalid UTF-8 replaced),
-    its log-probability and its raw bytes (a token may be part of a character)."""
-    raw = token if isinstance(token, bytes) else token.encode()
-    text = token if isinstance(token, str) else raw.decode("utf-8", errors="replace")
-    return {"token": text, "logprob": logprob, "bytes": list(raw)}
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One piece of a streamed answer. The last chunk has ``finish_reason`` and ``usage``."""
-
-    text: str = ""
-    finish_reason: str | None = None  # "stop" | "length" | "cancelled" | "tool_calls"
-    usage: Usage | None = None
-    #: Parsed tool calls, on the final chunk: ``({"id", "type": "function", "function": {"name", "arguments"}}, …)``.
-    tool_calls: tuple[dict[str, Any], ...] = ()
-    #: Per token of ``text``: ``({"token", "logprob", "bytes", "top_logprobs": [...]}, …)`` when asked for.
-    logprobs: tuple[dict[str, Any], ...] = ()
-    #: Which choice this chunk belongs to (``Sampling.n`` > 1); every choice ends with its own final chunk.
-    index: int = 0
-    #: Reasoning-channel text, split from ``text`` by each front end (:mod:`localrun.chat.reasoning`);
-    #: runtimes leave it empty.
-    reasoning: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"text": self.text}
-        if self.index:
-            d["index"] = self.index
-        if self.finish_reason is not None:
-            d["finish_reason"] = self.finish_reason
-        if self.usage is not None:
-            d["usage"] = dataclasses.asdict(self.usage)
-        if self.tool_calls:
-            d["tool_calls"] = list(self.tool_calls)
-        if self.logprobs:
-            d["logprobs"] = list(self.logprobs)
-        if self.reasoning:
-            d["reasoning"] = self.reasoning
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Chunk:
-        u = d.get("usage")
-        return cls(
-            text=d.get("text", ""),
-            finish_reason=d.get("finish_reason"),
-            usage=Usage(**u) if u else None,
-            tool_calls=tuple(d.get("tool_calls") or ()),
-            logprobs=tuple(d.get("logprobs") or ()),
-            index=int(d.get("index", 0)),
-            reasoning=d.get("reasoning", ""),
-        )
-
-
 class Cancel:
     """A flag a generation loop checks every decode step. Thread-safe, cheap to poll."""
 
@@ -434,16 +370,3 @@ class Cancel:
 
     def is_set(self) -> bool:
         return self._event.is_set()
-
-
-def fold(chunks: Iterable[Chunk]) -> tuple[str, str | None, Usage]:
-    """Join a chunk stream into (text, finish_reason, usage): the non-streaming answer."""
-    parts: list[str] = []
-    finish, usage = None, Usage()
-    for c in chunks:
-        parts.append(c.text)
-        if c.finish_reason:
-            finish = c.finish_reason
-        if c.usage:
-            usage = c.usage
-    return "".join(parts), finish, usage

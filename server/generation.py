@@ -25,6 +25,7 @@ from localrun.errors import Cancelled, LocalrunError
 from localrun.server.errors import InvalidRequest
 from localrun.server.fields import note_ignored, refuse_unsupported
 from localrun.server.metrics import STATS_KEY, Metrics, RequestStats
+from localrun.server.tool_events import CallEvents
 from localrun.types import AUDIO, VISION, ChatRequest, Chunk, CompletionRequest, ModelRecord, Plan, Sampling, Usage
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class Generation:
     def _note(self, chunk: Chunk) -> None:
         if chunk.reasoning:
             self.reasoning_parts.append(chunk.reasoning)
-        if chunk.text or chunk.reasoning:
+        if chunk.text or chunk.reasoning or chunk.call_deltas:
             self.stats.first_token_at = self.timing.first_token_at
             self.stats.last_token_at = self.timing.last_token_at
         if chunk.tool_calls:
@@ -162,6 +163,12 @@ class Generation:
             self.finishes[chunk.index] = chunk.finish_reason
             if chunk.index == 0:
                 self.finish_reason = chunk.finish_reason
+
+    def call_events(self, limit: int | None = None) -> CallEvents:
+        """The stream's tool-call events (:mod:`localrun.server.tool_events`): each call checked against
+        the request's tools when it ends, and held until then where the runtime has no grammar."""
+        hold = "grammar" not in (self.stream.capabilities or ())
+        return CallEvents(tools=self._tools, model=self.record.name, limit=limit, hold=hold)
 
     async def _race(self, work: Awaitable[T]) -> T:
         """Await ``work`` unless the client disconnects first; then cancel it and raise ClientGone."""

@@ -17,6 +17,8 @@ streams through :class:`~localrun.chat.tool_calls.ToolCallFilter`, which holds b
 first thing that may start a call, and the held text is parsed at the end
 (:func:`~localrun.chat.tool_calls.parse_tool_calls`: Hermes/Qwen, Mistral, Llama 3.x JSON,
 ``<function=…>`` and pythonic calls). Only names of the request's tools count as calls.
+While the held text grows, :class:`~localrun.chat.tool_stream.CallStream` streams each call
+(start, arguments' JSON text piece by piece, end) as ``Chunk.call_deltas``.
 
 **Forced calls.** ``tool_choice="required"`` or a named function: :func:`forced_call` gives a
 JSON Schema of one call plus the literal text around it for this template's style; the
@@ -41,8 +43,9 @@ from localrun.chat.tool_calls import (
     parse_tool_calls,
 )
 from localrun.chat.tool_formats import ARGS_AS_TEXT, GRANITE, NATIVE_FAMILIES, native_family
+from localrun.chat.tool_stream import CallStream
 from localrun.errors import UnsupportedFeature
-from localrun.types import ChatRequest, Chunk, Message
+from localrun.types import CallDelta, ChatRequest, Chunk, Message
 
 __all__ = [
     "FALLBACK_SYSTEM",
@@ -282,8 +285,10 @@ def forced_call(req: ChatRequest, style: ToolStyle) -> ForcedCall | None:
 
 
 def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest, template: str | None = None) -> Iterator[Chunk]:
-    """Wrap a runtime's chunk stream: call text never reaches the client as content; the
-    last chunk carries the parsed calls and ``finish_reason="tool_calls"``. A request that
+    """Wrap a runtime's chunk stream: call text never reaches the client as content; each call
+    streams as :class:`~localrun.types.CallDelta` s while it is written
+    (:mod:`localrun.chat.tool_stream`), and the last chunk carries the parsed calls and
+    ``finish_reason="tool_calls"``. A request that
     offers no tools (or says ``tool_choice="none"``) gets ``chunks`` back untouched.
     ``template``: the chat template the prompt was rendered with, whose native call syntax
     (:mod:`.tool_formats`) is read back too.
@@ -305,19 +310,31 @@ def _native_filter(req: ChatRequest, template: str | None) -> ToolCallFilter:
 
 
 def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest, template: str | None) -> Iterator[Chunk]:
+    names = tool_names(req.tools)
     filt = _native_filter(req, template)
+    # A native family's calls (DeepSeek, Kimi, GLM…) have no incremental reader yet: each goes out
+    # whole when the answer ends; the JSON families' arguments stream as they are written.
+    native = tool_style(template).name in NATIVE_FAMILIES
+    calls_so_far = CallStream(frozenset(names), {} if native else None)
     held_lp: list[dict[str, Any]] = []
+    seen, sent = "", 0  # the answer's text so far, and how much of it went out as content
     try:
         for chunk in chunks:
             out = filt.feed(chunk.text)
+            seen += chunk.text
+            sent += len(out)
+            deltas = _deltas(calls_so_far, seen, sent)
             if chunk.finish_reason is None:
                 if out:
-                    yield replace(chunk, text=out, logprobs=(*held_lp, *chunk.logprobs))
+                    yield replace(chunk, text=out, logprobs=(*held_lp, *chunk.logprobs), call_deltas=tuple(deltas))
                     held_lp.clear()
                 else:
                     held_lp.extend(chunk.logprobs)
+                    if deltas:  # the held text's log-probabilities still wait for text to ride with
+                        yield replace(chunk, text="", logprobs=(), call_deltas=tuple(deltas))
                 continue
             tail, calls = filt.finish()
+            calls = calls_so_far.settle(calls)
             reason = chunk.finish_reason
             if calls and reason in ("stop", "length"):
                 reason = "tool_calls"
@@ -327,9 +344,21 @@ def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest, template: str | Non
                 finish_reason=reason,
                 tool_calls=tuple(calls) or chunk.tool_calls,
                 logprobs=(*held_lp, *chunk.logprobs),
+                call_deltas=tuple(deltas),
             )
             return
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+
+
+def _deltas(calls: CallStream, seen: str, sent: int) -> list[CallDelta]:
+    """The calls' deltas for what the filter holds now (``seen[sent:]``), none inside reasoning:
+    a call there is not made (the parse looks after ``</think>``), so nothing of it may go out."""
+    if sent == len(seen):
+        return []
+    content = seen[:sent]
+    if content.rfind("<think>") > content.rfind("</think>"):
+        return []
+    return calls.feed(seen[sent:], sent, at_start=not content.strip())

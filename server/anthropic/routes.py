@@ -32,7 +32,6 @@ OpenAI routes.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -45,6 +44,7 @@ from localrun.chat import constraints
 from localrun.chat.stops import StopMatcher
 from localrun.errors import LocalrunError
 from localrun.server.anthropic import answers
+from localrun.server.anthropic.blocks import PING, BlockWriter, sse, tool_use_block
 from localrun.server.anthropic.convert import core_messages, core_tool_choice, core_tools
 from localrun.server.anthropic.errors import ANTHROPIC
 from localrun.server.anthropic.schemas import CountTokensRequest, MessagesRequest, unknown_fields
@@ -121,23 +121,6 @@ def _calls(gen: Generation, body: MessagesRequest) -> list[dict[str, Any]]:
     if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use:
         calls = calls[:1]
     return calls
-
-
-def _tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
-    from localrun.chat.tool_calls import arguments_object
-
-    fn = call["function"]
-    args = arguments_object(fn.get("arguments") or "{}")
-    return {
-        "type": "tool_use",
-        "id": _tool_id(call["id"]),
-        "name": fn["name"],
-        "input": args if isinstance(args, dict) else {},
-    }
-
-
-def _tool_id(call_id: str) -> str:
-    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
 def _stop_reason(finish: str | None, calls: list[dict[str, Any]], matched: str | None) -> str:
@@ -290,7 +273,7 @@ class Answer:
         thinking = "".join(thought)
         content = [{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking else []
         content += ([{"type": "text", "text": text}] if text or not (calls or thinking) else []) + [
-            _tool_use_block(c) for c in calls
+            tool_use_block(c) for c in calls
         ]
         reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
         return JSONResponse(self._message(content, reason, self.usage()))
@@ -331,12 +314,16 @@ class Answer:
                 if not waiting.done():
                     waiting.cancel()  # the client left during the prefill: first() stops the worker
 
+        one = self.body.tool_choice is not None and bool(self.body.tool_choice.disable_parallel_tool_use)
+        calls = self.gen.call_events(limit=1 if one else None)
+
         def lines(chunk: Chunk) -> list[bytes]:
-            return blocks.thinking(chunk.reasoning) + blocks.text(self._text(chunk))
+            out = blocks.thinking(chunk.reasoning) + blocks.text(self._text(chunk))
+            return out + blocks.calls(calls.push(chunk)) if self.matched is None else out
 
         async def finish() -> AsyncIterator[bytes]:
             calls = _calls(self.gen, self.body) if self.matched is None else []
-            for line in blocks.finish(calls):
+            for line in blocks.finish():
                 yield line
             reason = _stop_reason(self.gen.finish_reason, calls, self.matched)
             delta = {"stop_reason": reason, "stop_sequence": self.matched}
@@ -354,79 +341,3 @@ class Answer:
 def _error_event(exc: LocalrunError) -> bytes:
     """The ``error`` event of a stream that started, in Anthropic's shape."""
     return sse("error", stream_error_line(exc, ANTHROPIC))
-
-
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
-
-
-PING = sse("ping", {"type": "ping"})
-
-
-class BlockWriter:
-    """Content blocks in order, each opened when its first piece comes and closed before the next kind."""
-
-    def __init__(self) -> None:
-        self.index = -1
-        self.open: str | None = None
-        self._text_head = b""
-
-    def _start(self, kind: str, block: dict[str, Any]) -> bytes:
-        self.index += 1
-        self.open = kind
-        return sse("content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block})
-
-    def _stop(self) -> list[bytes]:
-        if self.open is None:
-            return []
-        out = []
-        if self.open == "thinking":  # Claude Code renders thinking only once a signature came
-            out.append(self._delta({"type": "signature_delta", "signature": ""}))
-        self.open = None
-        out.append(sse("content_block_stop", {"type": "content_block_stop", "index": self.index}))
-        return out
-
-    def _delta(self, delta: dict[str, Any]) -> bytes:
-        return sse("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})
-
-    def text(self, text: str) -> list[bytes]:
-        if not text:
-            return []
-        out = []
-        if self.open != "text":
-            out += self._stop()
-            out.append(self._start("text", {"type": "text", "text": ""}))
-            # The per-token event from a prebuilt prefix: one json.dumps of the text, as the OpenAI route does.
-            self._text_head = (
-                f'event: content_block_delta\ndata: {{"type": "content_block_delta", "index": {self.index:d}, '
-                '"delta": {"type": "text_delta", "text": '
-            ).encode()
-        out.append(self._text_head + json.dumps(text, ensure_ascii=False).encode() + b"}}\n\n")
-        return out
-
-    def thinking(self, text: str) -> list[bytes]:
-        if not text:
-            return []
-        out = []
-        if self.open != "thinking":
-            out += self._stop()
-            out.append(self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}))
-        out.append(self._delta({"type": "thinking_delta", "thinking": text}))
-        return out
-
-    def finish(self, calls: list[dict[str, Any]]) -> list[bytes]:
-        """Close the open block, then one tool_use block per call (arguments in one input_json_delta)."""
-        out = []
-        if self.index < 0 and not calls:  # an empty answer is still one (empty) text block
-            out.append(self._start("text", {"type": "text", "text": ""}))
-        out += self._stop()
-        for call in calls:
-            block = _tool_use_block(call)
-            out.append(self._start("tool_use", {**block, "input": {}}))
-            out.append(
-                self._delta(
-                    {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-                )
-            )
-            out += self._stop()
-        return out

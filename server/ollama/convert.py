@@ -35,10 +35,10 @@ def with_images(
     return ollama_placement(strip_media_markers(content), media)
 
 
-def ollama_tool_calls(calls: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI-shaped calls as Ollama writes them: arguments as an object."""
+def ollama_tool_calls(calls: Iterable[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:
+    """OpenAI-shaped calls as Ollama writes them: arguments as an object (``start``: the first one's index)."""
     out = []
-    for i, c in enumerate(calls):
+    for i, c in enumerate(calls, start):
         fn = c["function"]
         args = arguments_object(fn["arguments"])
         if isinstance(args, str):  # not JSON: Ollama's clients expect an object

@@ -338,18 +338,22 @@ async def _ndjson(
         mid = '","response":'
         tail = b',"done":false}\n'
     dumps = json.dumps
+    calls = gen.call_events() if chat else None
 
     def line(chunk: Chunk) -> bytes | None:
         if context is not None and chunk.text:
             answer.append(chunk.text)
-        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:  # rarer and larger: a whole object
+        # Ollama's API sends whole calls: each in a line of its own as soon as it ends.
+        events = calls.push(chunk) if calls is not None else []
+        ended = [ollama_tool_calls([e.call()], e.index)[0] for e in events if e.kind == "end"]
+        if chunk.logprobs or ended or chunk.reasoning:  # rarer and larger: a whole object
             out: dict[str, Any] = {"model": gen.record.name, "created_at": iso()}
             if chat:
                 out["message"] = {"role": "assistant", "content": chunk.text}
                 if chunk.reasoning:
                     out["message"]["thinking"] = chunk.reasoning
-                if chunk.tool_calls:
-                    out["message"]["tool_calls"] = ollama_tool_calls(chunk.tool_calls)
+                if ended:
+                    out["message"]["tool_calls"] = ended
             else:
                 out["response"] = chunk.text
                 if chunk.reasoning:

@@ -5,19 +5,25 @@ Each event is formatted from a prebuilt prefix, so a plain text token costs one 
 of its text and one socket write; chunks with log-probabilities, tool calls or reasoning are
 built as whole objects (they are rarer, and larger anyway). The tail (first chunk, rest, error
 line) is :func:`localrun.server.streams.stream_tail`.
+
+Tool calls stream as OpenAI streams them (:mod:`localrun.server.tool_events`): a call's first
+``delta.tool_calls`` entry has its index, id, type and name (with ``arguments`` empty or the
+first piece), the later ones its index and the next piece of the arguments; a ``functions``
+request gets ``delta.function_call`` the same way (the name first, then the arguments).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from localrun.server.generation import Generation, finish_for_wire
 from localrun.server.openai.choices import AnswerHead, chat_logprobs, legacy_logprobs, sse_error, usage_dict
 from localrun.server.reasoning import reasoning_fields
 from localrun.server.streams import stream_tail
+from localrun.server.tool_events import CallEvent
 from localrun.settings import Settings
 from localrun.types import Chunk
 
@@ -57,6 +63,21 @@ def finish_of(gen: Generation, legacy: bool) -> str:
     return "function_call" if legacy and finish == "tool_calls" else finish
 
 
+def call_deltas(events: Sequence[CallEvent]) -> list[dict[str, Any]]:
+    """OpenAI's ``delta.tool_calls`` for a chunk's call events: a call's first entry has its id, type
+    and name with the arguments so far; later ones its index and the next piece of the arguments."""
+    out: list[dict[str, Any]] = []
+    for e in events:
+        if e.kind == "start":
+            fn = {"name": e.name, "arguments": ""}
+            out.append({"index": e.index, "id": e.id, "type": "function", "function": fn})
+        elif e.kind == "arguments" and out and out[-1]["index"] == e.index:
+            out[-1]["function"]["arguments"] += e.text
+        elif e.kind == "arguments":
+            out.append({"index": e.index, "function": {"arguments": e.text}})
+    return out
+
+
 class ChoiceEvents:
     """The lines of one streamed choice: the prefixes built once, each chunk one event."""
 
@@ -85,11 +106,14 @@ class ChoiceEvents:
         # the logprobs' text_offset
         self.offset = 0 if chat else len(echo) if echo is not None else len(body.prompt_text())
         self.role = True  # the first event says the role
+        one = self.legacy or getattr(body, "parallel_tool_calls", None) is False
+        self.calls = gen.call_events(limit=1 if one else None) if chat else None
 
     def lines(self, chunk: Chunk) -> tuple[bytes, ...]:
         role, self.role = self.role, False
-        if chunk.logprobs or chunk.tool_calls or chunk.reasoning:
-            return (self.full(chunk, role=role),)
+        calls = call_deltas(self.calls.push(chunk)) if self.calls is not None else []
+        if chunk.logprobs or calls or chunk.reasoning:
+            return (self.full(chunk, role=role, calls=calls),)
         if not chunk.text and not role:
             return ()
         if not self.chat:
@@ -98,19 +122,18 @@ class ChoiceEvents:
             (self.opening if role else self.before) + json.dumps(chunk.text, ensure_ascii=False).encode() + self.after,
         )
 
-    def full(self, chunk: Chunk, *, role: bool) -> bytes:
-        """One event for a chunk that carries more than text."""
+    def full(self, chunk: Chunk, *, role: bool, calls: Sequence[dict[str, Any]] = ()) -> bytes:
+        """One event for a chunk that carries more than text (``calls``: its ``delta.tool_calls``)."""
         choice: dict[str, Any]
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             delta.update(reasoning_fields(chunk.reasoning, self.settings))
-            if chunk.text or not (chunk.tool_calls or chunk.reasoning):
+            if chunk.text or not (calls or chunk.reasoning):
                 delta["content"] = chunk.text
-            if chunk.tool_calls and self.legacy:
-                delta["function_call"] = function_call(self.gen)  # name and the whole arguments string in one delta
-            elif chunk.tool_calls:
-                calls = tool_calls(self.gen, self.body)
-                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
+            if calls and self.legacy:  # the name first, then the arguments piece by piece
+                delta["function_call"] = dict(calls[0]["function"])
+            elif calls:
+                delta["tool_calls"] = list(calls)
             choice = {"index": 0, "delta": delta, "logprobs": chat_logprobs(chunk.logprobs) if chunk.logprobs else None}
         else:
             lp = legacy_logprobs(chunk.logprobs, self.offset)

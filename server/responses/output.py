@@ -16,15 +16,18 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from localrun.chat.tool_calls import arguments_object
 from localrun.server.errors import stream_error_line
 from localrun.server.responses.convert import ToolSet, encode_reasoning
+from localrun.server.tool_events import CallEvent
 from localrun.types import Usage
 
 _dumps = json.dumps
+CALL_TYPES = ("function_call", "custom_tool_call")
 
 
 def new_id(prefix: str) -> str:
@@ -163,6 +166,7 @@ class EventWriter:
         self._rs: tuple[str, int] | None = None
         self._rs_text: list[str] = []
         self._delta_head = b""
+        self._calls: dict[int, tuple[dict[str, Any], int]] = {}  # call index -> (its item, output index)
 
     def event(self, kind: str, payload: dict[str, Any]) -> bytes:
         seq = self.seq
@@ -265,17 +269,48 @@ class EventWriter:
 
     # --- the end ---
 
-    def finish(
-        self, calls: list[dict[str, Any]], finish: str | None, usage: Usage, *, reasoning_tokens: int = 0
-    ) -> tuple[bytes, dict[str, Any]]:
-        """The closing events and the final response object (for the store)."""
+    def calls(self, events: Sequence[CallEvent]) -> bytes:
+        """A ``function_call`` item per call: added (empty arguments) when it starts, its arguments'
+        text as ``function_call_arguments.delta`` events, then ``.done`` and the item done when it
+        ends. A custom tool's call (its input is a string inside the arguments) goes out whole at its end."""
+        out = b""
+        for e in events:
+            if e.kind == "end" and e.index not in self._calls:
+                out += self._close_open() + self._call_events(e.call())
+            elif e.kind == "end":
+                item, index = self._calls[e.index]
+                item.update(arguments=e.text, status="completed")
+                where = {"item_id": item["id"], "output_index": index}
+                done = {**where, "name": item["name"], "arguments": e.text}
+                out += self.event("response.function_call_arguments.done", done)
+                out += self.event("response.output_item.done", {"output_index": index, "item": item})
+            elif e.kind == "start":
+                item, index = call_item(e.call(), self.tools), len(self.output)
+                if item["type"] != "function_call":
+                    continue
+                out += self._close_open()
+                self._calls[e.index] = (item, index)
+                self.output.append(item)
+                opened = {**item, "status": "in_progress"}
+                out += self.event("response.output_item.added", {"output_index": index, "item": opened})
+            elif e.kind == "arguments" and e.index in self._calls:
+                item, index = self._calls[e.index]
+                where = {"item_id": item["id"], "output_index": index}
+                out += self.event("response.function_call_arguments.delta", {**where, "delta": e.text})
+        return out
+
+    def _close_open(self) -> bytes:
+        """Close the reasoning or message item that is open, before a call's item."""
         out = self._close_reasoning() if self._rs else b""
-        if self._msg is None and not calls and not any(i.get("type") == "message" for i in self.output):
+        return out + (self._close_message() if self._msg is not None else b"")
+
+    def finish(self, finish: str | None, usage: Usage, *, reasoning_tokens: int = 0) -> tuple[bytes, dict[str, Any]]:
+        """The closing events and the final response object (for the store); the calls went out as they came."""
+        out = self._close_reasoning() if self._rs else b""
+        if self._msg is None and not any(i.get("type") in ("message", *CALL_TYPES) for i in self.output):
             out += self._open_message()
         if self._msg is not None:
             out += self._close_message()
-        for call in calls:
-            out += self._call_events(call)
         status, reason = status_of(finish)
         response = self.draft.envelope(
             status=status, output=self.output, usage=usage_object(usage, reasoning_tokens), incomplete=reason

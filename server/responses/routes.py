@@ -191,25 +191,23 @@ async def _events(
     gen: Generation, first: Chunk | None, writer: EventWriter, body: ResponsesRequest, keep: ResponseStore | None
 ) -> AsyncIterator[bytes]:
     async def finish() -> AsyncIterator[bytes]:
-        data, response = writer.finish(
-            _calls(gen, body), gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts)
-        )
+        data, response = writer.finish(gen.finish_reason, gen.usage, reasoning_tokens=len(gen.reasoning_parts))
         await _keep(keep, writer.draft.rid, body, response)  # before the last event: a client may continue at once
         yield data
 
     yield writer.start()
     opening = [first] if first is not None else []
-    async for out in stream_tail(
-        gen, opening, lambda chunk: (_piece(writer, chunk),), failed=lambda exc: writer.fail(exc)[0], finish=finish
-    ):
+    limits = [n for n in (1 if body.parallel_tool_calls is False else None, body.max_tool_calls) if n is not None]
+    calls = gen.call_events(limit=min(limits) if limits else None)
+
+    def piece(chunk: Chunk) -> tuple[bytes]:
+        out = writer.reasoning(chunk.reasoning) if chunk.reasoning else b""
+        if chunk.text:
+            out += writer.text(chunk.text, chunk.logprobs)
+        return (out + writer.calls(calls.push(chunk)),)
+
+    async for out in stream_tail(gen, opening, piece, failed=lambda exc: writer.fail(exc)[0], finish=finish):
         yield out
-
-
-def _piece(writer: EventWriter, chunk: Chunk) -> bytes:
-    out = writer.reasoning(chunk.reasoning) if chunk.reasoning else b""
-    if chunk.text:
-        out += writer.text(chunk.text, chunk.logprobs)
-    return out
 
 
 @documented(answer=answers.ResponseObject)

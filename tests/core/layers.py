@@ -28,6 +28,7 @@ PACKAGE_DIRS = {
 SERVER_FAMILIES = ("openai", "ollama", "anthropic", "responses", "llama_server", "mirror", "web")
 KERNEL = (
     "localrun.types",
+    "localrun.chunks",
     "localrun.errors",
     "localrun.settings",
     "localrun.proc",

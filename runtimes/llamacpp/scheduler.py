@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from localrun.errors import LocalrunError, RuntimeUnavailable
-from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, context_kv
+from localrun.runtimes.llamacpp.cache.checkpoints import CheckpointKv, context_kv, marks
 from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
 from localrun.runtimes.llamacpp.cache.slots import Layout, chunk_size
 from localrun.runtimes.llamacpp.calls import ThreadCalls
@@ -55,7 +55,6 @@ from localrun.runtimes.llamacpp.media.prefill import MediaEncoder, MediaPrefill
 from localrun.runtimes.llamacpp.speculative.drafting import MAX_DRAFT, SpecState, SpecTotals
 from localrun.runtimes.llamacpp.speculative.pass_costs import DecodeCosts
 from localrun.runtimes.llamacpp.speculative.step import SpeculativeStep, speculation_mode
-from localrun.runtimes.llamacpp.turns import turn_of
 from localrun.types import Chunk
 
 if TYPE_CHECKING:
@@ -361,7 +360,7 @@ class Scheduler:
             run, span = piece
             n = run if span is not None else chunk_size(run, self.layout.step_tokens, self.layout.min_chunk)
             if self._ckpt is not None and span is None:  # end the chunk where a checkpoint is due
-                n = self._ckpt.clip(start, n, len(job.prompt), self.layout.min_chunk, turn_of(job.prompt))
+                n = self._ckpt.clip(start, n, len(job.prompt), self.layout.min_chunk, *marks(job.prompt, job.slot))
             if not first and n > budget:
                 return
             self._prefilling.rotate(-1)
@@ -397,7 +396,7 @@ class Scheduler:
         slot.tokens.extend(chunk)
         self.cache.extended(slot, getattr(job.prompt, "turn", None))  # turns.TurnPrompt
         if self._ckpt is not None and span is None:
-            self._ckpt.taken_at(slot.seq, start + n, len(job.prompt), turn_of(job.prompt))
+            self._ckpt.taken_at(slot.seq, start + n, len(job.prompt), *marks(job.prompt, slot))
         if not last:
             return
         self._prefilling.remove(job)

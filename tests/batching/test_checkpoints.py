@@ -12,11 +12,11 @@ import json
 
 import pytest
 
-from localrun.runtimes.llamacpp.cache.checkpoints import TAIL, CheckpointKv, with_checkpoints
+from localrun.runtimes.llamacpp.cache.checkpoints import TAIL, CheckpointKv, marks, with_checkpoints
 from localrun.runtimes.llamacpp.cache.host_tier import HOST_MIN_TOKENS
 from localrun.runtimes.llamacpp.cache.leaving import SHORT_ANSWER, leaving_points
 from localrun.runtimes.llamacpp.cache.prefix import PrefixCache
-from localrun.runtimes.llamacpp.turns import TurnPrompt, turn_of
+from localrun.runtimes.llamacpp.turns import TurnPrompt
 
 
 class RecurrentKv:
@@ -94,13 +94,13 @@ def turn(cache, ops, kv, prompt, answer=(), *, step: int = 64):
     slot, keep = cache.acquire(prompt)
     check(cache, kv)
     assert slot.tokens == prompt[:keep]
-    start, at = keep, turn_of(prompt)
+    start = keep
     while start < len(prompt):
-        n = ops.clip(start, min(step, len(prompt) - start), len(prompt), 1, at)
+        n = ops.clip(start, min(step, len(prompt) - start), len(prompt), 1, *marks(prompt, slot))
         kv.read(slot.seq, prompt[start : start + n])
         slot.tokens.extend(prompt[start : start + n])
         cache.extended(slot, getattr(prompt, "turn", None))
-        ops.taken_at(slot.seq, start + n, len(prompt), at)
+        ops.taken_at(slot.seq, start + n, len(prompt), *marks(prompt, slot))
         start += n
     for token in answer:
         kv.read(slot.seq, [token])
@@ -172,7 +172,8 @@ def test_long_prefill_takes_interval_checkpoints_and_a_cut_drops_those_past_it()
     _, keep = turn(cache, ops, kv, edited)
     assert keep == 200
     assert ops.positions(slot.seq)[:2] == [100, 200]  # 300 and up described the old content
-    assert all(p <= 200 or p >= 296 for p in ops.positions(slot.seq))
+    assert 250 in ops.positions(slot.seq)  # where the edit parted from the cached prompt
+    assert all(p <= 250 or p >= 296 for p in ops.positions(slot.seq))
 
 
 def test_at_most_limit_per_sequence_the_least_useful_goes_and_the_newest_end_stays():
@@ -280,6 +281,50 @@ def test_a_hybrid_slot_checkpoints_where_its_last_user_message_begins_and_leaves
     _, keep = turn(cache, ops, kv, system + list(range(6000, 6100)))
     assert keep == len(system)
     check(cache, kv)
+
+
+def test_a_prompt_that_parts_from_a_cached_one_checkpoints_there_and_leaves_a_state_there():
+    # Two raw prompts share a document and part after it, with no break to find (no turn): the
+    # second one's prefill stops where it parted, so a third with yet another tail comes back to
+    # the document's end from a saved state (host RAM here, disk after a restart: the same states),
+    # not only to the interval mark below it.
+    cache, ops, kv, _ = make(1, host_budget=1 << 22, interval=512)
+    doc = list(range(2000, 3100))
+    turn(cache, ops, kv, doc + list(range(5000, 5040)), answer=[7, 8, 9])
+    slot, keep = turn(cache, ops, kv, doc + list(range(6000, 6040)), answer=[7, 8, 9])
+    assert keep == 1024 and slot.parted == len(doc)  # from the interval checkpoint below the parting
+    assert len(doc) in ops.positions(slot.seq)
+    turn(cache, ops, kv, [5] * 80)  # evicts it: a state at the tail and one where it parted
+    entries = sorted(len(e.tokens) for e in cache.host.entries.values())
+    assert len(doc) in entries, entries
+    _, keep = turn(cache, ops, kv, doc + list(range(7000, 7040)))
+    assert keep == len(doc)
+    check(cache, kv)
+
+
+def test_after_a_restart_the_state_where_it_parted_serves_though_the_warm_slot_shares_more():
+    # The slot a restart starts warm (prefix.warm: the longest of the newest entries) holds the
+    # last prompt whole, which shares the document with the next one and cannot be cut back; the
+    # entry left where the prompts parted covers the document exactly. Before: the slot was picked,
+    # its cut failed, and the request prefilled everything.
+    from tests.batching.test_prefix_disk import FakeTier
+
+    store: dict = {}
+    kv = RecurrentKv(1)
+    ops = CheckpointKv(kv, Partial(kv), interval=512)
+    cache = PrefixCache(1, ops, disk=FakeTier(store))
+    doc, answer = list(range(2000, 2700)), list(range(900, 900 + SHORT_ANSWER + 4))  # long enough to be kept
+    turn(cache, ops, kv, doc + list(range(5000, 5040)), answer=answer)
+    turn(cache, ops, kv, doc + list(range(6000, 6040)), answer=answer)
+    cache.persist()
+    assert tuple(doc) in {t for t, _ in store.values()}
+    kv2 = RecurrentKv(1)
+    ops2 = CheckpointKv(kv2, Partial(kv2), interval=512)
+    cache2 = PrefixCache(1, ops2, disk=FakeTier(store))
+    assert cache2.warm() == len(doc) + 40 + len(answer)  # the whole last prompt and its answer
+    _, keep = turn(cache2, ops2, kv2, doc + list(range(7000, 7040)))
+    assert keep == len(doc)
+    check(cache2, kv2)
 
 
 def test_a_leaving_slot_with_a_longer_answer_leaves_its_whole_content_too():

@@ -28,7 +28,13 @@ must end, and calls :meth:`CheckpointKv.taken_at` after each text chunk):
   tokens the prefix cache always evaluates again, so the end checkpoint lies just past what it
   may reuse;
 * every ``interval`` tokens of a long prefill: an edit or a compaction in the middle of a long
-  conversation re-prefills from the last checkpoint below it, not from the start.
+  conversation re-prefills from the last checkpoint below it, not from the start;
+* where the prompt's last user message (a raw prompt: its last part) begins (turns.py), and where
+  it parted from the longest cached content it shared (``Slot.parted``, set by the prefix cache):
+  two requests that share a document and part after it say the next one will part there too, and
+  a state that cannot be cut exists at a position only if the prefill stopped there. The slot
+  leaves a state at these points when it is cleared (leaving.py), so a raw prompt whose tail
+  changes comes back after a restart to where it parted, not to the 2,048-token mark below.
 
 At most ``limit`` per sequence (setting ``cache.checkpoints``). When one more is taken, the one
 dropped is the one whose loss costs least: with a divergence point equally likely anywhere,
@@ -48,15 +54,17 @@ restores without a cut: the prefix cache reuses such an entry only when the prom
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from localrun.runtimes.llamacpp.cache.kv_file import Blob
 from localrun.runtimes.llamacpp.cache.slots import Layout, LlamaKvOps, read_state, state_source
 from localrun.runtimes.llamacpp.cache.state_memory import ReadyBuffers, default_max_bytes
+from localrun.runtimes.llamacpp.turns import turn_of
 
 if TYPE_CHECKING:
-    from localrun.runtimes.llamacpp.cache.slot import KvOps
+    from localrun.runtimes.llamacpp.cache.slot import KvOps, Slot
 
 log = logging.getLogger(__name__)
 
@@ -185,26 +193,29 @@ class CheckpointKv:
             self._points[seq] = [c for c in self._points.get(seq, ()) if c is not point]
         return 0
 
-    def clip(self, start: int, n: int, total: int, min_chunk: int = 1, turn: int | None = None) -> int:
+    def clip(
+        self, start: int, n: int, total: int, min_chunk: int = 1, turn: int | None = None, parted: int | None = None
+    ) -> int:
         """The length of the prefill chunk from ``start`` (``n`` planned, ``total`` the prompt's
         length) so that it ends at the next position where a checkpoint is due (``turn``: where
-        the prompt's last user message begins, turns.py)."""
+        the prompt's last user message begins, turns.py; ``parted``: where it parted from the
+        cached content it shared most, ``Slot.parted``)."""
         if self.limit <= 0:
             return n
         end = start + n
-        stops = [total - self.tail, (start // self.interval + 1) * self.interval, *([turn] if turn else [])]
+        stops = [total - self.tail, (start // self.interval + 1) * self.interval, *(m for m in (turn, parted) if m)]
         for stop in sorted(stops):
             if start + min_chunk <= stop < end and total - stop >= min_chunk:
                 return stop - start
         return n
 
-    def taken_at(self, seq: int, n_tokens: int, total: int, turn: int | None = None) -> None:
+    def taken_at(self, seq: int, n_tokens: int, total: int, turn: int | None = None, parted: int | None = None) -> None:
         """A text prefill chunk landed: ``seq`` holds ``n_tokens`` of a ``total``-token prompt.
-        Take a checkpoint if this is one of the chosen positions."""
+        Take a checkpoint if this is one of the chosen positions (:meth:`clip`'s)."""
         if self.limit <= 0 or n_tokens <= 0:
             return
         end = n_tokens == total
-        if not (end or n_tokens in (total - self.tail, turn) or n_tokens % self.interval == 0):
+        if not (end or n_tokens in (total - self.tail, turn, parted) or n_tokens % self.interval == 0):
             return
         blob = self._partial.save(seq)
         if not blob:
@@ -233,6 +244,13 @@ class CheckpointKv:
         points = self._points.get(seq)
         if points:
             self._points[seq] = [c for c in points if c.n_tokens <= keep]
+
+
+def marks(prompt: Sequence[int], slot: Slot | None) -> tuple[int | None, int | None]:
+    """The chosen positions of ``prompt``'s prefill into ``slot`` besides its tail and the interval
+    marks, as :meth:`CheckpointKv.clip` and :meth:`CheckpointKv.taken_at` take them: where its last
+    user message begins (turns.py) and where it parted from the cached content it shared most."""
+    return turn_of(prompt), (slot.parted if slot is not None else None)
 
 
 class PartialState:

@@ -82,20 +82,20 @@ def uncut_reuse(
     the slots' reach and the longest saved state covered, and its owners in ``index``."""
     held = frozenset(o for o in owners if o in slots)
     exact = frozenset(o for o in owners if o not in slots and saved_length(o) == keep)
-    if exact:
-        return keep, exact | held
-    if not held:
-        reach = 0
-    elif getattr(ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
-        reach = keep if any(ops.window_ok(o, keep) for o in held) else 0
-    else:
-        positions = cast(CheckpointKv, ops).positions  # memory that cannot be cut: checkpoints
-        reach = max(
-            keep if len(slots[o].tokens) == keep else max((p for p in positions(o) if p <= keep), default=0)
-            for o in held
-        )
+
+    def reach(o: int) -> int:  # how far slot ``o`` goes back towards ``keep``
+        if len(slots[o].tokens) == keep:
+            return keep
+        if getattr(ops, "cuttable", True):  # a full-size window cache: cut unless restored from a state
+            return keep if ops.window_ok(o, keep) else 0
+        return max((p for p in cast(CheckpointKv, ops).positions(o) if p <= keep), default=0)  # checkpoints
+
+    reaches = {o: reach(o) for o in held}
+    if exact:  # with the slots that get there too (a slot restored whole, say at load, may not)
+        return keep, exact | frozenset(o for o, n in reaches.items() if n == keep)
+    reached = max(reaches.values(), default=0)
     whole, enders = index.whole(prompt, limit)
-    if whole > reach and media_safe_cut(prompt, whole) == whole:
+    if whole > reached and media_safe_cut(prompt, whole) == whole:
         return whole, enders
     return (keep, held) if held else (0, frozenset())
 
@@ -120,13 +120,13 @@ def _leaving(ops: KvOps, slot: Slot, *, tail: int, min_tokens: int, turn_guess: 
     if getattr(slot, "turn", None) is not None:
         # the guess: as far below the tail as makes a point of its own (finding it reads every token's text)
         turn = end - max(1, tail) - 4 * TAIL - 1 if turn_guess else cast("Callable[[], int | None]", slot.turn)()
+    # Where the prompt's last user message begins (a new session of the same agent, turns.py), and
+    # where it parted from the cached prompt it shared most with: the next one shares it too.
+    marks = [turn, getattr(slot, "parted", None)]
     if getattr(ops, "cuttable", True):
         # A cut lands anywhere here: just below what a repeat may reuse, so it prefills one token
-        # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms); and
-        # where the prompt's last user message begins (a new session of the same agent, turns.py).
-        # And where it parted from the cached prompt it shared most with: the next one shares it too.
-        parted = getattr(slot, "parted", None)
-        marks = [turn, parted]
+        # (as llama-server's restored slot does), not TAIL (three more at 16k tokens: ~60 ms), and
+        # at the marks.
         first = [end - max(1, tail), *(n for n in marks if n is not None and n < end)]
         positions = list(range(DEFAULT_INTERVAL, end, DEFAULT_INTERVAL))
 
@@ -145,10 +145,11 @@ def _leaving(ops: KvOps, slot: Slot, *, tail: int, min_tokens: int, turn_guess: 
         def back(n: int) -> int:
             return ckpt.rewind(seq, n)
 
-        positions = ckpt.positions(seq)  # the turn's among them when it was prefilled here
+        positions = ckpt.positions(seq)  # the turn's and the parting's among them when prefilled here
         below_end = [p for p in positions if p < end]
-        # the newest below the prompt's end (its tail: a repeat, the next turn), and the turn
-        first = [*below_end[-1:], *([turn] if turn is not None and turn in positions else [])]
+        # the newest below the prompt's end (its tail: a repeat, the next turn), and the marks where the
+        # prefill stopped for them (checkpoints.py): a state there exists only if it did
+        first = [*below_end[-1:], *(m for m in marks if m is not None and m in positions)]
     points = leaving_points(positions, len(tokens), min_tokens=min_tokens, first=first)
     whole = not points or len(tokens) - points[0] > SHORT_ANSWER or not reachable(points[0])
     return _Leaving(whole, points, back, turn if turn_guess else None)

@@ -197,6 +197,7 @@ class PrefixCache:
                 kept = self._copy(by_seq[sources[0]], slot, keep)
             else:
                 kept = self._restore(sources[0], slot, keep)
+        slot.parted = None  # (a pinned request stops nowhere for it: acquire's)
         slot.busy = True
         slot.used_at = next(self._clock)
         return slot, kept

@@ -204,11 +204,12 @@ class RuntimeSettings(BaseModel):
     (Claude Code sends 1). Unset: each request's own temperature."""
     template_timeout_s: float = Field(2.0, gt=0, le=60)
     """Time budget for rendering one chat template."""
-    tool_fallback: Literal["call_or_reply", "tagged"] = "call_or_reply"
+    tool_fallback: Literal["call_or_reply", "tagged"] = "tagged"
     """How llama.cpp offers tools to a model whose chat template has no tool syntax of its own:
+    "tagged" lets it answer freely and holds a call to its schema once it writes ``<tool_call>``;
     "call_or_reply" holds the whole answer to one JSON object, a call or a reply, as llama-server
-    does (small models call far more often); "tagged" lets it answer freely and holds a call to
-    its schema once it writes ``<tool_call>``. Runtimes without grammars always use the tags."""
+    does: small models call far more often, also where no tool fits (Codex's "Say hello." got
+    three calls from SmolLM2). Runtimes without grammars always use the tags."""
     max_loaded_models: int = Field(3, ge=1, le=64)
     """How many models may be loaded at once."""
     keep_alive_s: float = Field(300.0)

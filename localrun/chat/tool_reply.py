@@ -14,8 +14,8 @@ fallback, :mod:`localrun.chat.tool_triggers`) has to choose at its first token, 
 starts is held to its schema (the grammar: :mod:`localrun.runtimes.llamacpp.reply_grammar`).
 
 * :func:`applies` — whether a request on a template gets this treatment (setting
-  ``runtime.tool_fallback``: ``call_or_reply``, the default, or ``tagged`` for the old lazy
-  Hermes fallback).
+  ``runtime.tool_fallback``: ``tagged``, the default lazy Hermes fallback, or ``call_or_reply``;
+  the functions here take the fallback as an argument and default to ``call_or_reply``).
 * :func:`prompt_messages` — the messages with the system block (:data:`REPLY_SYSTEM`); earlier
   calls are written back in the wrapper's form, tool results as ``<tool_response>`` user turns.
 * :func:`with_reply` — the chunk stream unwrapped: the ``response`` string is decoded as it is

@@ -118,7 +118,7 @@ class SessionFeatures:
     @property
     def tool_fallback(self) -> str:
         """How templates without tool syntax are offered tools (``runtime.tool_fallback``)."""
-        return str(self._plan.options.get("tool_fallback", tool_reply.CALL_OR_REPLY))
+        return str(self._plan.options.get("tool_fallback", tool_reply.TAGGED))
 
     def answer_stream(self, chunks: Iterator[Chunk], req: ChatRequest, template: str | None) -> Iterator[Chunk]:
         """The runtime's chunks with tool calls taken out: a call-or-reply answer unwrapped

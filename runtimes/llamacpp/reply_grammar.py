@@ -25,11 +25,12 @@ __all__ = ["reply_gbnf"]
 
 #: Whitespace between the wrapper's tokens, bounded so a small model cannot loop on it.
 _WS = "lz-ws ::= [ \\t\\n]{0,8}\n"
-#: A JSON string (any length; the reply's characters, escapes as JSON writes them).
-_STRING = (
-    'rp-string ::= "\\"" rp-char* "\\""\n'
-    'rp-char ::= [^"\\\\\\x7F\\x00-\\x1F] | [\\\\] (["\\\\bfnrt/] | "u" [0-9a-fA-F]{4})\n'
-)
+#: The reply's characters (any number; escapes as JSON writes them).
+_CHAR = 'rp-char ::= [^"\\\\\\x7F\\x00-\\x1F] | [\\\\] (["\\\\bfnrt/] | "u" [0-9a-fA-F]{4})\n'
+#: The reply: its closing quote and brace are optional, so the end of generation is allowed
+#: anywhere in it. A small model stops where it would stop a free reply; made to close a JSON
+#: string first, SmolLM2 greedy wrote on to the length cap (Codex: "Incomplete response").
+_REPLY_END = '("\\"" lz-ws "}")?'
 
 
 def _key(name: str) -> str:
@@ -51,11 +52,11 @@ def reply_gbnf(req: ChatRequest, *, required: bool) -> str:
     rules = prefix_rules(forced_call_gbnf(ForcedCall(forced.schema, "", "")), "s-").rstrip("\n") + "\n" + _WS
     if req.parallel_tool_calls is True:
         items = 's-root (lz-ws "," lz-ws s-root)*'
-        branches = [f'{_key("tool_calls")} "[" lz-ws {items} lz-ws "]"']
+        call = f'{_key("tool_calls")} "[" lz-ws {items} lz-ws "]" lz-ws "}}"'
     else:
-        branches = [f"{_key('tool_call')} s-root"]
+        call = f'{_key("tool_call")} s-root lz-ws "}}"'
+    body = call
     if not required:
-        branches.append(f"{_key('response')} rp-string")
-        rules += _STRING
-    body = branches[0] if len(branches) == 1 else "(" + " | ".join(branches) + ")"
-    return rules + f'lz-answer ::= lz-ws "{{" lz-ws {body} lz-ws "}}"\n'
+        body = f'({call} | {_key("response")} "\\"" rp-char* {_REPLY_END})'
+        rules += _CHAR
+    return rules + f'lz-answer ::= lz-ws "{{" lz-ws {body}\n'

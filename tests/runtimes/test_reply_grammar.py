@@ -68,6 +68,10 @@ def test_auto_answers_with_a_valid_call_or_a_reply_and_nothing_else(matcher):
     assert matcher.matches(g, j({"response": 'It is "sunny"\nin Paris — 20 °C 😀'}))
     assert matcher.matches(g, '{"response": "a \\u00e9 \\ud83d\\ude00 \\\\ \\/ \\t"}')
     assert matcher.matches(g, '\n{"response": ""}')
+    # The model may stop anywhere in its reply, as in a free one: made to close a JSON string
+    # first, SmolLM2 (greedy) wrote on to the length cap and Codex gave up ("Incomplete response").
+    assert matcher.matches(g, '{"response": "Hello! How can I help')
+    assert not matcher.matches(g, '{"tool_call": {"name": "get_time", "arguments": {}}')  # a call must close
     assert not matcher.matches(g, "It is sunny in Paris.")  # no free text: a call or a reply
     assert not matcher.matches(g, "")
     assert not matcher.matches(g, j({"tool_call": {"name": "get_news", "arguments": {}}}))  # unknown function

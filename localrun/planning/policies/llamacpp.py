@@ -84,7 +84,7 @@ class LlamaCppPolicy(DefaultPolicy):
         if job.settings is not None:  # state checkpoints per sequence where memory cannot be cut (checkpoints.py)
             options["checkpoints"] = job.settings.cache.checkpoints
             # templates without tool syntax: a call or a reply (localrun/chat/tool_reply.py), or the tags
-            options["tool_fallback"] = getattr(job.settings.runtime, "tool_fallback", "call_or_reply")
+            options["tool_fallback"] = getattr(job.settings.runtime, "tool_fallback", "tagged")
         closing = [speculate_why]
         if draft is not None:
             options["draft"] = draft.path

@@ -1,9 +1,9 @@
 """Tool calls that never break, on a real small model through the official openai client:
 SmolLM2 135M Instruct sampled at temperature 0.9, under ``tool_choice`` auto and required.
 
-SmolLM2's template has no tool syntax of its own, so by default it answers call-or-reply
-(localrun/chat/tool_reply.py): the whole answer is one JSON object, a call held to its schema or
-a reply, unwrapped before the client sees it. With ``runtime.tool_fallback = "tagged"`` it gets
+SmolLM2's template has no tool syntax of its own. With ``runtime.tool_fallback = "call_or_reply"``
+it answers call-or-reply (localrun/chat/tool_reply.py): the whole answer is one JSON object, a call
+held to its schema or a reply, unwrapped before the client sees it. By default (``tagged``) it gets
 the Hermes ``<tool_call>`` prompt and, under ``auto``, the lazy grammar: free text until
 ``<tool_call>``, then only valid calls. Every call that comes back must validate against its
 function's schema (jsonschema). A bounded number of tries keeps CI short.
@@ -55,7 +55,7 @@ PUSH_CALL = {"44": 6, "19324": 6, "79": 6, "4350": 6, "46": 6}
 
 @pytest.fixture(scope="module")
 def smol_server(serve_module, smollm2_path):
-    return serve_module(smollm2_path, "smol", plan={"n_threads": 2, "n_ctx": 2048})
+    return serve_module(smollm2_path, "smol", plan={"n_threads": 2, "n_ctx": 2048}, tool_fallback="call_or_reply")
 
 
 @pytest.fixture(scope="module")

@@ -93,9 +93,11 @@ def check_structured(oai, name: str) -> None:
 
     chunks = list(ask(oai, name, "What time is it?", tools=[WEATHER, CLOCK], tool_choice="required", stream=True))
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or ())]
-    assert len(deltas) == 1 and deltas[0].function.name in ("get_weather", "get_time")
+    # one call (index 0), its arguments streamed in pieces that add up to valid JSON
+    assert {d.index for d in deltas} == {0} and deltas[0].function.name in ("get_weather", "get_time")
+    arguments = "".join(d.function.arguments or "" for d in deltas)
     fn = next(t for t in (WEATHER, CLOCK) if t["function"]["name"] == deltas[0].function.name)
-    validate(json.loads(deltas[0].function.arguments), fn["function"]["parameters"])
+    validate(json.loads(arguments), fn["function"]["parameters"])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     # the call and its result go back through the template; the model answers in words

@@ -70,7 +70,10 @@ def shape_stream(
             if ended:
                 # A stop string ends the answer where it starts; the backend's own end flushes what was held.
                 finish = "stop" if hit else str(piece.finish_reason)  # not None: `ended` without a hit
-                text += "" if hit else scanner.flush()
+                if not hit:
+                    rest, held_stop = scanner.finish()  # a stop held whole behind a longer one's prefix
+                    text += rest
+                    finish = "stop" if held_stop else finish
             if text:
                 yield chunk(text)
             if ended:

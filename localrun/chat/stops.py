@@ -39,9 +39,15 @@ class StopMatcher:
 
     def flush(self) -> str:
         """The held-back text once the stream has ended, cut before a stop it holds complete."""
+        return self.finish()[0]
+
+    def finish(self) -> tuple[str, bool]:
+        """(the held-back text cut before a stop it holds complete, whether it held one). A stop
+        can be complete yet held: in ``cb`` with stops ``b`` and ``cbx``, the earlier ``cbx`` could
+        still come, until the stream ends."""
         text, self._pending = self._pending, ""
         hit = self._first_hit(text)
-        return text if hit is None else text[:hit]
+        return (text, False) if hit is None else (text[:hit], True)
 
     def _first_hit(self, text: str) -> int | None:
         hits = [i for i in (text.find(s) for s in self._stops) if i >= 0]

@@ -228,7 +228,14 @@ class Answer:
                 (s for s in self.body.stop_sequences if self.seen.startswith(s, self.sent)), self.body.stop_sequences[0]
             )
         elif chunk.finish_reason:
-            text += self.stops.flush()
+            rest, hit = self.stops.finish()
+            text += rest
+            self.sent += len(rest)
+            if hit:  # held whole behind a longer stop's prefix until the end
+                self.matched = next(
+                    (s for s in self.body.stop_sequences if self.seen.startswith(s, self.sent)),
+                    self.body.stop_sequences[0],
+                )
         return text
 
     def usage(self) -> dict[str, Any]:

@@ -26,7 +26,8 @@ def _scan(pieces, stops):
         out.append(text)
         if hit:
             return "".join(out), True
-    return "".join(out) + scanner.flush(), False
+    rest, hit = scanner.finish()
+    return "".join(out) + rest, hit
 
 
 def test_stop_string_split_across_pieces_is_cut_and_never_sent():
@@ -43,6 +44,14 @@ def test_held_back_prefix_is_released_when_it_does_not_complete():
 
 def test_earliest_of_several_stops_wins():
     assert _scan(["one two three"], ["three", "two"]) == ("one ", True)
+
+
+def test_a_stop_held_whole_behind_a_longer_stops_prefix_is_still_a_hit_at_the_end():
+    """Found by the property test below in CI: in "cb" with stops "cbx" and "b", "cbx" could still
+    start at 0, so "b" waits; when the stream ends there, "b" was the stop (finish "stop",
+    Anthropic's stop_sequence), not an end with text cut for no reason."""
+    assert _scan(["cb"], ["cbx", "b"]) == ("c", True)
+    assert _scan(["c  a", "x"], ["axc", "x"]) == ("c  a", True)
 
 
 def test_no_stops_passes_text_through_untouched():

@@ -175,16 +175,7 @@ def with_reply(chunks: Iterator[Chunk], req: ChatRequest, reasoning: str | None 
             passed, answer = gate.finish()
             out += passed + unwrap.feed(answer)
             tail, calls = _finish(unwrap, names, cut=chunk.finish_reason == "length")
-            reason = chunk.finish_reason
-            if calls and reason in ("stop", "length"):
-                reason = "tool_calls"
-            yield replace(
-                chunk,
-                text=out + tail,
-                finish_reason=reason,
-                tool_calls=tuple(calls) or chunk.tool_calls,
-                logprobs=(*held_lp, *chunk.logprobs),
-            )
+            yield tools.closing_chunk(chunk, out + tail, calls, held_lp, chunk.call_deltas)
     finally:
         close = getattr(chunks, "close", None)
         if close is not None:

@@ -300,6 +300,28 @@ def with_tool_calls(chunks: Iterator[Chunk], req: ChatRequest, template: str | N
     return _calls_parsed(chunks, req, template) if active(req) else chunks
 
 
+def closing_chunk(
+    chunk: Chunk,
+    text: str,
+    calls: Sequence[dict[str, Any]],
+    held_lp: Sequence[dict[str, Any]],
+    deltas: Sequence[CallDelta] = (),
+) -> Chunk:
+    """The answer's last chunk once its calls are parsed: the text still to emit, the calls (finish
+    ``tool_calls`` when the answer stopped or was cut with calls), the held log-probabilities."""
+    reason = chunk.finish_reason
+    if calls and reason in ("stop", "length"):
+        reason = "tool_calls"
+    return replace(
+        chunk,
+        text=text,
+        finish_reason=reason,
+        tool_calls=tuple(calls) or chunk.tool_calls,
+        logprobs=(*held_lp, *chunk.logprobs),
+        call_deltas=tuple(deltas),
+    )
+
+
 def _native_filter(req: ChatRequest, template: str | None) -> ToolCallFilter:
     family = tool_style(template).name
     if family not in NATIVE_FAMILIES:
@@ -334,18 +356,7 @@ def _calls_parsed(chunks: Iterator[Chunk], req: ChatRequest, template: str | Non
                         yield replace(chunk, text="", logprobs=(), call_deltas=tuple(deltas))
                 continue
             tail, calls = filt.finish()
-            calls = calls_so_far.settle(calls)
-            reason = chunk.finish_reason
-            if calls and reason in ("stop", "length"):
-                reason = "tool_calls"
-            yield replace(
-                chunk,
-                text=out + tail,
-                finish_reason=reason,
-                tool_calls=tuple(calls) or chunk.tool_calls,
-                logprobs=(*held_lp, *chunk.logprobs),
-                call_deltas=tuple(deltas),
-            )
+            yield closing_chunk(chunk, out + tail, calls_so_far.settle(calls), held_lp, deltas)
             return
     finally:
         close = getattr(chunks, "close", None)
